@@ -1,0 +1,40 @@
+# trueup — every target installs what it needs on a fresh Debian machine.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+APT_PKGS := iproute2 nftables kea-dhcp4-server kea-common busybox procps psmisc postgresql-client
+
+.PHONY: all demo test bench lint unit integration system-deps clean
+
+all: test
+
+system-deps:
+	@bash scripts/install-system-deps.sh $(APT_PKGS)
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check trueup tests scripts
+	$(BIN)/ruff format --check trueup tests scripts
+	$(BIN)/mypy trueup
+	$(BIN)/lint-imports
+
+test: system-deps $(STAMP) lint
+	bash scripts/run-tests.sh
+
+unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+demo: system-deps $(STAMP)
+	bash scripts/demo.sh
+
+bench: system-deps $(STAMP)
+	$(BIN)/python -m scripts.bench
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,137 @@
+"""The write-ahead journal (`journal.jsonl`): one line per transaction event, fsync'd.
+
+A transaction is `begin` (version, subsystems, scope, before-images, the
+applied record it replaces) → `applied`/`failed` per subsystem → `commit` or
+`rolled_back`. A `begin` with no terminal record is an *open* transaction:
+after a crash the agent rolls it back to its before-images (see
+`trueup.reconcile.transaction.recover`). A torn last line — a crash in the
+middle of a write — is ignored, which is safe because every record is
+written before the action it announces.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trueup.journal.atomic import append_line, write_atomic
+from trueup.journal.audit import now_iso
+
+__all__ = ["TERMINAL", "Journal", "Transaction"]
+
+TERMINAL = {"commit", "rolled_back"}
+_COMPACT_BYTES = 4 * 1024 * 1024
+_KEEP_TRANSACTIONS = 50
+
+
+@dataclass
+class Transaction:
+    """Everything the journal holds about one transaction."""
+
+    txn: str
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def begin(self) -> dict[str, Any]:
+        return self.records[0]
+
+    @property
+    def terminal(self) -> dict[str, Any] | None:
+        last = self.records[-1]
+        return last if last["type"] in TERMINAL else None
+
+    @property
+    def is_open(self) -> bool:
+        return self.terminal is None
+
+    @property
+    def kind(self) -> str:
+        return str(self.begin.get("kind", "apply"))
+
+    def summary(self) -> dict[str, Any]:
+        begin = self.begin
+        terminal = self.terminal
+        return {
+            "txn": self.txn,
+            "kind": self.kind,
+            "version": begin.get("version"),
+            "mode": begin.get("mode"),
+            "began_at": begin.get("at"),
+            "ended_at": terminal.get("at") if terminal else None,
+            "state": terminal["type"] if terminal else "open",
+            "outcome": terminal.get("outcome") if terminal else None,
+            "recovered": bool(terminal.get("recovered")) if terminal else False,
+            "applied": [r["subsystem"] for r in self.records if r["type"] == "applied"],
+            "failed": {
+                r["subsystem"]: r.get("error") for r in self.records if r["type"] == "failed"
+            },
+            "history": [
+                {k: v for k, v in r.items() if k not in ("before", "scope", "previous_applied")}
+                for r in self.records
+            ],
+        }
+
+
+class Journal:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _write(self, record: dict[str, Any]) -> None:
+        append_line(self.path, json.dumps(record, sort_keys=True, separators=(",", ":")))
+
+    def begin(self, **fields: Any) -> str:
+        self._maybe_compact()
+        txn = f"{now_iso().replace(':', '').replace('-', '')}-{secrets.token_hex(3)}"
+        self._write({"txn": txn, "type": "begin", "at": now_iso(), "pid": os.getpid(), **fields})
+        return txn
+
+    def record(self, txn: str, type_: str, **fields: Any) -> None:
+        self._write({"txn": txn, "type": type_, "at": now_iso(), **fields})
+
+    def transactions(self) -> list[Transaction]:
+        if not self.path.exists():
+            return []
+        by_id: dict[str, Transaction] = {}
+        order: list[str] = []
+        for line in self.path.read_bytes().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn write: the action it announced never started
+            txn = record.get("txn")
+            if txn not in by_id:
+                if record.get("type") != "begin":
+                    continue
+                by_id[txn] = Transaction(txn)
+                order.append(txn)
+            by_id[txn].records.append(record)
+        return [by_id[t] for t in order]
+
+    def open_transaction(self) -> Transaction | None:
+        for transaction in reversed(self.transactions()):
+            if transaction.is_open:
+                return transaction
+        return None
+
+    def last(self, *, kinds: tuple[str, ...] | None = None) -> Transaction | None:
+        for transaction in reversed(self.transactions()):
+            if kinds is None or transaction.kind in kinds:
+                return transaction
+        return None
+
+    def _maybe_compact(self) -> None:
+        """Keep the journal bounded: rewrite it with the last transactions only."""
+        try:
+            if self.path.stat().st_size < _COMPACT_BYTES:
+                return
+        except FileNotFoundError:
+            return
+        keep = self.transactions()[-_KEEP_TRANSACTIONS:]
+        lines = [
+            json.dumps(r, sort_keys=True, separators=(",", ":")) for t in keep for r in t.records
+        ]
+        write_atomic(self.path, ("\n".join(lines) + "\n").encode())

@@ -1,0 +1,351 @@
+"""The desired-state document (`apiVersion: trueup/v1`, `kind: DeviceState`).
+
+Pure data: parsing, validation and the JSON Schema. Every later section
+(firewall, dhcp, ha, proxies) is its own model in its own module and one
+optional field on `DeviceSpec`; cross-section checks live in the section that
+needs them.
+
+Errors come out as `DocumentError`, one line per problem, each naming the path
+in the document (`spec.interfaces[1].addresses[0]: not an IPv4/IPv6 prefix`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trueup.model.types import IfName, IpAddress, IpNetwork, IpPrefix, family_of
+
+__all__ = [
+    "API_VERSION",
+    "SUPPORTED_API_VERSIONS",
+    "ApiListener",
+    "ConvergencePolicy",
+    "DeviceSpec",
+    "DeviceState",
+    "DocumentError",
+    "Interface",
+    "Management",
+    "Metadata",
+    "Route",
+    "document_digest",
+    "json_schema",
+    "load_document",
+    "parse_document",
+    "route_table_number",
+]
+
+API_VERSION = "trueup/v1"
+SUPPORTED_API_VERSIONS = (API_VERSION,)
+KIND = "DeviceState"
+
+MAIN_TABLE = 254
+_RESERVED_TABLES = {0: "unspec", 253: "default", 255: "local"}
+
+Policy = Literal["auto", "notify"]
+
+
+class DocumentError(ValueError):
+    """A document that cannot be accepted. `problems` holds one `path: message` per line."""
+
+    def __init__(self, source: str, problems: list[str], *, unsupported_version: bool = False):
+        self.source = source
+        self.problems = problems
+        self.unsupported_version = unsupported_version
+        super().__init__(f"{source}: invalid document\n" + "\n".join(f"  {p}" for p in problems))
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ApiListener(_Section):
+    port: int = Field(7443, ge=1, le=65535, description="TCP port of the agent API")
+    bind: IpAddress | None = Field(
+        None, description="address to bind; the wildcard address when absent"
+    )
+
+
+class Management(_Section):
+    interface: IfName
+    addresses: list[IpPrefix] = Field(min_length=1)
+    gateway: IpAddress | None = None
+    api: ApiListener = ApiListener()
+
+    @model_validator(mode="after")
+    def _gateway_family(self) -> Management:
+        if self.gateway is not None:
+            families = {family_of(a) for a in self.addresses}
+            if family_of(self.gateway) not in families:
+                raise _PathError(
+                    "gateway",
+                    f"IPv{family_of(self.gateway)} gateway {self.gateway} but the management "
+                    "interface has no address of that family",
+                )
+        return self
+
+
+class Interface(_Section):
+    name: IfName
+    state: Literal["up", "down"] = "up"
+    mtu: int | None = Field(None, ge=68, le=65535)
+    addresses: list[IpPrefix] = []
+
+
+class Route(_Section):
+    to: IpNetwork
+    via: IpAddress | None = None
+    dev: IfName | None = None
+    metric: int = Field(0, ge=0, le=4294967295)
+    table: int | str = Field("main", description="'main', a number, or a name from spec.tables")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Route:
+        if self.via is None and self.dev is None:
+            raise _PathError("via", "a route needs a gateway (via) or an interface (dev)")
+        if self.via is not None and family_of(self.via) != family_of(self.to):
+            raise _PathError(
+                "via",
+                f"IPv{family_of(self.via)} gateway for an IPv{family_of(self.to)} "
+                f"destination {self.to}",
+            )
+        return self
+
+
+class ConvergencePolicy(_Section):
+    default: Policy = "auto"
+    subsystems: dict[str, Policy] = {}
+
+    def policy_for(self, subsystem: str) -> Policy:
+        return self.subsystems.get(subsystem, self.default)
+
+
+class DeviceSpec(_Section):
+    management: Management
+    interfaces: list[Interface] = []
+    routes: list[Route] = []
+    tables: dict[str, int] = Field(
+        {}, description="names for numbered routing tables, usable as route.table"
+    )
+    convergence: ConvergencePolicy = ConvergencePolicy()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> DeviceSpec:
+        problems: list[tuple[str, str]] = []
+        for name, number in self.tables.items():
+            if name == "main" or not 1 <= number <= 4294967295 or number in _RESERVED_TABLES:
+                problems.append((f"tables.{name}", "not a usable routing table (1-252, 256-…)"))
+            elif number == MAIN_TABLE:
+                problems.append((f"tables.{name}", "254 is the main table; use table: main"))
+        seen_names: dict[str, str] = {self.management.interface: "spec.management.interface"}
+        seen_addresses: dict[str, str] = {
+            a.split("/")[0]: f"spec.management.addresses[{i}]"
+            for i, a in enumerate(self.management.addresses)
+        }
+        for i, iface in enumerate(self.interfaces):
+            if iface.name in seen_names:
+                problems.append(
+                    (
+                        f"interfaces[{i}].name",
+                        f"duplicate interface name {iface.name} (also {seen_names[iface.name]})",
+                    )
+                )
+            seen_names.setdefault(iface.name, f"spec.interfaces[{i}].name")
+            for j, address in enumerate(iface.addresses):
+                host = address.split("/")[0]
+                if host in seen_addresses:
+                    problems.append(
+                        (
+                            f"interfaces[{i}].addresses[{j}]",
+                            f"duplicate address {host} (also {seen_addresses[host]})",
+                        )
+                    )
+                seen_addresses.setdefault(host, f"spec.interfaces[{i}].addresses[{j}]")
+        route_keys: dict[tuple[int, str, int], str] = {}
+        for i, route in enumerate(self.routes):
+            if isinstance(route.table, str) and route.table != "main":
+                if route.table.isdigit():
+                    pass
+                elif route.table not in self.tables:
+                    problems.append(
+                        (f"routes[{i}].table", f"unknown table {route.table!r}; name it in tables")
+                    )
+                    continue
+            table = self.table_number(route.table)
+            if table in _RESERVED_TABLES:
+                problems.append((f"routes[{i}].table", f"table {table} is reserved"))
+                continue
+            if route.dev is not None and route.dev not in seen_names:
+                problems.append(
+                    (
+                        f"routes[{i}].dev",
+                        f"{route.dev} is not a managed interface "
+                        "(name it in spec.interfaces or spec.management)",
+                    )
+                )
+            key = (table, route.to, route.metric)
+            if key in route_keys:
+                problems.append(
+                    (
+                        f"routes[{i}]",
+                        f"duplicate route to {route.to} metric {route.metric} "
+                        f"in table {route.table} (also {route_keys[key]})",
+                    )
+                )
+            route_keys.setdefault(key, f"spec.routes[{i}]")
+            gw = self.management.gateway
+            if (
+                gw is not None
+                and table == MAIN_TABLE
+                and route.metric == 0
+                and route.to in ("0.0.0.0/0", "::/0")
+                and family_of(route.to) == family_of(gw)
+                and (route.via != gw or route.dev not in (None, self.management.interface))
+            ):
+                problems.append(
+                    (
+                        f"routes[{i}]",
+                        f"conflicts with spec.management.gateway {gw}: the management "
+                        "default route is owned by spec.management",
+                    )
+                )
+        if problems:
+            raise _PathError.many(problems)
+        return self
+
+    def table_number(self, table: int | str) -> int:
+        return route_table_number(table, self.tables)
+
+    def managed_interfaces(self) -> list[str]:
+        return [self.management.interface, *(i.name for i in self.interfaces)]
+
+
+class Metadata(_Section):
+    device: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    version: int | None = Field(None, ge=1, description="assigned by the control plane; grows")
+
+
+class DeviceState(_Section):
+    apiVersion: Literal["trueup/v1"]
+    kind: Literal["DeviceState"]
+    metadata: Metadata
+    spec: DeviceSpec
+
+    def with_version(self, version: int) -> DeviceState:
+        return self.model_copy(
+            update={"metadata": self.metadata.model_copy(update={"version": version})}
+        )
+
+    def canonical(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+def route_table_number(table: int | str, names: dict[str, int]) -> int:
+    if isinstance(table, int):
+        return table
+    if table == "main":
+        return MAIN_TABLE
+    if table.isdigit():
+        return int(table)
+    return names[table]
+
+
+class _PathError(ValueError):
+    """Raised inside validators to report problems at paths below the model being validated."""
+
+    def __init__(self, path: str, message: str) -> None:
+        self.problems = [(path, message)]
+        super().__init__(f"{path}: {message}")
+
+    @classmethod
+    def many(cls, problems: list[tuple[str, str]]) -> _PathError:
+        error = cls(*problems[0])
+        error.problems = problems
+        return error
+
+
+def _format_loc(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+    return path
+
+
+def _problems(error: ValidationError) -> list[str]:
+    out: list[str] = []
+    for item in error.errors(include_url=False):
+        loc = tuple(p for p in item["loc"] if not (isinstance(p, str) and "[" in p))
+        ctx = item.get("ctx") or {}
+        inner = ctx.get("error")
+        if isinstance(inner, _PathError):
+            base = _format_loc(loc)
+            for sub, message in inner.problems:
+                out.append(f"{base}.{sub}: {message}" if base else f"{sub}: {message}")
+            continue
+        message = str(inner) if isinstance(inner, ValueError) else item["msg"]
+        if item["type"] == "extra_forbidden":
+            message = "unknown field (not part of trueup/v1)"
+        elif item["type"] == "missing":
+            message = "required field is missing"
+        elif item["type"] == "literal_error" and loc == ("apiVersion",):
+            message = f"unsupported apiVersion {item['input']!r}; this agent supports " + ", ".join(
+                SUPPORTED_API_VERSIONS
+            )
+        elif message.startswith("Value error, "):
+            message = message[len("Value error, ") :]
+        out.append(f"{_format_loc(loc)}: {message}")
+    return out
+
+
+def parse_document(data: Any, source: str = "<document>") -> DeviceState:
+    """Validate already-decoded data; raise DocumentError listing every problem with its path."""
+    if not isinstance(data, dict):
+        raise DocumentError(source, ["(document): expected a mapping with apiVersion, kind, …"])
+    try:
+        return DeviceState.model_validate(data)
+    except ValidationError as exc:
+        problems = _problems(exc)
+        unsupported = any(p.startswith("apiVersion: unsupported") for p in problems)
+        raise DocumentError(source, problems, unsupported_version=unsupported) from None
+
+
+def decode_text(text: str, source: str) -> Any:
+    try:
+        if source.endswith(".json") or text.lstrip().startswith("{"):
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise DocumentError(source, [f"(document): not valid YAML or JSON: {exc}"]) from None
+
+
+def load_document(path: str | Path) -> DeviceState:
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise DocumentError(source, [f"(file): cannot read: {exc.strerror}"]) from None
+    return parse_document(decode_text(text, source), source)
+
+
+def document_digest(document: DeviceState) -> str:
+    """Content hash of a document, independent of key order and of metadata.version."""
+    body = document.canonical()
+    body["metadata"].pop("version", None)
+    blob = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+def json_schema() -> dict[str, Any]:
+    schema = DeviceState.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = "https://trueup.invalid/schema/trueup-v1.json"
+    schema["title"] = "trueup DeviceState (trueup/v1)"
+    return schema

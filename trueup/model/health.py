@@ -1,0 +1,28 @@
+"""Health vocabulary for subsystems and the management tier."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = ["SubsystemHealth", "Tier"]
+
+
+class SubsystemHealth(StrEnum):
+    OK = "ok"
+    DEGRADED = "degraded"
+    FAILED = "failed"
+    FENCED = "fenced"
+    PENDING = "pending"
+
+
+class Tier(StrEnum):
+    """Startup order. A failure in a later tier never blocks an earlier one."""
+
+    MANAGEMENT = "management"
+    NETWORK = "network"
+    SERVICES = "services"
+    OPTIONAL = "optional"
+
+    @property
+    def rank(self) -> int:
+        return list(Tier).index(self)

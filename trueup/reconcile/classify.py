@@ -1,0 +1,168 @@
+"""Derive the six reason codes from facts — never from guesses.
+
+`classify()` is pure: it takes what the journal, the applied record, the
+version sources, the differences and the reconcile history say, and returns
+findings. The mapping:
+
+* open transaction past its deadline, or not held by a live writer, or the
+  last transaction was closed by crash recovery  → STATE_APPLY_NOT_COMPLETED
+* last committed transaction had failed subsystems → STATE_PARTIAL_UPDATE
+* writes refused since the last commit                   → STATE_CONCURRENT_MODIFICATION
+* reconcile errors / breaker open                       → STATE_RECONCILIATION_FAILED
+* desired or control-plane version ≠ applied version, or
+  an unsupported schema                                 → STATE_VERSION_SKEW
+* differences with no transaction open (and not explained by a partial
+  update or a running transaction)                      → STATE_DRIFT_DETECTED
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trueup.model.reasons import Finding, ReasonCode
+from trueup.subsystems.base import Difference
+
+__all__ = ["ClassifierInput", "classify"]
+
+
+@dataclass
+class ClassifierInput:
+    applied: dict[str, Any]
+    open_transaction: dict[str, Any] | None = None
+    open_transaction_live: bool = False
+    open_transaction_overdue: bool = False
+    last_transaction: dict[str, Any] | None = None
+    last_commit_at: str | None = None
+    refusals: list[dict[str, Any]] = field(default_factory=list)
+    desired_version: int | None = None
+    control_plane_version: int | None = None
+    unsupported_schema: str | None = None
+    differences: dict[str, list[Difference]] = field(default_factory=dict)
+    observed_at: str | None = None
+    reconcile_failures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    drift_since: dict[str, str] = field(default_factory=dict)
+    attribution: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+
+def classify(facts: ClassifierInput) -> list[Finding]:
+    findings: list[Finding] = []
+    applied_version = int(facts.applied.get("version", 0))
+    open_txn = facts.open_transaction
+
+    if open_txn is not None and (not facts.open_transaction_live or facts.open_transaction_overdue):
+        findings.append(
+            Finding.of(
+                ReasonCode.APPLY_NOT_COMPLETED,
+                subsystem=",".join(open_txn.get("applied", []) + list(open_txn.get("failed", {})))
+                or None,
+                since=open_txn.get("began_at"),
+                detail=(
+                    f"transaction {open_txn['txn']} (version {open_txn.get('version')}) is open "
+                    + ("past its deadline" if facts.open_transaction_live else "with no writer")
+                ),
+                evidence={"transaction": open_txn},
+            )
+        )
+    last = facts.last_transaction
+    if last is not None and last.get("recovered") and open_txn is None:
+        findings.append(
+            Finding.of(
+                ReasonCode.APPLY_NOT_COMPLETED,
+                subsystem=",".join(last.get("applied", [])) or None,
+                since=last.get("began_at"),
+                detail=(
+                    f"transaction {last['txn']} (version {last.get('version')}) was interrupted "
+                    "and rolled back to its before-images at recovery; the system holds "
+                    f"version {applied_version}"
+                ),
+                evidence={"transaction": last},
+            )
+        )
+
+    partial_subsystems: set[str] = set()
+    if facts.applied.get("outcome") == "partial":
+        failed = dict(facts.applied.get("failed", {}))
+        partial_subsystems = set(failed)
+        for name, error in sorted(failed.items()):
+            findings.append(
+                Finding.of(
+                    ReasonCode.PARTIAL_UPDATE,
+                    subsystem=name,
+                    paths=[d.path for d in facts.differences.get(name, [])],
+                    since=facts.applied.get("applied_at"),
+                    detail=f"version {applied_version} applied without {name}: {error}",
+                )
+            )
+
+    for refusal in facts.refusals:
+        findings.append(
+            Finding.of(
+                ReasonCode.CONCURRENT_MODIFICATION,
+                since=refusal.get("at"),
+                detail=refusal.get("details", {}).get("message", "write refused"),
+                evidence={"actor": refusal.get("actor"), **refusal.get("details", {})},
+            )
+        )
+
+    for name, failure in sorted(facts.reconcile_failures.items()):
+        findings.append(
+            Finding.of(
+                ReasonCode.RECONCILIATION_FAILED,
+                subsystem=name,
+                paths=list(failure.get("paths", [])),
+                since=failure.get("since"),
+                detail=str(failure.get("detail", "reconcile failed")),
+                evidence={k: v for k, v in failure.items() if k not in ("paths", "detail")},
+            )
+        )
+
+    if facts.unsupported_schema:
+        findings.append(Finding.of(ReasonCode.VERSION_SKEW, detail=facts.unsupported_schema))
+    for source, version in (
+        ("desired", facts.desired_version),
+        ("control plane", facts.control_plane_version),
+    ):
+        if version is not None and version != applied_version:
+            findings.append(
+                Finding.of(
+                    ReasonCode.VERSION_SKEW,
+                    detail=f"{source} version {version}, applied version {applied_version}",
+                    evidence={"source": source, "version": version, "applied": applied_version},
+                )
+            )
+
+    running = open_txn is not None and facts.open_transaction_live
+    if not running and applied_version:
+        for name, diffs in sorted(facts.differences.items()):
+            if not diffs or name in partial_subsystems:
+                continue
+            findings.append(
+                Finding.of(
+                    ReasonCode.DRIFT_DETECTED,
+                    subsystem=name,
+                    paths=[d.path for d in diffs],
+                    since=facts.drift_since.get(name, facts.observed_at),
+                    detail="; ".join(_describe(d) for d in diffs),
+                    evidence={
+                        "differences": [d.to_json() for d in diffs],
+                        "attribution": facts.attribution.get(name, []),
+                    },
+                )
+            )
+    return findings
+
+
+def _describe(diff: Difference) -> str:
+    if diff.missing or diff.extra:
+        parts = []
+        if diff.missing:
+            parts.append("missing " + ", ".join(map(str, diff.missing)))
+        if diff.extra:
+            parts.append("unexpected " + ", ".join(map(str, diff.extra)))
+        return f"{diff.path}: " + "; ".join(parts)
+    if diff.desired is None:
+        return f"{diff.path}: unexpected {diff.observed}"
+    if diff.observed is None:
+        return f"{diff.path}: missing (want {diff.desired})"
+    return f"{diff.path}: want {diff.desired}, have {diff.observed}"

@@ -1,0 +1,75 @@
+"""Links: admin state and MTU of the interfaces in `spec.interfaces`.
+
+trueup does not create or delete links; a named interface that is missing is
+a failed step with a clear message.
+"""
+
+from __future__ import annotations
+
+from trueup.model.document import DeviceState
+from trueup.model.health import Tier
+from trueup.subsystems.base import Facts, Plan, Scope, Step, StepError, Subsystem
+from trueup.system.netlink import Netlink
+
+__all__ = ["LinksSubsystem"]
+
+
+def _path(ifname: str, attr: str) -> str:
+    return f"spec.interfaces[{ifname}].{attr}"
+
+
+class LinksSubsystem(Subsystem):
+    name = "links"
+    tier = Tier.NETWORK
+
+    def desired(self, document: DeviceState, scope: Scope) -> Facts:
+        facts: Facts = {}
+        for iface in document.spec.interfaces:
+            facts[_path(iface.name, "state")] = iface.state
+            if iface.mtu is not None:
+                facts[_path(iface.name, "mtu")] = iface.mtu
+        return facts
+
+    def observe(self, netlink: Netlink, scope: Scope) -> Facts:
+        facts: Facts = {}
+        present = {link.name: link for link in netlink.links()}
+        for ifname in sorted(scope.interfaces - {scope.management_interface}):
+            link = present.get(ifname)
+            facts[_path(ifname, "state")] = link.state if link else "absent"
+            if link is not None:
+                facts[_path(ifname, "mtu")] = link.mtu
+        return facts
+
+    def plan(self, desired: Facts, observed: Facts, scope: Scope) -> Plan:
+        steps: list[Step] = []
+        # MTU before admin state: a link comes up with its final MTU.
+        for key in sorted(desired, key=lambda k: (not k.endswith(".mtu"), k)):
+            want, have = desired[key], observed.get(key)
+            ifname = key.split("[", 1)[1].split("]", 1)[0]
+            if observed.get(_path(ifname, "state")) == "absent":
+                if key.endswith(".state") and want != "absent":
+                    steps.append(Step(self.name, "require-link", key, {"ifname": ifname}))
+                continue
+            if want == have:
+                continue
+            if key.endswith(".mtu"):
+                steps.append(Step(self.name, "set-mtu", key, {"ifname": ifname, "mtu": want}))
+            else:
+                steps.append(Step(self.name, "set-state", key, {"ifname": ifname, "state": want}))
+        noop = [] if steps else ["every managed link has its state and MTU"]
+        return Plan(self.name, steps, noop)
+
+    def execute(self, netlink: Netlink, step: Step) -> None:
+        a = step.args
+        if step.action == "require-link":
+            raise StepError(
+                step,
+                f"interface {a['ifname']} does not exist; trueup does not "
+                "create links — create it or remove it from spec.interfaces",
+            )
+        if step.action == "set-mtu":
+            self.run_step(netlink, step, lambda: netlink.set_link(a["ifname"], mtu=a["mtu"]))
+        elif step.action == "set-state":
+            self.run_step(netlink, step, lambda: netlink.set_link(a["ifname"], state=a["state"]))
+        else:
+            raise ValueError(f"unknown links step {step.action}")

@@ -1,0 +1,67 @@
+"""The subsystems an agent runs, in dependency and tier order.
+
+Subsystems register here, never with each other; `ordered()` sorts them by
+tier, then by their declared dependencies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from trueup.model.document import DeviceState
+from trueup.model.types import family_of
+from trueup.subsystems.addresses import AddressesSubsystem
+from trueup.subsystems.base import Scope, Subsystem
+from trueup.subsystems.links import LinksSubsystem
+from trueup.subsystems.management import ManagementSubsystem
+from trueup.subsystems.routes import RoutesSubsystem
+
+__all__ = ["default_subsystems", "ordered", "scope_for"]
+
+
+def default_subsystems() -> list[Subsystem]:
+    return ordered(
+        [ManagementSubsystem(), LinksSubsystem(), AddressesSubsystem(), RoutesSubsystem()]
+    )
+
+
+def ordered(subsystems: Iterable[Subsystem]) -> list[Subsystem]:
+    pending = sorted(subsystems, key=lambda s: (s.tier.rank, s.name))
+    names = {s.name for s in pending}
+    done: list[Subsystem] = []
+    placed: set[str] = set()
+    while pending:
+        for sub in pending:
+            if all(dep in placed or dep not in names for dep in sub.depends_on):
+                done.append(sub)
+                placed.add(sub.name)
+                pending.remove(sub)
+                break
+        else:
+            cycle = ", ".join(s.name for s in pending)
+            raise ValueError(f"subsystem dependency cycle among: {cycle}")
+    return done
+
+
+def scope_for(document: DeviceState, previous: DeviceState | None = None) -> Scope:
+    """What `document` manages; `previous` adds the management state trueup assigned before."""
+    spec = document.spec
+    tables = {254} | {spec.table_number(r.table) for r in spec.routes}
+    owned = set(spec.management.addresses)
+    gateways = set()
+    for doc in (document, previous):
+        if doc is None:
+            continue
+        if doc.spec.management.interface == spec.management.interface:
+            owned |= set(doc.spec.management.addresses)
+        gw = doc.spec.management.gateway
+        if gw is not None:
+            v6 = family_of(gw) == 6
+            gateways.add((254, "::/0" if v6 else "0.0.0.0/0", 1024 if v6 else 0))
+    return Scope(
+        interfaces=frozenset(spec.managed_interfaces()),
+        tables=frozenset(tables),
+        management_interface=spec.management.interface,
+        management_owned=frozenset(owned),
+        management_default_routes=frozenset(gateways),
+    )
