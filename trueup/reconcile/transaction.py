@@ -38,6 +38,9 @@ Mode = Literal["atomic", "best-effort"]
 NetlinkFactory = Callable[[], Netlink]
 
 
+_CONVERGE_PASSES = 3
+
+
 class Refused(Exception):
     """A write refused before anything changed, with the reason code that explains it."""
 
@@ -263,10 +266,7 @@ class Engine:
                 subsystem = self.by_name[plan.subsystem]
                 touched.append(subsystem.name)
                 try:
-                    for index, step in enumerate(plan.steps):
-                        subsystem.execute(net, step)
-                        if index == 0:
-                            faults.hit(f"step:{subsystem.name}")
+                    self._converge(net, subsystem, plan, document, scope)
                 except (StepError, ValueError) as exc:
                     failed[subsystem.name] = str(exc)
                     journal.record(txn, "failed", subsystem=subsystem.name, error=str(exc))
@@ -334,6 +334,29 @@ class Engine:
             steps=sum(len(p.steps) for p in plans),
         )
         return ApplyResult(not failed, version, outcome, txn, plans, failed)
+
+    def _converge(
+        self, net: Netlink, subsystem: Subsystem, plan: Plan, document: DeviceState, scope: Scope
+    ) -> None:
+        """Execute a plan, then re-observe and re-plan until no steps remain.
+
+        The kernel has side effects (removing an address flushes the routes
+        through it), so a subsystem is done only when a fresh observation
+        agrees with the document, not when its first plan ran.
+        """
+        desired = subsystem.desired(document, scope)
+        for attempt in range(_CONVERGE_PASSES):
+            for index, step in enumerate(plan.steps):
+                subsystem.execute(net, step)
+                if index == 0 and attempt == 0:
+                    faults.hit(f"step:{subsystem.name}")
+            plan = subsystem.plan(desired, subsystem.observe(net, scope), scope)
+            if not plan.changes:
+                return
+        raise StepError(
+            plan.steps[0],
+            f"still differs after {_CONVERGE_PASSES} passes; something else is changing it",
+        )
 
     def _rollback(
         self, net: Netlink, txn: str, before: dict[str, Facts], scope: Scope, touched: list[str]

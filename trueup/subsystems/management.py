@@ -74,11 +74,11 @@ class ManagementSubsystem(Subsystem):
             steps.append(
                 Step(self.name, "add-address", ADDRESSES, {"ifname": ifname, "prefix": prefix})
             )
+        # Make before break: new management addresses go on before old ones come off.
         for prefix in sorted(have - want):
             if scope.exact or prefix in scope.management_owned:
-                steps.insert(
-                    0,
-                    Step(self.name, "del-address", ADDRESSES, {"ifname": ifname, "prefix": prefix}),
+                steps.append(
+                    Step(self.name, "del-address", ADDRESSES, {"ifname": ifname, "prefix": prefix})
                 )
             else:
                 noop.append(

@@ -58,23 +58,19 @@ class FakeNetlink:
         self._check(operation)
         self._link(ifname, operation)
         info = AddrInfo(ifname, prefix, ipaddress.ip_interface(prefix).version)
-        if info in self.addrs:
-            raise NetlinkError(operation, "File exists", errno.EEXIST)
-        self.addrs.append(info)
+        if info not in self.addrs:  # like KernelNetlink: present counts as added
+            self.addrs.append(info)
 
     def del_address(self, ifname: str, prefix: str) -> None:
         operation = f"delete address {prefix} on {ifname}"
         self._check(operation)
         info = AddrInfo(ifname, prefix, ipaddress.ip_interface(prefix).version)
-        if info not in self.addrs:
-            raise NetlinkError(operation, "Cannot assign requested address", errno.EADDRNOTAVAIL)
-        self.addrs.remove(info)
+        if info in self.addrs:  # like KernelNetlink: absent counts as removed
+            self.addrs.remove(info)
 
     def add_route(self, route: RouteInfo) -> None:
         operation = f"add route to {route.to} (table {route.table})"
         self._check(operation)
-        if any(r.key == route.key for r in self.route_table):
-            raise NetlinkError(operation, "File exists", errno.EEXIST)
         dev = route.dev
         if route.via is not None:
             gateway = ipaddress.ip_address(route.via)
@@ -87,6 +83,7 @@ class FakeNetlink:
             if not onlink:
                 raise NetlinkError(operation, "Network is unreachable", errno.ENETUNREACH)
             dev = onlink[0].ifname
+        self.route_table = [r for r in self.route_table if r.key != route.key]
         self.route_table.append(
             RouteInfo(route.table, route.to, route.via, dev, route.metric, route.family)
         )
@@ -98,7 +95,6 @@ class FakeNetlink:
             if existing.key == route.key:
                 self.route_table.remove(existing)
                 return
-        raise NetlinkError(operation, "No such process", errno.ESRCH)
 
     def close(self) -> None:
         pass

@@ -11,8 +11,11 @@ transaction) and closed after it; opening one costs well under a millisecond.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
@@ -98,6 +101,16 @@ class Netlink(Protocol):
     def add_route(self, route: RouteInfo) -> None: ...
     def del_route(self, route: RouteInfo) -> None: ...
     def close(self) -> None: ...
+
+
+@contextmanager
+def _tolerate(*codes: int) -> Iterator[None]:
+    """Treat the named kernel errors as success (the state is already as wanted)."""
+    try:
+        yield
+    except NetlinkError as exc:
+        if exc.errno not in codes:
+            raise
 
 
 def _ifindex_map(links: list[LinkInfo]) -> dict[int, str]:
@@ -218,30 +231,34 @@ class KernelNetlink:
             self._call(f"set link {name}", "link", "set", index=self._ifindex(name), **kwargs)
 
     def add_address(self, ifname: str, prefix: str) -> None:
+        """Add an address; one already present counts as added."""
         iface = ipaddress.ip_interface(prefix)
         kwargs: dict[str, Any] = {}
-        if iface.version == 4:
+        if iface.version == 4 and iface.network.prefixlen < 31:
             kwargs["broadcast"] = str(iface.network.broadcast_address)
-        self._call(
-            f"add address {prefix} on {ifname}",
-            "addr",
-            "add",
-            index=self._ifindex(ifname),
-            address=str(iface.ip),
-            prefixlen=iface.network.prefixlen,
-            **kwargs,
-        )
+        with _tolerate(errno.EEXIST):
+            self._call(
+                f"add address {prefix} on {ifname}",
+                "addr",
+                "add",
+                index=self._ifindex(ifname),
+                address=str(iface.ip),
+                prefixlen=iface.network.prefixlen,
+                **kwargs,
+            )
 
     def del_address(self, ifname: str, prefix: str) -> None:
+        """Remove an address; one already gone counts as removed."""
         iface = ipaddress.ip_interface(prefix)
-        self._call(
-            f"delete address {prefix} on {ifname}",
-            "addr",
-            "del",
-            index=self._ifindex(ifname),
-            address=str(iface.ip),
-            prefixlen=iface.network.prefixlen,
-        )
+        with _tolerate(errno.EADDRNOTAVAIL, errno.ENODEV):
+            self._call(
+                f"delete address {prefix} on {ifname}",
+                "addr",
+                "del",
+                index=self._ifindex(ifname),
+                address=str(iface.ip),
+                prefixlen=iface.network.prefixlen,
+            )
 
     def _route_args(self, route: RouteInfo) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
@@ -257,16 +274,21 @@ class KernelNetlink:
         return kwargs
 
     def add_route(self, route: RouteInfo) -> None:
+        """Install a route, replacing one with the same key."""
         self._call(
             f"add route to {route.to} (table {route.table})",
             "route",
-            "add",
+            "replace",
             proto=RTPROT_STATIC,
             **self._route_args(route),
         )
 
     def del_route(self, route: RouteInfo) -> None:
+        """Remove a route; one already gone (flushed with its address) counts as removed."""
         kwargs = self._route_args(route)
         kwargs.pop("gateway", None)
         kwargs.pop("oif", None)
-        self._call(f"delete route to {route.to} (table {route.table})", "route", "del", **kwargs)
+        with _tolerate(errno.ESRCH):
+            self._call(
+                f"delete route to {route.to} (table {route.table})", "route", "del", **kwargs
+            )

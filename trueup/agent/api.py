@@ -1,0 +1,173 @@
+"""The agent API: the same routes on the unix socket and on the management port.
+
+Nothing here is gated by service health (promise 1): status, drift, apply,
+rollback, reconcile, evidence and restore are always served. The management
+port requires a bearer token (stored hashed in the state directory); the unix
+socket is protected by its file mode (0600, root).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Body, FastAPI, Header, HTTPException, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from trueup.model.document import DocumentError, parse_document
+from trueup.model.reasons import ReasonCode
+from trueup.reconcile.transaction import Refused
+
+if TYPE_CHECKING:
+    from trueup.agent.process import Agent
+
+__all__ = ["create_app", "hash_token"]
+
+_PUBLIC = {"/v1/health/management", "/v1/health/services"}
+
+
+def hash_token(token: str) -> str:
+    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
+
+
+def _refusal(exc: Refused) -> JSONResponse:
+    return JSONResponse(
+        status_code=409,
+        content={"code": exc.code.value, "message": str(exc), "evidence": exc.evidence},
+    )
+
+
+def _if_match(value: str | None) -> int | None:
+    if value is None or value.strip() in ("", "*"):
+        return None
+    text = value.strip().strip('"').removeprefix("W/").strip('"')
+    try:
+        return int(text)
+    except ValueError:
+        raise HTTPException(
+            400, f"If-Match: expected an applied version number, got {value!r}"
+        ) from None
+
+
+def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
+    app = FastAPI(title="trueup agent", version="1")
+
+    if require_token:
+
+        @app.middleware("http")
+        async def bearer(request: Request, call_next: Any) -> Response:
+            if request.url.path not in _PUBLIC:
+                header = request.headers.get("authorization", "")
+                token = (
+                    header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
+                )
+                if not token or not agent.token_valid(token):
+                    return JSONResponse(
+                        status_code=401,
+                        content={"message": "bearer token required (trueup agent token create)"},
+                        headers={"WWW-Authenticate": "Bearer"},
+                    )
+            response: Response = await call_next(request)
+            return response
+
+    @app.get("/v1/health/management")
+    def health_management() -> JSONResponse:
+        body = agent.management_health()
+        return JSONResponse(status_code=200 if body["ready"] else 503, content=body)
+
+    @app.get("/v1/health/services")
+    def health_services() -> dict[str, Any]:
+        return agent.services_health()
+
+    @app.get("/v1/status")
+    def status() -> dict[str, Any]:
+        return agent.status()
+
+    @app.get("/v1/drift")
+    def drift() -> dict[str, Any]:
+        return agent.drift()
+
+    @app.post("/v1/apply")
+    def apply(
+        document: dict[str, Any] = Body(...),
+        if_match: str | None = Header(None),
+        mode: str = "atomic",
+        confirm_within: float | None = None,
+        actor: str = "api",
+    ) -> JSONResponse:
+        if mode not in ("atomic", "best-effort"):
+            raise HTTPException(422, "mode: expected atomic or best-effort")
+        try:
+            parsed = parse_document(document, "request body")
+        except DocumentError as exc:
+            return JSONResponse(
+                status_code=422,
+                content={
+                    "message": "invalid document",
+                    "problems": exc.problems,
+                    "code": ReasonCode.VERSION_SKEW.value if exc.unsupported_version else None,
+                },
+            )
+        try:
+            result = agent.apply(
+                parsed,
+                mode=mode,
+                expect_version=_if_match(if_match),
+                actor=actor,
+                confirm_within=confirm_within,
+            )
+        except Refused as exc:
+            return _refusal(exc)
+        return JSONResponse(status_code=200 if result["ok"] else 500, content=result)
+
+    @app.post("/v1/rollback")
+    def rollback(to: int | None = None, if_match: str | None = Header(None)) -> JSONResponse:
+        try:
+            result = agent.rollback(to, expect_version=_if_match(if_match))
+        except Refused as exc:
+            return _refusal(exc)
+        return JSONResponse(status_code=200 if result["ok"] else 500, content=result)
+
+    @app.post("/v1/confirm")
+    def confirm() -> JSONResponse:
+        try:
+            return JSONResponse(content=agent.confirm())
+        except Refused as exc:
+            return _refusal(exc)
+
+    @app.post("/v1/reconcile")
+    def reconcile(subsystem: str | None = None) -> JSONResponse:
+        try:
+            result = agent.reconcile(subsystem)
+        except Refused as exc:
+            return _refusal(exc)
+        except KeyError as exc:
+            raise HTTPException(404, f"unknown subsystem {exc.args[0]!r}") from None
+        return JSONResponse(status_code=200 if result["ok"] else 500, content=result)
+
+    @app.post("/v1/ack")
+    def ack(subsystem: str, seconds: float, reason: str) -> JSONResponse:
+        try:
+            return JSONResponse(content=agent.acknowledge(subsystem, seconds, reason))
+        except KeyError as exc:
+            raise HTTPException(404, f"unknown subsystem {exc.args[0]!r}") from None
+
+    @app.get("/v1/evidence")
+    def evidence() -> Response:
+        return Response(
+            content=agent.evidence(),
+            media_type="application/gzip",
+            headers={"Content-Disposition": 'attachment; filename="trueup-evidence.tar.gz"'},
+        )
+
+    @app.get("/metrics")
+    def metrics() -> PlainTextResponse:
+        return PlainTextResponse(agent.metrics(), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+def token_matches(stored: list[str], token: str) -> bool:
+    candidate = hash_token(token)
+    return any(hmac.compare_digest(candidate, s) for s in stored)

@@ -1,0 +1,401 @@
+"""The agent process: wires the startup orchestrator, the API listeners and the loops.
+
+Who calls this: `trueup agent run`. Phase 0 (load) and phase 1 (management)
+run before anything else; the API then serves on the unix socket and on the
+management port; recovery, subsystems and the reconcile loop follow on a
+background thread, so no later work can hold management hostage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import io
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import tarfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from trueup.agent.api import create_app, hash_token, token_matches
+from trueup.journal.audit import now_iso
+from trueup.journal.state import StateDir
+from trueup.model.document import DeviceState
+from trueup.model.health import SubsystemHealth
+from trueup.model.reasons import ReasonCode
+from trueup.reconcile.status import drift_report, gather
+from trueup.reconcile.transaction import Engine, Mode, Refused
+from trueup.startup.orchestrator import Orchestrator
+from trueup.subsystems.base import Subsystem
+
+__all__ = ["Agent", "create_api_token"]
+
+log = logging.getLogger("trueup.agent")
+
+TOKENS_FILE = "api-tokens.json"
+
+
+def create_api_token(state: StateDir, name: str) -> str:
+    """A new bearer token for the management port; only its hash is stored."""
+    state.ensure()
+    token = "tu_" + secrets.token_urlsafe(32)
+    tokens = state.read(TOKENS_FILE, [])
+    tokens = [t for t in tokens if t.get("name") != name]
+    tokens.append({"name": name, "hash": hash_token(token), "created_at": now_iso()})
+    state.write(TOKENS_FILE, tokens)
+    state.audit.append("api_token_created", "local", name=name)
+    return token
+
+
+class _QuietServer(uvicorn.Server):
+    """Several servers share one process; the agent owns signal handling."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class Agent:
+    def __init__(
+        self,
+        state_dir: str | Path,
+        *,
+        config_path: str | None = None,
+        fallback_path: str | None = None,
+        subsystems: list[Subsystem] | None = None,
+        listen_port: int | None = None,
+        bind_retry_seconds: float = 2.0,
+    ) -> None:
+        self.state = StateDir(state_dir)
+        self.engine = Engine(self.state, subsystems)
+        self.orchestrator = Orchestrator(
+            self.engine, config_path=config_path, fallback_path=fallback_path
+        )
+        self.listen_port = listen_port
+        self.bind_retry_seconds = bind_retry_seconds
+        self.started_at = now_iso()
+        self.listeners: dict[str, dict[str, Any]] = {}
+        self.control_plane_version: int | None = None
+        self.extra_status: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self._servers: list[uvicorn.Server] = []
+        self.loop: Any = None  # the reconcile loop, once phase 4 starts
+
+    # -- API surface --------------------------------------------------------
+    def token_valid(self, token: str) -> bool:
+        tokens = self.state.read(TOKENS_FILE, [])
+        return token_matches([t["hash"] for t in tokens], token)
+
+    def management_health(self) -> dict[str, Any]:
+        phase = self.orchestrator.phases["management"]
+        document = self._current_document() or self.orchestrator.management_document
+        present: list[str] = []
+        missing: list[str] = []
+        if document is not None:
+            try:
+                with self.engine.netlink() as net:
+                    have = {
+                        a.prefix
+                        for a in net.addresses()
+                        if a.ifname == document.spec.management.interface
+                    }
+                present = [a for a in document.spec.management.addresses if a in have]
+                missing = [a for a in document.spec.management.addresses if a not in have]
+            except Exception as exc:  # reported, never raised to the probe
+                missing = [f"(observe failed: {exc})"]
+        serving = self.listeners.get("unix", {}).get("state") == "serving"
+        ready = phase.state == "done" and serving and not missing and document is not None
+        return {
+            "ready": ready,
+            "phase": phase.state,
+            "interface": document.spec.management.interface if document else None,
+            "addresses": present,
+            "missing": missing,
+            "listeners": self.listeners,
+            "error": self.orchestrator.management_error,
+        }
+
+    def _current_document(self) -> DeviceState | None:
+        try:
+            return self.engine.applied_document()
+        except Exception:  # an unreadable revision must not break the probe
+            return None
+
+    def services_health(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        status = self.status()
+        for name, sub in status["subsystems"].items():
+            out[name] = {
+                "health": sub["health"],
+                "reason": sub["reason"],
+                "since": sub.get("since"),
+                "tier": sub["tier"],
+            }
+        return {"subsystems": out}
+
+    def status(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {}
+        if self.loop is not None:
+            kwargs = self.loop.status_inputs()
+        status = gather(self.engine, control_plane_version=self.control_plane_version, **kwargs)
+        status["management"].update(
+            {k: v for k, v in self.management_health().items() if k not in ("addresses",)}
+        )
+        status["agent"] = {
+            "pid": os.getpid(),
+            "started_at": self.started_at,
+            "state_dir": str(self.state.root),
+            "startup": self.orchestrator.phase_list(),
+            **self.extra_status,
+        }
+        if self.orchestrator.config_error:
+            status["agent"]["config_error"] = self.orchestrator.config_error
+        return status
+
+    def drift(self) -> dict[str, Any]:
+        return drift_report(self.status())
+
+    def apply(
+        self,
+        document: DeviceState,
+        *,
+        mode: str = "atomic",
+        expect_version: int | None = None,
+        actor: str = "api",
+        confirm_within: float | None = None,
+    ) -> dict[str, Any]:
+        if self.loop is not None:
+            return dict(
+                self.loop.apply(
+                    document,
+                    mode=mode,
+                    expect_version=expect_version,
+                    actor=actor,
+                    confirm_within=confirm_within,
+                )
+            )
+        mode_value: Mode = "best-effort" if mode == "best-effort" else "atomic"
+        result = self.engine.apply_document(
+            document, mode=mode_value, expect_version=expect_version, actor=actor, lock_wait=5.0
+        )
+        return result.to_json()
+
+    def rollback(self, to: int | None, expect_version: int | None = None) -> dict[str, Any]:
+        return self.engine.rollback_to(to, actor="api", expect_version=expect_version).to_json()
+
+    def confirm(self) -> dict[str, Any]:
+        if self.loop is None:
+            raise Refused(ReasonCode.APPLY_NOT_COMPLETED, "agent still starting; retry")
+        return dict(self.loop.confirm(actor="api"))
+
+    def reconcile(self, subsystem: str | None) -> dict[str, Any]:
+        if subsystem is not None and subsystem not in self.engine.by_name:
+            raise KeyError(subsystem)
+        if self.loop is not None:
+            return dict(self.loop.reconcile_now(subsystem, actor="api"))
+        document = self.engine.applied_document()
+        if document is None:
+            return {"ok": True, "outcome": "nothing applied"}
+        result = self.engine.apply_document(document, actor="api", kind="reconcile", lock_wait=5.0)
+        return result.to_json()
+
+    def acknowledge(self, subsystem: str, seconds: float, reason: str) -> dict[str, Any]:
+        if subsystem not in self.engine.by_name:
+            raise KeyError(subsystem)
+        if self.loop is None:
+            return {"ok": False, "message": "agent still starting"}
+        return dict(self.loop.acknowledge(subsystem, seconds, reason, actor="api"))
+
+    def evidence(self) -> bytes:
+        """A tar.gz of what the runbook asks for: status, drift, journal, audit, revisions."""
+        status = self.status()
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+
+            def add_bytes(name: str, data: bytes) -> None:
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime, info.mode = len(data), int(time.time()), 0o600
+                tar.addfile(info, io.BytesIO(data))
+
+            add_bytes("evidence/status.json", json.dumps(status, indent=2).encode())
+            add_bytes("evidence/drift.json", json.dumps(drift_report(status), indent=2).encode())
+            for name in (
+                "journal.jsonl",
+                "audit.jsonl",
+                "applied.json",
+                "reconcile.json",
+                "fences.json",
+                "state.json",
+                "config.json",
+            ):
+                path = self.state.root / name
+                if path.exists():
+                    tar.add(path, arcname=f"evidence/state/{name}")
+            for version in self.state.revision_versions()[-5:]:
+                path = self.state.root / "revisions" / f"{version:08d}.json"
+                tar.add(path, arcname=f"evidence/state/revisions/{path.name}")
+        return buffer.getvalue()
+
+    def metrics(self) -> str:
+        status = self.status()
+        lines = [
+            "# HELP trueup_applied_version Applied desired-state version.",
+            "# TYPE trueup_applied_version gauge",
+            f"trueup_applied_version {status['versions']['applied']}",
+            "# HELP trueup_management_ready 1 when the management tier is up.",
+            "# TYPE trueup_management_ready gauge",
+            f"trueup_management_ready {int(bool(status['management']['ready']))}",
+            "# HELP trueup_subsystem_health Subsystem health (1 for the current state).",
+            "# TYPE trueup_subsystem_health gauge",
+        ]
+        for name, sub in status["subsystems"].items():
+            for health in SubsystemHealth:
+                value = int(sub["health"] == health.value)
+                lines.append(
+                    f'trueup_subsystem_health{{subsystem="{name}",state="{health.value}"}} {value}'
+                )
+        lines += [
+            "# HELP trueup_reason_codes Findings per reason code.",
+            "# TYPE trueup_reason_codes gauge",
+        ]
+        for code in ReasonCode:
+            count = sum(1 for f in status["reason_codes"] if f["code"] == code.value)
+            lines.append(f'trueup_reason_codes{{code="{code.value}"}} {count}')
+        if self.loop is not None:
+            lines += self.loop.metrics_lines()
+        return "\n".join(lines) + "\n"
+
+    # -- listeners ----------------------------------------------------------
+    def _unix_socket(self) -> socket.socket:
+        path = self.state.socket_path
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(old)
+        sock.listen(64)
+        sock.setblocking(False)
+        return sock
+
+    def _tcp_socket(self, address: str, port: int) -> socket.socket:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if address == "::" else 1)
+        sock.bind((address, port))
+        sock.listen(128)
+        sock.setblocking(False)
+        return sock
+
+    async def _serve(self, name: str, sock: socket.socket, *, require_token: bool) -> None:
+        app = create_app(self, require_token=require_token)
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+        server = _QuietServer(config)
+        self._servers.append(server)
+        self.listeners[name]["state"] = "serving"
+        self.listeners[name]["since"] = now_iso()
+        await server.serve(sockets=[sock])
+
+    async def _serve_tcp(self, document: DeviceState | None) -> None:
+        """Serve the management port: the named bind when it works, the wildcard always."""
+        if document is None and self.listen_port is None:
+            return
+        api = document.spec.management.api if document else None
+        port = self.listen_port or (api.port if api else 7443)
+        bind = api.bind if api else None
+        tasks = []
+        wildcard = "::"
+        self.listeners["tcp"] = {"address": wildcard, "port": port, "state": "binding"}
+        try:
+            sock = self._tcp_socket(wildcard, port)
+        except OSError as exc:
+            self.listeners["tcp"].update(state="failed", error=str(exc))
+            log.error("management port %s unavailable: %s", port, exc)
+        else:
+            tasks.append(asyncio.create_task(self._serve("tcp", sock, require_token=True)))
+        if bind is not None:
+            tasks.append(asyncio.create_task(self._serve_named(bind, port)))
+        if tasks:
+            await asyncio.gather(*tasks)
+
+    async def _serve_named(self, address: str, port: int) -> None:
+        """Keep retrying a named bind address until it appears; never fatal."""
+        name = "bind"
+        self.listeners[name] = {"address": address, "port": port, "state": "waiting"}
+        attempts = 0
+        while not self._stop.is_set():
+            attempts += 1
+            try:
+                sock = self._tcp_socket(address, port + 0)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    # The wildcard listener already serves this address and port.
+                    self.listeners[name].update(state="covered-by-wildcard", attempts=attempts)
+                    return
+                self.listeners[name].update(
+                    state="waiting", error=exc.strerror or str(exc), attempts=attempts
+                )
+                await asyncio.sleep(self.bind_retry_seconds)
+                continue
+            await self._serve(name, sock, require_token=True)
+            return
+
+    # -- run ----------------------------------------------------------------
+    def run(self) -> int:
+        orchestrator = self.orchestrator
+        orchestrator.load()
+        orchestrator.management()
+        return asyncio.run(self._main())
+
+    async def _main(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._request_stop)
+        self.listeners["unix"] = {"path": str(self.state.socket_path), "state": "binding"}
+        unix_task = asyncio.create_task(
+            self._serve("unix", self._unix_socket(), require_token=False)
+        )
+        tcp_task = asyncio.create_task(self._serve_tcp(self.orchestrator.management_document))
+        await asyncio.sleep(0)
+        worker = threading.Thread(target=self._after_management, name="trueup-startup", daemon=True)
+        worker.start()
+        await asyncio.gather(unix_task, tcp_task, return_exceptions=True)
+        return 0
+
+    def _request_stop(self) -> None:
+        self._stop.set()
+        if self.loop is not None:
+            self.loop.stop()
+        for server in self._servers:
+            server.should_exit = True
+
+    def _after_management(self) -> None:
+        orchestrator = self.orchestrator
+        orchestrator.recovery()
+        orchestrator.subsystems()
+        orchestrator.steady()
+        self.start_loop()
+
+    def start_loop(self) -> None:
+        """Phase 4; the reconcile loop when it is wired in."""
+        hook = getattr(self, "loop_factory", None)
+        if hook is not None:
+            self.loop = hook(self)
+            self.loop.start()
+
+    def stop(self) -> None:
+        self._request_stop()

@@ -1,0 +1,445 @@
+"""`trueup …` — the command line.
+
+Commands reach a running agent through its unix socket in the state
+directory; `plan`, `apply`, `rollback`, `status` and `drift` also work without
+one, under the same writer lock.
+
+Exit codes: 0 success / in sync; 1 error or invalid input; 2 changes pending
+(`plan`) or drift (`drift`); 3 STATE_CONCURRENT_MODIFICATION; 4
+STATE_VERSION_SKEW.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from trueup.agent.client import AgentClient, AgentUnavailable
+from trueup.cli.output import emit, render_findings, render_status
+from trueup.journal.state import DEFAULT_STATE_DIR, StateDir, StateDirError
+from trueup.model.document import DeviceState, DocumentError, json_schema, load_document
+from trueup.model.reasons import EXIT_CODES, ReasonCode
+from trueup.reconcile.status import drift_report, gather
+from trueup.reconcile.transaction import Engine, Refused
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="trueup",
+    help="Keep Linux edge routers at their desired configuration.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+agent_app = typer.Typer(help="Run and administer the router agent.", no_args_is_help=True)
+audit_app = typer.Typer(help="The agent's hash-chained audit log.", no_args_is_help=True)
+app.add_typer(agent_app, name="agent")
+app.add_typer(audit_app, name="audit")
+
+StateDirOpt = Annotated[
+    Path,
+    typer.Option(
+        "--state-dir",
+        envvar="TRUEUP_STATE_DIR",
+        help="The agent's state directory.",
+        show_default=True,
+    ),
+]
+OutputOpt = Annotated[str, typer.Option("-o", "--output", help="json | yaml | table")]
+DEFAULT_DIR = Path(DEFAULT_STATE_DIR)
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    typer.echo(f"trueup: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _refused(code: str, message: str) -> NoReturn:
+    typer.echo(f"{code}: {message}", err=True)
+    raise typer.Exit(EXIT_CODES.get(ReasonCode(code), 1))
+
+
+def _load(file: Path) -> DeviceState:
+    try:
+        return load_document(file)
+    except DocumentError as exc:
+        typer.echo(str(exc), err=True)
+        if exc.unsupported_version:
+            typer.echo(f"{ReasonCode.VERSION_SKEW.value}: document schema not supported", err=True)
+        raise typer.Exit(1) from None
+
+
+def _engine(state_dir: Path, *, create: bool) -> Engine:
+    state = StateDir(state_dir)
+    try:
+        if create:
+            state.ensure()
+        elif state.exists():
+            state.check_schema()
+    except (StateDirError, OSError) as exc:
+        _fail(str(exc))
+    return Engine(state)
+
+
+def _agent(state_dir: Path) -> AgentClient | None:
+    return AgentClient.connect(state_dir)
+
+
+def _api_result(response: Any) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        _fail(f"agent answered {response.status_code}: {response.text[:200]}")
+    if response.status_code == 409:
+        _refused(body["code"], body["message"])
+    if response.status_code == 422:
+        typer.echo("request body: invalid document", err=True)
+        for problem in body.get("problems", []):
+            typer.echo(f"  {problem}", err=True)
+        raise typer.Exit(1)
+    if response.status_code >= 400 and "ok" not in body:
+        _fail(f"agent answered {response.status_code}: {body}")
+    return dict(body)
+
+
+def _print_apply(result: dict[str, Any], output: str) -> None:
+    if output != "table":
+        emit(result, output)
+    else:
+        for step in result.get("steps", []):
+            typer.echo(f"  {step}")
+        outcome = result["outcome"]
+        typer.echo(
+            f"version {result['version']}: {outcome}"
+            + (f" ({result['txn']})" if result.get("txn") else "")
+        )
+        for name, error in result.get("failed", {}).items():
+            typer.echo(f"  failed {name}: {error}", err=True)
+        for error in result.get("rollback_errors", []):
+            typer.echo(f"  rollback error: {error}", err=True)
+        if result.get("pending_confirmation"):
+            pending = result["pending_confirmation"]
+            typer.echo(
+                f"pending confirmation: run `trueup confirm` before {pending['deadline']}"
+                " or this version is rolled back"
+            )
+    if outcome_code := {"partial": ReasonCode.PARTIAL_UPDATE}.get(result["outcome"]):
+        typer.echo(
+            f"{outcome_code.value}: failed subsystems: {', '.join(result.get('failed', {}))}",
+            err=True,
+        )
+    if not result["ok"]:
+        raise typer.Exit(1)
+
+
+# -- documents -----------------------------------------------------------------
+@app.command()
+def validate(file: Path) -> None:
+    """Validate a desired-state document: exit 0 valid, 1 invalid (every problem with its path)."""
+    document = _load(file)
+    typer.echo(f"{file}: valid ({document.apiVersion}, device {document.metadata.device})")
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of the desired-state document."""
+    typer.echo(json.dumps(json_schema(), indent=2))
+
+
+@app.command()
+def plan(file: Path, state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") -> None:
+    """Show what applying FILE would change: exit 0 no changes, 2 changes, 1 error."""
+    document = _load(file)
+    engine = _engine(state_dir, create=False)
+    plans = engine.plan(document)
+    steps = [s for p in plans for s in p.steps]
+    if output != "table":
+        emit(
+            {
+                "changes": bool(steps),
+                "plans": [
+                    {
+                        "subsystem": p.subsystem,
+                        "steps": [s.to_json() for s in p.steps],
+                        "noop": p.noop_reasons,
+                    }
+                    for p in plans
+                ],
+            },
+            output,
+        )
+    else:
+        for p in plans:
+            if p.steps:
+                for s in p.steps:
+                    typer.echo(f"  + {s.describe()}")
+            else:
+                for reason in p.noop_reasons:
+                    typer.echo(f"  = {p.subsystem}: {reason}")
+        typer.echo(f"{len(steps)} change(s)" if steps else "no changes")
+    raise typer.Exit(2 if steps else 0)
+
+
+@app.command()
+def apply(
+    file: Path,
+    state_dir: StateDirOpt = DEFAULT_DIR,
+    mode: Annotated[str, typer.Option(help="atomic | best-effort")] = "atomic",
+    expect_version: Annotated[
+        int | None, typer.Option(help="refuse unless the applied version is this")
+    ] = None,
+    confirm_within: Annotated[
+        float | None, typer.Option(help="roll back unless `trueup confirm` within SECONDS")
+    ] = None,
+    output: OutputOpt = "table",
+) -> None:
+    """Apply FILE as one journaled transaction."""
+    if mode not in ("atomic", "best-effort"):
+        _fail("--mode: expected atomic or best-effort")
+    document = _load(file)
+    client = _agent(state_dir)
+    if client is not None:
+        headers = {"If-Match": str(expect_version)} if expect_version is not None else {}
+        params: dict[str, Any] = {"mode": mode, "actor": f"cli:{os.getuid()}"}
+        if confirm_within is not None:
+            params["confirm_within"] = confirm_within
+        response = client.request(
+            "POST", "/v1/apply", json=document.canonical(), headers=headers, params=params
+        )
+        _print_apply(_api_result(response), output)
+        return
+    if confirm_within is not None:
+        _fail(
+            "--confirm-within needs a running agent to roll back on time "
+            "(start it with `trueup agent run`)"
+        )
+    engine = _engine(state_dir, create=True)
+    try:
+        result = engine.apply_document(
+            document,
+            mode="best-effort" if mode == "best-effort" else "atomic",
+            expect_version=expect_version,
+            actor=f"cli:{os.getuid()}",
+            source=str(file),
+        )
+    except Refused as exc:
+        _refused(exc.code.value, str(exc))
+    _print_apply(result.to_json(), output)
+
+
+@app.command()
+def rollback(
+    state_dir: StateDirOpt = DEFAULT_DIR,
+    to: Annotated[
+        int | None, typer.Option(help="an accepted revision; default the previous")
+    ] = None,
+    output: OutputOpt = "table",
+) -> None:
+    """Apply an earlier accepted revision again (as a new version)."""
+    client = _agent(state_dir)
+    if client is not None:
+        params = {"to": to} if to is not None else {}
+        _print_apply(_api_result(client.request("POST", "/v1/rollback", params=params)), output)
+        return
+    engine = _engine(state_dir, create=True)
+    try:
+        result = engine.rollback_to(to, actor=f"cli:{os.getuid()}")
+    except Refused as exc:
+        _refused(exc.code.value, str(exc))
+    _print_apply(result.to_json(), output)
+
+
+@app.command()
+def confirm(state_dir: StateDirOpt = DEFAULT_DIR) -> None:
+    """Keep the version applied with --confirm-within."""
+    client = _agent(state_dir)
+    if client is None:
+        _fail(f"no agent answers on {state_dir / 'agent.sock'}")
+    body = _api_result(client.request("POST", "/v1/confirm"))
+    typer.echo(body.get("message", json.dumps(body)))
+    if not body.get("ok", True):
+        raise typer.Exit(1)
+
+
+# -- observation -----------------------------------------------------------------
+def _status(state_dir: Path) -> dict[str, Any]:
+    client = _agent(state_dir)
+    if client is not None:
+        try:
+            response = client.request("GET", "/v1/status")
+            return dict(response.json())
+        except AgentUnavailable:
+            pass
+    return gather(_engine(state_dir, create=False))
+
+
+@app.command()
+def status(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") -> None:
+    """Versions, management readiness, per-subsystem health, fences, reason codes."""
+    current = _status(state_dir)
+    if output == "table":
+        typer.echo(render_status(current))
+    else:
+        emit(current, output)
+
+
+@app.command()
+def drift(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") -> None:
+    """Differences between observed and applied state: exit 0 in sync, 2 drift."""
+    report = drift_report(_status(state_dir))
+    if output == "table":
+        if report["in_sync"]:
+            typer.echo(f"in sync with version {report['applied_version']}")
+        else:
+            for d in report["differences"]:
+                typer.echo(
+                    f"  {d['subsystem']}: {d['path']}: desired {d['desired']} "
+                    f"observed {d['observed']}"
+                )
+            typer.echo("\n".join(render_findings(report["reason_codes"])))
+    else:
+        emit(report, output)
+    raise typer.Exit(0 if report["in_sync"] else 2)
+
+
+@app.command()
+def reconcile(
+    state_dir: StateDirOpt = DEFAULT_DIR,
+    subsystem: Annotated[str | None, typer.Option(help="only this subsystem")] = None,
+    output: OutputOpt = "table",
+) -> None:
+    """Converge now to the applied version (and close an open circuit breaker)."""
+    client = _agent(state_dir)
+    if client is not None:
+        params = {"subsystem": subsystem} if subsystem else {}
+        response = client.request("POST", "/v1/reconcile", params=params)
+        if response.status_code == 404:
+            _fail(response.json().get("detail", "unknown subsystem"))
+        _print_apply(_api_result(response), output)
+        return
+    engine = _engine(state_dir, create=True)
+    document = engine.applied_document()
+    if document is None:
+        _fail("nothing applied yet; run `trueup apply FILE`")
+    try:
+        result = engine.apply_document(document, actor=f"cli:{os.getuid()}", kind="reconcile")
+    except Refused as exc:
+        _refused(exc.code.value, str(exc))
+    _print_apply(result.to_json(), output)
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+
+
+def parse_duration(text: str) -> float:
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise typer.BadParameter(f"{text!r}: expected a duration like 90s, 30m, 2h, 1d")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+
+
+@app.command()
+def ack(
+    subsystem: str,
+    for_: Annotated[str, typer.Option("--for", help="how long, e.g. 2h")],
+    reason: Annotated[str, typer.Option(help="why healing stops (audited)")],
+    state_dir: StateDirOpt = DEFAULT_DIR,
+) -> None:
+    """Stop healing SUBSYSTEM (never detection) until the acknowledgement expires."""
+    seconds = parse_duration(for_)
+    client = _agent(state_dir)
+    if client is None:
+        _fail(f"no agent answers on {state_dir / 'agent.sock'}")
+    response = client.request(
+        "POST", "/v1/ack", params={"subsystem": subsystem, "seconds": seconds, "reason": reason}
+    )
+    if response.status_code == 404:
+        _fail(response.json().get("detail", "unknown subsystem"))
+    body = _api_result(response)
+    typer.echo(body.get("message", json.dumps(body)))
+
+
+@app.command()
+def evidence(
+    out: Annotated[Path, typer.Option("--out", help="where to write the tar.gz")],
+    state_dir: StateDirOpt = DEFAULT_DIR,
+) -> None:
+    """Collect the runbook's evidence bundle (status, drift, journal, audit, revisions)."""
+    client = _agent(state_dir)
+    if client is None:
+        _fail(f"no agent answers on {state_dir / 'agent.sock'}")
+    response = client.request("GET", "/v1/evidence")
+    out.write_bytes(response.content)
+    typer.echo(f"wrote {out} ({len(response.content)} bytes)")
+
+
+# -- audit -----------------------------------------------------------------------
+@audit_app.command("verify")
+def audit_verify(state_dir: StateDirOpt = DEFAULT_DIR) -> None:
+    """Check the audit log's hash chain; name the first line edited, removed or reordered."""
+    state = StateDir(state_dir)
+    problems = state.audit.verify()
+    if not problems:
+        typer.echo(f"audit log intact: {len(state.audit.records())} record(s)")
+        return
+    typer.echo(f"audit log broken: first problem at {problems[0]}", err=True)
+    for problem in problems[1:]:
+        typer.echo(f"  also {problem}", err=True)
+    raise typer.Exit(1)
+
+
+# -- agent -----------------------------------------------------------------------
+@agent_app.command("run")
+def agent_run(
+    config: Annotated[Path | None, typer.Option("--config", help="desired-state document")] = None,
+    state_dir: StateDirOpt = DEFAULT_DIR,
+    control_plane: Annotated[str | None, typer.Option(help="control-plane URL")] = None,
+    token_file: Annotated[Path | None, typer.Option(help="device credential file")] = None,
+    management_fallback: Annotated[
+        Path | None, typer.Option(help="installer document used when nothing was accepted yet")
+    ] = None,
+    listen_port: Annotated[
+        int | None, typer.Option(help="override spec.management.api.port")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
+) -> None:
+    """Run the agent: management first, then recovery, subsystems and the reconcile loop."""
+    from trueup.agent.process import Agent
+
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    agent = Agent(
+        state_dir,
+        config_path=str(config) if config else None,
+        fallback_path=str(management_fallback) if management_fallback else None,
+        listen_port=listen_port,
+    )
+    from trueup.agent.wiring import wire
+
+    wire(agent, control_plane=control_plane, token_file=token_file)
+    raise typer.Exit(agent.run())
+
+
+@agent_app.command("token")
+def agent_token(
+    name: Annotated[str, typer.Option(help="who the token is for")] = "operator",
+    state_dir: StateDirOpt = DEFAULT_DIR,
+) -> None:
+    """Create a bearer token for the management port (printed once; stored hashed)."""
+    from trueup.agent.process import create_api_token
+
+    typer.echo(create_api_token(StateDir(state_dir), name))
+
+
+def main() -> None:
+    app()

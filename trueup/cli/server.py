@@ -1,0 +1,301 @@
+"""`trueup server …`: run the control plane and administer it.
+
+Administration commands work directly on the database (as the operator who
+runs the server), and every write they make is audited like an API write,
+with the actor `cli:<login>`.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import typer
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+
+from trueup.server.db import Database, DatabaseURLError, normalise_url
+from trueup.server.keys import load_or_create_server_key
+from trueup.server.service import ControlPlane, Invalid, NotFound
+from trueup.server.tokens import Role
+
+__all__ = ["server_app"]
+
+DEFAULT_DB = "sqlite:///trueup-server.db"
+DEFAULT_LISTEN = "127.0.0.1:8443"
+
+server_app = typer.Typer(help="The trueup control plane.", no_args_is_help=True)
+tenant_app = typer.Typer(help="Tenants.", no_args_is_help=True)
+user_app = typer.Typer(help="Users and roles (viewer, operator, admin).", no_args_is_help=True)
+token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
+device_app = typer.Typer(help="Devices and enrollment.", no_args_is_help=True)
+audit_app = typer.Typer(help="The hash-chained audit log.", no_args_is_help=True)
+server_app.add_typer(tenant_app, name="tenant")
+server_app.add_typer(user_app, name="user")
+server_app.add_typer(token_app, name="token")
+server_app.add_typer(device_app, name="device")
+server_app.add_typer(audit_app, name="audit")
+
+DbOption = typer.Option(
+    DEFAULT_DB, "--db", envvar="TRUEUP_SERVER_DB", help="sqlite:///PATH or postgresql://…"
+)
+KeyOption = typer.Option(
+    None,
+    "--key-file",
+    envvar="TRUEUP_SERVER_KEY_FILE",
+    help="server key (created if missing); default: next to a SQLite database",
+)
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    typer.echo(f"trueup server: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _key_file(db: str, key_file: Path | None) -> Path:
+    if key_file is not None:
+        return key_file
+    url = normalise_url(db)
+    if url.startswith("sqlite:///"):
+        return Path(url[len("sqlite:///") :] + ".key")
+    raise _fail(
+        "--key-file (or TRUEUP_SERVER_KEY_FILE) is required with PostgreSQL: every server "
+        "process sharing the database needs the same key file"
+    )
+
+
+def _plane(db: str, key_file: Path | None) -> ControlPlane:
+    try:
+        database = Database(db)
+        key = load_or_create_server_key(_key_file(db, key_file))
+        database.migrate()
+    except (DatabaseURLError, ValueError, OSError) as exc:
+        raise _fail(str(exc)) from None
+    return ControlPlane(database, key)
+
+
+def _actor() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except Exception:
+        return f"cli:uid{os.getuid()}"
+
+
+def _tenant(plane: ControlPlane, tenant: str) -> int:
+    try:
+        return plane.tenant_id(tenant)
+    except NotFound as exc:
+        raise _fail(f"{exc}; create it with `trueup server tenant create {tenant}`") from None
+
+
+def certificate_fingerprint(cert_file: Path) -> str:
+    cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
+    return "sha256:" + hashlib.sha256(cert.public_bytes(Encoding.DER)).hexdigest()
+
+
+@server_app.command("run")
+def run(
+    db: str = DbOption,
+    listen: str = typer.Option(DEFAULT_LISTEN, "--listen", help="HOST:PORT"),
+    key_file: Path | None = KeyOption,
+    public_url: str = typer.Option("", "--public-url", help="URL agents use (enrollment bundles)"),
+    tls_cert: Path | None = typer.Option(None, "--tls-cert", help="PEM certificate; enables TLS"),
+    tls_key: Path | None = typer.Option(None, "--tls-key", help="PEM private key"),
+    workers: int = typer.Option(1, "--workers", min=1, help="server processes (share the DB)"),
+    stale_intervals: int = typer.Option(3, "--stale-intervals", min=1),
+    ingest: str = typer.Option("batch", "--ingest", help="batch (default) or naive"),
+    log_level: str = typer.Option("warning", "--log-level"),
+) -> None:
+    """Serve the control plane API."""
+    import uvicorn
+
+    from trueup.server.app import SETTINGS_ENV, Settings
+
+    host, sep, port_text = listen.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise _fail(f"--listen {listen}: expected HOST:PORT (e.g. 127.0.0.1:8443)")
+    if (tls_cert is None) != (tls_key is None):
+        raise _fail("--tls-cert and --tls-key go together")
+    if ingest not in ("batch", "naive"):
+        raise _fail(f"--ingest {ingest}: use batch or naive")
+    try:
+        key_path = _key_file(db, key_file)
+        Database(db).migrate()
+        load_or_create_server_key(key_path)
+    except (DatabaseURLError, ValueError, OSError) as exc:
+        raise _fail(str(exc)) from None
+    scheme = "https" if tls_cert else "http"
+    settings = Settings(
+        db_url=db,
+        key_file=str(key_path),
+        public_url=public_url or f"{scheme}://{host}:{port_text}",
+        stale_intervals=stale_intervals,
+        ingest_mode=ingest,
+        migrate=False,
+    )
+    os.environ[SETTINGS_ENV] = settings.to_env()
+    uvicorn.run(
+        "trueup.server.app:create_app_from_env",
+        factory=True,
+        host=host.strip("[]"),
+        port=int(port_text),
+        workers=workers,
+        loop="uvloop",
+        http="httptools",
+        log_level=log_level,
+        access_log=False,
+        ssl_certfile=str(tls_cert) if tls_cert else None,
+        ssl_keyfile=str(tls_key) if tls_key else None,
+        timeout_keep_alive=75,
+        backlog=4096,
+    )
+
+
+@server_app.command("migrate")
+def migrate(db: str = DbOption) -> None:
+    """Create or upgrade the database schema."""
+    try:
+        Database(db).migrate()
+    except (DatabaseURLError, OSError) as exc:
+        raise _fail(str(exc)) from None
+    typer.echo("schema is current")
+
+
+@tenant_app.command("create")
+def tenant_create(
+    name: str = typer.Argument(..., help="tenant name"),
+    db: str = DbOption,
+    key_file: Path | None = KeyOption,
+) -> None:
+    """Create a tenant (with its own secret key)."""
+    plane = _plane(db, key_file)
+    try:
+        plane.create_tenant(name, _actor())
+    except Invalid as exc:
+        raise _fail(str(exc)) from None
+    typer.echo(f"tenant {name} created")
+
+
+@user_app.command("create")
+def user_create(
+    tenant: str = typer.Option(..., "--tenant"),
+    user: str = typer.Option(..., "--user"),
+    role: Role = typer.Option(Role.VIEWER, "--role"),
+    db: str = DbOption,
+    key_file: Path | None = KeyOption,
+) -> None:
+    """Create a user with a role."""
+    plane = _plane(db, key_file)
+    try:
+        plane.create_user(_tenant(plane, tenant), user, role, _actor())
+    except Invalid as exc:
+        raise _fail(str(exc)) from None
+    typer.echo(f"user {tenant}/{user} created with role {role.value}")
+
+
+@user_app.command("role")
+def user_role(
+    tenant: str = typer.Option(..., "--tenant"),
+    user: str = typer.Option(..., "--user"),
+    role: Role = typer.Option(..., "--role"),
+    db: str = DbOption,
+    key_file: Path | None = KeyOption,
+) -> None:
+    """Change a user's role."""
+    plane = _plane(db, key_file)
+    try:
+        plane.set_role(_tenant(plane, tenant), user, role, _actor())
+    except NotFound as exc:
+        raise _fail(str(exc)) from None
+    typer.echo(f"user {tenant}/{user} now has role {role.value}")
+
+
+@token_app.command("create")
+def token_create(
+    tenant: str = typer.Option(..., "--tenant"),
+    user: str = typer.Option(..., "--user", help="created with --role if it does not exist"),
+    role: Role = typer.Option(Role.VIEWER, "--role"),
+    label: str = typer.Option("", "--label"),
+    db: str = DbOption,
+    key_file: Path | None = KeyOption,
+) -> None:
+    """Create an API token; prints it once (only its hash is stored)."""
+    plane = _plane(db, key_file)
+    tenant_id = _tenant(plane, tenant)
+    try:
+        if user not in {u["name"] for u in plane.list_users(tenant_id)}:
+            plane.create_user(tenant_id, user, role, _actor())
+        _token_id, token = plane.create_token(tenant_id, user, _actor(), label)
+    except (Invalid, NotFound) as exc:
+        raise _fail(str(exc)) from None
+    typer.echo(token)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    tenant: str = typer.Option(..., "--tenant"),
+    token_id: int = typer.Argument(..., help="token id (see `GET /api/v1/tokens`)"),
+    db: str = DbOption,
+    key_file: Path | None = KeyOption,
+) -> None:
+    """Revoke a token."""
+    plane = _plane(db, key_file)
+    try:
+        plane.revoke_token(_tenant(plane, tenant), token_id, _actor())
+    except NotFound as exc:
+        raise _fail(str(exc)) from None
+    typer.echo(f"token {token_id} revoked")
+
+
+@device_app.command("enroll")
+def device_enroll(
+    tenant: str = typer.Option(..., "--tenant"),
+    device: str = typer.Option(..., "--device"),
+    url: str = typer.Option(..., "--url", help="control-plane URL the agent will use"),
+    out: Path = typer.Option(..., "--out", help="where to write the enrollment bundle (0600)"),
+    tls_cert: Path | None = typer.Option(
+        None, "--tls-cert", help="the server's certificate: its fingerprint goes in the bundle"
+    ),
+    db: str = DbOption,
+    key_file: Path | None = KeyOption,
+) -> None:
+    """Write a one-time enrollment bundle. Revokes the device's current credential."""
+    plane = _plane(db, key_file)
+    fingerprint = certificate_fingerprint(tls_cert) if tls_cert else None
+    try:
+        bundle = plane.enroll(
+            _tenant(plane, tenant), device, _actor(), url=url, fingerprint=fingerprint
+        )
+    except Invalid as exc:
+        raise _fail(str(exc)) from None
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(bundle, handle, indent=2)
+        handle.write("\n")
+    typer.echo(f"enrollment bundle for {tenant}/{device} written to {out}")
+
+
+@audit_app.command("verify")
+def audit_verify(db: str = DbOption, key_file: Path | None = KeyOption) -> None:
+    """Check the audit chain and the tables it vouches for. Exit 0 intact, 1 problems."""
+    plane = _plane(db, key_file)
+    problems = plane.verify_audit()
+    if not problems:
+        typer.echo("audit log intact")
+        return
+    for problem in problems:
+        typer.echo(str(problem))
+    typer.echo(f"{len(problems)} problem(s) found", err=True)
+    raise typer.Exit(1)
+
+
+def main() -> None:
+    server_app(prog_name="trueup server")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

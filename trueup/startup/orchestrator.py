@@ -1,0 +1,228 @@
+"""The startup orchestrator: management first, then journals, then subsystems.
+
+Phases, in this order, each logged and visible in `status`:
+
+0. `load`        read the state directory — no network needed;
+1. `management`  converge the management interface, addresses and gateway
+                 from the last accepted document (or the installer fallback),
+                 then the caller starts the API listeners;
+2. `recovery`    roll back open transactions under their fences;
+3. `subsystems`  apply the configured document tier by tier, each subsystem
+                 within its own deadline;
+4. `steady`      the reconcile loop.
+
+Nothing before phase 1 may need the network, name resolution or a daemon;
+no failure after phase 1 can take management down.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from trueup.journal.audit import now_iso
+from trueup.model.document import (
+    DeviceState,
+    DocumentError,
+    document_digest,
+    load_document,
+    parse_document,
+)
+from trueup.reconcile.transaction import Engine, Refused
+from trueup.subsystems.registry import scope_for
+
+__all__ = ["PHASES", "Orchestrator", "PhaseRecord"]
+
+log = logging.getLogger("trueup.startup")
+
+PHASES = ("load", "management", "recovery", "subsystems", "steady")
+
+
+@dataclass
+class PhaseRecord:
+    name: str
+    state: str = "pending"  # pending | running | done | failed
+    started_at: str | None = None
+    ended_at: str | None = None
+    detail: str = ""
+    duration_ms: float | None = None
+    _t0: float = field(default=0.0, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "state": self.state,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "duration_ms": self.duration_ms,
+            "detail": self.detail,
+        }
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        config_path: str | None = None,
+        fallback_path: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.config_path = config_path
+        self.fallback_path = fallback_path
+        self.phases = {name: PhaseRecord(name) for name in PHASES}
+        self.config_document: DeviceState | None = None
+        self.config_error: str | None = None
+        self.management_document: DeviceState | None = None
+        self.management_error: str | None = None
+        self.lock = threading.Lock()
+
+    # -- bookkeeping -------------------------------------------------------
+    def _start(self, name: str) -> PhaseRecord:
+        record = self.phases[name]
+        record.state, record.started_at, record._t0 = "running", now_iso(), time.monotonic()
+        log.info("phase %s: started", name)
+        return record
+
+    def _end(self, record: PhaseRecord, state: str, detail: str = "") -> None:
+        record.state, record.ended_at = state, now_iso()
+        record.duration_ms = round((time.monotonic() - record._t0) * 1000, 2)
+        record.detail = detail
+        log.info("phase %s: %s %s", record.name, state, detail)
+
+    def phase_list(self) -> list[dict[str, Any]]:
+        return [p.to_json() for p in self.phases.values()]
+
+    # -- phase 0 ------------------------------------------------------------
+    def load(self) -> None:
+        record = self._start("load")
+        self.engine.state.ensure()
+        if self.config_path:
+            try:
+                self.config_document = load_document(self.config_path)
+            except DocumentError as exc:
+                self.config_error = str(exc)
+                log.error("%s", exc)
+        self.management_document = self._management_source()
+        source = (
+            f"version {self.management_document.metadata.version}"
+            if self.management_document
+            else "none"
+        )
+        self._end(record, "done", f"management from {source}")
+
+    def _management_source(self) -> DeviceState | None:
+        """The last accepted document; before any, the config file, then the fallback."""
+        state = self.engine.state
+        open_txn = state.journal.open_transaction()
+        applied = (
+            open_txn.begin.get("previous_applied", {}) if open_txn else state.applied()
+        ) or {}
+        version = int(applied.get("version", 0))
+        if version:
+            record = state.revision(version)
+            if record is not None:
+                try:
+                    return parse_document(record["document"], f"revision {version}")
+                except DocumentError as exc:
+                    log.error("accepted revision unreadable: %s", exc)
+        if self.config_document is not None:
+            return self.config_document
+        if self.fallback_path:
+            try:
+                return load_document(self.fallback_path)
+            except DocumentError as exc:
+                log.error("management fallback unreadable: %s", exc)
+        return None
+
+    # -- phase 1 ------------------------------------------------------------
+    def management(self) -> bool:
+        """Converge the management subsystem alone. Never raises."""
+        record = self._start("management")
+        document = self.management_document
+        if document is None:
+            self._end(record, "failed", "no accepted document and no fallback")
+            self.management_error = "no management configuration"
+            return False
+        try:
+            sub = self.engine.by_name["management"]
+            scope = scope_for(document)
+            with self.engine.netlink() as net:
+                observed = sub.observe(net, scope)
+                plan = sub.plan(sub.desired(document, scope), observed, scope)
+                for step in plan.steps:
+                    sub.execute(net, step)
+            if plan.steps:
+                self.engine.state.audit.append(
+                    "management_restored", "startup", steps=[s.describe() for s in plan.steps]
+                )
+            self._end(record, "done", f"{len(plan.steps)} step(s)")
+            self.management_error = None
+            return True
+        except Exception as exc:  # management must report, never crash the agent
+            self.management_error = str(exc)
+            self._end(record, "failed", str(exc))
+            return False
+
+    # -- phase 2 ------------------------------------------------------------
+    def recovery(self) -> None:
+        record = self._start("recovery")
+        try:
+            with self.engine.writer("recovery", "startup", wait=30.0):
+                recovered = self.engine.recover(actor="startup")
+            detail = f"rolled back {recovered.txn}" if recovered else "no open transaction"
+            self._end(record, "done", detail)
+        except Refused as exc:
+            self._end(record, "failed", str(exc))
+        except Exception as exc:
+            log.exception("recovery failed")
+            self._end(record, "failed", str(exc))
+
+    # -- phase 3 ------------------------------------------------------------
+    def subsystems(self) -> None:
+        record = self._start("subsystems")
+        document = self.config_document
+        state = self.engine.state
+        config_digest = document_digest(document) if document is not None else None
+        if document is not None and config_digest == state.read("config.json", {}).get("digest"):
+            # The config file was applied before; later revisions (from the control
+            # plane or the API) win until the file itself changes.
+            document = None
+        if document is None:
+            detail = self.config_error or "configuration unchanged; enforcing accepted state"
+            document = self.engine.applied_document()
+            if document is None:
+                self._end(record, "done", detail)
+                return
+        try:
+            result = self.engine.apply_document(
+                document,
+                actor="startup",
+                lock_wait=30.0,
+                source=self.config_path or "",
+                allow_same_version=False,
+            )
+            if result.ok and config_digest and self.config_document is not None:
+                state.write(
+                    "config.json",
+                    {"digest": config_digest, "path": self.config_path, "version": result.version},
+                )
+            state_name = "done" if result.ok else "failed"
+            self._end(
+                record,
+                state_name,
+                f"version {result.version}: {result.outcome}"
+                + (f" {result.failed}" if result.failed else ""),
+            )
+        except Refused as exc:
+            self._end(record, "failed", f"{exc.code.value}: {exc}")
+        except Exception as exc:
+            log.exception("subsystem phase failed")
+            self._end(record, "failed", str(exc))
+
+    def steady(self) -> None:
+        record = self._start("steady")
+        record.state = "running"
