@@ -11,7 +11,6 @@ import getpass
 import hashlib
 import json
 import os
-import sys
 from pathlib import Path
 
 import typer
@@ -298,4 +297,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

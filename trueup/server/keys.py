@@ -1,0 +1,106 @@
+"""Keys: the server key file, per-tenant data keys and the secret box.
+
+The server key (32 random bytes in a 0600 file) never touches the database. It
+wraps each tenant's AEAD data key (AES-256-GCM, tenant id as associated data)
+and keys the audit chain's HMAC. A tenant secret is sealed with its tenant's
+data key and `tenant id + secret id` as associated data, so a ciphertext
+copied into another tenant's row, or onto another secret, fails to open.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from pathlib import Path
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+__all__ = ["SecretBox", "SecretRefused", "ServerKey", "load_or_create_server_key", "new_data_key"]
+
+_KEY_BYTES = 32
+
+
+class SecretRefused(Exception):
+    """A ciphertext that does not authenticate under this tenant and secret id."""
+
+
+class ServerKey:
+    def __init__(self, key: bytes) -> None:
+        if len(key) != _KEY_BYTES:
+            raise ValueError("server key must be 32 bytes")
+        self._key = key
+
+    def derive(self, purpose: str) -> bytes:
+        return hmac.new(self._key, b"trueup:" + purpose.encode(), hashlib.sha256).digest()
+
+    def wrap_tenant_key(self, tenant_id: int, data_key: bytes) -> bytes:
+        nonce = os.urandom(12)
+        aead = AESGCM(self.derive("tenant-key-wrap"))
+        return nonce + aead.encrypt(nonce, data_key, f"tenant:{tenant_id}".encode())
+
+    def unwrap_tenant_key(self, tenant_id: int, wrapped: bytes) -> bytes:
+        aead = AESGCM(self.derive("tenant-key-wrap"))
+        try:
+            return aead.decrypt(wrapped[:12], wrapped[12:], f"tenant:{tenant_id}".encode())
+        except InvalidTag:
+            raise SecretRefused(
+                f"tenant {tenant_id}: data key does not open with this server key"
+            ) from None
+
+
+class SecretBox:
+    """AES-256-GCM with one tenant's data key."""
+
+    def __init__(self, tenant_id: int, data_key: bytes) -> None:
+        self.tenant_id = tenant_id
+        self._aead = AESGCM(data_key)
+
+    def _associated(self, secret_id: str) -> bytes:
+        return f"trueup-secret:tenant={self.tenant_id}:secret={secret_id}".encode()
+
+    def seal(self, secret_id: str, plaintext: bytes) -> tuple[bytes, bytes]:
+        nonce = os.urandom(12)
+        return nonce, self._aead.encrypt(nonce, plaintext, self._associated(secret_id))
+
+    def open(self, secret_id: str, nonce: bytes, ciphertext: bytes) -> bytes:
+        try:
+            return self._aead.decrypt(nonce, ciphertext, self._associated(secret_id))
+        except InvalidTag:
+            raise SecretRefused(
+                f"secret {secret_id}: ciphertext does not belong to tenant {self.tenant_id} "
+                "and this secret id (AEAD authentication failed); decryption refused"
+            ) from None
+
+
+def new_data_key() -> bytes:
+    return AESGCM.generate_key(bit_length=256)
+
+
+def load_or_create_server_key(path: Path) -> ServerKey:
+    """Read the key file, creating it (0600, 32 random bytes) if it does not exist."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, secrets.token_bytes(_KEY_BYTES).hex().encode() + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)  # fails if another process created it first; theirs wins
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    text = path.read_text().strip()
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        raise ValueError(f"{path}: not a trueup server key (expected 64 hex digits)") from None
+    if len(key) != _KEY_BYTES:
+        raise ValueError(f"{path}: not a trueup server key (expected 64 hex digits)")
+    return ServerKey(key)

@@ -1,0 +1,179 @@
+"""The control plane's schema, as SQLAlchemy Core tables.
+
+Migrations under `migrations/` create exactly these tables; a test compares them.
+Times are stored as UTC seconds since the epoch (floats) so that SQLite and
+PostgreSQL compare them alike.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+__all__ = [
+    "acks",
+    "audit_head",
+    "audit_log",
+    "device_reports",
+    "device_state",
+    "devices",
+    "metadata",
+    "revisions",
+    "secrets",
+    "tenants",
+    "tokens",
+    "users",
+]
+
+metadata = MetaData()
+
+tenants = Table(
+    "tenants",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("created_at", Float, nullable=False),
+    # The tenant's AEAD data key, wrapped by the server key (tenant id as associated data).
+    Column("data_key_wrapped", LargeBinary, nullable=True),
+)
+
+users = Table(
+    "users",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("tenant_id", Integer, ForeignKey("tenants.id"), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("role", String(20), nullable=False),
+    Column("created_at", Float, nullable=False),
+    UniqueConstraint("tenant_id", "name", name="uq_users_tenant_name"),
+)
+
+devices = Table(
+    "devices",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("tenant_id", Integer, ForeignKey("tenants.id"), nullable=False),
+    Column("name", String(253), nullable=False),
+    Column("created_at", Float, nullable=False),
+    # The newest revision's version; the compare-and-set target of If-Match.
+    Column("desired_version", Integer, nullable=False, server_default="0"),
+    UniqueConstraint("tenant_id", "name", name="uq_devices_tenant_name"),
+)
+
+tokens = Table(
+    "tokens",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("tenant_id", Integer, ForeignKey("tenants.id"), nullable=False),
+    # user | device | enrollment
+    Column("kind", String(20), nullable=False),
+    Column("user_id", Integer, ForeignKey("users.id"), nullable=True),
+    Column("device_id", Integer, ForeignKey("devices.id"), nullable=True),
+    Column("token_hash", String(64), nullable=False, unique=True),
+    Column("label", String(200), nullable=False, server_default=""),
+    Column("created_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=True),
+    Column("used_at", Float, nullable=True),
+    Column("revoked_at", Float, nullable=True),
+)
+
+revisions = Table(
+    "revisions",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("parent_version", Integer, nullable=True),
+    Column("author", String(200), nullable=False),
+    Column("comment", Text, nullable=False, server_default=""),
+    Column("content_hash", String(80), nullable=False),
+    Column("document", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+    UniqueConstraint("device_id", "version", name="uq_revisions_device_version"),
+)
+
+device_reports = Table(
+    "device_reports",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
+    Column("received_at", Float, nullable=False),
+    Column("applied_version", Integer, nullable=True),
+    Column("observed_digest", String(80), nullable=True),
+    Column("payload", Text, nullable=False),
+    Index("ix_device_reports_device", "device_id", "id"),
+)
+
+device_state = Table(
+    "device_state",
+    metadata,
+    Column("device_id", Integer, ForeignKey("devices.id"), primary_key=True),
+    Column("last_report_at", Float, nullable=False),
+    Column("applied_version", Integer, nullable=True),
+    Column("observed_digest", String(80), nullable=True),
+    Column("reason_codes", Text, nullable=False),
+    Column("report", Text, nullable=False),
+    Column("heartbeat_interval", Float, nullable=False),
+    # Set when a report first shows the desired version applied with no reason code.
+    Column("in_sync_since", Float, nullable=True),
+)
+
+acks = Table(
+    "acks",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
+    Column("subsystem", String(100), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("author", String(200), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+)
+
+secrets = Table(
+    "secrets",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("tenant_id", Integer, ForeignKey("tenants.id"), nullable=False),
+    Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("nonce", LargeBinary, nullable=False),
+    Column("ciphertext", LargeBinary, nullable=False),
+    Column("created_at", Float, nullable=False),
+    UniqueConstraint("device_id", "name", name="uq_secrets_device_name"),
+)
+
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("tenant_id", Integer, nullable=True),
+    Column("at", Float, nullable=False),
+    Column("actor", String(200), nullable=False),
+    Column("action", String(60), nullable=False),
+    Column("target", String(400), nullable=False),
+    Column("detail", Text, nullable=False),
+    Column("prev_hash", String(64), nullable=False),
+    Column("row_hash", String(64), nullable=False),
+)
+
+# One row (id=1): the newest audit entry. Writers lock it, so the chain stays linear
+# across server processes, and a deleted tail is noticed.
+audit_head = Table(
+    "audit_head",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("seq", Integer, nullable=False),
+    Column("row_hash", String(64), nullable=False),
+)
