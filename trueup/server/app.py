@@ -79,9 +79,12 @@ class SubsystemReport(BaseModel):
 
 
 class AgentReport(BaseModel):
-    """What an agent reports after every change and on every heartbeat."""
+    """What an agent reports after every change and on every heartbeat.
 
-    model_config = ConfigDict(extra="forbid")
+    Unknown fields are kept with the report (evidence), so newer agents can add some.
+    """
+
+    model_config = ConfigDict(extra="allow")
     applied_version: int | None = Field(None, ge=0)
     observed_digest: str | None = Field(None, max_length=80)
     diff_summary: dict[str, Any] = {}

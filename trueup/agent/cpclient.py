@@ -1,0 +1,405 @@
+"""The agent's control-plane client: enrollment, long-poll pull of desired state, reports.
+
+Who calls this: the agent process, when started with `--control-plane URL
+--token-file F`. It never touches local state itself: `SyncLoop` hands each
+new revision to the `apply` callable the agent gives it (the same transaction
+path as a local apply) and reports whatever `snapshot()` returns. While the
+control plane is unreachable the agent keeps enforcing its last accepted
+revision; the loop only backs off (exponential, full jitter) and reconnects.
+
+Errors::
+
+    ControlPlaneError
+    ├── ControlPlaneUnavailable   network error, timeout or 5xx: retry later
+    └── ControlPlaneRefused       4xx: the credential is revoked, the request bad, …
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+__all__ = [
+    "ControlPlaneClient",
+    "ControlPlaneError",
+    "ControlPlaneRefused",
+    "ControlPlaneUnavailable",
+    "SyncLoop",
+    "report_from_status",
+]
+
+log = logging.getLogger("trueup.agent.cpclient")
+
+
+class ControlPlaneError(Exception):
+    pass
+
+
+class ControlPlaneUnavailable(ControlPlaneError):
+    pass
+
+
+class ControlPlaneRefused(ControlPlaneError):
+    def __init__(self, status_code: int, detail: str) -> None:
+        self.status_code = status_code
+        super().__init__(f"control plane refused the request ({status_code}): {detail}")
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Atomically write a 0600 file (temp file, fsync, rename, fsync dir)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _pinned_path(token_file: Path) -> Path:
+    return token_file.with_name(token_file.name + ".server.pem")
+
+
+def _fetch_pinned_certificate(url: str, fingerprint: str) -> str:
+    """The server's certificate (PEM) if its SHA-256 matches the enrollment bundle's pin."""
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    pem = ssl.get_server_certificate((host, parts.port or 443), timeout=10)
+    der = ssl.PEM_cert_to_DER_cert(pem)
+    actual = "sha256:" + hashlib.sha256(der).hexdigest()
+    if actual != fingerprint:
+        raise ControlPlaneRefused(
+            0,
+            f"{url} presented certificate {actual}, but the enrollment bundle pins "
+            f"{fingerprint}; not sending the enrollment token",
+        )
+    return pem
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    if isinstance(body, dict):
+        problems = body.get("problems")
+        detail = str(body.get("detail", body))
+        return detail + ("".join(f"\n  {p}" for p in problems) if problems else "")
+    return str(body)
+
+
+class ControlPlaneClient:
+    """One device's HTTP client for the control plane's /api/v1/agent routes."""
+
+    def __init__(self, url: str | None, token_file: str | Path, *, timeout: float = 15.0) -> None:
+        self.url = url.rstrip("/") if url else None
+        self.token_file = Path(token_file)
+        self.timeout = timeout
+        self._token: str | None = None
+        self._local = threading.local()
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _verify(self) -> ssl.SSLContext | bool:
+        pinned = _pinned_path(self.token_file)
+        if pinned.exists():
+            return ssl.create_default_context(cadata=pinned.read_text())
+        return True
+
+    def _http(self) -> httpx.Client:
+        # One connection pool per thread: the long poll must not hold up a report.
+        client: httpx.Client | None = getattr(self._local, "client", None)
+        if client is None:
+            client = httpx.Client(verify=self._verify(), timeout=self.timeout)
+            self._local.client = client
+        return client
+
+    def token(self) -> str:
+        if self._token is None:
+            try:
+                self._token = self.token_file.read_text().strip()
+            except OSError as exc:
+                raise ControlPlaneRefused(
+                    0,
+                    f"cannot read the device credential {self.token_file}: {exc.strerror}; "
+                    "enroll the device first",
+                ) from None
+        return self._token
+
+    def _request(
+        self, method: str, path: str, *, timeout: float | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        if self.url is None:
+            raise ControlPlaneRefused(0, "no control-plane URL configured")
+        headers = {"Authorization": f"Bearer {self.token()}"}
+        try:
+            response = self._http().request(
+                method,
+                self.url + path,
+                headers=headers,
+                timeout=timeout if timeout is not None else self.timeout,
+                **kwargs,
+            )
+        except httpx.HTTPError as exc:
+            raise ControlPlaneUnavailable(f"{self.url}: {exc.__class__.__name__}: {exc}") from None
+        if response.status_code >= 500:
+            raise ControlPlaneUnavailable(f"{self.url}{path}: {response.status_code}")
+        if response.status_code >= 400:
+            raise ControlPlaneRefused(response.status_code, _detail(response))
+        return response
+
+    def close(self) -> None:
+        client = getattr(self._local, "client", None)
+        if client is not None:
+            client.close()
+            self._local.client = None
+
+    # -- the agent's four questions -----------------------------------------------------------
+
+    def exchange_enrollment(self, bundle_path: str | Path) -> str:
+        """Trade an enrollment bundle for a device credential, stored in the token file."""
+        try:
+            bundle = json.loads(Path(bundle_path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ControlPlaneRefused(
+                0, f"{bundle_path}: not an enrollment bundle: {exc}"
+            ) from None
+        if not isinstance(bundle, dict) or bundle.get("kind") != "trueup-enrollment":
+            raise ControlPlaneRefused(0, f"{bundle_path}: not a trueup enrollment bundle")
+        url = str(self.url or bundle["control_plane"]).rstrip("/")
+        verify: ssl.SSLContext | bool = True
+        pem: str | None = None
+        fingerprint = bundle.get("server_certificate_sha256")
+        if fingerprint:
+            pem = _fetch_pinned_certificate(url, fingerprint)
+            verify = ssl.create_default_context(cadata=pem)
+        try:
+            with httpx.Client(verify=verify, timeout=self.timeout) as client:
+                response = client.post(
+                    url + "/api/v1/agent/enroll",
+                    headers={"Authorization": f"Bearer {bundle['token']}"},
+                )
+        except httpx.HTTPError as exc:
+            raise ControlPlaneUnavailable(f"{url}: {exc}") from None
+        if response.status_code != 200:
+            raise ControlPlaneRefused(response.status_code, _detail(response))
+        credential = str(response.json()["credential"])
+        if pem is not None:
+            _write_private(_pinned_path(self.token_file), pem)
+        _write_private(self.token_file, credential + "\n")
+        self.url = url
+        self._token = credential
+        self.close()
+        return credential
+
+    def wait_for_desired(self, after: int, wait: float) -> tuple[int, dict[str, Any]] | None:
+        """The newest revision if newer than `after`; waits up to `wait` seconds for one."""
+        response = self._request(
+            "GET",
+            "/api/v1/agent/desired",
+            params={"after": after, "wait": wait},
+            timeout=wait + self.timeout,
+        )
+        if response.status_code == 204:
+            return None
+        body = response.json()
+        return int(body["version"]), dict(body["document"])
+
+    def report(self, payload: dict[str, Any]) -> None:
+        self._request("POST", "/api/v1/agent/report", json=payload)
+
+    def secrets(self) -> dict[str, Any]:
+        """This device's secrets: `{"secrets": {name: value}, "refused": [...]}`."""
+        return dict(self._request("GET", "/api/v1/agent/secrets").json())
+
+
+def _digest(value: Any) -> str:
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return "sha256:" + hashlib.sha256(blob).hexdigest()
+
+
+def report_from_status(status: dict[str, Any]) -> dict[str, Any]:
+    """Turn the agent's `/v1/status` document into a control-plane report."""
+    subsystems = status.get("subsystems", {})
+    differences = {
+        name: sub.get("differences", [])
+        for name, sub in subsystems.items()
+        if sub.get("differences")
+    }
+    versions = status.get("versions", {})
+    findings = status.get("reason_codes", [])
+    journal = status.get("journal", {})
+    return {
+        "applied_version": versions.get("applied") or None,
+        "observed_digest": _digest(
+            {"applied": versions.get("applied"), "differences": differences}
+        ),
+        "diff_summary": {
+            "paths": sorted(str(d.get("path")) for diffs in differences.values() for d in diffs),
+            "subsystems": {name: len(diffs) for name, diffs in differences.items()},
+        },
+        "subsystems": {
+            name: {"health": sub.get("health", "pending"), "reason": sub.get("reason") or None}
+            for name, sub in subsystems.items()
+        },
+        "reason_codes": sorted({f["code"] for f in findings if isinstance(f, dict)}),
+        "findings": [f for f in findings if isinstance(f, dict)],
+        "journal": {
+            "open": journal.get("open"),
+            "last": journal.get("last"),
+        },
+        "management_ready": status.get("management", {}).get("ready"),
+    }
+
+
+class _Backoff:
+    def __init__(self, initial: float, maximum: float) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self.attempt = 0
+
+    def next_delay(self) -> float:
+        ceiling = min(self.maximum, self.initial * (2**self.attempt))
+        self.attempt += 1
+        return random.uniform(ceiling / 2, ceiling)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class SyncLoop:
+    """Two threads: one long-polls for revisions and applies them, one reports.
+
+    `apply(document, version)` must raise if the agent did not accept the
+    revision; the loop then reports (the report carries the agent's reason
+    codes) and waits for a newer revision rather than retrying the same one.
+    `snapshot()` returns the report payload (see `report_from_status`).
+    Reports go out after every accepted revision, whenever `request_report()`
+    is called (for example after a local change), and every heartbeat interval.
+    """
+
+    def __init__(
+        self,
+        client: ControlPlaneClient,
+        apply: Callable[[dict[str, Any], int], None],
+        snapshot: Callable[[], dict[str, Any]],
+        *,
+        heartbeat_interval: float = 30.0,
+        initial_version: int = 0,
+        long_poll_seconds: float = 30.0,
+        backoff_initial: float = 1.0,
+        backoff_max: float = 60.0,
+    ) -> None:
+        self.client = client
+        self.apply = apply
+        self.snapshot = snapshot
+        self.heartbeat_interval = heartbeat_interval
+        self.long_poll_seconds = long_poll_seconds
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.seen_version = initial_version
+        self.control_plane_version: int | None = None
+        self.connected = False
+        self.last_error: str | None = None
+        self.last_apply_error: str | None = None
+        self.last_report_at: float | None = None
+        self.reports_sent = 0
+        self._stop = threading.Event()
+        self._report_now = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "url": self.client.url,
+            "connected": self.connected,
+            "control_plane_version": self.control_plane_version,
+            "last_error": self.last_error,
+            "last_apply_error": self.last_apply_error,
+            "last_report_at": self.last_report_at,
+            "reports_sent": self.reports_sent,
+        }
+
+    def start(self) -> None:
+        for name, target in (("cp-pull", self._pull), ("cp-report", self._report)):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._report_now.set()
+        for thread in self._threads:
+            thread.join(timeout)
+        self._threads.clear()
+
+    def request_report(self) -> None:
+        self._report_now.set()
+
+    def _failed(self, where: str, exc: Exception, backoff: _Backoff) -> None:
+        self.connected = False
+        self.last_error = f"{where}: {exc}"
+        delay = backoff.next_delay()
+        log.warning("control plane %s failed (%s); retrying in %.1fs", where, exc, delay)
+        self._stop.wait(delay)
+
+    def _pull(self) -> None:
+        backoff = _Backoff(self.backoff_initial, self.backoff_max)
+        while not self._stop.is_set():
+            try:
+                revision = self.client.wait_for_desired(self.seen_version, self.long_poll_seconds)
+            except ControlPlaneError as exc:
+                self._failed("pull", exc, backoff)
+                continue
+            self.connected = True
+            backoff.reset()
+            if revision is None:
+                continue
+            version, document = revision
+            self.control_plane_version = version
+            try:
+                self.apply(document, version)
+                self.last_apply_error = None
+            except Exception as exc:
+                self.last_apply_error = f"revision {version}: {exc}"
+                log.warning("control-plane revision %d not applied: %s", version, exc)
+            self.seen_version = version
+            self._report_now.set()
+
+    def _report(self) -> None:
+        backoff = _Backoff(self.backoff_initial, self.backoff_max)
+        while not self._stop.is_set():
+            self._report_now.clear()
+            try:
+                payload = dict(self.snapshot())
+                payload["heartbeat_interval"] = self.heartbeat_interval
+                self.client.report(payload)
+            except ControlPlaneError as exc:
+                self._failed("report", exc, backoff)
+                continue
+            except Exception as exc:  # a snapshot that fails must not end the loop
+                self._failed("snapshot", exc, backoff)
+                continue
+            self.connected = True
+            self.last_report_at = time.time()
+            self.reports_sent += 1
+            backoff.reset()
+            self._report_now.wait(self.heartbeat_interval)
