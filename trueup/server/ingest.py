@@ -133,11 +133,12 @@ class ReportIngest:
 
     def _write(self, conn: Connection, batch: list[PendingReport]) -> None:
         device_ids = sorted({item.device_id for item in batch})
-        desired = dict(
-            conn.execute(
+        desired = {
+            int(row.id): int(row.desired_version)
+            for row in conn.execute(
                 select(devices.c.id, devices.c.desired_version).where(devices.c.id.in_(device_ids))
-            ).tuples()
-        )
+            )
+        }
         conn.execute(
             device_reports.insert(),
             [
