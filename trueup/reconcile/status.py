@@ -22,14 +22,24 @@ from trueup.subsystems.base import Difference
 __all__ = ["TRANSACTION_DEADLINE", "drift_report", "gather", "refusals_since_last_write"]
 
 TRANSACTION_DEADLINE = timedelta(minutes=5)
+REFUSAL_WINDOW = timedelta(minutes=10)
 _WRITE_EVENTS = {"apply", "rollback", "recovered", "reconcile"}
 
 
 def refusals_since_last_write(engine: Engine, limit: int = 10) -> list[dict[str, Any]]:
+    """Refused writes since the last write, and any in the last REFUSAL_WINDOW.
+
+    A refusal stays visible for a while after the winning write commits: the
+    loser's change is still not on the device, and the operator needs to know.
+    """
     out: list[dict[str, Any]] = []
+    cutoff = datetime.now(UTC) - REFUSAL_WINDOW
+    passed_write = False
     for record in reversed(engine.state.audit.records()):
         event = record.get("event")
         if event in _WRITE_EVENTS:
+            passed_write = True
+        if passed_write and "at" in record and _parse_time(str(record["at"])) < cutoff:
             break
         if event == "refused" and record.get("details", {}).get("code") == (
             ReasonCode.CONCURRENT_MODIFICATION.value
@@ -61,7 +71,13 @@ def gather(
     transactions = journal.transactions()
     open_txn = next((t for t in reversed(transactions) if t.is_open), None)
     last = transactions[-1] if transactions else None
-    live = lock_holder(state.root / "lock") is not None
+    # Reconcile passes converge to the applied version; they do not clear what
+    # the last apply (or its crash recovery) left to report.
+    last_apply = next((t for t in reversed(transactions) if t.kind != "reconcile"), None)
+    holder = lock_holder(state.root / "lock")
+    # An open transaction is "running" only while its own writer holds the lock;
+    # while recovery rolls it back it is still reported as not completed.
+    live = holder is not None and holder.get("purpose") != "recovery"
     overdue = bool(
         open_txn and datetime.now(UTC) - _parse_time(open_txn.begin["at"]) > TRANSACTION_DEADLINE
     )
@@ -81,7 +97,7 @@ def gather(
         open_transaction=open_txn.summary() if open_txn else None,
         open_transaction_live=live,
         open_transaction_overdue=overdue,
-        last_transaction=last.summary() if last and not last.is_open else None,
+        last_transaction=last_apply.summary() if last_apply and not last_apply.is_open else None,
         refusals=refusals_since_last_write(engine),
         control_plane_version=control_plane_version,
         unsupported_schema=unsupported,

@@ -266,7 +266,14 @@ class Engine:
                 subsystem = self.by_name[plan.subsystem]
                 touched.append(subsystem.name)
                 try:
-                    self._converge(net, subsystem, plan, document, scope)
+                    self._converge(
+                        net,
+                        subsystem,
+                        subsystem.desired(document, scope),
+                        scope,
+                        plan,
+                        fault_point=f"step:{subsystem.name}",
+                    )
                 except (StepError, ValueError) as exc:
                     failed[subsystem.name] = str(exc)
                     journal.record(txn, "failed", subsystem=subsystem.name, error=str(exc))
@@ -336,20 +343,28 @@ class Engine:
         return ApplyResult(not failed, version, outcome, txn, plans, failed)
 
     def _converge(
-        self, net: Netlink, subsystem: Subsystem, plan: Plan, document: DeviceState, scope: Scope
+        self,
+        net: Netlink,
+        subsystem: Subsystem,
+        desired: Facts,
+        scope: Scope,
+        plan: Plan | None = None,
+        fault_point: str | None = None,
     ) -> None:
         """Execute a plan, then re-observe and re-plan until no steps remain.
 
         The kernel has side effects (removing an address flushes the routes
-        through it), so a subsystem is done only when a fresh observation
-        agrees with the document, not when its first plan ran.
+        through it; removing a primary IPv4 address removes its secondaries),
+        so a subsystem is done only when a fresh observation agrees, not when
+        its first plan ran.
         """
-        desired = subsystem.desired(document, scope)
+        if plan is None:
+            plan = subsystem.plan(desired, subsystem.observe(net, scope), scope)
         for attempt in range(_CONVERGE_PASSES):
             for index, step in enumerate(plan.steps):
                 subsystem.execute(net, step)
-                if index == 0 and attempt == 0:
-                    faults.hit(f"step:{subsystem.name}")
+                if index == 0 and attempt == 0 and fault_point:
+                    faults.hit(fault_point)
             plan = subsystem.plan(desired, subsystem.observe(net, scope), scope)
             if not plan.changes:
                 return
@@ -369,13 +384,20 @@ class Engine:
             if subsystem is None or name not in before:
                 errors.append(f"{name}: no before-image to restore")
                 continue
-            plan = subsystem.plan(before[name], subsystem.observe(net, exact), exact)
-            for step in plan.steps:
+            try:
+                self._converge(net, subsystem, before[name], exact)
+            except (StepError, ValueError) as exc:
+                errors.append(str(exc))
+            faults.hit(f"rollback:{name}")
+        # Restoring a later subsystem can disturb an earlier one (a link brought
+        # down flushes its IPv6 addresses); one more pass in order settles it.
+        for name in touched:
+            subsystem = self.by_name.get(name)
+            if subsystem is not None and name in before:
                 try:
-                    subsystem.execute(net, step)
+                    self._converge(net, subsystem, before[name], exact)
                 except (StepError, ValueError) as exc:
                     errors.append(str(exc))
-            faults.hit(f"rollback:{name}")
         return errors
 
     def recover(self, actor: str = "local") -> Transaction | None:

@@ -198,12 +198,13 @@ class Orchestrator:
                 self._end(record, "done", detail)
                 return
         try:
+            enforcing = document is not self.config_document
             result = self.engine.apply_document(
                 document,
                 actor="startup",
                 lock_wait=30.0,
                 source=self.config_path or "",
-                allow_same_version=False,
+                kind="reconcile" if enforcing else "apply",
             )
             if result.ok and config_digest and self.config_document is not None:
                 state.write(

@@ -1,0 +1,13 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.routers import Router, router_fixture
+
+
+@pytest.fixture
+def router(tmp_path: Path) -> Iterator[Router]:
+    yield from router_fixture(tmp_path)

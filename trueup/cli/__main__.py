@@ -1,0 +1,3 @@
+from trueup.cli.main import main
+
+main()
