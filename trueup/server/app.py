@@ -496,7 +496,9 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.post("/api/v1/devices/{device}/enrollment", status_code=201, openapi_extra=_role("admin"))
     def enroll(device: str, p: Principal = admin) -> dict[str, Any]:
-        return plane.enroll(p.tenant_id, device, p.actor, url=settings.public_url)
+        return plane.enroll(
+            p.tenant_id, device, p.actor, url=settings.public_url, create_missing=False
+        )
 
     @app.post("/api/v1/devices/{device}/acks", status_code=201, openapi_extra=_role("operator"))
     def acknowledge(device: str, body: AckCreate, p: Principal = operator) -> dict[str, Any]:

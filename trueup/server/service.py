@@ -478,6 +478,7 @@ class ControlPlane:
         *,
         url: str,
         fingerprint: str | None = None,
+        create_missing: bool = True,
     ) -> dict[str, Any]:
         """A one-time enrollment bundle. Revokes the device's current credential."""
         problems = _device_name_problems(device)
@@ -491,6 +492,8 @@ class ControlPlane:
                     and_(devices.c.tenant_id == tenant_id, devices.c.name == device)
                 )
             ).one_or_none()
+            if existing is None and not create_missing:
+                raise NotFound(f"device {device!r} not found")
             device_id = (
                 int(existing.id)
                 if existing is not None

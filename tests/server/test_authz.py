@@ -1,0 +1,166 @@
+"""An authorisation matrix generated from /openapi.json.
+
+Every operation declares `x-trueup-role`. For each one: no token, an unknown
+token, a too-weak role (or the wrong kind of principal) and another tenant's
+token are refused; then the right principal is let through, so the refusals are
+known to come from authorisation and not from a broken route.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from tests.server.conftest import Server, Tenant, document
+from trueup.server.tokens import Role
+
+WEAKER = {"viewer": None, "operator": "viewer", "admin": "operator"}
+
+# A valid request body for every operation that takes one. A route missing here
+# fails the test, so new routes join the matrix.
+BODIES: dict[tuple[str, str], Any] = {
+    ("post", "/api/v1/devices"): {"name": "edge-new"},
+    ("put", "/api/v1/devices/{device}/desired"): document("edge-a"),
+    ("post", "/api/v1/devices/{device}/acks"): {
+        "subsystem": "links",
+        "for_seconds": 60,
+        "reason": "test",
+    },
+    ("put", "/api/v1/devices/{device}/secrets/{name}"): {"value": "v"},
+    ("post", "/api/v1/users"): {"name": "new-user", "role": "viewer"},
+    ("put", "/api/v1/users/{user}/role"): {"role": "viewer"},
+    ("post", "/api/v1/users/{user}/tokens"): {"label": "x"},
+    ("post", "/api/v1/agent/report"): {"applied_version": 0},
+}
+
+
+def operations(spec: dict[str, Any]) -> list[tuple[str, str, str]]:
+    out = []
+    for path, methods in spec["paths"].items():
+        for method, operation in methods.items():
+            out.append((method, path, operation["x-trueup-role"]))
+    return sorted(out)
+
+
+def call(
+    server: Server, method: str, path: str, values: dict[str, str], headers: dict[str, str]
+) -> int:
+    url = re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], path)
+    body = BODIES.get((method, path))
+    extra = {"If-Match": values["if_match"]} if path.endswith("/desired") else {}
+    response = server.client.request(
+        method.upper(),
+        url,
+        content=json.dumps(body) if body is not None else None,
+        headers={"content-type": "application/json", **extra, **headers},
+    )
+    return response.status_code
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_every_route_refuses_the_wrong_callers(server: Server) -> None:
+    a = server.tenant("a", devices=("edge-a",))
+    b = server.tenant("b", devices=("edge-b",))
+    a_id = server.plane.tenant_id(a.name)
+    server.plane.create_user(a_id, "only-in-a", Role.VIEWER, "test")  # a name b does not have
+    token_id, _ = server.plane.create_token(a_id, "only-in-a", "test")
+    values = {
+        "device": "edge-a",
+        "user": "only-in-a",
+        "token_id": str(token_id),
+        "name": "k1",
+        "version": "1",
+        "if_match": "0",
+    }
+    server.plane.put_desired(a_id, "edge-a", 0, document("edge-a"), author="test")
+    values["if_match"] = "1"
+    spec = server.client.get("/openapi.json", headers=a.auth("viewer")).json()
+    matrix = operations(spec)
+    assert len(matrix) >= 25
+    roles = {role for _, _, role in matrix}
+    assert roles == {"public", "viewer", "operator", "admin", "device", "enrollment"}
+    for method, path in BODIES:
+        assert path in spec["paths"] and method in spec["paths"][path], (method, path)
+    for method, path, role in matrix:
+        if method in ("post", "put", "patch") and role not in ("public", "enrollment"):
+            takes_body = "requestBody" in spec["paths"][path][method]
+            assert not takes_body or (method, path) in BODIES, f"no example body: {method} {path}"
+    refusals = 0
+    for method, path, role in matrix:
+        where = f"{method.upper()} {path} ({role})"
+        if role == "public":
+            assert call(server, method, path, values, {}) == 200, where
+            continue
+        assert call(server, method, path, values, {}) == 401, where
+        assert call(server, method, path, values, bearer("tu_u_" + "x" * 43)) == 401, where
+        refusals += 2
+        if role in WEAKER:
+            weaker = WEAKER[role]
+            if weaker is not None:
+                assert call(server, method, path, values, a.auth(weaker)) == 403, where
+            assert call(server, method, path, values, a.device_auth("edge-a")) == 403, where
+            refusals += 2
+            status = call(server, method, path, values, b.auth("admin"))
+            if "{" in path:
+                assert status == 404, (where, status)
+            else:
+                assert status < 400, (where, status)  # answered from tenant b's own data
+            refusals += 1
+        elif role == "device":
+            assert call(server, method, path, values, a.auth("admin")) == 403, where
+            refusals += 1
+        elif role == "enrollment":
+            assert call(server, method, path, values, a.auth("admin")) == 401, where
+            assert call(server, method, path, values, a.device_auth("edge-a")) == 401, where
+            refusals += 2
+    assert refusals > 100
+    _wrong_tenant_sees_nothing(server, a, b)
+    _right_callers_pass(server, a, matrix, values)
+
+
+def _wrong_tenant_sees_nothing(server: Server, a: Tenant, b: Tenant) -> None:
+    """List routes and device routes answer from the caller's tenant only."""
+    for path in ("/api/v1/devices", "/api/v1/users", "/api/v1/tokens", "/api/v1/audit"):
+        text = server.client.get(path, headers=b.auth("admin")).text
+        assert a.name not in text and "edge-a" not in text, path
+    desired = server.client.get("/api/v1/agent/desired?wait=0", headers=b.device_auth("edge-b"))
+    assert desired.status_code == 204  # edge-a has a revision; edge-b does not
+    secrets = server.client.get("/api/v1/agent/secrets", headers=b.device_auth("edge-b"))
+    assert secrets.json() == {"secrets": {}, "refused": []}
+
+
+def _right_callers_pass(
+    server: Server, a: Tenant, matrix: list[tuple[str, str, str]], values: dict[str, str]
+) -> None:
+    # Routes that revoke credentials go last.
+    last = ("/api/v1/devices/{device}/enrollment", "/api/v1/tokens/{token_id}/revoke")
+    ordered = sorted(matrix, key=lambda op: op[1] in last)
+    a_id = server.plane.tenant_id(a.name)
+    for method, path, role in ordered:
+        where = f"{method.upper()} {path} ({role})"
+        if role == "public":
+            continue
+        if role == "device":
+            headers = a.device_auth("edge-a")
+        elif role == "enrollment":
+            bundle = server.plane.enroll(a_id, "edge-enroll", "test", url="http://x")
+            headers = bearer(bundle["token"])
+        else:
+            headers = a.auth(role)
+        if path.endswith("/desired") and method == "put":
+            values = {**values, "if_match": "1"}
+        status = call(server, method, path, values, headers)
+        assert status in (200, 201, 204), (where, status)
+
+
+@pytest.mark.parametrize("header", ["Bearer", "Basic abc", "bearer tu_u_x", ""])
+def test_malformed_authorization_headers_are_refused(server: Server, header: str) -> None:
+    response = server.client.get("/api/v1/devices", headers={"Authorization": header})
+    assert response.status_code == 401
+    assert response.headers["WWW-Authenticate"] == "Bearer"
