@@ -53,7 +53,7 @@ def control_plane(tmp_path: Path):
 
 
 def test_enroll_pull_apply_report_and_reconnect(control_plane, tmp_path: Path) -> None:
-    plane, tenant_id, token, server = control_plane
+    plane, tenant_id, _token, server = control_plane
     bundle_path = tmp_path / "bundle.json"
     bundle_path.write_text(json.dumps(plane.enroll(tenant_id, "edge-01", "test", url=server.url)))
     token_file = tmp_path / "agent" / "credential"

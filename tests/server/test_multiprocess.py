@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -39,6 +41,20 @@ def shared_postgres(tmp_path: Path):
         drop_pg_database(name)
 
 
+def attempt(
+    url: str, token: str, expected: int, barrier: threading.Barrier, i: int
+) -> tuple[int, dict[str, Any]]:
+    body = document("edge-01", address=f"198.51.100.{10 + i}/24")
+    with httpx.Client(timeout=30) as client:
+        barrier.wait()
+        response = client.put(
+            f"{url}/api/v1/devices/edge-01/desired",
+            json=body,
+            headers={"Authorization": f"Bearer {token}", "If-Match": str(expected)},
+        )
+    return response.status_code, response.json()
+
+
 def test_concurrent_puts_with_the_same_if_match_one_wins(shared_postgres) -> None:
     plane, servers = shared_postgres
     tenant_id = plane.create_tenant("acme", "test")
@@ -46,33 +62,23 @@ def test_concurrent_puts_with_the_same_if_match_one_wins(shared_postgres) -> Non
     plane.create_device(tenant_id, "edge-01", "test")
     token = plane.create_token(tenant_id, "ops", "test")[1]
     writers = 16
+    urls = [servers[i % 2].url for i in range(writers)]
     for expected in range(3):
         barrier = threading.Barrier(writers)
-        statuses: list[int] = []
-        bodies: list[dict] = []
-        lock = threading.Lock()
-
-        def attempt(i: int, expected: int = expected, barrier: threading.Barrier = barrier) -> None:
-            url = servers[i % 2].url
-            body = document("edge-01", address=f"198.51.100.{10 + i}/24")
-            with httpx.Client(timeout=30) as client:
-                barrier.wait()
-                response = client.put(
-                    f"{url}/api/v1/devices/edge-01/desired",
-                    json=body,
-                    headers={"Authorization": f"Bearer {token}", "If-Match": str(expected)},
+        with ThreadPoolExecutor(writers) as pool:
+            results = list(
+                pool.map(
+                    attempt,
+                    urls,
+                    [token] * writers,
+                    [expected] * writers,
+                    [barrier] * writers,
+                    range(writers),
                 )
-            with lock:
-                statuses.append(response.status_code)
-                bodies.append(response.json())
-
-        threads = [threading.Thread(target=attempt, args=(i,)) for i in range(writers)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
+            )
+        statuses = [status for status, _ in results]
         assert sorted(statuses) == [201] + [409] * (writers - 1), statuses
-        refused = [b for b in bodies if b.get("reason")]
+        refused = [body for status, body in results if status == 409]
         assert all(b["reason"] == "STATE_CONCURRENT_MODIFICATION" for b in refused)
         assert all(b["current_version"] == expected + 1 for b in refused)
     revisions = plane.revisions(tenant_id, "edge-01")
