@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import io
 import json
 import logging
@@ -37,6 +36,7 @@ from trueup.reconcile.status import drift_report, gather
 from trueup.reconcile.transaction import Engine, Mode, Refused
 from trueup.startup.orchestrator import Orchestrator
 from trueup.subsystems.base import Subsystem
+from trueup.system.notify import Notifier, watchdog_interval
 
 __all__ = ["Agent", "create_api_token"]
 
@@ -74,7 +74,8 @@ class Agent:
         fallback_path: str | None = None,
         subsystems: list[Subsystem] | None = None,
         listen_port: int | None = None,
-        bind_retry_seconds: float = 2.0,
+        bind_retry_seconds: float = 1.0,
+        retry_base_seconds: float = 1.0,
     ) -> None:
         self.state = StateDir(state_dir)
         self.engine = Engine(self.state, subsystems)
@@ -89,6 +90,11 @@ class Agent:
         self.extra_status: dict[str, Any] = {}
         self._stop = threading.Event()
         self._servers: list[uvicorn.Server] = []
+        self._server_by_name: dict[str, uvicorn.Server] = {}
+        self._listener_changed = asyncio.Event()
+        self.notifier = Notifier()
+        self.status_interval = 5.0
+        self.retry_base_seconds = retry_base_seconds
         self.loop: Any = None  # the reconcile loop, once phase 4 starts
 
     # -- API surface --------------------------------------------------------
@@ -147,7 +153,14 @@ class Agent:
         kwargs: dict[str, Any] = {}
         if self.loop is not None:
             kwargs = self.loop.status_inputs()
-        status = gather(self.engine, control_plane_version=self.control_plane_version, **kwargs)
+        startup_health = dict(self.orchestrator.subsystem_health)
+        startup_health.update(kwargs.pop("subsystem_health", {}) or {})
+        status = gather(
+            self.engine,
+            control_plane_version=self.control_plane_version,
+            subsystem_health=startup_health,
+            **kwargs,
+        )
         status["management"].update(
             {k: v for k, v in self.management_health().items() if k not in ("addresses",)}
         )
@@ -156,6 +169,7 @@ class Agent:
             "started_at": self.started_at,
             "state_dir": str(self.state.root),
             "startup": self.orchestrator.phase_list(),
+            "startup_drift": self.orchestrator.startup_drift,
             **self.extra_status,
         }
         if self.orchestrator.config_error:
@@ -293,12 +307,21 @@ class Agent:
     def _tcp_socket(self, address: str, port: int) -> socket.socket:
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if address == "::" else 1)
-        sock.bind((address, port))
-        sock.listen(128)
-        sock.setblocking(False)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            # A named address and the wildcard fallback share the port while the
+            # named bind takes over.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(
+                    socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if address == "::" else 1
+                )
+            sock.bind((address, port))
+            sock.listen(128)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
         return sock
 
     async def _serve(self, name: str, sock: socket.socket, *, require_token: bool) -> None:
@@ -306,53 +329,96 @@ class Agent:
         config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
         server = _QuietServer(config)
         self._servers.append(server)
+        self._server_by_name[name] = server
         self.listeners[name]["state"] = "serving"
         self.listeners[name]["since"] = now_iso()
-        await server.serve(sockets=[sock])
-
-    async def _serve_tcp(self, document: DeviceState | None) -> None:
-        """Serve the management port: the named bind when it works, the wildcard always."""
-        if document is None and self.listen_port is None:
-            return
-        api = document.spec.management.api if document else None
-        port = self.listen_port or (api.port if api else 7443)
-        bind = api.bind if api else None
-        tasks = []
-        wildcard = "::"
-        self.listeners["tcp"] = {"address": wildcard, "port": port, "state": "binding"}
+        self._listener_changed.set()
         try:
-            sock = self._tcp_socket(wildcard, port)
-        except OSError as exc:
-            self.listeners["tcp"].update(state="failed", error=str(exc))
-            log.error("management port %s unavailable: %s", port, exc)
-        else:
-            tasks.append(asyncio.create_task(self._serve("tcp", sock, require_token=True)))
-        if bind is not None:
-            tasks.append(asyncio.create_task(self._serve_named(bind, port)))
-        if tasks:
-            await asyncio.gather(*tasks)
+            await server.serve(sockets=[sock])
+        finally:
+            if self.listeners[name]["state"] == "serving":
+                self.listeners[name]["state"] = "closed"
+            sock.close()
 
-    async def _serve_named(self, address: str, port: int) -> None:
-        """Keep retrying a named bind address until it appears; never fatal."""
-        name = "bind"
-        self.listeners[name] = {"address": address, "port": port, "state": "waiting"}
+    async def _listen(self, name: str, address: str, port: int) -> None:
+        """Bind and serve, retrying a failed bind with back-off; never fatal."""
+        self.listeners[name] = {"address": address, "port": port, "state": "binding"}
         attempts = 0
+        delay = self.bind_retry_seconds
         while not self._stop.is_set():
             attempts += 1
             try:
-                sock = self._tcp_socket(address, port + 0)
+                sock = self._tcp_socket(address, port)
             except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    # The wildcard listener already serves this address and port.
-                    self.listeners[name].update(state="covered-by-wildcard", attempts=attempts)
-                    return
                 self.listeners[name].update(
                     state="waiting", error=exc.strerror or str(exc), attempts=attempts
                 )
-                await asyncio.sleep(self.bind_retry_seconds)
+                if attempts == 1:
+                    log.warning("cannot bind %s port %s yet (%s); retrying", address, port, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
                 continue
+            self.listeners[name].pop("error", None)
+            self.listeners[name]["attempts"] = attempts
             await self._serve(name, sock, require_token=True)
             return
+
+    async def _serve_tcp(self, document: DeviceState | None) -> None:
+        """The management port: on the named address when it works, else the wildcard.
+
+        A named bind address that is absent never stops the agent: the wildcard
+        serves meanwhile, the named bind is retried, and once it succeeds the
+        wildcard fallback closes so the API listens only where it was told.
+        """
+        if document is None and self.listen_port is None:
+            return
+        port = self.listen_port or (document.spec.management.api.port if document else 7443)
+        named = document.spec.api_bind_address() if document else None
+        if named is None:
+            await self._listen("tcp", "::", port)
+            return
+        named_task = asyncio.create_task(self._listen("bind", named, port))
+        await asyncio.sleep(0.05)
+        if self.listeners["bind"]["state"] != "serving":
+            self.listeners["bind"]["fallback"] = "wildcard"
+            fallback = asyncio.create_task(self._listen("tcp", "::", port))
+            while self.listeners["bind"]["state"] != "serving" and not self._stop.is_set():
+                self._listener_changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._listener_changed.wait(), 1.0)
+            server = self._server_by_name.get("tcp")
+            if server is not None and not self._stop.is_set():
+                log.info("named bind %s:%s serving; closing the wildcard fallback", named, port)
+                self.listeners["tcp"]["state"] = "closed: named bind serving"
+                server.should_exit = True
+            await fallback
+        await named_task
+
+    async def _notify_loop(self) -> None:
+        """READY=1 once phase 1 is done; then STATUS= lines and watchdog pings."""
+        self.notifier.send("READY=1", "STATUS=management ready; starting subsystems")
+        interval = watchdog_interval()
+        last_status = ""
+        while not self._stop.is_set():
+            if interval is not None:
+                self.notifier.send("WATCHDOG=1")
+            try:
+                text = self._status_line()
+            except Exception as exc:  # the status line must never stop the pings
+                text = f"status unavailable: {exc}"
+            if text != last_status:
+                self.notifier.send(f"STATUS={text}")
+                last_status = text
+            await asyncio.sleep(interval if interval is not None else self.status_interval)
+
+    def _status_line(self) -> str:
+        health = self.management_health()
+        head = "management ready" if health["ready"] else "management NOT ready"
+        degraded = []
+        for name, sub in self.services_health()["subsystems"].items():
+            if sub["health"] != "ok":
+                degraded.append(f"{name} {sub['health']}")
+        return head + ("; " + ", ".join(degraded) if degraded else "; all subsystems ok")
 
     # -- run ----------------------------------------------------------------
     def run(self) -> int:
@@ -363,6 +429,7 @@ class Agent:
 
     async def _main(self) -> int:
         loop = asyncio.get_running_loop()
+        self._listener_changed = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_stop)
         self.listeners["unix"] = {"path": str(self.state.socket_path), "state": "binding"}
@@ -370,10 +437,13 @@ class Agent:
             self._serve("unix", self._unix_socket(), require_token=False)
         )
         tcp_task = asyncio.create_task(self._serve_tcp(self.orchestrator.management_document))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0.01)
+        notify_task = asyncio.create_task(self._notify_loop())
         worker = threading.Thread(target=self._after_management, name="trueup-startup", daemon=True)
         worker.start()
         await asyncio.gather(unix_task, tcp_task, return_exceptions=True)
+        notify_task.cancel()
+        self.notifier.send("STOPPING=1")
         return 0
 
     def _request_stop(self) -> None:
@@ -389,6 +459,7 @@ class Agent:
         orchestrator.subsystems()
         orchestrator.steady()
         self.start_loop()
+        orchestrator.retry_failed(self._stop, base=self.retry_base_seconds)
 
     def start_loop(self) -> None:
         """Phase 4; the reconcile loop when it is wired in."""

@@ -28,6 +28,8 @@ from trueup.model.document import DeviceState, DocumentError, json_schema, load_
 from trueup.model.reasons import EXIT_CODES, ReasonCode
 from trueup.reconcile.status import drift_report, gather
 from trueup.reconcile.transaction import Engine, Refused
+from trueup.subsystems.base import Subsystem
+from trueup.subsystems.registry import default_subsystems, load_plugin, ordered
 
 __all__ = ["app", "main"]
 
@@ -408,6 +410,9 @@ def agent_run(
     listen_port: Annotated[
         int | None, typer.Option(help="override spec.management.api.port")
     ] = None,
+    plugin: Annotated[
+        list[str] | None, typer.Option(help="extra subsystem MODULE:FACTORY (repeatable)")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
 ) -> None:
     """Run the agent: management first, then recovery, subsystems and the reconcile loop."""
@@ -423,11 +428,113 @@ def agent_run(
         config_path=str(config) if config else None,
         fallback_path=str(management_fallback) if management_fallback else None,
         listen_port=listen_port,
+        subsystems=_subsystems(plugin),
     )
     from trueup.agent.wiring import wire
 
     wire(agent, control_plane=control_plane, token_file=token_file)
     raise typer.Exit(agent.run())
+
+
+def _subsystems(plugins: list[str] | None) -> list[Subsystem]:
+    subsystems = default_subsystems()
+    for reference in plugins or []:
+        try:
+            subsystems.append(load_plugin(reference))
+        except (ImportError, AttributeError, ValueError) as exc:
+            _fail(f"--plugin {reference}: {exc}")
+    return ordered(subsystems)
+
+
+@app.command()
+def preflight(
+    state_dir: StateDirOpt = DEFAULT_DIR,
+    config: Annotated[Path | None, typer.Option(help="the document the new agent will use")] = None,
+    management_fallback: Annotated[Path | None, typer.Option(help="installer fallback")] = None,
+    plugin: Annotated[list[str] | None, typer.Option(help="extra subsystem MODULE:FACTORY")] = None,
+    output: OutputOpt = "table",
+) -> None:
+    """Check startup prerequisites before an agent is replaced; changes nothing."""
+    from trueup.startup.preflight import preflight as run_preflight
+
+    agent_pid = None
+    client = _agent(state_dir)
+    if client is not None:
+        try:
+            agent_pid = client.request("GET", "/v1/status").json()["agent"]["pid"]
+        except (AgentUnavailable, KeyError, ValueError):
+            agent_pid = None
+    findings = run_preflight(
+        state_dir,
+        _subsystems(plugin),
+        config=config,
+        fallback=management_fallback,
+        agent_pid=agent_pid,
+    )
+    blockers = [f for f in findings if f.severity == "blocker"]
+    if output != "table":
+        emit({"ok": not blockers, "findings": [f.to_json() for f in findings]}, output)
+    else:
+        for f in findings:
+            typer.echo(f"{f.severity.upper():<8} {f.check}: {f.message}")
+        typer.echo(f"\n{len(blockers)} blocker(s)" if blockers else "\nready: no blockers")
+    raise typer.Exit(1 if blockers else 0)
+
+
+@app.command()
+def doctor(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") -> None:
+    """Run the runbook's safe checks; print findings, reason codes and corrective actions."""
+    from trueup.startup.preflight import preflight as run_preflight
+
+    checks: list[dict[str, Any]] = []
+
+    def check(name: str, ok: bool, message: str) -> None:
+        checks.append({"check": name, "ok": ok, "message": message})
+
+    current = _status(state_dir)
+    versions = current["versions"]
+    check(
+        "versions",
+        not versions.get("control_plane") or versions["control_plane"] == versions["applied"],
+        f"applied {versions['applied']}, control plane {versions.get('control_plane') or '-'}",
+    )
+    check(
+        "management",
+        bool(current["management"]["ready"]),
+        "management ready"
+        if current["management"]["ready"]
+        else f"management NOT ready: missing {current['management'].get('missing_addresses')}",
+    )
+    diffs = [d for s in current["subsystems"].values() for d in s.get("differences", [])]
+    check("desired vs observed", not diffs, f"{len(diffs)} differing path(s)")
+    writer = current.get("journal", {}).get("writer")
+    check(
+        "concurrent operations",
+        not writer,
+        f"writer lock held by {writer}" if writer else "no write in progress",
+    )
+    problems = StateDir(state_dir).audit.verify()
+    check("audit log", not problems, str(problems[0]) if problems else "hash chain intact")
+    for finding in run_preflight(state_dir, default_subsystems()):
+        if finding.severity == "blocker":
+            check(finding.check, False, finding.message)
+    heartbeat = current.get("control_plane", {})
+    if heartbeat:
+        check(
+            "control plane",
+            bool(heartbeat.get("connected")),
+            f"last report {heartbeat.get('last_report_at') or 'never'}",
+        )
+    report = {"checks": checks, "reason_codes": current["reason_codes"]}
+    if output != "table":
+        emit(report, output)
+    else:
+        for c in checks:
+            typer.echo(f"{'ok  ' if c['ok'] else 'FAIL'} {c['check']}: {c['message']}")
+        typer.echo("")
+        typer.echo("reason codes:" if current["reason_codes"] else "reason codes: none")
+        typer.echo("\n".join(render_findings(current["reason_codes"])))
+    raise typer.Exit(0 if all(c["ok"] for c in checks) and not current["reason_codes"] else 1)
 
 
 @agent_app.command("token")

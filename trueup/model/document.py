@@ -66,8 +66,12 @@ class _Section(BaseModel):
 
 class ApiListener(_Section):
     port: int = Field(7443, ge=1, le=65535, description="TCP port of the agent API")
-    bind: IpAddress | None = Field(
-        None, description="address to bind; the wildcard address when absent"
+    bind: IpAddress | Literal["management"] | None = Field(
+        None,
+        description=(
+            "address to bind; 'management' binds the first management address (never an "
+            "incidental address such as an HA virtual address); the wildcard when absent"
+        ),
     )
 
 
@@ -117,12 +121,34 @@ class Route(_Section):
         return self
 
 
+DEFAULT_DEADLINE_SECONDS = 90.0
+
+
 class ConvergencePolicy(_Section):
     default: Policy = "auto"
     subsystems: dict[str, Policy] = {}
+    deadlines: dict[str, float] = Field(
+        {},
+        description=(
+            "seconds a subsystem's work (preparation included) may take; key 'default' "
+            f"sets the rest (default {DEFAULT_DEADLINE_SECONDS:g})"
+        ),
+    )
 
     def policy_for(self, subsystem: str) -> Policy:
         return self.subsystems.get(subsystem, self.default)
+
+    def deadline_for(self, subsystem: str) -> float:
+        return self.deadlines.get(
+            subsystem, self.deadlines.get("default", DEFAULT_DEADLINE_SECONDS)
+        )
+
+    @model_validator(mode="after")
+    def _positive_deadlines(self) -> ConvergencePolicy:
+        for name, seconds in self.deadlines.items():
+            if not 0 < seconds <= 86400:
+                raise _PathError(f"deadlines.{name}", "expected seconds between 0 and 86400")
+        return self
 
 
 class DeviceSpec(_Section):
@@ -220,6 +246,13 @@ class DeviceSpec(_Section):
 
     def table_number(self, table: int | str) -> int:
         return route_table_number(table, self.tables)
+
+    def api_bind_address(self) -> str | None:
+        """The address the management API binds, if one is named."""
+        bind = self.management.api.bind
+        if bind == "management":
+            return self.management.addresses[0].split("/")[0]
+        return bind
 
     def managed_interfaces(self) -> list[str]:
         return [self.management.interface, *(i.name for i in self.interfaces)]

@@ -16,7 +16,8 @@ journal record until the next committed transaction.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -28,7 +29,7 @@ from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState, document_digest, parse_document
 from trueup.model.reasons import ReasonCode
 from trueup.reconcile import faults
-from trueup.subsystems.base import Difference, Facts, Plan, Scope, StepError, Subsystem
+from trueup.subsystems.base import Difference, Facts, Plan, Scope, Step, StepError, Subsystem
 from trueup.subsystems.registry import default_subsystems, scope_for
 from trueup.system.netlink import Netlink
 
@@ -164,8 +165,16 @@ class Engine:
         lock_wait: float = 0.0,
         source: str = "",
         allow_same_version: bool = False,
+        only: Collection[str] | None = None,
+        skipped: dict[str, str] | None = None,
+        deadlines: dict[str, float] | None = None,
     ) -> ApplyResult:
-        """Apply under the writer lock; raise `Refused` when nothing may change."""
+        """Apply under the writer lock; raise `Refused` when nothing may change.
+
+        `only` limits the transaction to some subsystems; `skipped` names
+        subsystems that could not start (recorded as failed, with the reason);
+        `deadlines` bounds each subsystem's work in seconds.
+        """
         with self.writer(kind, actor, lock_wait):
             self.recover(actor=actor)
             return self._apply_locked(
@@ -176,6 +185,9 @@ class Engine:
                 kind=kind,
                 source=source,
                 allow_same_version=allow_same_version,
+                only=set(only) if only is not None else None,
+                skipped=dict(skipped or {}),
+                deadlines=deadlines,
             )
 
     def _apply_locked(
@@ -188,7 +200,11 @@ class Engine:
         kind: str,
         source: str,
         allow_same_version: bool,
+        only: set[str] | None = None,
+        skipped: dict[str, str] | None = None,
+        deadlines: dict[str, float] | None = None,
     ) -> ApplyResult:
+        skipped = skipped or {}
         applied = self.state.applied()
         applied_version = int(applied.get("version", 0))
         if expect_version is not None and expect_version != applied_version:
@@ -234,11 +250,15 @@ class Engine:
 
         with self.netlink() as net:
             before = self.observe(net, scope)
-            plans = [
-                s.plan(s.desired(document, scope), before[s.name], scope) for s in self.subsystems
+            active = [
+                s
+                for s in self.subsystems
+                if (only is None or s.name in only) and s.name not in skipped
             ]
+            plans = [s.plan(s.desired(document, scope), before[s.name], scope) for s in active]
             if (
-                not any(p.changes for p in plans)
+                not skipped
+                and not any(p.changes for p in plans)
                 and version == applied_version
                 and (applied.get("outcome") == "committed")
             ):
@@ -259,6 +279,16 @@ class Engine:
             )
             faults.hit("begin")
             failed: dict[str, str] = {}
+            if only is not None and version == applied_version:
+                # Subsystems outside this transaction keep the failures they had.
+                failed.update(
+                    (name, error)
+                    for name, error in dict(applied.get("failed", {})).items()
+                    if name not in only
+                )
+            for name, reason in skipped.items():
+                failed[name] = reason
+                journal.record(txn, "failed", subsystem=name, error=reason)
             touched: list[str] = []
             for plan in plans:
                 if not plan.changes:
@@ -266,14 +296,20 @@ class Engine:
                 subsystem = self.by_name[plan.subsystem]
                 touched.append(subsystem.name)
                 try:
-                    self._converge(
-                        net,
-                        subsystem,
-                        subsystem.desired(document, scope),
-                        scope,
-                        plan,
-                        fault_point=f"step:{subsystem.name}",
-                    )
+                    desired = subsystem.desired(document, scope)
+                    if deadlines is not None:
+                        self._converge_with_deadline(
+                            subsystem, desired, scope, deadlines.get(subsystem.name, 90.0)
+                        )
+                    else:
+                        self._converge(
+                            net,
+                            subsystem,
+                            desired,
+                            scope,
+                            plan,
+                            fault_point=f"step:{subsystem.name}",
+                        )
                 except (StepError, ValueError) as exc:
                     failed[subsystem.name] = str(exc)
                     journal.record(txn, "failed", subsystem=subsystem.name, error=str(exc))
@@ -350,6 +386,7 @@ class Engine:
         scope: Scope,
         plan: Plan | None = None,
         fault_point: str | None = None,
+        cancel: threading.Event | None = None,
     ) -> None:
         """Execute a plan, then re-observe and re-plan until no steps remain.
 
@@ -362,6 +399,8 @@ class Engine:
             plan = subsystem.plan(desired, subsystem.observe(net, scope), scope)
         for attempt in range(_CONVERGE_PASSES):
             for index, step in enumerate(plan.steps):
+                if cancel is not None and cancel.is_set():
+                    raise StepError(step, "cancelled: the subsystem's deadline passed")
                 subsystem.execute(net, step)
                 if index == 0 and attempt == 0 and fault_point:
                     faults.hit(fault_point)
@@ -372,6 +411,38 @@ class Engine:
             plan.steps[0],
             f"still differs after {_CONVERGE_PASSES} passes; something else is changing it",
         )
+
+    def _converge_with_deadline(
+        self, subsystem: Subsystem, desired: Facts, scope: Scope, seconds: float
+    ) -> None:
+        """Converge on a worker thread with its own netlink handle; give up at the deadline.
+
+        A subsystem whose work hangs (a daemon that never answers) fails at its
+        deadline and the transaction moves on; the abandoned worker is told to
+        stop before its next step.
+        """
+        cancel = threading.Event()
+        outcome: list[BaseException | None] = []
+
+        def work() -> None:
+            try:
+                with self.netlink() as net:
+                    self._converge(net, subsystem, desired, scope, cancel=cancel)
+                outcome.append(None)
+            except BaseException as exc:  # reported to the waiting thread
+                outcome.append(exc)
+
+        worker = threading.Thread(target=work, name=f"trueup-{subsystem.name}", daemon=True)
+        worker.start()
+        worker.join(seconds)
+        if worker.is_alive():
+            cancel.set()
+            raise StepError(
+                Step(subsystem.name, "converge", f"subsystem {subsystem.name}"),
+                f"deadline of {seconds:g}s exceeded",
+            )
+        if outcome and outcome[0] is not None:
+            raise outcome[0]
 
     def _rollback(
         self, net: Netlink, txn: str, before: dict[str, Facts], scope: Scope, touched: list[str]

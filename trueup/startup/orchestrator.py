@@ -18,6 +18,7 @@ no failure after phase 1 can take management down.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from trueup.model.document import (
     load_document,
     parse_document,
 )
-from trueup.reconcile.transaction import Engine, Refused
+from trueup.reconcile.transaction import ApplyResult, Engine, Refused
 from trueup.subsystems.registry import scope_for
 
 __all__ = ["PHASES", "Orchestrator", "PhaseRecord"]
@@ -78,6 +79,9 @@ class Orchestrator:
         self.config_error: str | None = None
         self.management_document: DeviceState | None = None
         self.management_error: str | None = None
+        self.document: DeviceState | None = None
+        self.subsystem_health: dict[str, dict[str, Any]] = {}
+        self.startup_drift: list[dict[str, Any]] = []
         self.lock = threading.Lock()
 
     # -- bookkeeping -------------------------------------------------------
@@ -183,6 +187,13 @@ class Orchestrator:
 
     # -- phase 3 ------------------------------------------------------------
     def subsystems(self) -> None:
+        """Phase 3: prepare every subsystem within its deadline, then apply tier by tier.
+
+        Preparation (name resolution, waiting for a daemon) changes nothing, so
+        it runs outside the writer lock and in parallel; a subsystem that does
+        not finish in time is skipped and reported failed, and the others
+        proceed. Subsystems that failed are retried later with back-off.
+        """
         record = self._start("subsystems")
         document = self.config_document
         state = self.engine.state
@@ -191,30 +202,47 @@ class Orchestrator:
             # The config file was applied before; later revisions (from the control
             # plane or the API) win until the file itself changes.
             document = None
+        enforcing = document is None
         if document is None:
             detail = self.config_error or "configuration unchanged; enforcing accepted state"
             document = self.engine.applied_document()
             if document is None:
                 self._end(record, "done", detail)
                 return
+        self.document = document
+        names = [s.name for s in self.engine.subsystems]
+        if enforcing:
+            # A warm restart heals leftovers only where the policy says auto; under
+            # notify they stay and are reported as drift.
+            names = [
+                n
+                for n in names
+                if n == "management" or document.spec.convergence.policy_for(n) == "auto"
+            ]
         try:
-            enforcing = document is not self.config_document
-            result = self.engine.apply_document(
-                document,
-                actor="startup",
-                lock_wait=30.0,
-                source=self.config_path or "",
-                kind="reconcile" if enforcing else "apply",
+            result = self._prepare_and_apply(
+                document, names, kind="reconcile" if enforcing else "apply"
             )
+            if result is None:
+                self._end(record, "done", "nothing to do")
+                return
             if result.ok and config_digest and self.config_document is not None:
                 state.write(
                     "config.json",
                     {"digest": config_digest, "path": self.config_path, "version": result.version},
                 )
-            state_name = "done" if result.ok else "failed"
+            if enforcing and result.txn:
+                healed = [
+                    {"subsystem": p.subsystem, "path": step.path, "step": step.describe()}
+                    for p in result.plans
+                    for step in p.steps
+                ]
+                if healed:
+                    self.startup_drift = healed
+                    state.audit.append("drift_healed", "startup", paths=healed)
             self._end(
                 record,
-                state_name,
+                "done" if result.ok else "failed",
                 f"version {result.version}: {result.outcome}"
                 + (f" {result.failed}" if result.failed else ""),
             )
@@ -223,6 +251,110 @@ class Orchestrator:
         except Exception as exc:
             log.exception("subsystem phase failed")
             self._end(record, "failed", str(exc))
+
+    def _prepare(self, document: DeviceState, names: list[str]) -> dict[str, str]:
+        """Run every subsystem's preparation in parallel; return those that failed or hung."""
+        spec = document.spec.convergence
+        results: dict[str, str | None] = {}
+        threads: dict[str, threading.Thread] = {}
+
+        def work(name: str) -> None:
+            try:
+                self.engine.by_name[name].prepare(document)
+                results[name] = None
+            except Exception as exc:  # reported per subsystem, never raised
+                results[name] = f"preparation failed: {exc}"
+
+        started = time.monotonic()
+        for name in names:
+            self._set_health(name, "pending", "preparing")
+            thread = threading.Thread(
+                target=work, args=(name,), name=f"prepare-{name}", daemon=True
+            )
+            threads[name] = thread
+            thread.start()
+        failures: dict[str, str] = {}
+        for name, thread in threads.items():
+            remaining = spec.deadline_for(name) - (time.monotonic() - started)
+            thread.join(max(0.0, remaining))
+            if thread.is_alive():
+                failures[name] = (
+                    f"deadline of {spec.deadline_for(name):g}s exceeded while preparing"
+                )
+            elif results.get(name):
+                failures[name] = str(results[name])
+        return failures
+
+    def _prepare_and_apply(
+        self, document: DeviceState, names: list[str], *, kind: str
+    ) -> ApplyResult | None:
+        if not names:
+            return None
+        skipped = self._prepare(document, names)
+        deadlines = {n: document.spec.convergence.deadline_for(n) for n in names}
+        result = self.engine.apply_document(
+            document,
+            mode="best-effort",
+            actor="startup",
+            lock_wait=30.0,
+            source=self.config_path or "",
+            kind=kind,
+            only=names,
+            skipped=skipped,
+            deadlines=deadlines,
+        )
+        for name in names:
+            if name in result.failed:
+                self._set_health(name, "failed", result.failed[name])
+            else:
+                self._clear_health(name)
+        return result
+
+    # -- per-subsystem startup health -------------------------------------------------
+    def _set_health(self, name: str, health: str, reason: str) -> None:
+        with self.lock:
+            current = self.subsystem_health.get(name, {})
+            since = current.get("since") if current.get("health") == health else now_iso()
+            self.subsystem_health[name] = {"health": health, "reason": reason, "since": since}
+
+    def _clear_health(self, name: str) -> None:
+        with self.lock:
+            self.subsystem_health.pop(name, None)
+
+    def failed_subsystems(self) -> list[str]:
+        with self.lock:
+            return [n for n, h in self.subsystem_health.items() if h["health"] == "failed"]
+
+    def retry_failed(self, stop: threading.Event, *, base: float = 1.0, cap: float = 30.0) -> None:
+        """Retry failed subsystems with back-off until they succeed or the agent stops.
+
+        A link that was not running at start, a resolver that was unreachable:
+        these recover by themselves here, per subsystem, never as a global state.
+        """
+        delay = base
+        while not stop.is_set():
+            failed = self.failed_subsystems()
+            if not failed:
+                return
+            jitter = random.uniform(0, delay / 4)
+            if stop.wait(delay + jitter):
+                return
+            document = self.engine.applied_document() or self.document
+            if document is None:
+                continue
+            try:
+                result = self._prepare_and_apply(document, failed, kind="reconcile")
+            except Refused as exc:
+                log.info("retry of %s deferred: %s", failed, exc)
+                continue
+            except Exception:
+                log.exception("retry of %s failed", failed)
+                result = None
+            if result is not None and not set(failed) & set(result.failed):
+                delay = base
+                log.info("recovered: %s", ", ".join(failed))
+            else:
+                delay = min(cap, delay * 2)
 
     def steady(self) -> None:
         record = self._start("steady")

@@ -184,6 +184,22 @@ class Subsystem(ABC):
     depends_on: ClassVar[tuple[str, ...]] = ()
     # Whether a fact present only in observed state (a foreign route) is drift.
     observed_only_matters: ClassVar[bool] = False
+    # What `trueup preflight` checks before an agent that runs this subsystem starts.
+    required_binaries: ClassVar[tuple[str, ...]] = ()
+    required_files: ClassVar[tuple[str, ...]] = ()
+
+    def configured(self, document: DeviceState) -> bool:
+        """Whether the document asks anything of this subsystem."""
+        del document
+        return True
+
+    def prepare(self, document: DeviceState) -> None:
+        """Work a subsystem needs before it can plan: name resolution, a daemon's socket.
+
+        Runs inside the subsystem's own deadline, never before the management
+        tier, and must not change the system. The default needs nothing.
+        """
+        del document
 
     @abstractmethod
     def desired(self, document: DeviceState, scope: Scope) -> Facts: ...

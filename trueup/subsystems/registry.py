@@ -6,6 +6,7 @@ tier, then by their declared dependencies.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
 
 from trueup.model.document import DeviceState
@@ -16,13 +17,26 @@ from trueup.subsystems.links import LinksSubsystem
 from trueup.subsystems.management import ManagementSubsystem
 from trueup.subsystems.routes import RoutesSubsystem
 
-__all__ = ["default_subsystems", "ordered", "scope_for"]
+__all__ = ["default_subsystems", "load_plugin", "ordered", "scope_for"]
 
 
 def default_subsystems() -> list[Subsystem]:
     return ordered(
         [ManagementSubsystem(), LinksSubsystem(), AddressesSubsystem(), RoutesSubsystem()]
     )
+
+
+def load_plugin(reference: str) -> Subsystem:
+    """A subsystem from `package.module:factory` (a class or a callable returning one)."""
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"plugin {reference!r}: expected MODULE:FACTORY")
+    module = importlib.import_module(module_name)
+    factory = getattr(module, attribute)
+    subsystem = factory()
+    if not isinstance(subsystem, Subsystem):
+        raise ValueError(f"plugin {reference!r} did not produce a Subsystem")
+    return subsystem
 
 
 def ordered(subsystems: Iterable[Subsystem]) -> list[Subsystem]:
