@@ -28,8 +28,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trueup.model.health import SubsystemHealth
 from trueup.model.reasons import ReasonCode
@@ -229,6 +230,44 @@ class RevisionWatcher:
                 event.clear()
 
 
+class _MeasureMiddleware:
+    """Counts requests and latency per route template (plain ASGI: cheap on the hot path)."""
+
+    def __init__(self, app: ASGIApp, metrics: _Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_with_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_status)
+        finally:
+            template = getattr(scope.get("route"), "path", "(unmatched)")
+            self.metrics.requests.labels(template, scope["method"], str(status)).inc()
+            self.metrics.latency.labels(template).observe(time.perf_counter() - started)
+
+
+def _problems(exc: RequestValidationError | ValidationError) -> list[str]:
+    """`path: message` per problem; a report parsed by hand gets the same `body.` prefix."""
+    prefix = ("body",) if isinstance(exc, ValidationError) else ()
+    problems = []
+    for error in exc.errors():
+        loc = ".".join(str(p) for p in (*prefix, *error.get("loc", ())))
+        problems.append(f"{loc}: {error.get('msg', 'invalid')}")
+    return problems
+
+
 def _role(name: str) -> dict[str, Any]:
     return {"x-trueup-role": name}
 
@@ -293,17 +332,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.plane = plane
     app.state.ingest = ingest
 
-    @app.middleware("http")
-    async def _measure(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        started = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        template = getattr(route, "path", "(unmatched)")
-        metrics.requests.labels(template, request.method, str(response.status_code)).inc()
-        metrics.latency.labels(template).observe(time.perf_counter() - started)
-        return response
+    app.add_middleware(_MeasureMiddleware, metrics=metrics)
 
     @app.exception_handler(NotFound)
     async def _not_found(_request: Request, exc: NotFound) -> JSONResponse:
@@ -323,10 +352,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _request_invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = []
-        for error in exc.errors():
-            loc = ".".join(str(p) for p in error.get("loc", ()))
-            problems.append(f"{loc}: {error.get('msg', 'invalid')}")
+        problems = _problems(exc)
         return JSONResponse(
             {"detail": "invalid request; nothing was changed", "problems": problems},
             status_code=422,
@@ -340,6 +366,9 @@ def create_app(settings: Settings) -> FastAPI:
                 headers={"WWW-Authenticate": "Bearer"},
             )
         token = authorization[len("Bearer ") :].strip()
+        cached = plane.cached_principal(token)
+        if cached is not None:
+            return cached
         try:
             return await run_in_threadpool(plane.authenticate, token)
         except Unauthorized as exc:
@@ -590,11 +619,28 @@ def create_app(settings: Settings) -> FastAPI:
                 return Response(status_code=204)
             await watcher.wait(device_id, remaining)
 
-    @app.post("/api/v1/agent/report", openapi_extra=_role("device"))
-    async def agent_report(report: AgentReport, p: Principal = device) -> dict[str, Any]:
+    @app.post(
+        "/api/v1/agent/report",
+        openapi_extra={
+            **_role("device"),
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": AgentReport.model_json_schema()}},
+            },
+        },
+    )
+    async def agent_report(request: Request, p: Principal = device) -> Response:
         assert p.device_id is not None
+        # Parsed here rather than by FastAPI: this is the hot path of every agent heartbeat.
+        try:
+            report = AgentReport.model_validate_json(await request.body())
+        except ValidationError as exc:
+            return JSONResponse(
+                {"detail": "invalid report; nothing was stored", "problems": _problems(exc)},
+                status_code=422,
+            )
         await ingest.submit(p.device_id, report.model_dump(mode="json"))
-        return {"stored": True}
+        return Response(b'{"stored":true}', media_type="application/json")
 
     @app.get("/api/v1/agent/secrets", openapi_extra=_role("device"))
     def agent_secrets(p: Principal = device) -> dict[str, Any]:

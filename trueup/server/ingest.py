@@ -139,6 +139,7 @@ class ReportIngest:
                 select(devices.c.id, devices.c.desired_version).where(devices.c.id.in_(device_ids))
             )
         }
+        encoded = [json.dumps(item.payload, sort_keys=True) for item in batch]
         conn.execute(
             device_reports.insert(),
             [
@@ -147,17 +148,17 @@ class ReportIngest:
                     "received_at": item.received_at,
                     "applied_version": item.payload.get("applied_version"),
                     "observed_digest": item.payload.get("observed_digest"),
-                    "payload": json.dumps(item.payload, sort_keys=True),
+                    "payload": text,
                 }
-                for item in batch
+                for item, text in zip(batch, encoded, strict=True)
             ],
         )
-        latest: dict[int, PendingReport] = {}
-        for item in batch:
-            latest[item.device_id] = item
+        latest: dict[int, tuple[PendingReport, str]] = {}
+        for item, text in zip(batch, encoded, strict=True):
+            latest[item.device_id] = (item, text)
         rows = []
         for device_id in sorted(latest):
-            item = latest[device_id]
+            item, text = latest[device_id]
             applied = item.payload.get("applied_version")
             in_sync = applied == desired.get(device_id) and not item.payload.get("reason_codes")
             rows.append(
@@ -167,7 +168,7 @@ class ReportIngest:
                     "applied_version": applied,
                     "observed_digest": item.payload.get("observed_digest"),
                     "reason_codes": json.dumps(item.payload.get("reason_codes") or []),
-                    "report": json.dumps(item.payload, sort_keys=True),
+                    "report": text,
                     "heartbeat_interval": float(item.payload.get("heartbeat_interval") or 30.0),
                     "in_sync_since": item.received_at if in_sync else None,
                 }

@@ -380,6 +380,15 @@ class ControlPlane:
         with self._auth_lock:
             self._auth_cache.clear()
 
+    def cached_principal(self, token: str) -> Principal | None:
+        """The principal if this token was authenticated within the cache lifetime."""
+        if self.auth_cache_seconds <= 0:
+            return None
+        cached = self._auth_cache.get(hash_token(token))
+        if cached is not None and cached[0] > time.monotonic():
+            return cached[1]
+        return None
+
     def authenticate(self, token: str) -> Principal:
         """The principal behind a user or device token. Raises Unauthorized."""
         now = time.monotonic()
