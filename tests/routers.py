@@ -67,16 +67,52 @@ def base_document(**spec_overrides: Any) -> dict[str, Any]:
 class Router:
     """One namespace: mgmt0 and lan0 (veth, peers mgmt0p/lan0p up in the same namespace)."""
 
-    def __init__(self, workdir: Path, links: tuple[str, ...] = ("mgmt0", "lan0")) -> None:
+    def __init__(
+        self, workdir: Path, links: tuple[str, ...] = ("mgmt0", "lan0"), client: bool = False
+    ) -> None:
         self.name = f"tu-{os.getpid()}-{next(_counter)}"
         self.workdir = workdir
         self.state_dir = workdir / "state"
         self.agents: list[subprocess.Popen[str]] = []
+        self.helpers: list[subprocess.Popen[str]] = []
+        self.client: str | None = None
         sh("ip", "netns", "add", self.name)
         self.ip("link", "set", "lo", "up")
         for link in links:
             self.ip("link", "add", link, "type", "veth", "peer", "name", f"{link}p")
             self.ip("link", "set", f"{link}p", "up")
+        if client:
+            # An operator's host: mgmt0's peer in its own namespace, 198.51.100.1/24.
+            self.client = f"{self.name}-c"
+            sh("ip", "netns", "add", self.client)
+            self.ip("link", "set", "mgmt0p", "netns", self.client)
+            sh("ip", "-n", self.client, "link", "set", "lo", "up")
+            sh("ip", "-n", self.client, "addr", "add", "198.51.100.1/24", "dev", "mgmt0p")
+            sh("ip", "-n", self.client, "link", "set", "mgmt0p", "up")
+
+    def from_client(
+        self, url: str, token: str | None = None, timeout: float = 5.0
+    ) -> tuple[int, Any]:
+        """GET `url` from the client namespace; (status, json) or (0, error text)."""
+        assert self.client is not None, "Router(client=True) needed"
+        script = (
+            "import sys, json, httpx\n"
+            "h = {'Authorization': 'Bearer ' + sys.argv[2]} if sys.argv[2] else {}\n"
+            "try:\n"
+            f"    r = httpx.get(sys.argv[1], headers=h, timeout={timeout})\n"
+            "    print(json.dumps([r.status_code, r.json()]))\n"
+            "except Exception as e:\n"
+            "    print(json.dumps([0, repr(e)]))\n"
+        )
+        proc = subprocess.run(
+            ["ip", "netns", "exec", self.client, sys.executable, "-c", script, url, token or ""],
+            capture_output=True,
+            text=True,
+            timeout=timeout + 20,
+            check=False,
+        )
+        status, body = json.loads(proc.stdout)
+        return int(status), body
 
     # -- plumbing -----------------------------------------------------------
     def ip(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -85,16 +121,25 @@ class Router:
     def ip_json(self, *args: str) -> Any:
         return json.loads(sh("ip", "-n", self.name, "-j", *args).stdout or "[]")
 
-    def run(self, *argv: str, env: dict[str, str] | None = None, timeout: float = 60,
-            ) -> subprocess.CompletedProcess[str]:
+    def run(
+        self,
+        *argv: str,
+        env: dict[str, str] | None = None,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess[str]:
         full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
         return subprocess.run(
             ["ip", "netns", "exec", self.name, *argv],
-            capture_output=True, text=True, timeout=timeout, env=full_env, check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=full_env,
+            check=False,
         )
 
-    def trueup(self, *args: str, env: dict[str, str] | None = None, state: bool = True,
-               timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def trueup(
+        self, *args: str, env: dict[str, str] | None = None, state: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
         extra = ["--state-dir", str(self.state_dir)] if state else []
         return self.run(*TRUEUP, *args, *extra, env=env, timeout=timeout)
 
@@ -120,8 +165,9 @@ class Router:
     def routes(self, table: str = "main") -> list[str]:
         out = []
         for family in ("-4", "-6"):
-            shown = sh("ip", "-n", self.name, "-j", family, "route", "show", "table", table,
-                       check=False)
+            shown = sh(
+                "ip", "-n", self.name, "-j", family, "route", "show", "table", table, check=False
+            )
             for r in json.loads(shown.stdout or "[]") if shown.returncode == 0 else []:
                 if r.get("protocol") in ("kernel", "ra") or r["dst"].startswith("fe80"):
                     continue
@@ -138,20 +184,40 @@ class Router:
         }
 
     # -- agents -------------------------------------------------------------
-    def start_agent(self, *args: str, env: dict[str, str] | None = None,
-                    wait_ready: bool = True, wait_started: bool = True,
-                    ) -> subprocess.Popen[str]:
+    def start_agent(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        wait_ready: bool = True,
+        wait_started: bool = True,
+    ) -> subprocess.Popen[str]:
         log = open(self.workdir / f"agent-{len(self.agents)}.log", "w")  # noqa: SIM115
         full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
         proc = subprocess.Popen(
-            ["ip", "netns", "exec", self.name, *TRUEUP, "agent", "run",
-             "--state-dir", str(self.state_dir), *args],
-            stdout=log, stderr=subprocess.STDOUT, text=True, env=full_env,
+            [
+                "ip",
+                "netns",
+                "exec",
+                self.name,
+                *TRUEUP,
+                "agent",
+                "run",
+                "--state-dir",
+                str(self.state_dir),
+                *args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=full_env,
         )
         self.agents.append(proc)
         if wait_ready:
-            self.wait_for(lambda: self.api("/v1/health/management").get("ready") is True,
-                          what="management ready", proc=proc)
+            self.wait_for(
+                lambda: self.api("/v1/health/management").get("ready") is True,
+                what="management ready",
+                proc=proc,
+            )
         if wait_started:
             self.wait_for(self.started, what="startup phases done", proc=proc)
         return proc
@@ -165,22 +231,30 @@ class Router:
 
         sock = self.state_dir / "agent.sock"
         try:
-            with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)),
-                              base_url="http://agent", timeout=30) as client:
+            with httpx.Client(
+                transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://agent", timeout=30
+            ) as client:
                 response = client.request(method, path, **kwargs)
                 return response.json()
         except (httpx.TransportError, ValueError):
             return {}
 
-    def wait_for(self, predicate: Any, *, what: str, timeout: float = 20.0,
-                 proc: subprocess.Popen[str] | None = None) -> None:
+    def wait_for(
+        self,
+        predicate: Any,
+        *,
+        what: str,
+        timeout: float = 20.0,
+        proc: subprocess.Popen[str] | None = None,
+    ) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if predicate():
                 return
             if proc is not None and proc.poll() is not None:
-                raise AssertionError(f"agent exited ({proc.returncode}) waiting for {what}:\n"
-                                     + self.agent_log())
+                raise AssertionError(
+                    f"agent exited ({proc.returncode}) waiting for {what}:\n" + self.agent_log()
+                )
             time.sleep(0.05)
         raise AssertionError(f"timed out waiting for {what}\n" + self.agent_log())
 
@@ -198,14 +272,36 @@ class Router:
                     proc.wait()
         self.agents.clear()
 
+    def spawn(self, *argv: str) -> subprocess.Popen[str]:
+        """A helper process inside the namespace, killed by PID at the end of the test."""
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.name, *argv],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.helpers.append(proc)
+        return proc
+
     def close(self) -> None:
         self.stop_agents(signal.SIGKILL)
+        for proc in self.helpers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         sh("ip", "netns", "del", self.name, check=False)
+        if self.client:
+            sh("ip", "netns", "del", self.client, check=False)
+        netns_etc = Path("/etc/netns") / self.name
+        if netns_etc.exists():
+            for child in netns_etc.iterdir():
+                child.unlink()
+            netns_etc.rmdir()
 
 
-def router_fixture(tmp_path: Path) -> Iterator[Router]:
+def router_fixture(tmp_path: Path, **kwargs: Any) -> Iterator[Router]:
     require_root()
-    router = Router(tmp_path)
+    router = Router(tmp_path, **kwargs)
     try:
         yield router
     finally:

@@ -54,13 +54,22 @@ def test_apply_from_empty_then_replan_is_noop_and_apply_is_idempotent(router: Ro
 @pytest.mark.parametrize(
     ("change", "subsystem", "path"),
     [
-        (("addr", "del", "203.0.113.1/24", "dev", "lan0"), "addresses",
-         "spec.interfaces[lan0].addresses"),
+        (
+            ("addr", "del", "203.0.113.1/24", "dev", "lan0"),
+            "addresses",
+            "spec.interfaces[lan0].addresses",
+        ),
         (("link", "set", "lan0", "down"), "links", "spec.interfaces[lan0].state"),
-        (("route", "del", "192.0.2.0/25", "table", "100"), "routes",
-         "spec.routes[table=100,to=192.0.2.0/25,metric=0]"),
-        (("addr", "add", "203.0.113.77/24", "dev", "lan0"), "addresses",
-         "spec.interfaces[lan0].addresses"),
+        (
+            ("route", "del", "192.0.2.0/25", "table", "100"),
+            "routes",
+            "spec.routes[table=100,to=192.0.2.0/25,metric=0]",
+        ),
+        (
+            ("addr", "add", "203.0.113.77/24", "dev", "lan0"),
+            "addresses",
+            "spec.interfaces[lan0].addresses",
+        ),
     ],
     ids=["addr-del", "link-down", "route-del", "addr-added-by-hand"],
 )
@@ -133,9 +142,21 @@ def test_two_applies_at_once_exactly_one_wins(router: Router) -> None:
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "TRUEUP_FAULT": "begin:sleep=3"}
     holder = subprocess.Popen(
-        ["ip", "netns", "exec", router.name, *TRUEUP, "apply", str(first_doc),
-         "--state-dir", str(router.state_dir)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        [
+            "ip",
+            "netns",
+            "exec",
+            router.name,
+            *TRUEUP,
+            "apply",
+            str(first_doc),
+            "--state-dir",
+            str(router.state_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     try:
         deadline = time.monotonic() + 20
@@ -145,7 +166,7 @@ def test_two_applies_at_once_exactly_one_wins(router: Router) -> None:
                 break
             time.sleep(0.05)
         loser = router.trueup("apply", str(second_doc))
-        out, err = holder.communicate(timeout=60)
+        _out, err = holder.communicate(timeout=60)
     finally:
         if holder.poll() is None:
             holder.kill()
@@ -179,21 +200,36 @@ def test_stale_expected_version_and_older_document_are_refused(router: Router) -
 @pytest.mark.parametrize(
     ("mutate", "expected"),
     [
-        (lambda d: d["spec"]["management"].update(addresses=[42]),
-         "spec.management.addresses[0]: not an IPv4/IPv6 prefix"),
-        (lambda d: d["spec"]["interfaces"][0].update(addresses=["203.0.113.300/24"]),
-         "spec.interfaces[0].addresses[0]: not an IPv4/IPv6 prefix"),
-        (lambda d: d["spec"]["interfaces"][0].update(colour="blue"),
-         "spec.interfaces[0].colour: unknown field"),
-        (lambda d: d["spec"]["interfaces"].append({"name": "lan0"}),
-         "spec.interfaces[1].name: duplicate interface name lan0"),
-        (lambda d: d["spec"]["routes"].append({"to": "192.0.2.128/25", "via": "2001:db8::1"}),
-         "spec.routes[2].via: IPv6 gateway for an IPv4 destination"),
-        (lambda d: d["spec"]["interfaces"][0].update(mtu="big"),
-         "spec.interfaces[0].mtu:"),
+        (
+            lambda d: d["spec"]["management"].update(addresses=[42]),
+            "spec.management.addresses[0]: not an IPv4/IPv6 prefix",
+        ),
+        (
+            lambda d: d["spec"]["interfaces"][0].update(addresses=["203.0.113.300/24"]),
+            "spec.interfaces[0].addresses[0]: not an IPv4/IPv6 prefix",
+        ),
+        (
+            lambda d: d["spec"]["interfaces"][0].update(colour="blue"),
+            "spec.interfaces[0].colour: unknown field",
+        ),
+        (
+            lambda d: d["spec"]["interfaces"].append({"name": "lan0"}),
+            "spec.interfaces[1].name: duplicate interface name lan0",
+        ),
+        (
+            lambda d: d["spec"]["routes"].append({"to": "192.0.2.128/25", "via": "2001:db8::1"}),
+            "spec.routes[2].via: IPv6 gateway for an IPv4 destination",
+        ),
+        (lambda d: d["spec"]["interfaces"][0].update(mtu="big"), "spec.interfaces[0].mtu:"),
     ],
-    ids=["wrong-type", "bad-prefix", "unknown-field", "duplicate-interface", "family-mismatch",
-         "mtu-type"],
+    ids=[
+        "wrong-type",
+        "bad-prefix",
+        "unknown-field",
+        "duplicate-interface",
+        "family-mismatch",
+        "mtu-type",
+    ],
 )
 def test_invalid_documents_exit_1_with_paths_and_kernel_untouched(
     router: Router, mutate, expected: str

@@ -26,12 +26,23 @@ FAULT_POINTS = [
 
 def _v2() -> dict:
     return base_document(
-        management={"interface": "mgmt0", "addresses": ["198.51.100.3/24"],
-                    "gateway": "198.51.100.1"},
-        interfaces=[{"name": "lan0", "mtu": 1300, "state": "up",
-                     "addresses": ["203.0.113.2/24", "2001:db8:1::2/64"]}],
-        routes=[{"to": "192.0.2.0/24", "via": "203.0.113.250"},
-                {"to": "192.0.2.128/25", "via": "203.0.113.251", "table": "wan2"}],
+        management={
+            "interface": "mgmt0",
+            "addresses": ["198.51.100.3/24"],
+            "gateway": "198.51.100.1",
+        },
+        interfaces=[
+            {
+                "name": "lan0",
+                "mtu": 1300,
+                "state": "up",
+                "addresses": ["203.0.113.2/24", "2001:db8:1::2/64"],
+            }
+        ],
+        routes=[
+            {"to": "192.0.2.0/24", "via": "203.0.113.250"},
+            {"to": "192.0.2.128/25", "via": "203.0.113.251", "table": "wan2"},
+        ],
     )
 
 

@@ -20,7 +20,7 @@ import socket
 import tarfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,8 @@ class Agent:
         self.status_interval = 5.0
         self.retry_base_seconds = retry_base_seconds
         self.loop: Any = None  # the reconcile loop, once phase 4 starts
+        # Set by trueup.agent.wiring; builds the loop in phase 4.
+        self.loop_factory: Callable[[Agent], Any] | None = None
 
     # -- API surface --------------------------------------------------------
     def token_valid(self, token: str) -> bool:
@@ -403,7 +405,8 @@ class Agent:
             if interval is not None:
                 self.notifier.send("WATCHDOG=1")
             try:
-                text = self._status_line()
+                # pyroute2's sync API runs its own event loop: never on this one.
+                text = await asyncio.to_thread(self._status_line)
             except Exception as exc:  # the status line must never stop the pings
                 text = f"status unavailable: {exc}"
             if text != last_status:
@@ -463,9 +466,8 @@ class Agent:
 
     def start_loop(self) -> None:
         """Phase 4; the reconcile loop when it is wired in."""
-        hook = getattr(self, "loop_factory", None)
-        if hook is not None:
-            self.loop = hook(self)
+        if self.loop_factory is not None:
+            self.loop = self.loop_factory(self)
             self.loop.start()
 
     def stop(self) -> None:

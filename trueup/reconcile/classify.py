@@ -66,6 +66,12 @@ def classify(facts: ClassifierInput) -> list[Finding]:
         )
     last = facts.last_transaction
     if last is not None and last.get("recovered") and open_txn is None:
+        errors = [
+            e
+            for r in last.get("history", [])
+            if r.get("type") == "rolled_back"
+            for e in r.get("errors", [])
+        ]
         findings.append(
             Finding.of(
                 ReasonCode.APPLY_NOT_COMPLETED,
@@ -75,6 +81,7 @@ def classify(facts: ClassifierInput) -> list[Finding]:
                     f"transaction {last['txn']} (version {last.get('version')}) was interrupted "
                     "and rolled back to its before-images at recovery; the system holds "
                     f"version {applied_version}"
+                    + (f"; the rollback was incomplete: {'; '.join(errors)}" if errors else "")
                 ),
                 evidence={"transaction": last},
             )

@@ -32,6 +32,7 @@ from trueup.model.document import (
     load_document,
     parse_document,
 )
+from trueup.reconcile.confirm import settle_at_startup
 from trueup.reconcile.transaction import ApplyResult, Engine, Refused
 from trueup.subsystems.registry import scope_for
 
@@ -177,7 +178,12 @@ class Orchestrator:
         try:
             with self.engine.writer("recovery", "startup", wait=30.0):
                 recovered = self.engine.recover(actor="startup")
+                # An apply whose confirmation expired while the agent was down goes
+                # back to the last confirmed revision now, right after management.
+                confirmation = settle_at_startup(self.engine, time.time())
             detail = f"rolled back {recovered.txn}" if recovered else "no open transaction"
+            if confirmation:
+                detail += f"; {confirmation}"
             self._end(record, "done", detail)
         except Refused as exc:
             self._end(record, "failed", str(exc))
