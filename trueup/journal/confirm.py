@@ -1,0 +1,57 @@
+"""The pending confirmation of an apply made with `--confirm-within` (`pending-confirm.json`).
+
+Who calls this: the reconcile loop (when it applies, confirms or rolls back)
+and the startup recovery phase (through `trueup.reconcile.confirm`). The
+record is written atomically (fsync'd) *before* the apply it guards, and each
+change is also announced in the journal, so a pending confirmation survives
+SIGKILL and reboot:
+
+```
+{"state": "applying" | "pending", "version": N | null, "confirmed_version": M,
+ "deadline": <epoch seconds>, "deadline_at": ISO, "actor": ..., "created_at": ISO}
+```
+`confirmed_version` is the last confirmed state that a missed deadline
+returns to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from trueup.journal.atomic import fsync_dir
+from trueup.journal.state import StateDir
+
+__all__ = ["PENDING_FILE", "clear_pending", "read_pending", "write_pending"]
+
+PENDING_FILE = "pending-confirm.json"
+
+
+def _journal_id(record: dict[str, Any]) -> str:
+    return f"confirm-{record.get('created_at', '')}"
+
+
+def read_pending(state: StateDir) -> dict[str, Any] | None:
+    record = state.read(PENDING_FILE)
+    return dict(record) if isinstance(record, dict) else None
+
+
+def write_pending(state: StateDir, record: dict[str, Any]) -> None:
+    """Persist the pending confirmation, then announce it in the journal."""
+    state.write(PENDING_FILE, record)
+    # Journal lines without a `begin` never form a transaction; they are the
+    # write-ahead trace of the confirmation's life next to the applies it guards.
+    state.journal.record(_journal_id(record), "confirm_pending", **record)
+
+
+def clear_pending(state: StateDir, outcome: str, **details: Any) -> dict[str, Any] | None:
+    """Remove the pending confirmation (`outcome`: confirmed, rolled_back, superseded, …)."""
+    record = read_pending(state)
+    path = state.root / PENDING_FILE
+    state.journal.record(
+        _journal_id(record or {}), "confirm_closed", outcome=outcome, pending=record, **details
+    )
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+        fsync_dir(state.root)
+    return record

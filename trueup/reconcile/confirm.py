@@ -1,0 +1,127 @@
+"""Confirm-or-rollback: what a pending confirmation means, and the rollback when it is missed.
+
+Who calls this: the reconcile loop (apply with `--confirm-within`, `confirm`,
+the deadline timer) and the startup orchestrator's recovery phase, which
+rolls back a confirmation that expired while the agent was down — right after
+the management tier is up, from the last confirmed revision.
+
+The rollback re-applies the last confirmed revision's content as a new
+version (like `trueup rollback --to`), as one journaled transaction. Callers
+hold the writer lock.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from trueup.journal.audit import now_iso
+from trueup.journal.confirm import clear_pending, read_pending
+from trueup.model.document import DeviceState, parse_document
+from trueup.reconcile.transaction import ApplyResult, Engine
+
+__all__ = [
+    "Decision",
+    "decide",
+    "roll_back_unconfirmed",
+    "settle_at_startup",
+    "unsafe_management_changes",
+]
+
+Decision = Literal["none", "stale", "superseded", "waiting", "expired"]
+
+
+def unsafe_management_changes(previous: DeviceState | None, document: DeviceState) -> list[str]:
+    """What `document` would take away from management access that `previous` gave."""
+    if previous is None:
+        return []
+    old, new = previous.spec.management, document.spec.management
+    out: list[str] = []
+    if old.interface != new.interface:
+        out.append(f"moves management from {old.interface} to {new.interface}")
+    for address in old.addresses:
+        if old.interface != new.interface or address not in new.addresses:
+            out.append(f"removes management address {address} from {old.interface}")
+    if old.gateway is not None and new.gateway != old.gateway:
+        change = f"replaces it with {new.gateway}" if new.gateway else "removes it"
+        out.append(f"management default route via {old.gateway}: {change}")
+    return out
+
+
+def decide(pending: dict[str, Any] | None, applied_version: int, now: float) -> Decision:
+    """What a pending confirmation means against the applied version, at `now`.
+
+    * `stale`: the guarded apply never took effect (it failed, or a crash
+      rolled it back), so the device is at the confirmed version already;
+    * `superseded`: a later version replaced the guarded one;
+    * `expired` / `waiting`: the guarded version is applied, deadline passed or not.
+    """
+    if pending is None:
+        return "none"
+    confirmed = int(pending.get("confirmed_version", 0))
+    version = pending.get("version")
+    if applied_version == confirmed:
+        return "stale"
+    if version is not None and applied_version != int(version):
+        return "superseded"
+    return "expired" if now >= float(pending["deadline"]) else "waiting"
+
+
+def roll_back_unconfirmed(engine: Engine, pending: dict[str, Any], *, actor: str) -> ApplyResult:
+    """Re-apply the last confirmed revision as a new version. Caller holds the writer lock."""
+    state = engine.state
+    engine.recover(actor=actor)
+    target = int(pending["confirmed_version"])
+    record = state.revision(target)
+    if record is None:
+        raise RuntimeError(f"confirmed revision {target} is missing from {state.root}/revisions")
+    applied_version = int(state.applied().get("version", 0))
+    document = parse_document(record["document"], f"revision {target}")
+    result = engine._apply_locked(
+        document.with_version(applied_version + 1),
+        mode="atomic",
+        expect_version=None,
+        actor=actor,
+        kind="rollback",
+        source=f"confirmation of version {pending.get('version')} missed its deadline; "
+        f"back to revision {target}",
+        allow_same_version=False,
+    )
+    if result.ok:
+        clear_pending(
+            state, "rolled_back", to_version=result.version, from_revision=target, at=now_iso()
+        )
+        state.audit.append(
+            "confirm_timeout",
+            actor,
+            unconfirmed_version=pending.get("version"),
+            deadline=pending.get("deadline_at"),
+            rolled_back_to_revision=target,
+            new_version=result.version,
+            txn=result.txn,
+        )
+    return result
+
+
+def settle_at_startup(engine: Engine, now: float, *, actor: str = "startup") -> str | None:
+    """Roll back a confirmation that expired while the agent was down. Caller holds the lock.
+
+    Returns a sentence for the recovery phase's detail, or None when nothing was pending.
+    """
+    state = engine.state
+    pending = read_pending(state)
+    applied_version = int(state.applied().get("version", 0))
+    decision = decide(pending, applied_version, now)
+    if pending is None or decision == "none":
+        return None
+    if decision in ("stale", "superseded"):
+        clear_pending(state, decision, applied_version=applied_version)
+        return f"pending confirmation {decision} (applied version {applied_version})"
+    if decision == "waiting":
+        return f"version {applied_version} awaits confirmation until {pending.get('deadline_at')}"
+    result = roll_back_unconfirmed(engine, pending, actor=actor)
+    if not result.ok:
+        return f"confirmation expired; rollback failed: {result.failed or result.rollback_errors}"
+    return (
+        f"confirmation of version {applied_version} expired at {pending.get('deadline_at')}: "
+        f"rolled back to revision {pending['confirmed_version']} as version {result.version}"
+    )

@@ -1,0 +1,306 @@
+"""Bounded healing: back-off, retry budget, circuit breaker, flap detection, acknowledgements.
+
+Who calls this: the reconcile loop (`trueup.reconcile.loop`), once per pass
+and after every heal attempt. Pure bookkeeping over an injected clock value
+(`now`, wall-clock seconds) and an injected random source, so unit tests
+drive it with a fake clock.
+
+Per subsystem:
+
+* **back-off** — after the n-th consecutive failure the next attempt waits
+  `min(cap, base · 2^(n-1))` ± jitter; a successful heal resets it;
+* **retry budget** — at most `retry_budget` attempts per `retry_window`;
+* **circuit breaker** — `breaker_threshold` consecutive failures open it:
+  no healing, `STATE_RECONCILIATION_FAILED`, until a new apply, an explicit
+  `trueup reconcile`, or the cool-down (then one half-open attempt decides);
+* **flap detection** — a path that returns to the *same* undesired value
+  `flap_threshold` times within `flap_window` is *contested*: someone else
+  is writing it, and it is no longer healed (detection goes on);
+* **acknowledgements** — healing (never detection) stops until they expire.
+
+Breaker state, acknowledgements and contested paths are persisted by the
+loop (`reconcile.json`) through `to_json()` / `load()`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from trueup.system.events import iso_time
+
+__all__ = ["Governor", "HealingOptions", "SubsystemHealing", "value_key"]
+
+
+def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    value = env.get(name)
+    return float(value) if value not in (None, "") else default
+
+
+@dataclass(frozen=True)
+class HealingOptions:
+    """Knobs; `from_env()` reads the `TRUEUP_*` variables documented in docs/convergence.md."""
+
+    resync_seconds: float = 60.0
+    backoff_base: float = 1.0
+    backoff_cap: float = 300.0
+    jitter: float = 0.2
+    breaker_threshold: int = 5
+    breaker_cooldown: float = 600.0
+    retry_budget: int = 30
+    retry_window: float = 600.0
+    flap_threshold: int = 3
+    flap_window: float = 300.0
+    attribution_window: float = 10.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> HealingOptions:
+        env = os.environ if env is None else env
+        d = cls()
+        return cls(
+            resync_seconds=_env_float(env, "TRUEUP_RESYNC_SECONDS", d.resync_seconds),
+            backoff_base=_env_float(env, "TRUEUP_BACKOFF_BASE", d.backoff_base),
+            backoff_cap=_env_float(env, "TRUEUP_BACKOFF_CAP", d.backoff_cap),
+            jitter=_env_float(env, "TRUEUP_BACKOFF_JITTER", d.jitter),
+            breaker_threshold=int(_env_float(env, "TRUEUP_BREAKER_THRESHOLD", d.breaker_threshold)),
+            breaker_cooldown=_env_float(env, "TRUEUP_BREAKER_COOLDOWN", d.breaker_cooldown),
+            retry_budget=int(_env_float(env, "TRUEUP_RETRY_BUDGET", d.retry_budget)),
+            retry_window=_env_float(env, "TRUEUP_RETRY_WINDOW", d.retry_window),
+            flap_threshold=int(_env_float(env, "TRUEUP_FLAP_THRESHOLD", d.flap_threshold)),
+            flap_window=_env_float(env, "TRUEUP_FLAP_WINDOW", d.flap_window),
+            attribution_window=_env_float(env, "TRUEUP_ATTRIBUTION_WINDOW", d.attribution_window),
+        )
+
+
+def value_key(value: Any) -> str:
+    """A canonical text for an observed value, so flaps compare by value."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+@dataclass
+class SubsystemHealing:
+    failures: int = 0  # consecutive
+    breaker: str = "closed"  # closed | open | half-open
+    opened_at: float | None = None
+    open_until: float | None = None
+    backoff_seconds: float = 0.0
+    next_attempt_at: float | None = None
+    last_error: str | None = None
+    failing_since: float | None = None
+    failing_paths: list[str] = field(default_factory=list)
+    attempts: list[float] = field(default_factory=list)  # within the retry window
+    contested: dict[str, dict[str, Any]] = field(default_factory=dict)
+    last_heal_at: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "failures": self.failures,
+            "breaker": self.breaker,
+            "opened_at": self.opened_at,
+            "open_until": self.open_until,
+            "backoff_seconds": self.backoff_seconds,
+            "next_attempt_at": self.next_attempt_at,
+            "last_error": self.last_error,
+            "failing_since": self.failing_since,
+            "failing_paths": self.failing_paths,
+            "attempts": self.attempts,
+            "contested": self.contested,
+            "last_heal_at": self.last_heal_at,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SubsystemHealing:
+        known = cls().to_json()
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class _PathHistory:
+    last: str | None = None  # value key of the last observation; "" when in sync
+    flips: dict[str, list[float]] = field(default_factory=dict)
+
+
+class Governor:
+    """Decides, per subsystem, whether healing may run now, and remembers why not."""
+
+    def __init__(self, options: HealingOptions, rng: random.Random | None = None) -> None:
+        self.options = options
+        self.rng = rng or random.Random()
+        self.subsystems: dict[str, SubsystemHealing] = {}
+        self.acks: dict[str, dict[str, Any]] = {}
+        self._paths: dict[tuple[str, str], _PathHistory] = {}
+        self.dirty = False
+
+    # -- persistence --------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "subsystems": {n: s.to_json() for n, s in sorted(self.subsystems.items())},
+            "acks": self.acks,
+        }
+
+    def load(self, data: Mapping[str, Any] | None) -> None:
+        data = data or {}
+        self.subsystems = {
+            name: SubsystemHealing.from_json(entry)
+            for name, entry in dict(data.get("subsystems", {})).items()
+        }
+        self.acks = {name: dict(ack) for name, ack in dict(data.get("acks", {})).items()}
+
+    def of(self, name: str) -> SubsystemHealing:
+        if name not in self.subsystems:
+            self.subsystems[name] = SubsystemHealing()
+        return self.subsystems[name]
+
+    # -- decisions ----------------------------------------------------------
+    def blocked(self, name: str, now: float) -> str | None:
+        """Why healing `name` must wait now, or None when it may run."""
+        ack = self.acks.get(name)
+        if ack is not None and now < float(ack["until"]):
+            return f"acknowledged until {ack['until_at']}: {ack['reason']}"
+        heal = self.of(name)
+        if heal.breaker == "open":
+            if heal.open_until is not None and now >= heal.open_until:
+                heal.breaker = "half-open"  # the cool-down is over: one attempt decides
+                self.dirty = True
+            else:
+                until = iso_time(heal.open_until) if heal.open_until else "an apply"
+                return f"circuit breaker open until {until} after {heal.failures} failures"
+        if heal.next_attempt_at is not None and now < heal.next_attempt_at:
+            return f"backing off {heal.backoff_seconds:g}s (until {iso_time(heal.next_attempt_at)})"
+        window_start = now - self.options.retry_window
+        heal.attempts = [t for t in heal.attempts if t > window_start]
+        if len(heal.attempts) >= self.options.retry_budget:
+            reopen = heal.attempts[0] + self.options.retry_window
+            return (
+                f"retry budget spent ({len(heal.attempts)} attempts in "
+                f"{self.options.retry_window:g}s; next at {iso_time(reopen)})"
+            )
+        return None
+
+    def record_attempt(self, name: str, now: float) -> None:
+        self.of(name).attempts.append(now)
+        self.dirty = True
+
+    def record_success(self, name: str, now: float) -> None:
+        heal = self.of(name)
+        heal.failures = 0
+        heal.breaker = "closed"
+        heal.opened_at = heal.open_until = None
+        heal.backoff_seconds = 0.0
+        heal.next_attempt_at = None
+        heal.last_error = None
+        heal.failing_since = None
+        heal.failing_paths = []
+        heal.last_heal_at = now
+        self.dirty = True
+
+    def record_failure(self, name: str, now: float, error: str, paths: list[str]) -> bool:
+        """Count a failed heal; True when this failure opened the breaker."""
+        heal = self.of(name)
+        heal.failures += 1
+        heal.last_error = error
+        heal.failing_paths = sorted(paths)
+        if heal.failing_since is None:
+            heal.failing_since = now
+        nominal = min(
+            self.options.backoff_cap, self.options.backoff_base * 2 ** (heal.failures - 1)
+        )
+        jitter = 1.0 + self.rng.uniform(-self.options.jitter, self.options.jitter)
+        heal.backoff_seconds = round(nominal, 3)
+        heal.next_attempt_at = now + min(self.options.backoff_cap, nominal * jitter)
+        opened = False
+        if heal.breaker == "half-open" or (
+            heal.breaker == "closed" and heal.failures >= self.options.breaker_threshold
+        ):
+            opened = heal.breaker == "closed"
+            heal.breaker = "open"
+            heal.opened_at = now
+            heal.open_until = now + self.options.breaker_cooldown
+        self.dirty = True
+        return opened
+
+    def reset(self, names: Iterable[str]) -> None:
+        """A new apply or an explicit reconcile: breaker closed, back-off and flaps forgotten."""
+        for name in names:
+            self.subsystems[name] = SubsystemHealing(last_heal_at=self.of(name).last_heal_at)
+            for key in [k for k in self._paths if k[0] == name]:
+                del self._paths[key]
+        self.dirty = True
+
+    # -- flap detection -----------------------------------------------------
+    def observe(
+        self, name: str, differing: Mapping[str, Any], now: float
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """Record this pass's differing paths (path → observed value); return newly contested."""
+        window_start = now - self.options.flap_window
+        newly: list[tuple[str, dict[str, Any]]] = []
+        heal = self.of(name)
+        for key, history in self._paths.items():
+            if key[0] == name and key[1] not in differing:
+                history.last = ""  # back in sync
+        for path, observed in differing.items():
+            history = self._paths.setdefault((name, path), _PathHistory())
+            current = value_key(observed)
+            if current == history.last:
+                continue
+            history.last = current
+            flips = [t for t in history.flips.get(current, []) if t > window_start] + [now]
+            history.flips[current] = flips
+            if len(flips) >= self.options.flap_threshold and path not in heal.contested:
+                record = {
+                    "value": observed,
+                    "flips": len(flips),
+                    "since": iso_time(now),
+                    "reason": (
+                        f"returned to the same undesired value {len(flips)} times in "
+                        f"{now - flips[0]:.1f}s: someone else is writing {path}; "
+                        "trueup stopped healing it (detection continues)"
+                    ),
+                }
+                heal.contested[path] = record
+                newly.append((path, record))
+                self.dirty = True
+        return newly
+
+    def contested(self, name: str) -> dict[str, dict[str, Any]]:
+        return self.of(name).contested
+
+    # -- acknowledgements ---------------------------------------------------
+    def acknowledge(
+        self, name: str, now: float, seconds: float, reason: str, actor: str
+    ) -> dict[str, Any]:
+        ack = {
+            "until": now + seconds,
+            "until_at": iso_time(now + seconds),
+            "reason": reason,
+            "actor": actor,
+            "at": iso_time(now),
+        }
+        self.acks[name] = ack
+        self.dirty = True
+        return ack
+
+    def expire_acks(self, now: float) -> list[tuple[str, dict[str, Any]]]:
+        expired = [(n, a) for n, a in self.acks.items() if now >= float(a["until"])]
+        for name, _ in expired:
+            del self.acks[name]
+        if expired:
+            self.dirty = True
+        return expired
+
+    # -- timing -------------------------------------------------------------
+    def next_due(self, now: float) -> float | None:
+        """The earliest moment something here changes by itself (wake the loop then)."""
+        moments: list[float] = [float(a["until"]) for a in self.acks.values()]
+        for heal in self.subsystems.values():
+            if heal.next_attempt_at is not None and heal.next_attempt_at > now:
+                moments.append(heal.next_attempt_at)
+            if heal.breaker == "open" and heal.open_until is not None:
+                moments.append(heal.open_until)
+            if len(heal.attempts) >= self.options.retry_budget and heal.attempts:
+                moments.append(heal.attempts[0] + self.options.retry_window)
+        return min(moments) if moments else None

@@ -1,0 +1,842 @@
+"""The reconcile loop: event-driven, level-based observation and bounded healing.
+
+Who calls this: the agent (`trueup.agent.process.Agent.start_loop`, wired in
+`trueup.agent.wiring`). The agent delegates `apply`, `confirm`, `reconcile`,
+`ack`, status inputs and metrics here once the loop runs.
+
+How a pass works (controller-runtime style: the event names nothing):
+
+1. netlink notifications (`trueup.system.events`) and a periodic full resync
+   (`resync_seconds`, default 60 s) only *wake* the loop;
+2. every pass re-reads the kernel for every subsystem and diffs it against
+   the applied document — detection never depends on the event's content and
+   can never be switched off;
+3. each subsystem with drift gets a drift record (since, paths, attribution
+   from the netlink messages that arrived around it) and flap bookkeeping;
+4. healing runs per subsystem only when its policy is `auto`, no
+   acknowledgement holds it, its breaker is closed (or half-open), its
+   back-off has passed and its retry budget allows; contested paths are left
+   as they are. A heal is one journaled `reconcile` transaction under the
+   writer lock, audited.
+
+Confirm-or-rollback (`apply --confirm-within`) keeps its timer here too; the
+pending record lives in the journal layer (`trueup.journal.confirm`) so a
+restart finds it (see `trueup.reconcile.confirm.settle_at_startup`).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from trueup.journal.confirm import clear_pending, read_pending, write_pending
+from trueup.journal.lock import LockBusy, lock_holder
+from trueup.model.document import DeviceState, DocumentError
+from trueup.reconcile.confirm import decide, roll_back_unconfirmed, unsafe_management_changes
+from trueup.reconcile.healing import Governor, HealingOptions
+from trueup.reconcile.transaction import Engine, Mode, Refused
+from trueup.subsystems.base import Difference, Facts, Scope, StepError, Subsystem
+from trueup.subsystems.registry import scope_for
+from trueup.system.events import EventSource, NetlinkEvent, iso_time
+from trueup.system.netlink import Netlink, NetlinkError
+
+__all__ = ["RECONCILE_FILE", "DriftRecord", "PassReport", "ReconcileLoop"]
+
+log = logging.getLogger("trueup.reconcile")
+
+RECONCILE_FILE = "reconcile.json"
+ACTOR = "reconciler"
+_MAX_ATTRIBUTION = 20
+# Which kinds of kernel notification can explain drift in which subsystem.
+_EVENT_KINDS = {
+    "management": {"link", "address", "route"},
+    "links": {"link"},
+    "addresses": {"address", "link"},
+    "routes": {"route", "link", "address"},
+}
+_ALL_KINDS = {"link", "address", "route"}
+
+
+@dataclass
+class DriftRecord:
+    since: float
+    paths: list[str]
+    detected_by: str  # event | resync | request
+    attribution: list[dict[str, Any]] = field(default_factory=list)
+    seen_events: int = 0  # events already considered, by sequence number
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "since": iso_time(self.since),
+            "paths": self.paths,
+            "detected_by": self.detected_by,
+            "attribution": self.attribution,
+        }
+
+
+@dataclass
+class PassReport:
+    """What one pass saw and did; `reconcile_now` turns it into the API's answer."""
+
+    drift: dict[str, list[str]] = field(default_factory=dict)
+    healed: dict[str, list[str]] = field(default_factory=dict)  # subsystem → step descriptions
+    failed: dict[str, str] = field(default_factory=dict)
+    held: dict[str, str] = field(default_factory=dict)  # subsystem → why not healed
+    txns: list[str] = field(default_factory=list)
+    skipped: str | None = None
+
+
+def _identifiers(diffs: list[Difference], scope: Scope) -> set[str]:
+    """Interface names and destinations a drift's paths talk about."""
+    out: set[str] = set()
+    for diff in diffs:
+        path = diff.path
+        if path.startswith("spec.management"):
+            out |= {scope.management_interface, "0.0.0.0/0", "::/0"}
+        elif "[" in path:
+            inner = path.split("[", 1)[1].split("]", 1)[0]
+            if "to=" in inner:
+                fields = dict(p.split("=", 1) for p in inner.split(",") if "=" in p)
+                out.add(fields["to"])
+            else:
+                out.add(inner)
+    return out
+
+
+def _heal_target(desired: Facts, observed: Facts, contested: set[str]) -> Facts:
+    """Desired facts with contested paths pinned to what is observed (left alone)."""
+    target = {k: v for k, v in desired.items() if k not in contested}
+    for path in contested:
+        if path in observed:
+            target[path] = observed[path]
+    return target
+
+
+class ReconcileLoop:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        options: HealingOptions | None = None,
+        events: EventSource | None = None,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.engine = engine
+        self.state = engine.state
+        self.options = options or HealingOptions()
+        self.events = events
+        self.clock = clock
+        self.governor = Governor(self.options, rng)
+        self.governor.load(self.state.read(RECONCILE_FILE, {}))
+        self._pending = read_pending(self.state)
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._recent: deque[tuple[int, NetlinkEvent]] = deque(maxlen=512)
+        self._event_seq = 0
+        self._events_since_pass = 0
+        self._applying = 0
+        self._drift: dict[str, DriftRecord] = {}
+        self._last_drift: dict[str, dict[str, Any]] = {}
+        self._last_pass_at: float | None = None
+        self._last_resync_at: float | None = None
+        self._retry_soon = False
+        self.counters: dict[str, int] = {
+            "passes": 0,
+            "events": 0,
+            "heals_ok": 0,
+            "heals_failed": 0,
+            "overflows": 0,
+        }
+        self._view: dict[str, Any] = {}
+        self._document_cache: tuple[Any, DeviceState | None] = (None, None)
+        self._refresh_view()
+
+    @classmethod
+    def from_env(cls, engine: Engine) -> ReconcileLoop:
+        """The agent's loop: kernel events, options from `TRUEUP_*` variables."""
+        from trueup.system.events import KernelEventSource
+
+        return cls(engine, options=HealingOptions.from_env(), events=KernelEventSource())
+
+    # -- lifecycle ----------------------------------------------------------
+    def start(self) -> None:
+        if self.events is not None:
+            self.events.start(self._on_event)
+        self._thread = threading.Thread(target=self._run, name="trueup-reconcile", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self.events is not None:
+            self.events.stop()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _on_event(self, event: NetlinkEvent) -> None:
+        self._event_seq += 1  # only the event thread writes it
+        self._recent.append((self._event_seq, event))
+        self.counters["events"] += 1
+        if event.kind == "overflow":
+            self.counters["overflows"] += 1
+        self._events_since_pass += 1
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self._timeout())
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.run_pass()
+            except Exception:  # the loop must outlive any one pass
+                log.exception("reconcile pass failed")
+                self._stop.wait(1.0)
+
+    def _timeout(self) -> float:
+        now = self.clock()
+        last = self._last_pass_at if self._last_pass_at is not None else now - 1e9
+        moments = [last + self.options.resync_seconds]
+        due = self.governor.next_due(now)
+        if due is not None:
+            moments.append(due)
+        if self._pending is not None and self._pending.get("state") == "pending":
+            moments.append(float(self._pending["deadline"]))
+        if self._retry_soon:
+            moments.append(now + 0.1)
+        return max(0.0, min(self.options.resync_seconds, min(moments) - now)) + 0.001
+
+    # -- the pass -----------------------------------------------------------
+    def _document(self) -> DeviceState | None:
+        applied = self.state.applied()
+        key = (applied.get("version"), applied.get("txn"), applied.get("digest"))
+        if self._document_cache[0] != key:
+            try:
+                self._document_cache = (key, self.engine.applied_document())
+            except DocumentError:
+                log.exception("applied revision unreadable; nothing to reconcile against")
+                self._document_cache = (key, None)
+        return self._document_cache[1]
+
+    def run_pass(
+        self, *, force: list[str] | None = None, actor: str = ACTOR, lock_wait: float = 0.0
+    ) -> PassReport:
+        """Observe everything, record drift, heal what policy and bounds allow.
+
+        `force` names subsystems to heal regardless of policy, acknowledgement
+        and bounds (an explicit `trueup reconcile`).
+        """
+        with self._lock:
+            report = PassReport()
+            now = self.clock()
+            self.counters["passes"] += 1
+            triggered_by_events = self._events_since_pass > 0
+            self._events_since_pass = 0
+            self._retry_soon = False
+            self._expire_acks(now)
+            self._check_confirmation(now)
+            if self._applying or (force is None and lock_holder(self.state.root / "lock")):
+                # Someone is writing: what we would see is half-applied. Look again soon.
+                self._retry_soon = True
+                report.skipped = "a writer holds the device"
+                self._refresh_view()
+                return report
+            document = self._document()
+            self._last_pass_at = now
+            if not triggered_by_events:
+                self._last_resync_at = now
+            if document is None:
+                self._drift.clear()
+                self._refresh_view()
+                report.skipped = "nothing applied"
+                return report
+            scope = scope_for(document)
+            detected_by = "request" if force else ("event" if triggered_by_events else "resync")
+            with self.engine.netlink() as net:
+                differences: dict[str, list[Difference]] = {}
+                for sub in self.engine.subsystems:
+                    desired = sub.desired(document, scope)
+                    observed = sub.observe(net, scope)
+                    differences[sub.name] = sub.diff(desired, observed)
+                    self._record_drift(sub.name, differences[sub.name], scope, now, detected_by)
+                    report.drift[sub.name] = [d.path for d in differences[sub.name]]
+                for sub in self.engine.subsystems:
+                    if not differences[sub.name]:
+                        continue
+                    forced = force is not None and sub.name in force
+                    held = self._held(sub.name, document, now, forced)
+                    if held is not None:
+                        report.held[sub.name] = held
+                        continue
+                    self._heal(net, sub, document, scope, report, actor, lock_wait, forced)
+            self._persist()
+            self._refresh_view()
+            return report
+
+    def _held(self, name: str, document: DeviceState, now: float, forced: bool) -> str | None:
+        if forced:
+            return None
+        policy = document.spec.convergence.policy_for(name)
+        if policy != "auto":
+            return f"policy {policy}: drift is reported, not healed"
+        return self.governor.blocked(name, now)
+
+    def _record_drift(
+        self, name: str, diffs: list[Difference], scope: Scope, now: float, detected_by: str
+    ) -> None:
+        differing = {d.path: d.observed for d in diffs}
+        for path, contested in self.governor.observe(name, differing, now):
+            log.warning("%s: %s", name, contested["reason"])
+            self.state.audit.append(
+                "contested",
+                ACTOR,
+                subsystem=name,
+                path=path,
+                **{k: v for k, v in contested.items() if k != "value"},
+            )
+        record = self._drift.get(name)
+        if not diffs:
+            if record is not None:
+                self._last_drift[name] = {**record.to_json(), "ended_at": iso_time(now)}
+                del self._drift[name]
+            return
+        if record is None:
+            record = DriftRecord(since=now, paths=[], detected_by=detected_by)
+            self._drift[name] = record
+        record.paths = [d.path for d in diffs]
+        self._attribute(name, record, diffs, scope, now)
+
+    def _attribute(
+        self, name: str, record: DriftRecord, diffs: list[Difference], scope: Scope, now: float
+    ) -> None:
+        """Attach the kernel's notifications that explain this drift (kind and object match)."""
+        kinds = _EVENT_KINDS.get(name, _ALL_KINDS)
+        wanted = _identifiers(diffs, scope)
+        horizon = record.since - self.options.attribution_window
+        newest = record.seen_events
+        related: list[dict[str, Any]] = []
+        for seq, event in list(self._recent):
+            if seq <= record.seen_events:
+                continue
+            newest = max(newest, seq)
+            if event.kind not in kinds or event.received_at < horizon:
+                continue
+            subjects = {event.ifname, event.destination, event.address}
+            if wanted & subjects or (event.address and event.address.split("/")[0] in wanted):
+                record.attribution.append(event.to_json())
+            else:
+                related.append({**event.to_json(), "match": "related"})
+        record.seen_events = newest
+        if not record.attribution and related:
+            # The kernel flushes routes (and IPv6 addresses) without a notification
+            # of their own when their address or link goes: show what did arrive.
+            record.attribution.extend(related[-5:])
+        if not record.attribution:
+            record.attribution.append(
+                {
+                    "message": None,
+                    "source": record.detected_by,
+                    "detail": "no netlink notification arrived for it; found by "
+                    + ("a full resync" if record.detected_by == "resync" else "observation"),
+                    "received_at": iso_time(record.since),
+                }
+            )
+        del record.attribution[:-_MAX_ATTRIBUTION]
+
+    def _heal(
+        self,
+        net: Netlink,
+        sub: Subsystem,
+        document: DeviceState,
+        scope: Scope,
+        report: PassReport,
+        actor: str,
+        lock_wait: float,
+        forced: bool,
+    ) -> None:
+        name = sub.name
+        now = self.clock()
+        try:
+            lock = self.state.writer_lock("reconcile", wait=lock_wait)
+            lock.__enter__()
+        except LockBusy as exc:
+            self._retry_soon = True
+            report.held[name] = f"deferred: {exc}"
+            return
+        try:
+            contested = set() if forced else set(self.governor.contested(name))
+            observed = sub.observe(net, scope)
+            target = _heal_target(sub.desired(document, scope), observed, contested)
+            plan = sub.plan(target, observed, scope)
+            if not plan.changes:
+                if contested:
+                    report.held[name] = "only contested paths differ: " + ", ".join(
+                        sorted(contested)
+                    )
+                return
+            paths = sorted({s.path for s in plan.steps})
+            self.governor.record_attempt(name, now)
+            applied = self.state.applied()
+            version = int(applied.get("version", 0))
+            journal = self.state.journal
+            txn = journal.begin(
+                kind="reconcile",
+                version=version,
+                mode="atomic",
+                digest=applied.get("digest"),
+                actor=actor,
+                subsystems=[name],
+                all_subsystems=[name],
+                scope=scope.to_json(),
+                before={name: observed},
+                previous_applied=applied,
+                steps={name: len(plan.steps)},
+                paths=paths,
+            )
+            report.txns.append(txn)
+            try:
+                self.engine._converge(net, sub, target, scope, plan)
+            except (StepError, NetlinkError, ValueError) as exc:
+                error = str(exc)
+                journal.record(txn, "failed", subsystem=name, error=error)
+                journal.record(
+                    txn, "commit", outcome="failed", version=version, failed={name: error}
+                )
+                opened = self.governor.record_failure(name, self.clock(), error, paths)
+                self.counters["heals_failed"] += 1
+                report.failed[name] = error
+                self.state.audit.append(
+                    "reconcile",
+                    actor,
+                    subsystem=name,
+                    outcome="failed",
+                    error=error,
+                    paths=paths,
+                    txn=txn,
+                    version=version,
+                    breaker=self.governor.of(name).breaker,
+                    failures=self.governor.of(name).failures,
+                    backoff_seconds=self.governor.of(name).backoff_seconds,
+                )
+                if opened:
+                    self.state.audit.append(
+                        "breaker_opened",
+                        ACTOR,
+                        subsystem=name,
+                        failures=self.governor.of(name).failures,
+                        last_error=error,
+                    )
+                log.warning("heal of %s failed: %s", name, error)
+                return
+            journal.record(txn, "applied", subsystem=name, steps=len(plan.steps))
+            journal.record(txn, "commit", outcome="committed", version=version, failed={})
+            self.governor.record_success(name, self.clock())
+            self.counters["heals_ok"] += 1
+            steps = [s.describe() for s in plan.steps]
+            report.healed[name] = steps
+            record = self._drift.get(name)
+            self.state.audit.append(
+                "reconcile",
+                actor,
+                subsystem=name,
+                outcome="healed",
+                paths=paths,
+                steps=steps,
+                txn=txn,
+                version=version,
+                attribution=record.attribution[-3:] if record else [],
+            )
+        finally:
+            lock.__exit__(None, None, None)
+
+    # -- acknowledgements and confirmations --------------------------------
+    def _expire_acks(self, now: float) -> None:
+        for name, ack in self.governor.expire_acks(now):
+            self.state.audit.append(
+                "ack_expired", ACTOR, subsystem=name, until=ack["until_at"], reason=ack["reason"]
+            )
+
+    def _check_confirmation(self, now: float) -> None:
+        pending = self._pending
+        if pending is None or self._applying:
+            return
+        applied_version = int(self.state.applied().get("version", 0))
+        decision = decide(pending, applied_version, now)
+        if decision in ("stale", "superseded"):
+            clear_pending(self.state, decision, applied_version=applied_version)
+            self._pending = None
+        elif decision == "expired":
+            try:
+                with self.state.writer_lock("confirm-rollback", wait=2.0):
+                    result = roll_back_unconfirmed(self.engine, pending, actor="confirm-timeout")
+            except LockBusy:
+                self._retry_soon = True
+                return
+            except Exception:
+                log.exception("rolling back an unconfirmed version failed")
+                self._retry_soon = True
+                return
+            if result.ok:
+                self._pending = None
+                self.governor.reset(s.name for s in self.engine.subsystems)
+                self._drift.clear()
+                log.warning(
+                    "confirmation of version %s missed; rolled back to revision %s (version %s)",
+                    pending.get("version"),
+                    pending.get("confirmed_version"),
+                    result.version,
+                )
+            else:
+                log.error("rollback of unconfirmed version failed: %s", result.failed)
+                self._retry_soon = True
+
+    @contextmanager
+    def _applying_guard(self) -> Iterator[None]:
+        with self._lock:
+            self._applying += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._applying -= 1
+
+    def apply(
+        self,
+        document: DeviceState,
+        *,
+        mode: str = "atomic",
+        expect_version: int | None = None,
+        actor: str = "api",
+        confirm_within: float | None = None,
+    ) -> dict[str, Any]:
+        """Apply through the engine; guard it with a pending confirmation when asked."""
+        state = self.state
+        applied_version = int(state.applied().get("version", 0))
+        previous = self._document()
+        unsafe = unsafe_management_changes(previous, document)
+        refusal: str | None = None
+        if unsafe and confirm_within is None:
+            refusal = (
+                "; ".join(unsafe) + " — management could become unreachable. Nothing was "
+                "changed. Re-run with --confirm-within SECONDS: the change is rolled back "
+                "unless `trueup confirm` arrives in time"
+            )
+        elif confirm_within is not None and confirm_within <= 0:
+            refusal = "--confirm-within must be a positive number of seconds"
+        pending_before = self._pending
+        confirmed_version = (
+            int(pending_before["confirmed_version"]) if pending_before else applied_version
+        )
+        if refusal is None and confirm_within is not None and confirmed_version == 0:
+            refusal = (
+                "--confirm-within needs a confirmed version to return to; apply a first "
+                "version without it"
+            )
+        if refusal is not None:
+            state.audit.append("apply_refused", actor, message=refusal, changes=unsafe)
+            return {
+                "ok": False,
+                "version": applied_version,
+                "outcome": "refused",
+                "txn": None,
+                "steps": [],
+                "failed": {"management": refusal},
+                "rollback_errors": [],
+                "message": refusal,
+            }
+        mode_value: Mode = "best-effort" if mode == "best-effort" else "atomic"
+        with self._applying_guard():
+            pending: dict[str, Any] | None = None
+            if confirm_within is not None:
+                now = self.clock()
+                pending = {
+                    "state": "applying",
+                    "version": None,
+                    "confirmed_version": confirmed_version,
+                    "deadline": now + confirm_within,
+                    "deadline_at": iso_time(now + confirm_within),
+                    "actor": actor,
+                    "created_at": iso_time(now),
+                }
+                write_pending(state, pending)  # before the apply: a crash mid-way still rolls back
+                self._pending = pending
+            try:
+                result = self.engine.apply_document(
+                    document,
+                    mode=mode_value,
+                    expect_version=expect_version,
+                    actor=actor,
+                    lock_wait=5.0,
+                )
+            except Refused:
+                if pending is not None:
+                    self._restore_pending(pending_before)
+                raise
+            out = result.to_json()
+            changed = result.outcome in ("committed", "partial")
+            with self._lock:
+                if pending is not None:
+                    if changed and result.version != confirmed_version:
+                        pending.update(state="pending", version=result.version, txn=result.txn)
+                        write_pending(state, pending)
+                        self._pending = pending
+                        state.audit.append(
+                            "confirm_pending",
+                            actor,
+                            version=result.version,
+                            deadline=pending["deadline_at"],
+                            rollback_to=confirmed_version,
+                        )
+                    else:
+                        self._restore_pending(pending_before)
+                elif pending_before is not None and changed:
+                    # A plain apply on top of an unconfirmed one confirms it (commit semantics).
+                    clear_pending(state, "confirmed", by="apply", version=result.version)
+                    state.audit.append(
+                        "confirmed", actor, version=result.version, via="apply without a deadline"
+                    )
+                    self._pending = None
+                if self._pending is not None and self._pending.get("state") == "pending":
+                    out["pending_confirmation"] = {
+                        "version": self._pending["version"],
+                        "deadline": self._pending["deadline_at"],
+                    }
+                if changed:
+                    self.governor.reset(s.name for s in self.engine.subsystems)
+                    self._drift.clear()
+                    self._persist()
+                self._refresh_view()
+        self.wake()
+        return out
+
+    def _restore_pending(self, previous: dict[str, Any] | None) -> None:
+        if previous is None:
+            clear_pending(self.state, "apply_not_changed")
+        else:
+            write_pending(self.state, previous)
+        self._pending = previous
+
+    def confirm(self, *, actor: str = "api") -> dict[str, Any]:
+        with self._lock:
+            pending = self._pending
+            if pending is None or pending.get("state") != "pending":
+                return {
+                    "ok": False,
+                    "message": "nothing to confirm: no apply with --confirm-within is pending",
+                }
+            now = self.clock()
+            if now >= float(pending["deadline"]):
+                self._check_confirmation(now)
+                return {
+                    "ok": False,
+                    "message": f"too late: the deadline {pending['deadline_at']} passed; "
+                    f"version {pending['version']} was rolled back to revision "
+                    f"{pending['confirmed_version']}",
+                }
+            clear_pending(self.state, "confirmed", by=actor)
+            self.state.audit.append(
+                "confirmed", actor, version=pending["version"], deadline=pending["deadline_at"]
+            )
+            self._pending = None
+            self._refresh_view()
+            return {
+                "ok": True,
+                "version": pending["version"],
+                "message": f"version {pending['version']} confirmed; it stays applied",
+            }
+
+    def reconcile_now(self, subsystem: str | None, *, actor: str = "api") -> dict[str, Any]:
+        """Explicit `trueup reconcile`: close breakers, forget flaps, heal now."""
+        names = [subsystem] if subsystem else [s.name for s in self.engine.subsystems]
+        with self._lock:
+            closed = [n for n in names if self.governor.of(n).breaker != "closed"]
+            self.governor.reset(names)
+            for name in names:
+                self._drift.pop(name, None)
+            self.state.audit.append(
+                "reconcile_requested", actor, subsystems=names, breakers_closed=closed
+            )
+            report = self.run_pass(force=names, actor=actor, lock_wait=5.0)
+        applied_version = int(self.state.applied().get("version", 0))
+        if report.skipped == "nothing applied":
+            return {"ok": True, "version": 0, "outcome": "nothing applied", "steps": []}
+        deferred = {n: why for n, why in report.held.items() if n in names}
+        failed = {**report.failed, **deferred}
+        return {
+            "ok": not failed,
+            "version": applied_version,
+            "outcome": "failed" if failed else ("reconciled" if report.healed else "in sync"),
+            "txn": report.txns[-1] if report.txns else None,
+            "steps": [s for steps in report.healed.values() for s in steps],
+            "failed": failed,
+            "rollback_errors": [],
+            "breakers_closed": closed,
+        }
+
+    def acknowledge(
+        self, subsystem: str, seconds: float, reason: str, *, actor: str = "api"
+    ) -> dict[str, Any]:
+        if seconds <= 0:
+            return {"ok": False, "message": "--for must be a positive duration"}
+        with self._lock:
+            ack = self.governor.acknowledge(subsystem, self.clock(), seconds, reason, actor)
+            self.state.audit.append(
+                "acknowledged", actor, subsystem=subsystem, until=ack["until_at"], reason=reason
+            )
+            self._persist()
+            self._refresh_view()
+        self.wake()
+        return {
+            "ok": True,
+            "subsystem": subsystem,
+            "until": ack["until_at"],
+            "message": f"{subsystem}: healing paused until {ack['until_at']} ({reason}); "
+            "drift is still detected and reported",
+        }
+
+    # -- reporting ----------------------------------------------------------
+    def _persist(self) -> None:
+        if self.governor.dirty:
+            self.state.write(RECONCILE_FILE, self.governor.to_json())
+            self.governor.dirty = False
+
+    def _refresh_view(self) -> None:
+        """Rebuild what status shows; read without locks by API threads."""
+        now = self.clock()
+        document = self._document_cache[1]
+        failures: dict[str, dict[str, Any]] = {}
+        policies: dict[str, dict[str, Any]] = {}
+        for sub in self.engine.subsystems:
+            name = sub.name
+            heal = self.governor.of(name)
+            ack = self.governor.acks.get(name)
+            policy = document.spec.convergence.policy_for(name) if document else None
+            blocked = None
+            if policy == "auto" and name in self._drift:
+                blocked = self.governor.blocked(name, now)
+            entry: dict[str, Any] = {
+                "policy": policy,
+                "healing": "notify: detection only"
+                if policy == "notify"
+                else (blocked or "active"),
+                "breaker": heal.breaker,
+                "consecutive_failures": heal.failures,
+                "backoff_seconds": heal.backoff_seconds,
+                "next_attempt_at": iso_time(heal.next_attempt_at) if heal.next_attempt_at else None,
+                "retry_budget": {
+                    "used": len([t for t in heal.attempts if t > now - self.options.retry_window]),
+                    "limit": self.options.retry_budget,
+                    "window_seconds": self.options.retry_window,
+                },
+                "contested": sorted(heal.contested),
+                "contested_detail": heal.contested,
+                "acknowledged_until": ack["until_at"] if ack else None,
+                "acknowledgement": ack,
+                "last_heal_at": iso_time(heal.last_heal_at) if heal.last_heal_at else None,
+            }
+            record = self._drift.get(name)
+            if record is not None:
+                entry["drift"] = record.to_json()
+            if name in self._last_drift:
+                entry["last_drift"] = self._last_drift[name]
+            if heal.contested and not heal.failures and heal.breaker == "closed":
+                entry["reason"] = "; ".join(c["reason"] for c in heal.contested.values())
+            policies[name] = entry
+            if heal.failures or heal.breaker != "closed":
+                failures[name] = {
+                    "detail": f"{heal.failures} consecutive heal failure(s); breaker "
+                    f"{heal.breaker}: {heal.last_error}",
+                    "since": iso_time(heal.failing_since) if heal.failing_since else None,
+                    "paths": heal.failing_paths,
+                    "breaker": heal.breaker,
+                    "failures": heal.failures,
+                    "backoff_seconds": heal.backoff_seconds,
+                    "next_attempt_at": entry["next_attempt_at"],
+                    "open_until": iso_time(heal.open_until) if heal.open_until else None,
+                }
+        pending = self._pending
+        self._view = {
+            "reconcile_failures": failures,
+            "drift_since": {n: iso_time(r.since) for n, r in self._drift.items()},
+            "attribution": {n: list(r.attribution) for n, r in self._drift.items()},
+            "policies": policies,
+            "extra": {
+                "pending_confirmation": {
+                    "version": pending["version"],
+                    "deadline": pending["deadline_at"],
+                    "rollback_to": pending["confirmed_version"],
+                }
+                if pending is not None and pending.get("state") == "pending"
+                else None,
+                "reconcile_loop": {
+                    "event_source": self.events.name if self.events else None,
+                    "resync_seconds": self.options.resync_seconds,
+                    "last_pass_at": iso_time(self._last_pass_at) if self._last_pass_at else None,
+                    "last_resync_at": iso_time(self._last_resync_at)
+                    if self._last_resync_at
+                    else None,
+                    **self.counters,
+                },
+            },
+        }
+
+    def status_inputs(self) -> dict[str, Any]:
+        return dict(self._view)
+
+    def metrics_lines(self) -> list[str]:
+        view = self._view
+        c = self.counters
+        lines = [
+            "# HELP trueup_reconcile_passes_total Reconcile passes run.",
+            "# TYPE trueup_reconcile_passes_total counter",
+            f"trueup_reconcile_passes_total {c['passes']}",
+            "# HELP trueup_netlink_events_total Kernel notifications received.",
+            "# TYPE trueup_netlink_events_total counter",
+            f"trueup_netlink_events_total {c['events']}",
+            "# HELP trueup_heals_total Heal attempts by outcome.",
+            "# TYPE trueup_heals_total counter",
+            f'trueup_heals_total{{outcome="healed"}} {c["heals_ok"]}',
+            f'trueup_heals_total{{outcome="failed"}} {c["heals_failed"]}',
+            "# HELP trueup_breaker_open 1 while a subsystem's circuit breaker is open.",
+            "# TYPE trueup_breaker_open gauge",
+        ]
+        policies = view.get("policies", {})
+        for name, entry in policies.items():
+            lines.append(
+                f'trueup_breaker_open{{subsystem="{name}"}} {int(entry["breaker"] != "closed")}'
+            )
+        lines += [
+            "# HELP trueup_contested_paths Paths another writer keeps changing.",
+            "# TYPE trueup_contested_paths gauge",
+        ]
+        for name, entry in policies.items():
+            lines.append(f'trueup_contested_paths{{subsystem="{name}"}} {len(entry["contested"])}')
+        lines += [
+            "# HELP trueup_acknowledged 1 while healing is paused by an acknowledgement.",
+            "# TYPE trueup_acknowledged gauge",
+        ]
+        for name, entry in policies.items():
+            lines.append(
+                f'trueup_acknowledged{{subsystem="{name}"}} {int(bool(entry["acknowledged_until"]))}'
+            )
+        pending = view.get("extra", {}).get("pending_confirmation")
+        lines += [
+            "# HELP trueup_pending_confirmation 1 while an apply awaits `trueup confirm`.",
+            "# TYPE trueup_pending_confirmation gauge",
+            f"trueup_pending_confirmation {int(pending is not None)}",
+        ]
+        return lines
