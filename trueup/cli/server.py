@@ -150,6 +150,8 @@ def run(
         ssl_certfile=str(tls_cert) if tls_cert else None,
         ssl_keyfile=str(tls_key) if tls_key else None,
         timeout_keep_alive=75,
+        # Long polls and idle keep-alive (TLS) connections must not hold up a shutdown.
+        timeout_graceful_shutdown=3,
         backlog=4096,
     )
 
