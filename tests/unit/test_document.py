@@ -1,0 +1,146 @@
+"""The desired-state document: every error names its path; canonical values."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.routers import base_document
+from trueup.model.document import (
+    DocumentError,
+    document_digest,
+    json_schema,
+    load_document,
+    parse_document,
+)
+
+
+def _problems(document: dict[str, Any]) -> list[str]:
+    with pytest.raises(DocumentError) as caught:
+        parse_document(document, "doc.yaml")
+    return caught.value.problems
+
+
+def test_valid_document_is_canonical() -> None:
+    document = base_document()
+    document["spec"]["interfaces"][0]["addresses"] = ["2001:DB8:1:0::1/64", "203.0.113.1/24"]
+    parsed = parse_document(document)
+    assert parsed.spec.interfaces[0].addresses == ["2001:db8:1::1/64", "203.0.113.1/24"]
+    assert parsed.spec.table_number("wan2") == 100
+    assert parsed.spec.table_number("main") == 254
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "expected"),
+    [
+        (
+            ("spec", "interfaces", 0, "addresses", 0),
+            "203.0.113.1",
+            "spec.interfaces[0].addresses[0]: not an IPv4/IPv6 prefix",
+        ),
+        (("spec", "interfaces", 0, "mtu"), 20, "spec.interfaces[0].mtu:"),
+        (("spec", "interfaces", 0, "state"), "sideways", "spec.interfaces[0].state:"),
+        (
+            ("spec", "routes", 0, "to"),
+            "192.0.2.1/24",
+            "spec.routes[0].to: not an IPv4/IPv6 network",
+        ),
+        (
+            ("spec", "management", "gateway"),
+            "2001:db8::1",
+            "spec.management.gateway: IPv6 gateway 2001:db8::1 but the management interface",
+        ),
+        (
+            ("spec", "management", "interface"),
+            "a-name-much-too-long-for-linux",
+            "spec.management.interface: not an interface name",
+        ),
+        (("metadata", "version"), 0, "metadata.version:"),
+        (("apiVersion",), "trueup/v2", "apiVersion: unsupported apiVersion 'trueup/v2'"),
+        (("spec", "convergence", "default"), "sometimes", "spec.convergence.default:"),
+        (
+            ("spec", "convergence", "deadlines"),
+            {"dhcp": -1},
+            "spec.convergence.deadlines.dhcp: expected seconds",
+        ),
+    ],
+)
+def test_each_bad_value_is_reported_at_its_path(
+    path: tuple[Any, ...], value: Any, expected: str
+) -> None:
+    document = base_document()
+    target: Any = document
+    for key in path[:-1]:
+        target = target.setdefault(key, {}) if isinstance(key, str) else target[key]
+    target[path[-1]] = value
+    problems = _problems(document)
+    assert any(p.startswith(expected) for p in problems), problems
+
+
+def test_unknown_fields_are_refused_everywhere() -> None:
+    document = base_document()
+    document["spec"]["firewal"] = {}
+    document["spec"]["management"]["api"] = {"port": 7443, "bnd": "198.51.100.2"}
+    problems = _problems(document)
+    assert "spec.firewal: unknown field (not part of trueup/v1)" in problems
+    assert "spec.management.api.bnd: unknown field (not part of trueup/v1)" in problems
+
+
+def test_cross_checks_name_both_places() -> None:
+    document = base_document()
+    document["spec"]["interfaces"].append({"name": "lan1", "addresses": ["203.0.113.1/25"]})
+    document["spec"]["routes"].append({"to": "192.0.2.0/24", "via": "203.0.113.9"})
+    document["spec"]["routes"].append({"to": "198.51.100.0/24", "dev": "eth9"})
+    document["spec"]["routes"].append({"to": "0.0.0.0/0", "via": "198.51.100.254"})
+    problems = _problems(document)
+    assert (
+        "spec.interfaces[1].addresses[0]: duplicate address 203.0.113.1 "
+        "(also spec.interfaces[0].addresses[0])"
+    ) in problems
+    assert any(p.startswith("spec.routes[2]: duplicate route to 192.0.2.0/24") for p in problems)
+    assert any(
+        p.startswith("spec.routes[3].dev: eth9 is not a managed interface") for p in problems
+    )
+    assert any(
+        p.startswith("spec.routes[4]: conflicts with spec.management.gateway") for p in problems
+    )
+
+
+def test_route_identical_to_management_gateway_is_accepted() -> None:
+    document = base_document()
+    document["spec"]["routes"].append({"to": "default", "via": "198.51.100.1"})
+    assert parse_document(document).spec.routes[-1].to == "0.0.0.0/0"
+
+
+def test_yaml_json_and_unreadable_files(tmp_path: Path) -> None:
+    as_json = tmp_path / "d.json"
+    as_json.write_text(json.dumps(base_document()))
+    assert load_document(as_json).metadata.device == "edge-01"
+    broken = tmp_path / "d.yaml"
+    broken.write_text("spec: [unclosed")
+    with pytest.raises(DocumentError) as caught:
+        load_document(broken)
+    assert str(broken) in str(caught.value) and "not valid YAML or JSON" in str(caught.value)
+    with pytest.raises(DocumentError) as missing:
+        load_document(tmp_path / "absent.yaml")
+    assert "cannot read" in str(missing.value)
+
+
+def test_digest_ignores_version_and_key_order() -> None:
+    a = base_document()
+    b = json.loads(json.dumps(base_document(), sort_keys=True))
+    b["metadata"]["version"] = 7
+    assert document_digest(parse_document(a)) == document_digest(parse_document(b))
+    c = base_document(routes=[])
+    assert document_digest(parse_document(a)) != document_digest(parse_document(c))
+
+
+def test_json_schema_is_published_and_closed() -> None:
+    schema = json_schema()
+    assert schema["title"].startswith("trueup DeviceState")
+    assert schema["additionalProperties"] is False
+    assert "Management" in schema["$defs"]
+    assert schema["$defs"]["Interface"]["additionalProperties"] is False

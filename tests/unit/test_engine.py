@@ -1,0 +1,144 @@
+"""Transactions over a FakeNetlink: journal records, rollback, recovery, refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.routers import base_document
+from trueup.journal.state import StateDir
+from trueup.model.document import parse_document
+from trueup.model.reasons import ReasonCode
+from trueup.reconcile.status import gather
+from trueup.reconcile.transaction import Engine, Refused
+from trueup.subsystems.base import Scope
+from trueup.system.fake import FakeNetlink
+from trueup.system.netlink import NetlinkError
+
+
+@pytest.fixture
+def kernel() -> FakeNetlink:
+    return FakeNetlink({"mgmt0": 1500, "lan0": 1500})
+
+
+@pytest.fixture
+def engine(tmp_path: Path, kernel: FakeNetlink) -> Engine:
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    return Engine(state, netlink_factory=lambda: kernel)
+
+
+def _journal(engine: Engine) -> list[str]:
+    return [t.summary()["state"] for t in engine.state.journal.transactions()]
+
+
+def test_apply_records_begin_applied_commit(engine: Engine, kernel: FakeNetlink) -> None:
+    result = engine.apply_document(parse_document(base_document()))
+    assert result.ok and result.version == 1 and result.outcome == "committed"
+    records = [r["type"] for r in engine.state.journal.transactions()[0].records]
+    assert records == ["begin", "applied", "applied", "applied", "applied", "commit"]
+    begin = engine.state.journal.transactions()[0].begin
+    assert begin["before"]["addresses"] == {"spec.interfaces[lan0].addresses": []}
+    assert {a.prefix for a in kernel.addrs} >= {"198.51.100.2/24", "203.0.113.1/24"}
+    again = engine.apply_document(parse_document(base_document()))
+    assert again.outcome == "unchanged" and len(_journal(engine)) == 1
+
+
+def test_atomic_failure_restores_before_images(engine: Engine, kernel: FakeNetlink) -> None:
+    engine.apply_document(parse_document(base_document()))
+    before = (
+        sorted(kernel.addrs, key=str),
+        sorted(kernel.route_table, key=str),
+        dict(kernel.link_state),
+    )
+    kernel.fail_on["add route to 192.0.2.128/25"] = NetlinkError("add route", "Network is down")
+    bad = base_document(
+        interfaces=[{"name": "lan0", "mtu": 1300, "addresses": ["203.0.113.5/24"]}],
+        routes=[{"to": "192.0.2.128/25", "via": "203.0.113.254"}],
+    )
+    result = engine.apply_document(parse_document(bad))
+    assert not result.ok and result.outcome == "rolled_back"
+    assert "Network is down" in result.failed["routes"]
+    assert (
+        sorted(kernel.addrs, key=str),
+        sorted(kernel.route_table, key=str),
+        dict(kernel.link_state),
+    ) == before
+    assert engine.state.applied()["version"] == 1
+
+
+def test_best_effort_keeps_successes_and_reports_partial(
+    engine: Engine, kernel: FakeNetlink
+) -> None:
+    kernel.fail_on["add route"] = NetlinkError("add route", "Network is down")
+    result = engine.apply_document(parse_document(base_document()), mode="best-effort")
+    assert result.outcome == "partial" and set(result.failed) == {"routes", "management"}
+    status = gather(engine)
+    codes = {(f["code"], f["subsystem"]) for f in status["reason_codes"]}
+    assert (ReasonCode.PARTIAL_UPDATE.value, "routes") in codes
+
+
+def test_refusals_change_nothing_and_are_audited(engine: Engine, kernel: FakeNetlink) -> None:
+    engine.apply_document(parse_document(base_document()))
+    calls = len(kernel.calls)
+    with pytest.raises(Refused) as stale:
+        engine.apply_document(parse_document(base_document(routes=[])), expect_version=0)
+    assert stale.value.code is ReasonCode.CONCURRENT_MODIFICATION
+    old = base_document()
+    old["metadata"]["version"] = 1
+    changed = base_document(routes=[])
+    changed["metadata"]["version"] = 1
+    with pytest.raises(Refused) as same_version:
+        engine.apply_document(parse_document(changed))
+    assert same_version.value.code is ReasonCode.VERSION_SKEW
+    assert len(kernel.calls) == calls
+    events = [r["event"] for r in engine.state.audit.records()]
+    assert events.count("refused") == 2
+    with engine.state.writer_lock("test"), pytest.raises(Refused) as busy:
+        engine.apply_document(parse_document(base_document(routes=[])))
+    assert busy.value.code is ReasonCode.CONCURRENT_MODIFICATION
+
+
+def test_recovery_rolls_back_an_open_transaction(engine: Engine, kernel: FakeNetlink) -> None:
+    engine.apply_document(parse_document(base_document()))
+    snapshot = sorted(kernel.addrs, key=str)
+    # Simulate a crash: a begin with a before-image, some changes, no terminal record.
+    scope_json = json.loads(json.dumps(engine.state.journal.transactions()[0].begin["scope"]))
+    before = engine.state.journal.transactions()[0].begin["before"]
+    with engine.netlink() as net:
+        current = engine.observe(net, Scope.from_json(scope_json))
+        )
+    txn = engine.state.journal.begin(
+        kind="apply",
+        version=2,
+        subsystems=["addresses"],
+        scope=scope_json,
+        before=current,
+        previous_applied=engine.state.applied(),
+    )
+    kernel.add_address("lan0", "203.0.113.99/24")
+    assert before  # the first transaction's image exists too
+    assert gather(engine)["reason_codes"][0]["code"] == ReasonCode.APPLY_NOT_COMPLETED.value
+    with engine.state.writer_lock("recovery"):
+        recovered = engine.recover()
+    assert recovered is not None and recovered.txn == txn
+    assert sorted(kernel.addrs, key=str) == snapshot
+    findings = gather(engine)["reason_codes"]
+    assert [f["code"] for f in findings] == [ReasonCode.APPLY_NOT_COMPLETED.value]
+    assert "rolled back" in findings[0]["detail"]
+
+
+def test_rollback_to_previous_revision(engine: Engine, kernel: FakeNetlink) -> None:
+    engine.apply_document(parse_document(base_document()))
+    engine.apply_document(parse_document(base_document(interfaces=[{"name": "lan0"}])))
+    assert not [a for a in kernel.addrs if a.ifname == "lan0"]
+    result = engine.rollback_to(None)
+    assert result.ok and result.version == 3
+    assert {a.prefix for a in kernel.addrs if a.ifname == "lan0"} == {
+        "203.0.113.1/24",
+        "2001:db8:1::1/64",
+    }
+    with pytest.raises(Refused):
+        engine.rollback_to(42)
