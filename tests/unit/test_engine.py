@@ -109,7 +109,6 @@ def test_recovery_rolls_back_an_open_transaction(engine: Engine, kernel: FakeNet
     before = engine.state.journal.transactions()[0].begin["before"]
     with engine.netlink() as net:
         current = engine.observe(net, Scope.from_json(scope_json))
-        )
     txn = engine.state.journal.begin(
         kind="apply",
         version=2,
