@@ -49,20 +49,6 @@ def drop_pg_database(name: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-@pytest.fixture
-def fresh_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A new, empty database of the backend named by the test's `backend` parameter."""
-    backend = request.param if hasattr(request, "param") else "sqlite"
-    if backend == "sqlite":
-        yield f"sqlite:///{tmp_path}/server.db"
-        return
-    name = create_pg_database()
-    try:
-        yield f"postgresql://postgres@127.0.0.1:5432/{name}"
-    finally:
-        drop_pg_database(name)
-
-
 def document(device: str, *, address: str = "198.51.100.2/24", **spec: Any) -> dict[str, Any]:
     return {
         "apiVersion": "trueup/v1",
