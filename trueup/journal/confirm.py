@@ -41,7 +41,7 @@ def write_pending(state: StateDir, record: dict[str, Any]) -> None:
     state.write(PENDING_FILE, record)
     # Journal lines without a `begin` never form a transaction; they are the
     # write-ahead trace of the confirmation's life next to the applies it guards.
-    state.journal.record(_journal_id(record), "confirm_pending", **record)
+    state.journal.record(_journal_id(record), "confirm_pending", pending=record)
 
 
 def clear_pending(state: StateDir, outcome: str, **details: Any) -> dict[str, Any] | None:

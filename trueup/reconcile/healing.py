@@ -233,9 +233,19 @@ class Governor:
 
     # -- flap detection -----------------------------------------------------
     def observe(
-        self, name: str, differing: Mapping[str, Any], now: float
+        self,
+        name: str,
+        differing: Mapping[str, Any],
+        now: float,
+        written: Mapping[str, str] | None = None,
     ) -> list[tuple[str, dict[str, Any]]]:
-        """Record this pass's differing paths (path → observed value); return newly contested."""
+        """Record this pass's differing paths (path → observed value); return newly contested.
+
+        Only a change that a writer outside the kernel made counts as a flip:
+        `written` maps a path to who wrote it (from the netlink notification's
+        sender). A route the kernel flushed because its address went is drift,
+        but it is not somebody else writing that route.
+        """
         window_start = now - self.options.flap_window
         newly: list[tuple[str, dict[str, Any]]] = []
         heal = self.of(name)
@@ -248,6 +258,8 @@ class Governor:
             if current == history.last:
                 continue
             history.last = current
+            if written is not None and path not in written:
+                continue
             flips = [t for t in history.flips.get(current, []) if t > window_start] + [now]
             history.flips[current] = flips
             if len(flips) >= self.options.flap_threshold and path not in heal.contested:
@@ -255,9 +267,12 @@ class Governor:
                     "value": observed,
                     "flips": len(flips),
                     "since": iso_time(now),
+                    "writer": (written or {}).get(path),
                     "reason": (
                         f"returned to the same undesired value {len(flips)} times in "
-                        f"{now - flips[0]:.1f}s: someone else is writing {path}; "
+                        f"{now - flips[0]:.1f}s: someone else is writing {path}"
+                        + (f" ({written[path]})" if written and path in written else "")
+                        + "; "
                         "trueup stopped healing it (detection continues)"
                     ),
                 }

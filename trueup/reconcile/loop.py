@@ -143,6 +143,7 @@ class ReconcileLoop:
         self._thread: threading.Thread | None = None
         self._recent: deque[tuple[int, NetlinkEvent]] = deque(maxlen=512)
         self._event_seq = 0
+        self._pass_from_seq = 0  # events up to this one were seen by an earlier pass
         self._events_since_pass = 0
         self._applying = 0
         self._drift: dict[str, DriftRecord] = {}
@@ -246,6 +247,7 @@ class ReconcileLoop:
             self.counters["passes"] += 1
             triggered_by_events = self._events_since_pass > 0
             self._events_since_pass = 0
+            since_seq, self._pass_from_seq = self._pass_from_seq, self._event_seq
             self._retry_soon = False
             self._expire_acks(now)
             self._check_confirmation(now)
@@ -272,7 +274,9 @@ class ReconcileLoop:
                     desired = sub.desired(document, scope)
                     observed = sub.observe(net, scope)
                     differences[sub.name] = sub.diff(desired, observed)
-                    self._record_drift(sub.name, differences[sub.name], scope, now, detected_by)
+                    self._record_drift(
+                        sub.name, differences[sub.name], scope, now, detected_by, since_seq
+                    )
                     report.drift[sub.name] = [d.path for d in differences[sub.name]]
                 for sub in self.engine.subsystems:
                     if not differences[sub.name]:
@@ -295,11 +299,38 @@ class ReconcileLoop:
             return f"policy {policy}: drift is reported, not healed"
         return self.governor.blocked(name, now)
 
+    def _writers(
+        self, name: str, diffs: list[Difference], scope: Scope, since_seq: int
+    ) -> dict[str, str]:
+        """Paths that a notification from a writer other than the kernel touched since `since_seq`."""
+        kinds = _EVENT_KINDS.get(name, _ALL_KINDS)
+        events = [
+            e
+            for seq, e in list(self._recent)
+            if seq > since_seq and e.kind in kinds and e.sender_port
+        ]
+        out: dict[str, str] = {}
+        for diff in diffs:
+            wanted = _identifiers([diff], scope)
+            for event in events:
+                subjects = {event.ifname, event.destination, event.address}
+                if wanted & subjects:
+                    who = event.sender or f"netlink port {event.sender_port}"
+                    out[diff.path] = f"{event.message} from {who} (port {event.sender_port})"
+        return out
+
     def _record_drift(
-        self, name: str, diffs: list[Difference], scope: Scope, now: float, detected_by: str
+        self,
+        name: str,
+        diffs: list[Difference],
+        scope: Scope,
+        now: float,
+        detected_by: str,
+        since_seq: int,
     ) -> None:
         differing = {d.path: d.observed for d in diffs}
-        for path, contested in self.governor.observe(name, differing, now):
+        written = self._writers(name, diffs, scope, since_seq)
+        for path, contested in self.governor.observe(name, differing, now, written):
             log.warning("%s: %s", name, contested["reason"])
             self.state.audit.append(
                 "contested",
