@@ -346,7 +346,8 @@ class ReconcileLoop:
                 del self._drift[name]
             return
         if record is None:
-            record = DriftRecord(since=now, paths=[], detected_by=detected_by)
+            # Stamped after this subsystem's observation: when the drift was known.
+            record = DriftRecord(since=self.clock(), paths=[], detected_by=detected_by)
             self._drift[name] = record
         record.paths = [d.path for d in diffs]
         self._attribute(name, record, diffs, scope, now)
