@@ -28,7 +28,7 @@ def _v2() -> dict:
     return base_document(
         management={
             "interface": "mgmt0",
-            "addresses": ["198.51.100.3/24"],
+            "addresses": ["198.51.100.2/24", "198.51.100.3/24"],
             "gateway": "198.51.100.1",
         },
         interfaces=[
@@ -83,5 +83,5 @@ def test_sigkill_at_each_journal_step_rolls_back_on_restart(router: Router, poin
     assert applied.returncode == 0, applied.stderr
     assert _codes(router) == []
     assert router.addresses("lan0") == ["2001:db8:1::2/64", "203.0.113.2/24"]
-    assert router.addresses("mgmt0") == ["198.51.100.3/24"]
+    assert router.addresses("mgmt0") == ["198.51.100.2/24", "198.51.100.3/24"]
     assert json.loads(router.trueup("status", "-o", "json").stdout)["versions"]["applied"] == 2

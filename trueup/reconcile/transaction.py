@@ -31,7 +31,7 @@ from trueup.model.reasons import ReasonCode
 from trueup.reconcile import faults
 from trueup.subsystems.base import Difference, Facts, Plan, Scope, Step, StepError, Subsystem
 from trueup.subsystems.registry import default_subsystems, scope_for
-from trueup.system.netlink import Netlink
+from trueup.system.netlink import CachedNetlink, Netlink
 
 __all__ = ["ApplyResult", "Engine", "Mode", "Refused"]
 
@@ -93,7 +93,7 @@ class Engine:
 
     @contextmanager
     def netlink(self) -> Iterator[Netlink]:
-        net = self.netlink_factory()
+        net = CachedNetlink(self.netlink_factory())
         try:
             yield net
         finally:
