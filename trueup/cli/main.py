@@ -26,6 +26,7 @@ from trueup.cli.output import emit, render_findings, render_status
 from trueup.journal.state import DEFAULT_STATE_DIR, StateDir, StateDirError
 from trueup.model.document import DeviceState, DocumentError, json_schema, load_document
 from trueup.model.reasons import EXIT_CODES, ReasonCode
+from trueup.reconcile.confirm import unsafe_management_changes
 from trueup.reconcile.status import drift_report, gather
 from trueup.reconcile.transaction import Engine, Refused
 from trueup.subsystems.base import Subsystem
@@ -223,6 +224,13 @@ def apply(
             "(start it with `trueup agent run`)"
         )
     engine = _engine(state_dir, create=True)
+    unsafe = unsafe_management_changes(engine.applied_document(), document)
+    if unsafe:
+        _fail(
+            "; ".join(unsafe) + " — management could become unreachable. Nothing was "
+            "changed. Start the agent and re-run with --confirm-within SECONDS: the change "
+            "is rolled back unless `trueup confirm` arrives in time"
+        )
     try:
         result = engine.apply_document(
             document,

@@ -78,6 +78,26 @@ class AuditLog:
             append_line(self.path, json.dumps(record, sort_keys=True, separators=(",", ":")))
             return record
 
+    def tail(self, max_bytes: int = 256 * 1024) -> list[dict[str, Any]]:
+        """The last records (whole lines within the last `max_bytes`), oldest first."""
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - max_bytes))
+            chunk = handle.read()
+        lines = chunk.splitlines()
+        if size > max_bytes and lines:
+            lines = lines[1:]  # the first line may be cut
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return out
+
     def records(self) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []

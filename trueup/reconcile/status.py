@@ -35,7 +35,7 @@ def refusals_since_last_write(engine: Engine, limit: int = 10) -> list[dict[str,
     out: list[dict[str, Any]] = []
     cutoff = datetime.now(UTC) - REFUSAL_WINDOW
     passed_write = False
-    for record in reversed(engine.state.audit.records()):
+    for record in reversed(engine.state.audit.tail()):
         event = record.get("event")
         if event in _WRITE_EVENTS:
             passed_write = True

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trueup.journal.audit import now_iso
+from trueup.journal.confirm import read_pending
 from trueup.model.document import (
     DeviceState,
     DocumentError,
@@ -32,7 +33,7 @@ from trueup.model.document import (
     load_document,
     parse_document,
 )
-from trueup.reconcile.confirm import settle_at_startup
+from trueup.reconcile.confirm import decide, settle_at_startup
 from trueup.reconcile.transaction import ApplyResult, Engine, Refused
 from trueup.subsystems.registry import scope_for
 
@@ -127,6 +128,11 @@ class Orchestrator:
             open_txn.begin.get("previous_applied", {}) if open_txn else state.applied()
         ) or {}
         version = int(applied.get("version", 0))
+        pending = read_pending(state)
+        if pending and decide(pending, version, time.time()) == "expired":
+            # The applied version was never confirmed and its time is up: bring
+            # management up as it was confirmed; recovery rolls the rest back.
+            version = int(pending.get("confirmed_version", version))
         if version:
             record = state.revision(version)
             if record is not None:
