@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 APT_PKGS := iproute2 nftables kea-dhcp4-server kea-common busybox procps psmisc postgresql-client
 
-.PHONY: all demo test bench lint unit integration system-deps clean
+.PHONY: all demo demo-stop test bench lint unit integration system-deps clean
 
 all: test
 
@@ -32,6 +32,9 @@ unit: $(STAMP)
 
 demo: system-deps $(STAMP)
 	bash scripts/demo.sh
+
+demo-stop:
+	bash scripts/demo.sh stop
 
 bench: system-deps $(STAMP)
 	$(BIN)/python -m scripts.bench
