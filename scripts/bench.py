@@ -13,8 +13,12 @@ import sys
 import traceback
 from pathlib import Path
 
-SECTIONS = ["scripts.bench_apply", "scripts.bench_startup", "scripts.bench_convergence",
-            "scripts.bench_server"]
+SECTIONS = [
+    "scripts.bench_apply",
+    "scripts.bench_startup",
+    "scripts.bench_convergence",
+    "scripts.bench_server",
+]
 
 
 def main() -> int:

@@ -32,8 +32,11 @@ def _document() -> dict:
             "interfaces": [{"name": "lan0", "mtu": 1500, "addresses": ["203.0.113.1/24", *v6]}],
             "tables": {"bench": 100},
             "routes": [
-                {"to": f"192.0.2.{i}/32" if i < 256 else f"198.51.100.{i - 255}/32",
-                 "via": "203.0.113.254", "table": "bench"}
+                {
+                    "to": f"192.0.2.{i}/32" if i < 256 else f"198.51.100.{i - 255}/32",
+                    "via": "203.0.113.254",
+                    "table": "bench",
+                }
                 for i in range(1, ROUTES + 1)
             ],
         },
@@ -42,8 +45,12 @@ def _document() -> dict:
 
 def _batch(document: dict) -> str:
     spec = document["spec"]
-    lines = ["link set mgmt0 up", "addr add 198.51.100.2/24 dev mgmt0",
-             "link set lan0 mtu 1500", "link set lan0 up"]
+    lines = [
+        "link set mgmt0 up",
+        "addr add 198.51.100.2/24 dev mgmt0",
+        "link set lan0 mtu 1500",
+        "link set lan0 up",
+    ]
     lines += [f"addr add {a} dev lan0" for a in spec["interfaces"][0]["addresses"]]
     lines += [f"route add {r['to']} via {r['via']} table 100 proto static" for r in spec["routes"]]
     return "\n".join(lines) + "\n"
@@ -92,33 +99,84 @@ def run(quick: bool) -> str:
                 assert proc.returncode == 0, proc.stderr
                 batch_s.append(seconds)
             with namespace(f"eng{n}", ("mgmt0", "lan0")) as ns:
-                out = sh("ip", "netns", "exec", ns, PYTHON, "-c", _ENGINE, str(doc_path),
-                         f"{tmp}/state-e{n}")
+                out = sh(
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    PYTHON,
+                    "-c",
+                    _ENGINE,
+                    str(doc_path),
+                    f"{tmp}/state-e{n}",
+                )
                 figures = json.loads(out.stdout)
                 assert figures["ok"], figures
                 engine_apply.append(figures["apply"])
                 engine_plan.append(figures["plan"])
             with namespace(f"cli{n}", ("mgmt0", "lan0")) as ns:
                 cli = [PYTHON, "-m", "trueup.cli"]
-                seconds, proc = _timed(["ip", "netns", "exec", ns, *cli, "apply", str(doc_path),
-                                        "--state-dir", f"{tmp}/state-c{n}"], env=env())
+                seconds, proc = _timed(
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        ns,
+                        *cli,
+                        "apply",
+                        str(doc_path),
+                        "--state-dir",
+                        f"{tmp}/state-c{n}",
+                    ],
+                    env=env(),
+                )
                 assert proc.returncode == 0, proc.stderr
                 cli_apply.append(seconds)
-                seconds, proc = _timed(["ip", "netns", "exec", ns, *cli, "plan", str(doc_path),
-                                        "--state-dir", f"{tmp}/state-c{n}"], env=env())
+                seconds, proc = _timed(
+                    [
+                        "ip",
+                        "netns",
+                        "exec",
+                        ns,
+                        *cli,
+                        "plan",
+                        str(doc_path),
+                        "--state-dir",
+                        f"{tmp}/state-c{n}",
+                    ],
+                    env=env(),
+                )
                 assert proc.returncode == 0, proc.stdout[-500:]
                 cli_plan.append(seconds)
         # Peak RSS of one `trueup apply` process, measured on its own.
         with namespace("rss", ("mgmt0", "lan0")) as ns:
-            script = ("import resource,subprocess,sys;"
-                      "subprocess.run(sys.argv[1:],capture_output=True);"
-                      "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
-            rss_cli = int(sh("ip", "netns", "exec", ns, PYTHON, "-c", script, PYTHON, "-m",
-                             "trueup.cli", "apply", str(doc_path), "--state-dir",
-                             f"{tmp}/state-rss").stdout.strip())
+            script = (
+                "import resource,subprocess,sys;"
+                "subprocess.run(sys.argv[1:],capture_output=True);"
+                "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+            )
+            rss_cli = int(
+                sh(
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    PYTHON,
+                    "-c",
+                    script,
+                    PYTHON,
+                    "-m",
+                    "trueup.cli",
+                    "apply",
+                    str(doc_path),
+                    "--state-dir",
+                    f"{tmp}/state-rss",
+                ).stdout.strip()
+            )
         with namespace("rss-ip", ("mgmt0", "lan0")) as ns:
-            rss_ip = int(sh(PYTHON, "-c", script, "ip", "-n", ns, "-batch",
-                            str(batch_path)).stdout.strip())
+            rss_ip = int(
+                sh(PYTHON, "-c", script, "ip", "-n", ns, "-batch", str(batch_path)).stdout.strip()
+            )
     ip_m, eng_m, plan_m = median(batch_s), median(engine_apply), median(engine_plan)
     cli_m, cli_plan_m = median(cli_apply), median(cli_plan)
     ops = ADDRESSES + ROUTES + 3

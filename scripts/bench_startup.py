@@ -38,16 +38,35 @@ def _time_to_ready(ns: str, config: Path, state: Path) -> float:
     sock = state / "agent.sock"
     start = time.perf_counter()
     proc = subprocess.Popen(
-        ["ip", "netns", "exec", ns, PYTHON, "-m", "trueup.cli", "agent", "run", "--config",
-         str(config), "--state-dir", str(state), *PLUGINS],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env(),
+        [
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            PYTHON,
+            "-m",
+            "trueup.cli",
+            "agent",
+            "run",
+            "--config",
+            str(config),
+            "--state-dir",
+            str(state),
+            *PLUGINS,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env(),
     )
     try:
         while True:
             if sock.exists():
                 try:
-                    with httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)),
-                                      base_url="http://agent", timeout=1) as client:
+                    with httpx.Client(
+                        transport=httpx.HTTPTransport(uds=str(sock)),
+                        base_url="http://agent",
+                        timeout=1,
+                    ) as client:
                         if client.get("/v1/health/management").status_code == 200:
                             return time.perf_counter() - start
                 except httpx.TransportError:
@@ -82,12 +101,21 @@ def run(quick: bool) -> str:
                 with namespace(f"s{int(deadline)}-{n}", ("mgmt0",)) as ns:
                     etc = Path("/etc/netns") / ns
                     etc.mkdir(parents=True, exist_ok=True)
-                    (etc / "resolv.conf").write_text("nameserver 127.0.0.53\n"
-                                                     "options timeout:30 attempts:3\n")
+                    (etc / "resolv.conf").write_text(
+                        "nameserver 127.0.0.53\noptions timeout:30 attempts:3\n"
+                    )
                     silent = subprocess.Popen(
-                        ["ip", "netns", "exec", ns, sys.executable, "-c",
-                         "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
-                         "s.bind(('127.0.0.53',53))\nwhile True: s.recvfrom(512)\n"])
+                        [
+                            "ip",
+                            "netns",
+                            "exec",
+                            ns,
+                            sys.executable,
+                            "-c",
+                            "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
+                            "s.bind(('127.0.0.53',53))\nwhile True: s.recvfrom(512)\n",
+                        ]
+                    )
                     try:
                         config = Path(tmp) / f"d{int(deadline)}-{n}.yaml"
                         config.write_text(yaml.safe_dump(_document(deadline)))
@@ -111,8 +139,10 @@ def run(quick: bool) -> str:
         "|---|---:|---:|---:|---:|---|",
     ]
     for deadline, med, p99, worst in rows:
-        lines.append(f"| {deadline:g} s | {med:.3f} | {p99:.3f} | {worst:.3f} | "
-                     f"{med / base_m:.2f} | < 1 s {'✅' if p99 < 1 else '❌'} |")
+        lines.append(
+            f"| {deadline:g} s | {med:.3f} | {p99:.3f} | {worst:.3f} | "
+            f"{med / base_m:.2f} | < 1 s {'✅' if p99 < 1 else '❌'} |"
+        )
     lines += [
         "",
         f"Baseline (same run): `python -c 'import trueup.agent.process'` median {base_m:.3f} s. "

@@ -14,7 +14,9 @@ REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
 
-def sh(*argv: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
+def sh(
+    *argv: str, check: bool = True, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(argv, capture_output=True, text=True, check=False, input=input)
     if check and proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)}: {proc.stderr}")
@@ -28,8 +30,16 @@ def namespace(tag: str, links: tuple[str, ...] = ("lan0",)) -> Iterator[str]:
     sh("ip", "netns", "add", name)
     try:
         sh("ip", "-n", name, "link", "set", "lo", "up")
-        sh("ip", "netns", "exec", name, "sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0",
-           "net.ipv6.conf.default.accept_dad=0")
+        sh(
+            "ip",
+            "netns",
+            "exec",
+            name,
+            "sysctl",
+            "-qw",
+            "net.ipv6.conf.all.accept_dad=0",
+            "net.ipv6.conf.default.accept_dad=0",
+        )
         for link in links:
             sh("ip", "-n", name, "link", "add", link, "type", "veth", "peer", "name", f"{link}p")
             sh("ip", "-n", name, "link", "set", f"{link}p", "up")
