@@ -91,28 +91,66 @@ class Router:
             sh("ip", "-n", self.client, "link", "set", "mgmt0p", "up")
 
     def from_client(
-        self, url: str, token: str | None = None, timeout: float = 5.0
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float = 5.0,
+        *,
+        method: str = "GET",
+        body: Any = None,
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, Any]:
-        """GET `url` from the client namespace; (status, json) or (0, error text)."""
+        """An HTTP request from the client namespace; (status, json) or (0, error text)."""
         assert self.client is not None, "Router(client=True) needed"
         script = (
             "import sys, json, httpx\n"
-            "h = {'Authorization': 'Bearer ' + sys.argv[2]} if sys.argv[2] else {}\n"
+            "req = json.loads(sys.argv[1])\n"
             "try:\n"
-            f"    r = httpx.get(sys.argv[1], headers=h, timeout={timeout})\n"
-            "    print(json.dumps([r.status_code, r.json()]))\n"
+            "    r = httpx.request(req['method'], req['url'], headers=req['headers'],\n"
+            "                      json=req['body'], timeout=req['timeout'])\n"
+            "    try:\n"
+            "        out = r.json()\n"
+            "    except ValueError:\n"
+            "        out = r.text\n"
+            "    print(json.dumps([r.status_code, out]))\n"
             "except Exception as e:\n"
             "    print(json.dumps([0, repr(e)]))\n"
         )
+        all_headers = dict(headers or {})
+        if token:
+            all_headers["Authorization"] = f"Bearer {token}"
+        request = {
+            "method": method,
+            "url": url,
+            "headers": all_headers,
+            "body": body,
+            "timeout": timeout,
+        }
         proc = subprocess.run(
-            ["ip", "netns", "exec", self.client, sys.executable, "-c", script, url, token or ""],
+            ["ip", "netns", "exec", self.client, sys.executable, "-c", script, json.dumps(request)],
             capture_output=True,
             text=True,
             timeout=timeout + 20,
             check=False,
         )
-        status, body = json.loads(proc.stdout)
-        return int(status), body
+        status, answer = json.loads(proc.stdout)
+        return int(status), answer
+
+    def spawn_in_client(
+        self, *argv: str, log: Path | None = None, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[str]:
+        """A process in the client namespace, killed by PID at the end of the test."""
+        assert self.client is not None
+        out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.client, *argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        )
+        self.helpers.append(proc)
+        return proc
 
     # -- plumbing -----------------------------------------------------------
     def ip(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

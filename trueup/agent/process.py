@@ -96,6 +96,9 @@ class Agent:
         self.status_interval = 5.0
         self.retry_base_seconds = retry_base_seconds
         self.loop: Any = None  # the reconcile loop, once phase 4 starts
+        self.sync: Any = None  # the control-plane sync, when wired
+        self.on_steady: list[Callable[[Agent], None]] = []
+        self.on_stop: list[Callable[[], None]] = []
         # Set by trueup.agent.wiring; builds the loop in phase 4.
         self.loop_factory: Callable[[Agent], Any] | None = None
 
@@ -174,6 +177,8 @@ class Agent:
             "startup_drift": self.orchestrator.startup_drift,
             **self.extra_status,
         }
+        if self.sync is not None:
+            status["control_plane"] = self.sync.status()
         if self.orchestrator.config_error:
             status["agent"]["config_error"] = self.orchestrator.config_error
         return status
@@ -451,6 +456,8 @@ class Agent:
 
     def _request_stop(self) -> None:
         self._stop.set()
+        for callback in self.on_stop:
+            threading.Thread(target=callback, daemon=True).start()
         if self.loop is not None:
             self.loop.stop()
         for server in self._servers:
@@ -462,6 +469,11 @@ class Agent:
         orchestrator.subsystems()
         orchestrator.steady()
         self.start_loop()
+        for start in self.on_steady:
+            try:
+                start(self)
+            except Exception:  # an optional part must never take the agent down
+                log.exception("starting %s failed", start)
         orchestrator.retry_failed(self._stop, base=self.retry_base_seconds)
 
     def start_loop(self) -> None:

@@ -1,20 +1,82 @@
-"""Wires the optional parts of an agent: the reconcile loop and the control-plane sync."""
+"""Wires the optional parts of an agent: the reconcile loop and the control-plane sync.
+
+Both start in phase 4, after management, recovery and the subsystems: the
+control plane is never a prerequisite for management, and while it is
+unreachable the agent keeps enforcing its last accepted revision.
+"""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Any
 
+from trueup.agent.cpclient import ControlPlaneClient, SyncLoop, report_from_status
 from trueup.agent.process import Agent
+from trueup.model.document import parse_document
 from trueup.reconcile.loop import ReconcileLoop
 
-__all__ = ["wire"]
+__all__ = ["CONTROL_PLANE_FILE", "wire"]
+
+log = logging.getLogger("trueup.agent")
+
+CONTROL_PLANE_FILE = "control-plane.json"
 
 
 def _reconcile_loop(agent: Agent) -> ReconcileLoop:
     return ReconcileLoop.from_env(agent.engine)
 
 
-def wire(agent: Agent, *, control_plane: str | None, token_file: Path | None) -> None:
+def _start_sync(agent: Agent, url: str, token_file: Path, heartbeat: float) -> SyncLoop:
+    state = agent.state
+    client = ControlPlaneClient(url, token_file)
+
+    def apply(document: dict[str, Any], version: int) -> None:
+        agent.control_plane_version = version
+        state.write(CONTROL_PLANE_FILE, {"url": url, "version": version})
+        applied = int(state.applied().get("version", 0))
+        if applied == version:
+            return  # already there (a restart, or a re-poll)
+        parsed = parse_document(document, f"control-plane revision {version}")
+        if parsed.metadata.version is None:
+            parsed = parsed.with_version(version)
+        result = agent.apply(parsed, actor="control-plane")
+        if not result.get("ok"):
+            raise RuntimeError(
+                result.get("message") or f"{result.get('outcome')}: {result.get('failed')}"
+            )
+
+    sync = SyncLoop(
+        client,
+        apply,
+        lambda: report_from_status(agent.status()),
+        heartbeat_interval=heartbeat,
+        initial_version=int(state.applied().get("version", 0)),
+    )
+    sync.start()
+    return sync
+
+
+def wire(
+    agent: Agent,
+    *,
+    control_plane: str | None,
+    token_file: Path | None,
+    heartbeat: float = 30.0,
+) -> None:
     agent.loop_factory = _reconcile_loop
-    if control_plane is not None or token_file is not None:
-        raise SystemExit("trueup: --control-plane needs the control-plane client (not wired)")
+    if control_plane is None and token_file is None:
+        return
+    if control_plane is None or token_file is None:
+        raise SystemExit("trueup: --control-plane and --token-file go together")
+    saved = agent.state.read(CONTROL_PLANE_FILE, {}) if agent.state.exists() else {}
+    if saved.get("version"):
+        # Known before the control plane answers: version skew shows at once.
+        agent.control_plane_version = int(saved["version"])
+
+    def start(agent: Agent) -> None:
+        sync = _start_sync(agent, control_plane, token_file, heartbeat)
+        agent.sync = sync
+        agent.on_stop.append(sync.stop)
+
+    agent.on_steady.append(start)

@@ -23,6 +23,7 @@ import typer
 
 from trueup.agent.client import AgentClient, AgentUnavailable
 from trueup.cli.output import emit, render_findings, render_status
+from trueup.cli.server import server_app
 from trueup.journal.state import DEFAULT_STATE_DIR, StateDir, StateDirError
 from trueup.model.document import DeviceState, DocumentError, json_schema, load_document
 from trueup.model.reasons import EXIT_CODES, ReasonCode
@@ -45,6 +46,7 @@ agent_app = typer.Typer(help="Run and administer the router agent.", no_args_is_
 audit_app = typer.Typer(help="The agent's hash-chained audit log.", no_args_is_help=True)
 app.add_typer(agent_app, name="agent")
 app.add_typer(audit_app, name="audit")
+app.add_typer(server_app, name="server")
 
 StateDirOpt = Annotated[
     Path,
@@ -440,7 +442,12 @@ def agent_run(
     )
     from trueup.agent.wiring import wire
 
-    wire(agent, control_plane=control_plane, token_file=token_file)
+    wire(
+        agent,
+        control_plane=control_plane,
+        token_file=token_file,
+        heartbeat=float(os.environ.get("TRUEUP_HEARTBEAT_SECONDS", "30")),
+    )
     raise typer.Exit(agent.run())
 
 
@@ -543,6 +550,29 @@ def doctor(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") ->
         typer.echo("reason codes:" if current["reason_codes"] else "reason codes: none")
         typer.echo("\n".join(render_findings(current["reason_codes"])))
     raise typer.Exit(0 if all(c["ok"] for c in checks) and not current["reason_codes"] else 1)
+
+
+@agent_app.command("enroll")
+def agent_enroll(
+    bundle: Annotated[
+        Path, typer.Option(help="enrollment bundle from `trueup server device enroll`")
+    ],
+    token_file: Annotated[Path, typer.Option(help="where to store the device credential (0600)")],
+    control_plane: Annotated[
+        str | None, typer.Option(help="override the URL in the bundle")
+    ] = None,
+) -> None:
+    """Exchange a one-time enrollment bundle for this device's credential."""
+    from trueup.agent.cpclient import ControlPlaneClient, ControlPlaneError
+
+    client = ControlPlaneClient(control_plane, token_file)
+    try:
+        client.exchange_enrollment(bundle)
+    except ControlPlaneError as exc:
+        _fail(f"enrollment with {bundle} failed: {exc}")
+    finally:
+        client.close()
+    typer.echo(f"enrolled: credential stored in {token_file} (control plane {client.url})")
 
 
 @agent_app.command("token")

@@ -12,14 +12,14 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from trueup.server.db import Database, DatabaseURLError, normalise_url
-from trueup.server.keys import load_or_create_server_key
-from trueup.server.service import ControlPlane, Invalid, NotFound
+if TYPE_CHECKING:
+    from trueup.server.service import ControlPlane
 from trueup.server.tokens import Role
 
 __all__ = ["server_app"]
@@ -56,6 +56,8 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
 
 
 def _key_file(db: str, key_file: Path | None) -> Path:
+    from trueup.server.db import normalise_url
+
     if key_file is not None:
         return key_file
     url = normalise_url(db)
@@ -68,6 +70,10 @@ def _key_file(db: str, key_file: Path | None) -> Path:
 
 
 def _plane(db: str, key_file: Path | None) -> ControlPlane:
+    from trueup.server.db import Database, DatabaseURLError
+    from trueup.server.keys import load_or_create_server_key
+    from trueup.server.service import ControlPlane
+
     try:
         database = Database(db)
         key = load_or_create_server_key(_key_file(db, key_file))
@@ -85,6 +91,8 @@ def _actor() -> str:
 
 
 def _tenant(plane: ControlPlane, tenant: str) -> int:
+    from trueup.server.service import NotFound
+
     try:
         return plane.tenant_id(tenant)
     except NotFound as exc:
@@ -113,6 +121,8 @@ def run(
     import uvicorn
 
     from trueup.server.app import SETTINGS_ENV, Settings
+    from trueup.server.db import Database, DatabaseURLError
+    from trueup.server.keys import load_or_create_server_key
 
     host, sep, port_text = listen.rpartition(":")
     if not sep or not port_text.isdigit():
@@ -159,6 +169,8 @@ def run(
 @server_app.command("migrate")
 def migrate(db: str = DbOption) -> None:
     """Create or upgrade the database schema."""
+    from trueup.server.db import Database, DatabaseURLError
+
     try:
         Database(db).migrate()
     except (DatabaseURLError, OSError) as exc:
@@ -173,6 +185,8 @@ def tenant_create(
     key_file: Path | None = KeyOption,
 ) -> None:
     """Create a tenant (with its own secret key)."""
+    from trueup.server.service import Invalid
+
     plane = _plane(db, key_file)
     try:
         plane.create_tenant(name, _actor())
@@ -190,6 +204,8 @@ def user_create(
     key_file: Path | None = KeyOption,
 ) -> None:
     """Create a user with a role."""
+    from trueup.server.service import Invalid
+
     plane = _plane(db, key_file)
     try:
         plane.create_user(_tenant(plane, tenant), user, role, _actor())
@@ -207,6 +223,8 @@ def user_role(
     key_file: Path | None = KeyOption,
 ) -> None:
     """Change a user's role."""
+    from trueup.server.service import NotFound
+
     plane = _plane(db, key_file)
     try:
         plane.set_role(_tenant(plane, tenant), user, role, _actor())
@@ -225,6 +243,8 @@ def token_create(
     key_file: Path | None = KeyOption,
 ) -> None:
     """Create an API token; prints it once (only its hash is stored)."""
+    from trueup.server.service import Invalid, NotFound
+
     plane = _plane(db, key_file)
     tenant_id = _tenant(plane, tenant)
     try:
@@ -244,6 +264,8 @@ def token_revoke(
     key_file: Path | None = KeyOption,
 ) -> None:
     """Revoke a token."""
+    from trueup.server.service import NotFound
+
     plane = _plane(db, key_file)
     try:
         plane.revoke_token(_tenant(plane, tenant), token_id, _actor())
@@ -265,6 +287,8 @@ def device_enroll(
     key_file: Path | None = KeyOption,
 ) -> None:
     """Write a one-time enrollment bundle. Revokes the device's current credential."""
+    from trueup.server.service import Invalid
+
     plane = _plane(db, key_file)
     fingerprint = certificate_fingerprint(tls_cert) if tls_cert else None
     try:
