@@ -77,18 +77,26 @@ echo "$TOKEN" > "$DEMO/api-token"
 chmod 600 "$DEMO/api-token"
 
 CP_ARGS=()
-if "$TRUEUP" server --help >/dev/null 2>&1; then
-  bash "$ROOT/scripts/demo-control-plane.sh" "$DEMO" "$CP_PORT" && \
-    CP_ARGS=(--control-plane "http://198.51.100.1:$CP_PORT" --token-file "$DEMO/device-token") || \
-    echo "(control plane not started; the agent runs standalone)"
+if bash "$ROOT/scripts/demo-control-plane.sh" "$DEMO" "$CP_PORT"; then
+  CP_ARGS=(--control-plane "http://198.51.100.1:$CP_PORT" --token-file "$DEMO/device-token")
+else
+  echo "(control plane not started; the agent runs standalone)"
 fi
 
-ip netns exec "$NS" env PYTHONPATH="$ROOT" "$TRUEUP" agent run --config "$DEMO/desired.yaml" \
+if [ ${#CP_ARGS[@]} -gt 0 ]; then
+  # Enrolled: the control plane holds the revisions; the document is only the
+  # installer's management fallback.
+  SOURCE=(--management-fallback "$DEMO/desired.yaml")
+else
+  SOURCE=(--config "$DEMO/desired.yaml")
+fi
+ip netns exec "$NS" env PYTHONPATH="$ROOT" "$TRUEUP" agent run "${SOURCE[@]}" \
   --state-dir "$DEMO/agent" "${CP_ARGS[@]}" > "$DEMO/agent.log" 2>&1 &
 echo $! > "$DEMO/agent.pid"
 
-for _ in $(seq 100); do
-  if ip netns exec "$NS" "$TRUEUP" status --state-dir "$DEMO/agent" >/dev/null 2>&1; then break; fi
+for _ in $(seq 150); do
+  if ip netns exec "$NS" "$TRUEUP" status --state-dir "$DEMO/agent" -o json 2>/dev/null \
+       | grep -q '"applied": [1-9]'; then break; fi
   sleep 0.1
 done
 

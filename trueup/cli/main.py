@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -530,15 +531,23 @@ def doctor(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") ->
     )
     problems = StateDir(state_dir).audit.verify()
     check("audit log", not problems, str(problems[0]) if problems else "hash chain intact")
-    for finding in run_preflight(state_dir, default_subsystems()):
+    agent_pid = current.get("agent", {}).get("pid")
+    for finding in run_preflight(state_dir, default_subsystems(), agent_pid=agent_pid):
         if finding.severity == "blocker":
             check(finding.check, False, finding.message)
     heartbeat = current.get("control_plane", {})
     if heartbeat:
+        last = heartbeat.get("last_report_at")
+        when = (
+            datetime.fromtimestamp(float(last), UTC).isoformat(timespec="seconds")
+            if last
+            else "never"
+        )
         check(
             "control plane",
             bool(heartbeat.get("connected")),
-            f"last report {heartbeat.get('last_report_at') or 'never'}",
+            f"{heartbeat.get('url')}: last report {when}"
+            + (f"; {heartbeat['last_error']}" if heartbeat.get("last_error") else ""),
         )
     report = {"checks": checks, "reason_codes": current["reason_codes"]}
     if output != "table":

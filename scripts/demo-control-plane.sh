@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Part of `make demo`: a control plane on SQLite in the operator namespace,
+# the demo router enrolled in it, and a simulated fleet reporting to it.
+set -euo pipefail
+DEMO="$1"
+PORT="$2"
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+TRUEUP="$ROOT/.venv/bin/trueup"
+OPNS=trueup-demo-op
+NS=trueup-demo
+URL="http://198.51.100.1:$PORT"
+DB="sqlite:///$DEMO/control-plane.db"
+op() { ip netns exec "$OPNS" env PYTHONPATH="$ROOT" "$@"; }
+
+"$TRUEUP" server tenant create demo --db "$DB" >/dev/null
+ADMIN=$("$TRUEUP" server token create --tenant demo --user admin --role admin --db "$DB" | tail -1 | awk '{print $NF}')
+echo "$ADMIN" > "$DEMO/admin-token"; chmod 600 "$DEMO/admin-token"
+"$TRUEUP" server device enroll --tenant demo --device edge-01 --url "$URL" \
+  --out "$DEMO/edge-01.bundle" --db "$DB" >/dev/null
+
+op "$TRUEUP" server run --db "$DB" --listen "198.51.100.1:$PORT" > "$DEMO/control-plane.log" 2>&1 &
+echo $! > "$DEMO/control-plane.pid"
+for _ in $(seq 100); do
+  op curl -sf "$URL/healthz" >/dev/null 2>&1 && break
+  sleep 0.1
+done
+
+# Revision 1 of the demo router is the demo document.
+op "$ROOT/.venv/bin/python" - "$URL" "$ADMIN" "$DEMO/desired.yaml" <<'PY'
+import sys, httpx, yaml
+url, token, path = sys.argv[1:4]
+doc = yaml.safe_load(open(path))
+h = {"Authorization": f"Bearer {token}"}
+httpx.post(url + "/api/v1/devices", json={"name": "edge-01"}, headers=h)
+r = httpx.put(url + "/api/v1/devices/edge-01/desired", json=doc, headers={**h, "If-Match": "0"})
+r.raise_for_status()
+PY
+
+# The installer's part: the management address, so the router can enroll.
+ip -n "$NS" link set mgmt0 up
+ip -n "$NS" addr add 198.51.100.2/24 dev mgmt0 2>/dev/null || true
+ip netns exec "$NS" "$TRUEUP" agent enroll --bundle "$DEMO/edge-01.bundle" \
+  --token-file "$DEMO/device-token" >/dev/null
+
+op "$ROOT/.venv/bin/python" -m scripts.simulate_fleet "$URL" "$ADMIN" --devices 40 --interval 10 \
+  > "$DEMO/fleet.log" 2>&1 &
+echo $! > "$DEMO/fleet.pid"
+
+cat > "$DEMO/control-plane.txt" <<TXT
+
+Control plane (SQLite, $DB) at $URL in namespace $OPNS, with 40 simulated devices:
+  ip netns exec $OPNS curl -s -H "Authorization: Bearer \$(cat $DEMO/admin-token)" $URL/api/v1/devices | python3 -m json.tool | less
+  ip netns exec $OPNS curl -s -H "Authorization: Bearer \$(cat $DEMO/admin-token)" "$URL/api/v1/devices?status=drift"
+  ip netns exec $OPNS curl -s -H "Authorization: Bearer \$(cat $DEMO/admin-token)" $URL/api/v1/devices/edge-01
+  # a new revision for the real router (If-Match: the current version):
+  ip netns exec $OPNS curl -s -X PUT -H "Authorization: Bearer \$(cat $DEMO/admin-token)" -H "If-Match: 1" \\
+       -H "Content-Type: application/yaml" --data-binary @$DEMO/desired.yaml $URL/api/v1/devices/edge-01/desired
+  $TRUEUP server audit verify --db $DB
+TXT
