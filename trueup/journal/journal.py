@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,17 @@ __all__ = ["TERMINAL", "Journal", "Transaction"]
 TERMINAL = {"commit", "rolled_back"}
 _COMPACT_BYTES = 4 * 1024 * 1024
 _KEEP_TRANSACTIONS = 50
+
+
+@dataclass
+class _Parsed:
+    inode: int
+    offset: int = 0
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+
+_CACHE: dict[Path, _Parsed] = {}
+_CACHE_LOCK = threading.Lock()
 
 
 @dataclass
@@ -92,17 +104,36 @@ class Journal:
     def record(self, txn: str, type_: str, **fields: Any) -> None:
         self._write({"txn": txn, "type": type_, "at": now_iso(), **fields})
 
-    def transactions(self) -> list[Transaction]:
-        if not self.path.exists():
+    def _records(self) -> list[dict[str, Any]]:
+        """Every whole record, parsed once per process: later calls read only what was appended."""
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
             return []
+        key = self.path.resolve()
+        with _CACHE_LOCK:
+            cached = _CACHE.get(key)
+            if cached is None or cached.inode != stat.st_ino or cached.offset > stat.st_size:
+                cached = _Parsed(stat.st_ino)
+                _CACHE[key] = cached
+            if cached.offset < stat.st_size:
+                with self.path.open("rb") as handle:
+                    handle.seek(cached.offset)
+                    chunk = handle.read()
+                end = chunk.rfind(b"\n") + 1  # a torn last line waits for its newline
+                for line in chunk[:end].splitlines():
+                    try:
+                        cached.records.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        continue  # a torn write: the action it announced never started
+                cached.offset += end
+            return list(cached.records)
+
+    def transactions(self) -> list[Transaction]:
         by_id: dict[str, Transaction] = {}
         order: list[str] = []
-        for line in self.path.read_bytes().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn write: the action it announced never started
-            txn = record.get("txn")
+        for record in self._records():
+            txn = str(record.get("txn"))
             if txn not in by_id:
                 if record.get("type") != "begin":
                     continue
