@@ -9,6 +9,7 @@ reconcile, so the fleet view has something to show. Runs until killed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import time
 from typing import Any
@@ -42,31 +43,39 @@ def main() -> None:
     for n in range(args.devices):
         device = f"sim-{n:03d}"
         client.post("/api/v1/devices", json={"name": device}, headers=admin)
-        client.put(f"/api/v1/devices/{device}/desired", json=_document(device, n),
-                   headers={**admin, "If-Match": "0"})
+        client.put(
+            f"/api/v1/devices/{device}/desired",
+            json=_document(device, n),
+            headers={**admin, "If-Match": "0"},
+        )
         bundle = client.post(f"/api/v1/devices/{device}/enrollment", headers=admin).json()
-        exchanged = client.post("/api/v1/agent/enroll",
-                                headers={"Authorization": f"Bearer {bundle['token']}"})
+        exchanged = client.post(
+            "/api/v1/agent/enroll", headers={"Authorization": f"Bearer {bundle['token']}"}
+        )
         credentials[device] = exchanged.json()["credential"]
         roles[device] = random.choices(
-            ["in_sync", "drift", "skew", "failed"], weights=[34, 3, 2, 1])[0]
+            ["in_sync", "drift", "skew", "failed"], weights=[34, 3, 2, 1]
+        )[0]
     while True:
         for device, credential in credentials.items():
             role = roles[device]
             payload: dict[str, Any] = {
                 "applied_version": 0 if role == "skew" else 1,
                 "heartbeat_interval": args.interval,
-                "reason_codes": {"drift": ["STATE_DRIFT_DETECTED"],
-                                 "failed": ["STATE_RECONCILIATION_FAILED"]}.get(role, []),
+                "reason_codes": {
+                    "drift": ["STATE_DRIFT_DETECTED"],
+                    "failed": ["STATE_RECONCILIATION_FAILED"],
+                }.get(role, []),
                 "subsystems": {"addresses": {"health": "degraded" if role == "drift" else "ok"}},
             }
             if role == "drift":
                 payload["diff_summary"] = {"paths": ["spec.interfaces[lan0].addresses"]}
-            try:
-                client.post("/api/v1/agent/report", json=payload,
-                            headers={"Authorization": f"Bearer {credential}"})
-            except httpx.HTTPError:
-                pass
+            with contextlib.suppress(httpx.HTTPError):
+                client.post(
+                    "/api/v1/agent/report",
+                    json=payload,
+                    headers={"Authorization": f"Bearer {credential}"},
+                )
         time.sleep(args.interval)
 
 
