@@ -144,3 +144,14 @@ def test_json_schema_is_published_and_closed() -> None:
     assert schema["additionalProperties"] is False
     assert "Management" in schema["$defs"]
     assert schema["$defs"]["Interface"]["additionalProperties"] is False
+
+
+def test_api_bind_management_means_the_configured_management_address() -> None:
+    document = base_document()
+    document["spec"]["management"]["addresses"] = ["198.51.100.2/24", "198.51.100.3/24"]
+    document["spec"]["management"]["api"] = {"port": 7443, "bind": "management"}
+    assert parse_document(document).spec.api_bind_address() == "198.51.100.2"
+    document["spec"]["management"]["api"] = {"port": 7443}
+    assert parse_document(document).spec.api_bind_address() is None
+    document["spec"]["management"]["api"] = {"port": 7443, "bind": "vip"}
+    assert any(p.startswith("spec.management.api.bind") for p in _problems(document))
