@@ -3,7 +3,7 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
-APT_PKGS := iproute2 nftables kea-dhcp4-server kea-common busybox procps psmisc postgresql-client curl
+APT_PKGS := iproute2 procps curl postgresql-client
 
 .PHONY: all demo demo-stop test bench lint unit integration system-deps clean
 

@@ -158,14 +158,18 @@ class Agent:
         kwargs: dict[str, Any] = {}
         if self.loop is not None:
             kwargs = self.loop.status_inputs()
-        startup_health = dict(self.orchestrator.subsystem_health)
-        startup_health.update(kwargs.pop("subsystem_health", {}) or {})
-        status = gather(
-            self.engine,
-            control_plane_version=self.control_plane_version,
-            subsystem_health=startup_health,
-            **kwargs,
-        )
+        status = gather(self.engine, control_plane_version=self.control_plane_version, **kwargs)
+        # Startup's verdicts (pending, failed at a deadline) show until the
+        # subsystem is seen healthy again, by whichever pass healed it.
+        for name, entry in dict(self.orchestrator.subsystem_health).items():
+            sub = status["subsystems"].get(name)
+            if sub is None:
+                continue
+            healed = entry["health"] == "failed" and sub["health"] == "ok"
+            if healed and not sub["differences"]:
+                self.orchestrator.clear_health(name)
+                continue
+            sub.update(entry)
         status["management"].update(
             {k: v for k, v in self.management_health().items() if k not in ("addresses",)}
         )

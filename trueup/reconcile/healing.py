@@ -185,6 +185,15 @@ class Governor:
         self.of(name).attempts.append(now)
         self.dirty = True
 
+    def record_resolved(self, name: str) -> None:
+        """The drift a failing heal was fighting is gone (fixed by someone or something else)."""
+        heal = self.of(name)
+        if heal.failures == 0 and heal.breaker == "closed":
+            return
+        last_heal_at = heal.last_heal_at
+        self.record_success(name, 0.0)
+        heal.last_heal_at = last_heal_at
+
     def record_success(self, name: str, now: float) -> None:
         heal = self.of(name)
         heal.failures = 0

@@ -341,6 +341,8 @@ class ReconcileLoop:
             )
         record = self._drift.get(name)
         if not diffs:
+            # In sync again, whoever fixed it: failures against it are over.
+            self.governor.record_resolved(name)
             if record is not None:
                 self._last_drift[name] = {**record.to_json(), "ended_at": iso_time(now)}
                 del self._drift[name]

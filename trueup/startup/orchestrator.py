@@ -319,7 +319,7 @@ class Orchestrator:
             if name in result.failed:
                 self._set_health(name, "failed", result.failed[name])
             else:
-                self._clear_health(name)
+                self.clear_health(name)
         return result
 
     # -- per-subsystem startup health -------------------------------------------------
@@ -329,7 +329,7 @@ class Orchestrator:
             since = current.get("since") if current.get("health") == health else now_iso()
             self.subsystem_health[name] = {"health": health, "reason": reason, "since": since}
 
-    def _clear_health(self, name: str) -> None:
+    def clear_health(self, name: str) -> None:
         with self.lock:
             self.subsystem_health.pop(name, None)
 
