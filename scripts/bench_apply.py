@@ -181,7 +181,7 @@ def run(quick: bool) -> str:
     cli_m, cli_plan_m = median(cli_apply), median(cli_plan)
     ops = ADDRESSES + ROUTES + 3
     lines = [
-        "## Apply: 1,000 addresses and 200 routes from empty (issue: agent core)",
+        "## Apply: 1,000 addresses and 200 routes from empty",
         "",
         f"`make bench` — {rounds} rounds, median; each round a fresh namespace (veth, IPv6 DAD "
         f"off) for each side; {ops} kernel objects.",

@@ -129,7 +129,7 @@ def run(quick: bool) -> str:
     base_m = median(base)
     lines = [
         "## Startup: process start → management ready, everything else failing or hanging "
-        "(issue: management first)",
+        "(management first)",
         "",
         f"`make bench` — {trials} cold starts per deadline, each in a fresh namespace; the other "
         "subsystems: a missing link (`lan9`), a resolver that never answers (preparation "

@@ -1,4 +1,4 @@
-"""Issue: the agent core on the real kernel — apply, re-plan, idempotence, drift, failures."""
+"""The agent core on the real kernel: apply, re-plan, idempotence, drift, failures."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 4 on the real kernel: drift seen and healed within bounds, acks, confirm-or-rollback."""
+"""Convergence on the real kernel: drift seen and healed within bounds, acks, confirm-or-rollback."""
 
 from __future__ import annotations
 
