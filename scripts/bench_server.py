@@ -280,7 +280,12 @@ async def _closed_loop(
 
 
 async def _fleet(
-    ports: list[int], credentials: list[str], interval: float, seconds: float, connections: int
+    ports: list[int],
+    credentials: list[str],
+    interval: float,
+    seconds: float,
+    connections: int,
+    warmup: float = 0.0,
 ) -> dict[str, Any]:
     """Open loop: device i reports at offset i/N·interval, then every interval."""
     body = json.dumps(REPORT).encode()
@@ -329,8 +334,9 @@ async def _fleet(
                 counters["ok"] += 1
             else:
                 counters["errors"] += 1
-            latencies.append(done - due)
-            late.append(max(0.0, done - due))
+            if due >= start + warmup:
+                latencies.append(done - due)
+                late.append(max(0.0, done - due))
         writer.close()
 
     await asyncio.gather(scheduler(), *(worker(i) for i in range(connections)))
@@ -424,6 +430,55 @@ def throughput_table(seconds: float, connections: int) -> tuple[list[str], list[
     return lines, rows
 
 
+def offered_rate_table(seconds: float, rate: float = 2000.0) -> list[str]:
+    """Open loop at a fixed offered rate: what an agent sees when the fleet sends `rate`/s.
+
+    A closed loop with many connections saturates the server and its latency
+    grows with the queue (Little's law); the goal — 2,000 reports/s with p99
+    under 100 ms — is a statement about this open-loop case.
+    """
+    devices_count = 1000
+    interval = devices_count / rate
+    lines = [
+        "| database | server processes | offered | achieved reports/s | p50 ms | p99 ms | lost |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    with tempfile.TemporaryDirectory(prefix="trueup-bench-") as tmp:
+        workdir = Path(tmp)
+        for backend_name in ("sqlite", "postgres"):
+            for processes in (1, 2):
+                backend = make_backend(backend_name, workdir, devices_count)
+                servers = start_servers(backend, processes, "batch")
+                try:
+                    outcome = run_load(
+                        "fleet",
+                        ports=[port for _, port in servers],
+                        credentials=backend.credentials,
+                        interval=interval,
+                        seconds=seconds + 2.0,
+                        connections=128,
+                        warmup=2.0,
+                    )
+                    stored = backend.count_reports()
+                finally:
+                    stop_servers(servers)
+                    backend.cleanup()
+                latencies = outcome["latencies"]
+                achieved = outcome["ok"] / (seconds + 2.0)
+                p99 = percentile(latencies, 0.99) * 1000
+                lines.append(
+                    f"| {backend_name} | {processes} | {rate:.0f}/s | {achieved:.0f} | "
+                    f"{percentile(latencies, 0.5) * 1000:.1f} | {p99:.1f} "
+                    f"{'✅' if p99 < 100 and achieved >= rate * 0.98 else '❌'} | "
+                    f"{outcome['sent'] - stored} |"
+                )
+                print(
+                    f"  offered {rate:.0f}/s {backend_name} x{processes}: {lines[-1]}",
+                    file=sys.stderr,
+                )
+    return lines
+
+
 def fleet_run(backend_name: str, devices_count: int, seconds: float, processes: int) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="trueup-bench-") as tmp:
         backend = make_backend(backend_name, Path(tmp), devices_count)
@@ -463,6 +518,8 @@ def run(quick: bool, *, fleet_seconds: float | None = None, fleet_devices: int =
     print("control plane: report ingest", file=sys.stderr)
     lines, rows = throughput_table(seconds, connections)
     best = max(r["rate"] for r in rows if r["mode"] == "batch")
+    print("control plane: offered load", file=sys.stderr)
+    offered_lines = offered_rate_table(seconds)
     fleet_lines = []
     for backend_name in ("sqlite", "postgres"):
         fleet_lines += fleet_run(backend_name, fleet_devices, fleet_seconds, 1)
@@ -480,7 +537,16 @@ def run(quick: bool, *, fleet_seconds: float | None = None, fleet_devices: int =
         "",
         *lines,
         "",
-        f"Best batched rate: {best:.0f} reports/s (goal: 2,000/s with p99 < 100 ms).",
+        f"Best batched rate (closed loop, saturated): {best:.0f} reports/s.",
+        "",
+        "### Offered load: 2,000 reports/s, open loop",
+        "",
+        "1,000 simulated devices each reporting every 0.5 s on their own schedule (128 "
+        "connections); latency counts from the moment a report was due, after a 2 s warm-up "
+        "(connections opened, every device's credential seen once). Goal: 2,000 reports/s "
+        "with p99 < 100 ms.",
+        "",
+        *offered_lines,
         "",
         f"### Simulated fleet: {fleet_devices} devices, one report each every 30 s",
         "",

@@ -34,6 +34,7 @@ from trueup.server.fleet import DeviceFacts, FleetView, derive
 from trueup.server.keys import SecretBox, SecretRefused, ServerKey, new_data_key
 from trueup.server.tables import (
     acks,
+    audit_head,
     audit_log,
     device_reports,
     device_state,
@@ -177,8 +178,12 @@ class ControlPlane:
         self.key = server_key
         self.stale_intervals = stale_intervals
         self.auth_cache_seconds = auth_cache_seconds
-        self._auth_cache: dict[str, tuple[float, Principal]] = {}
+        # token hash -> (hard expiry, audit generation, principal)
+        self._auth_cache: dict[str, tuple[float, int, Principal]] = {}
         self._auth_lock = threading.Lock()
+        self._generation_lock = threading.Lock()
+        self._generation = -1
+        self._generation_checked = float("-inf")
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -380,24 +385,57 @@ class ControlPlane:
         with self._auth_lock:
             self._auth_cache.clear()
 
+    # A cached principal stays valid while nothing that could change it was written:
+    # every token revocation, enrollment and role change appends to the audit log, so
+    # the audit head's sequence number is the cache's generation. Each process reads
+    # it at most once per `auth_cache_seconds` (one tiny query), so a revocation made
+    # by any process takes effect everywhere within that time, and the number of
+    # authentication queries does not grow with the fleet.
+    _HARD_EXPIRY_SECONDS = 300.0
+
+    def _refresh_generation(self, now: float) -> int:
+        with self._generation_lock:
+            if now - self._generation_checked < self.auth_cache_seconds:
+                return self._generation
+            with self.db.read() as conn:
+                row = conn.execute(
+                    select(audit_head.c.seq).where(audit_head.c.id == 1)
+                ).one_or_none()
+            generation = int(row.seq) if row is not None else 0
+            if generation != self._generation:
+                with self._auth_lock:
+                    self._auth_cache.clear()
+                self._generation = generation
+            self._generation_checked = now
+            return generation
+
     def cached_principal(self, token: str) -> Principal | None:
-        """The principal if this token was authenticated within the cache lifetime."""
+        """The principal if this token was authenticated and nothing was revoked since.
+
+        Never touches the database (it runs on the event loop); when the
+        generation is due for a check, it answers None and `authenticate` checks.
+        """
         if self.auth_cache_seconds <= 0:
             return None
+        now = time.monotonic()
+        if now - self._generation_checked >= self.auth_cache_seconds:
+            return None
         cached = self._auth_cache.get(hash_token(token))
-        if cached is not None and cached[0] > time.monotonic():
-            return cached[1]
+        if cached is not None and cached[0] > now and cached[1] == self._generation:
+            return cached[2]
         return None
 
     def authenticate(self, token: str) -> Principal:
         """The principal behind a user or device token. Raises Unauthorized."""
         now = time.monotonic()
         token_hash = hash_token(token)
+        generation = 0
         if self.auth_cache_seconds > 0:
+            generation = self._refresh_generation(now)
             with self._auth_lock:
                 cached = self._auth_cache.get(token_hash)
-            if cached is not None and cached[0] > now:
-                return cached[1]
+            if cached is not None and cached[0] > now and cached[1] == generation:
+                return cached[2]
         with self.db.read() as conn:
             row = (
                 conn.execute(
@@ -444,10 +482,13 @@ class ControlPlane:
             device=row["device"],
         )
         if self.auth_cache_seconds > 0:
+            expiry = now + self._HARD_EXPIRY_SECONDS
+            if row["expires_at"] is not None:
+                expiry = min(expiry, now + (row["expires_at"] - time.time()))
             with self._auth_lock:
-                if len(self._auth_cache) > 100_000:
+                if len(self._auth_cache) > 200_000:
                     self._auth_cache.clear()
-                self._auth_cache[token_hash] = (now + self.auth_cache_seconds, principal)
+                self._auth_cache[token_hash] = (expiry, generation, principal)
         return principal
 
     # -- devices and enrollment ----------------------------------------------------------------
