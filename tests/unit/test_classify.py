@@ -95,3 +95,16 @@ def test_refusals_reconcile_failures_and_skew() -> None:
             "STATE_VERSION_SKEW",
         ]
     )
+
+
+def test_running_transaction_hides_drift_only_in_its_own_subsystems() -> None:
+    running_links = {"txn": "t", "version": 3, "applied": [], "subsystems": ["links"]}
+    facts = ClassifierInput(
+        applied=APPLIED,
+        differences={"addresses": [DIFF], "links": [DIFF]},
+        open_transaction=running_links,
+        open_transaction_live=True,
+    )
+    assert [(f.code.value, f.subsystem) for f in classify(facts)] == [
+        ("STATE_DRIFT_DETECTED", "addresses")
+    ]

@@ -72,6 +72,7 @@ class Transaction:
             "kind": self.kind,
             "version": begin.get("version"),
             "mode": begin.get("mode"),
+            "subsystems": list(begin.get("subsystems", [])),
             "began_at": begin.get("at"),
             "ended_at": terminal.get("at") if terminal else None,
             "state": terminal["type"] if terminal else "open",

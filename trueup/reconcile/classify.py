@@ -139,10 +139,13 @@ def classify(facts: ClassifierInput) -> list[Finding]:
                 )
             )
 
-    running = open_txn is not None and facts.open_transaction_live
-    if not running and applied_version:
+    # A running transaction explains differences only in the subsystems it is changing.
+    running: set[str] = set()
+    if open_txn is not None and facts.open_transaction_live:
+        running = set(open_txn.get("subsystems") or facts.differences)
+    if applied_version:
         for name, diffs in sorted(facts.differences.items()):
-            if not diffs or name in partial_subsystems:
+            if not diffs or name in partial_subsystems or name in running:
                 continue
             findings.append(
                 Finding.of(
