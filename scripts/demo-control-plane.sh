@@ -18,7 +18,9 @@ echo "$ADMIN" > "$DEMO/admin-token"; chmod 600 "$DEMO/admin-token"
 "$TRUEUP" server device enroll --tenant demo --device edge-01 --url "$URL" \
   --out "$DEMO/edge-01.bundle" --db "$DB" >/dev/null
 
-op "$TRUEUP" server run --db "$DB" --listen "198.51.100.1:$PORT" > "$DEMO/control-plane.log" 2>&1 &
+# Started directly (not through a shell function) so that $! is the server's own PID.
+ip netns exec "$OPNS" env PYTHONPATH="$ROOT" "$TRUEUP" server run --db "$DB" \
+  --listen "198.51.100.1:$PORT" > "$DEMO/control-plane.log" 2>&1 &
 echo $! > "$DEMO/control-plane.pid"
 for _ in $(seq 100); do
   op curl -sf "$URL/healthz" >/dev/null 2>&1 && break
@@ -42,8 +44,8 @@ ip -n "$NS" addr add 198.51.100.2/24 dev mgmt0 2>/dev/null || true
 ip netns exec "$NS" "$TRUEUP" agent enroll --bundle "$DEMO/edge-01.bundle" \
   --token-file "$DEMO/device-token" >/dev/null
 
-op "$ROOT/.venv/bin/python" -m scripts.simulate_fleet "$URL" "$ADMIN" --devices 40 --interval 10 \
-  > "$DEMO/fleet.log" 2>&1 &
+ip netns exec "$OPNS" env PYTHONPATH="$ROOT" "$ROOT/.venv/bin/python" -m scripts.simulate_fleet \
+  "$URL" "$ADMIN" --devices 40 --interval 10 > "$DEMO/fleet.log" 2>&1 &
 echo $! > "$DEMO/fleet.pid"
 
 cat > "$DEMO/control-plane.txt" <<TXT
