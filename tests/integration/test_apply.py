@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 
 import pytest
 
-from tests.routers import Router, base_document
+from tests.routers import REPO, TRUEUP, Router, base_document
 
 pytestmark = pytest.mark.root
 
@@ -131,16 +132,8 @@ def test_failing_step_best_effort_reports_partial_update(router: Router) -> None
 def test_two_applies_at_once_exactly_one_wins(router: Router) -> None:
     first_doc = router.write("a.yaml", base_document())
     second_doc = router.write("b.yaml", base_document(interfaces=[{"name": "lan0"}]))
-    slow = router.run(
-        "true"
-    )  # warm the namespace; then start a writer that holds the lock at `begin`
-    assert slow.returncode == 0
-    import os
-    import sys
-
-    from tests.routers import REPO, TRUEUP
-
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TRUEUP_FAULT": "begin:sleep=3"}
+    # The first writer holds the lock for 5 s at `begin` (a test-only fault point).
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TRUEUP_FAULT": "begin:sleep=5"}
     holder = subprocess.Popen(
         [
             "ip",
@@ -176,7 +169,6 @@ def test_two_applies_at_once_exactly_one_wins(router: Router) -> None:
     assert router.addresses("lan0") == ["2001:db8:1::1/64", "203.0.113.1/24"]  # the winner's
     status = json.loads(router.trueup("status", "-o", "json").stdout)
     assert any(f["code"] == "STATE_CONCURRENT_MODIFICATION" for f in status["reason_codes"])
-    del sys
 
 
 def test_stale_expected_version_and_older_document_are_refused(router: Router) -> None:
