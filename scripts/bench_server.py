@@ -569,7 +569,13 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="longer runs; fleet held 600 s")
     parser.add_argument("--fleet-seconds", type=float, default=None)
     parser.add_argument("--fleet-devices", type=int, default=10_000)
+    parser.add_argument(
+        "--offered-only", action="store_true", help="only the 2,000/s open-loop table"
+    )
     args = parser.parse_args()
+    if args.offered_only:
+        print("\n".join(offered_rate_table(5.0 if not args.full else 20.0)))
+        return
     print(run(not args.full, fleet_seconds=args.fleet_seconds, fleet_devices=args.fleet_devices))
 
 

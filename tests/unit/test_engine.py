@@ -12,7 +12,7 @@ from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
 from trueup.model.reasons import ReasonCode
 from trueup.reconcile.status import gather
-from trueup.reconcile.transaction import Engine, Refused
+from trueup.reconcile.transaction import Engine, Refused, UnknownRevision
 from trueup.subsystems.base import Scope
 from trueup.system.fake import FakeNetlink
 from trueup.system.netlink import NetlinkError
@@ -139,5 +139,20 @@ def test_rollback_to_previous_revision(engine: Engine, kernel: FakeNetlink) -> N
         "203.0.113.1/24",
         "2001:db8:1::1/64",
     }
-    with pytest.raises(Refused):
+    with pytest.raises(UnknownRevision, match="no accepted revision 42"):
         engine.rollback_to(42)
+    assert engine.state.applied()["version"] == 3
+
+
+def test_agent_refuses_an_unsafe_apply_before_its_loop_runs(engine: Engine) -> None:
+    from trueup.agent.process import Agent
+
+    engine.apply_document(parse_document(base_document()))
+    agent = Agent(engine.state.root)
+    moved = base_document()
+    moved["spec"]["management"]["addresses"] = ["198.51.100.9/24"]
+    result = agent.apply(parse_document(moved))
+    assert result["ok"] is False and result["outcome"] == "refused"
+    assert "removes management address 198.51.100.2/24" in result["message"]
+    assert engine.state.applied()["version"] == 1
+    assert [r["event"] for r in engine.state.audit.records()][-1] == "apply_refused"

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from trueup.model.document import DocumentError, parse_document
 from trueup.model.reasons import ReasonCode
-from trueup.reconcile.transaction import Refused
+from trueup.reconcile.transaction import Refused, UnknownRevision
 
 if TYPE_CHECKING:
     from trueup.agent.process import Agent
@@ -36,6 +36,13 @@ def _refusal(exc: Refused) -> JSONResponse:
         status_code=409,
         content={"code": exc.code.value, "message": str(exc), "evidence": exc.evidence},
     )
+
+
+def _result_status(result: dict[str, Any]) -> int:
+    """200 applied; 428 refused until --confirm-within is given; 500 failed and rolled back."""
+    if result.get("ok"):
+        return 200
+    return 428 if result.get("outcome") == "refused" else 500
 
 
 def _if_match(value: str | None) -> int | None:
@@ -119,7 +126,7 @@ def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
             )
         except Refused as exc:
             return _refusal(exc)
-        return JSONResponse(status_code=200 if result["ok"] else 500, content=result)
+        return JSONResponse(status_code=_result_status(result), content=result)
 
     @app.post("/v1/rollback")
     def rollback(to: int | None = None, if_match: str | None = Header(None)) -> JSONResponse:
@@ -127,6 +134,8 @@ def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
             result = agent.rollback(to, expect_version=_if_match(if_match))
         except Refused as exc:
             return _refusal(exc)
+        except UnknownRevision as exc:
+            raise HTTPException(404, str(exc)) from None
         return JSONResponse(status_code=200 if result["ok"] else 500, content=result)
 
     @app.post("/v1/confirm")

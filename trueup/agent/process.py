@@ -32,6 +32,7 @@ from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState
 from trueup.model.health import SubsystemHealth
 from trueup.model.reasons import ReasonCode
+from trueup.reconcile.confirm import management_guard
 from trueup.reconcile.status import drift_report, gather
 from trueup.reconcile.transaction import Engine, Mode, Refused
 from trueup.startup.orchestrator import Orchestrator
@@ -136,6 +137,13 @@ class Agent:
             "error": self.orchestrator.management_error,
         }
 
+    def _may_heal(self, name: str) -> bool:
+        """Whether the reconcile loop lets `name` be healed now (policy, ack, breaker)."""
+        if self.loop is None:
+            return True
+        entry = self.loop.status_inputs().get("policies", {}).get(name, {})
+        return bool(entry.get("healing", "active") == "active")
+
     def _current_document(self) -> DeviceState | None:
         try:
             return self.engine.applied_document()
@@ -209,6 +217,24 @@ class Agent:
                     confirm_within=confirm_within,
                 )
             )
+        # Before phase 4 there is no loop to hold a confirmation: the same guard
+        # applies, and a confirmed apply has to wait for it.
+        refusal = management_guard(self._current_document(), document)
+        if refusal is None and confirm_within is not None:
+            refusal = "the agent is still starting; --confirm-within is available once it runs"
+        if refusal is not None:
+            self.state.audit.append("apply_refused", actor, message=refusal)
+            applied = int(self.state.applied().get("version", 0))
+            return {
+                "ok": False,
+                "version": applied,
+                "outcome": "refused",
+                "txn": None,
+                "steps": [],
+                "failed": {"management": refusal},
+                "rollback_errors": [],
+                "message": refusal,
+            }
         mode_value: Mode = "best-effort" if mode == "best-effort" else "atomic"
         result = self.engine.apply_document(
             document, mode=mode_value, expect_version=expect_version, actor=actor, lock_wait=5.0
@@ -478,7 +504,7 @@ class Agent:
                 start(self)
             except Exception:  # an optional part must never take the agent down
                 log.exception("starting %s failed", start)
-        orchestrator.retry_failed(self._stop, base=self.retry_base_seconds)
+        orchestrator.retry_failed(self._stop, base=self.retry_base_seconds, may_heal=self._may_heal)
 
     def start_loop(self) -> None:
         """Phase 4; the reconcile loop when it is wired in."""

@@ -28,9 +28,9 @@ from trueup.cli.server import server_app
 from trueup.journal.state import DEFAULT_STATE_DIR, StateDir, StateDirError
 from trueup.model.document import DeviceState, DocumentError, json_schema, load_document
 from trueup.model.reasons import EXIT_CODES, ReasonCode
-from trueup.reconcile.confirm import unsafe_management_changes
+from trueup.reconcile.confirm import management_guard
 from trueup.reconcile.status import drift_report, gather
-from trueup.reconcile.transaction import Engine, Refused
+from trueup.reconcile.transaction import Engine, Refused, UnknownRevision
 from trueup.subsystems.base import Subsystem
 from trueup.subsystems.registry import default_subsystems, load_plugin, ordered
 
@@ -227,13 +227,9 @@ def apply(
             "(start it with `trueup agent run`)"
         )
     engine = _engine(state_dir, create=True)
-    unsafe = unsafe_management_changes(engine.applied_document(), document)
-    if unsafe:
-        _fail(
-            "; ".join(unsafe) + " — management could become unreachable. Nothing was "
-            "changed. Start the agent and re-run with --confirm-within SECONDS: the change "
-            "is rolled back unless `trueup confirm` arrives in time"
-        )
+    refusal = management_guard(engine.applied_document(), document)
+    if refusal is not None:
+        _fail(refusal)
     try:
         result = engine.apply_document(
             document,
@@ -259,13 +255,18 @@ def rollback(
     client = _agent(state_dir)
     if client is not None:
         params = {"to": to} if to is not None else {}
-        _print_apply(_api_result(client.request("POST", "/v1/rollback", params=params)), output)
+        response = client.request("POST", "/v1/rollback", params=params)
+        if response.status_code == 404:
+            _fail(response.json().get("detail", "unknown revision"))
+        _print_apply(_api_result(response), output)
         return
     engine = _engine(state_dir, create=True)
     try:
         result = engine.rollback_to(to, actor=f"cli:{os.getuid()}")
     except Refused as exc:
         _refused(exc.code.value, str(exc))
+    except UnknownRevision as exc:
+        _fail(str(exc))
     _print_apply(result.to_json(), output)
 
 

@@ -22,6 +22,7 @@ from trueup.reconcile.transaction import ApplyResult, Engine
 __all__ = [
     "Decision",
     "decide",
+    "management_guard",
     "roll_back_unconfirmed",
     "settle_at_startup",
     "unsafe_management_changes",
@@ -45,6 +46,18 @@ def unsafe_management_changes(previous: DeviceState | None, document: DeviceStat
         change = f"replaces it with {new.gateway}" if new.gateway else "removes it"
         out.append(f"management default route via {old.gateway}: {change}")
     return out
+
+
+def management_guard(previous: DeviceState | None, document: DeviceState) -> str | None:
+    """Why `document` may not be applied without `--confirm-within`, or None when it may."""
+    unsafe = unsafe_management_changes(previous, document)
+    if not unsafe:
+        return None
+    return (
+        "; ".join(unsafe) + " — management could become unreachable. Nothing was changed. "
+        "Re-run with --confirm-within SECONDS (with the agent running): the change is rolled "
+        "back unless `trueup confirm` arrives in time"
+    )
 
 
 def decide(pending: dict[str, Any] | None, applied_version: int, now: float) -> Decision:

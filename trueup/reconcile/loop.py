@@ -39,7 +39,12 @@ from typing import Any
 from trueup.journal.confirm import clear_pending, read_pending, write_pending
 from trueup.journal.lock import LockBusy, lock_holder
 from trueup.model.document import DeviceState, DocumentError
-from trueup.reconcile.confirm import decide, roll_back_unconfirmed, unsafe_management_changes
+from trueup.reconcile.confirm import (
+    decide,
+    management_guard,
+    roll_back_unconfirmed,
+    unsafe_management_changes,
+)
 from trueup.reconcile.healing import Governor, HealingOptions
 from trueup.reconcile.transaction import Engine, Mode, Refused
 from trueup.subsystems.base import Difference, Facts, Scope, StepError, Subsystem
@@ -563,12 +568,8 @@ class ReconcileLoop:
         previous = self._document()
         unsafe = unsafe_management_changes(previous, document)
         refusal: str | None = None
-        if unsafe and confirm_within is None:
-            refusal = (
-                "; ".join(unsafe) + " — management could become unreachable. Nothing was "
-                "changed. Re-run with --confirm-within SECONDS: the change is rolled back "
-                "unless `trueup confirm` arrives in time"
-            )
+        if confirm_within is None:
+            refusal = management_guard(previous, document)
         elif confirm_within is not None and confirm_within <= 0:
             refusal = "--confirm-within must be a positive number of seconds"
         pending_before = self._pending

@@ -33,13 +33,17 @@ from trueup.subsystems.base import Difference, Facts, Plan, Scope, Step, StepErr
 from trueup.subsystems.registry import default_subsystems, scope_for
 from trueup.system.netlink import CachedNetlink, Netlink
 
-__all__ = ["ApplyResult", "Engine", "Mode", "Refused"]
+__all__ = ["ApplyResult", "Engine", "Mode", "Refused", "UnknownRevision"]
 
 Mode = Literal["atomic", "best-effort"]
 NetlinkFactory = Callable[[], Netlink]
 
 
 _CONVERGE_PASSES = 3
+
+
+class UnknownRevision(LookupError):
+    """A rollback target that is not among the accepted revisions."""
 
 
 class Refused(Exception):
@@ -511,10 +515,12 @@ class Engine:
             target = version if version is not None else (candidates[-1] if candidates else None)
             record = self.state.revision(target) if target is not None else None
             if record is None:
-                raise Refused(
-                    ReasonCode.VERSION_SKEW,
-                    f"no accepted revision {target} to roll back to; known: "
-                    f"{self.state.revision_versions()}",
+                known = ", ".join(map(str, self.state.revision_versions())) or "none"
+                raise UnknownRevision(
+                    f"--to {target}: no accepted revision {target} to roll back to "
+                    f"(accepted revisions: {known}); nothing was changed"
+                    if target is not None
+                    else "no earlier accepted revision to roll back to; nothing was changed"
                 )
             document = parse_document(record["document"], f"revision {target}")
             document = document.with_version(applied_version + 1)

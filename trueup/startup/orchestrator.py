@@ -21,6 +21,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -337,13 +338,25 @@ class Orchestrator:
         with self.lock:
             return [n for n, h in self.subsystem_health.items() if h["health"] == "failed"]
 
-    def retry_failed(self, stop: threading.Event, *, base: float = 1.0, cap: float = 30.0) -> None:
-        """Retry failed subsystems with back-off until they succeed or the agent stops.
+    def retry_failed(
+        self,
+        stop: threading.Event,
+        *,
+        base: float = 1.0,
+        cap: float = 30.0,
+        budget: int = 20,
+        may_heal: Callable[[str], bool] = lambda name: True,
+    ) -> None:
+        """Retry failed subsystems with back-off, within a budget, until they succeed.
 
         A link that was not running at start, a resolver that was unreachable:
         these recover by themselves here, per subsystem, never as a global state.
+        A subsystem the reconcile loop may not heal now (notify, acknowledged,
+        breaker open) is not retried; after `budget` attempts the rest stay
+        failed, with the reason, until a new apply or reconcile.
         """
         delay = base
+        attempts = 0
         while not stop.is_set():
             failed = self.failed_subsystems()
             if not failed:
@@ -351,20 +364,36 @@ class Orchestrator:
             jitter = random.uniform(0, delay / 4)
             if stop.wait(delay + jitter):
                 return
+            retriable = [name for name in failed if may_heal(name)]
+            if not retriable:
+                delay = min(cap, delay * 2)
+                continue
+            if attempts >= budget:
+                for name in retriable:
+                    reason = self.subsystem_health.get(name, {}).get("reason", "")
+                    self._set_health(
+                        name,
+                        "failed",
+                        f"{reason} (gave up after {budget} retries; a new apply or "
+                        "`trueup reconcile` tries again)",
+                    )
+                log.warning("giving up retrying %s after %d attempts", retriable, budget)
+                return
+            attempts += 1
             document = self.engine.applied_document() or self.document
             if document is None:
                 continue
             try:
-                result = self._prepare_and_apply(document, failed, kind="reconcile")
+                result = self._prepare_and_apply(document, retriable, kind="reconcile")
             except Refused as exc:
-                log.info("retry of %s deferred: %s", failed, exc)
+                log.info("retry of %s deferred: %s", retriable, exc)
                 continue
             except Exception:
-                log.exception("retry of %s failed", failed)
+                log.exception("retry of %s failed", retriable)
                 result = None
-            if result is not None and not set(failed) & set(result.failed):
+            if result is not None and not set(retriable) & set(result.failed):
                 delay = base
-                log.info("recovered: %s", ", ".join(failed))
+                log.info("recovered: %s", ", ".join(retriable))
             else:
                 delay = min(cap, delay * 2)
 
