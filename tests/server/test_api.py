@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
 from sqlalchemy import select
 
 from tests.server.conftest import Server, document
+from trueup.agent.cpclient import report_from_status
+from trueup.model.document import document_digest, parse_document
 from trueup.server.tables import device_reports, tokens
 
 
@@ -421,3 +424,181 @@ def test_no_route_deletes_audit_or_evidence(server: Server) -> None:
         assert "delete" not in operations, path
         if "audit" in path or "reports" in path or "revisions" in path:
             assert set(operations) == {"get"}, path
+
+
+# -- revision identity: digests decide "in sync"; local overrides are shown ------------------
+
+OTHER_DIGEST = "sha256:" + "e" * 64
+
+
+def test_fleet_compares_document_digests_and_shows_local_overrides(server: Server) -> None:
+    devices = ("same", "other", "local", "old-agent", "via-status")
+    tenant = server.tenant(devices=devices)
+    hashes = {}
+    for device in devices:
+        created = put(server, tenant, device, 0, document(device))
+        assert created.status_code == 201, created.text
+        hashes[device] = created.json()["content_hash"]
+    # What the agent computes from the revision it receives is the revision's content_hash.
+    served = server.client.get("/api/v1/devices/same/desired", headers=tenant.auth("viewer"))
+    received = parse_document(served.json()["document"], source="test")
+    assert received.metadata.version == 1
+    assert document_digest(received) == hashes["same"]
+    report(
+        server,
+        tenant,
+        "same",
+        applied_version=1,
+        applied_digest=hashes["same"],
+        applied_origin="control-plane",
+    )
+    # A local apply took number 1 on the router before the control plane's revision 1
+    # arrived: same number, another document.
+    report(
+        server,
+        tenant,
+        "other",
+        applied_version=1,
+        applied_digest=OTHER_DIGEST,
+        applied_origin="local-file",
+    )
+    override = {
+        "version": 2,
+        "actor": "root@edge (trueup apply)",
+        "at": "2025-01-02T03:04:05Z",
+        "reason": "emergency firewall change",
+        "digest": OTHER_DIGEST,
+    }
+    report(
+        server,
+        tenant,
+        "local",
+        applied_version=2,
+        applied_digest=OTHER_DIGEST,
+        applied_origin="local-cli",
+        override=override,
+    )
+    report(server, tenant, "old-agent", applied_version=1)  # no digest: numbers decide
+    status = {
+        "versions": {
+            "applied": 1,
+            "applied_digest": hashes["via-status"],
+            "origin": "control-plane",
+            "override": None,
+        },
+        "subsystems": {"links": {"health": "ok"}},
+        "management": {"ready": True},
+    }
+    report(server, tenant, "via-status", **report_from_status(status))
+
+    view = fleet(server, tenant)
+    same = view["same"]
+    assert same["status"] == "in_sync" and same["in_sync_since"] is not None
+    assert same["desired_digest"] == same["applied_digest"] == hashes["same"]
+    assert same["digest_match"] is True and same["applied_origin"] == "control-plane"
+    assert same["override"] is None
+
+    other = view["other"]
+    assert other["applied_version"] == other["desired_version"] == 1
+    assert other["status"] == "version_skew" and other["digest_match"] is False
+    assert other["reason_codes"] == ["STATE_VERSION_SKEW"] and other["in_sync_since"] is None
+    assert other["desired_digest"] == hashes["other"] and other["applied_digest"] == OTHER_DIGEST
+
+    local = view["local"]
+    assert local["status"] == "local_override" and local["conditions"] == ["local_override"]
+    assert "STATE_VERSION_SKEW" not in local["reason_codes"]
+    assert local["override"] == override and local["applied_origin"] == "local-cli"
+    assert local["digest_match"] is False and local["in_sync_since"] is None
+
+    old = view["old-agent"]
+    assert old["status"] == "in_sync" and old["digest_match"] is None
+    assert old["applied_digest"] is None and old["applied_origin"] is None
+
+    assert view["via-status"]["status"] == "in_sync"
+    assert view["via-status"]["digest_match"] is True
+
+    assert set(fleet(server, tenant, "?status=local_override")) == {"local"}
+    assert set(fleet(server, tenant, "?status=version_skew")) == {"other"}
+    detail = server.client.get("/api/v1/devices/local", headers=tenant.auth("viewer")).json()
+    assert detail["status"] == "local_override" and detail["override"] == override
+    assert detail["last_report"]["override"]["reason"] == "emergency firewall change"
+
+    # The history keeps the identity in columns too.
+    device_id = server.plane.device_id(server.plane.tenant_id(tenant.name), "local")
+    with server.plane.db.read() as conn:
+        row = conn.execute(
+            select(
+                device_reports.c.applied_digest,
+                device_reports.c.applied_origin,
+                device_reports.c.override,
+            ).where(device_reports.c.device_id == device_id)
+        ).one()
+    assert row.applied_digest == OTHER_DIGEST and row.applied_origin == "local-cli"
+    assert json.loads(row.override) == override
+
+    # A newer desired revision replaces the override; once applied the device is in sync.
+    newer = put(server, tenant, "local", 1, document("local", address="198.51.100.9/24"))
+    assert newer.status_code == 201
+    report(
+        server,
+        tenant,
+        "local",
+        applied_version=2,
+        applied_digest=newer.json()["content_hash"],
+        applied_origin="control-plane",
+        override=None,
+    )
+    replaced = fleet(server, tenant)["local"]
+    assert replaced["status"] == "in_sync" and replaced["digest_match"] is True
+    assert replaced["override"] is None and replaced["in_sync_since"] is not None
+    # The router's document changes under the same number: skew again at once.
+    report(server, tenant, "local", applied_version=2, applied_digest=OTHER_DIGEST)
+    again = fleet(server, tenant)["local"]
+    assert again["status"] == "version_skew" and again["in_sync_since"] is None
+
+
+def test_bad_revision_identity_is_refused_with_422_naming_the_field(server: Server) -> None:
+    tenant = server.tenant(devices=("edge-01",))
+    good_override = {"version": 2, "actor": "root", "at": "2025-01-02T03:04:05Z", "reason": "x"}
+    cases = {
+        "body.applied_digest": {"applied_digest": "sha256:xyz"},
+        "body.applied_origin": {"applied_origin": "x" * 33},
+        "body.override.digest": {"override": {**good_override, "digest": "md5:abc"}},
+        "body.override.version": {"override": {**good_override, "version": -1}},
+        "body.override.actor": {"override": {**good_override, "actor": "a" * 201}},
+        "body.override.reason": {"override": {**good_override, "reason": "r" * 1001}},
+        "body.override.at": {"override": {**good_override, "at": "t" * 65}},
+        "body.override": {"override": "yes"},
+        # Values the database could not store are refused up front, never a 500.
+        "body.applied_version": {"applied_version": 2**31},
+        "body.observed_digest": {"observed_digest": "sha256:\x00"},
+    }
+    for field, payload in cases.items():
+        bad = server.client.post(
+            "/api/v1/agent/report", json=payload, headers=tenant.device_auth("edge-01")
+        )
+        assert bad.status_code == 422, (field, bad.text)
+        problems = bad.json()["problems"]
+        assert any(p.startswith(field) for p in problems), (field, problems)
+    nul_origin = server.client.post(
+        "/api/v1/agent/report",
+        json={"applied_origin": "local\x00"},
+        headers=tenant.device_auth("edge-01"),
+    )
+    assert nul_origin.status_code == 422
+    history = server.client.get(
+        "/api/v1/devices/edge-01/reports", headers=tenant.auth("viewer")
+    ).json()["reports"]
+    assert history == []
+    # The largest values allowed are stored.
+    report(
+        server,
+        tenant,
+        "edge-01",
+        applied_version=2**31 - 1,
+        applied_digest=OTHER_DIGEST,
+        applied_origin="confirm-timeout",
+        override={**good_override, "actor": "a" * 200, "reason": "r" * 1000, "at": "t" * 64},
+    )
+    stored = fleet(server, tenant)["edge-01"]
+    assert stored["applied_version"] == 2**31 - 1 and stored["status"] == "local_override"

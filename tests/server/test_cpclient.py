@@ -18,7 +18,9 @@ from trueup.agent.cpclient import (
     ControlPlaneRefused,
     ControlPlaneUnavailable,
     SyncLoop,
+    report_from_status,
 )
+from trueup.server.app import AgentReport
 from trueup.server.db import Database
 from trueup.server.keys import load_or_create_server_key
 from trueup.server.service import ControlPlane
@@ -154,3 +156,44 @@ def test_client_errors_are_classified(tmp_path: Path, control_plane) -> None:
     with pytest.raises(ControlPlaneRefused, match="enroll the device first"):
         ControlPlaneClient(server.url, tmp_path / "missing").report({})
     assert httpx.get(server.url + "/healthz").status_code == 200
+
+
+def test_report_from_status_carries_the_applied_revision_identity() -> None:
+    digest = "sha256:" + "a" * 64
+    override = {
+        "version": 5,
+        "actor": "root (trueup apply)",
+        "at": "2025-01-02T03:04:05+00:00",
+        "reason": "maintenance window",
+        "digest": digest,
+    }
+    status: dict[str, Any] = {
+        "versions": {
+            "applied": 5,
+            "applied_digest": digest,
+            "origin": "local-cli",
+            "override": override,
+        },
+        "subsystems": {"links": {"health": "ok"}},
+        "management": {"ready": True},
+    }
+    report = report_from_status(status)
+    assert report["applied_version"] == 5
+    assert report["applied_digest"] == digest
+    assert report["applied_origin"] == "local-cli"
+    assert report["override"] == override
+    # The server accepts it as is.
+    parsed = AgentReport.model_validate(report)
+    assert parsed.override is not None and parsed.override.version == 5
+    assert parsed.applied_digest == digest
+
+    # A status document from an older agent has none of them.
+    older = report_from_status({"versions": {"applied": 3}, "subsystems": {}})
+    assert older["applied_digest"] is None
+    assert older["applied_origin"] is None
+    assert older["override"] is None
+    AgentReport.model_validate(older)
+    cleared = report_from_status(
+        {"versions": {"applied": 3, "applied_digest": None, "origin": None, "override": None}}
+    )
+    assert cleared["applied_digest"] is cleared["applied_origin"] is cleared["override"] is None

@@ -313,7 +313,7 @@ def test_settle_at_startup_rolls_back_expired_and_drops_stale(rig: Rig) -> None:
     assert decide(pending, 2, rig.clock() + 1) == "waiting"
     assert decide(pending, 1, rig.clock() + 1) == "stale"
     assert decide(pending, 5, rig.clock() + 1) == "superseded"
-    with rig.state.writer_lock("recovery"):
+    with rig.engine.writer("recovery", "test"):
         assert "awaits confirmation" in str(settle_at_startup(rig.engine, rig.clock() + 1))
         detail = settle_at_startup(rig.engine, rig.clock() + 31)
     assert detail is not None and "rolled back to revision 1" in detail
@@ -322,6 +322,46 @@ def test_settle_at_startup_rolls_back_expired_and_drops_stale(rig: Rig) -> None:
     write_pending(
         rig.state, {**pending, "state": "applying", "version": None, "confirmed_version": 3}
     )
-    with rig.state.writer_lock("recovery"):
+    with rig.engine.writer("recovery", "test"):
         assert "stale" in str(settle_at_startup(rig.engine, rig.clock()))
     assert read_pending(rig.state) is None
+
+
+# -- dependencies: a dependent waits, it does not fail --------------------------------
+def test_routes_wait_on_acknowledged_addresses_and_never_open_the_breaker(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path, HealingOptions(jitter=0.0, breaker_threshold=2))
+    routes = [{"to": "192.0.2.0/24", "via": "203.0.113.254"}]
+    assert rig.loop.apply(parse_document(base_document(routes=routes)), actor="test")["ok"]
+    assert rig.loop.acknowledge("addresses", 3600, "rewiring lan0", actor="test")["ok"]
+    rig.delete_address()  # the kernel flushes the route through it as well
+    assert not [r for r in rig.net.route_table if r.to == "192.0.2.0/24"]
+    for _ in range(5):
+        report = rig.loop.run_pass()
+        rig.clock.advance(30)
+        assert "addresses" not in report.healed and "routes" not in report.failed
+        assert report.waiting["routes"].startswith("waiting on addresses: acknowledged")
+    routes_entry = rig.loop.status_inputs()["policies"]["routes"]
+    assert routes_entry["breaker"] == "closed" and routes_entry["consecutive_failures"] == 0
+    assert not rig.audit("breaker_opened")
+    # Once addresses converge, routes heal in the same transaction.
+    report = rig.loop.reconcile_now("addresses", actor="test")
+    assert report["ok"], report
+    report = rig.loop.run_pass()
+    assert rig.has_address()
+    assert [r for r in rig.net.route_table if r.to == "192.0.2.0/24"]
+
+
+def test_a_failing_dependency_makes_its_dependents_wait_inside_the_heal(rig: Rig) -> None:
+    routes = [{"to": "192.0.2.0/24", "via": "203.0.113.254"}]
+    assert rig.loop.apply(parse_document(base_document(routes=routes)), actor="test")["ok"]
+    rig.net.fail_on["add address"] = NetlinkError("add address", "No such device", errno.ENODEV)
+    rig.delete_address()
+    report = rig.loop.run_pass()
+    assert "addresses" in report.failed
+    assert report.waiting["routes"].startswith("waiting on addresses")
+    assert "routes" not in report.failed
+    assert rig.loop.status_inputs()["policies"]["routes"]["consecutive_failures"] == 0
+    waiting = [r for r in rig.audit("reconcile") if r["details"]["outcome"] == "waiting"]
+    assert waiting and waiting[-1]["details"]["subsystem"] == "routes"

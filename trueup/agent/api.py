@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Body, FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from trueup.model.document import DocumentError, parse_document
+from trueup.journal.atomic import StateFileError
+from trueup.model.document import DeviceState, DocumentError, parse_document
 from trueup.model.reasons import ReasonCode
-from trueup.reconcile.transaction import Refused, UnknownRevision
+from trueup.reconcile.transaction import Refused, StorageError, UnknownRevision
 
 if TYPE_CHECKING:
     from trueup.agent.process import Agent
@@ -45,6 +46,20 @@ def _result_status(result: dict[str, Any]) -> int:
     return 428 if result.get("outcome") == "refused" else 500
 
 
+def _parse(document: dict[str, Any]) -> DeviceState | JSONResponse:
+    try:
+        return parse_document(document, "request body")
+    except DocumentError as exc:
+        return JSONResponse(
+            status_code=422,
+            content={
+                "message": "invalid document",
+                "problems": exc.problems,
+                "code": ReasonCode.VERSION_SKEW.value if exc.unsupported_version else None,
+            },
+        )
+
+
 def _if_match(value: str | None) -> int | None:
     if value is None or value.strip() in ("", "*"):
         return None
@@ -59,6 +74,16 @@ def _if_match(value: str | None) -> int | None:
 
 def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
     app = FastAPI(title="trueup agent", version="1")
+
+    @app.exception_handler(StorageError)
+    async def storage_error(request: Request, exc: StorageError) -> JSONResponse:
+        del request
+        return JSONResponse(status_code=507, content={"ok": False, "message": str(exc)})
+
+    @app.exception_handler(StateFileError)
+    async def state_file_error(request: Request, exc: StateFileError) -> JSONResponse:
+        del request
+        return JSONResponse(status_code=500, content={"ok": False, "message": str(exc)})
 
     if require_token:
 
@@ -102,20 +127,13 @@ def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
         mode: str = "atomic",
         confirm_within: float | None = None,
         actor: str = "api",
+        override: str | None = None,
     ) -> JSONResponse:
         if mode not in ("atomic", "best-effort"):
             raise HTTPException(422, "mode: expected atomic or best-effort")
-        try:
-            parsed = parse_document(document, "request body")
-        except DocumentError as exc:
-            return JSONResponse(
-                status_code=422,
-                content={
-                    "message": "invalid document",
-                    "problems": exc.problems,
-                    "code": ReasonCode.VERSION_SKEW.value if exc.unsupported_version else None,
-                },
-            )
+        parsed = _parse(document)
+        if isinstance(parsed, JSONResponse):
+            return parsed
         try:
             result = agent.apply(
                 parsed,
@@ -123,20 +141,40 @@ def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
                 expect_version=_if_match(if_match),
                 actor=actor,
                 confirm_within=confirm_within,
+                override=override,
             )
         except Refused as exc:
             return _refusal(exc)
         return JSONResponse(status_code=_result_status(result), content=result)
 
+    @app.post("/v1/plan")
+    def plan(document: dict[str, Any] = Body(...)) -> JSONResponse:
+        parsed = _parse(document)
+        if isinstance(parsed, JSONResponse):
+            return parsed
+        return JSONResponse(content=agent.plan(parsed))
+
     @app.post("/v1/rollback")
-    def rollback(to: int | None = None, if_match: str | None = Header(None)) -> JSONResponse:
+    def rollback(
+        to: int | None = None,
+        if_match: str | None = Header(None),
+        confirm_within: float | None = None,
+        actor: str = "api",
+        override: str | None = None,
+    ) -> JSONResponse:
         try:
-            result = agent.rollback(to, expect_version=_if_match(if_match))
+            result = agent.rollback(
+                to,
+                expect_version=_if_match(if_match),
+                actor=actor,
+                confirm_within=confirm_within,
+                override=override,
+            )
         except Refused as exc:
             return _refusal(exc)
         except UnknownRevision as exc:
             raise HTTPException(404, str(exc)) from None
-        return JSONResponse(status_code=200 if result["ok"] else 500, content=result)
+        return JSONResponse(status_code=_result_status(result), content=result)
 
     @app.post("/v1/confirm")
     def confirm() -> JSONResponse:

@@ -238,7 +238,13 @@ def _digest(value: Any) -> str:
 
 
 def report_from_status(status: dict[str, Any]) -> dict[str, Any]:
-    """Turn the agent's `/v1/status` document into a control-plane report."""
+    """Turn the agent's `/v1/status` document into a control-plane report.
+
+    The applied revision's identity goes along: `applied_digest` (document_digest
+    of the applied document), `applied_origin` and `override` (a local apply
+    overriding the control plane's revision). Status documents of older agents
+    lack them; they are then None, and the control plane compares numbers only.
+    """
     subsystems = status.get("subsystems", {})
     differences = {
         name: sub.get("differences", [])
@@ -248,8 +254,14 @@ def report_from_status(status: dict[str, Any]) -> dict[str, Any]:
     versions = status.get("versions", {})
     findings = status.get("reason_codes", [])
     journal = status.get("journal", {})
+    digest = versions.get("applied_digest")
+    origin = versions.get("origin")
+    override = versions.get("override")
     return {
         "applied_version": versions.get("applied") or None,
+        "applied_digest": digest if isinstance(digest, str) and digest else None,
+        "applied_origin": origin if isinstance(origin, str) and origin else None,
+        "override": dict(override) if isinstance(override, dict) else None,
         "observed_digest": _digest(
             {"applied": versions.get("applied"), "differences": differences}
         ),

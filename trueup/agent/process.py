@@ -32,9 +32,9 @@ from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState
 from trueup.model.health import SubsystemHealth
 from trueup.model.reasons import ReasonCode
-from trueup.reconcile.confirm import management_guard
+from trueup.reconcile.guard import unsafe_management_changes
 from trueup.reconcile.status import drift_report, gather
-from trueup.reconcile.transaction import Engine, Mode, Refused
+from trueup.reconcile.transaction import Change, Engine, NeedsConfirmation, Origin, Refused
 from trueup.startup.orchestrator import Orchestrator
 from trueup.subsystems.base import Subsystem
 from trueup.system.notify import Notifier, watchdog_interval
@@ -56,6 +56,14 @@ def create_api_token(state: StateDir, name: str) -> str:
     state.write(TOKENS_FILE, tokens)
     state.audit.append("api_token_created", "local", name=name)
     return token
+
+
+def _netns_id() -> str | None:
+    """The network namespace this process observes (`net:[INODE]`), for plan's answer."""
+    try:
+        return os.readlink("/proc/self/ns/net")
+    except OSError:
+        return None
 
 
 class _QuietServer(uvicorn.Server):
@@ -206,6 +214,8 @@ class Agent:
         expect_version: int | None = None,
         actor: str = "api",
         confirm_within: float | None = None,
+        origin: Origin = "local-cli",
+        override: str | None = None,
     ) -> dict[str, Any]:
         if self.loop is not None:
             return dict(
@@ -215,34 +225,102 @@ class Agent:
                     expect_version=expect_version,
                     actor=actor,
                     confirm_within=confirm_within,
+                    origin=origin,
+                    override=override,
                 )
             )
-        # Before phase 4 there is no loop to hold a confirmation: the same guard
-        # applies, and a confirmed apply has to wait for it.
-        refusal = management_guard(self._current_document(), document)
-        if refusal is None and confirm_within is not None:
-            refusal = "the agent is still starting; --confirm-within is available once it runs"
-        if refusal is not None:
-            self.state.audit.append("apply_refused", actor, message=refusal)
-            applied = int(self.state.applied().get("version", 0))
-            return {
-                "ok": False,
-                "version": applied,
-                "outcome": "refused",
-                "txn": None,
-                "steps": [],
-                "failed": {"management": refusal},
-                "rollback_errors": [],
-                "message": refusal,
-            }
-        mode_value: Mode = "best-effort" if mode == "best-effort" else "atomic"
-        result = self.engine.apply_document(
-            document, mode=mode_value, expect_version=expect_version, actor=actor, lock_wait=5.0
-        )
+        # Before phase 4 there is no loop to hold a confirmation; the engine's
+        # management guard applies as everywhere.
+        if confirm_within is not None:
+            return self._refused(
+                actor, "the agent is still starting; --confirm-within is available once it runs"
+            )
+        try:
+            result = self.engine.transact(
+                Change(
+                    document,
+                    origin=origin,
+                    actor=actor,
+                    mode="best-effort" if mode == "best-effort" else "atomic",
+                    expect_version=expect_version,
+                    override=override,
+                    lock_wait=5.0,
+                )
+            )
+        except NeedsConfirmation as exc:
+            return self._refused(actor, str(exc), audited=True)
         return result.to_json()
 
-    def rollback(self, to: int | None, expect_version: int | None = None) -> dict[str, Any]:
-        return self.engine.rollback_to(to, actor="api", expect_version=expect_version).to_json()
+    def _refused(self, actor: str, message: str, *, audited: bool = False) -> dict[str, Any]:
+        if not audited:
+            self.state.audit.append("apply_refused", actor, message=message)
+        return {
+            "ok": False,
+            "version": int(self.state.applied().get("version", 0)),
+            "outcome": "refused",
+            "txn": None,
+            "steps": [],
+            "failed": {"management": message},
+            "rollback_errors": [],
+            "message": message,
+        }
+
+    def rollback(
+        self,
+        to: int | None,
+        expect_version: int | None = None,
+        *,
+        actor: str = "api",
+        confirm_within: float | None = None,
+        override: str | None = None,
+    ) -> dict[str, Any]:
+        if self.loop is not None:
+            return dict(
+                self.loop.rollback(
+                    to,
+                    expect_version=expect_version,
+                    actor=actor,
+                    confirm_within=confirm_within,
+                    override=override,
+                )
+            )
+        if confirm_within is not None:
+            return self._refused(
+                actor, "the agent is still starting; --confirm-within is available once it runs"
+            )
+        try:
+            result = self.engine.rollback_to(
+                to, actor=actor, expect_version=expect_version, override=override
+            )
+        except NeedsConfirmation as exc:
+            return self._refused(actor, str(exc), audited=True)
+        return result.to_json()
+
+    def plan(self, document: DeviceState) -> dict[str, Any]:
+        """What applying `document` would change, observed where this agent runs."""
+        plans = self.engine.plan(document)
+        previous = self._current_document()
+        unsafe = unsafe_management_changes(previous, document)
+        return {
+            "changes": any(p.changes for p in plans),
+            "plans": [
+                {
+                    "subsystem": p.subsystem,
+                    "steps": [s.to_json() | {"describe": s.describe()} for s in p.steps],
+                    "noop": p.noop_reasons,
+                }
+                for p in plans
+            ],
+            "management_changes": unsafe,
+            "needs_confirmation": bool(unsafe),
+            "managed_by": self.engine.managed_by(),
+            "observed_by": {
+                "agent_pid": os.getpid(),
+                "state_dir": str(self.state.root),
+                "netns": _netns_id(),
+                "applied_version": int(self.state.applied().get("version", 0)),
+            },
+        }
 
     def confirm(self) -> dict[str, Any]:
         if self.loop is None:
@@ -257,7 +335,9 @@ class Agent:
         document = self.engine.applied_document()
         if document is None:
             return {"ok": True, "outcome": "nothing applied"}
-        result = self.engine.apply_document(document, actor="api", kind="reconcile", lock_wait=5.0)
+        result = self.engine.apply_document(
+            document, actor="api", kind="reconcile", origin="reconcile", lock_wait=5.0
+        )
         return result.to_json()
 
     def acknowledge(self, subsystem: str, seconds: float, reason: str) -> dict[str, Any]:

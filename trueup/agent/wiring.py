@@ -13,14 +13,29 @@ from typing import Any
 
 from trueup.agent.cpclient import ControlPlaneClient, SyncLoop, report_from_status
 from trueup.agent.process import Agent
-from trueup.model.document import parse_document
+from trueup.model.document import document_digest, parse_document
 from trueup.reconcile.loop import ReconcileLoop
+from trueup.reconcile.transaction import CONTROL_PLANE_FILE
 
-__all__ = ["CONTROL_PLANE_FILE", "wire"]
+__all__ = ["CONTROL_PLANE_FILE", "already_applied", "wire"]
 
 log = logging.getLogger("trueup.agent")
 
-CONTROL_PLANE_FILE = "control-plane.json"
+
+def already_applied(applied: dict[str, Any], version: int, digest: str) -> bool:
+    """Whether control-plane revision `version` needs no apply.
+
+    Decided by identity, not by number: a revision is applied when the last
+    one applied *from the control plane* is at least as new. A local apply
+    that took the same number does not count; a local override holds only
+    until the next desired revision.
+    """
+    cp_version = applied.get("cp_version")
+    if cp_version is not None:
+        return int(cp_version) >= version
+    # A state directory from before revisions had an origin: same number and
+    # same document is the only proof.
+    return int(applied.get("version", 0)) == version and applied.get("digest") == digest
 
 
 def _reconcile_loop(agent: Agent) -> ReconcileLoop:
@@ -34,13 +49,11 @@ def _start_sync(agent: Agent, url: str, token_file: Path, heartbeat: float) -> S
     def apply(document: dict[str, Any], version: int) -> None:
         agent.control_plane_version = version
         state.write(CONTROL_PLANE_FILE, {"url": url, "version": version})
-        applied = int(state.applied().get("version", 0))
-        if applied == version:
-            return  # already there (a restart, or a re-poll)
         parsed = parse_document(document, f"control-plane revision {version}")
-        if parsed.metadata.version is None:
-            parsed = parsed.with_version(version)
-        result = agent.apply(parsed, actor="control-plane")
+        parsed = parsed.with_version(version)
+        if already_applied(state.applied(), version, document_digest(parsed)):
+            return  # already there (a restart, or a re-poll)
+        result = agent.apply(parsed, actor="control-plane", origin="control-plane")
         if not result.get("ok"):
             raise RuntimeError(
                 result.get("message") or f"{result.get('outcome')}: {result.get('failed')}"
@@ -51,7 +64,9 @@ def _start_sync(agent: Agent, url: str, token_file: Path, heartbeat: float) -> S
         apply,
         lambda: report_from_status(agent.status()),
         heartbeat_interval=heartbeat,
-        initial_version=int(state.applied().get("version", 0)),
+        # Long-poll after the last revision applied from the control plane, never
+        # after a number a local apply took.
+        initial_version=int(state.applied().get("cp_version") or 0),
     )
     sync.start()
     return sync
@@ -75,6 +90,10 @@ def wire(
         agent.control_plane_version = int(saved["version"])
 
     def start(agent: Agent) -> None:
+        current = agent.state.read(CONTROL_PLANE_FILE, {}) or {}
+        if current.get("url") != control_plane:
+            # From now on local applies are overrides (the engine reads this file).
+            agent.state.write(CONTROL_PLANE_FILE, {**current, "url": control_plane})
         sync = _start_sync(agent, control_plane, token_file, heartbeat)
         agent.sync = sync
         agent.on_stop.append(sync.stop)

@@ -28,9 +28,15 @@ from trueup.cli.server import server_app
 from trueup.journal.state import DEFAULT_STATE_DIR, StateDir, StateDirError
 from trueup.model.document import DeviceState, DocumentError, json_schema, load_document
 from trueup.model.reasons import EXIT_CODES, ReasonCode
-from trueup.reconcile.confirm import management_guard
+from trueup.reconcile.guard import unsafe_management_changes
 from trueup.reconcile.status import drift_report, gather
-from trueup.reconcile.transaction import Engine, Refused, UnknownRevision
+from trueup.reconcile.transaction import (
+    Change,
+    Engine,
+    NeedsConfirmation,
+    Refused,
+    UnknownRevision,
+)
 from trueup.subsystems.base import Subsystem
 from trueup.subsystems.registry import default_subsystems, load_plugin, ordered
 
@@ -110,8 +116,8 @@ def _api_result(response: Any) -> dict[str, Any]:
         for problem in body.get("problems", []):
             typer.echo(f"  {problem}", err=True)
         raise typer.Exit(1)
-    if response.status_code >= 400 and "ok" not in body:
-        _fail(f"agent answered {response.status_code}: {body}")
+    if response.status_code == 507 or (response.status_code >= 400 and "ok" not in body):
+        _fail(str(body.get("message") or f"agent answered {response.status_code}: {body}"))
     return dict(body)
 
 
@@ -159,38 +165,94 @@ def schema() -> None:
     typer.echo(json.dumps(json_schema(), indent=2))
 
 
-@app.command()
-def plan(file: Path, state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") -> None:
-    """Show what applying FILE would change: exit 0 no changes, 2 changes, 1 error."""
-    document = _load(file)
-    engine = _engine(state_dir, create=False)
-    plans = engine.plan(document)
-    steps = [s for p in plans for s in p.steps]
+def _print_plan(body: dict[str, Any], output: str) -> None:
+    steps = [s for p in body["plans"] for s in p["steps"]]
     if output != "table":
-        emit(
-            {
-                "changes": bool(steps),
-                "plans": [
-                    {
-                        "subsystem": p.subsystem,
-                        "steps": [s.to_json() for s in p.steps],
-                        "noop": p.noop_reasons,
-                    }
-                    for p in plans
-                ],
-            },
-            output,
+        emit(body, output)
+        raise typer.Exit(2 if steps else 0)
+    where = body.get("observed_by", {})
+    if where.get("agent_pid"):
+        typer.echo(
+            f"observed by the agent (pid {where['agent_pid']}, state {where['state_dir']}, "
+            f"applied version {where.get('applied_version')})"
         )
     else:
-        for p in plans:
-            if p.steps:
-                for s in p.steps:
-                    typer.echo(f"  + {s.describe()}")
-            else:
-                for reason in p.noop_reasons:
-                    typer.echo(f"  = {p.subsystem}: {reason}")
-        typer.echo(f"{len(steps)} change(s)" if steps else "no changes")
+        typer.echo(
+            f"observed by this process (no agent answers on {where.get('socket')}): "
+            f"network namespace {where.get('netns')}; run plan where the agent runs"
+        )
+    for p in body["plans"]:
+        if p["steps"]:
+            for step in p["steps"]:
+                typer.echo(f"  + {step['describe']}")
+        else:
+            for reason in p["noop"]:
+                typer.echo(f"  = {p['subsystem']}: {reason}")
+    for change in body.get("management_changes", []):
+        typer.echo(f"  ! management: {change} — needs --confirm-within SECONDS", err=True)
+    if body.get("managed_by"):
+        typer.echo(
+            f"  ! managed by the control plane at {body['managed_by']}: applying locally "
+            'needs --override "REASON"',
+            err=True,
+        )
+    typer.echo(f"{len(steps)} change(s)" if steps else "no changes")
     raise typer.Exit(2 if steps else 0)
+
+
+@app.command()
+def plan(file: Path, state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") -> None:
+    """Show what applying FILE would change: exit 0 no changes, 2 changes, 1 error.
+
+    With an agent running on the state directory, the agent observes (the same
+    system `apply` changes); without one, this process observes its own
+    network namespace and says so.
+    """
+    document = _load(file)
+    client = _agent(state_dir)
+    if client is not None:
+        _print_plan(
+            _api_result(client.request("POST", "/v1/plan", json=document.canonical())), output
+        )
+        return
+    engine = _engine(state_dir, create=False)
+    plans = engine.plan(document)
+    try:
+        netns: str | None = os.readlink("/proc/self/ns/net")
+    except OSError:
+        netns = None
+    body = {
+        "changes": any(p.changes for p in plans),
+        "plans": [
+            {
+                "subsystem": p.subsystem,
+                "steps": [s.to_json() | {"describe": s.describe()} for s in p.steps],
+                "noop": p.noop_reasons,
+            }
+            for p in plans
+        ],
+        "management_changes": unsafe_management_changes(engine.applied_document(), document),
+        "managed_by": engine.managed_by(),
+        "observed_by": {
+            "agent_pid": None,
+            "socket": str(state_dir / "agent.sock"),
+            "state_dir": str(state_dir),
+            "netns": netns,
+        },
+    }
+    _print_plan(body, output)
+
+
+OverrideOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="on a device managed by a control plane: apply locally anyway, reported "
+        "upstream as a local override with this reason"
+    ),
+]
+ConfirmOpt = Annotated[
+    float | None, typer.Option(help="roll back unless `trueup confirm` within SECONDS")
+]
 
 
 @app.command()
@@ -201,9 +263,8 @@ def apply(
     expect_version: Annotated[
         int | None, typer.Option(help="refuse unless the applied version is this")
     ] = None,
-    confirm_within: Annotated[
-        float | None, typer.Option(help="roll back unless `trueup confirm` within SECONDS")
-    ] = None,
+    confirm_within: ConfirmOpt = None,
+    override: OverrideOpt = None,
     output: OutputOpt = "table",
 ) -> None:
     """Apply FILE as one journaled transaction."""
@@ -211,11 +272,14 @@ def apply(
         _fail("--mode: expected atomic or best-effort")
     document = _load(file)
     client = _agent(state_dir)
+    actor = f"cli:{os.getuid()}"
     if client is not None:
         headers = {"If-Match": str(expect_version)} if expect_version is not None else {}
-        params: dict[str, Any] = {"mode": mode, "actor": f"cli:{os.getuid()}"}
+        params: dict[str, Any] = {"mode": mode, "actor": actor}
         if confirm_within is not None:
             params["confirm_within"] = confirm_within
+        if override is not None:
+            params["override"] = override
         response = client.request(
             "POST", "/v1/apply", json=document.canonical(), headers=headers, params=params
         )
@@ -227,19 +291,22 @@ def apply(
             "(start it with `trueup agent run`)"
         )
     engine = _engine(state_dir, create=True)
-    refusal = management_guard(engine.applied_document(), document)
-    if refusal is not None:
-        _fail(refusal)
     try:
-        result = engine.apply_document(
-            document,
-            mode="best-effort" if mode == "best-effort" else "atomic",
-            expect_version=expect_version,
-            actor=f"cli:{os.getuid()}",
-            source=str(file),
+        result = engine.transact(
+            Change(
+                document,
+                origin="local-cli",
+                actor=actor,
+                mode="best-effort" if mode == "best-effort" else "atomic",
+                expect_version=expect_version,
+                override=override,
+                source=str(file),
+            )
         )
     except Refused as exc:
         _refused(exc.code.value, str(exc))
+    except NeedsConfirmation as exc:
+        _fail(str(exc))
     _print_apply(result.to_json(), output)
 
 
@@ -249,23 +316,39 @@ def rollback(
     to: Annotated[
         int | None, typer.Option(help="an accepted revision; default the previous")
     ] = None,
+    confirm_within: ConfirmOpt = None,
+    override: OverrideOpt = None,
     output: OutputOpt = "table",
 ) -> None:
     """Apply an earlier accepted revision again (as a new version)."""
     client = _agent(state_dir)
+    actor = f"cli:{os.getuid()}"
     if client is not None:
-        params = {"to": to} if to is not None else {}
+        params: dict[str, Any] = {"actor": actor}
+        if to is not None:
+            params["to"] = to
+        if confirm_within is not None:
+            params["confirm_within"] = confirm_within
+        if override is not None:
+            params["override"] = override
         response = client.request("POST", "/v1/rollback", params=params)
         if response.status_code == 404:
             _fail(response.json().get("detail", "unknown revision"))
         _print_apply(_api_result(response), output)
         return
+    if confirm_within is not None:
+        _fail(
+            "--confirm-within needs a running agent to roll back on time "
+            "(start it with `trueup agent run`)"
+        )
     engine = _engine(state_dir, create=True)
     try:
-        result = engine.rollback_to(to, actor=f"cli:{os.getuid()}")
+        result = engine.rollback_to(to, actor=actor, override=override)
     except Refused as exc:
         _refused(exc.code.value, str(exc))
     except UnknownRevision as exc:
+        _fail(str(exc))
+    except NeedsConfirmation as exc:
         _fail(str(exc))
     _print_apply(result.to_json(), output)
 
@@ -343,7 +426,9 @@ def reconcile(
     if document is None:
         _fail("nothing applied yet; run `trueup apply FILE`")
     try:
-        result = engine.apply_document(document, actor=f"cli:{os.getuid()}", kind="reconcile")
+        result = engine.apply_document(
+            document, actor=f"cli:{os.getuid()}", kind="reconcile", origin="reconcile"
+        )
     except Refused as exc:
         _refused(exc.code.value, str(exc))
     _print_apply(result.to_json(), output)

@@ -11,8 +11,9 @@ import getpass
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from cryptography import x509
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from trueup.server.service import ControlPlane
 from trueup.server.tokens import Role
 
-__all__ = ["server_app"]
+__all__ = ["fleet_app", "render_fleet_device", "render_fleet_table", "server_app"]
 
 DEFAULT_DB = "sqlite:///trueup-server.db"
 DEFAULT_LISTEN = "127.0.0.1:8443"
@@ -33,11 +34,16 @@ user_app = typer.Typer(help="Users and roles (viewer, operator, admin).", no_arg
 token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
 device_app = typer.Typer(help="Devices and enrollment.", no_args_is_help=True)
 audit_app = typer.Typer(help="The hash-chained audit log.", no_args_is_help=True)
+fleet_app = typer.Typer(
+    help="The fleet view: each device's state as the control plane derives it.",
+    no_args_is_help=True,
+)
 server_app.add_typer(tenant_app, name="tenant")
 server_app.add_typer(user_app, name="user")
 server_app.add_typer(token_app, name="token")
 server_app.add_typer(device_app, name="device")
 server_app.add_typer(audit_app, name="audit")
+server_app.add_typer(fleet_app, name="fleet")
 
 DbOption = typer.Option(
     DEFAULT_DB, "--db", envvar="TRUEUP_SERVER_DB", help="sqlite:///PATH or postgresql://…"
@@ -316,6 +322,157 @@ def audit_verify(db: str = DbOption, key_file: Path | None = KeyOption) -> None:
         typer.echo(str(problem))
     typer.echo(f"{len(problems)} problem(s) found", err=True)
     raise typer.Exit(1)
+
+
+# -- fleet view ------------------------------------------------------------------------------
+
+OutputOption = typer.Option("table", "-o", "--output", help="table | json | yaml")
+StaleOption = typer.Option(
+    3, "--stale-intervals", min=1, help="as given to `trueup server run` (default 3)"
+)
+
+_DIGEST_MARK = {True: "✓", False: "✗", None: "?"}
+
+
+def _version(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.0f}h ago"
+
+
+def render_fleet_table(entries: list[dict[str, Any]]) -> str:
+    """One line per device; DIGEST is ✓ (applied document = desired), ✗ or ? (unknown)."""
+    header = ("DEVICE", "STATUS", "DESIRED", "APPLIED", "DIGEST", "ORIGIN", "REPORTED", "REASONS")
+    rows = [header]
+    for e in entries:
+        rows.append(
+            (
+                e["device"],
+                e["status"],
+                _version(e["desired_version"]),
+                _version(e["applied_version"]),
+                _DIGEST_MARK[e.get("digest_match")],
+                e.get("applied_origin") or "-",
+                _age(e.get("heartbeat_age")),
+                ",".join(e["reason_codes"]) or "-",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def render_fleet_device(entry: dict[str, Any]) -> str:
+    match = entry.get("digest_match")
+    if match is None:
+        digest = "? unknown (the agent or the revision reports no digest; versions compared)"
+    elif match:
+        digest = "✓ the applied document is the desired one"
+    elif entry["applied_version"] == entry["desired_version"]:
+        digest = "✗ differs: same version number, different document"
+    else:
+        digest = "✗ differs"
+    lines = [
+        f"device:        {entry['device']}",
+        f"status:        {entry['status']}"
+        + (
+            f"   (conditions: {', '.join(entry['conditions'])})"
+            if len(entry["conditions"]) > 1
+            else ""
+        ),
+        f"desired:       version {_version(entry['desired_version'])}"
+        f"   {entry.get('desired_digest') or '-'}",
+        f"applied:       version {_version(entry['applied_version'])}"
+        f"   {entry.get('applied_digest') or '-'}"
+        f"   origin {entry.get('applied_origin') or '-'}",
+        f"digest:        {digest}",
+    ]
+    override = entry.get("override")
+    if override:
+        lines.append(
+            f"override:      local version {override.get('version', '-')}"
+            f" by {override.get('actor') or '-'} at {override.get('at') or '-'}"
+        )
+        if override.get("reason"):
+            lines.append(f"               reason: {override['reason']}")
+        lines.append("               the next desired revision from the control plane replaces it")
+    interval = entry.get("heartbeat_interval")
+    lines.append(
+        f"last report:   {_age(entry.get('heartbeat_age'))}"
+        + (f" (every {interval:g}s, {entry['missed_heartbeats']} missed)" if interval else "")
+    )
+    if entry.get("in_sync_since"):
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry["in_sync_since"]))
+        lines.append(f"in sync since: {since}")
+    lines.append(f"reason codes:  {', '.join(entry['reason_codes']) or '-'}")
+    for ack in entry.get("acknowledgements", []):
+        lines.append(f"acknowledged:  {ack['subsystem']}: {ack['reason']}")
+    return "\n".join(lines)
+
+
+def _fleet(
+    db: str, key_file: Path | None, tenant: str, stale_intervals: int, device: str | None = None
+) -> list[dict[str, Any]]:
+    from trueup.server.service import NotFound
+
+    plane = _plane(db, key_file)
+    plane.stale_intervals = stale_intervals
+    try:
+        return plane.fleet(_tenant(plane, tenant), device)
+    except NotFound as exc:
+        raise _fail(str(exc)) from None
+
+
+@fleet_app.command("list")
+def fleet_list(
+    tenant: str = typer.Option(..., "--tenant"),
+    status: str | None = typer.Option(
+        None, "--status", help="only devices with this condition (e.g. local_override)"
+    ),
+    output: str = OutputOption,
+    stale_intervals: int = StaleOption,
+    db: str = DbOption,
+    key_file: Path | None = KeyOption,
+) -> None:
+    """Every device: status, desired/applied version, digest match (✓/✗/?), origin."""
+    from trueup.cli.output import emit
+
+    entries = _fleet(db, key_file, tenant, stale_intervals)
+    if status:
+        entries = [e for e in entries if status in e["conditions"]]
+    if output == "table":
+        typer.echo(render_fleet_table(entries))
+    else:
+        emit({"devices": entries, "count": len(entries)}, output)
+
+
+@fleet_app.command("show")
+def fleet_show(
+    device: str = typer.Argument(..., help="device name"),
+    tenant: str = typer.Option(..., "--tenant"),
+    output: str = OutputOption,
+    stale_intervals: int = StaleOption,
+    db: str = DbOption,
+    key_file: Path | None = KeyOption,
+) -> None:
+    """One device: both revisions' identities, the digest comparison and any local override."""
+    from trueup.cli.output import emit
+
+    entry = _fleet(db, key_file, tenant, stale_intervals, device)[0]
+    if output == "table":
+        typer.echo(render_fleet_device(entry))
+    else:
+        emit(entry, output)
 
 
 def main() -> None:

@@ -124,9 +124,11 @@ class Journal:
                 end = chunk.rfind(b"\n") + 1  # a torn last line waits for its newline
                 for line in chunk[:end].splitlines():
                     try:
-                        cached.records.append(json.loads(line))
-                    except json.JSONDecodeError:
+                        record = json.loads(line)
+                    except ValueError:  # not JSON, or not even UTF-8
                         continue  # a torn write: the action it announced never started
+                    if isinstance(record, dict):
+                        cached.records.append(record)
                 cached.offset += end
             return list(cached.records)
 

@@ -8,15 +8,19 @@ purpose are written into the file for `status`.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
+import logging
 import os
 import threading
 import time
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["LockBusy", "WriterLock", "lock_holder"]
+__all__ = ["LockBusy", "LockError", "WriterLock", "lock_holder"]
+
+log = logging.getLogger("trueup.journal")
 
 
 class LockBusy(RuntimeError):
@@ -26,11 +30,23 @@ class LockBusy(RuntimeError):
         super().__init__(f"another writer holds the device: {who}")
 
 
+class LockError(OSError):
+    """The writer lock cannot be taken for a reason other than another writer.
+
+    For example a read-only or missing state directory. Nothing is held when
+    it is raised. The message names the path and the system's reason.
+    """
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
 def lock_holder(path: Path) -> dict[str, object] | None:
     """Who holds the lock now, or None when nobody does."""
-    if not path.exists():
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
         return None
-    fd = os.open(path, os.O_RDONLY)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -38,7 +54,7 @@ def lock_holder(path: Path) -> dict[str, object] | None:
             try:
                 data = json.loads(path.read_text() or "{}")
                 return dict(data) if isinstance(data, dict) else {}
-            except (json.JSONDecodeError, OSError):
+            except (ValueError, OSError):
                 return {}
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
@@ -66,23 +82,56 @@ class WriterLock:
         )
         if not acquired:
             raise LockBusy({"pid": os.getpid(), "purpose": "another request in this agent"})
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        deadline = time.monotonic() + self.wait
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    holder = lock_holder(self.path)
-                    os.close(fd)
-                    self._thread_lock.release()
-                    raise LockBusy(holder) from None
-                time.sleep(0.01)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"pid": os.getpid(), "purpose": self.purpose}).encode(), 0)
-        self._fd = fd
+        try:
+            self._fd = self._take()
+        except BaseException:
+            self._thread_lock.release()
+            raise
         return self
+
+    def _take(self) -> int:
+        """Open and flock the lock file; on any failure nothing stays open or held."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise LockError(
+                exc.errno, f"cannot open the writer lock {self.path}: {exc.strerror}"
+            ) from exc
+        try:
+            deadline = time.monotonic() + self.wait
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        try:
+                            holder = lock_holder(self.path)
+                        except OSError:
+                            holder = None
+                        raise LockBusy(holder) from None
+                    time.sleep(0.01)
+                except OSError as exc:
+                    raise LockError(
+                        exc.errno, f"cannot lock the writer lock {self.path}: {exc.strerror}"
+                    ) from exc
+        except BaseException:
+            os.close(fd)
+            raise
+        self._record_holder(fd)
+        return fd
+
+    def _record_holder(self, fd: int) -> None:
+        """Write who holds the lock, for `status`. Best effort: the flock is the lock."""
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps({"pid": os.getpid(), "purpose": self.purpose}).encode(), 0)
+        except OSError as exc:
+            log.warning(
+                "writer lock %s taken, but its holder could not be recorded: %s",
+                self.path,
+                exc.strerror,
+            )
 
     def __exit__(
         self,
@@ -90,9 +139,19 @@ class WriterLock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._fd is not None:
-            os.ftruncate(self._fd, 0)
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-        self._thread_lock.release()
+        fd, self._fd = self._fd, None
+        try:
+            if fd is not None:
+                try:
+                    os.ftruncate(fd, 0)
+                except OSError as error:
+                    # A stale holder record is harmless: lock_holder asks flock first.
+                    log.warning(
+                        "writer lock %s: clearing its holder failed: %s", self.path, error.strerror
+                    )
+                with contextlib.suppress(OSError):
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        finally:
+            self._thread_lock.release()

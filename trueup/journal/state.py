@@ -7,6 +7,8 @@ STATE_DIR/
   revisions/N.json    accepted desired revisions (the documents)
   journal.jsonl       write-ahead journal of transactions
   audit.jsonl         append-only, hash-chained audit log
+  audit.head          its anchor: seq, hash and size of the last line (truncation shows)
+  audit.torn          torn last lines a repair moved out of audit.jsonl (evidence)
   reconcile.json      reconcile history: breaker, back-off, failures
   lock                one writer at a time
   agent.sock          the agent's local API
@@ -23,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trueup.journal.atomic import read_json, write_json
+from trueup.journal.atomic import StateFileError, read_json, write_json
 from trueup.journal.audit import AuditLog
 from trueup.journal.journal import Journal
 from trueup.journal.lock import WriterLock
@@ -126,8 +128,13 @@ class StateDir:
         """Revisions whose content no longer matches the digest written with them."""
         out = []
         for version in self.revision_versions():
-            record = self.revision(version) or {}
-            if record.get("digest") != _digest(record.get("document")):
+            try:
+                record = self.revision(version) or {}
+            except StateFileError:
+                record = {}  # not even JSON any more: edited or torn
+            if not isinstance(record, dict) or record.get("digest") != _digest(
+                record.get("document")
+            ):
                 out.append(str(self._revision_path(version)))
         return out
 

@@ -126,18 +126,44 @@ def classify(facts: ClassifierInput) -> list[Finding]:
 
     if facts.unsupported_schema:
         findings.append(Finding.of(ReasonCode.VERSION_SKEW, detail=facts.unsupported_schema))
+    override = facts.applied.get("override")
+    cp_applied = facts.applied.get("cp_version")
     for source, version in (
         ("desired", facts.desired_version),
         ("control plane", facts.control_plane_version),
     ):
-        if version is not None and version != applied_version:
-            findings.append(
-                Finding.of(
-                    ReasonCode.VERSION_SKEW,
-                    detail=f"{source} version {version}, applied version {applied_version}",
-                    evidence={"source": source, "version": version, "applied": applied_version},
-                )
+        if version is None:
+            continue
+        # Identity, not number: the control plane's revision is applied only when
+        # it came from the control plane (a local apply may have taken its number).
+        differs = version != applied_version or (
+            source == "control plane"
+            and cp_applied is not None
+            and facts.applied.get("origin") != "control-plane"
+        )
+        if not differs:
+            continue
+        detail = f"{source} version {version}, applied version {applied_version}"
+        if override:
+            detail += (
+                f" (local override by {override.get('actor')} at {override.get('at')}: "
+                f"{override.get('reason')}; the next desired revision replaces it)"
             )
+        elif version == applied_version:
+            detail += f" applied from {facts.applied.get('origin')}, not the control plane"
+        findings.append(
+            Finding.of(
+                ReasonCode.VERSION_SKEW,
+                detail=detail,
+                evidence={
+                    "source": source,
+                    "version": version,
+                    "applied": applied_version,
+                    "applied_origin": facts.applied.get("origin"),
+                    "override": override,
+                },
+            )
+        )
 
     # A running transaction explains differences only in the subsystems it is changing.
     running: set[str] = set()

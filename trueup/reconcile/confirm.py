@@ -6,8 +6,8 @@ rolls back a confirmation that expired while the agent was down — right after
 the management tier is up, from the last confirmed revision.
 
 The rollback re-applies the last confirmed revision's content as a new
-version (like `trueup rollback --to`), as one journaled transaction. Callers
-hold the writer lock.
+version (like `trueup rollback --to`), as one engine transaction of kind
+`confirm-timeout`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from typing import Any, Literal
 
 from trueup.journal.audit import now_iso
 from trueup.journal.confirm import clear_pending, read_pending
-from trueup.model.document import DeviceState, parse_document
-from trueup.reconcile.transaction import ApplyResult, Engine
+from trueup.model.document import parse_document
+from trueup.reconcile.guard import management_guard, unsafe_management_changes
+from trueup.reconcile.transaction import ApplyResult, Change, Engine
 
 __all__ = [
     "Decision",
@@ -29,35 +30,6 @@ __all__ = [
 ]
 
 Decision = Literal["none", "stale", "superseded", "waiting", "expired"]
-
-
-def unsafe_management_changes(previous: DeviceState | None, document: DeviceState) -> list[str]:
-    """What `document` would take away from management access that `previous` gave."""
-    if previous is None:
-        return []
-    old, new = previous.spec.management, document.spec.management
-    out: list[str] = []
-    if old.interface != new.interface:
-        out.append(f"moves management from {old.interface} to {new.interface}")
-    for address in old.addresses:
-        if old.interface != new.interface or address not in new.addresses:
-            out.append(f"removes management address {address} from {old.interface}")
-    if old.gateway is not None and new.gateway != old.gateway:
-        change = f"replaces it with {new.gateway}" if new.gateway else "removes it"
-        out.append(f"management default route via {old.gateway}: {change}")
-    return out
-
-
-def management_guard(previous: DeviceState | None, document: DeviceState) -> str | None:
-    """Why `document` may not be applied without `--confirm-within`, or None when it may."""
-    unsafe = unsafe_management_changes(previous, document)
-    if not unsafe:
-        return None
-    return (
-        "; ".join(unsafe) + " — management could become unreachable. Nothing was changed. "
-        "Re-run with --confirm-within SECONDS (with the agent running): the change is rolled "
-        "back unless `trueup confirm` arrives in time"
-    )
 
 
 def decide(pending: dict[str, Any] | None, applied_version: int, now: float) -> Decision:
@@ -80,24 +52,25 @@ def decide(pending: dict[str, Any] | None, applied_version: int, now: float) -> 
 
 
 def roll_back_unconfirmed(engine: Engine, pending: dict[str, Any], *, actor: str) -> ApplyResult:
-    """Re-apply the last confirmed revision as a new version. Caller holds the writer lock."""
+    """Re-apply the last confirmed revision as a new version, as one engine transaction."""
     state = engine.state
-    engine.recover(actor=actor)
     target = int(pending["confirmed_version"])
     record = state.revision(target)
     if record is None:
         raise RuntimeError(f"confirmed revision {target} is missing from {state.root}/revisions")
-    applied_version = int(state.applied().get("version", 0))
     document = parse_document(record["document"], f"revision {target}")
-    result = engine._apply_locked(
-        document.with_version(applied_version + 1),
-        mode="atomic",
-        expect_version=None,
-        actor=actor,
-        kind="rollback",
-        source=f"confirmation of version {pending.get('version')} missed its deadline; "
-        f"back to revision {target}",
-        allow_same_version=False,
+    result = engine.transact(
+        Change(
+            document,
+            kind="confirm-timeout",
+            origin="confirm-timeout",
+            actor=actor,
+            new_version=True,
+            management_confirmed=True,  # back to what was confirmed
+            lock_wait=2.0,
+            source=f"confirmation of version {pending.get('version')} missed its deadline; "
+            f"back to revision {target}",
+        )
     )
     if result.ok:
         clear_pending(

@@ -33,24 +33,25 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trueup.journal.confirm import clear_pending, read_pending, write_pending
-from trueup.journal.lock import LockBusy, lock_holder
+from trueup.journal.lock import lock_holder
 from trueup.model.document import DeviceState, DocumentError
-from trueup.reconcile.confirm import (
-    decide,
-    management_guard,
-    roll_back_unconfirmed,
-    unsafe_management_changes,
-)
+from trueup.reconcile.confirm import decide, roll_back_unconfirmed
 from trueup.reconcile.healing import Governor, HealingOptions
-from trueup.reconcile.transaction import Engine, Mode, Refused
-from trueup.subsystems.base import Difference, Facts, Scope, StepError, Subsystem
+from trueup.reconcile.transaction import (
+    ApplyResult,
+    Change,
+    Engine,
+    NeedsConfirmation,
+    Origin,
+    Refused,
+)
+from trueup.subsystems.base import Difference, Scope
 from trueup.subsystems.registry import scope_for
 from trueup.system.events import EventSource, NetlinkEvent, iso_time
-from trueup.system.netlink import Netlink, NetlinkError
 
 __all__ = ["RECONCILE_FILE", "DriftRecord", "PassReport", "ReconcileLoop"]
 
@@ -94,6 +95,7 @@ class PassReport:
     healed: dict[str, list[str]] = field(default_factory=dict)  # subsystem → step descriptions
     failed: dict[str, str] = field(default_factory=dict)
     held: dict[str, str] = field(default_factory=dict)  # subsystem → why not healed
+    waiting: dict[str, str] = field(default_factory=dict)  # subsystem → the dependency it awaits
     txns: list[str] = field(default_factory=list)
     skipped: str | None = None
 
@@ -113,15 +115,6 @@ def _identifiers(diffs: list[Difference], scope: Scope) -> set[str]:
             else:
                 out.add(inner)
     return out
-
-
-def _heal_target(desired: Facts, observed: Facts, contested: set[str]) -> Facts:
-    """Desired facts with contested paths pinned to what is observed (left alone)."""
-    target = {k: v for k, v in desired.items() if k not in contested}
-    for path in contested:
-        if path in observed:
-            target[path] = observed[path]
-    return target
 
 
 class ReconcileLoop:
@@ -207,11 +200,33 @@ class ReconcileLoop:
             self._wake.clear()
             if self._stop.is_set():
                 return
+            self._await_writers()
             try:
                 self.run_pass()
             except Exception:  # the loop must outlive any one pass
                 log.exception("reconcile pass failed")
                 self._stop.wait(1.0)
+
+    def _await_writers(self) -> None:
+        """While a transaction runs, events are only counted: wait for it to end.
+
+        What a pass would see mid-transaction is half-applied, and an apply of
+        thousands of addresses sends thousands of notifications; passing on each
+        would spin. One pass follows the transaction and sees its result.
+        """
+        delay = 0.05
+        while not self._stop.is_set():
+            if self._applying or self.engine.active:
+                self.engine.idle.wait(1.0)
+                with self._lock:
+                    pass  # an API apply finishes its bookkeeping under the lock
+                continue
+            if lock_holder(self.state.root / "lock"):
+                # Another process writes (a CLI apply without the agent): poll gently.
+                self._stop.wait(delay)
+                delay = min(1.0, delay * 2)
+                continue
+            return
 
     def _timeout(self) -> float:
         now = self.clock()
@@ -283,15 +298,7 @@ class ReconcileLoop:
                         sub.name, differences[sub.name], scope, now, detected_by, since_seq
                     )
                     report.drift[sub.name] = [d.path for d in differences[sub.name]]
-                for sub in self.engine.subsystems:
-                    if not differences[sub.name]:
-                        continue
-                    forced = force is not None and sub.name in force
-                    held = self._held(sub.name, document, now, forced)
-                    if held is not None:
-                        report.held[sub.name] = held
-                        continue
-                    self._heal(net, sub, document, scope, report, actor, lock_wait, forced)
+            self._heal(document, differences, report, actor, lock_wait, force or [])
             self._persist()
             self._refresh_view()
             return report
@@ -398,109 +405,169 @@ class ReconcileLoop:
 
     def _heal(
         self,
-        net: Netlink,
-        sub: Subsystem,
         document: DeviceState,
-        scope: Scope,
+        differences: dict[str, list[Difference]],
         report: PassReport,
         actor: str,
         lock_wait: float,
-        forced: bool,
+        force: list[str],
     ) -> None:
-        name = sub.name
+        """Heal what policy, bounds and dependencies allow, as one `reconcile` transaction.
+
+        A subsystem whose dependency differs and is not being healed (policy,
+        acknowledgement, breaker, contested paths) waits: it is reported as
+        `waiting on DEPENDENCY`, and its breaker does not count it.
+        """
         now = self.clock()
-        try:
-            lock = self.state.writer_lock("reconcile", wait=lock_wait)
-            lock.__enter__()
-        except LockBusy as exc:
-            self._retry_soon = True
-            report.held[name] = f"deferred: {exc}"
-            return
-        try:
-            contested = set() if forced else set(self.governor.contested(name))
-            observed = sub.observe(net, scope)
-            target = _heal_target(sub.desired(document, scope), observed, contested)
-            plan = sub.plan(target, observed, scope)
-            if not plan.changes:
-                if contested:
+        healable: list[str] = []
+        unsettled: dict[str, str] = {}  # differs and will not be healed now → why
+        contested: dict[str, frozenset[str]] = {}
+        for sub in self.engine.subsystems:
+            name = sub.name
+            diffs = differences[name]
+            if not diffs:
+                continue
+            forced = name in force
+            paths = ", ".join(d.path for d in diffs[:3]) + (" …" if len(diffs) > 3 else "")
+            held = self._held(name, document, now, forced)
+            if held is not None:
+                report.held[name] = held
+                unsettled[name] = f"{held} ({paths})"
+                continue
+            blocker = next((d for d in sub.depends_on if d in unsettled), None)
+            if blocker is not None and not forced:
+                why = f"waiting on {blocker}: {unsettled[blocker]}"
+                report.held[name] = report.waiting[name] = why
+                unsettled[name] = why
+                continue
+            pinned = frozenset() if forced else frozenset(self.governor.contested(name))
+            contested[name] = pinned
+            differing_contested = pinned & {d.path for d in diffs}
+            if differing_contested:
+                unsettled[name] = "contested: " + ", ".join(sorted(differing_contested))
+                if differing_contested == {d.path for d in diffs}:
                     report.held[name] = "only contested paths differ: " + ", ".join(
-                        sorted(contested)
+                        sorted(differing_contested)
                     )
-                return
-            paths = sorted({s.path for s in plan.steps})
-            self.governor.record_attempt(name, now)
-            applied = self.state.applied()
-            version = int(applied.get("version", 0))
-            journal = self.state.journal
-            txn = journal.begin(
-                kind="reconcile",
-                version=version,
-                mode="atomic",
-                digest=applied.get("digest"),
-                actor=actor,
-                subsystems=[name],
-                all_subsystems=[name],
-                scope=scope.to_json(),
-                before={name: observed},
-                previous_applied=applied,
-                steps={name: len(plan.steps)},
-                paths=paths,
+                    continue
+            healable.append(name)
+        if not healable:
+            return
+        attempted: list[str] = []
+
+        def audit_lines(
+            txn: str,
+            failed: dict[str, str],
+            waiting: dict[str, str],
+            healed: dict[str, list[str]],
+        ) -> list[tuple[str, dict[str, Any]]]:
+            return self._heal_outcome(
+                txn, document, differences, failed, waiting, healed, attempted, actor
             )
-            report.txns.append(txn)
-            try:
-                self.engine._converge(net, sub, target, scope, plan)
-            except (StepError, NetlinkError, ValueError) as exc:
-                error = str(exc)
-                journal.record(txn, "failed", subsystem=name, error=error)
-                journal.record(
-                    txn, "commit", outcome="failed", version=version, failed={name: error}
-                )
-                opened = self.governor.record_failure(name, self.clock(), error, paths)
+
+        change = Change(
+            document,
+            kind="reconcile",
+            origin="reconcile",
+            actor=actor,
+            mode="best-effort",
+            only=frozenset(healable),
+            contested=contested,
+            lock_wait=lock_wait,
+            audit=audit_lines,
+        )
+        try:
+            result = self.engine.transact(change)
+        except Refused as exc:
+            self._retry_soon = True
+            for name in healable:
+                report.held[name] = f"deferred: {exc}"
+            return
+        if result.txn:
+            report.txns.append(result.txn)
+        for name in healable:
+            if name in result.failed:
+                report.failed[name] = result.failed[name]
+            elif name in result.waiting:
+                report.held[name] = report.waiting[name] = result.waiting[name]
+            elif name in result.healed:
+                report.healed[name] = result.healed[name]
+
+    def _heal_outcome(
+        self,
+        txn: str,
+        document: DeviceState,
+        differences: dict[str, list[Difference]],
+        failed: dict[str, str],
+        waiting: dict[str, str],
+        healed: dict[str, list[str]],
+        attempted: list[str],
+        actor: str,
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """Governor bookkeeping for a heal's outcome, and its audit lines (written with the commit)."""
+        del document
+        now = self.clock()
+        version = int(self.state.applied().get("version", 0))
+        lines: list[tuple[str, dict[str, Any]]] = []
+        for name in [*healed, *failed]:
+            if name in attempted or name in waiting:
+                continue
+            attempted.append(name)
+            paths = sorted({d.path for d in differences.get(name, [])})
+            self.governor.record_attempt(name, now)
+            if name in failed:
+                error = failed[name]
+                opened = self.governor.record_failure(name, now, error, paths)
                 self.counters["heals_failed"] += 1
-                report.failed[name] = error
-                self.state.audit.append(
-                    "reconcile",
-                    actor,
-                    subsystem=name,
-                    outcome="failed",
-                    error=error,
-                    paths=paths,
-                    txn=txn,
-                    version=version,
-                    breaker=self.governor.of(name).breaker,
-                    failures=self.governor.of(name).failures,
-                    backoff_seconds=self.governor.of(name).backoff_seconds,
+                heal = self.governor.of(name)
+                lines.append(
+                    (
+                        "reconcile",
+                        {
+                            "subsystem": name,
+                            "outcome": "failed",
+                            "error": error,
+                            "paths": paths,
+                            "txn": txn,
+                            "version": version,
+                            "breaker": heal.breaker,
+                            "failures": heal.failures,
+                            "backoff_seconds": heal.backoff_seconds,
+                        },
+                    )
                 )
                 if opened:
-                    self.state.audit.append(
-                        "breaker_opened",
-                        ACTOR,
-                        subsystem=name,
-                        failures=self.governor.of(name).failures,
-                        last_error=error,
+                    lines.append(
+                        (
+                            "breaker_opened",
+                            {"subsystem": name, "failures": heal.failures, "last_error": error},
+                        )
                     )
                 log.warning("heal of %s failed: %s", name, error)
-                return
-            journal.record(txn, "applied", subsystem=name, steps=len(plan.steps))
-            journal.record(txn, "commit", outcome="committed", version=version, failed={})
-            self.governor.record_success(name, self.clock())
+                continue
+            self.governor.record_success(name, now)
             self.counters["heals_ok"] += 1
-            steps = [s.describe() for s in plan.steps]
-            report.healed[name] = steps
             record = self._drift.get(name)
-            self.state.audit.append(
-                "reconcile",
-                actor,
-                subsystem=name,
-                outcome="healed",
-                paths=paths,
-                steps=steps,
-                txn=txn,
-                version=version,
-                attribution=record.attribution[-3:] if record else [],
+            lines.append(
+                (
+                    "reconcile",
+                    {
+                        "subsystem": name,
+                        "outcome": "healed",
+                        "paths": paths,
+                        "steps": healed[name],
+                        "txn": txn,
+                        "version": version,
+                        "attribution": record.attribution[-3:] if record else [],
+                    },
+                )
             )
-        finally:
-            lock.__exit__(None, None, None)
+        for name, why in waiting.items():
+            lines.append(
+                ("reconcile", {"subsystem": name, "outcome": "waiting", "why": why, "txn": txn})
+            )
+        del actor
+        return lines
 
     # -- acknowledgements and confirmations --------------------------------
     def _expire_acks(self, now: float) -> None:
@@ -520,9 +587,8 @@ class ReconcileLoop:
             self._pending = None
         elif decision == "expired":
             try:
-                with self.state.writer_lock("confirm-rollback", wait=2.0):
-                    result = roll_back_unconfirmed(self.engine, pending, actor="confirm-timeout")
-            except LockBusy:
+                result = roll_back_unconfirmed(self.engine, pending, actor="confirm-timeout")
+            except Refused:
                 self._retry_soon = True
                 return
             except Exception:
@@ -561,16 +627,64 @@ class ReconcileLoop:
         expect_version: int | None = None,
         actor: str = "api",
         confirm_within: float | None = None,
+        origin: Origin = "local-cli",
+        override: str | None = None,
     ) -> dict[str, Any]:
         """Apply through the engine; guard it with a pending confirmation when asked."""
+        change = Change(
+            document,
+            kind="apply",
+            origin=origin,
+            actor=actor,
+            mode="best-effort" if mode == "best-effort" else "atomic",
+            expect_version=expect_version,
+            override=override,
+        )
+        return self.write(change, confirm_within)
+
+    def rollback(
+        self,
+        to: int | None,
+        *,
+        expect_version: int | None = None,
+        actor: str = "api",
+        confirm_within: float | None = None,
+        override: str | None = None,
+    ) -> dict[str, Any]:
+        """`trueup rollback`: an earlier revision as a new version, guarded like an apply."""
+        applied_version = int(self.state.applied().get("version", 0))
+        target, document = self.engine.revision_document(to)
+        change = Change(
+            document,
+            kind="rollback",
+            origin="rollback",
+            actor=actor,
+            expect_version=applied_version if expect_version is None else expect_version,
+            new_version=True,
+            override=override,
+            source=f"revision {target}",
+        )
+        return self.write(change, confirm_within)
+
+    def _refusal(self, actor: str, message: str) -> dict[str, Any]:
+        return {
+            "ok": False,
+            "version": int(self.state.applied().get("version", 0)),
+            "outcome": "refused",
+            "txn": None,
+            "steps": [],
+            "failed": {"management": message},
+            "rollback_errors": [],
+            "message": message,
+        }
+
+    def write(self, change: Change, confirm_within: float | None) -> dict[str, Any]:
+        """Run an operator's change (apply or rollback), with confirm-or-rollback when asked."""
         state = self.state
+        actor = change.actor
         applied_version = int(state.applied().get("version", 0))
-        previous = self._document()
-        unsafe = unsafe_management_changes(previous, document)
         refusal: str | None = None
-        if confirm_within is None:
-            refusal = management_guard(previous, document)
-        elif confirm_within is not None and confirm_within <= 0:
+        if confirm_within is not None and confirm_within <= 0:
             refusal = "--confirm-within must be a positive number of seconds"
         pending_before = self._pending
         confirmed_version = (
@@ -582,18 +696,9 @@ class ReconcileLoop:
                 "version without it"
             )
         if refusal is not None:
-            state.audit.append("apply_refused", actor, message=refusal, changes=unsafe)
-            return {
-                "ok": False,
-                "version": applied_version,
-                "outcome": "refused",
-                "txn": None,
-                "steps": [],
-                "failed": {"management": refusal},
-                "rollback_errors": [],
-                "message": refusal,
-            }
-        mode_value: Mode = "best-effort" if mode == "best-effort" else "atomic"
+            state.audit.append("apply_refused", actor, message=refusal)
+            return self._refusal(actor, refusal)
+        change = replace(change, management_confirmed=confirm_within is not None, lock_wait=5.0)
         with self._applying_guard():
             pending: dict[str, Any] | None = None
             if confirm_within is not None:
@@ -610,14 +715,10 @@ class ReconcileLoop:
                 write_pending(state, pending)  # before the apply: a crash mid-way still rolls back
                 self._pending = pending
             try:
-                result = self.engine.apply_document(
-                    document,
-                    mode=mode_value,
-                    expect_version=expect_version,
-                    actor=actor,
-                    lock_wait=5.0,
-                )
-            except Refused:
+                result: ApplyResult = self.engine.transact(change)
+            except NeedsConfirmation as exc:
+                return self._refusal(actor, str(exc))
+            except Exception:
                 if pending is not None:
                     self._restore_pending(pending_before)
                 raise

@@ -79,15 +79,39 @@ class SubsystemReport(BaseModel):
     since: str | float | None = None
 
 
+DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+MAX_VERSION = 2**31 - 1  # an INTEGER column on both databases
+
+
+class OverrideReport(BaseModel):
+    """A local apply that overrides the control plane's revision, as the agent reports it."""
+
+    model_config = ConfigDict(extra="allow")
+    version: int = Field(ge=0, le=MAX_VERSION)
+    actor: str = Field("", max_length=200)
+    at: str | None = Field(None, max_length=64)
+    reason: str = Field("", max_length=1000)
+    digest: str | None = Field(None, pattern=DIGEST_PATTERN)
+
+
 class AgentReport(BaseModel):
     """What an agent reports after every change and on every heartbeat.
 
     Unknown fields are kept with the report (evidence), so newer agents can add some.
+    `applied_digest` is `document_digest` of the applied document (metadata.version
+    ignored), compared with the desired revision's content_hash; `applied_origin`
+    says where that document came from; `override` is set while a local apply
+    overrides the control plane's revision.
     """
 
     model_config = ConfigDict(extra="allow")
-    applied_version: int | None = Field(None, ge=0)
-    observed_digest: str | None = Field(None, max_length=80)
+    applied_version: int | None = Field(None, ge=0, le=MAX_VERSION)
+    observed_digest: str | None = Field(None, max_length=80, pattern=r"^[\x21-\x7e]*$")
+    applied_digest: str | None = Field(None, pattern=DIGEST_PATTERN)
+    applied_origin: str | None = Field(
+        None, min_length=1, max_length=32, pattern=r"^[a-z0-9][a-z0-9._-]*$"
+    )
+    override: OverrideReport | None = None
     diff_summary: dict[str, Any] = {}
     subsystems: dict[str, SubsystemReport] = {}
     reason_codes: list[ReasonCode] = []
@@ -430,7 +454,9 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/api/v1/devices", openapi_extra=_role("viewer"))
     async def list_devices(
-        status: str | None = Query(None, description="in_sync | drift | version_skew | …"),
+        status: str | None = Query(
+            None, description="in_sync | drift | version_skew | local_override | …"
+        ),
         reason: str | None = Query(None, description="a reason code, e.g. STATE_VERSION_SKEW"),
         p: Principal = viewer,
     ) -> dict[str, Any]:

@@ -1,4 +1,10 @@
-"""Fleet state, derived from facts: the desired version, the last report and the clock.
+"""Fleet state, derived from facts: the desired revision, the last report and the clock.
+
+A revision is identified by its number *and* its document digest
+(`trueup.model.document.document_digest`, which ignores metadata.version). A
+local apply on the router takes the next number, so a control-plane revision
+with the same number says nothing about which document runs there: when both
+digests are known they decide.
 
 Conditions (a device can have several; `status` is the most urgent one):
 
@@ -6,7 +12,13 @@ Conditions (a device can have several; `status` is the most urgent one):
                            (or never reported)
     reconciliation_failed  the agent reports STATE_RECONCILIATION_FAILED,
                            STATE_PARTIAL_UPDATE or STATE_APPLY_NOT_COMPLETED
-    version_skew           applied version ≠ desired version (STATE_VERSION_SKEW)
+    local_override         the agent reports a local apply overriding the
+                           control plane's revision (an explicit, reported
+                           override; the next desired revision replaces it)
+    version_skew           without an override: applied digest ≠ desired digest
+                           (when both are known, even if the numbers are equal),
+                           or applied version ≠ desired version
+                           (STATE_VERSION_SKEW); or the agent reports it
     drift                  the agent reports STATE_DRIFT_DETECTED
     in_sync                none of the above
 """
@@ -18,7 +30,7 @@ from enum import StrEnum
 
 from trueup.model.reasons import ReasonCode
 
-__all__ = ["DeviceFacts", "FleetStatus", "FleetView", "derive"]
+__all__ = ["DeviceFacts", "FleetStatus", "FleetView", "derive", "digest_match", "in_sync_now"]
 
 
 class FleetStatus(StrEnum):
@@ -27,11 +39,13 @@ class FleetStatus(StrEnum):
     VERSION_SKEW = "version_skew"
     HEARTBEAT_STALE = "heartbeat_stale"
     RECONCILIATION_FAILED = "reconciliation_failed"
+    LOCAL_OVERRIDE = "local_override"
 
 
 _PRECEDENCE = [
     FleetStatus.HEARTBEAT_STALE,
     FleetStatus.RECONCILIATION_FAILED,
+    FleetStatus.LOCAL_OVERRIDE,
     FleetStatus.VERSION_SKEW,
     FleetStatus.DRIFT,
 ]
@@ -52,6 +66,12 @@ class DeviceFacts:
     heartbeat_interval: float
     in_sync_since: float | None
     acked_subsystems: list[str] = field(default_factory=list)
+    # The desired revision's content_hash and the digest of the applied document
+    # (None when unknown: no desired revision, or an agent that does not report it).
+    desired_digest: str | None = None
+    applied_digest: str | None = None
+    # The agent reports a local apply that overrides the control plane's revision.
+    override: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,6 +82,33 @@ class FleetView:
     heartbeat_age: float | None
     missed_heartbeats: int | None
     in_sync_since: float | None
+    # True/False when both digests are known, else None.
+    digest_match: bool | None = None
+
+
+def digest_match(desired_digest: str | None, applied_digest: str | None) -> bool | None:
+    """Whether the applied document is the desired one; None when either digest is unknown."""
+    if not desired_digest or not applied_digest:
+        return None
+    return desired_digest == applied_digest
+
+
+def in_sync_now(
+    *,
+    desired_version: int | None,
+    applied_version: int | None,
+    desired_digest: str | None,
+    applied_digest: str | None,
+    override: bool,
+    reported_codes: list[str],
+) -> bool:
+    """Whether one report shows the desired revision applied (ingest's `in_sync_since`)."""
+    return (
+        applied_version == desired_version
+        and not override
+        and digest_match(desired_digest, applied_digest) is not False
+        and not reported_codes
+    )
 
 
 def derive(facts: DeviceFacts, now: float, stale_intervals: int) -> FleetView:
@@ -77,11 +124,19 @@ def derive(facts: DeviceFacts, now: float, stale_intervals: int) -> FleetView:
         missed = int(age // interval)
         if age > stale_intervals * interval:
             conditions.add(FleetStatus.HEARTBEAT_STALE)
-    if facts.desired_version > 0 and facts.applied_version != facts.desired_version:
+    matched = digest_match(facts.desired_digest, facts.applied_digest)
+    if facts.override:
+        # The router runs a local document on purpose; that explains any difference
+        # from the desired revision, so it is not also version skew.
+        conditions.add(FleetStatus.LOCAL_OVERRIDE)
+    elif facts.desired_version > 0 and (
+        matched is False or facts.applied_version != facts.desired_version
+    ):
+        # Same number, different document is skew too: the digests decide when known.
         conditions.add(FleetStatus.VERSION_SKEW)
         if ReasonCode.VERSION_SKEW not in codes:
             codes.append(ReasonCode.VERSION_SKEW)
-    elif ReasonCode.VERSION_SKEW in codes:
+    if ReasonCode.VERSION_SKEW in codes:
         conditions.add(FleetStatus.VERSION_SKEW)
     if ReasonCode.DRIFT_DETECTED in codes:
         conditions.add(FleetStatus.DRIFT)
@@ -96,4 +151,5 @@ def derive(facts: DeviceFacts, now: float, stale_intervals: int) -> FleetView:
         heartbeat_age=age,
         missed_heartbeats=missed,
         in_sync_since=facts.in_sync_since if not ordered else None,
+        digest_match=matched,
     )

@@ -26,7 +26,8 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from starlette.concurrency import run_in_threadpool
 
 from trueup.server.db import Database
-from trueup.server.tables import device_reports, device_state, devices
+from trueup.server.fleet import in_sync_now
+from trueup.server.tables import device_reports, device_state, devices, revisions
 
 __all__ = ["PendingReport", "ReportIngest"]
 
@@ -54,6 +55,16 @@ def _settle(item: PendingReport, error: BaseException | None) -> None:
             future.set_exception(error)
 
     item.loop.call_soon_threadsafe(settle)
+
+
+def _identity(payload: dict[str, Any]) -> dict[str, Any]:
+    """The applied revision's identity columns: digest, origin and override (JSON or None)."""
+    override = payload.get("override")
+    return {
+        "applied_digest": payload.get("applied_digest"),
+        "applied_origin": payload.get("applied_origin"),
+        "override": json.dumps(override, sort_keys=True) if override is not None else None,
+    }
 
 
 class ReportIngest:
@@ -133,10 +144,20 @@ class ReportIngest:
 
     def _write(self, conn: Connection, batch: list[PendingReport]) -> None:
         device_ids = sorted({item.device_id for item in batch})
-        desired = {
-            int(row.id): int(row.desired_version)
+        # The desired revision's number and content hash (the latter decides "same
+        # document" when the agent reports the applied document's digest).
+        desired: dict[int, tuple[int, str | None]] = {
+            int(row.id): (int(row.desired_version), row.content_hash)
             for row in conn.execute(
-                select(devices.c.id, devices.c.desired_version).where(devices.c.id.in_(device_ids))
+                select(devices.c.id, devices.c.desired_version, revisions.c.content_hash)
+                .outerjoin(
+                    revisions,
+                    and_(
+                        revisions.c.device_id == devices.c.id,
+                        revisions.c.version == devices.c.desired_version,
+                    ),
+                )
+                .where(devices.c.id.in_(device_ids))
             )
         }
         encoded = [json.dumps(item.payload, sort_keys=True) for item in batch]
@@ -149,6 +170,7 @@ class ReportIngest:
                     "applied_version": item.payload.get("applied_version"),
                     "observed_digest": item.payload.get("observed_digest"),
                     "payload": text,
+                    **_identity(item.payload),
                 }
                 for item, text in zip(batch, encoded, strict=True)
             ],
@@ -160,7 +182,16 @@ class ReportIngest:
         for device_id in sorted(latest):
             item, text = latest[device_id]
             applied = item.payload.get("applied_version")
-            in_sync = applied == desired.get(device_id) and not item.payload.get("reason_codes")
+            identity = _identity(item.payload)
+            desired_version, desired_digest = desired.get(device_id, (None, None))
+            in_sync = in_sync_now(
+                desired_version=desired_version,
+                applied_version=applied,
+                desired_digest=desired_digest,
+                applied_digest=identity["applied_digest"],
+                override=identity["override"] is not None,
+                reported_codes=item.payload.get("reason_codes") or [],
+            )
             rows.append(
                 {
                     "device_id": device_id,
@@ -171,6 +202,7 @@ class ReportIngest:
                     "report": text,
                     "heartbeat_interval": float(item.payload.get("heartbeat_interval") or 30.0),
                     "in_sync_since": item.received_at if in_sync else None,
+                    **identity,
                 }
             )
         insert = pg_insert(device_state) if not self.db.is_sqlite else sqlite_insert(device_state)
@@ -191,6 +223,9 @@ class ReportIngest:
                 "reason_codes": excluded.reason_codes,
                 "report": excluded.report,
                 "heartbeat_interval": excluded.heartbeat_interval,
+                "applied_digest": excluded.applied_digest,
+                "applied_origin": excluded.applied_origin,
+                "override": excluded.override,
                 "in_sync_since": case(
                     (excluded.in_sync_since.is_(None), None),
                     (continuing, device_state.c.in_sync_since),

@@ -958,7 +958,11 @@ class ControlPlane:
                 devices.c.id,
                 devices.c.name,
                 devices.c.desired_version,
+                revisions.c.content_hash.label("desired_digest"),
                 device_state.c.applied_version,
+                device_state.c.applied_digest,
+                device_state.c.applied_origin,
+                device_state.c.override,
                 device_state.c.observed_digest,
                 device_state.c.reason_codes,
                 device_state.c.last_report_at,
@@ -966,6 +970,13 @@ class ControlPlane:
                 device_state.c.in_sync_since,
             )
             .outerjoin(device_state, device_state.c.device_id == devices.c.id)
+            .outerjoin(
+                revisions,
+                and_(
+                    revisions.c.device_id == devices.c.id,
+                    revisions.c.version == devices.c.desired_version,
+                ),
+            )
             .where(devices.c.tenant_id == tenant_id)
             .order_by(devices.c.name)
         )
@@ -986,6 +997,7 @@ class ControlPlane:
             raise NotFound(f"device {device!r} not found")
         out = []
         for row in rows:
+            override = json.loads(row["override"]) if row["override"] else None
             view: FleetView = derive(
                 DeviceFacts(
                     desired_version=row["desired_version"],
@@ -994,6 +1006,9 @@ class ControlPlane:
                     last_report_at=row["last_report_at"],
                     heartbeat_interval=row["heartbeat_interval"] or 30.0,
                     in_sync_since=row["in_sync_since"],
+                    desired_digest=row["desired_digest"],
+                    applied_digest=row["applied_digest"],
+                    override=override is not None,
                 ),
                 now,
                 self.stale_intervals,
@@ -1006,6 +1021,11 @@ class ControlPlane:
                     "reason_codes": view.reason_codes,
                     "desired_version": row["desired_version"],
                     "applied_version": row["applied_version"],
+                    "desired_digest": row["desired_digest"],
+                    "applied_digest": row["applied_digest"],
+                    "digest_match": view.digest_match,
+                    "applied_origin": row["applied_origin"],
+                    "override": override,
                     "observed_digest": row["observed_digest"],
                     "last_report_at": row["last_report_at"],
                     "heartbeat_interval": row["heartbeat_interval"],

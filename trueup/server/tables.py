@@ -112,6 +112,11 @@ device_reports = Table(
     Column("applied_version", Integer, nullable=True),
     Column("observed_digest", String(80), nullable=True),
     Column("payload", Text, nullable=False),
+    # Which document runs (sha256 of the applied document, without metadata.version),
+    # where it came from, and a reported local override (JSON) — see migration 0002.
+    Column("applied_digest", String(80), nullable=True),
+    Column("applied_origin", String(32), nullable=True),
+    Column("override", Text, nullable=True),
     Index("ix_device_reports_device", "device_id", "id"),
 )
 
@@ -125,8 +130,14 @@ device_state = Table(
     Column("reason_codes", Text, nullable=False),
     Column("report", Text, nullable=False),
     Column("heartbeat_interval", Float, nullable=False),
-    # Set when a report first shows the desired version applied with no reason code.
+    # Set when a report first shows the desired revision applied with no reason code.
     Column("in_sync_since", Float, nullable=True),
+    # The applied document's digest (compared with the desired revision's content_hash),
+    # its origin (control-plane, local-file, local-cli, rollback, recovery, …) and the
+    # reported local override as JSON (None when there is none).
+    Column("applied_digest", String(80), nullable=True),
+    Column("applied_origin", String(32), nullable=True),
+    Column("override", Text, nullable=True),
 )
 
 acks = Table(

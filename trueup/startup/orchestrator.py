@@ -35,7 +35,7 @@ from trueup.model.document import (
     parse_document,
 )
 from trueup.reconcile.confirm import decide, settle_at_startup
-from trueup.reconcile.transaction import ApplyResult, Engine, Refused
+from trueup.reconcile.transaction import ApplyResult, Engine, NeedsConfirmation, Refused
 from trueup.subsystems.registry import scope_for
 
 __all__ = ["PHASES", "Orchestrator", "PhaseRecord"]
@@ -261,49 +261,21 @@ class Orchestrator:
             )
         except Refused as exc:
             self._end(record, "failed", f"{exc.code.value}: {exc}")
+        except NeedsConfirmation as exc:
+            self.config_error = f"{self.config_path}: not applied: {exc}"
+            self._end(record, "failed", self.config_error)
         except Exception as exc:
             log.exception("subsystem phase failed")
             self._end(record, "failed", str(exc))
 
-    def _prepare(self, document: DeviceState, names: list[str]) -> dict[str, str]:
-        """Run every subsystem's preparation in parallel; return those that failed or hung."""
-        spec = document.spec.convergence
-        results: dict[str, str | None] = {}
-        threads: dict[str, threading.Thread] = {}
-
-        def work(name: str) -> None:
-            try:
-                self.engine.by_name[name].prepare(document)
-                results[name] = None
-            except Exception as exc:  # reported per subsystem, never raised
-                results[name] = f"preparation failed: {exc}"
-
-        started = time.monotonic()
-        for name in names:
-            self._set_health(name, "pending", "preparing")
-            thread = threading.Thread(
-                target=work, args=(name,), name=f"prepare-{name}", daemon=True
-            )
-            threads[name] = thread
-            thread.start()
-        failures: dict[str, str] = {}
-        for name, thread in threads.items():
-            remaining = spec.deadline_for(name) - (time.monotonic() - started)
-            thread.join(max(0.0, remaining))
-            if thread.is_alive():
-                failures[name] = (
-                    f"deadline of {spec.deadline_for(name):g}s exceeded while preparing"
-                )
-            elif results.get(name):
-                failures[name] = str(results[name])
-        return failures
-
     def _prepare_and_apply(
         self, document: DeviceState, names: list[str], *, kind: str
     ) -> ApplyResult | None:
+        """One engine transaction over `names`: each prepared and applied within its deadline."""
         if not names:
             return None
-        skipped = self._prepare(document, names)
+        for name in names:
+            self._set_health(name, "pending", "preparing")
         deadlines = {n: document.spec.convergence.deadline_for(n) for n in names}
         result = self.engine.apply_document(
             document,
@@ -312,13 +284,15 @@ class Orchestrator:
             lock_wait=30.0,
             source=self.config_path or "",
             kind=kind,
+            origin="local-file" if kind == "apply" else "reconcile",
             only=names,
-            skipped=skipped,
             deadlines=deadlines,
         )
         for name in names:
             if name in result.failed:
                 self._set_health(name, "failed", result.failed[name])
+            elif name in result.waiting:
+                self._set_health(name, "pending", result.waiting[name])
             else:
                 self.clear_health(name)
         return result

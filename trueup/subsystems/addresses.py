@@ -26,6 +26,7 @@ def _ifname(path: str) -> str:
 class AddressesSubsystem(Subsystem):
     name = "addresses"
     tier = Tier.NETWORK
+    may_block = False
     depends_on = ("links",)
 
     def desired(self, document: DeviceState, scope: Scope) -> Facts:

@@ -184,6 +184,9 @@ class Subsystem(ABC):
     depends_on: ClassVar[tuple[str, ...]] = ()
     # Whether a fact present only in observed state (a foreign route) is drift.
     observed_only_matters: ClassVar[bool] = False
+    # Whether a step can hang (a daemon, a socket): such subsystems converge on a
+    # worker thread that is abandoned at the deadline. Netlink ones run inline.
+    may_block: ClassVar[bool] = True
     # What `trueup preflight` checks before an agent that runs this subsystem starts.
     required_binaries: ClassVar[tuple[str, ...]] = ()
     required_files: ClassVar[tuple[str, ...]] = ()

@@ -21,6 +21,7 @@ def _path(ifname: str, attr: str) -> str:
 class LinksSubsystem(Subsystem):
     name = "links"
     tier = Tier.NETWORK
+    may_block = False
 
     def desired(self, document: DeviceState, scope: Scope) -> Facts:
         facts: Facts = {}

@@ -31,6 +31,7 @@ def _gateway_key(family: int) -> str:
 class ManagementSubsystem(Subsystem):
     name = "management"
     tier = Tier.MANAGEMENT
+    may_block = False
 
     def desired(self, document: DeviceState, scope: Scope) -> Facts:
         mgmt = document.spec.management

@@ -61,6 +61,10 @@ def scope_for(document: DeviceState, previous: DeviceState | None = None) -> Sco
     """What `document` manages; `previous` adds the management state trueup assigned before."""
     spec = document.spec
     tables = {254} | {spec.table_number(r.table) for r in spec.routes}
+    if previous is not None:
+        # Routes the previous revision put in other tables are released by
+        # removing them, and they are in the before-image a rollback restores.
+        tables |= {previous.spec.table_number(r.table) for r in previous.spec.routes}
     owned = set(spec.management.addresses)
     gateways = set()
     for doc in (document, previous):

@@ -42,6 +42,7 @@ def kernel_metric(to: str, metric: int) -> int:
 class RoutesSubsystem(Subsystem):
     name = "routes"
     tier = Tier.NETWORK
+    may_block = False
     depends_on = ("links", "addresses")
     observed_only_matters = True
 

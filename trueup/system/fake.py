@@ -67,6 +67,18 @@ class FakeNetlink:
         info = AddrInfo(ifname, prefix, ipaddress.ip_interface(prefix).version)
         if info in self.addrs:  # like KernelNetlink: absent counts as removed
             self.addrs.remove(info)
+            # Like the kernel: routes whose gateway is no longer on-link are flushed.
+            self.route_table = [r for r in self.route_table if self._onlink(r)]
+
+    def _onlink(self, route: RouteInfo) -> bool:
+        if route.via is None:
+            return True
+        gateway = ipaddress.ip_address(route.via)
+        return any(
+            gateway in ipaddress.ip_interface(a.prefix).network
+            for a in self.addrs
+            if route.dev is None or a.ifname == route.dev
+        )
 
     def add_route(self, route: RouteInfo) -> None:
         operation = f"add route to {route.to} (table {route.table})"

@@ -1,0 +1,271 @@
+"""The one write path over a FakeNetlink: guard, identity, verification, recovery, I/O errors."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.routers import base_document
+from trueup.agent.wiring import already_applied
+from trueup.journal.state import StateDir
+from trueup.model.document import document_digest, parse_document
+from trueup.model.reasons import ReasonCode
+from trueup.reconcile.status import gather
+from trueup.reconcile.transaction import (
+    CONTROL_PLANE_FILE,
+    Change,
+    Engine,
+    NeedsConfirmation,
+    Refused,
+    StorageError,
+)
+from trueup.subsystems.base import Scope
+from trueup.system.fake import FakeNetlink
+
+MGMT = ["198.51.100.2/24", "198.51.100.3/24"]
+
+
+@pytest.fixture
+def kernel() -> FakeNetlink:
+    return FakeNetlink({"mgmt0": 1500, "lan0": 1500})
+
+
+@pytest.fixture
+def engine(tmp_path: Path, kernel: FakeNetlink) -> Engine:
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    return Engine(state, netlink_factory=lambda: kernel)
+
+
+def _doc(**spec: Any) -> Any:
+    return parse_document(base_document(**spec))
+
+
+def _mgmt(addresses: list[str]) -> dict[str, Any]:
+    return {"interface": "mgmt0", "addresses": addresses, "gateway": "198.51.100.1"}
+
+
+def _kernel_image(kernel: FakeNetlink) -> tuple[Any, ...]:
+    return (
+        sorted(kernel.addrs, key=str),
+        sorted(kernel.route_table, key=str),
+        dict(kernel.link_state),
+    )
+
+
+# -- one guard for every writer ----------------------------------------------------
+def test_rollback_that_drops_a_management_address_needs_a_confirmation(
+    engine: Engine, kernel: FakeNetlink
+) -> None:
+    assert engine.apply_document(_doc(management=_mgmt(MGMT[:1]))).ok
+    assert engine.apply_document(_doc(management=_mgmt(MGMT))).ok
+    before = _kernel_image(kernel)
+    with pytest.raises(NeedsConfirmation) as refused:
+        engine.rollback_to(None)
+    assert "removes management address 198.51.100.3/24" in str(refused.value)
+    assert _kernel_image(kernel) == before
+    assert engine.state.applied()["version"] == 2
+    # With a confirmation arranged, the same rollback is applied.
+    result = engine.rollback_to(None, management_confirmed=True)
+    assert result.ok and result.version == 3 and result.origin == "rollback"
+    assert {a.prefix for a in kernel.addrs if a.ifname == "mgmt0"} == {MGMT[0]}
+
+
+def test_the_guard_is_in_the_engine_for_plain_applies_too(engine: Engine) -> None:
+    assert engine.apply_document(_doc(management=_mgmt(MGMT))).ok
+    with pytest.raises(NeedsConfirmation):
+        engine.apply_document(_doc(management=_mgmt(MGMT[:1])))
+    refusals = [r for r in engine.state.audit.records() if r["event"] == "apply_refused"]
+    assert refusals and refusals[-1]["details"]["kind"] == "apply"
+
+
+# -- verified commits ----------------------------------------------------------------
+def test_an_address_change_that_flushes_a_route_commits_only_with_the_route_back(
+    engine: Engine, kernel: FakeNetlink
+) -> None:
+    routes = [{"to": "192.0.2.0/24", "via": "203.0.113.254"}]
+    assert engine.apply_document(_doc(routes=routes)).ok
+    moved = [{"name": "lan0", "mtu": 1400, "addresses": ["203.0.113.7/24"]}]
+    result = engine.apply_document(_doc(interfaces=moved, routes=routes))
+    assert result.ok and result.outcome == "committed"
+    assert any(r.to == "192.0.2.0/24" for r in kernel.route_table)
+    with engine.netlink() as net:
+        differences = engine.differences(engine.applied_document(), net)  # type: ignore[arg-type]
+    assert not any(differences.values()), differences
+    verified = [r for r in engine.state.journal.transactions()[-1].records if r["type"] == "verified"]
+    assert verified and verified[0]["subsystem"] == "routes"
+
+
+def test_a_document_the_kernel_cannot_hold_fails_atomically(
+    engine: Engine, kernel: FakeNetlink
+) -> None:
+    assert engine.apply_document(_doc()).ok
+    before = _kernel_image(kernel)
+    # No address on lan0 leaves the routes' gateways unreachable: it cannot commit.
+    result = engine.apply_document(_doc(interfaces=[{"name": "lan0", "mtu": 1400}]))
+    assert not result.ok and result.outcome == "rolled_back"
+    assert "routes" in result.failed
+    assert _kernel_image(kernel) == before
+    assert engine.state.applied()["version"] == 1
+
+
+# -- revisions have an identity -------------------------------------------------------
+def test_local_apply_on_a_managed_device_is_an_explicit_reported_override(
+    engine: Engine,
+) -> None:
+    state = engine.state
+    cp_doc = _doc().with_version(1)
+    assert engine.transact(Change(cp_doc, origin="control-plane", actor="control-plane")).ok
+    state.write(CONTROL_PLANE_FILE, {"url": "https://cp.invalid", "version": 1})
+    assert state.applied()["cp_version"] == 1 and state.applied()["origin"] == "control-plane"
+
+    local = _doc(routes=[])
+    with pytest.raises(Refused) as refused:
+        engine.apply_document(local)
+    assert refused.value.code is ReasonCode.VERSION_SKEW
+    assert "--override" in str(refused.value) and "https://cp.invalid" in str(refused.value)
+
+    result = engine.apply_document(local, actor="cli:0", override="hotfix for ticket 42")
+    assert result.ok and result.version == 2
+    applied = state.applied()
+    assert applied["origin"] == "local-cli" and applied["cp_version"] == 1
+    assert applied["override"]["reason"] == "hotfix for ticket 42"
+    assert applied["override"]["actor"] == "cli:0"
+    status = gather(engine, control_plane_version=1)
+    assert status["versions"]["override"]["version"] == 2
+    skew = [f for f in status["reason_codes"] if f["code"] == ReasonCode.VERSION_SKEW.value]
+    assert skew and "local override" in skew[0]["detail"]
+
+    # The control plane publishes its revision 2: same number as the override, other content.
+    cp_two = _doc(routes=[{"to": "192.0.2.0/24", "via": "203.0.113.254"}]).with_version(2)
+    assert not already_applied(applied, 2, document_digest(cp_two))
+    result = engine.transact(Change(cp_two, origin="control-plane", actor="control-plane"))
+    assert result.ok and result.version == 2
+    applied = state.applied()
+    assert applied["origin"] == "control-plane" and applied["override"] is None
+    assert applied["digest"] == document_digest(cp_two)
+    assert already_applied(applied, 2, document_digest(cp_two))
+    assert state.revision(2)["document"]["spec"]["routes"]  # type: ignore[index]
+    status = gather(engine, control_plane_version=2)
+    assert not [f for f in status["reason_codes"] if f["code"] == ReasonCode.VERSION_SKEW.value]
+
+
+def test_a_control_plane_revision_is_never_skipped_for_a_local_number(engine: Engine) -> None:
+    for routes in ([], None, []):  # local history before enrolment: versions 1..3
+        engine.apply_document(_doc(routes=routes) if routes is not None else _doc())
+    assert engine.state.applied()["version"] == 3
+    cp_one = _doc(routes=[]).with_version(1)
+    assert not already_applied(engine.state.applied(), 1, document_digest(cp_one))
+    result = engine.transact(Change(cp_one, origin="control-plane"))
+    assert result.ok and result.version == 1
+    # Older than the last control-plane revision applied: refused.
+    with pytest.raises(Refused) as older:
+        engine.transact(Change(_doc().with_version(0), origin="control-plane"))
+    assert older.value.code is ReasonCode.VERSION_SKEW
+
+
+# -- exact recovery ---------------------------------------------------------------------
+def test_recovering_an_interrupted_heal_goes_forward_never_to_the_drifted_image(
+    engine: Engine, kernel: FakeNetlink
+) -> None:
+    many = [f"198.51.100.{n}/24" for n in range(2, 40)]
+    assert engine.apply_document(_doc(management=_mgmt(many))).ok
+    # Out of band: management flushed. A heal begins (its before-image is the
+    # flushed state), re-adds one address, and the agent dies.
+    for address in many:
+        kernel.del_address("mgmt0", address)
+    applied = engine.state.applied()
+    scope = json.loads(json.dumps(engine.state.journal.transactions()[-1].begin["scope"]))
+    with engine.netlink() as net:
+        flushed = engine.observe(net, Scope.from_json(scope))
+    engine.state.journal.begin(
+        kind="reconcile",
+        version=applied["version"],
+        subsystems=["management"],
+        all_subsystems=["management"],
+        scope=scope,
+        before=flushed,
+        previous_applied=applied,
+    )
+    kernel.add_address("mgmt0", many[0])
+    recovered = Engine(engine.state, netlink_factory=lambda: kernel).recover(actor="startup")
+    assert recovered is not None
+    assert {a.prefix for a in kernel.addrs if a.ifname == "mgmt0"} == set(many)
+    closed = engine.state.journal.transactions()[-1]
+    assert [r["type"] for r in closed.records][-2:] == ["recovering", "rolled_back"]
+    assert closed.terminal is not None and closed.terminal["to_version"] == applied["version"]
+
+
+def test_a_crash_right_after_commit_keeps_its_audit_line(
+    engine: Engine, kernel: FakeNetlink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Crash(BaseException):
+        pass
+
+    def crash_after_commit(kind: str, point: str) -> None:
+        if point == "after-commit":
+            raise Crash
+
+    monkeypatch.setattr(Engine, "_hit", staticmethod(crash_after_commit))
+    with pytest.raises(Crash):
+        engine.apply_document(_doc())
+    monkeypatch.undo()
+    txn = engine.state.journal.transactions()[-1]
+    assert txn.terminal is not None and txn.terminal["type"] == "commit"
+    assert not [r for r in engine.state.audit.records() if r["event"] == "apply"]
+    # The next process's first write completes the audit from the journal.
+    restarted = Engine(engine.state, netlink_factory=lambda: kernel)
+    restarted.recover()
+    written = [r for r in engine.state.audit.records() if r["event"] == "apply"]
+    assert len(written) == 1 and written[0]["details"]["txn"] == txn.txn
+    assert written[0]["details"]["written_after_restart"] is True
+    assert engine.state.audit.verify() == []
+    restarted.recover()  # only once
+    assert len([r for r in engine.state.audit.records() if r["event"] == "apply"]) == 1
+
+
+# -- I/O errors never strand the device -----------------------------------------------------
+def test_a_full_disk_at_begin_changes_nothing_and_the_lock_survives(
+    engine: Engine, kernel: FakeNetlink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert engine.apply_document(_doc()).ok
+    before = _kernel_image(kernel)
+    journal_type = type(engine.state.journal)
+
+    def full(self: Any, **fields: Any) -> str:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(journal_type, "begin", full)
+    with pytest.raises(StorageError) as failed:
+        engine.apply_document(_doc(routes=[]))
+    assert "No space left on device" in str(failed.value)
+    assert "nothing was changed" in str(failed.value)
+    assert _kernel_image(kernel) == before
+    monkeypatch.undo()
+    assert not engine.active
+    result = engine.apply_document(_doc(routes=[]))
+    assert result.ok and result.version == 2
+
+
+def test_a_full_disk_at_commit_puts_the_system_back(
+    engine: Engine, kernel: FakeNetlink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert engine.apply_document(_doc()).ok
+    before = _kernel_image(kernel)
+
+    def full(self: Any, version: int, document: Any, **meta: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(StateDir, "save_revision", full)
+    with pytest.raises(StorageError) as failed:
+        engine.apply_document(_doc(routes=[]))
+    assert "put back" in str(failed.value)
+    assert _kernel_image(kernel) == before
+    assert engine.state.applied()["version"] == 1
+    assert engine.state.journal.open_transaction() is None
+    monkeypatch.undo()
+    assert engine.apply_document(_doc(routes=[])).ok

@@ -1,0 +1,43 @@
+"""The management guard: what a document would take away from management access.
+
+Who calls this: the engine (`trueup.reconcile.transaction`), once, for every
+apply and rollback. A change that removes the management address, moves the
+management interface or changes its default route is refused unless the
+caller arranged a confirmation (`--confirm-within`), which rolls it back when
+nobody confirms in time.
+"""
+
+from __future__ import annotations
+
+from trueup.model.document import DeviceState
+
+__all__ = ["management_guard", "unsafe_management_changes"]
+
+
+def unsafe_management_changes(previous: DeviceState | None, document: DeviceState) -> list[str]:
+    """What `document` would take away from management access that `previous` gave."""
+    if previous is None:
+        return []
+    old, new = previous.spec.management, document.spec.management
+    out: list[str] = []
+    if old.interface != new.interface:
+        out.append(f"moves management from {old.interface} to {new.interface}")
+    for address in old.addresses:
+        if old.interface != new.interface or address not in new.addresses:
+            out.append(f"removes management address {address} from {old.interface}")
+    if old.gateway is not None and new.gateway != old.gateway:
+        change = f"replaces it with {new.gateway}" if new.gateway else "removes it"
+        out.append(f"management default route via {old.gateway}: {change}")
+    return out
+
+
+def management_guard(previous: DeviceState | None, document: DeviceState) -> str | None:
+    """Why `document` may not be applied without `--confirm-within`, or None when it may."""
+    unsafe = unsafe_management_changes(previous, document)
+    if not unsafe:
+        return None
+    return (
+        "; ".join(unsafe) + " — management could become unreachable. Nothing was changed. "
+        "Re-run with --confirm-within SECONDS (with the agent running): the change is rolled "
+        "back unless `trueup confirm` arrives in time"
+    )
