@@ -96,7 +96,9 @@ def test_an_address_change_that_flushes_a_route_commits_only_with_the_route_back
     with engine.netlink() as net:
         differences = engine.differences(engine.applied_document(), net)  # type: ignore[arg-type]
     assert not any(differences.values()), differences
-    verified = [r for r in engine.state.journal.transactions()[-1].records if r["type"] == "verified"]
+    verified = [
+        r for r in engine.state.journal.transactions()[-1].records if r["type"] == "verified"
+    ]
     assert verified and verified[0]["subsystem"] == "routes"
 
 

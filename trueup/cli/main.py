@@ -24,7 +24,7 @@ import typer
 
 from trueup.agent.client import AgentClient, AgentUnavailable
 from trueup.cli.output import emit, render_findings, render_status
-from trueup.cli.server import server_app
+from trueup.cli.server import fleet_app, server_app
 from trueup.journal.state import DEFAULT_STATE_DIR, StateDir, StateDirError
 from trueup.model.document import DeviceState, DocumentError, json_schema, load_document
 from trueup.model.reasons import EXIT_CODES, ReasonCode
@@ -54,6 +54,7 @@ audit_app = typer.Typer(help="The agent's hash-chained audit log.", no_args_is_h
 app.add_typer(agent_app, name="agent")
 app.add_typer(audit_app, name="audit")
 app.add_typer(server_app, name="server")
+app.add_typer(fleet_app, name="fleet")
 
 StateDirOpt = Annotated[
     Path,

@@ -8,7 +8,8 @@ Two files sit beside the log:
 
 `audit.head`
     The anchor: `{"seq", "hash", "size"}` of the last line, rewritten
-    atomically after every append. It makes lines removed from the end (or an
+    atomically (rename, no fsync: the line itself is durable) after every
+    append; an anchor a crash left empty counts as none. It makes lines removed from the end (or an
     emptied log) visible to `verify()`. It may lag the log (a crash or a full
     disk between the append and the anchor): verify accepts an anchor whose
     seq is behind the log as long as its hash matches the line at that seq.

@@ -48,6 +48,7 @@ from trueup.reconcile.transaction import (
     NeedsConfirmation,
     Origin,
     Refused,
+    StorageError,
 )
 from trueup.subsystems.base import Difference, Scope
 from trueup.subsystems.registry import scope_for
@@ -149,6 +150,8 @@ class ReconcileLoop:
         self._last_pass_at: float | None = None
         self._last_resync_at: float | None = None
         self._retry_soon = False
+        self._retry_after: float | None = None
+        self._waiting: dict[str, str] = {}  # subsystem → the dependency it waits on (last pass)
         self.counters: dict[str, int] = {
             "passes": 0,
             "events": 0,
@@ -239,6 +242,8 @@ class ReconcileLoop:
             moments.append(float(self._pending["deadline"]))
         if self._retry_soon:
             moments.append(now + 0.1)
+        if self._retry_after is not None:
+            moments.append(self._retry_after)
         return max(0.0, min(self.options.resync_seconds, min(moments) - now)) + 0.001
 
     # -- the pass -----------------------------------------------------------
@@ -269,6 +274,7 @@ class ReconcileLoop:
             self._events_since_pass = 0
             since_seq, self._pass_from_seq = self._pass_from_seq, self._event_seq
             self._retry_soon = False
+            self._retry_after = None
             self._expire_acks(now)
             self._check_confirmation(now)
             if self._applying or (force is None and lock_holder(self.state.root / "lock")):
@@ -299,6 +305,7 @@ class ReconcileLoop:
                     )
                     report.drift[sub.name] = [d.path for d in differences[sub.name]]
             self._heal(document, differences, report, actor, lock_wait, force or [])
+            self._waiting = dict(report.waiting)
             self._persist()
             self._refresh_view()
             return report
@@ -480,6 +487,13 @@ class ReconcileLoop:
             result = self.engine.transact(change)
         except Refused as exc:
             self._retry_soon = True
+            for name in healable:
+                report.held[name] = f"deferred: {exc}"
+            return
+        except StorageError as exc:
+            # Not the subsystem's failure: the state directory is full or read-only.
+            log.warning("heal deferred: %s", exc)
+            self._retry_after = self.clock() + 2.0
             for name in healable:
                 report.held[name] = f"deferred: {exc}"
             return
@@ -863,7 +877,7 @@ class ReconcileLoop:
             policy = document.spec.convergence.policy_for(name) if document else None
             blocked = None
             if policy == "auto" and name in self._drift:
-                blocked = self.governor.blocked(name, now)
+                blocked = self.governor.blocked(name, now) or self._waiting.get(name)
             entry: dict[str, Any] = {
                 "policy": policy,
                 "healing": "notify: detection only"
@@ -891,6 +905,9 @@ class ReconcileLoop:
                 entry["last_drift"] = self._last_drift[name]
             if heal.contested and not heal.failures and heal.breaker == "closed":
                 entry["reason"] = "; ".join(c["reason"] for c in heal.contested.values())
+            if name in self._waiting and name in self._drift:
+                entry["waiting"] = self._waiting[name]
+                entry.setdefault("reason", self._waiting[name])
             policies[name] = entry
             if heal.failures or heal.breaker != "closed":
                 failures[name] = {

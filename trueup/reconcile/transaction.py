@@ -329,6 +329,10 @@ class Engine:
         try:
             lock = self.state.writer_lock(purpose, wait)
             lock.__enter__()
+        except OSError as exc:
+            raise StorageError(
+                f"{self.state.root}: cannot take the writer lock ({exc}); nothing was changed"
+            ) from exc
         except LockBusy as exc:
             if quiet:
                 raise Refused(
@@ -421,7 +425,13 @@ class Engine:
         skipped.update(self._prepare(change, [n for n in names if n not in skipped]))
         quiet = change.kind == "reconcile"
         with self.writer(change.kind, change.actor, change.lock_wait, quiet=quiet):
-            self._recover_locked(change.actor)
+            try:
+                self._recover_locked(change.actor)
+            except OSError as exc:
+                raise StorageError(
+                    f"{self.state.root}: recovering an open transaction needs a write that "
+                    f"failed ({exc}); nothing else was changed"
+                ) from exc
             return self._transact_locked(change, names, skipped)
 
     def _names(self, only: Collection[str] | None) -> list[str]:

@@ -1,0 +1,223 @@
+"""The one write path on the real kernel: guarded rollback, verified commits, plan via the agent,
+dependencies, a full or read-only state directory, and an audit log that is ordinary data."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.routers import REPO, TRUEUP, Router, base_document, sh
+
+pytestmark = pytest.mark.root
+
+LAN = "203.0.113.1/24"
+FAST = {"TRUEUP_RESYNC_SECONDS": "1"}
+MGMT2 = ["198.51.100.2/24", "198.51.100.3/24"]
+
+
+def _mgmt(addresses: list[str]) -> dict[str, Any]:
+    return {"interface": "mgmt0", "addresses": addresses, "gateway": "198.51.100.1"}
+
+
+def _apply(router: Router, name: str, document: dict[str, Any], *args: str) -> Any:
+    return router.trueup("apply", str(router.write(name, document)), *args)
+
+
+def test_rollback_dropping_a_management_address_needs_confirmation_then_times_out(
+    router: Router,
+) -> None:
+    assert _apply(router, "v1.yaml", base_document(management=_mgmt(MGMT2[:1]))).returncode == 0
+    assert _apply(router, "v2.yaml", base_document(management=_mgmt(MGMT2))).returncode == 0
+    # Without an agent: the CLI's engine refuses it the same way.
+    refused = router.trueup("rollback")
+    assert refused.returncode == 1, refused.stderr
+    assert "removes management address 198.51.100.3/24" in refused.stderr
+    assert router.addresses("mgmt0") == MGMT2
+
+    router.start_agent(env=FAST)
+    before = router.snapshot()
+    refused = router.trueup("rollback")
+    assert refused.returncode == 1 and "--confirm-within" in refused.stderr, refused.stderr
+    assert router.snapshot() == before
+    assert router.api("/v1/status")["versions"]["applied"] == 2
+
+    guarded = router.trueup("rollback", "--confirm-within", "2")
+    assert guarded.returncode == 0, guarded.stderr
+    assert "pending confirmation" in guarded.stdout
+    assert router.addresses("mgmt0") == MGMT2[:1]
+    # Nobody confirms: the confirmed revision comes back as a new version.
+    router.wait_for(lambda: router.addresses("mgmt0") == MGMT2, what="rolled back at deadline")
+    router.wait_for(
+        lambda: router.api("/v1/status")["versions"]["applied"] == 4, what="version 4 applied"
+    )
+    status = router.api("/v1/status")
+    assert status["versions"]["origin"] == "confirm-timeout"
+    assert status["pending_confirmation"] is None
+
+
+def test_an_address_change_commits_only_with_its_routes_back(router: Router) -> None:
+    assert _apply(router, "v1.yaml", base_document()).returncode == 0
+    moved = base_document(
+        interfaces=[{"name": "lan0", "mtu": 1400, "addresses": ["203.0.113.7/24"]}]
+    )
+    applied = _apply(router, "v2.yaml", moved)
+    assert applied.returncode == 0, applied.stderr
+    assert "192.0.2.0/24 via 203.0.113.254" in router.routes("main")
+    assert "192.0.2.0/25 via 203.0.113.253" in router.routes("100")
+    drift = router.trueup("drift")
+    assert drift.returncode == 0, drift.stdout + drift.stderr
+
+
+def test_plan_observes_where_the_agent_runs(router: Router) -> None:
+    assert _apply(router, "v1.yaml", base_document()).returncode == 0
+    path = router.write("v1.yaml", base_document())
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    state = ["--state-dir", str(router.state_dir)]
+    # From the host's namespace with no agent: it says which namespace it observed.
+    local = subprocess.run(
+        [*TRUEUP, "plan", str(path), *state], capture_output=True, text=True, env=env, check=False
+    )
+    assert "observed by this process" in local.stdout
+    assert os.readlink("/proc/self/ns/net") in local.stdout
+
+    router.start_agent()
+    remote = subprocess.run(
+        [*TRUEUP, "plan", str(path), *state], capture_output=True, text=True, env=env, check=False
+    )
+    assert remote.returncode == 0, remote.stdout + remote.stderr
+    assert "observed by the agent" in remote.stdout and "no changes" in remote.stdout
+    assert "del-route" not in remote.stdout
+    changed = base_document(management=_mgmt(["198.51.100.9/24"]))
+    plan = subprocess.run(
+        [*TRUEUP, "plan", str(router.write("v2.yaml", changed)), *state, "-o", "json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert plan.returncode == 2, plan.stderr
+    body = json.loads(plan.stdout)
+    assert body["needs_confirmation"] is True
+    assert body["observed_by"]["agent_pid"] and body["observed_by"]["state_dir"] == str(
+        router.state_dir
+    )
+
+
+def test_acknowledged_addresses_make_routes_wait_not_fail(router: Router) -> None:
+    assert _apply(router, "v1.yaml", base_document()).returncode == 0
+    router.start_agent(env={**FAST, "TRUEUP_BREAKER_THRESHOLD": "2", "TRUEUP_BACKOFF_BASE": "0.05"})
+    acked = router.trueup("ack", "addresses", "--for", "1h", "--reason", "rewiring")
+    assert acked.returncode == 0, acked.stderr
+    router.ip("addr", "del", LAN, "dev", "lan0")  # the kernel flushes the routes through it
+
+    def routes_waiting() -> bool:
+        entry = router.api("/v1/status")["subsystems"]["routes"]
+        return "waiting on addresses" in str(entry.get("healing"))
+
+    router.wait_for(routes_waiting, what="routes waiting on addresses")
+    passes = router.api("/v1/status")["reconcile_loop"]["passes"]
+    router.wait_for(
+        lambda: router.api("/v1/status")["reconcile_loop"]["passes"] >= passes + 3,
+        what="three more passes",
+    )
+    status = router.api("/v1/status")
+    assert status["subsystems"]["routes"]["breaker"] == "closed"
+    assert status["subsystems"]["routes"]["consecutive_failures"] == 0
+    assert not [f for f in status["reason_codes"] if f["code"] == "STATE_RECONCILIATION_FAILED"], (
+        status["reason_codes"]
+    )
+    healed = router.trueup("reconcile", "--subsystem", "addresses")
+    assert healed.returncode == 0, healed.stderr
+    router.wait_for(
+        lambda: "192.0.2.0/24 via 203.0.113.254" in router.routes("main"), what="routes healed"
+    )
+    assert LAN in router.addresses("lan0")
+
+
+@pytest.fixture
+def small_state(tmp_path: Path) -> Any:
+    """A 2 MiB tmpfs as the state directory, so it can be filled and made read-only."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    sh("mount", "-t", "tmpfs", "-o", "size=2m,mode=0700", "trueup-test", str(mount))
+    try:
+        yield mount
+    finally:
+        sh("umount", "-l", str(mount), check=False)
+
+
+def _fill(mount: Path) -> Path:
+    filler = mount / "filler"
+    with filler.open("wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError:
+            pass
+    return filler
+
+
+def test_full_and_read_only_state_directory_then_normal_service(
+    router: Router, small_state: Path
+) -> None:
+    router.state_dir = small_state / "state"
+    assert _apply(router, "v1.yaml", base_document(routes=[])).returncode == 0
+    router.start_agent(env=FAST)
+    before = router.snapshot()
+
+    filler = _fill(small_state)
+    full = _apply(router, "v2.yaml", base_document())
+    assert full.returncode == 1, full.stdout + full.stderr
+    assert "No space left on device" in full.stderr and "Traceback" not in full.stderr
+    assert router.snapshot() == before
+    # A heal while the disk is full is reported, and the agent keeps serving.
+    router.ip("addr", "del", LAN, "dev", "lan0")
+    assert router.api("/v1/health/management")["ready"] is True
+    filler.unlink()
+    router.wait_for(lambda: LAN in router.addresses("lan0"), what="healed once space returned")
+    applied = _apply(router, "v2.yaml", base_document())
+    assert applied.returncode == 0, applied.stderr
+    assert "192.0.2.0/24 via 203.0.113.254" in router.routes("main")
+
+    sh("mount", "-o", "remount,ro", str(small_state))
+    try:
+        readonly = _apply(router, "v3.yaml", base_document(routes=[]))
+        assert readonly.returncode == 1, readonly.stdout + readonly.stderr
+        assert "Read-only file system" in readonly.stderr
+        assert "192.0.2.0/24 via 203.0.113.254" in router.routes("main")
+    finally:
+        sh("mount", "-o", "remount,rw", str(small_state))
+    again = _apply(router, "v3.yaml", base_document(routes=[]))
+    assert again.returncode == 0, again.stderr
+    status = router.api("/v1/status")
+    assert status["versions"]["applied"] == 3
+    assert status["journal"]["open"] is None
+    doctor = router.trueup("doctor")
+    assert "no write in progress" in doctor.stdout, doctor.stdout
+
+
+def test_a_huge_audit_line_and_a_torn_tail_are_ordinary_data(router: Router) -> None:
+    assert _apply(router, "v1.yaml", base_document(routes=[])).returncode == 0
+    router.start_agent(env=FAST)
+    script = (
+        "import sys\n"
+        "from trueup.journal.state import StateDir\n"
+        "StateDir(sys.argv[1]).audit.append('note', 'test', blob='x' * 1_048_576)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    subprocess.run([sys.executable, "-c", script, str(router.state_dir)], check=True, env=env)
+    with (router.state_dir / "audit.jsonl").open("ab") as handle:
+        handle.write(b'{"seq": 99999, "event": "torn')  # a crash mid-write
+    applied = _apply(router, "v2.yaml", base_document())
+    assert applied.returncode == 0, applied.stderr
+    for path in ("/v1/status", "/v1/drift", "/v1/health/services"):
+        assert router.api(path), path
+    verified = router.trueup("audit", "verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
