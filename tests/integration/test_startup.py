@@ -285,6 +285,7 @@ def test_preflight_reports_every_finding_and_changes_nothing(router: Router) -> 
             "agent.sock",
             "lock",
             "audit.jsonl",
+            "audit.head",
             "journal.jsonl",
             "applied.json",
             "api-tokens.json",

@@ -363,6 +363,8 @@ class Agent:
             for name in (
                 "journal.jsonl",
                 "audit.jsonl",
+                "audit.head",
+                "audit.torn",
                 "applied.json",
                 "reconcile.json",
                 "fences.json",
