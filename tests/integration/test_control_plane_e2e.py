@@ -153,3 +153,38 @@ def test_revision_to_kernel_to_fleet_view_and_back(router_with_client: Router) -
     )
     view = _fleet(router, token)["edge-01"]
     assert view["applied_version"] == view["desired_version"] == 2
+
+    # A local apply on a managed device is refused without --override ...
+    local = router.write("local.yaml", base_document(routes=[]))
+    refused = router.trueup("apply", str(local))
+    assert refused.returncode == 4, refused.stdout + refused.stderr
+    assert "--override" in refused.stderr and URL in refused.stderr
+    assert router.routes("main") != []
+    # ... and with it, it is applied and reported upstream as a local override.
+    override = router.trueup("apply", str(local), "--override", "hotfix INC-7")
+    assert override.returncode == 0, override.stderr
+    assert router.api("/v1/status")["versions"]["applied"] == 3
+    router.wait_for(
+        lambda: _fleet(router, token)["edge-01"]["status"] == "local_override",
+        what="fleet shows the local override",
+    )
+    view = _fleet(router, token)["edge-01"]
+    assert view["override"]["reason"] == "hotfix INC-7"
+    assert view["digest_match"] is False
+
+    # The control plane's revision 3 — the number the local apply took — is applied.
+    third = base_document(interfaces=[{"name": "lan0", "addresses": ["203.0.113.3/24"]}])
+    assert _put(router, token, 2, third) == 3
+    router.wait_for(
+        lambda: router.addresses("lan0") == ["203.0.113.3/24"], what="revision 3 on the kernel"
+    )
+    router.wait_for(
+        lambda: _fleet(router, token)["edge-01"]["status"] == "in_sync",
+        what="in sync after the override",
+    )
+    view = _fleet(router, token)["edge-01"]
+    assert view["applied_version"] == view["desired_version"] == 3
+    assert view["digest_match"] is True and view["override"] is None
+    assert view["applied_origin"] == "control-plane"
+    versions = router.api("/v1/status")["versions"]
+    assert versions["origin"] == "control-plane" and versions["override"] is None
