@@ -3,15 +3,30 @@
 Both sides start from the same empty namespace in the same run. trueup is
 measured in-process (the engine: observe, plan, journal, netlink, commit) and
 end to end (the `trueup apply` command, interpreter start included).
+
+Then 20,000 addresses replaced by 20,000 others (2,000 with `BENCH_QUICK=1`):
+`trueup apply` end to end with an agent running on the state directory (the
+CLI sends the document to the agent's API), against the same command with no
+agent (the engine runs in the CLI process), each side in its own fresh
+namespace. With the agent, its reconcile loop's pass counter and its CPU time
+(/proc/PID/stat) are read before and after the apply.
+
+`python -m scripts.bench_apply [--quick] [--replace-only]` prints the section
+without touching docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import resource
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -19,6 +34,9 @@ from scripts.benchlib import PYTHON, env, median, namespace, sh
 
 ADDRESSES = 1000
 ROUTES = 200
+REPLACE = 20_000  # addresses replaced by as many others (agent vs CLI)
+REPLACE_QUICK = 2_000
+CLI_TIMEOUT = 600.0  # seconds for one `trueup apply` of the replacement
 
 
 def _document() -> dict:
@@ -80,7 +98,7 @@ def _timed(argv: list[str], **kwargs: object) -> tuple[float, subprocess.Complet
     return time.perf_counter() - t, proc
 
 
-def run(quick: bool) -> str:
+def _from_empty(quick: bool) -> str:
     rounds = 3 if quick else 7
     document = _document()
     batch_s: list[float] = []
@@ -202,3 +220,216 @@ def run(quick: bool) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+# -- 20,000 addresses replaced by 20,000 others: agent vs CLI ------------------------------
+def _replace_document(block: int, count: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "trueup/v1",
+        "kind": "DeviceState",
+        "metadata": {"device": "bench"},
+        "spec": {
+            "management": {"interface": "mgmt0", "addresses": ["198.51.100.2/24"]},
+            "interfaces": [
+                {
+                    "name": "lan0",
+                    "addresses": [f"2001:db8:{block}::{i:x}/128" for i in range(1, count + 1)],
+                }
+            ],
+        },
+    }
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _api(sock: Path, path: str) -> tuple[int, Any]:
+    import httpx
+
+    try:
+        with httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(sock)), base_url="http://agent", timeout=30
+        ) as client:
+            response = client.get(path)
+            return response.status_code, response.json()
+    except (httpx.TransportError, ValueError):
+        return 0, None
+
+
+def _lan0_addresses(ns: str) -> tuple[int, int]:
+    """(addresses from block 1, from block 2) on lan0."""
+    shown = json.loads(sh("ip", "-n", ns, "-j", "-6", "addr", "show", "dev", "lan0").stdout)
+    local = [a["local"] for entry in shown for a in entry.get("addr_info", [])]
+    return (
+        sum(a.startswith("2001:db8:1:") for a in local),
+        sum(a.startswith("2001:db8:2:") for a in local),
+    )
+
+
+def _cli_apply(ns: str, doc: Path, state: Path) -> tuple[float, float]:
+    """One `trueup apply` end to end: (wall seconds, CPU seconds of the CLI process)."""
+    cpu = _children_cpu()
+    seconds, proc = _timed(
+        ["ip", "netns", "exec", ns, PYTHON, "-m", "trueup.cli", "apply", str(doc),
+         "--state-dir", str(state)],
+        env=env(), timeout=CLI_TIMEOUT,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"trueup apply {doc.name} failed: {proc.stderr[-2000:]}")
+    return seconds, _children_cpu() - cpu
+
+
+def _check_replaced(ns: str, count: int) -> None:
+    found = _lan0_addresses(ns)
+    if found != (0, count):
+        raise RuntimeError(f"after the replacement lan0 has {found} addresses of (A, B)")
+
+
+def _replace_cli(tmp: Path, n: int, doc_a: Path, doc_b: Path, count: int) -> dict[str, float]:
+    with namespace(f"rcli{n}", ("mgmt0", "lan0")) as ns:
+        state = tmp / f"state-rcli{n}"
+        first, _ = _cli_apply(ns, doc_a, state)
+        seconds, cpu = _cli_apply(ns, doc_b, state)
+        _check_replaced(ns, count)
+    return {"first": first, "wall": seconds, "cpu": cpu}
+
+
+def _replace_agent(tmp: Path, n: int, doc_a: Path, doc_b: Path, count: int) -> dict[str, Any]:
+    with namespace(f"ragt{n}", ("mgmt0", "lan0")) as ns:
+        state = tmp / f"state-ragt{n}"
+        _cli_apply(ns, doc_a, state)
+        sock = state / "agent.sock"
+        log_path = tmp / f"agent-ragt{n}.log"
+        log = log_path.open("w")
+        started = time.perf_counter()
+        agent = subprocess.Popen(
+            ["ip", "netns", "exec", ns, PYTHON, "-m", "trueup.cli", "agent", "run",
+             "--state-dir", str(state)],
+            stdout=log, stderr=subprocess.STDOUT, env=env(),
+        )  # fmt: skip
+        try:
+
+            def started_up() -> bool:
+                if _api(sock, "/v1/health/management")[0] != 200:
+                    return False
+                phases = (_api(sock, "/v1/status")[1] or {}).get("agent", {}).get("startup", [])
+                return bool(phases) and phases[-1]["state"] == "running"
+
+            deadline = time.monotonic() + 300
+            while not (sock.exists() and started_up()):
+                if agent.poll() is not None:
+                    raise RuntimeError(f"agent exited: {log_path.read_text()[-2000:]}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"agent not started in 300 s: {log_path.read_text()[-2000:]}"
+                    )
+                time.sleep(0.05)
+            startup = time.perf_counter() - started
+            time.sleep(1.0)  # let the first passes after startup finish
+            before = _api(sock, "/v1/status")[1]["reconcile_loop"]
+            cpu_before = _cpu_seconds(agent.pid)
+            seconds, cli_cpu = _cli_apply(ns, doc_b, state)
+            cpu = _cpu_seconds(agent.pid) - cpu_before
+            after = _api(sock, "/v1/status")[1]["reconcile_loop"]
+            time.sleep(2.0)  # the pass that follows the transaction
+            settled = _api(sock, "/v1/status")[1]["reconcile_loop"]
+            cpu_settled = _cpu_seconds(agent.pid) - cpu_before
+            _check_replaced(ns, count)
+            if agent.poll() is not None:
+                raise RuntimeError(f"agent exited: {log_path.read_text()[-2000:]}")
+        finally:
+            agent.send_signal(signal.SIGTERM)
+            try:
+                agent.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+                agent.wait()
+            log.close()
+    return {
+        "wall": seconds,
+        "cli_cpu": cli_cpu,
+        "agent_cpu": cpu,
+        "agent_cpu_settled": cpu_settled,
+        "passes": after["passes"] - before["passes"],
+        "passes_settled": settled["passes"] - before["passes"],
+        "events": after["events"] - before["events"],
+        "events_settled": settled["events"] - before["events"],
+        "overflows": settled["overflows"] - before["overflows"],
+        "startup": startup,
+    }
+
+
+def _replace(quick: bool) -> str:
+    count = REPLACE_QUICK if quick else REPLACE
+    rounds = 3
+    cli: list[dict[str, float]] = []
+    agent: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        doc_a, doc_b = tmp / "a.yaml", tmp / "b.yaml"
+        doc_a.write_text(yaml.safe_dump(_replace_document(1, count)))
+        doc_b.write_text(yaml.safe_dump(_replace_document(2, count)))
+        for n in range(rounds):
+            cli.append(_replace_cli(tmp, n, doc_a, doc_b, count))
+            agent.append(_replace_agent(tmp, n, doc_a, doc_b, count))
+            print(f"bench_apply: replace round {n}: cli {cli[-1]} agent {agent[-1]}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+    cli_m = median([r["wall"] for r in cli])
+    agent_m = median([r["wall"] for r in agent])
+    ratio = agent_m / cli_m
+    passes = max(r["passes_settled"] for r in agent)
+    agent_cpu = median([r["agent_cpu"] for r in agent])
+    lines = [
+        f"### Agent apply: {count:,} addresses replaced by {count:,} others",
+        "",
+        f"`make bench`{' (quick mode: ' + f'{count:,}' + ' instead of 20,000)' if quick else ''}"
+        f" — {rounds} rounds, median; each round a fresh namespace and state directory for each "
+        f"side; lan0 holds {count:,} addresses `2001:db8:1::N/128` (document A, applied by the "
+        f"CLI first) and is given {count:,} others `2001:db8:2::N/128` (document B); "
+        f"{2 * count:,} kernel changes. Wall time is `trueup apply B` end to end (interpreter "
+        "start and document parsing included); afterwards lan0 holds exactly B's addresses.",
+        "",
+        "| measurement | seconds | ratio to CLI without agent | goal |",
+        "|---|---:|---:|---|",
+        f"| `trueup apply B` without an agent (engine in the CLI process) | {cli_m:.2f} | 1.00 "
+        "| baseline |",
+        f"| `trueup apply B` with the agent running (CLI → agent API) | {agent_m:.2f} | "
+        f"{ratio:.2f} | ≤ 1.20 {'✅' if ratio <= 1.2 else '❌'} |",
+        f"| agent CPU during that apply (/proc utime+stime) | {agent_cpu:.2f} | "
+        f"{agent_cpu / cli_m:.2f} | — |",
+        f"| CLI process CPU, without an agent / with the agent | "
+        f"{median([r['cpu'] for r in cli]):.2f} / {median([r['cli_cpu'] for r in agent]):.2f} "
+        "| — | — |",
+        "",
+        "Reconcile loop passes during the apply (counter before → right after the CLI "
+        "returned / 2 s later), per round: "
+        + ", ".join(f"{r['passes']} / {r['passes_settled']}" for r in agent)
+        + f" — goal ≤ 50 {'✅' if passes <= 50 else '❌'}. Netlink events the agent received "
+        "in that time: "
+        + ", ".join(f"{r['events_settled']}" for r in agent)
+        + f" (overflows: {', '.join(str(r['overflows']) for r in agent)}). "
+        f"First apply of A from empty by the CLI (same namespaces): "
+        f"{median([r['first'] for r in cli]):.2f} s; agent start → startup phases done with A "
+        f"applied: {median([r['startup'] for r in agent]):.2f} s.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def run(quick: bool) -> str:
+    return _from_empty(quick) + "\n" + _replace(quick)
+
+
+if __name__ == "__main__":
+    quick_mode = "--quick" in sys.argv or os.environ.get("BENCH_QUICK", "") not in ("", "0")
+    if "--replace-only" in sys.argv:
+        print(_replace(quick_mode))
+    else:
+        print(run(quick_mode))

@@ -116,6 +116,9 @@ Try next (as root):
   $R ack addresses --for 10m --reason "maintenance" $S   # stop healing, never detection
   $R plan $DEMO/desired.yaml $S
   $R apply $DEMO/desired.yaml --expect-version 99 $S   # refused: STATE_CONCURRENT_MODIFICATION, exit 3
+  $R apply $DEMO/desired.yaml $S                       # managed by the control plane: exit 4, needs --override
+  $R apply $DEMO/desired.yaml --override "lab test" $S # a reported local override until the next revision
+  $R rollback $S                                       # same checks as apply (management guard, override)
   $R evidence --out /tmp/trueup-evidence.tar.gz $S
   $R doctor $S
   $R audit verify $S

@@ -152,6 +152,8 @@ def test_local_apply_on_a_managed_device_is_an_explicit_reported_override(
     assert applied["digest"] == document_digest(cp_two)
     assert already_applied(applied, 2, document_digest(cp_two))
     assert state.revision(2)["document"]["spec"]["routes"]  # type: ignore[index]
+    aside = list((state.root / "revisions" / "superseded").glob("00000002-*.json"))
+    assert len(aside) == 1 and json.loads(aside[0].read_text())["origin"] == "local-cli"
     status = gather(engine, control_plane_version=2)
     assert not [f for f in status["reason_codes"] if f["code"] == ReasonCode.VERSION_SKEW.value]
 

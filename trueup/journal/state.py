@@ -103,10 +103,24 @@ class StateDir:
         return self.root / "revisions" / f"{version:08d}.json"
 
     def save_revision(self, version: int, document: dict[str, Any], **meta: Any) -> None:
-        write_json(
-            self._revision_path(version),
-            {"version": version, "document": document, "digest": _digest(document), **meta},
-        )
+        """Store an accepted revision; one with the same number and other content is kept aside.
+
+        On a managed device a local override can take a number the control
+        plane later publishes; the override's document moves to
+        `revisions/superseded/` instead of being lost.
+        """
+        path = self._revision_path(version)
+        digest = _digest(document)
+        try:
+            existing = read_json(path)
+        except ValueError:
+            existing = None
+        if isinstance(existing, dict) and existing.get("digest") not in (None, digest):
+            aside = self.root / "revisions" / "superseded"
+            aside.mkdir(exist_ok=True, mode=0o700)
+            old = str(existing.get("digest", "")).removeprefix("sha256:")[:12]
+            os.replace(path, aside / f"{version:08d}-{old}.json")
+        write_json(path, {"version": version, "document": document, "digest": digest, **meta})
         self._prune_revisions()
 
     def revision(self, version: int) -> dict[str, Any] | None:
