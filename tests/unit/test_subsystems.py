@@ -178,7 +178,7 @@ def test_plan(
 
 def test_ordering_is_by_tier_then_dependencies() -> None:
     names = [s.name for s in ordered(reversed(default_subsystems()))]
-    assert names == ["management", "links", "addresses", "routes"]
+    assert names == ["management", "links", "addresses", "routes", "sysctl"]
 
 
 def test_scope_owns_previous_management_addresses() -> None:

@@ -27,13 +27,13 @@ from typing import Any
 import uvicorn
 
 from trueup.agent.api import create_app, hash_token, token_matches
+from trueup.agent.metrics import AgentMetrics
 from trueup.journal.audit import now_iso
 from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState
-from trueup.model.health import SubsystemHealth
 from trueup.model.reasons import ReasonCode
 from trueup.reconcile.guard import unsafe_management_changes
-from trueup.reconcile.status import drift_report, gather
+from trueup.reconcile.status import AgentInfo, build_status, drift_report
 from trueup.reconcile.transaction import Change, Engine, NeedsConfirmation, Origin, Refused
 from trueup.startup.orchestrator import Orchestrator
 from trueup.subsystems.base import Subsystem
@@ -110,6 +110,9 @@ class Agent:
         self.on_stop: list[Callable[[], None]] = []
         # Set by trueup.agent.wiring; builds the loop in phase 4.
         self.loop_factory: Callable[[Agent], Any] | None = None
+        self._metrics = AgentMetrics(
+            self.status, lambda: self.loop.view() if self.loop is not None else None
+        )
 
     # -- API surface --------------------------------------------------------
     def token_valid(self, token: str) -> bool:
@@ -123,10 +126,10 @@ class Agent:
         missing: list[str] = []
         if document is not None:
             try:
-                with self.engine.netlink() as net:
+                with self.engine.sources() as sources:
                     have = {
                         a.prefix
-                        for a in net.addresses()
+                        for a in sources.netlink.addresses()
                         if a.ifname == document.spec.management.interface
                     }
                 present = [a for a in document.spec.management.addresses if a in have]
@@ -171,37 +174,28 @@ class Agent:
         return {"subsystems": out}
 
     def status(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {}
-        if self.loop is not None:
-            kwargs = self.loop.status_inputs()
-        status = gather(self.engine, control_plane_version=self.control_plane_version, **kwargs)
-        # Startup's verdicts (pending, failed at a deadline) show until the
-        # subsystem is seen healthy again, by whichever pass healed it.
-        for name, entry in dict(self.orchestrator.subsystem_health).items():
-            sub = status["subsystems"].get(name)
-            if sub is None:
-                continue
-            healed = entry["health"] == "failed" and sub["health"] == "ok"
-            if healed and not sub["differences"]:
-                self.orchestrator.clear_health(name)
-                continue
-            sub.update(entry)
-        status["management"].update(
-            {k: v for k, v in self.management_health().items() if k not in ("addresses",)}
+        """`/v1/status`: built by `trueup.reconcile.status.build_status` from what the agent knows."""
+        orchestrator = self.orchestrator
+        return build_status(
+            self.engine,
+            control_plane_version=self.control_plane_version,
+            loop=self.loop.view() if self.loop is not None else None,
+            # Startup's verdicts (pending, failed at a deadline) show until the
+            # subsystem is seen healthy again, by whichever pass healed it.
+            startup_health=orchestrator.subsystem_health,
+            forget_startup_verdict=orchestrator.clear_health,
+            management=self.management_health(),
+            agent=AgentInfo(
+                pid=os.getpid(),
+                started_at=self.started_at,
+                state_dir=str(self.state.root),
+                startup=orchestrator.phase_list(),
+                startup_drift=orchestrator.startup_drift,
+                extra=self.extra_status,
+                config_error=orchestrator.config_error,
+            ),
+            control_plane=self.sync.status() if self.sync is not None else None,
         )
-        status["agent"] = {
-            "pid": os.getpid(),
-            "started_at": self.started_at,
-            "state_dir": str(self.state.root),
-            "startup": self.orchestrator.phase_list(),
-            "startup_drift": self.orchestrator.startup_drift,
-            **self.extra_status,
-        }
-        if self.sync is not None:
-            status["control_plane"] = self.sync.status()
-        if self.orchestrator.config_error:
-            status["agent"]["config_error"] = self.orchestrator.config_error
-        return status
 
     def drift(self) -> dict[str, Any]:
         return drift_report(self.status())
@@ -380,33 +374,8 @@ class Agent:
         return buffer.getvalue()
 
     def metrics(self) -> str:
-        status = self.status()
-        lines = [
-            "# HELP trueup_applied_version Applied desired-state version.",
-            "# TYPE trueup_applied_version gauge",
-            f"trueup_applied_version {status['versions']['applied']}",
-            "# HELP trueup_management_ready 1 when the management tier is up.",
-            "# TYPE trueup_management_ready gauge",
-            f"trueup_management_ready {int(bool(status['management']['ready']))}",
-            "# HELP trueup_subsystem_health Subsystem health (1 for the current state).",
-            "# TYPE trueup_subsystem_health gauge",
-        ]
-        for name, sub in status["subsystems"].items():
-            for health in SubsystemHealth:
-                value = int(sub["health"] == health.value)
-                lines.append(
-                    f'trueup_subsystem_health{{subsystem="{name}",state="{health.value}"}} {value}'
-                )
-        lines += [
-            "# HELP trueup_reason_codes Findings per reason code.",
-            "# TYPE trueup_reason_codes gauge",
-        ]
-        for code in ReasonCode:
-            count = sum(1 for f in status["reason_codes"] if f["code"] == code.value)
-            lines.append(f'trueup_reason_codes{{code="{code.value}"}} {count}')
-        if self.loop is not None:
-            lines += self.loop.metrics_lines()
-        return "\n".join(lines) + "\n"
+        """`/metrics`: Prometheus text, from the status and the loop as they are now."""
+        return self._metrics.render()
 
     # -- listeners ----------------------------------------------------------
     def _unix_socket(self) -> socket.socket:

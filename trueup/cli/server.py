@@ -3,12 +3,17 @@
 Administration commands work directly on the database (as the operator who
 runs the server), and every write they make is audited like an API write,
 with the actor `cli:<login>`.
+
+The control plane's libraries (SQLAlchemy, Alembic, psycopg, cryptography) are
+the `server` extra, which a router agent does not install: this module imports
+them only inside commands, after `_require_server_extra()` has said clearly
+what is missing, so `trueup --help` and the agent's commands work without them.
 """
 
 from __future__ import annotations
 
 import getpass
-import hashlib
+import importlib.util
 import json
 import os
 import time
@@ -16,12 +21,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from cryptography import x509
-from cryptography.hazmat.primitives.serialization import Encoding
+
+from trueup.model.digests import sha256_digest
+from trueup.server.tokens import Role
 
 if TYPE_CHECKING:
     from trueup.server.service import ControlPlane
-from trueup.server.tokens import Role
 
 __all__ = ["fleet_app", "render_fleet_device", "render_fleet_table", "server_app"]
 
@@ -61,7 +66,22 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
+# Import names of the `server` extra's distributions (pyproject.toml).
+_SERVER_EXTRA = ("sqlalchemy", "alembic", "psycopg", "cryptography")
+
+
+def _require_server_extra() -> None:
+    """Fail with one clear line, not an ImportError traceback, without the `server` extra."""
+    missing = [name for name in _SERVER_EXTRA if importlib.util.find_spec(name) is None]
+    if missing:
+        raise _fail(
+            "the control plane needs `pip install trueup[server]` "
+            f"(not installed: {', '.join(missing)})"
+        )
+
+
 def _key_file(db: str, key_file: Path | None) -> Path:
+    _require_server_extra()
     from trueup.server.db import normalise_url
 
     if key_file is not None:
@@ -75,7 +95,10 @@ def _key_file(db: str, key_file: Path | None) -> Path:
     )
 
 
-def _plane(db: str, key_file: Path | None) -> ControlPlane:
+def _plane(db: str, key_file: Path | None, *, stale_intervals: int = 3) -> ControlPlane:
+    """The control plane over this database. Commands call it before importing from
+    trueup.server, so a missing `server` extra is reported in one line."""
+    _require_server_extra()
     from trueup.server.db import Database, DatabaseURLError
     from trueup.server.keys import load_or_create_server_key
     from trueup.server.service import ControlPlane
@@ -86,7 +109,7 @@ def _plane(db: str, key_file: Path | None) -> ControlPlane:
         database.migrate()
     except (DatabaseURLError, ValueError, OSError) as exc:
         raise _fail(str(exc)) from None
-    return ControlPlane(database, key)
+    return ControlPlane(database, key, stale_intervals=stale_intervals)
 
 
 def _actor() -> str:
@@ -106,8 +129,13 @@ def _tenant(plane: ControlPlane, tenant: str) -> int:
 
 
 def certificate_fingerprint(cert_file: Path) -> str:
+    """`sha256:<hex>` of the certificate's DER form (what the agent pins)."""
+    _require_server_extra()
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
     cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
-    return "sha256:" + hashlib.sha256(cert.public_bytes(Encoding.DER)).hexdigest()
+    return sha256_digest(cert.public_bytes(Encoding.DER))
 
 
 @server_app.command("run")
@@ -124,6 +152,7 @@ def run(
     log_level: str = typer.Option("warning", "--log-level"),
 ) -> None:
     """Serve the control plane API."""
+    _require_server_extra()
     import uvicorn
 
     from trueup.server.app import SETTINGS_ENV, Settings
@@ -175,6 +204,7 @@ def run(
 @server_app.command("migrate")
 def migrate(db: str = DbOption) -> None:
     """Create or upgrade the database schema."""
+    _require_server_extra()
     from trueup.server.db import Database, DatabaseURLError
 
     try:
@@ -191,9 +221,9 @@ def tenant_create(
     key_file: Path | None = KeyOption,
 ) -> None:
     """Create a tenant (with its own secret key)."""
+    plane = _plane(db, key_file)
     from trueup.server.service import Invalid
 
-    plane = _plane(db, key_file)
     try:
         plane.create_tenant(name, _actor())
     except Invalid as exc:
@@ -210,9 +240,9 @@ def user_create(
     key_file: Path | None = KeyOption,
 ) -> None:
     """Create a user with a role."""
+    plane = _plane(db, key_file)
     from trueup.server.service import Invalid
 
-    plane = _plane(db, key_file)
     try:
         plane.create_user(_tenant(plane, tenant), user, role, _actor())
     except Invalid as exc:
@@ -229,9 +259,9 @@ def user_role(
     key_file: Path | None = KeyOption,
 ) -> None:
     """Change a user's role."""
+    plane = _plane(db, key_file)
     from trueup.server.service import NotFound
 
-    plane = _plane(db, key_file)
     try:
         plane.set_role(_tenant(plane, tenant), user, role, _actor())
     except NotFound as exc:
@@ -249,9 +279,9 @@ def token_create(
     key_file: Path | None = KeyOption,
 ) -> None:
     """Create an API token; prints it once (only its hash is stored)."""
+    plane = _plane(db, key_file)
     from trueup.server.service import Invalid, NotFound
 
-    plane = _plane(db, key_file)
     tenant_id = _tenant(plane, tenant)
     try:
         if user not in {u["name"] for u in plane.list_users(tenant_id)}:
@@ -270,9 +300,9 @@ def token_revoke(
     key_file: Path | None = KeyOption,
 ) -> None:
     """Revoke a token."""
+    plane = _plane(db, key_file)
     from trueup.server.service import NotFound
 
-    plane = _plane(db, key_file)
     try:
         plane.revoke_token(_tenant(plane, tenant), token_id, _actor())
     except NotFound as exc:
@@ -293,9 +323,9 @@ def device_enroll(
     key_file: Path | None = KeyOption,
 ) -> None:
     """Write a one-time enrollment bundle. Revokes the device's current credential."""
+    plane = _plane(db, key_file)
     from trueup.server.service import Invalid
 
-    plane = _plane(db, key_file)
     fingerprint = certificate_fingerprint(tls_cert) if tls_cert else None
     try:
         bundle = plane.enroll(
@@ -423,10 +453,9 @@ def render_fleet_device(entry: dict[str, Any]) -> str:
 def _fleet(
     db: str, key_file: Path | None, tenant: str, stale_intervals: int, device: str | None = None
 ) -> list[dict[str, Any]]:
+    plane = _plane(db, key_file, stale_intervals=stale_intervals)
     from trueup.server.service import NotFound
 
-    plane = _plane(db, key_file)
-    plane.stale_intervals = stale_intervals
     try:
         return plane.fleet(_tenant(plane, tenant), device)
     except NotFound as exc:

@@ -1,9 +1,11 @@
 """The desired-state document (`apiVersion: trueup/v1`, `kind: DeviceState`).
 
-Pure data: parsing, validation and the JSON Schema. Every later section
-(firewall, dhcp, ha, proxies) is its own model in its own module and one
-optional field on `DeviceSpec`; cross-section checks live in the section that
-needs them.
+Pure data: parsing, validation and the JSON Schema. The core sections are
+fields of `DeviceSpec`; every other section (sysctl, firewall, dhcp, …) is
+owned by its subsystem: a model in the subsystem's module, registered in
+`trueup.model.sections` when the subsystem is registered. A section nobody
+registered is refused with its path. `DeviceSpec.section(name)` returns a
+registered section's validated model (or None when the document has none).
 
 Errors come out as `DocumentError`, one line per problem, each naming the path
 in the document (`spec.interfaces[1].addresses[0]: not an IPv4/IPv6 prefix`).
@@ -19,6 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from trueup.model.sections import registered_sections, section_model
 from trueup.model.types import IfName, IpAddress, IpNetwork, IpPrefix, family_of
 
 __all__ = [
@@ -152,6 +155,9 @@ class ConvergencePolicy(_Section):
 
 
 class DeviceSpec(_Section):
+    # Sections registered by subsystems arrive as extra fields, validated below.
+    model_config = ConfigDict(extra="allow", frozen=True)
+
     management: Management
     interfaces: list[Interface] = []
     routes: list[Route] = []
@@ -159,6 +165,18 @@ class DeviceSpec(_Section):
         {}, description="names for numbered routing tables, usable as route.table"
     )
     convergence: ConvergencePolicy = ConvergencePolicy()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _registered_sections(cls, data: Any) -> Any:
+        """Validate each registered section with its owner's model; refuse the rest."""
+        if not isinstance(data, dict):
+            return data
+        return _validate_sections(data, set(cls.model_fields))
+
+    def section(self, name: str) -> Any:
+        """A registered section's validated model, or None when the document has none."""
+        return (self.model_extra or {}).get(name)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> DeviceSpec:
@@ -278,6 +296,34 @@ class DeviceState(_Section):
         return self.model_dump(mode="json", exclude_none=True)
 
 
+def _validate_sections(data: dict[str, Any], core: set[str]) -> dict[str, Any]:
+    """`data` with registered sections validated by their models; `_PathError` for the rest."""
+    problems: list[tuple[str, str]] = []
+    out = dict(data)
+    for key, value in data.items():
+        if key in core:
+            continue
+        model = section_model(str(key))
+        if model is None:
+            known = ", ".join(sorted([*core, *registered_sections()]))
+            problems.append((str(key), f"unknown field (not part of trueup/v1; sections: {known})"))
+            continue
+        try:
+            out[key] = model.model_validate(value)
+        except ValidationError as exc:
+            for problem in _problems(exc):
+                path, _, message = problem.partition(": ")
+                if not path or path.startswith("("):
+                    problems.append((str(key), message))
+                elif path.startswith("["):
+                    problems.append((f"{key}{path}", message))
+                else:
+                    problems.append((f"{key}.{path}", message))
+    if problems:
+        raise _PathError.many(problems)
+    return out
+
+
 def route_table_number(table: int | str, names: dict[str, int]) -> int:
     if isinstance(table, int):
         return table
@@ -342,12 +388,33 @@ def parse_document(data: Any, source: str = "<document>") -> DeviceState:
     """Validate already-decoded data; raise DocumentError listing every problem with its path."""
     if not isinstance(data, dict):
         raise DocumentError(source, ["(document): expected a mapping with apiVersion, kind, …"])
+    spec = data.get("spec")
+    sections = (
+        {k: v for k, v in spec.items() if k not in DeviceSpec.model_fields}
+        if isinstance(spec, dict)
+        else {}
+    )
+    problems: list[str] = []
+    if sections:
+        # Core fields and sections are checked apart, so every problem is reported at once.
+        assert isinstance(spec, dict)
+        core = {**data, "spec": {k: v for k, v in spec.items() if k not in sections}}
+        try:
+            _validate_sections(sections, set(DeviceSpec.model_fields))
+        except _PathError as exc:
+            problems += [f"spec.{path}: {message}" for path, message in exc.problems]
+    else:
+        core = data
     try:
-        return DeviceState.model_validate(data)
+        document = DeviceState.model_validate(core)
     except ValidationError as exc:
-        problems = _problems(exc)
+        problems = _problems(exc) + problems
+    if not problems and sections:
+        document = DeviceState.model_validate(data)
+    if problems:
         unsupported = any(p.startswith("apiVersion: unsupported") for p in problems)
         raise DocumentError(source, problems, unsupported_version=unsupported) from None
+    return document
 
 
 def decode_text(text: str, source: str) -> Any:
@@ -378,6 +445,13 @@ def document_digest(document: DeviceState) -> str:
 
 def json_schema() -> dict[str, Any]:
     schema = DeviceState.model_json_schema()
+    defs = schema.setdefault("$defs", {})
+    spec = defs["DeviceSpec"]
+    spec["additionalProperties"] = False
+    for name, model in sorted(registered_sections().items()):
+        section = model.model_json_schema(ref_template="#/$defs/{model}")
+        defs.update(section.pop("$defs", {}))
+        spec.setdefault("properties", {})[name] = section
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["$id"] = "https://trueup.invalid/schema/trueup-v1.json"
     schema["title"] = "trueup DeviceState (trueup/v1)"

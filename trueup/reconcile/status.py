@@ -1,12 +1,27 @@
-"""Gather facts from the state directory and the kernel into status and drift reports.
+"""The status document, built in one place; the drift report derived from it.
 
-Who calls this: the agent API (`/v1/status`, `/v1/drift`) and the CLI when no
-agent runs. The reason codes come from `classify()`; this module only
-collects its inputs.
+Who calls this: the agent (`Agent.status()` behind `/v1/status`, `/v1/drift`,
+`/metrics`, the control-plane report) and the CLI when no agent answers
+(`gather`). Both go through `build_status`, so the document's shape is
+defined here only:
+
+```
+device, observed_at, versions{…}, management{…}, subsystems{NAME: {…}},
+journal{open, last, writer}, fences, reason_codes[…],
+pending_confirmation, reconcile_loop        (while the reconcile loop runs)
+agent{…}                                    (from an agent)
+control_plane{…}                            (when a control plane manages the device)
+```
+
+Facts come from the state directory and the system; the reason codes from
+`classify()`; the loop's healing state from its view
+(`trueup.reconcile.view.LoopView`); the rest from the agent's typed inputs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,13 +32,47 @@ from trueup.model.health import SubsystemHealth
 from trueup.model.reasons import ReasonCode
 from trueup.reconcile.classify import ClassifierInput, classify
 from trueup.reconcile.transaction import Engine
+from trueup.reconcile.view import LoopView
 from trueup.subsystems.base import Difference
 
-__all__ = ["TRANSACTION_DEADLINE", "drift_report", "gather", "refusals_since_last_write"]
+__all__ = [
+    "TRANSACTION_DEADLINE",
+    "AgentInfo",
+    "build_status",
+    "drift_report",
+    "gather",
+    "refusals_since_last_write",
+]
 
 TRANSACTION_DEADLINE = timedelta(minutes=5)
 REFUSAL_WINDOW = timedelta(minutes=10)
 _WRITE_EVENTS = {"apply", "rollback", "recovered", "reconcile"}
+
+
+@dataclass(frozen=True)
+class AgentInfo:
+    """Status' `agent` section: the process, its startup phases and their verdicts."""
+
+    pid: int
+    started_at: str
+    state_dir: str
+    startup: list[dict[str, Any]] = field(default_factory=list)  # the phases, in order
+    startup_drift: list[dict[str, Any]] = field(default_factory=list)
+    extra: Mapping[str, Any] = field(default_factory=dict)  # what wiring adds
+    config_error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "pid": self.pid,
+            "started_at": self.started_at,
+            "state_dir": self.state_dir,
+            "startup": self.startup,
+            "startup_drift": self.startup_drift,
+            **self.extra,
+        }
+        if self.config_error:
+            out["config_error"] = self.config_error
+        return out
 
 
 def refusals_since_last_write(engine: Engine, limit: int = 10) -> list[dict[str, Any]]:
@@ -54,17 +103,34 @@ def _parse_time(value: str) -> datetime:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-def gather(
+def gather(engine: Engine, *, control_plane_version: int | None = None) -> dict[str, Any]:
+    """Status from the state directory and the system alone (the CLI, when no agent answers)."""
+    return build_status(engine, control_plane_version=control_plane_version)
+
+
+def build_status(
     engine: Engine,
     *,
-    extra: dict[str, Any] | None = None,
     control_plane_version: int | None = None,
-    reconcile_failures: dict[str, dict[str, Any]] | None = None,
-    drift_since: dict[str, str] | None = None,
-    attribution: dict[str, list[dict[str, Any]]] | None = None,
-    policies: dict[str, dict[str, Any]] | None = None,
-    subsystem_health: dict[str, dict[str, Any]] | None = None,
+    loop: LoopView | None = None,
+    startup_health: Mapping[str, Mapping[str, Any]] | None = None,
+    forget_startup_verdict: Callable[[str], None] | None = None,
+    management: Mapping[str, Any] | None = None,
+    agent: AgentInfo | None = None,
+    control_plane: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The status document. Every input but `engine` is optional: what is absent is left out.
+
+    * `loop` — the reconcile loop's view: healing state per subsystem, heal
+      failures, drift records, `pending_confirmation` and `reconcile_loop`;
+    * `startup_health` — the startup orchestrator's verdicts per subsystem
+      (pending, failed at a deadline). They show until the subsystem is seen
+      healthy and in sync again, whichever pass healed it; then
+      `forget_startup_verdict(name)` is called so the agent drops it;
+    * `management` — the agent's management health (phase, listeners, …),
+      laid over what the document and the system say;
+    * `agent` — the `agent` section; `control_plane` — the sync's state.
+    """
     state = engine.state
     applied = state.applied()
     journal = state.journal
@@ -92,6 +158,7 @@ def gather(
     if document is not None:
         with engine.netlink() as net:
             differences = engine.differences(document, net)
+    view = loop or LoopView()
     facts = ClassifierInput(
         applied=applied,
         open_transaction=open_txn.summary() if open_txn else None,
@@ -103,9 +170,9 @@ def gather(
         unsupported_schema=unsupported,
         differences=differences,
         observed_at=observed_at,
-        reconcile_failures=reconcile_failures or {},
-        drift_since=drift_since or {},
-        attribution=attribution or {},
+        reconcile_failures=view.reconcile_failures,
+        drift_since=view.drift_since,
+        attribution=view.attribution,
     )
     findings = classify(facts)
     management_diffs = differences.get("management", [])
@@ -121,9 +188,9 @@ def gather(
             health, reason = SubsystemHealth.PENDING, "nothing applied yet"
         elif sub.name in failed:
             health, reason = SubsystemHealth.FAILED, failed[sub.name]
-        elif (reconcile_failures or {}).get(sub.name):
+        elif view.reconcile_failures.get(sub.name):
             health = SubsystemHealth.FAILED
-            reason = str((reconcile_failures or {})[sub.name].get("detail"))
+            reason = str(view.reconcile_failures[sub.name].get("detail"))
         elif diffs:
             health, reason = SubsystemHealth.DEGRADED, f"{len(diffs)} path(s) differ"
         entry: dict[str, Any] = {
@@ -133,15 +200,18 @@ def gather(
             "differences": [d.to_json() for d in diffs],
             "policy": document.spec.convergence.policy_for(sub.name) if document else None,
         }
-        entry.update((policies or {}).get(sub.name, {}))
-        entry.update((subsystem_health or {}).get(sub.name, {}))
+        entry.update(view.policies.get(sub.name, {}))
         subsystems[sub.name] = entry
-    management = {
+    _lay_startup_verdicts(subsystems, startup_health or {}, forget_startup_verdict)
+    management_section: dict[str, Any] = {
         "ready": document is not None and not missing_mgmt and not mgmt_state_bad,
         "interface": document.spec.management.interface if document else None,
         "addresses": document.spec.management.addresses if document else [],
         "missing_addresses": missing_mgmt,
     }
+    if management is not None:
+        # The agent knows more (phase, listeners); the document's addresses stay.
+        management_section.update({k: v for k, v in management.items() if k != "addresses"})
     status: dict[str, Any] = {
         "device": document.metadata.device if document else None,
         "observed_at": observed_at,
@@ -155,7 +225,7 @@ def gather(
             "control_plane_applied": applied.get("cp_version"),
             "override": applied.get("override"),
         },
-        "management": management,
+        "management": management_section,
         "subsystems": subsystems,
         "journal": {
             "open": open_txn.summary() if open_txn else None,
@@ -165,9 +235,31 @@ def gather(
         "fences": state.read("fences.json", []),
         "reason_codes": [f.model_dump(mode="json") for f in findings],
     }
-    if extra:
-        status.update(extra)
+    if loop is not None:
+        status.update(loop.status_extra())
+    if agent is not None:
+        status["agent"] = agent.to_json()
+    if control_plane is not None:
+        status["control_plane"] = dict(control_plane)
     return status
+
+
+def _lay_startup_verdicts(
+    subsystems: dict[str, Any],
+    verdicts: Mapping[str, Mapping[str, Any]],
+    forget: Callable[[str], None] | None,
+) -> None:
+    """Lay startup's verdicts over the subsystems; forget those a later pass made moot."""
+    for name, verdict in dict(verdicts).items():
+        entry = subsystems.get(name)
+        if entry is None:
+            continue
+        healed = verdict.get("health") == "failed" and entry["health"] == "ok"
+        if healed and not entry["differences"]:
+            if forget is not None:
+                forget(name)
+            continue
+        entry.update(verdict)
 
 
 def drift_report(status: dict[str, Any]) -> dict[str, Any]:

@@ -59,6 +59,8 @@ from trueup.reconcile.guard import management_guard, unsafe_management_changes
 from trueup.subsystems.base import Difference, Facts, Plan, Scope, Step, StepError, Subsystem
 from trueup.subsystems.registry import default_subsystems, scope_for
 from trueup.system.netlink import CachedNetlink, Netlink, NetlinkError
+from trueup.system.runner import Runner, SubprocessRunner
+from trueup.system.sources import Files, HostFiles, Sources
 
 __all__ = [
     "CONTROL_PLANE_FILE",
@@ -216,10 +218,14 @@ class Engine:
         state: StateDir,
         subsystems: list[Subsystem] | None = None,
         netlink_factory: NetlinkFactory = _kernel_netlink,
+        files: Files | None = None,
+        runner: Runner | None = None,
     ) -> None:
         self.state = state
         self.subsystems = subsystems or default_subsystems()
         self.netlink_factory = netlink_factory
+        self.files: Files = files if files is not None else HostFiles()
+        self.runner: Runner = runner if runner is not None else SubprocessRunner()
         self.by_name = {s.name: s for s in self.subsystems}
         # Set while no transaction runs in this process; the loop waits on it
         # instead of spinning while an apply is under way.
@@ -230,12 +236,15 @@ class Engine:
         self._audit_checked = False
 
     @contextmanager
-    def netlink(self) -> Iterator[Netlink]:
-        net = CachedNetlink(self.netlink_factory())
+    def sources(self) -> Iterator[Sources]:
+        """The system for one piece of work: a netlink handle (one dump per table), files, programs."""
+        sources = Sources(CachedNetlink(self.netlink_factory()), self.files, self.runner)
         try:
-            yield net
+            yield sources
         finally:
-            net.close()
+            sources.close()
+
+    netlink = sources  # the name callers used before sources other than netlink existed
 
     # -- documents ----------------------------------------------------------
     def applied_document(self) -> DeviceState | None:
@@ -271,7 +280,7 @@ class Engine:
 
     # -- observation --------------------------------------------------------
     def observe(
-        self, net: Netlink, scope: Scope, names: Collection[str] | None = None
+        self, net: Sources, scope: Scope, names: Collection[str] | None = None
     ) -> dict[str, Facts]:
         return {
             s.name: s.observe(net, scope)
@@ -279,7 +288,7 @@ class Engine:
             if names is None or s.name in names
         }
 
-    def plan(self, document: DeviceState, net: Netlink | None = None) -> list[Plan]:
+    def plan(self, document: DeviceState, net: Sources | None = None) -> list[Plan]:
         scope = scope_for(document, self.applied_document())
         if net is None:
             with self.netlink() as opened:
@@ -290,7 +299,7 @@ class Engine:
         ]
 
     def differences(
-        self, document: DeviceState, net: Netlink, names: list[str] | None = None
+        self, document: DeviceState, net: Sources, names: list[str] | None = None
     ) -> dict[str, list[Difference]]:
         scope = scope_for(document)
         out: dict[str, list[Difference]] = {}
@@ -727,7 +736,7 @@ class Engine:
 
     def _storage_failure(
         self,
-        net: Netlink,
+        net: Sources,
         txn: str,
         before: dict[str, Facts],
         scope: Scope,
@@ -755,7 +764,7 @@ class Engine:
 
     def _execute(
         self,
-        net: Netlink,
+        net: Sources,
         change: Change,
         txn: str,
         plans: dict[str, Plan],
@@ -801,7 +810,7 @@ class Engine:
 
     def _verify(
         self,
-        net: Netlink,
+        net: Sources,
         change: Change,
         txn: str,
         names: list[str],
@@ -857,7 +866,7 @@ class Engine:
 
     def _converge_bounded(
         self,
-        net: Netlink,
+        net: Sources,
         subsystem: Subsystem,
         desired: Facts,
         scope: Scope,
@@ -901,7 +910,7 @@ class Engine:
 
     def _converge(
         self,
-        net: Netlink,
+        net: Sources,
         subsystem: Subsystem,
         desired: Facts,
         scope: Scope,
@@ -937,7 +946,7 @@ class Engine:
         )
 
     def _rollback(
-        self, net: Netlink, before: dict[str, Facts], scope: Scope, touched: list[str]
+        self, net: Sources, before: dict[str, Facts], scope: Scope, touched: list[str]
     ) -> list[str]:
         """Converge each touched subsystem back to its before-image, last touched first."""
         errors: list[str] = []

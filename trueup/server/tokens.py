@@ -1,5 +1,8 @@
 """Bearer tokens: 32 random bytes, shown once, stored only as a SHA-256 hash.
 
+The hash is `trueup.model.digests.token_hash` (re-exported here as `hash_token`),
+the one token hash in trueup.
+
 A token's prefix names its kind so a leaked one is recognisable in logs and
 scanners: `tu_u_` (user), `tu_d_` (device credential), `tu_e_` (one-time
 enrollment token). The prefix is not trusted: the stored row decides.
@@ -7,10 +10,11 @@ enrollment token). The prefix is not trusted: the stored row decides.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import secrets
 from enum import StrEnum
+
+from trueup.model.digests import token_hash as hash_token
 
 __all__ = ["Role", "TokenKind", "hash_token", "new_token", "role_at_least", "tokens_equal"]
 
@@ -39,10 +43,6 @@ _PREFIX = {TokenKind.USER: "tu_u_", TokenKind.DEVICE: "tu_d_", TokenKind.ENROLLM
 
 def new_token(kind: TokenKind) -> str:
     return _PREFIX[kind] + secrets.token_urlsafe(32)
-
-
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def tokens_equal(stored_hash: str, presented: str) -> bool:

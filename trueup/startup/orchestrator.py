@@ -162,7 +162,7 @@ class Orchestrator:
         try:
             sub = self.engine.by_name["management"]
             scope = scope_for(document)
-            with self.engine.netlink() as net:
+            with self.engine.sources() as net:
                 observed = sub.observe(net, scope)
                 plan = sub.plan(sub.desired(document, scope), observed, scope)
                 for step in plan.steps:

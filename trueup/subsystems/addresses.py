@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from trueup.model.document import DeviceState
 from trueup.model.health import Tier
-from trueup.subsystems.base import Facts, Plan, Scope, Step, Subsystem
-from trueup.system.netlink import Netlink
+from trueup.subsystems.base import Facts, Plan, Scope, Sources, Step, Subsystem
+from trueup.system.watches import rtnetlink
 
 __all__ = ["AddressesSubsystem"]
 
@@ -27,12 +27,14 @@ class AddressesSubsystem(Subsystem):
     name = "addresses"
     tier = Tier.NETWORK
     may_block = False
+    watches = (rtnetlink("address", "link"),)
     depends_on = ("links",)
 
     def desired(self, document: DeviceState, scope: Scope) -> Facts:
         return {_path(i.name): sorted(i.addresses) for i in document.spec.interfaces}
 
-    def observe(self, netlink: Netlink, scope: Scope) -> Facts:
+    def observe(self, sources: Sources, scope: Scope) -> Facts:
+        netlink = sources.netlink
         managed = scope.interfaces - {scope.management_interface}
         facts: Facts = {_path(name): [] for name in sorted(managed)}
         for address in netlink.addresses():
@@ -57,11 +59,12 @@ class AddressesSubsystem(Subsystem):
         steps = removals + additions
         return Plan(self.name, steps, [] if steps else ["every managed address is in place"])
 
-    def execute(self, netlink: Netlink, step: Step) -> None:
+    def execute(self, sources: Sources, step: Step) -> None:
+        netlink = sources.netlink
         a = step.args
         if step.action == "add-address":
-            self.run_step(netlink, step, lambda: netlink.add_address(a["ifname"], a["prefix"]))
+            self.run_step(step, lambda: netlink.add_address(a["ifname"], a["prefix"]))
         elif step.action == "del-address":
-            self.run_step(netlink, step, lambda: netlink.del_address(a["ifname"], a["prefix"]))
+            self.run_step(step, lambda: netlink.del_address(a["ifname"], a["prefix"]))
         else:
             raise ValueError(f"unknown addresses step {step.action}")

@@ -5,10 +5,17 @@ a canonical JSON value. That makes the diff, the drift report and the
 journal's before-images one format.
 
 * `desired(document, scope)` — facts the document asks for;
-* `observe(netlink, scope)` — facts the system holds, pure parsing of what
-  `system/` returns;
+* `observe(sources, scope)` — facts the system holds, pure parsing of what
+  the sources (`trueup.system.sources.Sources`: netlink, files, programs)
+  return;
 * `plan(desired, observed, scope)` — steps, or a no-op with its reason;
-* `execute(netlink, step)` — one step.
+* `execute(sources, step)` — one step.
+
+Next to them a subsystem declares its section of `spec` (`section`, a
+pydantic model registered with the document when the subsystem is
+registered), what it watches (`watches`: rtnetlink kinds, files, a period, a
+program), what it depends on and its tier. docs/architecture.md walks
+through adding one.
 
 Rollback is not special: it is `plan(before_image, observe(...))` with
 `scope.exact` set, so the same code that applies also restores.
@@ -21,15 +28,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from pydantic import BaseModel
+
 from trueup.model.document import DeviceState
 from trueup.model.health import Tier
-from trueup.system.netlink import Netlink
+from trueup.system.sources import Sources
+from trueup.system.watches import Watch
 
 __all__ = [
     "Difference",
     "Facts",
     "Plan",
     "Scope",
+    "Sources",
     "Step",
     "StepError",
     "Subsystem",
@@ -64,9 +75,14 @@ class Scope:
     management_owned: frozenset[str] = frozenset()
     management_default_routes: frozenset[tuple[int, str, int]] = frozenset()
     exact: bool = False
+    # Per subsystem, the keys it manages beyond interfaces and tables (sysctl names, …).
+    owned: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def for_rollback(self) -> Scope:
         return replace(self, exact=True)
+
+    def keys_for(self, subsystem: str) -> frozenset[str]:
+        return frozenset(k for name, keys in self.owned if name == subsystem for k in keys)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -76,6 +92,7 @@ class Scope:
             "management_owned": sorted(self.management_owned),
             "management_default_routes": sorted(list(k) for k in self.management_default_routes),
             "exact": self.exact,
+            "owned": {name: list(keys) for name, keys in self.owned},
         }
 
     @classmethod
@@ -89,6 +106,10 @@ class Scope:
                 (int(t), str(to), int(m)) for t, to, m in data["management_default_routes"]
             ),
             exact=bool(data.get("exact", False)),
+            owned=tuple(
+                (str(name), tuple(str(k) for k in keys))
+                for name, keys in sorted(dict(data.get("owned", {})).items())
+            ),
         )
 
 
@@ -187,9 +208,25 @@ class Subsystem(ABC):
     # Whether a step can hang (a daemon, a socket): such subsystems converge on a
     # worker thread that is abandoned at the deadline. Netlink ones run inline.
     may_block: ClassVar[bool] = True
+    # The section of `spec` this subsystem owns: (name, pydantic model), registered
+    # with the document model by `trueup.subsystems.registry`.
+    section: ClassVar[tuple[str, type[BaseModel]] | None] = None
+    # What can change this subsystem's part of the system (`trueup.system.watches`).
+    watches: ClassVar[tuple[Watch, ...]] = ()
     # What `trueup preflight` checks before an agent that runs this subsystem starts.
     required_binaries: ClassVar[tuple[str, ...]] = ()
     required_files: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def watch_kinds(self) -> frozenset[str]:
+        """The rtnetlink notification kinds that can explain this subsystem's drift."""
+        return frozenset(k for w in self.watches if w.kind == "rtnetlink" for k in w.events)
+
+    @classmethod
+    def scope_keys(cls, document: DeviceState) -> frozenset[str]:
+        """Keys of `Scope.owned` this subsystem manages under `document` (default: none)."""
+        del document
+        return frozenset()
 
     def configured(self, document: DeviceState) -> bool:
         """Whether the document asks anything of this subsystem."""
@@ -208,23 +245,24 @@ class Subsystem(ABC):
     def desired(self, document: DeviceState, scope: Scope) -> Facts: ...
 
     @abstractmethod
-    def observe(self, netlink: Netlink, scope: Scope) -> Facts: ...
+    def observe(self, sources: Sources, scope: Scope) -> Facts: ...
 
     @abstractmethod
     def plan(self, desired: Facts, observed: Facts, scope: Scope) -> Plan: ...
 
     @abstractmethod
-    def execute(self, netlink: Netlink, step: Step) -> None: ...
+    def execute(self, sources: Sources, step: Step) -> None: ...
 
     def diff(self, desired: Facts, observed: Facts) -> list[Difference]:
         return diff_facts(
             self.name, desired, observed, observed_only_matters=self.observed_only_matters
         )
 
-    def run_step(self, netlink: Netlink, step: Step, call: Callable[[], None]) -> None:
+    def run_step(self, step: Step, call: Callable[[], None]) -> None:
+        """Run one system call for `step`; a refusal becomes a `StepError` naming the step."""
         from trueup.system.netlink import NetlinkError
 
         try:
             call()
-        except NetlinkError as exc:
+        except (NetlinkError, OSError) as exc:
             raise StepError(step, str(exc)) from exc

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from trueup.model.document import DeviceState
 from trueup.model.health import Tier
-from trueup.subsystems.base import Facts, Plan, Scope, Step, StepError, Subsystem
-from trueup.system.netlink import Netlink
+from trueup.subsystems.base import Facts, Plan, Scope, Sources, Step, StepError, Subsystem
+from trueup.system.watches import rtnetlink
 
 __all__ = ["LinksSubsystem"]
 
@@ -22,6 +22,7 @@ class LinksSubsystem(Subsystem):
     name = "links"
     tier = Tier.NETWORK
     may_block = False
+    watches = (rtnetlink("link"),)
 
     def desired(self, document: DeviceState, scope: Scope) -> Facts:
         facts: Facts = {}
@@ -31,7 +32,8 @@ class LinksSubsystem(Subsystem):
                 facts[_path(iface.name, "mtu")] = iface.mtu
         return facts
 
-    def observe(self, netlink: Netlink, scope: Scope) -> Facts:
+    def observe(self, sources: Sources, scope: Scope) -> Facts:
+        netlink = sources.netlink
         facts: Facts = {}
         present = {link.name: link for link in netlink.links()}
         for ifname in sorted(scope.interfaces - {scope.management_interface}):
@@ -60,7 +62,8 @@ class LinksSubsystem(Subsystem):
         noop = [] if steps else ["every managed link has its state and MTU"]
         return Plan(self.name, steps, noop)
 
-    def execute(self, netlink: Netlink, step: Step) -> None:
+    def execute(self, sources: Sources, step: Step) -> None:
+        netlink = sources.netlink
         a = step.args
         if step.action == "require-link":
             raise StepError(
@@ -69,8 +72,8 @@ class LinksSubsystem(Subsystem):
                 "create links — create it or remove it from spec.interfaces",
             )
         if step.action == "set-mtu":
-            self.run_step(netlink, step, lambda: netlink.set_link(a["ifname"], mtu=a["mtu"]))
+            self.run_step(step, lambda: netlink.set_link(a["ifname"], mtu=a["mtu"]))
         elif step.action == "set-state":
-            self.run_step(netlink, step, lambda: netlink.set_link(a["ifname"], state=a["state"]))
+            self.run_step(step, lambda: netlink.set_link(a["ifname"], state=a["state"]))
         else:
             raise ValueError(f"unknown links step {step.action}")

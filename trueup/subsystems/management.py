@@ -13,8 +13,9 @@ from typing import Any
 from trueup.model.document import DeviceState
 from trueup.model.health import Tier
 from trueup.model.types import family_of
-from trueup.subsystems.base import Facts, Plan, Scope, Step, Subsystem
-from trueup.system.netlink import Netlink, RouteInfo
+from trueup.subsystems.base import Facts, Plan, Scope, Sources, Step, Subsystem
+from trueup.system.netlink import RouteInfo
+from trueup.system.watches import rtnetlink
 
 __all__ = ["ManagementSubsystem"]
 
@@ -32,6 +33,7 @@ class ManagementSubsystem(Subsystem):
     name = "management"
     tier = Tier.MANAGEMENT
     may_block = False
+    watches = (rtnetlink("link", "address", "route"),)
 
     def desired(self, document: DeviceState, scope: Scope) -> Facts:
         mgmt = document.spec.management
@@ -48,7 +50,8 @@ class ManagementSubsystem(Subsystem):
             }
         return facts
 
-    def observe(self, netlink: Netlink, scope: Scope) -> Facts:
+    def observe(self, sources: Sources, scope: Scope) -> Facts:
+        netlink = sources.netlink
         ifname = scope.management_interface
         links = {link.name: link for link in netlink.links()}
         facts: Facts = {}
@@ -128,25 +131,26 @@ class ManagementSubsystem(Subsystem):
             noop.append(f"management interface {ifname} is up with its addresses and gateway")
         return Plan(self.name, steps, noop)
 
-    def execute(self, netlink: Netlink, step: Step) -> None:
+    def execute(self, sources: Sources, step: Step) -> None:
+        netlink = sources.netlink
         a = step.args
         if step.action == "require-link":
             from trueup.subsystems.base import StepError
 
             raise StepError(step, f"management interface {a['ifname']} does not exist")
         if step.action == "set-link":
-            self.run_step(netlink, step, lambda: netlink.set_link(a["ifname"], state=a["state"]))
+            self.run_step(step, lambda: netlink.set_link(a["ifname"], state=a["state"]))
         elif step.action == "add-address":
-            self.run_step(netlink, step, lambda: netlink.add_address(a["ifname"], a["prefix"]))
+            self.run_step(step, lambda: netlink.add_address(a["ifname"], a["prefix"]))
         elif step.action == "del-address":
-            self.run_step(netlink, step, lambda: netlink.del_address(a["ifname"], a["prefix"]))
+            self.run_step(step, lambda: netlink.del_address(a["ifname"], a["prefix"]))
         elif step.action in ("add-route", "del-route"):
             route = RouteInfo(
                 a["table"], a["to"], a.get("via"), a.get("dev"), a["metric"], a["family"]
             )
             if step.action == "add-route":
-                self.run_step(netlink, step, lambda: netlink.add_route(route))
+                self.run_step(step, lambda: netlink.add_route(route))
             else:
-                self.run_step(netlink, step, lambda: netlink.del_route(route))
+                self.run_step(step, lambda: netlink.del_route(route))
         else:
             raise ValueError(f"unknown management step {step.action}")

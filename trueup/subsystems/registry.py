@@ -1,6 +1,8 @@
 """The subsystems an agent runs, in dependency and tier order.
 
-Subsystems register here, never with each other; `ordered()` sorts them by
+Subsystems register here, never with each other: one line in `SUBSYSTEMS`.
+Registering a subsystem registers its section of `spec` with the document
+model and its scope keys with `scope_for`; `ordered()` sorts subsystems by
 tier, then by their declared dependencies.
 """
 
@@ -10,20 +12,42 @@ import importlib
 from collections.abc import Iterable
 
 from trueup.model.document import DeviceState
+from trueup.model.sections import register_section
 from trueup.model.types import family_of
 from trueup.subsystems.addresses import AddressesSubsystem
 from trueup.subsystems.base import Scope, Subsystem
 from trueup.subsystems.links import LinksSubsystem
 from trueup.subsystems.management import ManagementSubsystem
 from trueup.subsystems.routes import RoutesSubsystem
+from trueup.subsystems.sysctl import SysctlSubsystem
 
-__all__ = ["default_subsystems", "load_plugin", "ordered", "scope_for"]
+__all__ = ["SUBSYSTEMS", "default_subsystems", "load_plugin", "ordered", "register", "scope_for"]
+
+# Every subsystem trueup ships: adding one is one line here.
+SUBSYSTEMS: list[type[Subsystem]] = [
+    ManagementSubsystem,
+    LinksSubsystem,
+    AddressesSubsystem,
+    RoutesSubsystem,
+    SysctlSubsystem,
+]
+
+_REGISTERED: dict[str, type[Subsystem]] = {}
+
+
+def register(cls: type[Subsystem]) -> None:
+    """Make a subsystem known: its section of `spec` and its scope keys."""
+    if cls.section is not None:
+        register_section(*cls.section)
+    _REGISTERED[cls.name] = cls
+
+
+for _cls in SUBSYSTEMS:
+    register(_cls)
 
 
 def default_subsystems() -> list[Subsystem]:
-    return ordered(
-        [ManagementSubsystem(), LinksSubsystem(), AddressesSubsystem(), RoutesSubsystem()]
-    )
+    return ordered(cls() for cls in SUBSYSTEMS)
 
 
 def load_plugin(reference: str) -> Subsystem:
@@ -36,6 +60,7 @@ def load_plugin(reference: str) -> Subsystem:
     subsystem = factory()
     if not isinstance(subsystem, Subsystem):
         raise ValueError(f"plugin {reference!r} did not produce a Subsystem")
+    register(type(subsystem))
     return subsystem
 
 
@@ -76,7 +101,16 @@ def scope_for(document: DeviceState, previous: DeviceState | None = None) -> Sco
         if gw is not None:
             v6 = family_of(gw) == 6
             gateways.add((254, "::/0" if v6 else "0.0.0.0/0", 1024 if v6 else 0))
+    keyed: list[tuple[str, tuple[str, ...]]] = []
+    for name, cls in sorted(_REGISTERED.items()):
+        keys = set(cls.scope_keys(document))
+        if previous is not None:
+            # What the previous revision set is in the before-image a rollback restores.
+            keys |= cls.scope_keys(previous)
+        if keys:
+            keyed.append((name, tuple(sorted(keys))))
     return Scope(
+        owned=tuple(keyed),
         interfaces=frozenset(spec.managed_interfaces()),
         tables=frozenset(tables),
         management_interface=spec.management.interface,

@@ -14,8 +14,9 @@ from typing import Any
 from trueup.model.document import DeviceState
 from trueup.model.health import Tier
 from trueup.model.types import family_of
-from trueup.subsystems.base import Facts, Plan, Scope, Step, Subsystem
-from trueup.system.netlink import Netlink, RouteInfo
+from trueup.subsystems.base import Facts, Plan, Scope, Sources, Step, Subsystem
+from trueup.system.netlink import RouteInfo
+from trueup.system.watches import rtnetlink
 
 __all__ = ["RoutesSubsystem", "kernel_metric", "route_path"]
 
@@ -43,6 +44,7 @@ class RoutesSubsystem(Subsystem):
     name = "routes"
     tier = Tier.NETWORK
     may_block = False
+    watches = (rtnetlink("route", "link", "address"),)
     depends_on = ("links", "addresses")
     observed_only_matters = True
 
@@ -57,7 +59,8 @@ class RoutesSubsystem(Subsystem):
             facts[route_path(table, route.to, metric)] = value
         return facts
 
-    def observe(self, netlink: Netlink, scope: Scope) -> Facts:
+    def observe(self, sources: Sources, scope: Scope) -> Facts:
+        netlink = sources.netlink
         facts: Facts = {}
         for route in netlink.routes(set(scope.tables)):
             if route.key in scope.management_default_routes:
@@ -94,12 +97,13 @@ class RoutesSubsystem(Subsystem):
         steps = removals + additions
         return Plan(self.name, steps, [] if steps else ["every managed route is in place"])
 
-    def execute(self, netlink: Netlink, step: Step) -> None:
+    def execute(self, sources: Sources, step: Step) -> None:
+        netlink = sources.netlink
         a = step.args
         route = RouteInfo(a["table"], a["to"], a.get("via"), a.get("dev"), a["metric"], a["family"])
         if step.action == "add-route":
-            self.run_step(netlink, step, lambda: netlink.add_route(route))
+            self.run_step(step, lambda: netlink.add_route(route))
         elif step.action == "del-route":
-            self.run_step(netlink, step, lambda: netlink.del_route(route))
+            self.run_step(step, lambda: netlink.del_route(route))
         else:
             raise ValueError(f"unknown routes step {step.action}")

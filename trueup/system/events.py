@@ -9,29 +9,34 @@ arrived.
 
 `KernelEventSource` reads a raw `NETLINK_ROUTE` socket on its own thread (no
 pyroute2 `IPRoute`, whose sockets must stay on their creating thread) and
-parses messages with pyroute2's marshal. A receive-buffer overflow (ENOBUFS)
-is reported as an `overflow` event: events were lost, and the loop answers
-with a full pass, as it does for every event. `FakeEventSource` is the seam's
-stand-in for unit tests.
+decodes every message with `trueup.system.rtnl`, the codec that also decodes
+`KernelNetlink`'s dumps: an event carries the same `LinkInfo`/`AddrInfo`/
+`RouteInfo` (`record`) a dump would show for that object. Nothing is
+filtered here — an RTM_DELROUTE of a connected route matters to attribution.
+A receive-buffer overflow (ENOBUFS) is reported as an `overflow` event:
+events were lost, and the loop answers with a full pass, as it does for
+every event; a message of ours that does not decode is reported the same way
+(`unparsed`). `FakeEventSource` is the seam's stand-in for unit tests.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
-import ipaddress
 import logging
 import os
 import select
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from trueup.system.netlink import PROTO_NAMES
+from trueup.system import rtnl
+from trueup.system.rtnl import PROTO_NAMES, AddrInfo, LinkInfo, Record, RouteInfo
 
 __all__ = [
     "EventCallback",
@@ -39,6 +44,8 @@ __all__ = [
     "FakeEventSource",
     "KernelEventSource",
     "NetlinkEvent",
+    "event_from_message",
+    "events_from_datagram",
     "iso_time",
 ]
 
@@ -91,6 +98,7 @@ class NetlinkEvent:
     sender_port: int | None = None  # nlmsg_pid: 0 = the kernel, else usually the writer's PID
     sender: str | None = None  # the writer's command name, when it was still running
     detail: dict[str, Any] = field(default_factory=dict)
+    record: Record | None = None  # the object as the codec decoded it (not in to_json)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -119,15 +127,34 @@ class EventSource(Protocol):
     def stop(self) -> None: ...
 
 
-def _ifname(index: int | None, label: str | None = None) -> str | None:
-    if label:
-        return label
-    if index is None:
-        return None
-    try:
-        return socket.if_indextoname(index)
-    except OSError:
-        return str(index)  # the link is already gone
+class InterfaceNames(Mapping[int, str]):
+    """Interface names for notifications, which carry only an index.
+
+    The kernel's current name; for a link already gone, the last name seen
+    (a deleted link's addresses and routes are announced before its own
+    RTM_DELLINK, and read after it); else the index as text. Every index has
+    an answer, so lookups never miss.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[int, str] = {}
+        with contextlib.suppress(OSError):
+            self._seen.update(socket.if_nameindex())
+
+    def learn(self, link: LinkInfo) -> None:
+        self._seen[link.index] = link.name
+
+    def __getitem__(self, index: int) -> str:
+        try:
+            return socket.if_indextoname(index)
+        except OSError:
+            return self._seen.get(index) or str(index)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._seen)
+
+    def __len__(self) -> int:
+        return len(self._seen)
 
 
 def _sender(port: int) -> str | None:
@@ -139,58 +166,73 @@ def _sender(port: int) -> str | None:
         return None  # the writer already exited (or the port is not a PID)
 
 
-def event_from_message(msg: Any, received_at: float) -> NetlinkEvent | None:
-    """A `NetlinkEvent` from one parsed pyroute2 rtnetlink message, or None if not ours."""
-    message = msg.get("event")
-    kind = _KINDS.get(str(message))
-    if kind is None:
+def event_from_message(
+    msg_type: int,
+    message: bytes,
+    port: int,
+    received_at: float,
+    names: Mapping[int, str],
+    sender_of: Callable[[int], str | None] = _sender,
+) -> NetlinkEvent | None:
+    """A `NetlinkEvent` from one rtnetlink message (header included), or None if not ours.
+
+    `port` is the message's nlmsg_pid; a link, address or route message that
+    does not decode becomes an `unparsed` overflow event (look again).
+    """
+    name = rtnl.MESSAGE_NAMES.get(msg_type)
+    if name is None:
         return None
-    port = int(msg["header"].get("pid") or 0)
+    record = rtnl.decode(msg_type, message, names)
+    if record is None:
+        log.warning("%s notification that does not decode (%d bytes)", name, len(message))
+        return NetlinkEvent("overflow", "unparsed", received_at, detail={"rtm": name})
     common: dict[str, Any] = {
-        "kind": kind,
-        "message": str(message),
+        "kind": _KINDS[name],
+        "message": name,
         "received_at": received_at,
         "sender_port": port,
-        "sender": _sender(port),
+        "sender": sender_of(port),
+        "record": record,
     }
-    if kind == "link":
-        flags = int(msg.get("flags") or 0)
+    detail = rtnl.detail(msg_type, message)
+    if isinstance(record, LinkInfo):
         return NetlinkEvent(
-            ifname=msg.get("IFLA_IFNAME") or _ifname(msg.get("index")),
-            detail={
-                "admin_state": "up" if flags & 1 else "down",
-                "mtu": msg.get("IFLA_MTU"),
-                "operstate": msg.get("IFLA_OPERSTATE"),
-            },
+            ifname=record.name,
+            detail={"admin_state": record.state, "mtu": record.mtu, **detail},
             **common,
         )
-    if kind == "address":
-        address = msg.get("IFA_LOCAL") or msg.get("IFA_ADDRESS")
-        prefix = None
-        if address is not None:
-            prefix = str(ipaddress.ip_interface(f"{address}/{msg['prefixlen']}"))
-        detail: dict[str, Any] = {"scope": msg.get("scope")}
-        proto = msg.get("IFA_PROTO")
-        if proto is not None:
-            detail["address_protocol"] = proto
-        return NetlinkEvent(
-            ifname=_ifname(msg.get("index"), msg.get("IFA_LABEL")),
-            address=prefix,
-            detail=detail,
-            **common,
-        )
-    family = 6 if msg.get("family") == socket.AF_INET6 else 4
-    dst = msg.get("RTA_DST") or ("::" if family == 6 else "0.0.0.0")
-    proto_number = int(msg.get("proto") or 0)
+    if isinstance(record, AddrInfo):
+        return NetlinkEvent(ifname=record.ifname, address=record.prefix, detail=detail, **common)
+    assert isinstance(record, RouteInfo)
+    detail = {"route_type": record.route_type, **detail}
+    if record.nexthops:
+        detail["nexthops"] = [
+            {"via": hop.via, "dev": hop.dev, "weight": hop.weight} for hop in record.nexthops
+        ]
     return NetlinkEvent(
-        ifname=_ifname(msg.get("RTA_OIF")),
-        destination=str(ipaddress.ip_network(f"{dst}/{msg.get('dst_len', 0)}", strict=False)),
-        table=int(msg.get("RTA_TABLE") or msg.get("table") or 0),
-        gateway=msg.get("RTA_GATEWAY"),
-        protocol=PROTO_NAMES.get(proto_number, str(proto_number)),
-        detail={"route_type": msg.get("type"), "scope": msg.get("scope")},
+        ifname=record.dev,
+        destination=record.to,
+        table=record.table,
+        gateway=record.via,
+        protocol=PROTO_NAMES.get(record.proto, str(record.proto)),
+        detail=detail,
         **common,
     )
+
+
+def events_from_datagram(
+    data: bytes,
+    received_at: float,
+    names: Mapping[int, str],
+    sender_of: Callable[[int], str | None] = _sender,
+) -> list[NetlinkEvent]:
+    """The events in one datagram read from the notification socket."""
+    out = []
+    for msg_type, _flags, _seq, port, message in rtnl.split(data):
+        event = event_from_message(msg_type, message, port, received_at, names, sender_of)
+        if event is not None:
+            out.append(event)
+    return out
 
 
 class KernelEventSource:
@@ -220,10 +262,8 @@ class KernelEventSource:
         self._thread.start()
 
     def _run(self, callback: EventCallback) -> None:
-        from pyroute2.netlink.rtnl.marshal import MarshalRtnl
-
         assert self._sock is not None
-        marshal = MarshalRtnl()
+        names = InterfaceNames()
         while True:
             ready, _, _ = select.select([self._sock.fileno(), self._stop_r], [], [])
             if self._stop_r in ready:
@@ -238,19 +278,14 @@ class KernelEventSource:
                 return
             now = self.clock()
             try:
-                messages = marshal.parse(data)
-            except Exception:  # a message pyroute2 cannot parse still means "look again"
-                log.exception("unparseable netlink notification")
-                callback(NetlinkEvent("overflow", "unparsed", now))
-                continue
-            for msg in messages:
-                try:
-                    event = event_from_message(msg, now)
-                except Exception:
-                    log.exception("netlink notification without the expected fields")
-                    event = NetlinkEvent("overflow", "unparsed", now)
-                if event is not None:
-                    callback(event)
+                events = events_from_datagram(data, now, names)
+            except Exception:  # the codec never raises by contract; this thread must outlive a bug
+                log.exception("netlink notification that does not decode")
+                events = [NetlinkEvent("overflow", "unparsed", now)]
+            for event in events:
+                if isinstance(event.record, LinkInfo):
+                    names.learn(event.record)
+                callback(event)
 
     def stop(self) -> None:
         if self._thread is None:

@@ -12,7 +12,25 @@ import ipaddress
 
 from trueup.system.netlink import AddrInfo, LinkInfo, NetlinkError, RouteInfo
 
-__all__ = ["FakeNetlink"]
+__all__ = ["FakeFiles", "FakeNetlink"]
+
+
+class FakeFiles:
+    """Files in memory (`path → text`); `fail_on` maps a path to the OSError a write raises."""
+
+    def __init__(self, files: dict[str, str] | None = None) -> None:
+        self.files: dict[str, str] = dict(files or {})
+        self.fail_on: dict[str, OSError] = {}
+        self.writes: list[tuple[str, str]] = []
+
+    def read(self, path: str) -> str | None:
+        return self.files.get(path)
+
+    def write(self, path: str, text: str) -> None:
+        if path in self.fail_on:
+            raise self.fail_on[path]
+        self.writes.append((path, text))
+        self.files[path] = text
 
 
 class FakeNetlink:

@@ -1,11 +1,18 @@
 """The netlink seam: links, addresses and routes of the network namespace we run in.
 
 `Netlink` is the protocol every subsystem talks to; `KernelNetlink` drives the
-kernel (rtnetlink messages encoded with pyroute2's codecs on a plain netlink
-socket), `CachedNetlink` shares one dump among the subsystems of a pass, and
-`FakeNetlink` (in `trueup.system.fake`) keeps the same state in memory for
-unit tests. A `KernelNetlink` is opened for one piece of work (an
-observation, a transaction) and closed after it.
+kernel (requests encoded with pyroute2's message classes on a plain netlink
+socket, replies decoded by `trueup.system.rtnl`), `CachedNetlink` shares one
+dump among the subsystems of a pass, and `FakeNetlink` (in
+`trueup.system.fake`) keeps the same state in memory for unit tests. A
+`KernelNetlink` is opened for one piece of work (an observation, a
+transaction) and closed after it.
+
+The records (`LinkInfo`, `AddrInfo`, `RouteInfo`) are defined with their
+codec in `trueup.system.rtnl` and exported from here. What observation leaves
+out — IPv6 link-local addresses, the kernel's own routes, routes that are not
+unicast — is decided here (`addresses_from_dump`, `routes_from_dump`), not in
+the codec: the event path decodes every message.
 """
 
 from __future__ import annotations
@@ -15,11 +22,22 @@ import ipaddress
 import os
 import socket
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
+
+from trueup.system import rtnl
+from trueup.system.rtnl import (
+    PROTO_NAMES,
+    RTN_UNICAST,
+    RTPROT_KERNEL,
+    RTPROT_STATIC,
+    AddrInfo,
+    LinkInfo,
+    Nexthop,
+    RouteInfo,
+)
 
 __all__ = [
     "PROTO_NAMES",
@@ -30,7 +48,11 @@ __all__ = [
     "LinkInfo",
     "Netlink",
     "NetlinkError",
+    "Nexthop",
     "RouteInfo",
+    "addresses_from_dump",
+    "links_from_dump",
+    "routes_from_dump",
 ]
 
 NETLINK_ROUTE = 0
@@ -45,30 +67,11 @@ NLM_F_CREATE = 0x400
 RTM_NEWLINK, RTM_GETLINK = 16, 18
 RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
 RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
-IFLA_IFNAME, IFLA_MTU, IFLA_LINKINFO, IFLA_INFO_KIND = 3, 4, 18, 1
-IFA_ADDRESS, IFA_LOCAL = 1, 2
-RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_TABLE = 1, 4, 5, 6, 15
 IFF_UP = 0x1
-IFF_LOWER_UP = 0x10000
 RT_SCOPE_UNIVERSE, RT_SCOPE_LINK, RT_SCOPE_NOWHERE = 0, 253, 255
 
-RTPROT_KERNEL = 2
-RTPROT_STATIC = 4
-PROTO_NAMES = {
-    0: "unspec",
-    1: "redirect",
-    2: "kernel",
-    3: "boot",
-    4: "static",
-    9: "ra",
-    11: "zebra",
-    12: "bird",
-    16: "dhcp",
-    186: "bgp",
-    188: "ospf",
-}
-_IGNORED_PROTOCOLS = {1, RTPROT_KERNEL, 9}  # connected, redirect and RA routes belong to the kernel
-_RTN_UNICAST = 1
+# Connected, redirect and RA routes belong to the kernel: never observed.
+_IGNORED_PROTOCOLS = {1, RTPROT_KERNEL, 9}
 
 
 class NetlinkError(RuntimeError):
@@ -78,38 +81,6 @@ class NetlinkError(RuntimeError):
         self.operation = operation
         self.errno = errno
         super().__init__(f"{operation}: {message}")
-
-
-@dataclass(frozen=True)
-class LinkInfo:
-    name: str
-    index: int
-    state: str  # admin state: up | down
-    mtu: int
-    carrier: bool
-    kind: str = ""
-
-
-@dataclass(frozen=True)
-class AddrInfo:
-    ifname: str
-    prefix: str  # canonical "address/len"
-    family: int  # 4 | 6
-
-
-@dataclass(frozen=True)
-class RouteInfo:
-    table: int
-    to: str  # canonical network
-    via: str | None
-    dev: str | None
-    metric: int
-    family: int
-    proto: int = RTPROT_STATIC
-
-    @property
-    def key(self) -> tuple[int, str, int]:
-        return (self.table, self.to, self.metric)
 
 
 class Netlink(Protocol):
@@ -122,19 +93,6 @@ class Netlink(Protocol):
     def add_route(self, route: RouteInfo) -> None: ...
     def del_route(self, route: RouteInfo) -> None: ...
     def close(self) -> None: ...
-
-
-def _attrs(chunk: bytes, offset: int) -> dict[int, bytes]:
-    """rtattr type → payload, from `offset` to the end of the message."""
-    out: dict[int, bytes] = {}
-    end = len(chunk)
-    while offset + 4 <= end:
-        length, kind = struct.unpack_from("=HH", chunk, offset)
-        if length < 4:
-            break
-        out[kind & 0x3FFF] = chunk[offset + 4 : offset + length]
-        offset += (length + 3) & ~3
-    return out
 
 
 def _is_link_local_v6(text: str) -> bool:
@@ -157,13 +115,47 @@ def _ifindex_map(links: list[LinkInfo]) -> dict[int, str]:
     return {link.index: link.name for link in links}
 
 
+# -- the dump path: decode with the codec, then keep what observation wants ----------
+def links_from_dump(messages: Iterable[bytes]) -> list[LinkInfo]:
+    """The links of an RTM_GETLINK dump reply (one message per link)."""
+    return [link for link in map(rtnl.decode_link, messages) if link is not None]
+
+
+def addresses_from_dump(messages: Iterable[bytes], names: Mapping[int, str]) -> list[AddrInfo]:
+    """The addresses of an RTM_GETADDR dump reply; IPv6 link-local ones (the kernel's) left out."""
+    out = []
+    for chunk in messages:
+        address = rtnl.decode_address(chunk, names)
+        if address is not None and not (address.family == 6 and _is_link_local_v6(address.prefix)):
+            out.append(address)
+    return out
+
+
+def routes_from_dump(
+    messages: Iterable[bytes], names: Mapping[int, str], tables: set[int]
+) -> list[RouteInfo]:
+    """The unicast routes in `tables` of an RTM_GETROUTE dump reply, without the kernel's own."""
+    out = []
+    for chunk in messages:
+        route = rtnl.decode_route(chunk, names)
+        if (
+            route is not None
+            and route.table in tables
+            and route.route_type == RTN_UNICAST
+            and route.proto not in _IGNORED_PROTOCOLS
+        ):
+            out.append(route)
+    return out
+
+
 class KernelNetlink:
     """Netlink against the kernel of the current network namespace.
 
-    Messages are encoded and decoded with pyroute2's rtnetlink classes and
-    sent on a plain NETLINK_ROUTE socket, one request and its acknowledgement
-    at a time. That keeps the per-request cost near the kernel's own (the
-    figures are in docs/benchmarks.md) and lets any thread use the handle.
+    Requests are encoded with pyroute2's rtnetlink classes and sent on a
+    plain NETLINK_ROUTE socket, one request and its acknowledgement at a
+    time; replies are decoded by `trueup.system.rtnl`. That keeps the
+    per-request cost near the kernel's own (the figures are in
+    docs/benchmarks.md) and lets any thread use the handle.
     """
 
     def __init__(self) -> None:
@@ -200,14 +192,7 @@ class KernelNetlink:
     def _messages(self, seq: int) -> Iterator[tuple[int, bytes]]:
         """(type, message bytes) for the reply to `seq`, until DONE or an ack/error."""
         while True:
-            data = self._sock.recv(1 << 20)
-            offset = 0
-            while offset + 16 <= len(data):
-                length, msg_type, _flags, msg_seq, _pid = struct.unpack_from("=IHHII", data, offset)
-                if length < 16:
-                    return
-                chunk = data[offset : offset + length]
-                offset += (length + 3) & ~3
+            for msg_type, _flags, msg_seq, _pid, chunk in rtnl.split(self._sock.recv(1 << 20)):
                 if msg_seq != seq:
                     continue  # a late reply to an earlier request
                 if msg_type == NLMSG_DONE:
@@ -238,32 +223,11 @@ class KernelNetlink:
         return out
 
     # -- observation --------------------------------------------------------
-    # Dumps are decoded by hand: a thousand addresses must parse in a few
-    # milliseconds for a no-op plan to stay cheap (docs/benchmarks.md).
     def links(self) -> list[LinkInfo]:
         from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
-        out = []
-        for chunk in self._dump("dump links", ifinfmsg(), RTM_GETLINK):
-            _family, _type, index, flags, _change = struct.unpack_from("=BxHiII", chunk, 16)
-            attrs = _attrs(chunk, 32)
-            kind = ""
-            if IFLA_LINKINFO in attrs:
-                nested = attrs[IFLA_LINKINFO]
-                kind_raw = _attrs(nested, 0).get(IFLA_INFO_KIND, b"")
-                kind = kind_raw.rstrip(b"\0").decode()
-            name = attrs.get(IFLA_IFNAME, b"").rstrip(b"\0").decode()
-            mtu = struct.unpack("=I", attrs[IFLA_MTU])[0] if IFLA_MTU in attrs else 0
-            info = LinkInfo(
-                name=name,
-                index=index,
-                state="up" if flags & IFF_UP else "down",
-                mtu=mtu,
-                carrier=bool(flags & IFF_LOWER_UP),
-                kind=kind,
-            )
-            self._index[info.name] = info.index
-            out.append(info)
+        out = links_from_dump(self._dump("dump links", ifinfmsg(), RTM_GETLINK))
+        self._index.update((link.name, link.index) for link in out)
         return out
 
     def _ifindex(self, name: str) -> int:
@@ -277,19 +241,7 @@ class KernelNetlink:
         from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 
         names = _ifindex_map(self.links())
-        out = []
-        for chunk in self._dump("dump addresses", ifaddrmsg(), RTM_GETADDR):
-            family, prefixlen, _flags, _scope, index = struct.unpack_from("=BBBBI", chunk, 16)
-            attrs = _attrs(chunk, 24)
-            raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS)
-            if raw is None or family not in (socket.AF_INET, socket.AF_INET6):
-                continue
-            address = socket.inet_ntop(family, raw)
-            version = 6 if family == socket.AF_INET6 else 4
-            if version == 6 and _is_link_local_v6(address):
-                continue  # the kernel's own, per link
-            out.append(AddrInfo(names.get(index, str(index)), f"{address}/{prefixlen}", version))
-        return out
+        return addresses_from_dump(self._dump("dump addresses", ifaddrmsg(), RTM_GETADDR), names)
 
     def routes(self, tables: set[int]) -> list[RouteInfo]:
         from pyroute2.netlink.rtnl.rtmsg import rtmsg
@@ -299,36 +251,7 @@ class KernelNetlink:
         for family in (socket.AF_INET, socket.AF_INET6):
             request = rtmsg()
             request["family"] = family
-            for chunk in self._dump("dump routes", request, RTM_GETROUTE):
-                (_fam, dst_len, _src_len, _tos, table_u8, proto, _scope, rtype, _flags) = (
-                    struct.unpack_from("=BBBBBBBBI", chunk, 16)
-                )
-                attrs = _attrs(chunk, 28)
-                table = struct.unpack("=I", attrs[RTA_TABLE])[0] if RTA_TABLE in attrs else table_u8
-                if table not in tables or rtype != _RTN_UNICAST or proto in _IGNORED_PROTOCOLS:
-                    continue
-                version = 6 if family == socket.AF_INET6 else 4
-                dst = (
-                    socket.inet_ntop(family, attrs[RTA_DST])
-                    if RTA_DST in attrs
-                    else ("::" if version == 6 else "0.0.0.0")
-                )
-                gateway = (
-                    socket.inet_ntop(family, attrs[RTA_GATEWAY]) if RTA_GATEWAY in attrs else None
-                )
-                oif = struct.unpack("=I", attrs[RTA_OIF])[0] if RTA_OIF in attrs else None
-                metric = struct.unpack("=I", attrs[RTA_PRIORITY])[0] if RTA_PRIORITY in attrs else 0
-                out.append(
-                    RouteInfo(
-                        table=table,
-                        to=f"{dst}/{dst_len}",
-                        via=gateway,
-                        dev=names.get(oif) if oif is not None else None,
-                        metric=metric,
-                        family=version,
-                        proto=proto,
-                    )
-                )
+            out += routes_from_dump(self._dump("dump routes", request, RTM_GETROUTE), names, tables)
         return out
 
     # -- changes ------------------------------------------------------------
@@ -390,7 +313,7 @@ class KernelNetlink:
         msg["family"] = socket.AF_INET6 if route.family == 6 else socket.AF_INET
         msg["dst_len"] = network.prefixlen
         msg["table"] = route.table if route.table < 256 else 0
-        msg["type"] = _RTN_UNICAST
+        msg["type"] = RTN_UNICAST
         if for_delete:
             msg["scope"] = RT_SCOPE_NOWHERE
         else:

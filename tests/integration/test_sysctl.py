@@ -1,0 +1,45 @@
+"""The worked example subsystem on the real kernel: sysctl values in a network namespace."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.routers import Router, base_document
+
+pytestmark = pytest.mark.root
+
+FORWARD = "/proc/sys/net/ipv4/ip_forward"
+V6_FORWARD = "/proc/sys/net/ipv6/conf/all/forwarding"
+
+
+def _read(router: Router, path: str) -> str:
+    return router.run("cat", path).stdout.strip()
+
+
+def test_sysctl_applied_observed_healed_and_rolled_back(router: Router) -> None:
+    assert _read(router, FORWARD) == "0"  # a new namespace starts with forwarding off
+    document = base_document(
+        routes=[], sysctl={"net.ipv4.ip_forward": 1, "net.ipv6.conf.all.forwarding": 1}
+    )
+    applied = router.trueup("apply", str(router.write("v1.yaml", document)))
+    assert applied.returncode == 0, applied.stderr
+    assert _read(router, FORWARD) == "1" and _read(router, V6_FORWARD) == "1"
+    assert router.trueup("drift").returncode == 0
+
+    router.start_agent(env={"TRUEUP_RESYNC_SECONDS": "1"})
+    router.run("sh", "-c", f"echo 0 > {FORWARD}")
+    router.wait_for(lambda: _read(router, FORWARD) == "1", what="sysctl healed", timeout=30)
+    heals = [
+        h
+        for h in router.api("/v1/status")["subsystems"]["sysctl"].get("last_drift", {}).get(
+            "paths", []
+        )
+    ]
+    assert heals == ["spec.sysctl[net.ipv4.ip_forward]"]
+
+    # An unknown name fails atomically and names itself; nothing else changes.
+    bad = base_document(routes=[], sysctl={"net.ipv4.ip_forward": 0, "net.ipv4.no_such": 1})
+    refused = router.trueup("apply", str(router.write("bad.yaml", bad)))
+    assert refused.returncode == 1
+    assert "no sysctl net.ipv4.no_such" in refused.stderr + refused.stdout
+    assert _read(router, FORWARD) == "1"

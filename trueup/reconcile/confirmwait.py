@@ -1,0 +1,266 @@
+"""Confirm-or-rollback while the agent runs: the pending record, its deadline, `confirm`.
+
+Who calls this: the reconcile loop (`trueup.reconcile.loop`), for every
+operator write (apply, rollback) and on every pass. What a pending
+confirmation *means* and the rollback itself are `trueup.reconcile.confirm`'s,
+shared with the startup recovery phase; the record's file is
+`trueup.journal.confirm`'s.
+
+A write with `--confirm-within SECONDS`:
+
+1. the record (state `applying`, the version to return to, the deadline) is
+   written *before* the apply, so a crash mid-way still rolls back;
+2. the apply runs through the engine; if it changed the device the record
+   becomes `pending` with the new version (`confirm_pending` audit), else the
+   previous record is put back;
+3. `confirm()` before the deadline keeps the version; a plain apply on top of
+   it confirms it too;
+4. at the deadline `check()` re-applies the last confirmed revision.
+
+All of it runs under the loop's lock; `on_converged` tells the loop that what
+is applied changed (breakers, flaps and drift records start over).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from trueup.journal.confirm import clear_pending, read_pending, write_pending
+from trueup.journal.state import StateDir
+from trueup.reconcile.confirm import decide, roll_back_unconfirmed
+from trueup.reconcile.transaction import ApplyResult, Change, Engine, NeedsConfirmation, Refused
+from trueup.system.events import iso_time
+
+__all__ = ["ConfirmWait", "refusal"]
+
+log = logging.getLogger("trueup.reconcile")
+
+WRITE_LOCK_WAIT = 5.0  # an operator's write waits this long for a heal to finish
+
+
+def refusal(state: StateDir, message: str) -> dict[str, Any]:
+    """The API's answer to a write refused before anything changed."""
+    return {
+        "ok": False,
+        "version": int(state.applied().get("version", 0)),
+        "outcome": "refused",
+        "txn": None,
+        "steps": [],
+        "failed": {"management": message},
+        "rollback_errors": [],
+        "message": message,
+    }
+
+
+class ConfirmWait:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        clock: Callable[[], float],
+        lock: threading.RLock,
+        on_converged: Callable[[], None],
+    ) -> None:
+        self.engine = engine
+        self.state = engine.state
+        self.clock = clock
+        self._lock = lock  # the loop's
+        self._on_converged = on_converged
+        self.pending: dict[str, Any] | None = read_pending(self.state)
+
+    # -- what status and the scheduler read ---------------------------------
+    def deadline(self) -> float | None:
+        """When the pending version rolls back, while one waits for `confirm`."""
+        pending = self.pending
+        if pending is not None and pending.get("state") == "pending":
+            return float(pending["deadline"])
+        return None
+
+    def summary(self) -> dict[str, Any] | None:
+        """Status' `pending_confirmation`: {version, deadline, rollback_to}, or None."""
+        pending = self.pending
+        if pending is None or pending.get("state") != "pending":
+            return None
+        return {
+            "version": pending["version"],
+            "deadline": pending["deadline_at"],
+            "rollback_to": pending["confirmed_version"],
+        }
+
+    # -- the deadline -------------------------------------------------------
+    def check(self, now: float) -> bool:
+        """Settle the pending record against what is applied; True: look again soon.
+
+        A record whose apply never took effect, or that a later version
+        replaced, is dropped; one past its deadline is rolled back.
+        """
+        pending = self.pending
+        if pending is None:
+            return False
+        applied_version = int(self.state.applied().get("version", 0))
+        decision = decide(pending, applied_version, now)
+        if decision in ("stale", "superseded"):
+            clear_pending(self.state, decision, applied_version=applied_version)
+            self.pending = None
+            return False
+        if decision != "expired":
+            return False
+        try:
+            result = roll_back_unconfirmed(self.engine, pending, actor="confirm-timeout")
+        except Refused:
+            return True  # another writer holds the device: soon
+        except Exception:
+            log.exception("rolling back an unconfirmed version failed")
+            return True
+        if not result.ok:
+            log.error("rollback of unconfirmed version failed: %s", result.failed)
+            return True
+        self.pending = None
+        self._on_converged()
+        log.warning(
+            "confirmation of version %s missed; rolled back to revision %s (version %s)",
+            pending.get("version"),
+            pending.get("confirmed_version"),
+            result.version,
+        )
+        return False
+
+    def confirm(self, actor: str) -> dict[str, Any]:
+        """`trueup confirm`: keep the pending version, if its deadline has not passed."""
+        with self._lock:
+            pending = self.pending
+            if pending is None or pending.get("state") != "pending":
+                return {
+                    "ok": False,
+                    "message": "nothing to confirm: no apply with --confirm-within is pending",
+                }
+            now = self.clock()
+            if now >= float(pending["deadline"]):
+                self.check(now)
+                return {
+                    "ok": False,
+                    "message": f"too late: the deadline {pending['deadline_at']} passed; "
+                    f"version {pending['version']} was rolled back to revision "
+                    f"{pending['confirmed_version']}",
+                }
+            clear_pending(self.state, "confirmed", by=actor)
+            self.state.audit.append(
+                "confirmed", actor, version=pending["version"], deadline=pending["deadline_at"]
+            )
+            self.pending = None
+            return {
+                "ok": True,
+                "version": pending["version"],
+                "message": f"version {pending['version']} confirmed; it stays applied",
+            }
+
+    # -- writes -------------------------------------------------------------
+    def write(self, change: Change, confirm_within: float | None) -> dict[str, Any]:
+        """Run an operator's change (apply or rollback), armed with a deadline when asked."""
+        state = self.state
+        actor = change.actor
+        pending_before = self.pending
+        applied_version = int(state.applied().get("version", 0))
+        confirmed_version = (
+            int(pending_before["confirmed_version"]) if pending_before else applied_version
+        )
+        refused = self._refused(confirm_within, confirmed_version)
+        if refused is not None:
+            state.audit.append("apply_refused", actor, message=refused)
+            return refusal(state, refused)
+        change = replace(
+            change, management_confirmed=confirm_within is not None, lock_wait=WRITE_LOCK_WAIT
+        )
+        pending = None
+        if confirm_within is not None:
+            pending = self._arm(confirmed_version, confirm_within, actor)
+        try:
+            result = self.engine.transact(change)
+        except NeedsConfirmation as exc:
+            return refusal(state, str(exc))
+        except Exception:
+            if pending is not None:
+                self._restore(pending_before)
+            raise
+        with self._lock:
+            return self._settle(result, pending, pending_before, confirmed_version, actor)
+
+    @staticmethod
+    def _refused(confirm_within: float | None, confirmed_version: int) -> str | None:
+        if confirm_within is None:
+            return None
+        if confirm_within <= 0:
+            return "--confirm-within must be a positive number of seconds"
+        if confirmed_version == 0:
+            return (
+                "--confirm-within needs a confirmed version to return to; apply a first "
+                "version without it"
+            )
+        return None
+
+    def _arm(self, confirmed_version: int, confirm_within: float, actor: str) -> dict[str, Any]:
+        now = self.clock()
+        pending: dict[str, Any] = {
+            "state": "applying",
+            "version": None,
+            "confirmed_version": confirmed_version,
+            "deadline": now + confirm_within,
+            "deadline_at": iso_time(now + confirm_within),
+            "actor": actor,
+            "created_at": iso_time(now),
+        }
+        write_pending(self.state, pending)  # before the apply: a crash mid-way still rolls back
+        self.pending = pending
+        return pending
+
+    def _settle(
+        self,
+        result: ApplyResult,
+        pending: dict[str, Any] | None,
+        pending_before: dict[str, Any] | None,
+        confirmed_version: int,
+        actor: str,
+    ) -> dict[str, Any]:
+        state = self.state
+        out = result.to_json()
+        changed = result.outcome in ("committed", "partial")
+        if pending is not None:
+            if changed and result.version != confirmed_version:
+                pending.update(state="pending", version=result.version, txn=result.txn)
+                write_pending(state, pending)
+                self.pending = pending
+                state.audit.append(
+                    "confirm_pending",
+                    actor,
+                    version=result.version,
+                    deadline=pending["deadline_at"],
+                    rollback_to=confirmed_version,
+                )
+            else:
+                self._restore(pending_before)
+        elif pending_before is not None and changed:
+            # A plain apply on top of an unconfirmed one confirms it (commit semantics).
+            clear_pending(state, "confirmed", by="apply", version=result.version)
+            state.audit.append(
+                "confirmed", actor, version=result.version, via="apply without a deadline"
+            )
+            self.pending = None
+        if self.pending is not None and self.pending.get("state") == "pending":
+            out["pending_confirmation"] = {
+                "version": self.pending["version"],
+                "deadline": self.pending["deadline_at"],
+            }
+        if changed:
+            self._on_converged()
+        return out
+
+    def _restore(self, previous: dict[str, Any] | None) -> None:
+        if previous is None:
+            clear_pending(self.state, "apply_not_changed")
+        else:
+            write_pending(self.state, previous)
+        self.pending = previous

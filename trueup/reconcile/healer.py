@@ -1,0 +1,271 @@
+"""The heal of one pass: what may heal now, one `reconcile` transaction, its outcome booked.
+
+Who calls this: the reconcile loop (`trueup.reconcile.loop`), once per pass
+that found drift. The bounds themselves (back-off, budget, breaker, flaps,
+acknowledgements) are the governor's (`trueup.reconcile.healing`); this
+module asks it, runs the transaction through the engine, and tells it how
+each attempt went.
+
+A subsystem is healed only when its policy is `auto` (or the heal is
+forced by `trueup reconcile`) and the governor does not hold it. A
+subsystem whose dependency differs and will not be healed now *waits*
+(`waiting on addresses: …`); so does one whose dependency fails inside the
+transaction. Waiting is not failing: the breaker, back-off and retry
+budget do not count it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from trueup.model.document import DeviceState
+from trueup.reconcile.attribution import DriftRecord
+from trueup.reconcile.healing import Governor
+from trueup.reconcile.transaction import Change, Engine, Refused, StorageError
+from trueup.subsystems.base import Difference
+
+__all__ = ["Healer", "PassReport"]
+
+log = logging.getLogger("trueup.reconcile")
+
+# After a heal was deferred, when to look again: another writer holds the
+# device (it will be done soon), or the state directory refused the journal.
+RETRY_AFTER_REFUSAL = 0.1
+RETRY_AFTER_STORAGE_ERROR = 2.0
+
+AuditLines = list[tuple[str, dict[str, Any]]]
+
+
+@dataclass
+class PassReport:
+    """What one pass saw and did; `reconcile_now` turns it into the API's answer."""
+
+    drift: dict[str, list[str]] = field(default_factory=dict)
+    healed: dict[str, list[str]] = field(default_factory=dict)  # subsystem → step descriptions
+    failed: dict[str, str] = field(default_factory=dict)
+    held: dict[str, str] = field(default_factory=dict)  # subsystem → why not healed
+    waiting: dict[str, str] = field(default_factory=dict)  # subsystem → the dependency it awaits
+    txns: list[str] = field(default_factory=list)
+    skipped: str | None = None
+
+    def reconcile_answer(
+        self, names: list[str], applied_version: int, *, breakers_closed: list[str]
+    ) -> dict[str, Any]:
+        """The API's answer to `trueup reconcile` of `names`, from the pass it forced."""
+        if self.skipped == "nothing applied":
+            return {"ok": True, "version": 0, "outcome": "nothing applied", "steps": []}
+        deferred = {n: why for n, why in self.held.items() if n in names}
+        failed = {**self.failed, **deferred}
+        return {
+            "ok": not failed,
+            "version": applied_version,
+            "outcome": "failed" if failed else ("reconciled" if self.healed else "in sync"),
+            "txn": self.txns[-1] if self.txns else None,
+            "steps": [s for steps in self.healed.values() for s in steps],
+            "failed": failed,
+            "rollback_errors": [],
+            "breakers_closed": breakers_closed,
+        }
+
+
+class Healer:
+    def __init__(
+        self,
+        engine: Engine,
+        governor: Governor,
+        clock: Callable[[], float],
+        counters: dict[str, int],
+    ) -> None:
+        self.engine = engine
+        self.governor = governor
+        self.clock = clock
+        self.counters = counters  # the loop's: heals_ok, heals_failed
+
+    def held(self, name: str, document: DeviceState, now: float, forced: bool) -> str | None:
+        """Why `name` may not be healed now, or None."""
+        if forced:
+            return None
+        policy = document.spec.convergence.policy_for(name)
+        if policy != "auto":
+            return f"policy {policy}: drift is reported, not healed"
+        return self.governor.blocked(name, now)
+
+    def heal(
+        self,
+        document: DeviceState,
+        differences: Mapping[str, list[Difference]],
+        drift: Mapping[str, DriftRecord],
+        report: PassReport,
+        *,
+        actor: str,
+        lock_wait: float,
+        force: Collection[str] = (),
+    ) -> float | None:
+        """Heal what policy, bounds and dependencies allow, as one `reconcile` transaction.
+
+        Fills `report`. Returns in how many seconds to look again when the heal
+        was deferred (another writer, a refusing state directory), else None.
+        """
+        now = self.clock()
+        healable: list[str] = []
+        unsettled: dict[str, str] = {}  # differs and will not be healed now → why
+        contested: dict[str, frozenset[str]] = {}
+        for sub in self.engine.subsystems:
+            name = sub.name
+            diffs = differences.get(name, [])
+            if not diffs:
+                continue
+            forced = name in force
+            paths = ", ".join(d.path for d in diffs[:3]) + (" …" if len(diffs) > 3 else "")
+            held = self.held(name, document, now, forced)
+            if held is not None:
+                report.held[name] = held
+                unsettled[name] = f"{held} ({paths})"
+                continue
+            blocker = next((d for d in sub.depends_on if d in unsettled), None)
+            if blocker is not None and not forced:
+                why = f"waiting on {blocker}: {unsettled[blocker]}"
+                report.held[name] = report.waiting[name] = why
+                unsettled[name] = why
+                continue
+            pinned = frozenset() if forced else frozenset(self.governor.contested(name))
+            contested[name] = pinned
+            differing_contested = pinned & {d.path for d in diffs}
+            if differing_contested:
+                unsettled[name] = "contested: " + ", ".join(sorted(differing_contested))
+                if differing_contested == {d.path for d in diffs}:
+                    report.held[name] = "only contested paths differ: " + ", ".join(
+                        sorted(differing_contested)
+                    )
+                    continue
+            healable.append(name)
+        if not healable:
+            return None
+        attempted: list[str] = []
+
+        def audit_lines(
+            txn: str,
+            failed: dict[str, str],
+            waiting: dict[str, str],
+            healed: dict[str, list[str]],
+        ) -> AuditLines:
+            return self._book(txn, differences, drift, failed, waiting, healed, attempted)
+
+        change = Change(
+            document,
+            kind="reconcile",
+            origin="reconcile",
+            actor=actor,
+            mode="best-effort",
+            only=frozenset(healable),
+            contested=contested,
+            lock_wait=lock_wait,
+            audit=audit_lines,
+        )
+        try:
+            result = self.engine.transact(change)
+        except Refused as exc:
+            for name in healable:
+                report.held[name] = f"deferred: {exc}"
+            return RETRY_AFTER_REFUSAL
+        except StorageError as exc:
+            # Not the subsystem's failure: the state directory is full or read-only.
+            log.warning("heal deferred: %s", exc)
+            for name in healable:
+                report.held[name] = f"deferred: {exc}"
+            return RETRY_AFTER_STORAGE_ERROR
+        if result.txn:
+            report.txns.append(result.txn)
+        for name in healable:
+            if name in result.failed:
+                report.failed[name] = result.failed[name]
+            elif name in result.waiting:
+                report.held[name] = report.waiting[name] = result.waiting[name]
+            elif name in result.healed:
+                report.healed[name] = result.healed[name]
+        return None
+
+    def _book(
+        self,
+        txn: str,
+        differences: Mapping[str, list[Difference]],
+        drift: Mapping[str, DriftRecord],
+        failed: dict[str, str],
+        waiting: dict[str, str],
+        healed: dict[str, list[str]],
+        attempted: list[str],
+    ) -> AuditLines:
+        """Governor bookkeeping for a heal's outcome, and its audit lines (written with the commit).
+
+        The engine may call this more than once per transaction (verification
+        rounds); `attempted` makes each subsystem count once.
+        """
+        now = self.clock()
+        version = int(self.engine.state.applied().get("version", 0))
+        lines: AuditLines = []
+        for name in [*healed, *failed]:
+            if name in attempted or name in waiting:
+                continue
+            attempted.append(name)
+            paths = sorted({d.path for d in differences.get(name, [])})
+            self.governor.record_attempt(name, now)
+            if name in failed:
+                lines += self._failed(name, failed[name], paths, txn, version, now)
+                continue
+            self.governor.record_success(name, now)
+            self.counters["heals_ok"] += 1
+            record = drift.get(name)
+            lines.append(
+                (
+                    "reconcile",
+                    {
+                        "subsystem": name,
+                        "outcome": "healed",
+                        "paths": paths,
+                        "steps": healed[name],
+                        "txn": txn,
+                        "version": version,
+                        "attribution": record.attribution[-3:] if record else [],
+                    },
+                )
+            )
+        for name, why in waiting.items():
+            lines.append(
+                ("reconcile", {"subsystem": name, "outcome": "waiting", "why": why, "txn": txn})
+            )
+        return lines
+
+    def _failed(
+        self, name: str, error: str, paths: list[str], txn: str, version: int, now: float
+    ) -> AuditLines:
+        opened = self.governor.record_failure(name, now, error, paths)
+        self.counters["heals_failed"] += 1
+        heal = self.governor.of(name)
+        log.warning("heal of %s failed: %s", name, error)
+        lines: AuditLines = [
+            (
+                "reconcile",
+                {
+                    "subsystem": name,
+                    "outcome": "failed",
+                    "error": error,
+                    "paths": paths,
+                    "txn": txn,
+                    "version": version,
+                    "breaker": heal.breaker,
+                    "failures": heal.failures,
+                    "backoff_seconds": heal.backoff_seconds,
+                },
+            )
+        ]
+        if opened:
+            lines.append(
+                (
+                    "breaker_opened",
+                    {"subsystem": name, "failures": heal.failures, "last_error": error},
+                )
+            )
+        return lines

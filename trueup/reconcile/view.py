@@ -1,0 +1,180 @@
+"""What the reconcile loop shows: per-subsystem healing state, failures, drift, the loop itself.
+
+Who calls this: the reconcile loop rebuilds a `LoopView` after every change
+(`build_view`); the status builder (`trueup.reconcile.status.build_status`)
+and the agent's metrics (`trueup.agent.metrics`) read it. A view is
+immutable, so API threads read it without the loop's lock.
+
+The keys are those of `status` (docs/convergence.md, "Status"): per
+subsystem `policy`, `healing`, `breaker`, `consecutive_failures`,
+`backoff_seconds`, `next_attempt_at`, `retry_budget`, `contested` (+
+`contested_detail`), `acknowledged_until` (+ `acknowledgement`),
+`last_heal_at`, `drift` / `last_drift`, and when it applies `reason` and
+`waiting`; top level `pending_confirmation` and `reconcile_loop`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from trueup.model.document import DeviceState
+from trueup.reconcile.attribution import DriftBook
+from trueup.reconcile.healing import Governor, HealingOptions, SubsystemHealing
+from trueup.system.events import iso_time
+
+__all__ = ["LoopActivity", "LoopView", "build_view", "failure_entry", "policy_entry"]
+
+
+def _iso(seconds: float | None) -> str | None:
+    return iso_time(seconds) if seconds else None
+
+
+@dataclass(frozen=True)
+class LoopActivity:
+    """The loop itself: where events come from, how often it resyncs, what it counted."""
+
+    event_source: str | None = None
+    resync_seconds: float = 60.0
+    last_pass_at: float | None = None
+    last_resync_at: float | None = None
+    # passes, events, heals_ok, heals_failed, overflows
+    counters: Mapping[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "event_source": self.event_source,
+            "resync_seconds": self.resync_seconds,
+            "last_pass_at": _iso(self.last_pass_at),
+            "last_resync_at": _iso(self.last_resync_at),
+            **self.counters,
+        }
+
+
+@dataclass(frozen=True)
+class LoopView:
+    policies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reconcile_failures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    drift_since: dict[str, str] = field(default_factory=dict)
+    attribution: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    pending_confirmation: dict[str, Any] | None = None
+    activity: LoopActivity = field(default_factory=LoopActivity)
+
+    def status_extra(self) -> dict[str, Any]:
+        """The top-level status keys the loop adds."""
+        return {
+            "pending_confirmation": self.pending_confirmation,
+            "reconcile_loop": self.activity.to_json(),
+        }
+
+    def status_inputs(self) -> dict[str, Any]:
+        """Everything at once, as `ReconcileLoop.status_inputs()` has always answered."""
+        return {
+            "reconcile_failures": self.reconcile_failures,
+            "drift_since": self.drift_since,
+            "attribution": self.attribution,
+            "policies": self.policies,
+            "extra": self.status_extra(),
+        }
+
+
+def policy_entry(
+    heal: SubsystemHealing,
+    *,
+    policy: str | None,
+    ack: dict[str, Any] | None,
+    blocked: str | None,
+    options: HealingOptions,
+    now: float,
+) -> dict[str, Any]:
+    """One subsystem's healing state; `blocked` says why a wanted heal does not run."""
+    return {
+        "policy": policy,
+        "healing": "notify: detection only" if policy == "notify" else (blocked or "active"),
+        "breaker": heal.breaker,
+        "consecutive_failures": heal.failures,
+        "backoff_seconds": heal.backoff_seconds,
+        "next_attempt_at": _iso(heal.next_attempt_at),
+        "retry_budget": {
+            "used": len([t for t in heal.attempts if t > now - options.retry_window]),
+            "limit": options.retry_budget,
+            "window_seconds": options.retry_window,
+        },
+        "contested": sorted(heal.contested),
+        "contested_detail": heal.contested,
+        "acknowledged_until": ack["until_at"] if ack else None,
+        "acknowledgement": ack,
+        "last_heal_at": _iso(heal.last_heal_at),
+    }
+
+
+def failure_entry(heal: SubsystemHealing) -> dict[str, Any] | None:
+    """A subsystem's heal failures, for `STATE_RECONCILIATION_FAILED`; None while it has none."""
+    if not heal.failures and heal.breaker == "closed":
+        return None
+    return {
+        "detail": f"{heal.failures} consecutive heal failure(s); breaker "
+        f"{heal.breaker}: {heal.last_error}",
+        "since": _iso(heal.failing_since),
+        "paths": heal.failing_paths,
+        "breaker": heal.breaker,
+        "failures": heal.failures,
+        "backoff_seconds": heal.backoff_seconds,
+        "next_attempt_at": _iso(heal.next_attempt_at),
+        "open_until": _iso(heal.open_until),
+    }
+
+
+def build_view(
+    subsystems: Iterable[str],
+    *,
+    document: DeviceState | None,
+    governor: Governor,
+    options: HealingOptions,
+    drift: DriftBook,
+    waiting: Mapping[str, str],
+    pending_confirmation: dict[str, Any] | None,
+    activity: LoopActivity,
+    now: float,
+) -> LoopView:
+    """The view of `subsystems` at `now`; `waiting` is the last pass's dependency waits."""
+    failures: dict[str, dict[str, Any]] = {}
+    policies: dict[str, dict[str, Any]] = {}
+    for name in subsystems:
+        heal = governor.of(name)
+        policy = document.spec.convergence.policy_for(name) if document else None
+        drifting = name in drift.current
+        blocked = None
+        if policy == "auto" and drifting:
+            blocked = governor.blocked(name, now) or waiting.get(name)
+        entry = policy_entry(
+            heal,
+            policy=policy,
+            ack=governor.acks.get(name),
+            blocked=blocked,
+            options=options,
+            now=now,
+        )
+        record = drift.current.get(name)
+        if record is not None:
+            entry["drift"] = record.to_json()
+        if name in drift.last:
+            entry["last_drift"] = drift.last[name]
+        if heal.contested and not heal.failures and heal.breaker == "closed":
+            entry["reason"] = "; ".join(c["reason"] for c in heal.contested.values())
+        if name in waiting and drifting:
+            entry["waiting"] = waiting[name]
+            entry.setdefault("reason", waiting[name])
+        policies[name] = entry
+        failure = failure_entry(heal)
+        if failure is not None:
+            failures[name] = failure
+    return LoopView(
+        policies=policies,
+        reconcile_failures=failures,
+        drift_since={n: iso_time(r.since) for n, r in drift.current.items()},
+        attribution={n: list(r.attribution) for n, r in drift.current.items()},
+        pending_confirmation=pending_confirmation,
+        activity=activity,
+    )

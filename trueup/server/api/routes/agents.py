@@ -1,0 +1,98 @@
+"""The agents' routes: enrollment exchange, the desired-revision long poll, reports, secrets.
+
+Every route but `enroll` takes a device credential and serves only that
+device. A report is answered only after the transaction holding it has
+committed (ingest.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from trueup.server.api.context import Api, problems, role
+from trueup.server.api.models import AgentReport
+from trueup.server.service import Principal, Unauthorized
+
+__all__ = ["MAX_WAIT", "router"]
+
+MAX_WAIT = 300.0
+
+
+def router(api: Api) -> APIRouter:
+    routes = APIRouter()
+    plane = api.plane
+    device = api.device
+
+    @routes.post("/api/v1/agent/enroll", openapi_extra=role("enrollment"))
+    def agent_enroll(authorization: str | None = Header(None)) -> dict[str, Any]:
+        if not authorization or not authorization.startswith("Bearer "):
+            raise HTTPException(
+                401,
+                detail="send the enrollment token as Authorization: Bearer TOKEN",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        try:
+            return plane.exchange_enrollment(authorization[len("Bearer ") :].strip())
+        except Unauthorized as exc:
+            raise HTTPException(401, detail=str(exc)) from None
+
+    @routes.get(
+        "/api/v1/agent/desired",
+        openapi_extra=role("device"),
+        responses={204: {"description": "no revision newer than `after` within `wait`"}},
+    )
+    async def agent_desired(
+        after: int = Query(0, ge=0),
+        wait: float = Query(0.0, ge=0, le=MAX_WAIT),
+        p: Principal = device,
+    ) -> Response:
+        assert p.device_id is not None and p.device is not None
+        device_id, name = p.device_id, p.device
+        deadline = time.monotonic() + wait
+        while True:
+            revision = await run_in_threadpool(plane.desired_after, device_id, name, after)
+            if revision is not None:
+                return JSONResponse(
+                    {**revision.summary(), "document": revision.document},
+                    headers={"ETag": f'"{revision.version}"'},
+                )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return Response(status_code=204)
+            await api.watcher.wait(device_id, remaining)
+
+    @routes.post(
+        "/api/v1/agent/report",
+        openapi_extra={
+            **role("device"),
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": AgentReport.model_json_schema()}},
+            },
+        },
+    )
+    async def agent_report(request: Request, p: Principal = device) -> Response:
+        assert p.device_id is not None
+        # Parsed here rather than by FastAPI: this is the hot path of every agent heartbeat.
+        try:
+            report = AgentReport.model_validate_json(await request.body())
+        except ValidationError as exc:
+            return JSONResponse(
+                {"detail": "invalid report; nothing was stored", "problems": problems(exc)},
+                status_code=422,
+            )
+        await api.ingest.submit(p.device_id, report.model_dump(mode="json"))
+        return Response(b'{"stored":true}', media_type="application/json")
+
+    @routes.get("/api/v1/agent/secrets", openapi_extra=role("device"))
+    def agent_secrets(p: Principal = device) -> dict[str, Any]:
+        assert p.device_id is not None
+        return plane.device_secrets(p.tenant_id, p.device_id)
+
+    return routes

@@ -1,0 +1,38 @@
+"""Every control-plane operation, shared by the HTTP API and the `trueup server` CLI.
+
+Each write runs in one transaction together with its audit entry. Every query
+that takes a tenant-visible name (device, user, token) is filtered by the
+caller's tenant; a name from another tenant is simply not found.
+
+One unit per job, each over the shared `Store`; `ControlPlane` composes them::
+
+    store.py        Store: the database, the server key, the audit writer, tenant-scoped lookups
+    errors.py       ServiceError and its subclasses; name rules
+    identity.py     Identity: tenants, users, roles, user tokens
+    auth.py         Authenticator: token -> Principal, the per-process token cache
+    enrollment.py   Enrollment: devices, enrollment bundles, device credentials
+    revisions.py    DesiredRevisions: put_desired (If-Match), history, the long-poll lookups
+    secrets.py      TenantSecrets: sealed per tenant, opened only for their device
+    fleetview.py    Fleet: derived fleet state, reports, acknowledgements
+    audittrail.py   AuditTrail: list a tenant's entries, verify the chain
+    plane.py        ControlPlane: the units composed, one flat API
+
+The units never import each other (import-linter checks it): what one needs
+from another is passed in, like `credentials_changed`.
+"""
+
+from trueup.server.service.auth import Principal
+from trueup.server.service.errors import Conflict, Invalid, NotFound, ServiceError, Unauthorized
+from trueup.server.service.plane import ControlPlane
+from trueup.server.service.revisions import Revision
+
+__all__ = [
+    "Conflict",
+    "ControlPlane",
+    "Invalid",
+    "NotFound",
+    "Principal",
+    "Revision",
+    "ServiceError",
+    "Unauthorized",
+]

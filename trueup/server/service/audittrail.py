@@ -1,0 +1,47 @@
+"""Reading the audit log: a tenant's entries (admins), and verification of the whole chain.
+
+Writing is `Store.audit`, inside each unit's own transaction; the chain itself
+(HMAC per row, the head) is trueup.server.audit.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import select
+
+from trueup.server import audit
+from trueup.server.service.store import Store
+from trueup.server.tables import audit_log
+
+__all__ = ["AuditTrail"]
+
+
+class AuditTrail:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def audit_entries(self, tenant_id: int, limit: int) -> list[dict[str, Any]]:
+        """The tenant's newest `limit` entries, newest first."""
+        with self.store.db.read() as conn:
+            rows = conn.execute(
+                select(
+                    audit_log.c.seq,
+                    audit_log.c.at,
+                    audit_log.c.actor,
+                    audit_log.c.action,
+                    audit_log.c.target,
+                    audit_log.c.detail,
+                    audit_log.c.row_hash,
+                )
+                .where(audit_log.c.tenant_id == tenant_id)
+                .order_by(audit_log.c.seq.desc())
+                .limit(limit)
+            ).mappings()
+            return [{**dict(r), "detail": json.loads(r["detail"])} for r in rows]
+
+    def verify_audit(self) -> list[audit.AuditProblem]:
+        """Every problem with the chain and the tables it vouches for; [] when intact."""
+        with self.store.db.read() as conn:
+            return audit.verify(conn, self.store.key)

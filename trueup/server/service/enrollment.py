@@ -1,0 +1,218 @@
+"""Devices and their credentials: create a device, issue a one-time enrollment
+bundle, and exchange its token for the device credential.
+
+Enrolling again revokes the device's current credential and any unused bundle
+in the same transaction; the exchange is a compare-and-set on the enrollment
+token, so a bundle is used at most once however many agents race with it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Connection, and_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from trueup.server.service.errors import Invalid, NotFound, Unauthorized, device_name_problems
+from trueup.server.service.store import Store, inserted_id
+from trueup.server.tables import devices, tenants, tokens
+from trueup.server.tokens import TokenKind, hash_token, new_token, tokens_equal
+
+__all__ = ["ENROLLMENT_LIFETIME", "Enrollment"]
+
+ENROLLMENT_LIFETIME = 24 * 3600.0
+
+
+class Enrollment:
+    def __init__(self, store: Store, credentials_changed: Callable[[], None]) -> None:
+        self.store = store
+        self._credentials_changed = credentials_changed
+
+    def device_id(self, tenant_id: int, device: str) -> int:
+        with self.store.db.read() as conn:
+            return int(self.store.device(conn, tenant_id, device)["id"])
+
+    def _create_device(self, conn: Connection, tenant_id: int, name: str, actor: str) -> int:
+        device_id = inserted_id(
+            conn.execute(
+                devices.insert().values(tenant_id=tenant_id, name=name, created_at=time.time())
+            )
+        )
+        self.store.audit(
+            conn,
+            tenant_id=tenant_id,
+            actor=actor,
+            action="device.create",
+            target=f"device:{name}",
+            detail={"device_id": device_id},
+        )
+        return device_id
+
+    def create_device(self, tenant_id: int, name: str, actor: str) -> int:
+        problems = device_name_problems(name)
+        if problems:
+            raise Invalid(problems)
+        try:
+            with self.store.db.write() as conn:
+                return self._create_device(conn, tenant_id, name, actor)
+        except IntegrityError:
+            raise Invalid([f"name: device {name!r} already exists"]) from None
+
+    def enroll(
+        self,
+        tenant_id: int,
+        device: str,
+        actor: str,
+        *,
+        url: str,
+        fingerprint: str | None = None,
+        create_missing: bool = True,
+    ) -> dict[str, Any]:
+        """A one-time enrollment bundle. Revokes the device's current credential."""
+        problems = device_name_problems(device)
+        if problems:
+            raise Invalid(problems)
+        token = new_token(TokenKind.ENROLLMENT)
+        now = time.time()
+        with self.store.db.write() as conn:
+            existing = conn.execute(
+                select(devices.c.id).where(
+                    and_(devices.c.tenant_id == tenant_id, devices.c.name == device)
+                )
+            ).one_or_none()
+            if existing is None and not create_missing:
+                raise NotFound(f"device {device!r} not found")
+            device_id = (
+                int(existing.id)
+                if existing is not None
+                else self._create_device(conn, tenant_id, device, actor)
+            )
+            revoked = conn.execute(
+                update(tokens)
+                .where(
+                    and_(
+                        tokens.c.device_id == device_id,
+                        tokens.c.revoked_at.is_(None),
+                        tokens.c.kind.in_([TokenKind.DEVICE.value, TokenKind.ENROLLMENT.value]),
+                    )
+                )
+                .values(revoked_at=now)
+            ).rowcount
+            token_id = inserted_id(
+                conn.execute(
+                    tokens.insert().values(
+                        tenant_id=tenant_id,
+                        kind=TokenKind.ENROLLMENT.value,
+                        device_id=device_id,
+                        token_hash=hash_token(token),
+                        label="enrollment",
+                        created_at=now,
+                        expires_at=now + ENROLLMENT_LIFETIME,
+                    )
+                )
+            )
+            tenant = conn.execute(
+                select(tenants.c.name).where(tenants.c.id == tenant_id)
+            ).scalar_one()
+            self.store.audit(
+                conn,
+                tenant_id=tenant_id,
+                actor=actor,
+                action="device.enroll",
+                target=f"device:{device}",
+                detail={"token_id": token_id, "revoked_credentials": revoked},
+            )
+        self._credentials_changed()
+        bundle: dict[str, Any] = {
+            "kind": "trueup-enrollment",
+            "control_plane": url,
+            "tenant": tenant,
+            "device": device,
+            "token": token,
+            "expires_at": now + ENROLLMENT_LIFETIME,
+        }
+        if fingerprint:
+            bundle["server_certificate_sha256"] = fingerprint
+        return bundle
+
+    def exchange_enrollment(self, token: str) -> dict[str, Any]:
+        """Trade a one-time enrollment token for a device credential."""
+        now = time.time()
+        credential = new_token(TokenKind.DEVICE)
+        with self.store.db.write() as conn:
+            row = (
+                conn.execute(
+                    select(
+                        tokens.c.id,
+                        tokens.c.tenant_id,
+                        tokens.c.device_id,
+                        tokens.c.token_hash,
+                        devices.c.name.label("device"),
+                        tenants.c.name.label("tenant"),
+                    )
+                    .join(devices, devices.c.id == tokens.c.device_id)
+                    .join(tenants, tenants.c.id == tokens.c.tenant_id)
+                    .where(
+                        and_(
+                            tokens.c.token_hash == hash_token(token),
+                            tokens.c.kind == TokenKind.ENROLLMENT.value,
+                        )
+                    )
+                )
+                .mappings()
+                .one_or_none()
+            )
+            if row is None or not tokens_equal(row["token_hash"], token):
+                raise Unauthorized("unknown enrollment token")
+            used = conn.execute(
+                update(tokens)
+                .where(
+                    and_(
+                        tokens.c.id == row["id"],
+                        tokens.c.used_at.is_(None),
+                        tokens.c.revoked_at.is_(None),
+                        tokens.c.expires_at > now,
+                    )
+                )
+                .values(used_at=now, revoked_at=now)
+            ).rowcount
+            if used != 1:
+                raise Unauthorized(
+                    "enrollment token already used, revoked or expired; "
+                    "run `trueup server device enroll` again"
+                )
+            conn.execute(
+                update(tokens)
+                .where(
+                    and_(
+                        tokens.c.device_id == row["device_id"],
+                        tokens.c.kind == TokenKind.DEVICE.value,
+                        tokens.c.revoked_at.is_(None),
+                    )
+                )
+                .values(revoked_at=now)
+            )
+            credential_id = inserted_id(
+                conn.execute(
+                    tokens.insert().values(
+                        tenant_id=row["tenant_id"],
+                        kind=TokenKind.DEVICE.value,
+                        device_id=row["device_id"],
+                        token_hash=hash_token(credential),
+                        label="device credential",
+                        created_at=now,
+                    )
+                )
+            )
+            self.store.audit(
+                conn,
+                tenant_id=row["tenant_id"],
+                actor=f"device:{row['tenant']}/{row['device']}",
+                action="device.credential",
+                target=f"device:{row['device']}",
+                detail={"token_id": credential_id, "enrollment_token_id": row["id"]},
+            )
+        self._credentials_changed()
+        return {"tenant": row["tenant"], "device": row["device"], "credential": credential}

@@ -1,0 +1,81 @@
+"""The service's error vocabulary, and the name rules every unit checks input against.
+
+The HTTP API maps each error to one status code (app.py); the CLI prints it::
+
+    ServiceError
+    ├── NotFound        the named thing does not exist in this tenant      404
+    ├── Invalid         bad input; `problems` names each path              422
+    ├── Conflict        If-Match was stale (STATE_CONCURRENT_MODIFICATION) 409
+    └── Unauthorized    a token that is unknown, revoked, expired or used  401
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from trueup.model.reasons import CORRECTIVE_ACTIONS, ReasonCode
+
+__all__ = [
+    "Conflict",
+    "Invalid",
+    "NotFound",
+    "ServiceError",
+    "Unauthorized",
+    "check_name",
+    "device_name_problems",
+]
+
+_NAME_PATTERN = "letters, digits, '_', '.', '-' (1-200 characters, starting with a letter or digit)"
+
+
+class ServiceError(Exception):
+    pass
+
+
+class NotFound(ServiceError):
+    pass
+
+
+class Invalid(ServiceError):
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
+class Conflict(ServiceError):
+    def __init__(self, device: str, expected: int, current: int) -> None:
+        self.device = device
+        self.expected = expected
+        self.current = current
+        super().__init__(
+            f"{ReasonCode.CONCURRENT_MODIFICATION}: device {device} is at version {current}, "
+            f"not {expected}; nothing was changed"
+        )
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "reason": ReasonCode.CONCURRENT_MODIFICATION.value,
+            "detail": str(self),
+            "device": self.device,
+            "expected_version": self.expected,
+            "current_version": self.current,
+            "action": CORRECTIVE_ACTIONS[ReasonCode.CONCURRENT_MODIFICATION],
+        }
+
+
+class Unauthorized(ServiceError):
+    pass
+
+
+def check_name(kind: str, value: str) -> None:
+    """Tenant, user and secret names. Raises Invalid naming `kind`."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}", value or ""):
+        raise Invalid([f"{kind}: {value!r} is not a valid name ({_NAME_PATTERN})"])
+
+
+def device_name_problems(name: str) -> list[str]:
+    # Device names may be longer (up to 253, a DNS name's length); the message is the same.
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,252}", name or ""):
+        return [f"name: {name!r} is not a valid device name ({_NAME_PATTERN})"]
+    return []

@@ -1,0 +1,83 @@
+"""`ControlPlane`: the service's units composed over one database and one server key.
+
+It holds no logic. Each unit owns one job (see the package docstring) and
+shares a `Store`; the names below are the flat API that the HTTP routes, the
+`trueup server` CLI, scripts and tests call, each one a unit's own method.
+To add an operation, write it in the unit that owns the job and name it here.
+"""
+
+from __future__ import annotations
+
+from trueup.server.db import Database
+from trueup.server.keys import ServerKey
+from trueup.server.service.audittrail import AuditTrail
+from trueup.server.service.auth import Authenticator
+from trueup.server.service.enrollment import Enrollment
+from trueup.server.service.fleetview import Fleet
+from trueup.server.service.identity import Identity
+from trueup.server.service.revisions import DesiredRevisions
+from trueup.server.service.secrets import TenantSecrets
+from trueup.server.service.store import Store
+
+__all__ = ["ControlPlane"]
+
+
+class ControlPlane:
+    """The control plane's operations over one database and one server key."""
+
+    def __init__(
+        self,
+        database: Database,
+        server_key: ServerKey,
+        *,
+        stale_intervals: int = 3,
+        auth_cache_seconds: float = 2.0,
+    ) -> None:
+        self.db = database
+        self.key = server_key
+        store = Store(database, server_key)
+        self.auth = Authenticator(store, cache_seconds=auth_cache_seconds)
+        self.identity = Identity(store, credentials_changed=self.auth.forget)
+        self.enrollment = Enrollment(store, credentials_changed=self.auth.forget)
+        self.desired_revisions = DesiredRevisions(store)
+        self.tenant_secrets = TenantSecrets(store)
+        self.fleet_view = Fleet(store, stale_intervals=stale_intervals)
+        self.audit_trail = AuditTrail(store)
+
+        # identity: tenants, users, roles, user tokens
+        self.tenant_id = self.identity.tenant_id
+        self.create_tenant = self.identity.create_tenant
+        self.create_user = self.identity.create_user
+        self.set_role = self.identity.set_role
+        self.list_users = self.identity.list_users
+        self.create_token = self.identity.create_token
+        self.revoke_token = self.identity.revoke_token
+        self.list_tokens = self.identity.list_tokens
+        # authentication
+        self.cached_principal = self.auth.cached_principal
+        self.authenticate = self.auth.authenticate
+        # devices and enrollment
+        self.device_id = self.enrollment.device_id
+        self.create_device = self.enrollment.create_device
+        self.enroll = self.enrollment.enroll
+        self.exchange_enrollment = self.enrollment.exchange_enrollment
+        # desired revisions
+        self.put_desired = self.desired_revisions.put_desired
+        self.desired = self.desired_revisions.desired
+        self.revision = self.desired_revisions.revision
+        self.revisions = self.desired_revisions.revisions
+        self.desired_after = self.desired_revisions.desired_after
+        self.revisions_since = self.desired_revisions.revisions_since
+        self.max_revision_id = self.desired_revisions.max_revision_id
+        # secrets
+        self.put_secret = self.tenant_secrets.put_secret
+        self.secret_names = self.tenant_secrets.secret_names
+        self.device_secrets = self.tenant_secrets.device_secrets
+        # the fleet view: derived state, reports, acknowledgements
+        self.fleet = self.fleet_view.fleet
+        self.last_report = self.fleet_view.last_report
+        self.report_history = self.fleet_view.report_history
+        self.acknowledge = self.fleet_view.acknowledge
+        # the audit log
+        self.audit_entries = self.audit_trail.audit_entries
+        self.verify_audit = self.audit_trail.verify_audit

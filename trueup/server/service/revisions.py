@@ -1,0 +1,217 @@
+"""Desired revisions: numbered, immutable documents per device.
+
+`put_desired` validates with the agent's own document model, then advances the
+device's version by one compare-and-set `UPDATE … WHERE desired_version =
+:expected` (If-Match), so of any number of concurrent writers on any number of
+server processes exactly one wins and the others get Conflict. Nothing here
+edits or deletes a revision. The long-poll questions (`desired_after`,
+`revisions_since`, `max_revision_id`) are answered here too.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, RowMapping, and_, func, select, update
+
+from trueup.model.document import DocumentError, document_digest, parse_document
+from trueup.server.service.errors import Conflict, Invalid, NotFound
+from trueup.server.service.store import Store
+from trueup.server.tables import devices, revisions
+
+__all__ = ["DesiredRevisions", "Revision"]
+
+
+@dataclass(frozen=True)
+class Revision:
+    device: str
+    version: int
+    parent_version: int | None
+    author: str
+    comment: str
+    content_hash: str
+    created_at: float
+    document: dict[str, Any]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "version": self.version,
+            "parent_version": self.parent_version,
+            "author": self.author,
+            "comment": self.comment,
+            "content_hash": self.content_hash,
+            "created_at": self.created_at,
+        }
+
+
+def _revision(device: str, row: RowMapping) -> Revision:
+    return Revision(
+        device=device,
+        version=row["version"],
+        parent_version=row["parent_version"],
+        author=row["author"],
+        comment=row["comment"],
+        content_hash=row["content_hash"],
+        created_at=row["created_at"],
+        document=json.loads(row["document"]),
+    )
+
+
+class DesiredRevisions:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def put_desired(
+        self,
+        tenant_id: int,
+        device: str,
+        expected_version: int,
+        data: Any,
+        *,
+        author: str,
+        comment: str = "",
+    ) -> Revision:
+        """Store `data` as the device's next revision if it is at `expected_version`.
+
+        Raises NotFound, Invalid (each problem with its path; nothing stored) or Conflict.
+        """
+        with self.store.db.read() as conn:
+            self.store.device(conn, tenant_id, device)
+        try:
+            document = parse_document(data, source=f"device {device}")
+        except DocumentError as exc:
+            raise Invalid(exc.problems) from None
+        if document.metadata.device != device:
+            raise Invalid(
+                [
+                    f"metadata.device: {document.metadata.device!r} does not match the device "
+                    f"in the URL ({device!r})"
+                ]
+            )
+        content_hash = document_digest(document)
+        now = time.time()
+        with self.store.db.write() as conn:
+            row = self.store.device(conn, tenant_id, device)
+            new_version = expected_version + 1
+            # Compare-and-set: the loser of a race updates no row and gets 409.
+            swapped = conn.execute(
+                update(devices)
+                .where(
+                    and_(devices.c.id == row["id"], devices.c.desired_version == expected_version)
+                )
+                .values(desired_version=new_version)
+            ).rowcount
+            if swapped != 1:
+                current = conn.execute(
+                    select(devices.c.desired_version).where(devices.c.id == row["id"])
+                ).scalar_one()
+                raise Conflict(device, expected_version, int(current))
+            body = document.with_version(new_version).canonical()
+            conn.execute(
+                revisions.insert().values(
+                    device_id=row["id"],
+                    version=new_version,
+                    parent_version=expected_version or None,
+                    author=author,
+                    comment=comment,
+                    content_hash=content_hash,
+                    document=json.dumps(body, sort_keys=True),
+                    created_at=now,
+                )
+            )
+            self.store.audit(
+                conn,
+                tenant_id=tenant_id,
+                actor=author,
+                action="revision.create",
+                target=f"device:{device}",
+                detail={
+                    "device_id": row["id"],
+                    "version": new_version,
+                    "parent_version": expected_version or None,
+                    "content_hash": content_hash,
+                    "comment": comment,
+                },
+                at=now,
+            )
+        return Revision(
+            device=device,
+            version=new_version,
+            parent_version=expected_version or None,
+            author=author,
+            comment=comment,
+            content_hash=content_hash,
+            created_at=now,
+            document=body,
+        )
+
+    def _revision_at(
+        self, conn: Connection, device: str, device_id: int, version: int
+    ) -> Revision | None:
+        if version <= 0:
+            return None
+        rev = (
+            conn.execute(
+                select(revisions).where(
+                    and_(revisions.c.device_id == device_id, revisions.c.version == version)
+                )
+            )
+            .mappings()
+            .one_or_none()
+        )
+        return _revision(device, rev) if rev is not None else None
+
+    def desired(self, tenant_id: int, device: str) -> Revision | None:
+        """The device's desired revision; None before the first one."""
+        with self.store.db.read() as conn:
+            row = self.store.device(conn, tenant_id, device)
+            return self._revision_at(conn, device, row["id"], row["desired_version"])
+
+    def revision(self, tenant_id: int, device: str, version: int) -> Revision:
+        with self.store.db.read() as conn:
+            row = self.store.device(conn, tenant_id, device)
+            rev = self._revision_at(conn, device, row["id"], version)
+        if rev is None:
+            raise NotFound(f"device {device!r} has no revision {version}")
+        return rev
+
+    def revisions(self, tenant_id: int, device: str) -> list[Revision]:
+        """Every revision of the device, oldest first."""
+        with self.store.db.read() as conn:
+            row = self.store.device(conn, tenant_id, device)
+            rows = conn.execute(
+                select(revisions)
+                .where(revisions.c.device_id == row["id"])
+                .order_by(revisions.c.version)
+            ).mappings()
+            return [_revision(device, r) for r in rows]
+
+    # -- the agents' long poll ---------------------------------------------------------------
+
+    def desired_after(self, device_id: int, device: str, after: int) -> Revision | None:
+        """The newest revision if it is newer than `after` (the agent's long-poll question)."""
+        with self.store.db.read() as conn:
+            version = conn.execute(
+                select(devices.c.desired_version).where(devices.c.id == device_id)
+            ).scalar_one()
+            if version <= after:
+                return None
+            return self._revision_at(conn, device, device_id, version)
+
+    def revisions_since(self, revision_id: int) -> list[tuple[int, int]]:
+        """(revision id, device id) of every revision made after `revision_id`, any process."""
+        with self.store.db.read() as conn:
+            rows = conn.execute(
+                select(revisions.c.id, revisions.c.device_id).where(revisions.c.id > revision_id)
+            ).all()
+        return [(int(r.id), int(r.device_id)) for r in rows]
+
+    def max_revision_id(self) -> int:
+        with self.store.db.read() as conn:
+            return int(
+                conn.execute(select(func.coalesce(func.max(revisions.c.id), 0))).scalar_one()
+            )

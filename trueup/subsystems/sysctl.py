@@ -1,0 +1,107 @@
+"""Kernel parameters (`spec.sysctl`): the worked example of adding a subsystem.
+
+```yaml
+spec:
+  sysctl:
+    net.ipv4.ip_forward: 1
+    net.ipv6.conf.all.forwarding: 1
+```
+
+Everything a subsystem is, in one module (docs/architecture.md walks
+through it): its section of `spec` (`SysctlSection`, registered by
+`trueup.subsystems.registry`), its facts (`spec.sysctl[NAME]` → the value as
+the kernel prints it), a plan (set the ones that differ), one kind of step
+(write `/proc/sys/...` through `sources.files`), what it watches (a periodic
+look: `/proc/sys` sends no inotify events) and its scope (the names the
+document — or the previous revision — sets; others are never touched).
+Inside a network namespace the `net.*` parameters are the namespace's own.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator, RootModel
+
+from trueup.model.document import DeviceState
+from trueup.model.health import Tier
+from trueup.subsystems.base import Facts, Plan, Scope, Sources, Step, StepError, Subsystem
+from trueup.system.watches import every
+
+__all__ = ["SysctlSection", "SysctlSubsystem"]
+
+_NAME = re.compile(r"^[a-z0-9_]+(\.[A-Za-z0-9_\-]+)+$")
+
+
+def _name(value: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(f"{value!r} is not a sysctl name like net.ipv4.ip_forward")
+    return value
+
+
+def _value(value: str | int) -> str:
+    text = " ".join(str(value).split())
+    if not text:
+        raise ValueError("empty sysctl value")
+    return text
+
+
+SysctlName = Annotated[str, AfterValidator(_name)]
+SysctlValue = Annotated[str | int, AfterValidator(_value)]
+
+
+class SysctlSection(RootModel[dict[SysctlName, SysctlValue]]):
+    """`spec.sysctl`: sysctl name → value (numbers or strings; whitespace normalised)."""
+
+
+def _path(name: str) -> str:
+    return f"spec.sysctl[{name}]"
+
+
+def _proc(name: str) -> str:
+    return "/proc/sys/" + name.replace(".", "/")
+
+
+class SysctlSubsystem(Subsystem):
+    name = "sysctl"
+    tier = Tier.NETWORK
+    section = ("sysctl", SysctlSection)
+    watches = (every(10.0),)
+
+    @classmethod
+    def scope_keys(cls, document: DeviceState) -> frozenset[str]:
+        section = document.spec.section("sysctl")
+        return frozenset(section.root) if section is not None else frozenset()
+
+    def configured(self, document: DeviceState) -> bool:
+        return document.spec.section("sysctl") is not None
+
+    def desired(self, document: DeviceState, scope: Scope) -> Facts:
+        section = document.spec.section("sysctl")
+        if section is None:
+            return {}
+        return {_path(name): str(value) for name, value in section.root.items()}
+
+    def observe(self, sources: Sources, scope: Scope) -> Facts:
+        facts: Facts = {}
+        for name in sorted(scope.keys_for(self.name)):
+            text = sources.files.read(_proc(name))
+            facts[_path(name)] = " ".join(text.split()) if text is not None else None
+        return facts
+
+    def plan(self, desired: Facts, observed: Facts, scope: Scope) -> Plan:
+        steps = [
+            Step(self.name, "set-sysctl", path, {"name": path[12:-1], "value": want})
+            for path, want in sorted(desired.items())
+            if want is not None and observed.get(path) != want
+        ]
+        return Plan(self.name, steps, [] if steps else ["every sysctl has its value"])
+
+    def execute(self, sources: Sources, step: Step) -> None:
+        if step.action != "set-sysctl":
+            raise ValueError(f"unknown sysctl step {step.action}")
+        name, value = step.args["name"], step.args["value"]
+        if sources.files.read(_proc(name)) is None:
+            raise StepError(step, f"no sysctl {name} on this kernel (no {_proc(name)})")
+        self.run_step(step, lambda: sources.files.write(_proc(name), f"{value}\n"))

@@ -1,0 +1,80 @@
+"""The system a subsystem sees: a small bundle of sources, one per transport.
+
+A subsystem's `observe(sources, scope)` and `execute(sources, step)` receive a
+`Sources`: `netlink` (links, addresses, routes), `files` (configuration files
+and `/proc/sys`), `runner` (external programs: `nft`, `keactrl`, …). Daemon
+control sockets and nftables come as further members when their subsystems
+need them; a subsystem uses only what it needs, and unit tests hand it fakes
+(`trueup.system.fake`).
+
+Who opens one: `trueup.reconcile.transaction.Engine.sources()`, for one
+observation or one transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from trueup.system.atomicfile import path_error, write_atomic
+from trueup.system.netlink import Netlink
+from trueup.system.runner import Runner, SubprocessRunner
+
+__all__ = ["Files", "HostFiles", "Sources"]
+
+
+class Files(Protocol):
+    """Reading and writing small text files (configuration, `/proc/sys`)."""
+
+    def read(self, path: str) -> str | None:
+        """The file's text, or None when it does not exist."""
+        ...
+
+    def write(self, path: str, text: str) -> None:
+        """Replace the file's content; raises OSError naming the path on failure."""
+        ...
+
+
+@dataclass
+class HostFiles:
+    """The machine's files. Regular files are replaced atomically; procfs is written in place."""
+
+    root: Path = Path("/")
+
+    def _path(self, path: str) -> Path:
+        return self.root / path.lstrip("/")
+
+    def read(self, path: str) -> str | None:
+        try:
+            return self._path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+
+    def write(self, path: str, text: str) -> None:
+        target = self._path(path)
+        if str(target).startswith(("/proc/", "/sys/")):
+            # Kernel files cannot be renamed over; one write is the update.
+            try:
+                with target.open("w", encoding="utf-8") as handle:
+                    handle.write(text)
+            except OSError as exc:
+                raise path_error(target, exc) from exc
+            return
+        try:
+            mode = target.stat().st_mode & 0o7777
+        except FileNotFoundError:
+            mode = 0o644
+        write_atomic(target, text.encode(), mode)
+
+
+@dataclass
+class Sources:
+    """What a subsystem may observe and change, for one piece of work."""
+
+    netlink: Netlink
+    files: Files = field(default_factory=HostFiles)
+    runner: Runner = field(default_factory=SubprocessRunner)
+
+    def close(self) -> None:
+        self.netlink.close()
