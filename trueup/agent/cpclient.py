@@ -31,6 +31,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from trueup.model.digests import json_digest
+
 __all__ = [
     "ControlPlaneClient",
     "ControlPlaneError",
@@ -233,8 +235,7 @@ class ControlPlaneClient:
 
 
 def _digest(value: Any) -> str:
-    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
-    return "sha256:" + hashlib.sha256(blob).hexdigest()
+    return json_digest(value)
 
 
 def report_from_status(status: dict[str, Any]) -> dict[str, Any]:

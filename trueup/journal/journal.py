@@ -17,10 +17,11 @@ import secrets
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from trueup.journal.atomic import append_line, write_atomic
 from trueup.journal.audit import now_iso
+from trueup.model.records import BeginFields
 
 __all__ = ["TERMINAL", "Journal", "Transaction"]
 
@@ -96,7 +97,7 @@ class Journal:
     def _write(self, record: dict[str, Any]) -> None:
         append_line(self.path, json.dumps(record, sort_keys=True, separators=(",", ":")))
 
-    def begin(self, **fields: Any) -> str:
+    def begin(self, **fields: Unpack[BeginFields]) -> str:
         self._maybe_compact()
         txn = f"{now_iso().replace(':', '').replace('-', '')}-{secrets.token_hex(3)}"
         self._write({"txn": txn, "type": "begin", "at": now_iso(), "pid": os.getpid(), **fields})

@@ -19,16 +19,18 @@ made behind the agent's back.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from trueup.journal.atomic import StateFileError, read_json, write_json
 from trueup.journal.audit import AuditLog
 from trueup.journal.journal import Journal
 from trueup.journal.lock import WriterLock
+from trueup.model.digests import json_digest
+from trueup.model.records import Applied
 
 __all__ = ["STATE_SCHEMA", "StateDir", "StateDirError"]
 
@@ -42,8 +44,7 @@ class StateDirError(RuntimeError):
 
 
 def _digest(value: Any) -> str:
-    blob = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
-    return "sha256:" + hashlib.sha256(blob).hexdigest()
+    return json_digest(value)
 
 
 class StateDir:
@@ -90,13 +91,29 @@ class StateDir:
         return (self.root / "state.json").exists()
 
     # -- applied revision -------------------------------------------------
-    def applied(self) -> dict[str, Any]:
-        """The applied record; `version` 0 when nothing was ever applied."""
-        record = read_json(self.root / "applied.json")
-        return dict(record) if record else {"version": 0}
+    def applied_record(self) -> Applied:
+        """The applied record, typed; version 0 when nothing was ever applied.
 
-    def set_applied(self, record: dict[str, Any]) -> None:
-        write_json(self.root / "applied.json", record)
+        Raises `StateFileError` naming the file when it is not valid JSON or
+        not an applied record.
+        """
+        path = self.root / "applied.json"
+        raw = read_json(path)
+        if not raw:
+            return Applied()
+        try:
+            return Applied.model_validate(raw)
+        except ValidationError as exc:
+            raise StateFileError(path, f"not an applied record: {exc.errors()[0]['msg']}") from None
+
+    def applied(self) -> dict[str, Any]:
+        """`applied_record()` as JSON, for code that reads it field by field."""
+        return self.applied_record().to_json()
+
+    def set_applied(self, record: Applied | dict[str, Any]) -> None:
+        if isinstance(record, dict):
+            record = Applied.model_validate(record)
+        write_json(self.root / "applied.json", record.to_json())
 
     # -- revisions --------------------------------------------------------
     def _revision_path(self, version: int) -> Path:

@@ -16,8 +16,10 @@ deterministic so the stored hash can be looked up by index. Pure; no I/O.
 from __future__ import annotations
 
 import hashlib
+import json
+from typing import Any
 
-__all__ = ["sha256_digest", "sha256_hex", "token_hash"]
+__all__ = ["canonical_json", "json_digest", "sha256_digest", "sha256_hex", "token_hash"]
 
 _LABEL = "sha256:"
 
@@ -36,3 +38,13 @@ def sha256_digest(data: bytes | str) -> str:
 def token_hash(token: str) -> str:
     """What is stored for a bearer token: 64 hex digits (`sha256_digest` gives it labelled)."""
     return sha256_hex(token)
+
+
+def canonical_json(value: Any) -> bytes:
+    """The one canonical JSON encoding trueup hashes: sorted keys, no spaces, UTF-8."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
+
+
+def json_digest(value: Any) -> str:
+    """`sha256:<hex>` of `canonical_json(value)`: documents, revisions, observations."""
+    return sha256_digest(canonical_json(value))

@@ -13,7 +13,6 @@ in the document (`spec.interfaces[1].addresses[0]: not an IPv4/IPv6 prefix`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from trueup.model.digests import json_digest
 from trueup.model.sections import registered_sections, section_model
 from trueup.model.types import IfName, IpAddress, IpNetwork, IpPrefix, family_of
 
@@ -439,8 +439,7 @@ def document_digest(document: DeviceState) -> str:
     """Content hash of a document, independent of key order and of metadata.version."""
     body = document.canonical()
     body["metadata"].pop("version", None)
-    blob = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    return "sha256:" + hashlib.sha256(blob).hexdigest()
+    return json_digest(body)
 
 
 def json_schema() -> dict[str, Any]:

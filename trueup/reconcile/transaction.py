@@ -54,6 +54,7 @@ from trueup.journal.lock import LockBusy
 from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState, DocumentError, document_digest, parse_document
 from trueup.model.reasons import ReasonCode
+from trueup.model.records import Applied, Override
 from trueup.reconcile import faults
 from trueup.reconcile.guard import management_guard, unsafe_management_changes
 from trueup.subsystems.base import Difference, Facts, Plan, Scope, Step, StepError, Subsystem
@@ -1028,36 +1029,35 @@ class Engine:
         digest: str,
         applied: dict[str, Any],
         failed: dict[str, str],
-    ) -> dict[str, Any]:
-        managed = self.managed_by() is not None
-        cp_version = applied.get("cp_version")
-        override = applied.get("override")
+    ) -> Applied:
+        previous = Applied.model_validate(applied)
+        cp_version, override = previous.cp_version, previous.override
         if change.origin == "control-plane":
             cp_version, override = version, None
-        elif change.override is not None and managed:
-            override = {
-                "version": version,
-                "actor": change.actor,
-                "at": now_iso(),
-                "reason": change.override,
-                "digest": digest,
-            }
+        elif change.override is not None and self.managed_by() is not None:
+            override = Override(
+                version=version,
+                actor=change.actor,
+                at=now_iso(),
+                reason=change.override,
+                digest=digest,
+            )
         elif change.origin in _LOCAL_ORIGINS:
             override = None
-        return {
-            "version": version,
-            "digest": digest,
-            "origin": change.origin,
-            "cp_version": cp_version,
-            "override": override,
-            "outcome": "partial" if failed else "committed",
-            "txn": txn,
-            "applied_at": now_iso(),
-            "mode": change.mode,
-            "failed": failed,
-            "actor": change.actor,
-            "source": change.source,
-        }
+        return Applied(
+            version=version,
+            digest=digest,
+            origin=change.origin,
+            cp_version=cp_version,
+            override=override,
+            outcome="partial" if failed else "committed",
+            txn=txn,
+            applied_at=now_iso(),
+            mode=change.mode,
+            failed=failed,
+            actor=change.actor,
+            source=change.source,
+        )
 
     def _audit_records(
         self,
