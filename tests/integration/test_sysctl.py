@@ -31,9 +31,9 @@ def test_sysctl_applied_observed_healed_and_rolled_back(router: Router) -> None:
     router.wait_for(lambda: _read(router, FORWARD) == "1", what="sysctl healed", timeout=30)
     heals = [
         h
-        for h in router.api("/v1/status")["subsystems"]["sysctl"].get("last_drift", {}).get(
-            "paths", []
-        )
+        for h in router.api("/v1/status")["subsystems"]["sysctl"]
+        .get("last_drift", {})
+        .get("paths", [])
     ]
     assert heals == ["spec.sysctl[net.ipv4.ip_forward]"]
 

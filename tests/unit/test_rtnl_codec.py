@@ -152,6 +152,13 @@ def test_dump_routes_leave_out_the_kernels_and_non_unicast() -> None:
     assert RouteInfo(MAIN, "2001:db8:1::/64", None, "lan0", 256, 6, KERNEL) in left_out
 
 
+def test_peek_route_reads_what_decode_route_reads() -> None:
+    for chunk in _dump("routes4.bin") + _dump("routes6.bin"):
+        route = rtnl.decode_route(chunk, NAMES)
+        assert route is not None
+        assert rtnl.peek_route(chunk) == (route.proto, route.route_type)
+
+
 # -- the two paths agree ---------------------------------------------------------------
 def test_dump_and_event_paths_decode_links_identically() -> None:
     last: dict[int, LinkInfo] = {}
@@ -296,6 +303,7 @@ def test_truncated_messages_decode_to_none_or_a_record() -> None:
             record = rtnl.decode(msg_type, truncated, NAMES)
             assert record is None or isinstance(record, LinkInfo | AddrInfo | RouteInfo)
             rtnl.detail(msg_type, truncated)
+            rtnl.peek_route(truncated)
 
 
 def test_a_message_of_ours_that_does_not_decode_is_an_unparsed_event() -> None:

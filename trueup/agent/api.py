@@ -8,7 +8,6 @@ socket is protected by its file mode (0600, root).
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +15,7 @@ from fastapi import Body, FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from trueup.journal.atomic import StateFileError
+from trueup.model.digests import token_hash
 from trueup.model.document import DeviceState, DocumentError, parse_document
 from trueup.model.reasons import ReasonCode
 from trueup.reconcile.transaction import Refused, StorageError, UnknownRevision
@@ -29,7 +29,8 @@ _PUBLIC = {"/v1/health/management", "/v1/health/services"}
 
 
 def hash_token(token: str) -> str:
-    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
+    """How the agent stores a management-port token: the one token hash, labelled."""
+    return "sha256:" + token_hash(token)
 
 
 def _refusal(exc: Refused) -> JSONResponse:

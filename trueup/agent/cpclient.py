@@ -16,7 +16,6 @@ Errors::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -31,7 +30,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from trueup.model.digests import json_digest
+from trueup.model.digests import json_digest, sha256_digest
 
 __all__ = [
     "ControlPlaneClient",
@@ -87,7 +86,7 @@ def _fetch_pinned_certificate(url: str, fingerprint: str) -> str:
     host = parts.hostname or "127.0.0.1"
     pem = ssl.get_server_certificate((host, parts.port or 443), timeout=10)
     der = ssl.PEM_cert_to_DER_cert(pem)
-    actual = "sha256:" + hashlib.sha256(der).hexdigest()
+    actual = sha256_digest(der)
     if actual != fingerprint:
         raise ControlPlaneRefused(
             0,

@@ -1,5 +1,8 @@
 """`trueup server …`: run the control plane and administer it.
 
+(Over 400 lines: one short command per administrative operation, plus the fleet view's
+two renderers, which `trueup fleet` shares.)
+
 Administration commands work directly on the database (as the operator who
 runs the server), and every write they make is audited like an API write,
 with the actor `cli:<login>`.

@@ -33,7 +33,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from trueup.journal.atomic import append_line, fsync_dir, path_error, write_all, write_json
+from trueup.model.digests import sha256_hex
 
 __all__ = ["AuditLog", "AuditProblem", "now_iso"]
 
@@ -63,7 +63,7 @@ def now_iso() -> str:
 def _hash(record: dict[str, Any]) -> str:
     body = {k: v for k, v in record.items() if k != "hash"}
     blob = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(blob).hexdigest()
+    return sha256_hex(blob)
 
 
 def _is_int(value: object) -> bool:
@@ -288,7 +288,7 @@ class AuditLog:
                         {
                             "bytes": len(tail.torn),
                             "offset": tail.torn_offset,
-                            "sha256": hashlib.sha256(tail.torn).hexdigest(),
+                            "sha256": sha256_hex(tail.torn),
                             "sidecar": str(self.torn_path),
                         },
                     )
@@ -338,7 +338,7 @@ class AuditLog:
             "file": str(self.path),
             "offset": offset,
             "bytes": len(torn),
-            "sha256": hashlib.sha256(torn).hexdigest(),
+            "sha256": sha256_hex(torn),
             "text": torn.decode("utf-8", errors="replace"),
             "base64": base64.b64encode(torn).decode("ascii"),
         }

@@ -59,6 +59,7 @@ from trueup.reconcile import faults
 from trueup.reconcile.guard import management_guard, unsafe_management_changes
 from trueup.subsystems.base import Difference, Facts, Plan, Scope, Step, StepError, Subsystem
 from trueup.subsystems.registry import default_subsystems, scope_for
+from trueup.system.announce import Announcer, KernelAnnouncer, NoAnnouncer
 from trueup.system.netlink import CachedNetlink, Netlink, NetlinkError
 from trueup.system.runner import Runner, SubprocessRunner
 from trueup.system.sources import Files, HostFiles, Sources
@@ -221,12 +222,17 @@ class Engine:
         netlink_factory: NetlinkFactory = _kernel_netlink,
         files: Files | None = None,
         runner: Runner | None = None,
+        announcer: Announcer | None = None,
     ) -> None:
         self.state = state
         self.subsystems = subsystems or default_subsystems()
         self.netlink_factory = netlink_factory
         self.files: Files = files if files is not None else HostFiles()
         self.runner: Runner = runner if runner is not None else SubprocessRunner()
+        if announcer is None:
+            kernel = netlink_factory is _kernel_netlink
+            announcer = KernelAnnouncer() if kernel else NoAnnouncer()
+        self.announcer: Announcer = announcer
         self.by_name = {s.name: s for s in self.subsystems}
         # Set while no transaction runs in this process; the loop waits on it
         # instead of spinning while an apply is under way.
@@ -239,7 +245,9 @@ class Engine:
     @contextmanager
     def sources(self) -> Iterator[Sources]:
         """The system for one piece of work: a netlink handle (one dump per table), files, programs."""
-        sources = Sources(CachedNetlink(self.netlink_factory()), self.files, self.runner)
+        sources = Sources(
+            CachedNetlink(self.netlink_factory()), self.files, self.runner, self.announcer
+        )
         try:
             yield sources
         finally:

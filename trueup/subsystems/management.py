@@ -140,8 +140,13 @@ class ManagementSubsystem(Subsystem):
             raise StepError(step, f"management interface {a['ifname']} does not exist")
         if step.action == "set-link":
             self.run_step(step, lambda: netlink.set_link(a["ifname"], state=a["state"]))
+            # The link came up: neighbours learn its addresses now, not at their next retry.
+            for address in netlink.addresses():
+                if address.ifname == a["ifname"]:
+                    sources.announcer.announce(address.ifname, address.prefix)
         elif step.action == "add-address":
             self.run_step(step, lambda: netlink.add_address(a["ifname"], a["prefix"]))
+            sources.announcer.announce(a["ifname"], a["prefix"])
         elif step.action == "del-address":
             self.run_step(step, lambda: netlink.del_address(a["ifname"], a["prefix"]))
         elif step.action in ("add-route", "del-route"):

@@ -12,7 +12,17 @@ import ipaddress
 
 from trueup.system.netlink import AddrInfo, LinkInfo, NetlinkError, RouteInfo
 
-__all__ = ["FakeFiles", "FakeNetlink"]
+__all__ = ["FakeAnnouncer", "FakeFiles", "FakeNetlink"]
+
+
+class FakeAnnouncer:
+    """Records announcements instead of sending them."""
+
+    def __init__(self) -> None:
+        self.announced: list[tuple[str, str]] = []
+
+    def announce(self, ifname: str, prefix: str) -> None:
+        self.announced.append((ifname, prefix))
 
 
 class FakeFiles:

@@ -137,13 +137,11 @@ def routes_from_dump(
     """The unicast routes in `tables` of an RTM_GETROUTE dump reply, without the kernel's own."""
     out = []
     for chunk in messages:
+        header = rtnl.peek_route(chunk)
+        if header is None or header[0] in _IGNORED_PROTOCOLS or header[1] != RTN_UNICAST:
+            continue  # most of a dump: local and connected routes, one or more per address
         route = rtnl.decode_route(chunk, names)
-        if (
-            route is not None
-            and route.table in tables
-            and route.route_type == RTN_UNICAST
-            and route.proto not in _IGNORED_PROTOCOLS
-        ):
+        if route is not None and route.table in tables:
             out.append(route)
     return out
 

@@ -18,10 +18,11 @@ decodes to None and `split` stops at the first message that does not fit.
 Messages are decoded by hand (struct over the header and the attributes we
 use) rather than with pyroute2's parser, for speed: a no-op plan re-reads
 every address and route of the router. Measured with
-`python -m scripts.capture_rtnl_fixtures --measure` (Python 3.11, x86_64,
-2026-12): 1,000 RTM_NEWADDR messages decode in 1.6 ms here and in 87 ms
-with pyroute2's `ifaddrmsg().decode()` (about 55x); the fixtures' 47
-messages in 0.12 ms here and 4.3 ms with pyroute2's marshal.
+`python -m scripts.capture_rtnl_fixtures --measure` (2026-11-30, Python
+3.11.7, x86_64, CPU time, best of 15): 1,000 RTM_NEWADDR messages decode to
+records in 3.3 ms here and in 22 ms with pyroute2's `ifaddrmsg().decode()`
+(7x, before pyroute2's messages are even turned into records); the fixtures'
+four dumps (44 messages) in 0.35 ms here and 2.7 ms with pyroute2's marshal.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ __all__ = [
     "decode_link",
     "decode_route",
     "detail",
+    "peek_route",
     "split",
 ]
 
@@ -214,6 +216,7 @@ def decode_link(chunk: bytes) -> LinkInfo | None:
         return None
 
 
+# The hot path of a no-op plan: 1,000 of these take 3.3 ms, 22 ms with pyroute2 (see above).
 def decode_address(chunk: bytes, names: Mapping[int, str]) -> AddrInfo | None:
     """An RTM_NEWADDR/RTM_DELADDR message as an `AddrInfo`; None if malformed.
 
@@ -296,6 +299,18 @@ def decode_route(chunk: bytes, names: Mapping[int, str]) -> RouteInfo | None:
         )
     except _MALFORMED:
         return None
+
+
+def peek_route(chunk: bytes) -> tuple[int, int] | None:
+    """(protocol, type) of a route message from its fixed header, without decoding the rest.
+
+    For filters: a router's kernel routes (one local route per address) far
+    outnumber its own, and skipping them before `decode_route` keeps route
+    observation as cheap as it was before the codec decoded everything.
+    """
+    if len(chunk) < _HEADER + _RTMSG.size:
+        return None
+    return chunk[_HEADER + 5], chunk[_HEADER + 7]  # rtm_protocol, rtm_type
 
 
 def decode(msg_type: int, chunk: bytes, names: Mapping[int, str]) -> Record | None:

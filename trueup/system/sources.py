@@ -2,7 +2,8 @@
 
 A subsystem's `observe(sources, scope)` and `execute(sources, step)` receive a
 `Sources`: `netlink` (links, addresses, routes), `files` (configuration files
-and `/proc/sys`), `runner` (external programs: `nft`, `keactrl`, …). Daemon
+and `/proc/sys`), `runner` (external programs: `nft`, `keactrl`, …),
+`announcer` (gratuitous ARP / unsolicited neighbour advertisements). Daemon
 control sockets and nftables come as further members when their subsystems
 need them; a subsystem uses only what it needs, and unit tests hand it fakes
 (`trueup.system.fake`).
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from trueup.system.announce import Announcer, KernelAnnouncer
 from trueup.system.atomicfile import path_error, write_atomic
 from trueup.system.netlink import Netlink
 from trueup.system.runner import Runner, SubprocessRunner
@@ -75,6 +77,7 @@ class Sources:
     netlink: Netlink
     files: Files = field(default_factory=HostFiles)
     runner: Runner = field(default_factory=SubprocessRunner)
+    announcer: Announcer = field(default_factory=KernelAnnouncer)
 
     def close(self) -> None:
         self.netlink.close()
