@@ -273,17 +273,28 @@ def _lan0_addresses(ns: str) -> tuple[int, int]:
     )
 
 
-def _cli_apply(ns: str, doc: Path, state: Path) -> tuple[float, float]:
-    """One `trueup apply` end to end: (wall seconds, CPU seconds of the CLI process)."""
+def _cli_apply(
+    ns: str, doc: Path, state: Path
+) -> tuple[float, float, subprocess.CompletedProcess[str]]:
+    """One `trueup apply` end to end: (wall seconds, CPU seconds of the CLI process, process)."""
     cpu = _children_cpu()
     seconds, proc = _timed(
         ["ip", "netns", "exec", ns, PYTHON, "-m", "trueup.cli", "apply", str(doc),
          "--state-dir", str(state)],
         env=env(), timeout=CLI_TIMEOUT,
     )  # fmt: skip
+    return seconds, _children_cpu() - cpu, proc
+
+
+def _cli_apply_ok(ns: str, doc: Path, state: Path) -> tuple[float, float]:
+    seconds, cpu, proc = _cli_apply(ns, doc, state)
     if proc.returncode != 0:
         raise RuntimeError(f"trueup apply {doc.name} failed: {proc.stderr[-2000:]}")
-    return seconds, _children_cpu() - cpu
+    return seconds, cpu
+
+
+def _applied_version(state: Path) -> int:
+    return int(json.loads((state / "applied.json").read_text()).get("version", 0))
 
 
 def _check_replaced(ns: str, count: int) -> None:
@@ -295,8 +306,8 @@ def _check_replaced(ns: str, count: int) -> None:
 def _replace_cli(tmp: Path, n: int, doc_a: Path, doc_b: Path, count: int) -> dict[str, float]:
     with namespace(f"rcli{n}", ("mgmt0", "lan0")) as ns:
         state = tmp / f"state-rcli{n}"
-        first, _ = _cli_apply(ns, doc_a, state)
-        seconds, cpu = _cli_apply(ns, doc_b, state)
+        first, _ = _cli_apply_ok(ns, doc_a, state)
+        seconds, cpu = _cli_apply_ok(ns, doc_b, state)
         _check_replaced(ns, count)
     return {"first": first, "wall": seconds, "cpu": cpu}
 
@@ -327,7 +338,7 @@ def _replace_ip(tmp: Path, n: int, batch_a: Path, batch_b: Path, count: int) -> 
 def _replace_agent(tmp: Path, n: int, doc_a: Path, doc_b: Path, count: int) -> dict[str, Any]:
     with namespace(f"ragt{n}", ("mgmt0", "lan0")) as ns:
         state = tmp / f"state-ragt{n}"
-        _cli_apply(ns, doc_a, state)
+        _cli_apply_ok(ns, doc_a, state)
         sock = state / "agent.sock"
         log_path = tmp / f"agent-ragt{n}.log"
         log = log_path.open("w")
@@ -357,8 +368,20 @@ def _replace_agent(tmp: Path, n: int, doc_a: Path, doc_b: Path, count: int) -> d
             startup = time.perf_counter() - started
             time.sleep(1.0)  # let the first passes after startup finish
             before = _api(sock, "/v1/status")[1]["reconcile_loop"]
+            version = _applied_version(state)
             cpu_before = _cpu_seconds(agent.pid)
-            seconds, cli_cpu = _cli_apply(ns, doc_b, state)
+            started = time.perf_counter()
+            seconds, cli_cpu, proc = _cli_apply(ns, doc_b, state)
+            cli_error = None
+            if proc.returncode != 0:
+                # The CLI's client gives up on the agent after its own timeout while the agent
+                # goes on applying: time the apply to the agent's commit (applied.json).
+                cli_error = (proc.stderr.strip().splitlines() or ["?"])[-1][:300]
+                while _applied_version(state) == version:
+                    if agent.poll() is not None or time.perf_counter() - started > 3 * CLI_TIMEOUT:
+                        raise RuntimeError(f"trueup apply via the agent failed: {proc.stderr}")
+                    time.sleep(0.2)
+                seconds = time.perf_counter() - started
             cpu = _cpu_seconds(agent.pid) - cpu_before
             after = _api(sock, "/v1/status")[1]["reconcile_loop"]
             time.sleep(2.0)  # the pass that follows the transaction
@@ -377,6 +400,7 @@ def _replace_agent(tmp: Path, n: int, doc_a: Path, doc_b: Path, count: int) -> d
             log.close()
     return {
         "wall": seconds,
+        "cli_error": cli_error,
         "cli_cpu": cli_cpu,
         "agent_cpu": cpu,
         "agent_cpu_settled": cpu_settled,

@@ -227,7 +227,17 @@ def test_ack_suppresses_healing_until_expiry_then_healing_resumes(router: Router
     assert entry["acknowledgement"]["reason"] == "lab maintenance"
     assert LAN not in router.addresses("lan0")
     router.wait_for(lambda: LAN in router.addresses("lan0"), what="healed after expiry")
-    events = [r["event"] for r in map(json.loads, (router.state_dir / "audit.jsonl").open())]
+
+    def audited() -> list[str]:
+        return [r["event"] for r in map(json.loads, (router.state_dir / "audit.jsonl").open())]
+
+    def healed_after_expiry() -> bool:
+        seen = audited()
+        return "ack_expired" in seen and "reconcile" in seen[seen.index("ack_expired") :]
+
+    # The heal's audit line is written with its commit, just after the kernel changed.
+    router.wait_for(healed_after_expiry, what="the heal audited")
+    events = audited()
     assert events.index("acknowledged") < events.index("ack_expired") < len(events) - 1
     assert "reconcile" in events[events.index("ack_expired") :]
     assert _status(router)["subsystems"]["addresses"]["acknowledged_until"] is None

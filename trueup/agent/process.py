@@ -120,32 +120,52 @@ class Agent:
         return token_matches([t["hash"] for t in tokens], token)
 
     def management_health(self) -> dict[str, Any]:
+        """Management readiness from what is true now, never from how startup went.
+
+        Ready when the management interface is up with every management
+        address on it and the API serves. A phase-1 failure (a link that
+        appeared late) does not latch it: whatever restored management — the
+        startup retry, the loop, an apply — makes it ready; losing an address
+        makes it not ready, with the reason.
+        """
         phase = self.orchestrator.phases["management"]
         document = self._current_document() or self.orchestrator.management_document
         present: list[str] = []
         missing: list[str] = []
+        link = "unknown"
         if document is not None:
+            ifname = document.spec.management.interface
             try:
                 with self.engine.sources() as sources:
-                    have = {
-                        a.prefix
-                        for a in sources.netlink.addresses()
-                        if a.ifname == document.spec.management.interface
-                    }
+                    links = {lk.name: lk for lk in sources.netlink.links()}
+                    have = {a.prefix for a in sources.netlink.addresses() if a.ifname == ifname}
+                info = links.get(ifname)
+                link = "absent" if info is None else info.state
                 present = [a for a in document.spec.management.addresses if a in have]
                 missing = [a for a in document.spec.management.addresses if a not in have]
             except Exception as exc:  # reported, never raised to the probe
                 missing = [f"(observe failed: {exc})"]
         serving = self.listeners.get("unix", {}).get("state") == "serving"
-        ready = phase.state == "done" and serving and not missing and document is not None
+        ready = document is not None and serving and link == "up" and not missing
+        reason: str | None = None
+        if document is None:
+            reason = "no management configuration (no accepted revision, config or fallback)"
+        elif link != "up":
+            reason = f"management interface {document.spec.management.interface} is {link}"
+        elif missing:
+            reason = "missing " + ", ".join(missing)
+        elif not serving:
+            reason = "the API is not serving yet"
         return {
             "ready": ready,
+            "reason": reason,
             "phase": phase.state,
             "interface": document.spec.management.interface if document else None,
+            "link": link,
             "addresses": present,
             "missing": missing,
             "listeners": self.listeners,
-            "error": self.orchestrator.management_error,
+            "error": None if ready else self.orchestrator.management_error,
         }
 
     def _may_heal(self, name: str) -> bool:

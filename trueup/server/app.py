@@ -138,7 +138,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(MeasureMiddleware, metrics=metrics)
     _add_error_handlers(app, metrics)
     for area in (probes, devices, revisions, secrets, identity, agents):
-        app.include_router(area.router(api))
+        area.register(app, api)
     return app
 
 

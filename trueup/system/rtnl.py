@@ -103,9 +103,8 @@ PROTO_NAMES = {
 _NLMSGHDR = struct.Struct("=IHHII")  # length, type, flags, seq, pid
 _IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change
 _IFADDRMSG = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
-_RTMSG = struct.Struct(
-    "=BBBBBBBBI"
-)  # family, dst_len, src_len, tos, table, proto, scope, type, flags
+# family, dst_len, src_len, tos, table, protocol, scope, type, flags
+_RTMSG = struct.Struct("=BBBBBBBBI")
 _RTNEXTHOP = struct.Struct("=HBBi")  # length, flags, hops, ifindex
 _RTATTR = struct.Struct("=HH")
 _U32 = struct.Struct("=I")

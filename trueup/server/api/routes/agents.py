@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
+from fastapi import FastAPI, Header, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -19,17 +19,16 @@ from trueup.server.api.context import Api, problems, role
 from trueup.server.api.models import AgentReport
 from trueup.server.service import Principal, Unauthorized
 
-__all__ = ["MAX_WAIT", "router"]
+__all__ = ["MAX_WAIT", "register"]
 
 MAX_WAIT = 300.0
 
 
-def router(api: Api) -> APIRouter:
-    routes = APIRouter()
+def register(app: FastAPI, api: Api) -> None:
     plane = api.plane
     device = api.device
 
-    @routes.post("/api/v1/agent/enroll", openapi_extra=role("enrollment"))
+    @app.post("/api/v1/agent/enroll", openapi_extra=role("enrollment"))
     def agent_enroll(authorization: str | None = Header(None)) -> dict[str, Any]:
         if not authorization or not authorization.startswith("Bearer "):
             raise HTTPException(
@@ -42,7 +41,7 @@ def router(api: Api) -> APIRouter:
         except Unauthorized as exc:
             raise HTTPException(401, detail=str(exc)) from None
 
-    @routes.get(
+    @app.get(
         "/api/v1/agent/desired",
         openapi_extra=role("device"),
         responses={204: {"description": "no revision newer than `after` within `wait`"}},
@@ -67,7 +66,7 @@ def router(api: Api) -> APIRouter:
                 return Response(status_code=204)
             await api.watcher.wait(device_id, remaining)
 
-    @routes.post(
+    @app.post(
         "/api/v1/agent/report",
         openapi_extra={
             **role("device"),
@@ -90,9 +89,7 @@ def router(api: Api) -> APIRouter:
         await api.ingest.submit(p.device_id, report.model_dump(mode="json"))
         return Response(b'{"stored":true}', media_type="application/json")
 
-    @routes.get("/api/v1/agent/secrets", openapi_extra=role("device"))
+    @app.get("/api/v1/agent/secrets", openapi_extra=role("device"))
     def agent_secrets(p: Principal = device) -> dict[str, Any]:
         assert p.device_id is not None
         return plane.device_secrets(p.tenant_id, p.device_id)
-
-    return routes

@@ -5,22 +5,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Query
+from fastapi import FastAPI, Query
 from starlette.concurrency import run_in_threadpool
 
 from trueup.server.api.context import Api, role
 from trueup.server.api.models import AckCreate, DeviceCreate
 from trueup.server.service import Principal
 
-__all__ = ["router"]
+__all__ = ["register"]
 
 
-def router(api: Api) -> APIRouter:
-    routes = APIRouter()
+def register(app: FastAPI, api: Api) -> None:
     plane = api.plane
     viewer, operator, admin = api.viewer, api.operator, api.admin
 
-    @routes.get("/api/v1/devices", openapi_extra=role("viewer"))
+    @app.get("/api/v1/devices", openapi_extra=role("viewer"))
     async def list_devices(
         status: str | None = Query(
             None, description="in_sync | drift | version_skew | local_override | …"
@@ -35,33 +34,29 @@ def router(api: Api) -> APIRouter:
             entries = [e for e in entries if reason in e["reason_codes"]]
         return {"devices": entries, "count": len(entries)}
 
-    @routes.post("/api/v1/devices", status_code=201, openapi_extra=role("operator"))
+    @app.post("/api/v1/devices", status_code=201, openapi_extra=role("operator"))
     def create_device(body: DeviceCreate, p: Principal = operator) -> dict[str, Any]:
         plane.create_device(p.tenant_id, body.name, p.actor)
         return {"device": body.name}
 
-    @routes.get("/api/v1/devices/{device}", openapi_extra=role("viewer"))
+    @app.get("/api/v1/devices/{device}", openapi_extra=role("viewer"))
     def get_device(device: str, p: Principal = viewer) -> dict[str, Any]:
         entry = plane.fleet(p.tenant_id, device)[0]
         entry["last_report"] = plane.last_report(p.tenant_id, device)
         return entry
 
-    @routes.get("/api/v1/devices/{device}/reports", openapi_extra=role("viewer"))
+    @app.get("/api/v1/devices/{device}/reports", openapi_extra=role("viewer"))
     def list_reports(
         device: str, limit: int = Query(50, ge=1, le=1000), p: Principal = viewer
     ) -> dict[str, Any]:
         return {"reports": plane.report_history(p.tenant_id, device, limit)}
 
-    @routes.post(
-        "/api/v1/devices/{device}/enrollment", status_code=201, openapi_extra=role("admin")
-    )
+    @app.post("/api/v1/devices/{device}/enrollment", status_code=201, openapi_extra=role("admin"))
     def enroll(device: str, p: Principal = admin) -> dict[str, Any]:
         return plane.enroll(p.tenant_id, device, p.actor, url=api.public_url, create_missing=False)
 
-    @routes.post("/api/v1/devices/{device}/acks", status_code=201, openapi_extra=role("operator"))
+    @app.post("/api/v1/devices/{device}/acks", status_code=201, openapi_extra=role("operator"))
     def acknowledge(device: str, body: AckCreate, p: Principal = operator) -> dict[str, Any]:
         return plane.acknowledge(
             p.tenant_id, device, body.subsystem, body.for_seconds, body.reason, p.actor
         )
-
-    return routes

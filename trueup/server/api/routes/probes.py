@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -17,17 +17,16 @@ from starlette.concurrency import run_in_threadpool
 from trueup.server.api.context import Api, role
 from trueup.server.service import Principal
 
-__all__ = ["router"]
+__all__ = ["register"]
 
 
-def router(api: Api) -> APIRouter:
-    routes = APIRouter()
+def register(app: FastAPI, api: Api) -> None:
 
-    @routes.get("/healthz", openapi_extra=role("public"))
+    @app.get("/healthz", openapi_extra=role("public"))
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @routes.get("/readyz", openapi_extra=role("public"))
+    @app.get("/readyz", openapi_extra=role("public"))
     async def readyz() -> JSONResponse:
         def probe() -> None:
             with api.database.read() as conn:
@@ -39,13 +38,10 @@ def router(api: Api) -> APIRouter:
             return JSONResponse({"status": "unavailable", "detail": str(exc)}, status_code=503)
         return JSONResponse({"status": "ready"})
 
-    @routes.get("/metrics", openapi_extra=role("admin"))
+    @app.get("/metrics", openapi_extra=role("admin"))
     async def prometheus(_p: Principal = api.admin) -> Response:
         return Response(generate_latest(api.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @routes.get("/openapi.json", openapi_extra=role("viewer"))
-    async def openapi(request: Request, _p: Principal = api.viewer) -> dict[str, Any]:
-        app: FastAPI = request.app
+    @app.get("/openapi.json", openapi_extra=role("viewer"))
+    async def openapi(_p: Principal = api.viewer) -> dict[str, Any]:
         return app.openapi()
-
-    return routes

@@ -10,13 +10,13 @@ import json
 from typing import Any
 
 import yaml
-from fastapi import APIRouter, Header, HTTPException, Request, Response
+from fastapi import FastAPI, Header, HTTPException, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from trueup.server.api.context import Api, role
 from trueup.server.service import Invalid, Principal
 
-__all__ = ["parse_if_match", "router"]
+__all__ = ["parse_if_match", "register"]
 
 
 def parse_if_match(value: str | None) -> int:
@@ -39,12 +39,11 @@ def parse_if_match(value: str | None) -> int:
     return int(text)
 
 
-def router(api: Api) -> APIRouter:
-    routes = APIRouter()
+def register(app: FastAPI, api: Api) -> None:
     plane = api.plane
     viewer, operator = api.viewer, api.operator
 
-    @routes.get("/api/v1/devices/{device}/desired", openapi_extra=role("viewer"))
+    @app.get("/api/v1/devices/{device}/desired", openapi_extra=role("viewer"))
     def get_desired(device: str, response: Response, p: Principal = viewer) -> dict[str, Any]:
         revision = plane.desired(p.tenant_id, device)
         if revision is None:
@@ -53,7 +52,7 @@ def router(api: Api) -> APIRouter:
         response.headers["ETag"] = f'"{revision.version}"'
         return {**revision.summary(), "document": revision.document}
 
-    @routes.put(
+    @app.put(
         "/api/v1/devices/{device}/desired",
         status_code=201,
         openapi_extra={
@@ -100,13 +99,11 @@ def router(api: Api) -> APIRouter:
         response.headers["ETag"] = f'"{revision.version}"'
         return revision.summary()
 
-    @routes.get("/api/v1/devices/{device}/revisions", openapi_extra=role("viewer"))
+    @app.get("/api/v1/devices/{device}/revisions", openapi_extra=role("viewer"))
     def list_revisions(device: str, p: Principal = viewer) -> dict[str, Any]:
         return {"revisions": [r.summary() for r in plane.revisions(p.tenant_id, device)]}
 
-    @routes.get("/api/v1/devices/{device}/revisions/{version}", openapi_extra=role("viewer"))
+    @app.get("/api/v1/devices/{device}/revisions/{version}", openapi_extra=role("viewer"))
     def get_revision(device: str, version: int, p: Principal = viewer) -> dict[str, Any]:
         revision = plane.revision(p.tenant_id, device, version)
         return {**revision.summary(), "document": revision.document}
-
-    return routes
