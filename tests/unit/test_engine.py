@@ -107,7 +107,7 @@ def test_recovery_rolls_back_an_open_transaction(engine: Engine, kernel: FakeNet
     # Simulate a crash: a begin with a before-image, some changes, no terminal record.
     scope_json = json.loads(json.dumps(engine.state.journal.transactions()[0].begin["scope"]))
     before = engine.state.journal.transactions()[0].begin["before"]
-    with engine.netlink() as net:
+    with engine.sources() as net:
         current = engine.observe(net, Scope.from_json(scope_json))
     txn = engine.state.journal.begin(
         kind="apply",

@@ -28,7 +28,6 @@ STATUS_KEYS = [
     "management",
     "subsystems",
     "journal",
-    "fences",
     "reason_codes",
 ]
 

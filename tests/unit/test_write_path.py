@@ -93,7 +93,7 @@ def test_an_address_change_that_flushes_a_route_commits_only_with_the_route_back
     result = engine.apply_document(_doc(interfaces=moved, routes=routes))
     assert result.ok and result.outcome == "committed"
     assert any(r.to == "192.0.2.0/24" for r in kernel.route_table)
-    with engine.netlink() as net:
+    with engine.sources() as net:
         differences = engine.differences(engine.applied_document(), net)  # type: ignore[arg-type]
     assert not any(differences.values()), differences
     verified = [
@@ -184,7 +184,7 @@ def test_recovering_an_interrupted_heal_goes_forward_never_to_the_drifted_image(
         kernel.del_address("mgmt0", address)
     applied = engine.state.applied()
     scope = json.loads(json.dumps(engine.state.journal.transactions()[-1].begin["scope"]))
-    with engine.netlink() as net:
+    with engine.sources() as net:
         flushed = engine.observe(net, Scope.from_json(scope))
     engine.state.journal.begin(
         kind="reconcile",

@@ -381,7 +381,6 @@ class Agent:
                 "audit.torn",
                 "applied.json",
                 "reconcile.json",
-                "fences.json",
                 "state.json",
                 "config.json",
             ):

@@ -380,7 +380,7 @@ def _status(state_dir: Path) -> dict[str, Any]:
 
 @app.command()
 def status(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") -> None:
-    """Versions, management readiness, per-subsystem health, fences, reason codes."""
+    """Versions, management readiness, per-subsystem health, reason codes."""
     current = _status(state_dir)
     if output == "table":
         typer.echo(render_status(current))

@@ -11,7 +11,6 @@ class SubsystemHealth(StrEnum):
     OK = "ok"
     DEGRADED = "degraded"
     FAILED = "failed"
-    FENCED = "fenced"
     PENDING = "pending"
 
 

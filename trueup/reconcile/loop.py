@@ -117,10 +117,11 @@ class ReconcileLoop:
 
     @classmethod
     def from_env(cls, engine: Engine) -> ReconcileLoop:
-        """The agent's loop: kernel events, options from `TRUEUP_*` variables."""
-        from trueup.system.events import KernelEventSource
+        """The agent's loop: the subsystems' watches, options from `TRUEUP_*` variables."""
+        from trueup.system.watches import event_source_for
 
-        return cls(engine, options=HealingOptions.from_env(), events=KernelEventSource())
+        events = event_source_for(w for sub in engine.subsystems for w in sub.watches)
+        return cls(engine, options=HealingOptions.from_env(), events=events)
 
     # -- lifecycle ----------------------------------------------------------
     def start(self) -> None:
@@ -248,7 +249,7 @@ class ReconcileLoop:
             scope = scope_for(document)
             detected_by = "request" if force else ("event" if triggered_by_events else "resync")
             differences: dict[str, list[Difference]] = {}
-            with self.engine.netlink() as net:
+            with self.engine.sources() as net:
                 for sub in self.engine.subsystems:
                     desired = sub.desired(document, scope)
                     observed = sub.observe(net, scope)

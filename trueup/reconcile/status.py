@@ -7,7 +7,7 @@ defined here only:
 
 ```
 device, observed_at, versions{…}, management{…}, subsystems{NAME: {…}},
-journal{open, last, writer}, fences, reason_codes[…],
+journal{open, last, writer}, reason_codes[…],
 pending_confirmation, reconcile_loop        (while the reconcile loop runs)
 agent{…}                                    (from an agent)
 control_plane{…}                            (when a control plane manages the device)
@@ -156,7 +156,7 @@ def build_status(
         unsupported = f"applied revision uses a schema this agent does not support: {exc}"
     observed_at = now_iso()
     if document is not None:
-        with engine.netlink() as net:
+        with engine.sources() as net:
             differences = engine.differences(document, net)
     view = loop or LoopView()
     facts = ClassifierInput(
@@ -232,7 +232,6 @@ def build_status(
             "last": last.summary() if last else None,
             "writer": lock_holder(state.root / "lock"),
         },
-        "fences": state.read("fences.json", []),
         "reason_codes": [f.model_dump(mode="json") for f in findings],
     }
     if loop is not None:

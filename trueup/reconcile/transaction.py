@@ -253,8 +253,6 @@ class Engine:
         finally:
             sources.close()
 
-    netlink = sources  # the name callers used before sources other than netlink existed
-
     # -- documents ----------------------------------------------------------
     def applied_document(self) -> DeviceState | None:
         version = int(self.state.applied().get("version", 0))
@@ -300,7 +298,7 @@ class Engine:
     def plan(self, document: DeviceState, net: Sources | None = None) -> list[Plan]:
         scope = scope_for(document, self.applied_document())
         if net is None:
-            with self.netlink() as opened:
+            with self.sources() as opened:
                 return self.plan(document, opened)
         return [
             s.plan(s.desired(document, scope), s.observe(net, scope), scope)
@@ -596,7 +594,7 @@ class Engine:
         scope = scope_for(document, previous)
         heal = change.kind == "reconcile"
 
-        with self.netlink() as net:
+        with self.sources() as net:
             before = self.observe(net, scope, names)
             targets = {
                 n: _pinned(
@@ -899,7 +897,7 @@ class Engine:
 
         def work() -> None:
             try:
-                with self.netlink() as own:
+                with self.sources() as own:
                     self._converge(own, subsystem, desired, scope, plan, fault_point, cancel)
                 outcome.append(None)
             except BaseException as exc:  # reported to the waiting thread
@@ -1118,7 +1116,7 @@ class Engine:
         journal.record(open_txn.txn, "recovering", to_version=previous.get("version", 0))
         target = self._committed_document(previous)
         errors: list[str] = []
-        with self.netlink() as net:
+        with self.sources() as net:
             if target is not None:
                 # Forward to the last committed revision: never to a before-image
                 # that may hold drift, never away from its management addresses.

@@ -6,7 +6,7 @@ Phases, in this order, each logged and visible in `status`:
 1. `management`  converge the management interface, addresses and gateway
                  from the last accepted document (or the installer fallback),
                  then the caller starts the API listeners;
-2. `recovery`    roll back open transactions under their fences;
+2. `recovery`    recover an open transaction to the last committed revision;
 3. `subsystems`  apply the configured document tier by tier, each subsystem
                  within its own deadline;
 4. `steady`      the reconcile loop.
