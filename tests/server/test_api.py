@@ -602,3 +602,17 @@ def test_bad_revision_identity_is_refused_with_422_naming_the_field(server: Serv
     )
     stored = fleet(server, tenant)["edge-01"]
     assert stored["applied_version"] == 2**31 - 1 and stored["status"] == "local_override"
+
+
+def test_subsystem_sections_are_validated_as_the_agent_validates_them(server: Server) -> None:
+    tenant = server.tenant(devices=("edge-01",))
+    body = document("edge-01")
+    body["spec"]["sysctl"] = {"net.ipv4.ip_forward": 1}
+    accepted = put(server, tenant, "edge-01", 0, body)
+    assert accepted.status_code == 201, accepted.text
+    served = server.client.get("/api/v1/devices/edge-01/desired", headers=tenant.auth("viewer"))
+    assert served.json()["document"]["spec"]["sysctl"] == {"net.ipv4.ip_forward": "1"}
+    body["spec"]["sysctl"] = {"net/ipv4": 1}
+    refused = put(server, tenant, "edge-01", 1, body)
+    assert refused.status_code == 422
+    assert any(p.startswith("spec.sysctl.net/ipv4:") for p in refused.json()["problems"])

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from trueup.model.digests import json_digest, sha256_digest
+from trueup.model.report import AgentReport
 
 __all__ = [
     "ControlPlaneClient",
@@ -257,7 +258,7 @@ def report_from_status(status: dict[str, Any]) -> dict[str, Any]:
     digest = versions.get("applied_digest")
     origin = versions.get("origin")
     override = versions.get("override")
-    return {
+    report = {
         "applied_version": versions.get("applied") or None,
         "applied_digest": digest if isinstance(digest, str) and digest else None,
         "applied_origin": origin if isinstance(origin, str) and origin else None,
@@ -281,6 +282,9 @@ def report_from_status(status: dict[str, Any]) -> dict[str, Any]:
         },
         "management_ready": status.get("management", {}).get("ready"),
     }
+    # The same model the control plane validates with: a report it would refuse
+    # fails here, in the agent's log, not as a 422 the agent cannot explain.
+    return AgentReport.model_validate(report).model_dump(mode="json")
 
 
 class _Backoff:
