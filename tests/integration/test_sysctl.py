@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.routers import Router, base_document
@@ -29,13 +31,18 @@ def test_sysctl_applied_observed_healed_and_rolled_back(router: Router) -> None:
     router.start_agent(env={"TRUEUP_RESYNC_SECONDS": "1"})
     router.run("sh", "-c", f"echo 0 > {FORWARD}")
     router.wait_for(lambda: _read(router, FORWARD) == "1", what="sysctl healed", timeout=30)
-    heals = [
-        h
-        for h in router.api("/v1/status")["subsystems"]["sysctl"]
-        .get("last_drift", {})
-        .get("paths", [])
-    ]
-    assert heals == ["spec.sysctl[net.ipv4.ip_forward]"]
+
+    def heals() -> list[dict[str, object]]:
+        lines = (router.state_dir / "audit.jsonl").read_text().splitlines()
+        return [
+            r["details"]
+            for r in map(json.loads, lines)
+            if r["event"] == "reconcile" and r["details"].get("subsystem") == "sysctl"
+        ]
+
+    router.wait_for(lambda: bool(heals()), what="the heal audited")
+    assert heals()[0]["outcome"] == "healed"
+    assert heals()[0]["paths"] == ["spec.sysctl[net.ipv4.ip_forward]"]
 
     # An unknown name fails atomically and names itself; nothing else changes.
     bad = base_document(routes=[], sysctl={"net.ipv4.ip_forward": 0, "net.ipv4.no_such": 1})
