@@ -79,6 +79,20 @@ def test_b_absent_named_bind_never_stops_the_agent(router_with_client: Router) -
         lambda: router.from_client(f"{MGMT_URL}/v1/status", token)[0] == 0,
         what="wildcard fallback closed",
     )
+    # The named address disappears after it was bound: the wildcard comes back ...
+    router.ip("addr", "del", "198.51.100.9/24", "dev", "mgmt0")
+    router.wait_for(
+        lambda: router.from_client(f"{MGMT_URL}/v1/status", token)[0] == 200,
+        what="wildcard fallback back",
+    )
+    assert router.api("/v1/health/management")["listeners"]["bind"]["address_present"] is False
+    # ... and closes again once the address returns and the named bind serves it.
+    router.ip("addr", "add", "198.51.100.9/24", "dev", "mgmt0")
+    router.wait_for(
+        lambda: router.from_client("http://198.51.100.9:7443/v1/status", token)[0] == 200
+        and router.from_client(f"{MGMT_URL}/v1/status", token)[0] == 0,
+        what="named bind took over again",
+    )
     assert proc.poll() is None
 
 

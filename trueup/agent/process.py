@@ -474,8 +474,12 @@ class Agent:
         """The management port: on the named address when it works, else the wildcard.
 
         A named bind address that is absent never stops the agent: the wildcard
-        serves meanwhile, the named bind is retried, and once it succeeds the
-        wildcard fallback closes so the API listens only where it was told.
+        serves meanwhile and the named bind is retried. Once the named bind
+        serves *and* its address is on an interface, the wildcard closes, so
+        the API listens only where it was told. If the address disappears later
+        (a socket bound to it keeps listening but receives nothing), the
+        wildcard comes back within a second, and closes again when the address
+        returns.
         """
         if document is None and self.listen_port is None:
             return
@@ -486,20 +490,37 @@ class Agent:
             return
         named_task = asyncio.create_task(self._listen("bind", named, port))
         await asyncio.sleep(0.05)
-        if self.listeners["bind"]["state"] != "serving":
-            self.listeners["bind"]["fallback"] = "wildcard"
-            fallback = asyncio.create_task(self._listen("tcp", "::", port))
-            while self.listeners["bind"]["state"] != "serving" and not self._stop.is_set():
-                self._listener_changed.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._listener_changed.wait(), 1.0)
-            server = self._server_by_name.get("tcp")
-            if server is not None and not self._stop.is_set():
-                log.info("named bind %s:%s serving; closing the wildcard fallback", named, port)
-                self.listeners["tcp"]["state"] = "closed: named bind serving"
-                server.should_exit = True
+        fallback: asyncio.Task[None] | None = None
+        while not self._stop.is_set():
+            present = await asyncio.to_thread(self._address_present, named)
+            named_ok = present and self.listeners["bind"].get("state") == "serving"
+            self.listeners["bind"]["address_present"] = present
+            if not named_ok and (fallback is None or fallback.done()):
+                log.warning("named bind %s:%s not usable; serving on the wildcard", named, port)
+                self.listeners["bind"]["fallback"] = "wildcard"
+                fallback = asyncio.create_task(self._listen("tcp", "::", port))
+            elif named_ok and fallback is not None and not fallback.done():
+                server = self._server_by_name.get("tcp")
+                if server is not None and self.listeners.get("tcp", {}).get("state") == "serving":
+                    log.info("named bind %s:%s serving; closing the wildcard fallback", named, port)
+                    self.listeners["tcp"]["state"] = "closed: named bind serving"
+                    self.listeners["bind"]["fallback"] = None
+                    server.should_exit = True
+                    await fallback
+                    fallback = None
+            self._listener_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._listener_changed.wait(), 0.5)
+        if fallback is not None:
             await fallback
         await named_task
+
+    def _address_present(self, address: str) -> bool:
+        try:
+            with self.engine.sources() as sources:
+                return any(a.prefix.split("/")[0] == address for a in sources.netlink.addresses())
+        except Exception:  # an observation failure must not take the listener down
+            return True
 
     async def _notify_loop(self) -> None:
         """READY=1 once phase 1 is done; then STATUS= lines and watchdog pings."""
