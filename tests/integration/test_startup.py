@@ -89,8 +89,10 @@ def test_b_absent_named_bind_never_stops_the_agent(router_with_client: Router) -
     # ... and closes again once the address returns and the named bind serves it.
     router.ip("addr", "add", "198.51.100.9/24", "dev", "mgmt0")
     router.wait_for(
-        lambda: router.from_client("http://198.51.100.9:7443/v1/status", token)[0] == 200
-        and router.from_client(f"{MGMT_URL}/v1/status", token)[0] == 0,
+        lambda: (
+            router.from_client("http://198.51.100.9:7443/v1/status", token)[0] == 200
+            and router.from_client(f"{MGMT_URL}/v1/status", token)[0] == 0
+        ),
         what="named bind took over again",
     )
     assert proc.poll() is None

@@ -232,6 +232,19 @@ class Governor:
         self.dirty = True
         return opened
 
+    def retry_now(self, name: str) -> bool:
+        """Something the failure waited for happened (a link appeared): skip the back-off.
+
+        The failure count, the retry budget and the breaker stand; only the
+        wait for the next attempt ends. Returns whether there was a wait.
+        """
+        heal = self.of(name)
+        if heal.next_attempt_at is None or heal.breaker == "open":
+            return False
+        heal.next_attempt_at = None
+        self.dirty = True
+        return True
+
     def reset(self, names: Iterable[str]) -> None:
         """A new apply or an explicit reconcile: breaker closed, back-off and flaps forgotten."""
         for name in names:

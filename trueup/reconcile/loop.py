@@ -211,6 +211,23 @@ class ReconcileLoop:
                 self._document_cache = (key, None)
         return self._document_cache[1]
 
+    def _retry_for_new_links(self, since_seq: int, scope: Scope) -> None:
+        """A managed link (re)appeared: subsystems backing off may try again at once.
+
+        A management NIC that shows up late at boot must not wait out a
+        back-off grown while it was absent.
+        """
+        appeared = {
+            event.ifname
+            for _seq, event in self._events.after(since_seq)
+            if event.kind == "link" and event.message == "RTM_NEWLINK"
+        }
+        if not appeared & (scope.interfaces | {scope.management_interface}):
+            return
+        for sub in self.engine.subsystems:
+            if "link" in sub.watch_kinds and self.governor.retry_now(sub.name):
+                log.info("%s: a managed link appeared; retrying without waiting", sub.name)
+
     def run_pass(
         self, *, force: list[str] | None = None, actor: str = ACTOR, lock_wait: float = 0.0
     ) -> PassReport:
@@ -256,6 +273,7 @@ class ReconcileLoop:
                     differences[sub.name] = diffs = sub.diff(desired, observed)
                     self._record_drift(sub, diffs, scope, now, detected_by, since_seq)
                     report.drift[sub.name] = [d.path for d in diffs]
+            self._retry_for_new_links(since_seq, scope)
             retry_in = self.healer.heal(
                 document,
                 differences,
