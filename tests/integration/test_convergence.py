@@ -95,9 +95,14 @@ def test_drift_is_healed_under_auto_with_attribution(router: Router) -> None:
         heals_before = len(_audit(router, "reconcile"))
         router.ip(*change)
         router.wait_for(lambda: router.snapshot() == healthy, what=f"heal after {change}")
-        heals = _audit(router, "reconcile")[heals_before:]
-        mine = [h for h in heals if h["details"]["subsystem"] == subsystem]
-        assert mine, heals
+
+        def audited(s: str = subsystem, before: int = heals_before) -> list[dict[str, Any]]:
+            heals = _audit(router, "reconcile")[before:]
+            return [h for h in heals if h["details"]["subsystem"] == s]
+
+        # The heal's audit lines are written with its commit, just after the kernel changed.
+        router.wait_for(lambda: bool(audited()), what=f"heal of {subsystem} audited")
+        mine = audited()
         assert mine[0]["details"]["outcome"] == "healed"
         assert path in mine[0]["details"]["paths"]
         messages = [a.get("message") for h in mine for a in h["details"]["attribution"]]

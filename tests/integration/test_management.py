@@ -39,9 +39,7 @@ def test_a_late_management_link_becomes_ready_and_readiness_follows_facts(
     assert applied.returncode == 0, applied.stderr
     router.ip("addr", "flush", "dev", "mgmt0")
     router.ip("link", "set", "mgmt0", "netns", parking)  # the NIC is not there at boot
-    router.start_agent(
-        env={"TRUEUP_RESYNC_SECONDS": "1"}, wait_ready=False, wait_started=False
-    )
+    router.start_agent(env={"TRUEUP_RESYNC_SECONDS": "1"}, wait_ready=False, wait_started=False)
     router.wait_for(lambda: "ready" in router.api("/v1/health/management"), what="API up")
     health = router.api("/v1/health/management")
     assert health["ready"] is False and "mgmt0 is absent" in health["reason"]

@@ -275,7 +275,9 @@ class Orchestrator:
         if not names:
             return None
         for name in names:
-            self._set_health(name, "pending", "preparing")
+            if name not in self.failed_subsystems():
+                # A retried failure keeps its verdict until it succeeds.
+                self._set_health(name, "pending", "preparing")
         deadlines = {n: document.spec.convergence.deadline_for(n) for n in names}
         result = self.engine.apply_document(
             document,
