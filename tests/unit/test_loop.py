@@ -365,3 +365,20 @@ def test_a_failing_dependency_makes_its_dependents_wait_inside_the_heal(rig: Rig
     assert rig.loop.status_inputs()["policies"]["routes"]["consecutive_failures"] == 0
     waiting = [r for r in rig.audit("reconcile") if r["details"]["outcome"] == "waiting"]
     assert waiting and waiting[-1]["details"]["subsystem"] == "routes"
+
+
+def test_a_subsystem_that_cannot_be_observed_does_not_stop_the_pass(rig: Rig) -> None:
+    from trueup.system.fake import FakeFiles
+
+    class Unreadable(FakeFiles):
+        def read(self, path: str) -> str | None:
+            raise PermissionError(13, f"{path}: Permission denied")
+
+    rig.engine.files = Unreadable()
+    document = parse_document(base_document(routes=[], sysctl={"net.ipv4.ip_forward": 1}))
+    result = rig.loop.apply(document, actor="test", mode="best-effort")
+    assert result["outcome"] == "partial"
+    rig.delete_address()
+    report = rig.loop.run_pass()
+    assert "Permission denied" in report.unobservable["sysctl"]
+    assert report.healed["addresses"] and rig.has_address()

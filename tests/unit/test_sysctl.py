@@ -104,3 +104,29 @@ def test_every_registered_subsystem_is_in_the_independence_contract() -> None:
     for sub in default_subsystems():
         module = type(sub).__module__
         assert f'"{module}"' in contract, f"{module} missing from the independence contract"
+
+
+def test_one_subsystem_that_cannot_be_observed_stops_nothing_else(
+    engine: Engine, files: FakeFiles
+) -> None:
+    """A file the kernel refuses to show fails sysctl alone: the others apply and report."""
+    from trueup.reconcile.status import gather
+
+    class Unreadable(FakeFiles):
+        def read(self, path: str) -> str | None:
+            if path == FORWARD:
+                raise PermissionError(13, f"{path}: Permission denied")
+            return super().read(path)
+
+    engine.files = Unreadable(files.files)
+    document = base_document(sysctl={"net.ipv4.ip_forward": 1})
+    result = engine.apply_document(parse_document(document), mode="best-effort")
+    assert result.outcome == "partial"
+    assert "cannot observe sysctl" in result.failed["sysctl"]
+    assert "addresses" not in result.failed
+    status = gather(engine)
+    assert status["subsystems"]["sysctl"]["health"] == "failed"
+    assert "Permission denied" in status["subsystems"]["sysctl"]["reason"]
+    assert status["subsystems"]["addresses"]["health"] == "ok"
+    plans = {p.subsystem: p for p in engine.plan(parse_document(document))}
+    assert "cannot observe sysctl" in plans["sysctl"].noop_reasons[0]

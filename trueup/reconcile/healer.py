@@ -48,6 +48,7 @@ class PassReport:
     failed: dict[str, str] = field(default_factory=dict)
     held: dict[str, str] = field(default_factory=dict)  # subsystem → why not healed
     waiting: dict[str, str] = field(default_factory=dict)  # subsystem → the dependency it awaits
+    unobservable: dict[str, str] = field(default_factory=dict)  # subsystem → why it cannot be seen
     txns: list[str] = field(default_factory=list)
     skipped: str | None = None
 
@@ -111,7 +112,8 @@ class Healer:
         """
         now = self.clock()
         healable: list[str] = []
-        unsettled: dict[str, str] = {}  # differs and will not be healed now → why
+        # Differs and will not be healed now (or cannot even be observed) → why.
+        unsettled: dict[str, str] = dict(report.unobservable)
         contested: dict[str, frozenset[str]] = {}
         for sub in self.engine.subsystems:
             name = sub.name

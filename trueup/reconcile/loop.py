@@ -267,10 +267,15 @@ class ReconcileLoop:
             detected_by = "request" if force else ("event" if triggered_by_events else "resync")
             differences: dict[str, list[Difference]] = {}
             with self.engine.sources() as net:
+                observed_all = self.engine.observe(net, scope, errors=report.unobservable)
                 for sub in self.engine.subsystems:
+                    if sub.name not in observed_all:
+                        # Cannot be seen now (a daemon that does not answer): reported, and
+                        # what depends on it waits; the other subsystems carry on.
+                        log.warning("%s", report.unobservable[sub.name])
+                        continue
                     desired = sub.desired(document, scope)
-                    observed = sub.observe(net, scope)
-                    differences[sub.name] = diffs = sub.diff(desired, observed)
+                    differences[sub.name] = diffs = sub.diff(desired, observed_all[sub.name])
                     self._record_drift(sub, diffs, scope, now, detected_by, since_seq)
                     report.drift[sub.name] = [d.path for d in diffs]
             self._retry_for_new_links(since_seq, scope)

@@ -150,6 +150,7 @@ def build_status(
     unsupported: str | None = None
     document = None
     differences: dict[str, list[Difference]] = {}
+    unobservable: dict[str, str] = {}  # subsystem → why it cannot be observed now
     try:
         document = engine.applied_document()
     except DocumentError as exc:
@@ -157,7 +158,7 @@ def build_status(
     observed_at = now_iso()
     if document is not None:
         with engine.sources() as net:
-            differences = engine.differences(document, net)
+            differences = engine.differences(document, net, errors=unobservable)
     view = loop or LoopView()
     facts = ClassifierInput(
         applied=applied,
@@ -186,6 +187,8 @@ def build_status(
         reason = ""
         if document is None:
             health, reason = SubsystemHealth.PENDING, "nothing applied yet"
+        elif sub.name in unobservable:
+            health, reason = SubsystemHealth.FAILED, unobservable[sub.name]
         elif sub.name in failed:
             health, reason = SubsystemHealth.FAILED, failed[sub.name]
         elif view.reconcile_failures.get(sub.name):

@@ -51,6 +51,7 @@ from typing import Any, Literal
 from trueup.journal.audit import now_iso
 from trueup.journal.journal import Transaction
 from trueup.journal.lock import LockBusy
+from trueup.journal.management import management_facts, write_management
 from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState, DocumentError, document_digest, parse_document
 from trueup.model.reasons import ReasonCode
@@ -287,33 +288,60 @@ class Engine:
 
     # -- observation --------------------------------------------------------
     def observe(
-        self, net: Sources, scope: Scope, names: Collection[str] | None = None
+        self,
+        net: Sources,
+        scope: Scope,
+        names: Collection[str] | None = None,
+        errors: dict[str, str] | None = None,
     ) -> dict[str, Facts]:
-        return {
-            s.name: s.observe(net, scope)
-            for s in self.subsystems
-            if names is None or s.name in names
-        }
+        """Each subsystem's facts. One that cannot be observed is left out, its error in `errors`.
+
+        A daemon that does not answer, a file the kernel refuses to show: one
+        subsystem's observation failing never stops the others (a later tier
+        never blocks an earlier one). Without `errors`, the failure is raised.
+        """
+        out: dict[str, Facts] = {}
+        for sub in self.subsystems:
+            if names is not None and sub.name not in names:
+                continue
+            try:
+                out[sub.name] = sub.observe(net, scope)
+            except _STEP_ERRORS as exc:
+                if errors is None:
+                    raise
+                errors[sub.name] = f"cannot observe {sub.name}: {exc}"
+        return out
 
     def plan(self, document: DeviceState, net: Sources | None = None) -> list[Plan]:
         scope = scope_for(document, self.applied_document())
         if net is None:
             with self.sources() as opened:
                 return self.plan(document, opened)
+        errors: dict[str, str] = {}
+        observed = self.observe(net, scope, errors=errors)
         return [
-            s.plan(s.desired(document, scope), s.observe(net, scope), scope)
+            s.plan(s.desired(document, scope), observed[s.name], scope)
+            if s.name in observed
+            else Plan(s.name, [], [errors[s.name]])
             for s in self.subsystems
         ]
 
     def differences(
-        self, document: DeviceState, net: Sources, names: list[str] | None = None
+        self,
+        document: DeviceState,
+        net: Sources,
+        names: list[str] | None = None,
+        errors: dict[str, str] | None = None,
     ) -> dict[str, list[Difference]]:
+        """Observed against desired, per subsystem; unobservable ones go to `errors`."""
         scope = scope_for(document)
-        out: dict[str, list[Difference]] = {}
-        for s in self.subsystems:
-            if names is None or s.name in names:
-                out[s.name] = s.diff(s.desired(document, scope), s.observe(net, scope))
-        return out
+        failures: dict[str, str] = {} if errors is None else errors
+        observed = self.observe(net, scope, names, errors=failures)
+        return {
+            s.name: s.diff(s.desired(document, scope), observed[s.name])
+            for s in self.subsystems
+            if s.name in observed
+        }
 
     # -- the writer lock ----------------------------------------------------
     def _refuse(self, code: ReasonCode, message: str, actor: str, **evidence: Any) -> Refused:
@@ -595,7 +623,10 @@ class Engine:
         heal = change.kind == "reconcile"
 
         with self.sources() as net:
-            before = self.observe(net, scope, names)
+            unobservable: dict[str, str] = {}
+            before = self.observe(net, scope, names, errors=unobservable)
+            skipped.update(unobservable)
+            names = [n for n in names if n in before]
             targets = {
                 n: _pinned(
                     self.by_name[n].desired(document, scope),
@@ -839,9 +870,18 @@ class Engine:
         candidates = [n for n in names if n not in skipped and n not in failed and n not in waiting]
         for round_ in range(_VERIFY_ROUNDS + 1):
             differing = []
-            for name in candidates:
+            for name in list(candidates):
                 sub = self.by_name[name]
-                if sub.plan(targets[name], sub.observe(net, scope), scope).changes:
+                try:
+                    observed = sub.observe(net, scope)
+                except _STEP_ERRORS as exc:
+                    failed[name] = f"verification: cannot observe {name}: {exc}"
+                    journal.record(txn, "failed", subsystem=name, error=failed[name])
+                    candidates.remove(name)
+                    if change.mode == "atomic":
+                        return
+                    continue
+                if sub.plan(targets[name], observed, scope).changes:
                     differing.append(name)
             if not differing:
                 return
@@ -1016,6 +1056,12 @@ class Engine:
                 txn=txn,
             )
             state.set_applied(self._applied_record(change, txn, version, digest, applied, failed))
+            write_management(
+                state.root,
+                management_facts(
+                    document.spec.management.model_dump(mode="json"), version=version, digest=digest
+                ),
+            )
         # The audit lines travel with the commit: a crash before they are
         # appended cannot lose them (see `_complete_audit`).
         self.state.journal.record(
