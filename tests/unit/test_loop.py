@@ -382,3 +382,21 @@ def test_a_subsystem_that_cannot_be_observed_does_not_stop_the_pass(rig: Rig) ->
     report = rig.loop.run_pass()
     assert "Permission denied" in report.unobservable["sysctl"]
     assert report.healed["addresses"] and rig.has_address()
+
+
+def test_a_tick_is_not_a_notification_and_looks_only_where_it_was_asked(rig: Rig) -> None:
+    from trueup.system.fake import FakeFiles
+
+    rig.loop._on_event(NetlinkEvent("tick", "tick", rig.clock()))
+    assert rig.loop.counters["ticks"] == 1 and rig.loop.counters["events"] == 0
+    assert rig.apply()["ok"]
+    assert rig.loop._ticking() == []  # no spec.sysctl: a tick costs nothing
+    rig.engine.files = FakeFiles({"/proc/sys/net/ipv4/ip_forward": "0\n"})
+    document = parse_document(base_document(routes=[], sysctl={"net.ipv4.ip_forward": 1}))
+    assert rig.loop.apply(document, actor="test")["ok"]
+    assert rig.loop._ticking() == ["sysctl"]
+    rig.engine.files.files["/proc/sys/net/ipv4/ip_forward"] = "0\n"  # type: ignore[attr-defined]
+    rig.delete_address()  # drift elsewhere is left to its own notification
+    report = rig.loop.run_pass(names=["sysctl"])
+    assert report.healed == {"sysctl": report.healed["sysctl"]}
+    assert not rig.has_address()

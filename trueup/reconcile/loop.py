@@ -92,6 +92,7 @@ class ReconcileLoop:
             "heals_ok": 0,
             "heals_failed": 0,
             "overflows": 0,
+            "ticks": 0,
         }
         self._lock = threading.RLock()
         self._wake = threading.Event()
@@ -106,6 +107,7 @@ class ReconcileLoop:
         self._last_pass_at: float | None = None
         self._last_resync_at: float | None = None
         self._retry_soon = False
+        self._tick_due = False
         self._retry_after: float | None = None
         self._document_cache: tuple[Any, DeviceState | None] = (None, None)
         self.healer = Healer(engine, self.governor, clock, self.counters)
@@ -142,6 +144,12 @@ class ReconcileLoop:
         self._wake.set()
 
     def _on_event(self, event: NetlinkEvent) -> None:
+        if event.kind == "tick":
+            # A periodic look asked for by a subsystem (`every(...)`), not a change.
+            self.counters["ticks"] += 1
+            self._tick_due = True
+            self._wake.set()
+            return
         self._events.append(event)
         self.counters["events"] += 1
         if event.kind == "overflow":
@@ -152,13 +160,22 @@ class ReconcileLoop:
     # -- scheduling ---------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(self._timeout())
+            woken = self._wake.wait(self._timeout())
             self._wake.clear()
             if self._stop.is_set():
                 return
             self._await_writers()
+            names: list[str] | None = None
+            if woken and self._tick_due and not self._events_since_pass and not self._retry_soon:
+                # Only a tick: look at the subsystems that asked for it, if the
+                # document configures them; nothing else needs a pass.
+                names = self._ticking()
+                self._tick_due = False
+                if not names:
+                    continue
+            self._tick_due = False
             try:
-                self.run_pass()
+                self.run_pass(names=names)
             except Exception:  # the loop must outlive any one pass
                 log.exception("reconcile pass failed")
                 self._stop.wait(1.0)
@@ -228,8 +245,23 @@ class ReconcileLoop:
             if "link" in sub.watch_kinds and self.governor.retry_now(sub.name):
                 log.info("%s: a managed link appeared; retrying without waiting", sub.name)
 
+    def _ticking(self) -> list[str]:
+        document = self._document()
+        if document is None:
+            return []
+        return [
+            sub.name
+            for sub in self.engine.subsystems
+            if any(w.kind == "periodic" for w in sub.watches) and sub.configured(document)
+        ]
+
     def run_pass(
-        self, *, force: list[str] | None = None, actor: str = ACTOR, lock_wait: float = 0.0
+        self,
+        *,
+        force: list[str] | None = None,
+        actor: str = ACTOR,
+        lock_wait: float = 0.0,
+        names: list[str] | None = None,
     ) -> PassReport:
         """Observe everything, record drift, heal what policy and bounds allow.
 
@@ -240,7 +272,7 @@ class ReconcileLoop:
             report = PassReport()
             now = self.clock()
             self.counters["passes"] += 1
-            triggered_by_events = self._events_since_pass > 0
+            triggered_by_events = self._events_since_pass > 0 and names is None
             self._events_since_pass = 0
             since_seq, self._pass_from_seq = self._pass_from_seq, self._events.last_seq
             self._retry_soon = False
@@ -256,7 +288,7 @@ class ReconcileLoop:
                 return report
             document = self._document()
             self._last_pass_at = now
-            if not triggered_by_events:
+            if not triggered_by_events and names is None:
                 self._last_resync_at = now
             if document is None:
                 self._drift.forget()
@@ -267,9 +299,11 @@ class ReconcileLoop:
             detected_by = "request" if force else ("event" if triggered_by_events else "resync")
             differences: dict[str, list[Difference]] = {}
             with self.engine.sources() as net:
-                observed_all = self.engine.observe(net, scope, errors=report.unobservable)
+                observed_all = self.engine.observe(net, scope, names, errors=report.unobservable)
                 for sub in self.engine.subsystems:
                     if sub.name not in observed_all:
+                        if sub.name not in report.unobservable:
+                            continue  # not looked at in this pass (a periodic look)
                         # Cannot be seen now (a daemon that does not answer): reported, and
                         # what depends on it waits; the other subsystems carry on.
                         log.warning("%s", report.unobservable[sub.name])
