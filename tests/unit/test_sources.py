@@ -33,3 +33,23 @@ def test_a_write_that_fails_names_the_path_and_leaves_nothing(tmp_path: Path) ->
     assert failed.value.errno == errno.ENOENT
     assert "missing-dir/file.conf" in str(failed.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_remove_counts_an_absent_file_as_removed(tmp_path: Path) -> None:
+    files = HostFiles(root=tmp_path)
+    (tmp_path / "motd").write_text("hello\n")
+    files.remove("/motd")
+    files.remove("/motd")
+    assert files.read("/motd") is None
+
+
+def test_the_fake_runner_answers_from_its_table() -> None:
+    from trueup.system.fake import FakeRunner
+    from trueup.system.runner import Completed
+
+    ok = Completed(("nft", "-j", "list", "ruleset"), 0, '{"nftables": []}', "")
+    runner = FakeRunner({ok.argv: ok})
+    assert runner.run(["nft", "-j", "list", "ruleset"]).stdout == '{"nftables": []}'
+    missing = runner.run(["kea-shell"])
+    assert missing.returncode == 127 and not missing.ok
+    assert runner.calls == [ok.argv, ("kea-shell",)]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, overload
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -42,6 +42,8 @@ __all__ = [
     "parse_document",
     "route_table_number",
 ]
+
+_M = TypeVar("_M", bound=BaseModel)
 
 API_VERSION = "trueup/v1"
 SUPPORTED_API_VERSIONS = (API_VERSION,)
@@ -174,9 +176,21 @@ class DeviceSpec(_Section):
             return data
         return _validate_sections(data, set(cls.model_fields))
 
-    def section(self, name: str) -> Any:
-        """A registered section's validated model, or None when the document has none."""
-        return (self.model_extra or {}).get(name)
+    @overload
+    def section(self, name: str) -> Any: ...
+
+    @overload
+    def section(self, name: str, model: type[_M]) -> _M | None: ...
+
+    def section(self, name: str, model: type[BaseModel] | None = None) -> Any:
+        """A registered section's validated model, or None when the document has none.
+
+        With `model`, typed (and checked): `spec.section("sysctl", SysctlSection)`.
+        """
+        value = (self.model_extra or {}).get(name)
+        if model is not None and value is not None and not isinstance(value, model):
+            raise TypeError(f"spec.{name} is a {type(value).__name__}, not {model.__name__}")
+        return value
 
     @model_validator(mode="after")
     def _cross_checks(self) -> DeviceSpec:

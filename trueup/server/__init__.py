@@ -20,11 +20,8 @@ Module map (top to bottom; import-linter keeps the order)::
     tables.py     the schema (SQLAlchemy Core); migrations/ creates it
     tokens.py     token generation; the hash is trueup.model.digests.token_hash
 
-The server imports `trueup.model` from the rest of trueup, and
-`trueup.subsystems.registry` once, below: registering the subsystems
-registers their sections of `spec`, so the control plane validates a
-document exactly as the agent does. Its libraries (SQLAlchemy, Alembic,
-psycopg, cryptography) are the `server` extra.
+The server imports only `trueup.model` from the rest of trueup; the model
+finds the sections of `spec` that subsystems own through its catalog, so the
+control plane validates a document exactly as the agent does. Its libraries
+(SQLAlchemy, Alembic, psycopg, cryptography) are the `server` extra.
 """
-
-import trueup.subsystems.registry  # noqa: F401  (the sections of spec)

@@ -1,9 +1,10 @@
 """The subsystems an agent runs, in dependency and tier order.
 
-Subsystems register here, never with each other: one line in `SUBSYSTEMS`.
-Registering a subsystem registers its section of `spec` with the document
-model and its scope keys with `scope_for`; `ordered()` sorts subsystems by
-tier, then by their declared dependencies.
+The subsystems come from the catalog (`trueup.model.catalog`: one line per
+subsystem) and from plugins; they never import each other. Registering a
+subsystem registers its section of `spec` with the document model and its
+scope keys with `scope_for`; `ordered()` sorts subsystems by tier, then by
+their declared dependencies.
 """
 
 from __future__ import annotations
@@ -11,26 +12,16 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable
 
+from trueup.model import catalog
 from trueup.model.document import DeviceState
 from trueup.model.sections import register_section
 from trueup.model.types import family_of
-from trueup.subsystems.addresses import AddressesSubsystem
 from trueup.subsystems.base import Scope, Subsystem
-from trueup.subsystems.links import LinksSubsystem
-from trueup.subsystems.management import ManagementSubsystem
-from trueup.subsystems.routes import RoutesSubsystem
-from trueup.subsystems.sysctl import SysctlSubsystem
 
 __all__ = ["SUBSYSTEMS", "default_subsystems", "load_plugin", "ordered", "register", "scope_for"]
 
-# Every subsystem trueup ships: adding one is one line here.
-SUBSYSTEMS: list[type[Subsystem]] = [
-    ManagementSubsystem,
-    LinksSubsystem,
-    AddressesSubsystem,
-    RoutesSubsystem,
-    SysctlSubsystem,
-]
+# Every subsystem trueup ships (the catalog lists them by name).
+SUBSYSTEMS: list[type[Subsystem]] = [catalog.load(ref) for ref in catalog.SUBSYSTEMS]
 
 _REGISTERED: dict[str, type[Subsystem]] = {}
 

@@ -71,14 +71,14 @@ class SysctlSubsystem(Subsystem):
 
     @classmethod
     def scope_keys(cls, document: DeviceState) -> frozenset[str]:
-        section = document.spec.section("sysctl")
+        section = document.spec.section("sysctl", SysctlSection)
         return frozenset(section.root) if section is not None else frozenset()
 
     def configured(self, document: DeviceState) -> bool:
-        return document.spec.section("sysctl") is not None
+        return document.spec.section("sysctl", SysctlSection) is not None
 
     def desired(self, document: DeviceState, scope: Scope) -> Facts:
-        section = document.spec.section("sysctl")
+        section = document.spec.section("sysctl", SysctlSection)
         if section is None:
             return {}
         return {_path(name): str(value) for name, value in section.root.items()}
@@ -91,9 +91,11 @@ class SysctlSubsystem(Subsystem):
         return facts
 
     def plan(self, desired: Facts, observed: Facts, scope: Scope) -> Plan:
+        names = {_path(name): name for name in scope.keys_for(self.name)}
         steps = [
-            Step(self.name, "set-sysctl", path, {"name": path[12:-1], "value": want})
+            Step(self.name, "set-sysctl", path, {"name": names[path], "value": want})
             for path, want in sorted(desired.items())
+            # A value of None is a name this kernel did not have: nothing to set back.
             if want is not None and observed.get(path) != want
         ]
         return Plan(self.name, steps, [] if steps else ["every sysctl has its value"])

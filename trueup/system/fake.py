@@ -11,8 +11,23 @@ import errno
 import ipaddress
 
 from trueup.system.netlink import AddrInfo, LinkInfo, NetlinkError, RouteInfo
+from trueup.system.runner import Completed
 
-__all__ = ["FakeAnnouncer", "FakeFiles", "FakeNetlink"]
+__all__ = ["FakeAnnouncer", "FakeFiles", "FakeNetlink", "FakeRunner"]
+
+
+class FakeRunner:
+    """Answers commands from a table (`argv` tuple → Completed); records every call."""
+
+    def __init__(self, answers: dict[tuple[str, ...], Completed] | None = None) -> None:
+        self.answers = dict(answers or {})
+        self.calls: list[tuple[str, ...]] = []
+
+    def run(self, argv: list[str], *, input: str | None = None, timeout: float = 30.0) -> Completed:
+        del input, timeout
+        key = tuple(argv)
+        self.calls.append(key)
+        return self.answers.get(key, Completed(key, 127, "", f"{argv[0]}: not faked"))
 
 
 class FakeAnnouncer:
@@ -41,6 +56,11 @@ class FakeFiles:
             raise self.fail_on[path]
         self.writes.append((path, text))
         self.files[path] = text
+
+    def remove(self, path: str) -> None:
+        if path in self.fail_on:
+            raise self.fail_on[path]
+        self.files.pop(path, None)
 
 
 class FakeNetlink:

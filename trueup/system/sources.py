@@ -37,6 +37,10 @@ class Files(Protocol):
         """Replace the file's content; raises OSError naming the path on failure."""
         ...
 
+    def remove(self, path: str) -> None:
+        """Remove the file; one already gone counts as removed."""
+        ...
+
 
 @dataclass
 class HostFiles:
@@ -68,6 +72,15 @@ class HostFiles:
         except FileNotFoundError:
             mode = 0o644
         write_atomic(target, text.encode(), mode)
+
+    def remove(self, path: str) -> None:
+        target = self._path(path)
+        try:
+            target.unlink()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise path_error(target, exc) from exc
 
 
 @dataclass
