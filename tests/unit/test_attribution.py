@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 
 from trueup.reconcile.attribution import (
-    ALL_KINDS,
     DriftBook,
     DriftRecord,
     EventLog,
@@ -47,20 +46,27 @@ def _subsystem(name: str) -> Any:
     return next(s for s in default_subsystems() if s.name == name)
 
 
-def test_event_kinds_reads_the_declaration_and_falls_back_to_the_table() -> None:
-    class Declared:
+def test_event_kinds_are_what_the_subsystem_watches() -> None:
+    from trueup.system.watches import every, files, rtnetlink
+
+    class FileBacked:
+        name = "motd"
+        watches = (files("/etc/motd"), every(30))
+        watch_kinds = frozenset[str]()
+
+    class Polled:
+        name = "sysctl"
+        watches = (every(10.0),)
+        watch_kinds = frozenset[str]()
+
+    class Kernel:
         name = "routes"
+        watches = (rtnetlink("route"),)
         watch_kinds = frozenset({"route"})
 
-    class Undeclared:
-        name = "addresses"
-
-    class Unknown:
-        name = "sysctl"
-
-    assert event_kinds(Declared()) == {"route"}  # type: ignore[arg-type]
-    assert event_kinds(Undeclared()) == {"address", "link"}  # type: ignore[arg-type]
-    assert event_kinds(Unknown()) == set(ALL_KINDS)  # type: ignore[arg-type]
+    assert event_kinds(FileBacked()) == {"file"}  # type: ignore[arg-type]
+    assert event_kinds(Polled()) == set()  # type: ignore[arg-type]
+    assert event_kinds(Kernel()) == {"route"}  # type: ignore[arg-type]
     # The shipped subsystems: links drift is explained by link notifications only.
     assert event_kinds(_subsystem("links")) == {"link"}
     assert event_kinds(_subsystem("routes")) == {"route", "link", "address"}

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import ssl
 import threading
@@ -32,6 +31,7 @@ import httpx
 
 from trueup.model.digests import json_digest, sha256_digest
 from trueup.model.report import AgentReport
+from trueup.system.atomicfile import write_atomic
 
 __all__ = [
     "ControlPlaneClient",
@@ -60,21 +60,9 @@ class ControlPlaneRefused(ControlPlaneError):
 
 
 def _write_private(path: Path, text: str) -> None:
-    """Atomically write a 0600 file (temp file, fsync, rename, fsync dir)."""
+    """Atomically write a 0600 file (the one atomic write: temp file, fsync, rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_atomic(path, text.encode(), 0o600)
 
 
 def _pinned_path(token_file: Path) -> Path:

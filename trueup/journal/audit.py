@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from trueup.journal.atomic import append_line, fsync_dir, path_error, write_all, write_json
-from trueup.model.digests import sha256_hex
+from trueup.model.digests import canonical_json, sha256_hex
 
 __all__ = ["AuditLog", "AuditProblem", "now_iso"]
 
@@ -62,7 +62,7 @@ def now_iso() -> str:
 
 def _hash(record: dict[str, Any]) -> str:
     body = {k: v for k, v in record.items() if k != "hash"}
-    blob = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    blob = canonical_json(body)
     return sha256_hex(blob)
 
 
@@ -235,18 +235,6 @@ class AuditLog:
         return self.path.with_suffix(".torn")
 
     # -- append -----------------------------------------------------------
-    def _tail(self) -> tuple[int, str]:
-        """The chain's head (seq, hash) as the file holds it now."""
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
-            return 0, GENESIS
-        try:
-            tail = _scan_tail(fd, os.fstat(fd).st_size)
-            return tail.seq, tail.hash
-        finally:
-            os.close(fd)
-
     def append(self, event: str, actor: str = "local", **details: Any) -> dict[str, Any]:
         with self._lock:
             try:

@@ -40,27 +40,20 @@ __all__ = [
 MAX_ATTRIBUTION = 20  # notifications kept per drift record
 MAX_RELATED = 5  # related (unmatched) notifications shown when nothing matched
 ALL_KINDS = frozenset({"link", "address", "route"})
-# Until every subsystem declares `watch_kinds`: which kinds of kernel
-# notification can explain drift in which subsystem.
-_KINDS_BY_SUBSYSTEM: dict[str, frozenset[str]] = {
-    "management": frozenset({"link", "address", "route"}),
-    "links": frozenset({"link"}),
-    "addresses": frozenset({"address", "link"}),
-    "routes": frozenset({"route", "link", "address"}),
-}
 
 
 def event_kinds(subsystem: Subsystem) -> set[str]:
-    """The notification kinds that can explain drift in `subsystem`.
+    """The notification kinds that can explain drift in `subsystem`: what it watches.
 
-    A subsystem that declares `watch_kinds` is taken at its word (an empty set:
-    no rtnetlink notification explains it). Otherwise the built-in table
-    decides, and a subsystem it does not know may be explained by any kind.
+    Its rtnetlink kinds (`link`, `address`, `route`), plus `file` for a
+    `files()` watch and `command` for a `command()` watch. A subsystem that
+    watches nothing that notifies (only a periodic look) is explained by none.
     """
-    declared = getattr(subsystem, "watch_kinds", None)
-    if declared is not None:
-        return set(declared)
-    return set(_KINDS_BY_SUBSYSTEM.get(subsystem.name, ALL_KINDS))
+    kinds = set(subsystem.watch_kinds)
+    for watch in subsystem.watches:
+        if watch.kind in ("file", "command"):
+            kinds.add(watch.kind)
+    return kinds
 
 
 @dataclass
@@ -152,7 +145,7 @@ def identifiers(diffs: Iterable[Difference], scope: Scope) -> set[str]:
 
 
 def _subjects(event: NetlinkEvent) -> set[str | None]:
-    return {event.ifname, event.destination, event.address}
+    return {event.ifname, event.destination, event.address, event.detail.get("path")}
 
 
 def writers(
@@ -209,7 +202,7 @@ def attribute(
             {
                 "message": None,
                 "source": record.detected_by,
-                "detail": "no netlink notification arrived for it; found by "
+                "detail": "no notification arrived for it; found by "
                 + ("a full resync" if record.detected_by == "resync" else "observation"),
                 "received_at": iso_time(record.since),
             }

@@ -24,13 +24,13 @@ loop (`reconcile.json`) through `to_json()` / `load()`.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from trueup.model.digests import canonical_json
 from trueup.system.events import iso_time
 
 __all__ = ["Governor", "HealingOptions", "SubsystemHealing", "value_key"]
@@ -78,7 +78,7 @@ class HealingOptions:
 
 def value_key(value: Any) -> str:
     """A canonical text for an observed value, so flaps compare by value."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return canonical_json(value).decode()
 
 
 @dataclass

@@ -26,6 +26,7 @@ from typing import Any
 
 from sqlalchemy import Connection, select, update
 
+from trueup.model.digests import canonical_json
 from trueup.model.document import DocumentError, document_digest, parse_document
 from trueup.server.keys import ServerKey
 from trueup.server.tables import audit_head, audit_log, devices, revisions, tenants, tokens, users
@@ -46,7 +47,7 @@ class AuditProblem:
 
 
 def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return canonical_json(value).decode()
 
 
 def _row_hash(key: bytes, row: dict[str, Any]) -> str:

@@ -17,10 +17,6 @@ class Notifier:
         self.address = address if address is not None else os.environ.get("NOTIFY_SOCKET")
         self.sent: list[str] = []
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self.address)
-
     def send(self, *lines: str) -> bool:
         if not self.address:
             return False
