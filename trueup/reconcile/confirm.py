@@ -64,6 +64,9 @@ def roll_back_unconfirmed(engine: Engine, pending: dict[str, Any], *, actor: str
             document,
             kind="confirm-timeout",
             origin="confirm-timeout",
+            # As much of the confirmed revision as possible: an unrelated failing
+            # subsystem (a link deleted meanwhile) must not keep management away.
+            mode="best-effort",
             actor=actor,
             new_version=True,
             management_confirmed=True,  # back to what was confirmed
@@ -72,7 +75,7 @@ def roll_back_unconfirmed(engine: Engine, pending: dict[str, Any], *, actor: str
             f"back to revision {target}",
         )
     )
-    if result.ok:
+    if result.outcome in ("committed", "partial"):
         clear_pending(
             state, "rolled_back", to_version=result.version, from_revision=target, at=now_iso()
         )
@@ -105,7 +108,7 @@ def settle_at_startup(engine: Engine, now: float, *, actor: str = "startup") -> 
     if decision == "waiting":
         return f"version {applied_version} awaits confirmation until {pending.get('deadline_at')}"
     result = roll_back_unconfirmed(engine, pending, actor=actor)
-    if not result.ok:
+    if result.outcome not in ("committed", "partial"):
         return f"confirmation expired; rollback failed: {result.failed or result.rollback_errors}"
     return (
         f"confirmation of version {applied_version} expired at {pending.get('deadline_at')}: "

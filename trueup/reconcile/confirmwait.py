@@ -99,7 +99,9 @@ class ConfirmWait:
         replaced, is dropped; one past its deadline is rolled back.
         """
         pending = self.pending
-        if pending is None:
+        if pending is None or self.engine.check.blocking("writes"):
+            # Settling it is a write; a damaged state file refuses those (and the
+            # damaged pending record itself stays as evidence).
             return False
         applied_version = int(self.state.applied().get("version", 0))
         decision = decide(pending, applied_version, now)
@@ -116,9 +118,11 @@ class ConfirmWait:
         except Exception:
             log.exception("rolling back an unconfirmed version failed")
             return True
-        if not result.ok:
+        if result.outcome not in ("committed", "partial"):
             log.error("rollback of unconfirmed version failed: %s", result.failed)
             return True
+        if result.failed:
+            log.error("rolled back an unconfirmed version, except: %s", result.failed)
         self.pending = None
         self._on_converged()
         log.warning(
@@ -131,6 +135,7 @@ class ConfirmWait:
 
     def confirm(self, actor: str) -> dict[str, Any]:
         """`trueup confirm`: keep the pending version, if its deadline has not passed."""
+        self.engine.refuse_if_damaged()
         with self._lock:
             pending = self.pending
             if pending is None or pending.get("state") != "pending":
@@ -161,6 +166,7 @@ class ConfirmWait:
     # -- writes -------------------------------------------------------------
     def write(self, change: Change, confirm_within: float | None) -> dict[str, Any]:
         """Run an operator's change (apply or rollback), armed with a deadline when asked."""
+        self.engine.refuse_if_damaged()  # before the pending record is written
         state = self.state
         actor = change.actor
         pending_before = self.pending

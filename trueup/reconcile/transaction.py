@@ -41,6 +41,7 @@ next committed transaction.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
@@ -48,16 +49,24 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from trueup.journal.atomic import StateFileError
 from trueup.journal.audit import now_iso
+from trueup.journal.damage import Damage, StateCheck
 from trueup.journal.journal import Transaction
 from trueup.journal.lock import LockBusy
 from trueup.journal.management import management_facts, write_management
+from trueup.journal.override import OVERRIDE_FILE, clear_override, read_override, same_facts
 from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState, DocumentError, document_digest, parse_document
 from trueup.model.reasons import ReasonCode
 from trueup.model.records import Applied, Override
 from trueup.reconcile import faults
 from trueup.reconcile.guard import management_guard, unsafe_management_changes
+from trueup.reconcile.management_tier import (
+    document_from_facts,
+    management_facts_of,
+    with_management,
+)
 from trueup.subsystems.base import Difference, Facts, Plan, Scope, Step, StepError, Subsystem
 from trueup.subsystems.registry import default_subsystems, scope_for
 from trueup.system.announce import Announcer, KernelAnnouncer, NoAnnouncer
@@ -69,6 +78,7 @@ __all__ = [
     "CONTROL_PLANE_FILE",
     "ApplyResult",
     "Change",
+    "DamagedState",
     "Engine",
     "Mode",
     "NeedsConfirmation",
@@ -119,8 +129,42 @@ class Refused(Exception):
         super().__init__(message)
 
 
+log = logging.getLogger("trueup.reconcile")
+
+
 class StorageError(RuntimeError):
     """The state directory refused a write (full, read-only); nothing was left changed."""
+
+
+class DamagedState(Refused):
+    """A write refused because a state file it depends on is damaged; nothing was changed.
+
+    Raised before the writer lock, the journal or the system are touched. The
+    code is `STATE_APPLY_NOT_COMPLETED` for a damaged pending confirmation,
+    else `STATE_VERSION_SKEW` (the agent cannot tell what is applied).
+    """
+
+    def __init__(self, damaged: list[Damage]) -> None:
+        self.damaged = damaged
+        first = damaged[0]
+        code = (
+            ReasonCode.APPLY_NOT_COMPLETED
+            if first.file == "pending-confirm.json"
+            else ReasonCode.VERSION_SKEW
+        )
+        also = (
+            " Also damaged: " + ", ".join(d.sentence() for d in damaged[1:]) + "."
+            if len(damaged) > 1
+            else ""
+        )
+        super().__init__(
+            code,
+            f"{first.sentence()}. Writes are refused while it is damaged; nothing was changed "
+            "(management and diagnostics keep running). Keep it as evidence (`trueup "
+            f"evidence`), then restore it from a backup or move it aside (mv {first.path} "
+            f"{first.path}.damaged); the refusal lifts at once.{also}",
+            damaged=[d.to_json() for d in damaged],
+        )
 
 
 class NeedsConfirmation(Exception):
@@ -235,6 +279,8 @@ class Engine:
             announcer = KernelAnnouncer() if kernel else NoAnnouncer()
         self.announcer: Announcer = announcer
         self.by_name = {s.name: s for s in self.subsystems}
+        # Which state files are damaged: writes they make unsafe are refused.
+        self.check = StateCheck(state)
         # Set while no transaction runs in this process; the loop waits on it
         # instead of spinning while an apply is under way.
         self.idle = threading.Event()
@@ -256,6 +302,12 @@ class Engine:
 
     # -- documents ----------------------------------------------------------
     def applied_document(self) -> DeviceState | None:
+        """The applied revision, with a console management override laid over it."""
+        document = self.applied_revision()
+        return self.with_override(document) if document is not None else None
+
+    def applied_revision(self) -> DeviceState | None:
+        """The applied revision as it was accepted (no override)."""
         version = int(self.state.applied().get("version", 0))
         if not version:
             return None
@@ -263,6 +315,83 @@ class Engine:
         if record is None:
             return None
         return parse_document(record["document"], f"revision {version}")
+
+    # -- the console's management override (`trueup management set`) ---------------
+    def management_override(self) -> dict[str, Any] | None:
+        """The override record, or None (a damaged one is reported as damage, not used)."""
+        try:
+            return read_override(self.state.root)
+        except (StateFileError, OSError):
+            return None
+
+    def override_signature(self) -> tuple[int, int, int] | None:
+        """Changes whenever the override file does (for callers that cache documents)."""
+        try:
+            st = (self.state.root / OVERRIDE_FILE).stat()
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def with_override(self, document: DeviceState) -> DeviceState:
+        """`document` with the override's management facts, while one stands.
+
+        Until a committed revision carries them, every heal, recovery and
+        management guard works against the operator's facts, so nothing takes
+        the console's address away. An override that cannot be laid over the
+        revision (it conflicts with another section) is reported by status and
+        leaves the revision as it is.
+        """
+        override = self.management_override()
+        if override is None or same_facts(override, management_facts_of(document)):
+            return document
+        try:
+            return with_management(
+                document,
+                override,
+                source=f"{OVERRIDE_FILE} over revision {document.metadata.version}",
+            )
+        except DocumentError as exc:
+            log.warning("management override not laid over the applied revision: %s", exc)
+            return document
+
+    def _override_document(self) -> DeviceState | None:
+        """The override alone, as a document (before any revision was applied)."""
+        override = self.management_override()
+        if override is None:
+            return None
+        try:
+            return document_from_facts(override, source=OVERRIDE_FILE)
+        except DocumentError:
+            return None
+
+    def _settle_override(self, change: Change, document: DeviceState, version: int) -> None:
+        """Clear the override once a committed revision carries its facts (or replaced them)."""
+        override = self.management_override()
+        if override is None:
+            return
+        if same_facts(override, management_facts_of(document)):
+            reason = f"revision {version} carries these management facts"
+        elif change.management_confirmed:
+            reason = f"revision {version} changed management with a confirmation"
+        else:
+            return
+        try:
+            clear_override(self.state.root)
+            self.state.audit.append(
+                "management_override_cleared",
+                change.actor,
+                version=version,
+                reason=reason,
+                override={k: override.get(k) for k in ("interface", "addresses", "gateway")},
+            )
+        except OSError as exc:
+            log.warning("%s: clearing the management override failed: %s", OVERRIDE_FILE, exc)
+
+    def refuse_if_damaged(self) -> None:
+        """Raise `DamagedState` when a state file a write depends on is damaged."""
+        damaged = self.check.blocking("writes")
+        if damaged:
+            raise DamagedState(damaged)
 
     def managed_by(self) -> str | None:
         """The control plane's URL when this device is managed by one."""
@@ -464,6 +593,7 @@ class Engine:
         Raises `Refused` (nothing changed, with its reason code) or
         `NeedsConfirmation` (a management change without a confirmation).
         """
+        self.refuse_if_damaged()
         names = self._names(change.only)
         skipped = dict(change.skipped)
         skipped.update(self._prepare(change, [n for n in names if n not in skipped]))
@@ -607,13 +737,25 @@ class Engine:
                 )
             raise NeedsConfirmation(refusal, unsafe)
 
+    _current_kind: str | None = None
+
     def _transact_locked(
+        self, change: Change, names: list[str], skipped: dict[str, str]
+    ) -> ApplyResult:
+        self._current_kind = change.kind
+        try:
+            return self._transact_checked(change, names, skipped)
+        finally:
+            self._current_kind = None
+
+    def _transact_checked(
         self, change: Change, names: list[str], skipped: dict[str, str]
     ) -> ApplyResult:
         state = self.state
         applied = state.applied()
         applied_version = int(applied.get("version", 0))
-        previous = self.applied_document()
+        # Before any revision, a console override is what management must not lose.
+        previous = self.applied_document() or self._override_document()
         digest = document_digest(change.document)
         version, same_version = self._resolve_version(change, applied, digest)
         self._check_origin(change, applied)
@@ -758,6 +900,8 @@ class Engine:
             # Committed; the lines travel with the journal's commit and are
             # written by the next transaction (see `_complete_audit`).
             self._audit_checked = False
+        if not heal:
+            self._settle_override(change, document, version)
         return ApplyResult(
             not failed,
             version,
@@ -782,8 +926,14 @@ class Engine:
         applied: dict[str, Any],
         exc: OSError,
     ) -> StorageError:
-        """The state directory refused a write mid-transaction: put the system back."""
-        errors = self._rollback(net, before, scope, touched)
+        """The state directory refused a write mid-transaction: put the system back.
+
+        A heal converges to the committed revision: what it did is kept (its
+        before-image is the drift — for a flushed management interface, no
+        management at all). Anything else goes back to its before-images.
+        """
+        heal = bool(self._current_kind == "reconcile")
+        errors = [] if heal else self._rollback(net, before, scope, touched)
         closed = True
         try:
             self.state.set_applied(applied)
@@ -792,9 +942,13 @@ class Engine:
             )
         except OSError:
             closed = False  # still open: the next write recovers it to the committed revision
+        done = (
+            "the heal's changes (towards the committed revision) were kept"
+            if heal
+            else "the system was put back as it was"
+        )
         return StorageError(
-            f"{self.state.root}: a state write failed ({exc}); the system was put back as it "
-            "was"
+            f"{self.state.root}: a state write failed ({exc}); {done}"
             + ("" if closed else " and the transaction is closed by the next write")
             + (f" (with errors: {'; '.join(errors)})" if errors else "")
             + ". Free space or make the directory writable, then retry"
@@ -1142,7 +1296,11 @@ class Engine:
 
     # -- crash recovery -------------------------------------------------------
     def recover(self, actor: str = "local") -> Transaction | None:
-        """Recover an open transaction left by a crash (takes the lock when not held)."""
+        """Recover an open transaction left by a crash (takes the lock when not held).
+
+        Refused with `DamagedState` while a file recovery depends on is damaged.
+        """
+        self.refuse_if_damaged()
         with self.writer("recovery", actor, wait=30.0):
             return self._recover_locked(actor)
 
@@ -1214,7 +1372,7 @@ class Engine:
         if record is None:
             return None
         try:
-            return parse_document(record["document"], f"revision {version}")
+            return self.with_override(parse_document(record["document"], f"revision {version}"))
         except DocumentError:
             return None
 

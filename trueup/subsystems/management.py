@@ -8,6 +8,7 @@ before-image; an address someone else put there is reported, never removed.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from trueup.model.document import DeviceState
@@ -148,6 +149,14 @@ class ManagementSubsystem(Subsystem):
             self.run_step(step, lambda: netlink.add_address(a["ifname"], a["prefix"]))
             sources.announcer.announce(a["ifname"], a["prefix"])
         elif step.action == "del-address":
+            if ":" not in a["prefix"]:
+                # Without it, removing the primary IPv4 address removes the
+                # secondaries of its subnet too — the new management address just
+                # added make-before-break among them.
+                with contextlib.suppress(OSError):
+                    sources.files.write(
+                        f"/proc/sys/net/ipv4/conf/{a['ifname']}/promote_secondaries", "1\n"
+                    )
             self.run_step(step, lambda: netlink.del_address(a["ifname"], a["prefix"]))
         elif step.action in ("add-route", "del-route"):
             route = RouteInfo(
