@@ -273,3 +273,42 @@ def test_a_full_disk_at_commit_puts_the_system_back(
     assert engine.state.journal.open_transaction() is None
     monkeypatch.undo()
     assert engine.apply_document(_doc(routes=[])).ok
+
+
+def test_an_uncommitted_revision_file_never_becomes_the_applied_document(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = engine.state
+    state.write(CONTROL_PLANE_FILE, {"url": "https://cp.invalid"})
+    assert engine.transact(Change(_doc().with_version(1), origin="control-plane")).ok
+    local = engine.apply_document(_doc(routes=[]), override="hotfix")
+    assert local.ok and local.version == 2
+    # The control plane's revision 2 dies between its revision file and its commit.
+    monkeypatch.setattr(
+        StateDir,
+        "set_applied",
+        lambda self, record: (_ for _ in ()).throw(
+            OSError(errno.ENOSPC, "No space left on device")
+        ),
+    )
+    cp_two = _doc(routes=[{"to": "192.0.2.0/24", "via": "203.0.113.254"}]).with_version(2)
+    with pytest.raises(StorageError):
+        engine.transact(Change(cp_two, origin="control-plane"))
+    monkeypatch.undo()
+    applied = engine.applied_document()
+    assert applied is not None and applied.spec.routes == []  # the override, not the refused one
+
+
+def test_the_applied_revision_is_never_pruned_when_numbers_go_back(engine: Engine) -> None:
+    from trueup.journal import state as state_module
+
+    state_module._KEEP_REVISIONS = 3  # type: ignore[attr-defined]
+    try:
+        for routes in ([], None, [], None, []):
+            engine.apply_document(_doc(routes=routes) if routes is not None else _doc())
+        engine.state.write(CONTROL_PLANE_FILE, {"url": "https://cp.invalid"})
+        assert engine.transact(Change(_doc().with_version(1), origin="control-plane")).ok
+        assert engine.applied_document() is not None
+        assert 1 in engine.state.revision_versions()
+    finally:
+        state_module._KEEP_REVISIONS = 100  # type: ignore[attr-defined]

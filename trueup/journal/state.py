@@ -68,18 +68,38 @@ class StateDir:
         return WriterLock(self.root / "lock", purpose, wait)
 
     def ensure(self) -> None:
-        """Create the directory on first use; refuse one written by a newer trueup."""
+        """Create the directory on first use; refuse one written by a newer trueup.
+
+        A damaged `state.json` is left as it is (evidence; `trueup.journal.damage`
+        reports it and writes are refused). Raises `StateDirError` for a newer
+        schema and `OSError` when the directory cannot be written.
+        """
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         (self.root / "revisions").mkdir(exist_ok=True, mode=0o700)
-        meta = read_json(self.root / "state.json")
+        try:
+            meta = read_json(self.root / "state.json")
+        except StateFileError:
+            return  # left as evidence: trueup.journal.damage reports it, writes are refused
         if meta is None:
             write_json(self.root / "state.json", {"schema": STATE_SCHEMA})
         else:
             self.check_schema(meta)
 
     def check_schema(self, meta: dict[str, Any] | None = None) -> int:
-        meta = meta if meta is not None else read_json(self.root / "state.json", {})
-        schema = int((meta or {}).get("schema", 0))
+        """The directory's schema; 0 when `state.json` is missing or damaged.
+
+        A damaged `state.json` is reported by `trueup.journal.damage` (and
+        writes are refused), not raised here: reading status must still work.
+        Raises `StateDirError` for a schema written by a newer trueup.
+        """
+        if meta is None:
+            try:
+                meta = read_json(self.root / "state.json", {})
+            except StateFileError:
+                return 0
+        schema = meta.get("schema", 0) if isinstance(meta, dict) else 0
+        if not isinstance(schema, int) or isinstance(schema, bool):
+            return 0
         if schema > STATE_SCHEMA:
             raise StateDirError(
                 f"{self.root}/state.json: schema {schema} was written by a newer trueup; this "
@@ -107,8 +127,17 @@ class StateDir:
             raise StateFileError(path, f"not an applied record: {exc.errors()[0]['msg']}") from None
 
     def applied(self) -> dict[str, Any]:
-        """`applied_record()` as JSON, for code that reads it field by field."""
-        return self.applied_record().to_json()
+        """`applied_record()` as JSON, for code that reads it field by field.
+
+        An `applied.json` that cannot be read reads as nothing applied (version
+        0) here; the damage is reported by `trueup.journal.damage`, and the
+        engine refuses every write until it is repaired, so nothing acts on
+        that guess. Code that must know uses `applied_record()`, which raises.
+        """
+        try:
+            return self.applied_record().to_json()
+        except StateFileError:
+            return Applied().to_json()
 
     def set_applied(self, record: Applied | dict[str, Any]) -> None:
         if isinstance(record, dict):
@@ -135,14 +164,38 @@ class StateDir:
         if isinstance(existing, dict) and existing.get("digest") not in (None, digest):
             aside = self.root / "revisions" / "superseded"
             aside.mkdir(exist_ok=True, mode=0o700)
-            old = str(existing.get("digest", "")).removeprefix("sha256:")[:12]
+            identity = existing.get("applied_digest") or existing.get("digest", "")
+            old = str(identity).removeprefix("sha256:")[:12]
             os.replace(path, aside / f"{version:08d}-{old}.json")
         write_json(path, {"version": version, "document": document, "digest": digest, **meta})
-        self._prune_revisions()
+        self._prune_revisions(keep=version)
 
-    def revision(self, version: int) -> dict[str, Any] | None:
-        record = read_json(self._revision_path(version))
-        return dict(record) if record else None
+    def revision(self, version: int, digest: str | None = None) -> dict[str, Any] | None:
+        """An accepted revision's record; None when there is none.
+
+        With `digest`, the revision with that number *and* that content: a
+        revision file is written before its transaction commits, so after a
+        crash (or a refused commit) `N.json` can hold a document that never
+        became the applied one, and the applied one was moved to
+        `revisions/superseded/`. Raises `StateFileError` naming the file when
+        it is not a revision record.
+        """
+        path = self._revision_path(version)
+        record = read_json(path)
+        if record is not None and (
+            not isinstance(record, dict) or not isinstance(record.get("document"), dict)
+        ):
+            raise StateFileError(path, "not a revision record (edited or torn?)")
+        # `applied_digest` is the document's identity (trueup.model.document.
+        # document_digest); `digest` guards the file's own content.
+        if digest is None or record is None or record.get("applied_digest") in (None, digest):
+            return dict(record) if record is not None else None
+        aside = self.root / "revisions" / "superseded"
+        wanted = digest.removeprefix("sha256:")[:12]
+        candidate = read_json(aside / f"{version:08d}-{wanted}.json")
+        if isinstance(candidate, dict) and candidate.get("applied_digest") == digest:
+            return dict(candidate)
+        return dict(record)
 
     def revision_versions(self) -> list[int]:
         folder = self.root / "revisions"
@@ -150,10 +203,20 @@ class StateDir:
             return []
         return sorted(int(p.stem) for p in folder.glob("*.json") if p.stem.isdigit())
 
-    def _prune_revisions(self) -> None:
+    def _prune_revisions(self, keep: int | None = None) -> None:
+        """Keep the last revisions by number, and always the applied one.
+
+        Numbers can go back (the first control-plane revision after many local
+        applies): the applied revision is never pruned for being low.
+        """
         versions = self.revision_versions()
+        try:
+            applied = int(self.applied().get("version", 0))
+        except ValueError:
+            applied = 0
         for version in versions[:-_KEEP_REVISIONS]:
-            os.unlink(self._revision_path(version))
+            if version not in (applied, keep):
+                os.unlink(self._revision_path(version))
 
     def tampered_revisions(self) -> list[str]:
         """Revisions whose content no longer matches the digest written with them."""

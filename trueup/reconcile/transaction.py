@@ -308,10 +308,11 @@ class Engine:
 
     def applied_revision(self) -> DeviceState | None:
         """The applied revision as it was accepted (no override)."""
-        version = int(self.state.applied().get("version", 0))
+        applied = self.state.applied()
+        version = int(applied.get("version", 0))
         if not version:
             return None
-        record = self.state.revision(version)
+        record = self.state.revision(version, applied.get("digest"))
         if record is None:
             return None
         return parse_document(record["document"], f"revision {version}")
@@ -1208,6 +1209,7 @@ class Engine:
                 source=change.source,
                 origin=change.origin,
                 txn=txn,
+                applied_digest=digest,
             )
             state.set_applied(self._applied_record(change, txn, version, digest, applied, failed))
             write_management(
@@ -1368,7 +1370,7 @@ class Engine:
         version = int(applied.get("version", 0))
         if not version:
             return None
-        record = self.state.revision(version)
+        record = self.state.revision(version, applied.get("digest"))
         if record is None:
             return None
         try:
