@@ -400,3 +400,25 @@ def test_a_tick_is_not_a_notification_and_looks_only_where_it_was_asked(rig: Rig
     report = rig.loop.run_pass(names=["sysctl"])
     assert report.healed == {"sysctl": report.healed["sysctl"]}
     assert not rig.has_address()
+
+
+def test_a_guarded_apply_that_committed_before_a_crash_can_still_be_confirmed(rig: Rig) -> None:
+    assert rig.apply()["ok"]
+    # The record is written before the apply; the crash came after its commit.
+    write_pending(
+        rig.state,
+        {
+            "state": "applying",
+            "version": None,
+            "confirmed_version": 1,
+            "deadline": rig.clock() + 60,
+            "deadline_at": "2027-01-15T08:00:00.000Z",
+            "actor": "test",
+            "created_at": "2027-01-15T07:59:00.000Z",
+        },
+    )
+    assert rig.apply(interfaces=[{"name": "lan0"}])["ok"]  # version 2 commits
+    loop = rig.new_loop()  # the restart
+    assert read_pending(rig.state)["state"] == "pending"
+    answer = loop.confirm(actor="test")
+    assert answer["ok"] and answer["version"] == 2

@@ -43,6 +43,10 @@ class ClassifierInput:
     reconcile_failures: dict[str, dict[str, Any]] = field(default_factory=dict)
     drift_since: dict[str, str] = field(default_factory=dict)
     attribution: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # Damaged state files (`trueup.journal.damage.Damage.to_json()`), and a console
+    # management override with the applied revision's management facts beside it.
+    damaged: list[dict[str, Any]] = field(default_factory=list)
+    management_override: dict[str, Any] | None = None
 
 
 def classify(facts: ClassifierInput) -> list[Finding]:
@@ -126,6 +130,9 @@ def classify(facts: ClassifierInput) -> list[Finding]:
 
     if facts.unsupported_schema:
         findings.append(Finding.of(ReasonCode.VERSION_SKEW, detail=facts.unsupported_schema))
+    findings += _damage_findings(facts.damaged)
+    if facts.management_override is not None:
+        findings.append(_override_finding(facts.management_override, applied_version))
     override = facts.applied.get("override")
     cp_applied = facts.applied.get("cp_version")
     for source, version in (
@@ -187,6 +194,70 @@ def classify(facts: ClassifierInput) -> list[Finding]:
                 )
             )
     return findings
+
+
+def _damage_findings(damaged: list[dict[str, Any]]) -> list[Finding]:
+    """One finding per damaged file that forbids writes or heals (the rest is only listed)."""
+    out: list[Finding] = []
+    for damage in damaged:
+        if damage.get("blocks") not in ("writes", "heals"):
+            continue
+        if damage["blocks"] == "heals":
+            code = ReasonCode.RECONCILIATION_FAILED
+        elif damage.get("file") == "pending-confirm.json":
+            code = ReasonCode.APPLY_NOT_COMPLETED  # a confirm-or-rollback in an unknown state
+        else:
+            code = ReasonCode.VERSION_SKEW  # what is applied cannot be told
+        out.append(
+            Finding(
+                code=code,
+                detail=f"{damage['path']}: {damage['problem']}",
+                action=(
+                    f"{damage.get('consequence', '')}. Keep the file as evidence (`trueup "
+                    "evidence`), then restore it from a backup or move it aside (mv "
+                    f"{damage['path']} {damage['path']}.damaged): the agent sees the repair at "
+                    "once. Do not edit it by hand."
+                ),
+                evidence={"damaged": damage},
+            )
+        )
+    return out
+
+
+def _override_finding(override: dict[str, Any], applied_version: int) -> Finding:
+    facts = f"{override.get('interface')} {', '.join(override.get('addresses') or [])}" + (
+        f" via {override['gateway']}" if override.get("gateway") else ""
+    )
+    revision = override.get("revision") or {}
+    against = (
+        f"applied revision {applied_version} has {revision.get('interface')} "
+        f"{', '.join(revision.get('addresses') or [])}"
+        + (f" via {revision['gateway']}" if revision.get("gateway") else "")
+        if applied_version and revision
+        else "no revision carries management facts yet"
+    )
+    return Finding(
+        code=ReasonCode.VERSION_SKEW,
+        subsystem="management",
+        paths=["spec.management"],
+        since=override.get("set_at"),
+        detail=(
+            f"management set from the console by {override.get('actor')} at "
+            f"{override.get('set_at')} ({facts}); {against}"
+            + (
+                ""
+                if override.get("in_effect", True)
+                else f"; not in effect: {override.get('problem')}"
+            )
+        ),
+        action=(
+            "The console override wins over the applied revision's management facts until a "
+            "committed revision carries the same facts; then it is cleared. Put these facts in "
+            "the desired revision (control plane) or apply a document that carries them; a "
+            "revision that changes management away from them needs --confirm-within."
+        ),
+        evidence={"override": override},
+    )
 
 
 def _describe(diff: Difference) -> str:

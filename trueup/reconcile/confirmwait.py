@@ -71,6 +71,27 @@ class ConfirmWait:
         self._lock = lock  # the loop's
         self._on_converged = on_converged
         self.pending: dict[str, Any] | None = read_pending(self.state)
+        self._adopt_committed()
+
+    def _adopt_committed(self) -> None:
+        """A guarded apply that committed right before a crash is waiting for `confirm`.
+
+        The record is written as `applying` before the apply and updated to
+        `pending` after it; a crash in between leaves `applying` while the
+        version it guarded is applied. It can still be confirmed, and its
+        deadline still holds.
+        """
+        pending = self.pending
+        if pending is None or pending.get("state") != "applying":
+            return
+        applied = int(self.state.applied().get("version", 0))
+        if applied == int(pending.get("confirmed_version", 0)):
+            return  # the apply never took effect: `check` drops the record
+        pending.update(state="pending", version=applied, adopted_after_restart=True)
+        try:
+            write_pending(self.state, pending)
+        except OSError:
+            log.warning("could not record the adopted pending confirmation")
 
     # -- what status and the scheduler read ---------------------------------
     def deadline(self) -> float | None:

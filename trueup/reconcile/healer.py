@@ -24,8 +24,10 @@ from typing import Any
 from trueup.model.document import DeviceState
 from trueup.reconcile.attribution import DriftRecord
 from trueup.reconcile.healing import Governor
-from trueup.reconcile.transaction import Change, Engine, Refused, StorageError
-from trueup.subsystems.base import Difference
+from trueup.reconcile.management_tier import converge_management
+from trueup.reconcile.transaction import Change, DamagedState, Engine, Refused, StorageError
+from trueup.subsystems.base import Difference, StepError
+from trueup.system.netlink import NetlinkError
 
 __all__ = ["Healer", "PassReport"]
 
@@ -92,6 +94,13 @@ class Healer:
         policy = document.spec.convergence.policy_for(name)
         if policy != "auto":
             return f"policy {policy}: drift is reported, not healed"
+        if name != "management":  # management first: never held by lost bookkeeping
+            damaged = [d for d in self.engine.check.blocking("heals") if d.blocks == "heals"]
+            if damaged:
+                return (
+                    f"{damaged[0].sentence()}: acknowledgements and breakers are unknown, so "
+                    "automatic heals wait until it is repaired (`trueup reconcile` heals now)"
+                )
         return self.governor.blocked(name, now)
 
     def heal(
@@ -169,6 +178,12 @@ class Healer:
         )
         try:
             result = self.engine.transact(change)
+        except DamagedState as exc:
+            # Not retried soon: the refusal lifts when the file is repaired.
+            for name in healable:
+                report.held[name] = f"refused: {exc}"
+            self._keep_management(document, healable, report, actor, str(exc))
+            return None
         except Refused as exc:
             for name in healable:
                 report.held[name] = f"deferred: {exc}"
@@ -178,6 +193,7 @@ class Healer:
             log.warning("heal deferred: %s", exc)
             for name in healable:
                 report.held[name] = f"deferred: {exc}"
+            self._keep_management(document, healable, report, actor, str(exc))
             return RETRY_AFTER_STORAGE_ERROR
         if result.txn:
             report.txns.append(result.txn)
@@ -189,6 +205,44 @@ class Healer:
             elif name in result.healed:
                 report.healed[name] = result.healed[name]
         return None
+
+    def _keep_management(
+        self,
+        document: DeviceState,
+        healable: list[str],
+        report: PassReport,
+        actor: str,
+        why: str,
+    ) -> None:
+        """The state directory refuses transactions: keep management up as phase 1 does.
+
+        Management first (promise 1): a damaged, read-only or full state
+        directory must not leave a lost management address lost. Only the
+        management tier is converged, outside a transaction, and never away
+        from an address trueup did not assign.
+        """
+        if "management" not in healable:
+            return
+        try:
+            steps = converge_management(self.engine, document)
+        except (StepError, NetlinkError, OSError, ValueError) as exc:
+            report.failed["management"] = f"management not restored: {exc}"
+            log.error("management not restored while transactions are refused: %s", exc)
+            return
+        if not steps:
+            return
+        report.held.pop("management", None)
+        report.healed["management"] = [s.describe() for s in steps]
+        log.warning("management restored outside a transaction (%s)", why)
+        try:
+            self.engine.state.audit.append(
+                "management_restored",
+                actor,
+                steps=[s.describe() for s in steps],
+                outside_transaction=why[:300],
+            )
+        except OSError as exc:
+            log.warning("management_restored not audited: %s", exc)
 
     def _book(
         self,

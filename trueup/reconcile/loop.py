@@ -41,6 +41,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
+from trueup.journal.atomic import StateFileError
 from trueup.journal.lock import lock_holder
 from trueup.model.document import DeviceState, DocumentError
 from trueup.reconcile.attribution import (
@@ -85,7 +86,18 @@ class ReconcileLoop:
         self.events = events
         self.clock = clock
         self.governor = Governor(self.options, rng)
-        self.governor.load(self.state.read(RECONCILE_FILE, {}))
+        try:
+            self.governor.load(self.state.read(RECONCILE_FILE, {}))
+        except (ValueError, TypeError, AttributeError, KeyError, OSError) as exc:
+            # Reported as damage (automatic heals wait until it is repaired); the
+            # loop itself must run: detection never stops.
+            log.error(
+                "%s/%s: %s; acknowledgements and breakers start empty",
+                self.state.root,
+                RECONCILE_FILE,
+                exc,
+            )
+            self.governor.load({})
         self.counters: dict[str, int] = {
             "passes": 0,
             "events": 0,
@@ -219,11 +231,16 @@ class ReconcileLoop:
     # -- the pass -----------------------------------------------------------
     def _document(self) -> DeviceState | None:
         applied = self.state.applied()
-        key = (applied.get("version"), applied.get("txn"), applied.get("digest"))
+        key = (
+            applied.get("version"),
+            applied.get("txn"),
+            applied.get("digest"),
+            self.engine.override_signature(),  # a console override is adopted at once
+        )
         if self._document_cache[0] != key:
             try:
                 self._document_cache = (key, self.engine.applied_document())
-            except DocumentError:
+            except (DocumentError, StateFileError):
                 log.exception("applied revision unreadable; nothing to reconcile against")
                 self._document_cache = (key, None)
         return self._document_cache[1]
@@ -488,9 +505,16 @@ class ReconcileLoop:
 
     # -- reporting ----------------------------------------------------------
     def _persist(self) -> None:
-        if self.governor.dirty:
+        if not self.governor.dirty:
+            return
+        if any(d.file == RECONCILE_FILE for d in self.engine.check.blocking("heals")):
+            return  # the damaged file stays as evidence until it is repaired
+        try:
             self.state.write(RECONCILE_FILE, self.governor.to_json())
-            self.governor.dirty = False
+        except OSError as exc:  # a read-only or full state directory: kept in memory
+            log.warning("%s: not saved: %s", RECONCILE_FILE, exc)
+            return
+        self.governor.dirty = False
 
     def _refresh_view(self) -> None:
         """Rebuild what status shows; read without locks by API threads."""

@@ -7,7 +7,8 @@ defined here only:
 
 ```
 device, observed_at, versions{…}, management{…}, subsystems{NAME: {…}},
-journal{open, last, writer}, reason_codes[…],
+journal{open, last, writer}, state_directory{path, damaged[…], writes_refused},
+reason_codes[…],
 pending_confirmation, reconcile_loop        (while the reconcile loop runs)
 agent{…}                                    (from an agent)
 control_plane{…}                            (when a control plane manages the device)
@@ -25,12 +26,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from trueup.journal.atomic import StateFileError
 from trueup.journal.audit import now_iso
 from trueup.journal.lock import lock_holder
-from trueup.model.document import DocumentError
+from trueup.journal.override import OVERRIDE_FILE, same_facts
+from trueup.model.document import DeviceState, DocumentError
 from trueup.model.health import SubsystemHealth
 from trueup.model.reasons import ReasonCode
 from trueup.reconcile.classify import ClassifierInput, classify
+from trueup.reconcile.management_tier import management_facts_of
 from trueup.reconcile.transaction import Engine
 from trueup.reconcile.view import LoopView
 from trueup.subsystems.base import Difference
@@ -155,6 +159,10 @@ def build_status(
         document = engine.applied_document()
     except DocumentError as exc:
         unsupported = f"applied revision uses a schema this agent does not support: {exc}"
+    except StateFileError:
+        document = None  # listed as damaged below
+    damaged = [d.to_json() for d in engine.check.damaged()]
+    override = _override_status(engine, document)
     observed_at = now_iso()
     if document is not None:
         with engine.sources() as net:
@@ -174,6 +182,8 @@ def build_status(
         reconcile_failures=view.reconcile_failures,
         drift_since=view.drift_since,
         attribution=view.attribution,
+        damaged=damaged,
+        management_override=override,
     )
     findings = classify(facts)
     management_diffs = differences.get("management", [])
@@ -187,6 +197,9 @@ def build_status(
         reason = ""
         if document is None:
             health, reason = SubsystemHealth.PENDING, "nothing applied yet"
+            unreadable = [d for d in damaged if d["blocks"] == "writes"]
+            if unreadable:
+                reason = f"what is applied cannot be read: {unreadable[0]['path']}"
         elif sub.name in unobservable:
             health, reason = SubsystemHealth.FAILED, unobservable[sub.name]
         elif sub.name in failed:
@@ -211,6 +224,7 @@ def build_status(
         "interface": document.spec.management.interface if document else None,
         "addresses": document.spec.management.addresses if document else [],
         "missing_addresses": missing_mgmt,
+        "override": override,
     }
     if management is not None:
         # The agent knows more (phase, listeners); the document's addresses stay.
@@ -235,15 +249,47 @@ def build_status(
             "last": last.summary() if last else None,
             "writer": lock_holder(state.root / "lock"),
         },
+        "state_directory": {
+            "path": str(state.root),
+            "damaged": damaged,
+            "writes_refused": any(d["blocks"] == "writes" for d in damaged),
+        },
         "reason_codes": [f.model_dump(mode="json") for f in findings],
     }
     if loop is not None:
         status.update(loop.status_extra())
     if agent is not None:
         status["agent"] = agent.to_json()
+        status["agent"]["damaged_state"] = damaged
     if control_plane is not None:
         status["control_plane"] = dict(control_plane)
     return status
+
+
+def _override_status(engine: Engine, document: DeviceState | None) -> dict[str, Any] | None:
+    """The console management override, whether it is in effect, and what it stands against."""
+    record = engine.management_override()
+    if record is None:
+        return None
+    out = {
+        k: record.get(k)
+        for k in ("interface", "addresses", "gateway", "set_at", "actor", "reason", "writer_lock")
+    }
+    out["file"] = str(engine.state.root / OVERRIDE_FILE)
+    out["in_effect"] = True
+    try:
+        revision = engine.applied_revision()
+    except (DocumentError, StateFileError):
+        revision = None
+    if revision is not None:
+        out["revision"] = management_facts_of(revision)
+    if document is not None and not same_facts(record, management_facts_of(document)):
+        out["in_effect"] = False
+        out["problem"] = (
+            "it conflicts with the applied revision (see the agent log); the revision's "
+            "management facts are enforced"
+        )
+    return out
 
 
 def _lay_startup_verdicts(

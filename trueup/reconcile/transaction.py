@@ -46,7 +46,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from trueup.journal.atomic import StateFileError
@@ -595,6 +595,10 @@ class Engine:
         `NeedsConfirmation` (a management change without a confirmation).
         """
         self.refuse_if_damaged()
+        if change.kind == "reconcile" and change.mode == "atomic":
+            # A heal converges towards the committed revision: what worked stays,
+            # so a failing link never takes restored management addresses away.
+            change = replace(change, mode="best-effort")
         names = self._names(change.only)
         skipped = dict(change.skipped)
         skipped.update(self._prepare(change, [n for n in names if n not in skipped]))
