@@ -17,6 +17,7 @@ from trueup.agent.cpclient import (
     ControlPlaneClient,
     ControlPlaneRefused,
     ControlPlaneUnavailable,
+    RetryLater,
     SyncLoop,
     report_from_status,
 )
@@ -197,3 +198,35 @@ def test_report_from_status_carries_the_applied_revision_identity() -> None:
         {"versions": {"applied": 3, "applied_digest": None, "origin": None, "override": None}}
     )
     assert cleared["applied_digest"] is cleared["applied_origin"] is cleared["override"] is None
+
+
+def test_a_revision_deferred_by_a_busy_writer_is_applied_later(control_plane, tmp_path) -> None:
+    plane, tenant_id, _token, server = control_plane
+    bundle_path = tmp_path / "bundle.json"
+    bundle_path.write_text(json.dumps(plane.enroll(tenant_id, "edge-03", "test", url=server.url)))
+    token_file = tmp_path / "credential"
+    ControlPlaneClient(None, token_file).exchange_enrollment(bundle_path)
+    attempts: list[int] = []
+
+    def apply(_doc: dict[str, Any], version: int) -> None:
+        attempts.append(version)
+        if len(attempts) < 3:
+            raise RetryLater("another writer holds the device")
+
+    loop = SyncLoop(
+        ControlPlaneClient(server.url, token_file),
+        apply,
+        lambda: {"applied_version": None, "reason_codes": []},
+        heartbeat_interval=0.3,
+        long_poll_seconds=1,
+        backoff_initial=0.05,
+        backoff_max=0.1,
+    )
+    loop.start()
+    try:
+        plane.put_desired(tenant_id, "edge-03", 0, document("edge-03"), author="ops")
+        wait_until(lambda: loop.seen_version == 1)
+        assert attempts == [1, 1, 1]
+        assert loop.last_apply_error is None
+    finally:
+        loop.stop()

@@ -38,6 +38,7 @@ __all__ = [
     "ControlPlaneError",
     "ControlPlaneRefused",
     "ControlPlaneUnavailable",
+    "RetryLater",
     "SyncLoop",
     "report_from_status",
 ]
@@ -275,6 +276,10 @@ def report_from_status(status: dict[str, Any]) -> dict[str, Any]:
     return AgentReport.model_validate(report).model_dump(mode="json")
 
 
+class RetryLater(RuntimeError):
+    """A revision that could not be applied now, for a reason that passes (a busy writer)."""
+
+
 class _Backoff:
     def __init__(self, initial: float, maximum: float) -> None:
         self.initial = initial
@@ -382,6 +387,14 @@ class SyncLoop:
             try:
                 self.apply(document, version)
                 self.last_apply_error = None
+            except RetryLater as exc:
+                # Another writer held the device, or the state directory refused a
+                # write: the same revision is asked for again after a back-off.
+                self.last_apply_error = f"revision {version}: {exc} (will retry)"
+                log.warning("control-plane revision %d deferred: %s", version, exc)
+                self._report_now.set()
+                self._stop.wait(backoff.next_delay())
+                continue
             except Exception as exc:
                 self.last_apply_error = f"revision {version}: {exc}"
                 log.warning("control-plane revision %d not applied: %s", version, exc)

@@ -11,11 +11,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from trueup.agent.cpclient import ControlPlaneClient, SyncLoop, report_from_status
+from trueup.agent.cpclient import ControlPlaneClient, RetryLater, SyncLoop, report_from_status
 from trueup.agent.process import Agent
 from trueup.model.document import document_digest, parse_document
+from trueup.model.reasons import ReasonCode
 from trueup.reconcile.loop import ReconcileLoop
-from trueup.reconcile.transaction import CONTROL_PLANE_FILE
+from trueup.reconcile.transaction import CONTROL_PLANE_FILE, Refused, StorageError
 
 __all__ = ["CONTROL_PLANE_FILE", "already_applied", "wire"]
 
@@ -38,6 +39,16 @@ def already_applied(applied: dict[str, Any], version: int, digest: str) -> bool:
     return int(applied.get("version", 0)) == version and applied.get("digest") == digest
 
 
+def _control_plane_record(agent: Agent) -> dict[str, Any] | None:
+    """`control-plane.json`, {} when absent; None when damaged (reported; never overwritten)."""
+    try:
+        record = agent.state.read(CONTROL_PLANE_FILE, {}) if agent.state.exists() else {}
+    except (ValueError, OSError) as exc:
+        log.error("%s", exc)
+        return None
+    return dict(record) if isinstance(record, dict) else None
+
+
 def _reconcile_loop(agent: Agent) -> ReconcileLoop:
     return ReconcileLoop.from_env(agent.engine)
 
@@ -48,12 +59,20 @@ def _start_sync(agent: Agent, url: str, token_file: Path, heartbeat: float) -> S
 
     def apply(document: dict[str, Any], version: int) -> None:
         agent.control_plane_version = version
+        agent.engine.refuse_if_damaged()  # before control-plane.json is written
         state.write(CONTROL_PLANE_FILE, {"url": url, "version": version})
         parsed = parse_document(document, f"control-plane revision {version}")
         parsed = parsed.with_version(version)
         if already_applied(state.applied(), version, document_digest(parsed)):
             return  # already there (a restart, or a re-poll)
-        result = agent.apply(parsed, actor="control-plane", origin="control-plane")
+        try:
+            result = agent.apply(parsed, actor="control-plane", origin="control-plane")
+        except StorageError as exc:
+            raise RetryLater(str(exc)) from exc
+        except Refused as exc:
+            if exc.code is ReasonCode.CONCURRENT_MODIFICATION:
+                raise RetryLater(str(exc)) from exc
+            raise
         if not result.get("ok"):
             raise RuntimeError(
                 result.get("message") or f"{result.get('outcome')}: {result.get('failed')}"
@@ -84,14 +103,14 @@ def wire(
         return
     if control_plane is None or token_file is None:
         raise SystemExit("trueup: --control-plane and --token-file go together")
-    saved = agent.state.read(CONTROL_PLANE_FILE, {}) if agent.state.exists() else {}
+    saved = _control_plane_record(agent) or {}
     if saved.get("version"):
         # Known before the control plane answers: version skew shows at once.
         agent.control_plane_version = int(saved["version"])
 
     def start(agent: Agent) -> None:
-        current = agent.state.read(CONTROL_PLANE_FILE, {}) or {}
-        if current.get("url") != control_plane:
+        current = _control_plane_record(agent)
+        if current is not None and current.get("url") != control_plane:
             # From now on local applies are overrides (the engine reads this file).
             agent.state.write(CONTROL_PLANE_FILE, {**current, "url": control_plane})
         sync = _start_sync(agent, control_plane, token_file, heartbeat)
