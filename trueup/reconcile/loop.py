@@ -469,7 +469,12 @@ class ReconcileLoop:
         return answer
 
     def reconcile_now(self, subsystem: str | None, *, actor: str = "api") -> dict[str, Any]:
-        """Explicit `trueup reconcile`: close breakers, forget flaps, heal now."""
+        """Explicit `trueup reconcile`: close breakers, forget flaps, heal now.
+
+        Refused (`DamagedState`) while a state file it depends on is damaged:
+        "nothing applied" would be a guess.
+        """
+        self.engine.refuse_if_damaged()
         names = [subsystem] if subsystem else [s.name for s in self.engine.subsystems]
         with self._lock:
             closed = [n for n in names if self.governor.of(n).breaker != "closed"]

@@ -1,0 +1,178 @@
+"""What a caller hands the engine and what it gets back: changes, results, refusals.
+
+Types only (`trueup.reconcile.transaction.Engine` does the work); split out so the
+engine's modules share one vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from trueup.journal.damage import Damage
+from trueup.model.document import DeviceState
+from trueup.model.reasons import ReasonCode
+from trueup.subsystems.base import Plan, StepError
+from trueup.system.netlink import NetlinkError
+
+__all__ = [
+    "CONTROL_PLANE_FILE",
+    "ApplyResult",
+    "AuditBuilder",
+    "Change",
+    "DamagedState",
+    "Mode",
+    "NeedsConfirmation",
+    "Origin",
+    "Refused",
+    "StorageError",
+    "UnknownRevision",
+]
+
+Mode = Literal["atomic", "best-effort"]
+Origin = Literal[
+    "control-plane",
+    "local-file",
+    "local-cli",
+    "rollback",
+    "recovery",
+    "confirm-timeout",
+    "reconcile",
+]
+# Builds a transaction's audit lines from its outcome: (txn, failed, waiting, healed).
+AuditBuilder = Callable[
+    [str, dict[str, str], dict[str, str], dict[str, list[str]]], list[tuple[str, dict[str, Any]]]
+]
+
+# Written by the agent when it is managed by a control plane.
+CONTROL_PLANE_FILE = "control-plane.json"
+
+_CONVERGE_PASSES = 3
+_VERIFY_ROUNDS = 2
+# Bound on restoring one subsystem's before-image (no document deadline applies).
+_UNDO_SECONDS = 90.0
+# Origins an operator starts on the device itself; on a managed device they are overrides.
+_LOCAL_ORIGINS = {"local-cli", "rollback"}
+_STEP_ERRORS = (StepError, NetlinkError, ValueError, OSError)
+
+
+class UnknownRevision(LookupError):
+    """A rollback target that is not among the accepted revisions."""
+
+
+class Refused(Exception):
+    """A write refused before anything changed, with the reason code that explains it."""
+
+    def __init__(self, code: ReasonCode, message: str, **evidence: Any) -> None:
+        self.code = code
+        self.evidence = evidence
+        super().__init__(message)
+
+
+class StorageError(RuntimeError):
+    """The state directory refused a write (full, read-only); nothing was left changed."""
+
+
+class DamagedState(Refused):
+    """A write refused because a state file it depends on is damaged; nothing was changed.
+
+    Raised before the writer lock, the journal or the system are touched. The
+    code is `STATE_APPLY_NOT_COMPLETED` for a damaged pending confirmation,
+    else `STATE_VERSION_SKEW` (the agent cannot tell what is applied).
+    """
+
+    def __init__(self, damaged: list[Damage]) -> None:
+        self.damaged = damaged
+        first = damaged[0]
+        code = (
+            ReasonCode.APPLY_NOT_COMPLETED
+            if first.file == "pending-confirm.json"
+            else ReasonCode.VERSION_SKEW
+        )
+        also = (
+            " Also damaged: " + ", ".join(d.sentence() for d in damaged[1:]) + "."
+            if len(damaged) > 1
+            else ""
+        )
+        super().__init__(
+            code,
+            f"{first.sentence()}. Writes are refused while it is damaged; nothing was changed "
+            "(management and diagnostics keep running). Keep it as evidence (`trueup "
+            f"evidence`), then restore it from a backup or move it aside (mv {first.path} "
+            f"{first.path}.damaged); the refusal lifts at once.{also}",
+            damaged=[d.to_json() for d in damaged],
+        )
+
+
+class NeedsConfirmation(Exception):
+    """A change that would take management access away, refused without a confirmation."""
+
+    def __init__(self, message: str, changes: list[str]) -> None:
+        self.changes = changes
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class Change:
+    """What a caller asks of the engine. Every writer fills one of these in.
+
+    `only` limits the subsystems the transaction may change (a heal names the
+    ones it heals); `contested` pins paths another writer keeps changing to
+    what is observed; `skipped` names subsystems that could not start, with
+    the reason. `management_confirmed` is set when the caller arranged a
+    confirmation (or restores a confirmed revision). `new_version` gives the
+    document the next version number (rollbacks). `override` is the operator's
+    reason for a local change on a device the control plane manages.
+    """
+
+    document: DeviceState
+    kind: str = "apply"  # apply | reconcile | rollback | confirm-timeout
+    origin: Origin = "local-cli"
+    actor: str = "local"
+    mode: Mode = "atomic"
+    expect_version: int | None = None
+    only: frozenset[str] | None = None
+    contested: Mapping[str, Collection[str]] = field(default_factory=dict)
+    skipped: Mapping[str, str] = field(default_factory=dict)
+    management_confirmed: bool = False
+    new_version: bool = False
+    override: str | None = None
+    lock_wait: float = 0.0
+    source: str = ""
+    deadlines: Mapping[str, float] | None = None
+    # The audit lines to write with the commit; default one line of event `kind`.
+    audit: AuditBuilder | None = None
+
+
+@dataclass
+class ApplyResult:
+    ok: bool
+    version: int
+    outcome: str  # committed | partial | rolled_back | unchanged | failed
+    txn: str | None = None
+    plans: list[Plan] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    rollback_errors: list[str] = field(default_factory=list)
+    waiting: dict[str, str] = field(default_factory=dict)
+    healed: dict[str, list[str]] = field(default_factory=dict)  # subsystem → steps run
+    origin: str | None = None
+    digest: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "ok": self.ok,
+            "version": self.version,
+            "outcome": self.outcome,
+            "txn": self.txn,
+            "steps": [s.describe() for p in self.plans for s in p.steps],
+            "failed": self.failed,
+            "rollback_errors": self.rollback_errors,
+        }
+        if self.waiting:
+            out["waiting"] = self.waiting
+        if self.origin:
+            out["origin"] = self.origin
+        if self.digest:
+            out["digest"] = self.digest
+        return out

@@ -1,0 +1,287 @@
+"""Committing a transaction and recovering one a crash left open.
+
+Part of the engine (`trueup.reconcile.transaction.Engine` inherits it): the
+revision, the applied record, the journal's `commit` with its audit lines,
+and the recovery rule (forward to the last committed revision).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from trueup.journal.audit import now_iso
+from trueup.journal.journal import Transaction
+from trueup.journal.management import management_facts, write_management
+from trueup.model.document import DeviceState, DocumentError, parse_document
+from trueup.model.records import Applied, Override
+from trueup.reconcile import faults
+from trueup.reconcile.changes import (
+    _LOCAL_ORIGINS,
+    _STEP_ERRORS,
+    Change,
+)
+from trueup.reconcile.converging import Converging
+from trueup.subsystems.base import Scope
+from trueup.subsystems.registry import scope_for
+
+log = logging.getLogger("trueup.reconcile")
+
+__all__ = ["Committing"]
+
+
+class Committing(Converging):
+    """Commit and recovery; the engine supplies the lock, overrides and the control plane."""
+
+    if TYPE_CHECKING:
+        _audit_checked: bool
+
+        def managed_by(self) -> str | None: ...
+
+        def refuse_if_damaged(self) -> None: ...
+
+        def with_override(self, document: DeviceState) -> DeviceState: ...
+
+        def writer(
+            self, purpose: str, actor: str, wait: float = 0.0, *, quiet: bool = False
+        ) -> AbstractContextManager[None]: ...
+
+    def _commit(
+        self,
+        change: Change,
+        txn: str,
+        document: DeviceState,
+        version: int,
+        digest: str,
+        applied: dict[str, Any],
+        failed: dict[str, str],
+        settled: list[str],
+        records: list[tuple[str, dict[str, Any]]],
+    ) -> None:
+        state = self.state
+        outcome = "partial" if failed else "committed"
+        if change.kind == "reconcile":
+            # A heal converges to the applied revision; the applied record changes
+            # only when a subsystem that had failed is now in place.
+            before_failed = dict(applied.get("failed", {}))
+            now_failed = {n: e for n, e in before_failed.items() if n not in settled}
+            if now_failed != before_failed and applied.get("version"):
+                record = dict(applied)
+                record["failed"] = now_failed
+                if applied.get("outcome") == "partial" and not now_failed:
+                    record["outcome"] = "committed"
+                state.set_applied(record)
+            outcome = "failed" if failed else "committed"
+        else:
+            state.save_revision(
+                version,
+                document.canonical(),
+                accepted_at=now_iso(),
+                actor=change.actor,
+                source=change.source,
+                origin=change.origin,
+                txn=txn,
+                applied_digest=digest,
+            )
+            state.set_applied(self._applied_record(change, txn, version, digest, applied, failed))
+            write_management(
+                state.root,
+                management_facts(
+                    document.spec.management.model_dump(mode="json"), version=version, digest=digest
+                ),
+            )
+        # The audit lines travel with the commit: a crash before they are
+        # appended cannot lose them (see `_complete_audit`).
+        self.state.journal.record(
+            txn,
+            "commit",
+            outcome=outcome,
+            version=version,
+            failed=failed,
+            audit=[{"event": e, "details": d} for e, d in records],
+        )
+
+    def _applied_record(
+        self,
+        change: Change,
+        txn: str,
+        version: int,
+        digest: str,
+        applied: dict[str, Any],
+        failed: dict[str, str],
+    ) -> Applied:
+        previous = Applied.model_validate(applied)
+        cp_version, override = previous.cp_version, previous.override
+        if change.origin == "control-plane":
+            cp_version, override = version, None
+        elif change.override is not None and self.managed_by() is not None:
+            override = Override(
+                version=version,
+                actor=change.actor,
+                at=now_iso(),
+                reason=change.override,
+                digest=digest,
+            )
+        elif change.origin in _LOCAL_ORIGINS:
+            override = None
+        return Applied(
+            version=version,
+            digest=digest,
+            origin=change.origin,
+            cp_version=cp_version,
+            override=override,
+            outcome="partial" if failed else "committed",
+            txn=txn,
+            applied_at=now_iso(),
+            mode=change.mode,
+            failed=failed,
+            actor=change.actor,
+            source=change.source,
+        )
+
+    def _audit_records(
+        self,
+        change: Change,
+        txn: str,
+        version: int,
+        outcome: str,
+        failed: dict[str, str],
+        waiting: dict[str, str],
+        healed: dict[str, list[str]],
+    ) -> list[tuple[str, dict[str, Any]]]:
+        if change.audit is not None:
+            return change.audit(txn, failed, waiting, healed)
+        details: dict[str, Any] = {
+            "version": version,
+            "txn": txn,
+            "outcome": outcome,
+            "failed": failed,
+            "source": change.source,
+            "origin": change.origin,
+        }
+        if waiting:
+            details["waiting"] = waiting
+        if healed:
+            details["subsystems"] = sorted(healed)
+            details["steps"] = sum(len(v) for v in healed.values())
+        if change.override is not None:
+            details["override"] = change.override
+        return [(change.kind, details)]
+
+    # -- crash recovery -------------------------------------------------------
+
+    def recover(self, actor: str = "local") -> Transaction | None:
+        """Recover an open transaction left by a crash (takes the lock when not held).
+
+        Refused with `DamagedState` while a file recovery depends on is damaged.
+        """
+        self.refuse_if_damaged()
+        with self.writer("recovery", actor, wait=30.0):
+            return self._recover_locked(actor)
+
+    def _recover_locked(self, actor: str) -> Transaction | None:
+        journal = self.state.journal
+        if not self._audit_checked:
+            self._audit_checked = True
+            self._complete_audit()
+        open_txn = journal.open_transaction()
+        if open_txn is None:
+            return None
+        begin = open_txn.begin
+        scope = Scope.from_json(begin["scope"])
+        previous = begin.get("previous_applied") or {"version": 0}
+        names = list(begin.get("all_subsystems") or begin.get("subsystems") or [])
+        names = [n for n in names if n in self.by_name]
+        journal.record(open_txn.txn, "recovering", to_version=previous.get("version", 0))
+        target = self._committed_document(previous)
+        errors: list[str] = []
+        with self.sources() as net:
+            if target is not None:
+                # Forward to the last committed revision: never to a before-image
+                # that may hold drift, never away from its management addresses.
+                target_scope = _union_scope(scope_for(target), scope)
+                for name in names:
+                    sub = self.by_name[name]
+                    try:
+                        self._converge_bounded(
+                            net,
+                            sub,
+                            sub.desired(target, target_scope),
+                            target_scope,
+                            None,
+                            target.spec.convergence.deadline_for(name),
+                        )
+                    except _STEP_ERRORS as exc:
+                        errors.append(str(exc))
+                    faults.hit(f"recovery:{name}")
+            else:
+                # Nothing was ever committed: restore what was there before, except
+                # management, which phase 1 brought up and nothing takes away.
+                touched = [n for n in begin.get("subsystems", []) if n != "management"]
+                errors = self._rollback(net, begin["before"], scope, touched)
+        self.state.set_applied(previous)
+        journal.record(
+            open_txn.txn,
+            "rolled_back",
+            recovered=True,
+            reason="interrupted before commit",
+            to_version=previous.get("version", 0),
+            errors=errors,
+        )
+        self.state.audit.append(
+            "recovered",
+            actor,
+            txn=open_txn.txn,
+            kind=open_txn.kind,
+            version=begin.get("version"),
+            restored_version=previous.get("version", 0),
+            rollback_errors=errors,
+        )
+        return open_txn
+
+    def _committed_document(self, applied: dict[str, Any]) -> DeviceState | None:
+        version = int(applied.get("version", 0))
+        if not version:
+            return None
+        record = self.state.revision(version, applied.get("digest"))
+        if record is None:
+            return None
+        try:
+            return self.with_override(parse_document(record["document"], f"revision {version}"))
+        except DocumentError:
+            return None
+
+    def _complete_audit(self) -> None:
+        """Write the audit line of a transaction committed right before a crash."""
+        last = self.state.journal.last()
+        if last is None or last.terminal is None or last.terminal["type"] != "commit":
+            return
+        payload = last.terminal.get("audit")
+        if not isinstance(payload, list) or not payload:
+            return
+        for record in reversed(self.state.audit.tail(max_bytes=1 << 20)):
+            if record.get("details", {}).get("txn") == last.txn:
+                return
+        actor = str(last.begin.get("actor", "local"))
+        for entry in payload:
+            details = dict(entry.get("details", {}))
+            details.setdefault("txn", last.txn)
+            details["written_after_restart"] = True
+            self.state.audit.append(str(entry.get("event", last.kind)), actor, **details)
+
+
+def _union_scope(target: Scope, txn: Scope) -> Scope:
+    """The committed revision's scope widened by what the interrupted transaction managed."""
+    return Scope(
+        interfaces=target.interfaces | txn.interfaces,
+        tables=target.tables | txn.tables,
+        management_interface=target.management_interface,
+        management_owned=target.management_owned
+        | (
+            txn.management_owned
+            if txn.management_interface == target.management_interface
+            else frozenset()
+        ),
+        management_default_routes=target.management_default_routes | txn.management_default_routes,
+    )

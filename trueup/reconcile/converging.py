@@ -1,0 +1,303 @@
+"""Converging subsystems inside a transaction: execute, verify, roll back, survive storage errors.
+
+Part of the engine (`trueup.reconcile.transaction.Engine` inherits it); read
+with the write path in docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+from trueup.journal.state import StateDir
+from trueup.reconcile import faults
+from trueup.reconcile.changes import (
+    _CONVERGE_PASSES,
+    _STEP_ERRORS,
+    _UNDO_SECONDS,
+    _VERIFY_ROUNDS,
+    Change,
+    StorageError,
+)
+from trueup.subsystems.base import Facts, Plan, Scope, Step, StepError, Subsystem
+from trueup.system.sources import Sources
+
+log = logging.getLogger("trueup.reconcile")
+
+__all__ = ["Converging"]
+
+
+class Converging:
+    """Steps and their checks for one transaction; the engine supplies state and subsystems."""
+
+    if TYPE_CHECKING:
+        state: StateDir
+        by_name: dict[str, Subsystem]
+        _current_kind: str | None
+
+        def _deadline(self, change: Change, name: str) -> float: ...
+
+        @staticmethod
+        def _hit(kind: str, point: str) -> None: ...
+
+        def sources(self) -> AbstractContextManager[Sources]: ...
+
+    def _storage_failure(
+        self,
+        net: Sources,
+        txn: str,
+        before: dict[str, Facts],
+        scope: Scope,
+        touched: list[str],
+        applied: dict[str, Any],
+        exc: OSError,
+    ) -> StorageError:
+        """The state directory refused a write mid-transaction: put the system back.
+
+        A heal converges to the committed revision: what it did is kept (its
+        before-image is the drift — for a flushed management interface, no
+        management at all). Anything else goes back to its before-images.
+        """
+        heal = bool(self._current_kind == "reconcile")
+        errors = [] if heal else self._rollback(net, before, scope, touched)
+        closed = True
+        try:
+            self.state.set_applied(applied)
+            self.state.journal.record(
+                txn, "rolled_back", recovered=False, reason=f"state directory: {exc}", errors=errors
+            )
+        except OSError:
+            closed = False  # still open: the next write recovers it to the committed revision
+        done = (
+            "the heal's changes (towards the committed revision) were kept"
+            if heal
+            else "the system was put back as it was"
+        )
+        return StorageError(
+            f"{self.state.root}: a state write failed ({exc}); {done}"
+            + ("" if closed else " and the transaction is closed by the next write")
+            + (f" (with errors: {'; '.join(errors)})" if errors else "")
+            + ". Free space or make the directory writable, then retry"
+        )
+
+    def _execute(
+        self,
+        net: Sources,
+        change: Change,
+        txn: str,
+        plans: dict[str, Plan],
+        targets: dict[str, Facts],
+        scope: Scope,
+        failed: dict[str, str],
+        waiting: dict[str, str],
+        touched: list[str],
+        healed: dict[str, list[str]],
+    ) -> None:
+        """Converge every subsystem with a plan, in order; dependents of a failure wait."""
+        journal = self.state.journal
+        for name, plan in plans.items():
+            if not plan.changes:
+                continue
+            subsystem = self.by_name[name]
+            blocker = next((d for d in subsystem.depends_on if d in failed or d in waiting), None)
+            if blocker is not None and change.mode != "atomic":
+                why = failed.get(blocker) or waiting.get(blocker)
+                waiting[name] = f"waiting on {blocker}: {why}"
+                journal.record(txn, "waiting", subsystem=name, on=blocker)
+                continue
+            touched.append(name)
+            try:
+                self._converge_bounded(
+                    net,
+                    subsystem,
+                    targets[name],
+                    scope,
+                    plan,
+                    self._deadline(change, name),
+                    (change.kind, f"step:{name}"),
+                )
+            except _STEP_ERRORS as exc:
+                failed[name] = str(exc)
+                journal.record(txn, "failed", subsystem=name, error=str(exc))
+                if change.mode == "atomic":
+                    break
+                continue
+            healed[name] = [s.describe() for s in plan.steps]
+            journal.record(txn, "applied", subsystem=name, steps=len(plan.steps))
+            self._hit(change.kind, f"applied:{name}")
+
+    def _verify(
+        self,
+        net: Sources,
+        change: Change,
+        txn: str,
+        names: list[str],
+        skipped: dict[str, str],
+        targets: dict[str, Facts],
+        scope: Scope,
+        failed: dict[str, str],
+        waiting: dict[str, str],
+        touched: list[str],
+        healed: dict[str, list[str]],
+    ) -> None:
+        """Observe every subsystem again; converge what a later step disturbed.
+
+        A subsystem that still differs after the rounds fails the transaction
+        (atomic) or is reported failed (best-effort): committed means observed
+        equals desired.
+        """
+        journal = self.state.journal
+        candidates = [n for n in names if n not in skipped and n not in failed and n not in waiting]
+        for round_ in range(_VERIFY_ROUNDS + 1):
+            differing = []
+            for name in list(candidates):
+                sub = self.by_name[name]
+                try:
+                    observed = sub.observe(net, scope)
+                except _STEP_ERRORS as exc:
+                    failed[name] = f"verification: cannot observe {name}: {exc}"
+                    journal.record(txn, "failed", subsystem=name, error=failed[name])
+                    candidates.remove(name)
+                    if change.mode == "atomic":
+                        return
+                    continue
+                if sub.plan(targets[name], observed, scope).changes:
+                    differing.append(name)
+            if not differing:
+                return
+            if round_ == _VERIFY_ROUNDS:
+                break
+            for name in differing:
+                sub = self.by_name[name]
+                if name not in touched:
+                    touched.append(name)
+                try:
+                    self._converge_bounded(
+                        net, sub, targets[name], scope, None, self._deadline(change, name)
+                    )
+                except _STEP_ERRORS as exc:
+                    failed[name] = f"verification: {exc}"
+                    journal.record(txn, "failed", subsystem=name, error=failed[name])
+                    candidates.remove(name)
+                    if change.mode == "atomic":
+                        return
+                    continue
+                journal.record(txn, "verified", subsystem=name, reconverged=True)
+                healed.setdefault(name, []).append("re-converged after a later step's effect")
+        for name in differing:
+            failed[name] = (
+                "verification: observed state still differs from the document after "
+                f"{_VERIFY_ROUNDS} rounds; something else is changing it"
+            )
+            journal.record(txn, "failed", subsystem=name, error=failed[name])
+
+    def _converge_bounded(
+        self,
+        net: Sources,
+        subsystem: Subsystem,
+        desired: Facts,
+        scope: Scope,
+        plan: Plan | None,
+        seconds: float,
+        fault_point: tuple[str, str] | None = None,
+    ) -> None:
+        """Converge within the subsystem's deadline.
+
+        Netlink subsystems answer at kernel speed and run inline, checking the
+        deadline between steps. Others (daemons, plugins) run on a worker with
+        a netlink handle of their own; at the deadline the worker is told to
+        stop before its next step and the transaction moves on.
+        """
+        if not subsystem.may_block:
+            deadline = time.monotonic() + seconds
+            self._converge(net, subsystem, desired, scope, plan, fault_point, None, deadline)
+            return
+        cancel = threading.Event()
+        outcome: list[BaseException | None] = []
+
+        def work() -> None:
+            try:
+                with self.sources() as own:
+                    self._converge(own, subsystem, desired, scope, plan, fault_point, cancel)
+                outcome.append(None)
+            except BaseException as exc:  # reported to the waiting thread
+                outcome.append(exc)
+
+        worker = threading.Thread(target=work, name=f"trueup-{subsystem.name}", daemon=True)
+        worker.start()
+        worker.join(seconds)
+        if worker.is_alive():
+            cancel.set()
+            raise StepError(
+                Step(subsystem.name, "converge", f"subsystem {subsystem.name}"),
+                f"deadline of {seconds:g}s exceeded",
+            )
+        if outcome and outcome[0] is not None:
+            raise outcome[0]
+
+    def _converge(
+        self,
+        net: Sources,
+        subsystem: Subsystem,
+        desired: Facts,
+        scope: Scope,
+        plan: Plan | None = None,
+        fault_point: tuple[str, str] | None = None,
+        cancel: threading.Event | None = None,
+        deadline: float | None = None,
+    ) -> None:
+        """Execute a plan, then re-observe and re-plan until no steps remain.
+
+        The kernel has side effects (removing an address flushes the routes
+        through it; removing a primary IPv4 address removes its secondaries),
+        so a subsystem is done only when a fresh observation agrees, not when
+        its first plan ran.
+        """
+        if plan is None:
+            plan = subsystem.plan(desired, subsystem.observe(net, scope), scope)
+        for attempt in range(_CONVERGE_PASSES):
+            for index, step in enumerate(plan.steps):
+                if (cancel is not None and cancel.is_set()) or (
+                    deadline is not None and time.monotonic() > deadline
+                ):
+                    raise StepError(step, "cancelled: the subsystem's deadline passed")
+                subsystem.execute(net, step)
+                if index == 0 and attempt == 0 and fault_point:
+                    self._hit(*fault_point)
+            plan = subsystem.plan(desired, subsystem.observe(net, scope), scope)
+            if not plan.changes:
+                return
+        raise StepError(
+            plan.steps[0],
+            f"still differs after {_CONVERGE_PASSES} passes; something else is changing it",
+        )
+
+    def _rollback(
+        self, net: Sources, before: dict[str, Facts], scope: Scope, touched: list[str]
+    ) -> list[str]:
+        """Converge each touched subsystem back to its before-image, last touched first."""
+        errors: list[str] = []
+        exact = scope.for_rollback()
+        for name in reversed(touched):
+            subsystem = self.by_name.get(name)
+            if subsystem is None or name not in before:
+                errors.append(f"{name}: no before-image to restore")
+                continue
+            try:
+                self._converge_bounded(net, subsystem, before[name], exact, None, _UNDO_SECONDS)
+            except _STEP_ERRORS as exc:
+                errors.append(str(exc))
+            faults.hit(f"rollback:{name}")
+        # Restoring a later subsystem can disturb an earlier one (a link brought
+        # down flushes its IPv6 addresses); one more pass in order settles it.
+        for name in touched:
+            subsystem = self.by_name.get(name)
+            if subsystem is not None and name in before:
+                try:
+                    self._converge_bounded(net, subsystem, before[name], exact, None, _UNDO_SECONDS)
+                except _STEP_ERRORS as exc:
+                    errors.append(str(exc))
+        return errors

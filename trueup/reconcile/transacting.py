@@ -1,0 +1,234 @@
+"""One transaction from begin to commit, under the writer lock.
+
+Part of the engine (`trueup.reconcile.transaction.Engine`): after the
+checks, `begin` with the before-images, execution, verification, then the
+commit or the rollback. docs/architecture.md "The write path" walks through it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+from trueup.model.document import DeviceState, document_digest
+from trueup.reconcile.changes import (
+    ApplyResult,
+    Change,
+    StorageError,
+)
+from trueup.reconcile.checking import Checking
+from trueup.reconcile.committing import Committing
+from trueup.reconcile.overriding import Overriding
+from trueup.subsystems.base import Facts, Scope
+from trueup.subsystems.registry import scope_for
+from trueup.system.sources import Sources
+
+log = logging.getLogger("trueup.reconcile")
+
+
+def _pinned(desired: Facts, observed: Facts, contested: Collection[str]) -> Facts:
+    """Desired facts with contested paths pinned to what is observed (left alone)."""
+    target = {k: v for k, v in desired.items() if k not in contested}
+    for path in contested:
+        if path in observed:
+            target[path] = observed[path]
+    return target
+
+
+__all__ = ["Transacting"]
+
+
+class Transacting(Committing, Checking, Overriding):
+    """One transaction from begin to commit, under the writer lock."""
+
+    _current_kind: str | None = None
+
+    if TYPE_CHECKING:
+
+        def observe(
+            self,
+            net: Sources,
+            scope: Scope,
+            names: Collection[str] | None = None,
+            errors: dict[str, str] | None = None,
+        ) -> dict[str, Facts]: ...
+
+        def applied_document(self) -> DeviceState | None: ...
+
+    def _transact_locked(
+        self, change: Change, names: list[str], skipped: dict[str, str]
+    ) -> ApplyResult:
+        self._current_kind = change.kind
+        try:
+            return self._transact_checked(change, names, skipped)
+        finally:
+            self._current_kind = None
+
+    def _transact_checked(
+        self, change: Change, names: list[str], skipped: dict[str, str]
+    ) -> ApplyResult:
+        state = self.state
+        applied = state.applied()
+        applied_version = int(applied.get("version", 0))
+        # Before any revision, a console override is what management must not lose.
+        previous = self.applied_document() or self._override_document()
+        digest = document_digest(change.document)
+        version, same_version = self._resolve_version(change, applied, digest)
+        self._check_origin(change, applied)
+        document = change.document.with_version(version)
+        self._guard(change, previous)
+        scope = scope_for(document, previous)
+        heal = change.kind == "reconcile"
+
+        with self.sources() as net:
+            unobservable: dict[str, str] = {}
+            before = self.observe(net, scope, names, errors=unobservable)
+            skipped.update(unobservable)
+            names = [n for n in names if n in before]
+            targets = {
+                n: _pinned(
+                    self.by_name[n].desired(document, scope),
+                    before[n],
+                    change.contested.get(n, ()),
+                )
+                for n in names
+            }
+            active = [n for n in names if n not in skipped]
+            plans = {n: self.by_name[n].plan(targets[n], before[n], scope) for n in active}
+            unchanged = (
+                not skipped
+                and not any(p.changes for p in plans.values())
+                and same_version
+                and (heal or applied.get("outcome") == "committed")
+            )
+            if unchanged:
+                return ApplyResult(
+                    True, version, "unchanged", plans=list(plans.values()), digest=digest
+                )
+            journal = state.journal
+            try:
+                txn = journal.begin(
+                    kind=change.kind,
+                    origin=change.origin,
+                    version=version,
+                    mode=change.mode,
+                    digest=digest,
+                    actor=change.actor,
+                    subsystems=[n for n, p in plans.items() if p.changes],
+                    all_subsystems=names,
+                    scope=scope.to_json(),
+                    before=before,
+                    previous_applied=applied,
+                    steps={n: len(p.steps) for n, p in plans.items() if p.changes},
+                )
+            except OSError as exc:
+                raise StorageError(
+                    f"{state.root}: cannot write the journal ({exc}); nothing was changed"
+                ) from exc
+            touched: list[str] = []
+            try:
+                self._hit(change.kind, "begin")
+                failed: dict[str, str] = {}
+                waiting: dict[str, str] = {}
+                if change.only is not None and same_version and not heal:
+                    # Subsystems outside this transaction keep the failures they had.
+                    failed.update(
+                        (name, error)
+                        for name, error in dict(applied.get("failed", {})).items()
+                        if name not in change.only
+                    )
+                for name, reason in skipped.items():
+                    failed[name] = reason
+                    journal.record(txn, "failed", subsystem=name, error=reason)
+                healed: dict[str, list[str]] = {}
+                self._execute(
+                    net, change, txn, plans, targets, scope, failed, waiting, touched, healed
+                )
+                if not (failed and change.mode == "atomic"):
+                    self._verify(
+                        net,
+                        change,
+                        txn,
+                        names,
+                        skipped,
+                        targets,
+                        scope,
+                        failed,
+                        waiting,
+                        touched,
+                        healed,
+                    )
+
+                if failed and change.mode == "atomic":
+                    errors = self._rollback(net, before, scope, touched)
+                    journal.record(
+                        txn,
+                        "rolled_back",
+                        recovered=False,
+                        reason="step failed",
+                        errors=errors,
+                        failed=failed,
+                    )
+                    state.audit.append(
+                        f"{change.kind}_rolled_back"
+                        if change.kind != "apply"
+                        else "apply_rolled_back",
+                        change.actor,
+                        version=version,
+                        txn=txn,
+                        failed=failed,
+                        rollback_errors=errors,
+                        source=change.source,
+                        origin=change.origin,
+                    )
+                    return ApplyResult(
+                        False,
+                        applied_version,
+                        "rolled_back",
+                        txn,
+                        list(plans.values()),
+                        failed,
+                        errors,
+                        waiting,
+                        healed,
+                        change.origin,
+                        digest,
+                    )
+
+                self._hit(change.kind, "before-commit")
+                settled = [n for n in names if n not in failed and n not in waiting]
+                outcome = "partial" if failed else "committed"
+                if heal:
+                    outcome = "failed" if failed else "committed"
+                records = self._audit_records(
+                    change, txn, version, outcome, failed, waiting, healed
+                )
+                self._commit(
+                    change, txn, document, version, digest, applied, failed, settled, records
+                )
+                self._hit(change.kind, "after-commit")
+            except OSError as exc:
+                raise self._storage_failure(net, txn, before, scope, touched, applied, exc) from exc
+        try:
+            for event, details in records:
+                state.audit.append(event, change.actor, **details)
+        except OSError:
+            # Committed; the lines travel with the journal's commit and are
+            # written by the next transaction (see `_complete_audit`).
+            self._audit_checked = False
+        if not heal:
+            self._settle_override(change, document, version)
+        return ApplyResult(
+            not failed,
+            version,
+            outcome,
+            txn,
+            list(plans.values()),
+            failed,
+            [],
+            waiting,
+            healed,
+            change.origin,
+            digest,
+        )
