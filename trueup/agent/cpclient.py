@@ -12,6 +12,10 @@ Errors::
     ControlPlaneError
     ├── ControlPlaneUnavailable   network error, timeout or 5xx: retry later
     └── ControlPlaneRefused       4xx: the credential is revoked, the request bad, …
+
+Why this module is over 400 lines: the control-plane client (TLS pinning,
+enrollment, long-poll, reports) and the sync loop that drives it share one
+error vocabulary.
 """
 
 from __future__ import annotations

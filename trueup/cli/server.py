@@ -1,7 +1,7 @@
 """`trueup server …`: run the control plane and administer it.
 
-(Over 400 lines: one short command per administrative operation, plus the fleet view's
-two renderers, which `trueup fleet` shares.)
+Why this module is over 400 lines: one short command per administrative
+operation, plus the fleet view's two renderers, which `trueup fleet` shares.
 
 Administration commands work directly on the database (as the operator who
 runs the server), and every write they make is audited like an API write,

@@ -26,6 +26,10 @@ Appends are serialised per path by a thread lock and across processes by
 `flock` on the log. The position of the chain's head is cached per process,
 validated by the file's inode, size and mtime, so a normal append reads
 nothing; otherwise the tail is read backwards, only as far as the last line.
+
+Why this module is over 400 lines: appending, the anchor, torn-tail repair
+and verification read and write the same file under the same locks; split,
+the invariants between them would be spread over several modules.
 """
 
 from __future__ import annotations

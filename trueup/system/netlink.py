@@ -13,6 +13,9 @@ codec in `trueup.system.rtnl` and exported from here. What observation leaves
 out — IPv6 link-local addresses, the kernel's own routes, routes that are not
 unicast — is decided here (`addresses_from_dump`, `routes_from_dump`), not in
 the codec: the event path decodes every message.
+
+Why this module is over 400 lines: one request encoder per kind of kernel
+object plus the dump filters; the codec itself is `trueup.system.rtnl`.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ __all__ = [
     "RouteInfo",
     "addresses_from_dump",
     "links_from_dump",
+    "load_encoders",
     "routes_from_dump",
 ]
 
@@ -144,6 +148,19 @@ def routes_from_dump(
         if route is not None and route.table in tables:
             out.append(route)
     return out
+
+
+def load_encoders() -> None:
+    """Import pyroute2's message classes now (a few hundred milliseconds on first use).
+
+    For a caller with time to spare before its first change, such as `trueup
+    management set` while it waits for the writer lock.
+    """
+    from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
+    from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+    from pyroute2.netlink.rtnl.rtmsg import rtmsg
+
+    del ifaddrmsg, ifinfmsg, rtmsg
 
 
 class KernelNetlink:
