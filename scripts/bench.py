@@ -16,6 +16,7 @@ from pathlib import Path
 SECTIONS = [
     "scripts.bench_apply",
     "scripts.bench_startup",
+    "scripts.bench_cli",
     "scripts.bench_convergence",
     "scripts.bench_server",
 ]

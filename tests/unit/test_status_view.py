@@ -28,6 +28,7 @@ STATUS_KEYS = [
     "management",
     "subsystems",
     "journal",
+    "state_directory",
     "reason_codes",
 ]
 
@@ -191,6 +192,7 @@ def test_the_agent_s_inputs_each_land_in_their_section(engine: Engine) -> None:
         "startup_drift": [],
         "plugins": [],
         "config_error": "bad file",
+        "damaged_state": [],
     }
     assert status["control_plane"]["connected"] is True
 

@@ -4,6 +4,10 @@ Who calls this: `trueup agent run`. Phase 0 (load) and phase 1 (management)
 run before anything else; the API then serves on the unix socket and on the
 management port; recovery, subsystems and the reconcile loop follow on a
 background thread, so no later work can hold management hostage.
+
+Why this module is over 400 lines: it is the agent's process — API surface,
+listeners with their fallback and handover, systemd notification and the
+startup thread — kept together because they share the agent's lifetime.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import secrets
 import signal
 import socket
+import sys
 import tarfile
 import threading
 import time
@@ -27,7 +32,10 @@ from typing import Any
 import uvicorn
 
 from trueup.agent.api import create_app, hash_token, token_matches
+from trueup.agent.early import bind_tcp, bind_unix, listener_key
 from trueup.agent.metrics import AgentMetrics
+from trueup.journal.agentlock import AgentLock, AgentRunning, take_agent_lock
+from trueup.journal.atomic import StateFileError
 from trueup.journal.audit import now_iso
 from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState
@@ -85,8 +93,20 @@ class Agent:
         listen_port: int | None = None,
         bind_retry_seconds: float = 1.0,
         retry_base_seconds: float = 1.0,
+        early_sockets: dict[str, socket.socket] | None = None,
+        early_release: Callable[[socket.socket], None] | None = None,
+        agent_lock: AgentLock | None = None,
     ) -> None:
         self.state = StateDir(state_dir)
+        # One agent per state directory (`trueup.journal.agentlock`): taken first
+        # thing in run() unless the fast path took it already.
+        self.agent_lock = agent_lock
+        # Listeners the fast path bound before the API was imported
+        # (trueup.agent.fastboot): taken over as they are, never bound anew;
+        # `early_release` stops the early responder on one right before
+        # uvicorn serves it.
+        self._early_sockets = early_sockets if early_sockets is not None else {}
+        self._early_release = early_release
         self.engine = Engine(self.state, subsystems)
         self.orchestrator = Orchestrator(
             self.engine, config_path=config_path, fallback_path=fallback_path
@@ -116,8 +136,11 @@ class Agent:
 
     # -- API surface --------------------------------------------------------
     def token_valid(self, token: str) -> bool:
-        tokens = self.state.read(TOKENS_FILE, [])
-        return token_matches([t["hash"] for t in tokens], token)
+        try:
+            tokens = self.state.read(TOKENS_FILE, [])
+            return token_matches([t["hash"] for t in tokens], token)
+        except (StateFileError, OSError, TypeError, KeyError, AttributeError):
+            return False  # a damaged token file refuses every token (listed as damaged)
 
     def management_health(self) -> dict[str, Any]:
         """Management readiness from what is true now, never from how startup went.
@@ -145,7 +168,9 @@ class Agent:
                 missing = [a for a in document.spec.management.addresses if a not in have]
             except Exception as exc:  # reported, never raised to the probe
                 missing = [f"(observe failed: {exc})"]
-        serving = self.listeners.get("unix", {}).get("state") == "serving"
+        # Any listener serving counts: with a read-only state directory the unix
+        # socket cannot be created, and the management port serves the API alone.
+        serving = any(entry.get("state") == "serving" for entry in self.listeners.values())
         ready = document is not None and serving and link == "up" and not missing
         reason: str | None = None
         if document is None:
@@ -191,7 +216,18 @@ class Agent:
                 "since": sub.get("since"),
                 "tier": sub["tier"],
             }
-        return {"subsystems": out}
+        # Beside the services, never in front of management: which state files
+        # are damaged and what that refuses.
+        damaged = status["state_directory"]["damaged"]
+        health = "ok"
+        if damaged:
+            health = "failed" if status["state_directory"]["writes_refused"] else "degraded"
+        state_directory = {
+            "health": health,
+            "reason": "; ".join(f"{d['path']}: {d['problem']}" for d in damaged),
+            "damaged": damaged,
+        }
+        return {"subsystems": out, "state_directory": state_directory}
 
     def status(self) -> dict[str, Any]:
         """`/v1/status`: built by `trueup.reconcile.status.build_status` from what the agent knows."""
@@ -346,6 +382,7 @@ class Agent:
             raise KeyError(subsystem)
         if self.loop is not None:
             return dict(self.loop.reconcile_now(subsystem, actor="api"))
+        self.engine.refuse_if_damaged()
         document = self.engine.applied_document()
         if document is None:
             return {"ok": True, "outcome": "nothing applied"}
@@ -383,6 +420,10 @@ class Agent:
                 "reconcile.json",
                 "state.json",
                 "config.json",
+                "pending-confirm.json",
+                "control-plane.json",
+                "management.json",
+                "management-override.json",
             ):
                 path = self.state.root / name
                 if path.exists():
@@ -398,38 +439,25 @@ class Agent:
 
     # -- listeners ----------------------------------------------------------
     def _unix_socket(self) -> socket.socket:
-        path = self.state.socket_path
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)
-        try:
-            sock.bind(str(path))
-        finally:
-            os.umask(old)
-        sock.listen(64)
-        sock.setblocking(False)
-        return sock
+        early = self._early_sockets.pop("unix", None)
+        if early is not None:
+            return early
+        return bind_unix(self.state.socket_path)
 
     def _tcp_socket(self, address: str, port: int) -> socket.socket:
-        family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            # A named address and the wildcard fallback share the port while the
-            # named bind takes over.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(
-                    socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if address == "::" else 1
-                )
-            sock.bind((address, port))
-            sock.listen(128)
-            sock.setblocking(False)
-        except OSError:
+        early = self._early_sockets.pop(listener_key(address, port), None)
+        if early is not None:
+            return early
+        return bind_tcp(address, port)
+
+    async def _close_unclaimed_early(self, after: float = 5.0) -> None:
+        """Early listeners this agent did not take (another port or bind address): closed."""
+        await asyncio.sleep(after)
+        for key in list(self._early_sockets):
+            sock = self._early_sockets.pop(key)
+            if self._early_release is not None:
+                await asyncio.to_thread(self._early_release, sock)
             sock.close()
-            raise
-        return sock
 
     async def _serve(self, name: str, sock: socket.socket, *, require_token: bool) -> None:
         app = create_app(self, require_token=require_token)
@@ -440,6 +468,11 @@ class Agent:
         self.listeners[name]["state"] = "serving"
         self.listeners[name]["since"] = now_iso()
         self._listener_changed.set()
+        if self._early_release is not None:
+            # Loaded before the early responder lets go, so what is left between
+            # its last accept and uvicorn's first is the listener's creation.
+            config.load()
+            self._early_release(sock)  # the backlog is uvicorn's from here on
         try:
             await server.serve(sockets=[sock])
         finally:
@@ -551,8 +584,23 @@ class Agent:
 
     # -- run ----------------------------------------------------------------
     def run(self) -> int:
+        """Run until stopped; 1 when another agent runs on the state directory.
+
+        The agent lock comes first: a second agent touches nothing (not the
+        socket, not the port, no state file) and the first keeps serving.
+        """
+        if self.agent_lock is None:
+            try:
+                self.agent_lock = take_agent_lock(self.state.root)
+            except AgentRunning as exc:
+                print(f"trueup agent run: {exc}", file=sys.stderr)
+                return 1
+        for note in self.agent_lock.notes:
+            log.warning("agent lock: %s", note)
         orchestrator = self.orchestrator
         orchestrator.load()
+        # Where phase 1 took the management facts from, and what it skipped (why).
+        self.extra_status["management_source"] = orchestrator.management_from.to_json()
         orchestrator.management()
         return asyncio.run(self._main())
 
@@ -562,10 +610,10 @@ class Agent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_stop)
         self.listeners["unix"] = {"path": str(self.state.socket_path), "state": "binding"}
-        unix_task = asyncio.create_task(
-            self._serve("unix", self._unix_socket(), require_token=False)
-        )
+        unix_task = asyncio.create_task(self._listen_unix())
         tcp_task = asyncio.create_task(self._serve_tcp(self.orchestrator.management_document))
+        # Held so it is not collected; asyncio.run cancels it if the agent stops first.
+        self._early_closer = asyncio.create_task(self._close_unclaimed_early())
         await asyncio.sleep(0.01)
         notify_task = asyncio.create_task(self._notify_loop())
         worker = threading.Thread(target=self._after_management, name="trueup-startup", daemon=True)
@@ -574,6 +622,35 @@ class Agent:
         notify_task.cancel()
         self.notifier.send("STOPPING=1")
         return 0
+
+    async def _listen_unix(self) -> None:
+        """The unix socket; when it cannot be created, retried while the management port serves.
+
+        A read-only (or vanished) state directory must not stop the agent: the
+        API stays on the management port, and the socket is reported (status,
+        the damaged-state list) until it can be created.
+        """
+        path = self.state.socket_path
+        delay = self.bind_retry_seconds
+        while not self._stop.is_set():
+            try:
+                sock = self._unix_socket()
+            except OSError as exc:
+                problem = (
+                    f"cannot create the agent socket: {exc.strerror or exc}; the management "
+                    "port serves the API meanwhile"
+                )
+                if self.listeners["unix"].get("state") != "failed":
+                    log.error("%s: %s", path, problem)
+                self.listeners["unix"].update(state="failed", error=problem)
+                self.engine.check.note(path, problem)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+                continue
+            self.listeners["unix"].pop("error", None)
+            self.engine.check.forget(path)
+            await self._serve("unix", sock, require_token=False)
+            return
 
     def _request_stop(self) -> None:
         self._stop.set()
@@ -586,16 +663,29 @@ class Agent:
 
     def _after_management(self) -> None:
         orchestrator = self.orchestrator
-        orchestrator.recovery()
-        orchestrator.subsystems()
+        # The audit chain and every revision, once, off the management path.
+        self._step("checking the state directory", lambda: self.engine.check.damaged(deep=True))
+        self._step("recovery", orchestrator.recovery)
+        self._step("the subsystem phase", orchestrator.subsystems)
         orchestrator.steady()
-        self.start_loop()
+        if not self._step("starting the reconcile loop", self.start_loop):
+            phase = orchestrator.phases["steady"]
+            phase.state, phase.detail = "failed", "the reconcile loop did not start (see the log)"
         for start in self.on_steady:
             try:
                 start(self)
             except Exception:  # an optional part must never take the agent down
                 log.exception("starting %s failed", start)
         orchestrator.retry_failed(self._stop, base=self.retry_base_seconds, may_heal=self._may_heal)
+
+    def _step(self, what: str, step: Callable[[], object]) -> bool:
+        """Run one startup step; a failure is logged and reported, never the end of startup."""
+        try:
+            step()
+        except Exception:
+            log.exception("%s failed", what)
+            return False
+        return True
 
     def start_loop(self) -> None:
         """Phase 4; the reconcile loop when it is wired in."""

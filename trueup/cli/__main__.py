@@ -1,3 +1,3 @@
-from trueup.cli.main import main
+from trueup.cli.entry import main
 
 main()

@@ -7,38 +7,45 @@ one, under the same writer lock.
 Exit codes: 0 success / in sync; 1 error or invalid input; 2 changes pending
 (`plan`) or drift (`drift`); 3 STATE_CONCURRENT_MODIFICATION; 4
 STATE_VERSION_SKEW.
+
+Why this module is over 400 lines: one typer command per CLI verb of the
+contract in DESIGN.md, each a few lines over the agent API or the engine;
+the hot verbs also have a stdlib fast path (`trueup.cli.fast`).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
-import re
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from trueup.agent.client import AgentClient, AgentUnavailable
-from trueup.cli.output import emit, render_findings, render_status
-from trueup.cli.server import fleet_app, server_app
-from trueup.journal.state import DEFAULT_STATE_DIR, StateDir, StateDirError
-from trueup.model.document import DeviceState, DocumentError, json_schema, load_document
-from trueup.model.reasons import EXIT_CODES, ReasonCode
-from trueup.reconcile.guard import unsafe_management_changes
-from trueup.reconcile.status import drift_report, gather
-from trueup.reconcile.transaction import (
-    Change,
-    Engine,
-    NeedsConfirmation,
-    Refused,
-    UnknownRevision,
+from trueup.cli.fast import DEFAULT_STATE_DIR, duration_seconds
+from trueup.cli.management import management_app
+from trueup.cli.output import (
+    api_result,
+    emit,
+    print_drift,
+    print_plan,
+    print_status,
+    render_findings,
 )
-from trueup.subsystems.base import Subsystem
-from trueup.subsystems.registry import default_subsystems, load_plugin, ordered
+from trueup.cli.server import fleet_app, server_app
+
+if TYPE_CHECKING:
+    from trueup.model.document import DeviceState
+    from trueup.reconcile.transaction import Engine
+    from trueup.subsystems.base import Subsystem
+
+# Imports are lazy: the commands import the engine, the document model and the
+# subsystems when they run (`python -X importtime -m trueup.cli --help`), and the
+# hot commands against a running agent never import this module at all
+# (`trueup.cli.fast`). Loading the document model goes through `_models()`: the
+# subsystem registry registers its sections of `spec` on import.
 
 __all__ = ["app", "main"]
 
@@ -55,6 +62,7 @@ app.add_typer(agent_app, name="agent")
 app.add_typer(audit_app, name="audit")
 app.add_typer(server_app, name="server")
 app.add_typer(fleet_app, name="fleet")
+app.add_typer(management_app, name="management")
 
 StateDirOpt = Annotated[
     Path,
@@ -69,17 +77,28 @@ OutputOpt = Annotated[str, typer.Option("-o", "--output", help="json | yaml | ta
 DEFAULT_DIR = Path(DEFAULT_STATE_DIR)
 
 
+def _models() -> None:
+    """The document model with every subsystem's section of `spec` registered."""
+    import trueup.subsystems.registry  # noqa: F401
+
+
 def _fail(message: str, code: int = 1) -> NoReturn:
     typer.echo(f"trueup: {message}", err=True)
     raise typer.Exit(code)
 
 
 def _refused(code: str, message: str) -> NoReturn:
+    from trueup.model.reasons import EXIT_CODES, ReasonCode
+
     typer.echo(f"{code}: {message}", err=True)
     raise typer.Exit(EXIT_CODES.get(ReasonCode(code), 1))
 
 
 def _load(file: Path) -> DeviceState:
+    _models()
+    from trueup.model.document import DocumentError, load_document
+    from trueup.model.reasons import ReasonCode
+
     try:
         return load_document(file)
     except DocumentError as exc:
@@ -90,6 +109,10 @@ def _load(file: Path) -> DeviceState:
 
 
 def _engine(state_dir: Path, *, create: bool) -> Engine:
+    _models()
+    from trueup.journal.state import StateDir, StateDirError
+    from trueup.reconcile.transaction import Engine
+
     state = StateDir(state_dir)
     try:
         if create:
@@ -106,23 +129,15 @@ def _agent(state_dir: Path) -> AgentClient | None:
 
 
 def _api_result(response: Any) -> dict[str, Any]:
-    try:
-        body = response.json()
-    except ValueError:
-        _fail(f"agent answered {response.status_code}: {response.text[:200]}")
-    if response.status_code == 409:
-        _refused(body["code"], body["message"])
-    if response.status_code == 422:
-        typer.echo("request body: invalid document", err=True)
-        for problem in body.get("problems", []):
-            typer.echo(f"  {problem}", err=True)
-        raise typer.Exit(1)
-    if response.status_code == 507 or (response.status_code >= 400 and "ok" not in body):
-        _fail(str(body.get("message") or f"agent answered {response.status_code}: {body}"))
-    return dict(body)
+    result = api_result(response)
+    if isinstance(result, int):
+        raise typer.Exit(result)
+    return result
 
 
 def _print_apply(result: dict[str, Any], output: str) -> None:
+    from trueup.model.reasons import ReasonCode
+
     if output != "table":
         emit(result, output)
     else:
@@ -163,42 +178,14 @@ def validate(file: Path) -> None:
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of the desired-state document."""
+    _models()
+    from trueup.model.document import json_schema
+
     typer.echo(json.dumps(json_schema(), indent=2))
 
 
-def _print_plan(body: dict[str, Any], output: str) -> None:
-    steps = [s for p in body["plans"] for s in p["steps"]]
-    if output != "table":
-        emit(body, output)
-        raise typer.Exit(2 if steps else 0)
-    where = body.get("observed_by", {})
-    if where.get("agent_pid"):
-        typer.echo(
-            f"observed by the agent (pid {where['agent_pid']}, state {where['state_dir']}, "
-            f"applied version {where.get('applied_version')})"
-        )
-    else:
-        typer.echo(
-            f"observed by this process (no agent answers on {where.get('socket')}): "
-            f"network namespace {where.get('netns')}; run plan where the agent runs"
-        )
-    for p in body["plans"]:
-        if p["steps"]:
-            for step in p["steps"]:
-                typer.echo(f"  + {step['describe']}")
-        else:
-            for reason in p["noop"]:
-                typer.echo(f"  = {p['subsystem']}: {reason}")
-    for change in body.get("management_changes", []):
-        typer.echo(f"  ! management: {change} — needs --confirm-within SECONDS", err=True)
-    if body.get("managed_by"):
-        typer.echo(
-            f"  ! managed by the control plane at {body['managed_by']}: applying locally "
-            'needs --override "REASON"',
-            err=True,
-        )
-    typer.echo(f"{len(steps)} change(s)" if steps else "no changes")
-    raise typer.Exit(2 if steps else 0)
+def _print_plan(body: dict[str, Any], output: str) -> NoReturn:
+    raise typer.Exit(print_plan(body, output))
 
 
 @app.command()
@@ -216,6 +203,8 @@ def plan(file: Path, state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "
             _api_result(client.request("POST", "/v1/plan", json=document.canonical())), output
         )
         return
+    from trueup.reconcile.guard import unsafe_management_changes
+
     engine = _engine(state_dir, create=False)
     plans = engine.plan(document)
     try:
@@ -271,6 +260,8 @@ def apply(
     """Apply FILE as one journaled transaction."""
     if mode not in ("atomic", "best-effort"):
         _fail("--mode: expected atomic or best-effort")
+    from trueup.reconcile.transaction import Change, NeedsConfirmation, Refused
+
     document = _load(file)
     client = _agent(state_dir)
     actor = f"cli:{os.getuid()}"
@@ -342,6 +333,8 @@ def rollback(
             "--confirm-within needs a running agent to roll back on time "
             "(start it with `trueup agent run`)"
         )
+    from trueup.reconcile.transaction import NeedsConfirmation, Refused, UnknownRevision
+
     engine = _engine(state_dir, create=True)
     try:
         result = engine.rollback_to(to, actor=actor, override=override)
@@ -375,36 +368,25 @@ def _status(state_dir: Path) -> dict[str, Any]:
             return dict(response.json())
         except AgentUnavailable:
             pass
-    return gather(_engine(state_dir, create=False))
+    engine = _engine(state_dir, create=False)
+    from trueup.reconcile.status import gather
+
+    return gather(engine)
 
 
 @app.command()
 def status(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") -> None:
     """Versions, management readiness, per-subsystem health, reason codes."""
-    current = _status(state_dir)
-    if output == "table":
-        typer.echo(render_status(current))
-    else:
-        emit(current, output)
+    print_status(_status(state_dir), output)
 
 
 @app.command()
 def drift(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") -> None:
     """Differences between observed and applied state: exit 0 in sync, 2 drift."""
-    report = drift_report(_status(state_dir))
-    if output == "table":
-        if report["in_sync"]:
-            typer.echo(f"in sync with version {report['applied_version']}")
-        else:
-            for d in report["differences"]:
-                typer.echo(
-                    f"  {d['subsystem']}: {d['path']}: desired {d['desired']} "
-                    f"observed {d['observed']}"
-                )
-            typer.echo("\n".join(render_findings(report["reason_codes"])))
-    else:
-        emit(report, output)
-    raise typer.Exit(0 if report["in_sync"] else 2)
+    current = _status(state_dir)
+    from trueup.reconcile.status import drift_report
+
+    raise typer.Exit(print_drift(drift_report(current), output))
 
 
 @app.command()
@@ -422,6 +404,8 @@ def reconcile(
             _fail(response.json().get("detail", "unknown subsystem"))
         _print_apply(_api_result(response), output)
         return
+    from trueup.reconcile.transaction import Refused
+
     engine = _engine(state_dir, create=True)
     document = engine.applied_document()
     if document is None:
@@ -435,14 +419,11 @@ def reconcile(
     _print_apply(result.to_json(), output)
 
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
-
-
 def parse_duration(text: str) -> float:
-    match = _DURATION.match(text.strip())
-    if not match:
+    seconds = duration_seconds(text)
+    if seconds is None:
         raise typer.BadParameter(f"{text!r}: expected a duration like 90s, 30m, 2h, 1d")
-    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+    return seconds
 
 
 @app.command()
@@ -484,6 +465,8 @@ def evidence(
 @audit_app.command("verify")
 def audit_verify(state_dir: StateDirOpt = DEFAULT_DIR) -> None:
     """Check the audit log's hash chain; name the first line edited, removed or reordered."""
+    from trueup.journal.state import StateDir
+
     state = StateDir(state_dir)
     problems = state.audit.verify()
     if not problems:
@@ -514,32 +497,27 @@ def agent_run(
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
 ) -> None:
     """Run the agent: management first, then recovery, subsystems and the reconcile loop."""
-    from trueup.agent.process import Agent
+    # The console entry sends `agent run` to trueup.agent.fastboot (management up
+    # before this module is even imported); this is the same agent without it.
+    from trueup.agent.fastboot import AgentOptions
+    from trueup.agent.launch import run_agent
 
-    logging.basicConfig(
-        level=getattr(logging, log_level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    agent = Agent(
-        state_dir,
-        config_path=str(config) if config else None,
-        fallback_path=str(management_fallback) if management_fallback else None,
-        listen_port=listen_port,
-        subsystems=_subsystems(plugin),
-    )
-    from trueup.agent.wiring import wire
-
-    wire(
-        agent,
+    options = AgentOptions(
+        state_dir=state_dir,
+        config=config,
         control_plane=control_plane,
         token_file=token_file,
-        heartbeat=float(os.environ.get("TRUEUP_HEARTBEAT_SECONDS", "30")),
+        management_fallback=management_fallback,
+        listen_port=listen_port,
+        plugins=plugin,
+        log_level=log_level,
     )
-    raise typer.Exit(agent.run())
+    raise typer.Exit(run_agent(options))
 
 
 def _subsystems(plugins: list[str] | None) -> list[Subsystem]:
+    from trueup.subsystems.registry import default_subsystems, load_plugin, ordered
+
     subsystems = default_subsystems()
     for reference in plugins or []:
         try:
@@ -587,7 +565,9 @@ def preflight(
 @app.command()
 def doctor(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") -> None:
     """Run the runbook's safe checks; print findings, reason codes and corrective actions."""
+    from trueup.journal.state import StateDir
     from trueup.startup.preflight import preflight as run_preflight
+    from trueup.subsystems.registry import default_subsystems
 
     checks: list[dict[str, Any]] = []
 
@@ -678,9 +658,15 @@ def agent_token(
 ) -> None:
     """Create a bearer token for the management port (printed once; stored hashed)."""
     from trueup.agent.process import create_api_token
+    from trueup.journal.state import StateDir
 
     typer.echo(create_api_token(StateDir(state_dir), name))
 
 
 def main() -> None:
-    app()
+    """The full typer CLI; an agent that stops answering mid-call is one line, exit 1."""
+    try:
+        app()
+    except AgentUnavailable as exc:
+        typer.echo(exc.next_step(), err=True)
+        raise SystemExit(1) from None

@@ -1,23 +1,151 @@
-"""Rendering for CLI output: json, yaml and human tables."""
+"""Rendering for CLI output: json, yaml and human tables.
+
+Standard library only (yaml is imported when yaml output is asked for): the
+typer commands in `trueup.cli.main` and the fast path in `trueup.cli.fast`
+print through the same functions, so both render the same bytes.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+import sys
 
-import typer
-import yaml
+TYPE_CHECKING = False  # typing's import time is measurable on the fast path
+if TYPE_CHECKING:
+    from typing import Any, TextIO
 
-__all__ = ["emit", "render_findings", "render_status"]
+__all__ = [
+    "REFUSAL_EXIT_CODES",
+    "api_result",
+    "echo",
+    "emit",
+    "print_drift",
+    "print_plan",
+    "print_status",
+    "render_findings",
+    "render_status",
+]
+
+# trueup.model.reasons.EXIT_CODES by value (a unit test keeps the two equal): the
+# process exit code of a refused write.
+REFUSAL_EXIT_CODES = {"STATE_CONCURRENT_MODIFICATION": 3, "STATE_VERSION_SKEW": 4}
+
+
+def echo(message: str = "", err: bool = False) -> None:
+    """What `typer.echo` does with a string: a line, ANSI codes stripped when not a terminal."""
+    stream: TextIO | None = sys.stderr if err else sys.stdout
+    if stream is None:
+        return
+    text = message + "\n"
+    isatty = getattr(stream, "isatty", None)
+    if "\033" in text and not (isatty is not None and isatty()):
+        import re  # click's strip_ansi
+
+        text = re.sub(r"\033\[[;?0-9]*[a-zA-Z]", "", text)
+    encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+    buffer = getattr(stream, "buffer", None)
+    if encoding in ("ascii", "usascii", "ansix3.41968", "646") and buffer is not None:
+        stream.flush()
+        buffer.write(text.encode("utf-8", "replace"))
+        buffer.flush()
+        return
+    stream.write(text)
+    stream.flush()
 
 
 def emit(value: Any, output: str) -> None:
     if output == "json":
-        typer.echo(json.dumps(value, indent=2, sort_keys=False))
+        echo(json.dumps(value, indent=2, sort_keys=False))
     elif output == "yaml":
-        typer.echo(yaml.safe_dump(value, sort_keys=False).rstrip())
+        import yaml
+
+        echo(yaml.safe_dump(value, sort_keys=False).rstrip())
     else:
+        import typer
+
         raise typer.BadParameter(f"unknown output format {output!r}")
+
+
+def api_result(response: Any) -> dict[str, Any] | int:
+    """The body of an agent's answer, or the exit code after printing why it failed."""
+    try:
+        body = response.json()
+    except ValueError:
+        echo(f"trueup: agent answered {response.status_code}: {response.text[:200]}", err=True)
+        return 1
+    if response.status_code == 409:
+        echo(f"{body['code']}: {body['message']}", err=True)
+        return REFUSAL_EXIT_CODES.get(body["code"], 1)
+    if response.status_code == 422:
+        echo("request body: invalid document", err=True)
+        for problem in body.get("problems", []):
+            echo(f"  {problem}", err=True)
+        return 1
+    if response.status_code == 507 or (response.status_code >= 400 and "ok" not in body):
+        message = str(body.get("message") or f"agent answered {response.status_code}: {body}")
+        echo(f"trueup: {message}", err=True)
+        return 1
+    return dict(body)
+
+
+def print_plan(body: dict[str, Any], output: str) -> int:
+    """`trueup plan`'s output; the exit code: 2 changes, 0 none."""
+    steps = [s for p in body["plans"] for s in p["steps"]]
+    if output != "table":
+        emit(body, output)
+        return 2 if steps else 0
+    where = body.get("observed_by", {})
+    if where.get("agent_pid"):
+        echo(
+            f"observed by the agent (pid {where['agent_pid']}, state {where['state_dir']}, "
+            f"applied version {where.get('applied_version')})"
+        )
+    else:
+        echo(
+            f"observed by this process (no agent answers on {where.get('socket')}): "
+            f"network namespace {where.get('netns')}; run plan where the agent runs"
+        )
+    for p in body["plans"]:
+        if p["steps"]:
+            for step in p["steps"]:
+                echo(f"  + {step['describe']}")
+        else:
+            for reason in p["noop"]:
+                echo(f"  = {p['subsystem']}: {reason}")
+    for change in body.get("management_changes", []):
+        echo(f"  ! management: {change} — needs --confirm-within SECONDS", err=True)
+    if body.get("managed_by"):
+        echo(
+            f"  ! managed by the control plane at {body['managed_by']}: applying locally "
+            'needs --override "REASON"',
+            err=True,
+        )
+    echo(f"{len(steps)} change(s)" if steps else "no changes")
+    return 2 if steps else 0
+
+
+def print_status(status: dict[str, Any], output: str) -> None:
+    if output == "table":
+        echo(render_status(status))
+    else:
+        emit(status, output)
+
+
+def print_drift(report: dict[str, Any], output: str) -> int:
+    """`trueup drift`'s output; the exit code: 0 in sync, 2 drift."""
+    if output == "table":
+        if report["in_sync"]:
+            echo(f"in sync with version {report['applied_version']}")
+        else:
+            for d in report["differences"]:
+                echo(
+                    f"  {d['subsystem']}: {d['path']}: desired {d['desired']} "
+                    f"observed {d['observed']}"
+                )
+            echo("\n".join(render_findings(report["reason_codes"])))
+    else:
+        emit(report, output)
+    return 0 if report["in_sync"] else 2
 
 
 def render_findings(findings: list[dict[str, Any]]) -> list[str]:

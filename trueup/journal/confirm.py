@@ -19,10 +19,16 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from trueup.journal.atomic import fsync_dir
+from trueup.journal.atomic import StateFileError, fsync_dir
 from trueup.journal.state import StateDir
 
-__all__ = ["PENDING_FILE", "clear_pending", "read_pending", "write_pending"]
+__all__ = [
+    "PENDING_FILE",
+    "clear_pending",
+    "pending_from_journal",
+    "read_pending",
+    "write_pending",
+]
 
 PENDING_FILE = "pending-confirm.json"
 
@@ -32,8 +38,30 @@ def _journal_id(record: dict[str, Any]) -> str:
 
 
 def read_pending(state: StateDir) -> dict[str, Any] | None:
-    record = state.read(PENDING_FILE)
+    """The pending confirmation, or None.
+
+    When `pending-confirm.json` is damaged (torn, edited, not UTF-8), the
+    record as the journal last announced it — it is written there right after
+    the file — so the deadline and the version to return to are not lost. The
+    damage itself is reported by `trueup.journal.damage`, which refuses writes
+    until the file is repaired.
+    """
+    try:
+        record = state.read(PENDING_FILE)
+    except StateFileError:
+        return pending_from_journal(state)
     return dict(record) if isinstance(record, dict) else None
+
+
+def pending_from_journal(state: StateDir) -> dict[str, Any] | None:
+    """The pending confirmation the journal announced last, unless it was closed since."""
+    latest: Any = None
+    for record in state.journal.records():
+        if record["type"] == "confirm_pending":
+            latest = record.get("pending")
+        elif record["type"] == "confirm_closed":
+            latest = None
+    return dict(latest) if isinstance(latest, dict) else None
 
 
 def write_pending(state: StateDir, record: dict[str, Any]) -> None:

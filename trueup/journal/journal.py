@@ -35,6 +35,8 @@ class _Parsed:
     inode: int
     offset: int = 0
     records: list[dict[str, Any]] = field(default_factory=list)
+    lines: int = 0
+    problems: list[tuple[int, str]] = field(default_factory=list)  # (line number, why ignored)
 
 
 _CACHE: dict[Path, _Parsed] = {}
@@ -79,15 +81,32 @@ class Transaction:
             "state": terminal["type"] if terminal else "open",
             "outcome": terminal.get("outcome") if terminal else None,
             "recovered": bool(terminal.get("recovered")) if terminal else False,
-            "applied": [r["subsystem"] for r in self.records if r["type"] == "applied"],
+            "applied": [r.get("subsystem") for r in self.records if r["type"] == "applied"],
             "failed": {
-                r["subsystem"]: r.get("error") for r in self.records if r["type"] == "failed"
+                r.get("subsystem"): r.get("error") for r in self.records if r["type"] == "failed"
             },
             "history": [
                 {k: v for k, v in r.items() if k not in ("before", "scope", "previous_applied")}
                 for r in self.records
             ],
         }
+
+
+def _parse(line: bytes) -> tuple[dict[str, Any] | None, str]:
+    """A journal line's record, or None and why it is not one."""
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None, "not valid UTF-8"
+    except ValueError:
+        return None, "not valid JSON"
+    if not isinstance(record, dict):
+        return None, "not a journal record"
+    if not isinstance(record.get("txn"), str) or not isinstance(record.get("type"), str):
+        return None, "not a journal record (no txn or type)"
+    if record["type"] == "begin" and not isinstance(record.get("at"), str):
+        return None, "a begin record without its time"
+    return record, ""
 
 
 class Journal:
@@ -123,15 +142,43 @@ class Journal:
                     handle.seek(cached.offset)
                     chunk = handle.read()
                 end = chunk.rfind(b"\n") + 1  # a torn last line waits for its newline
-                for line in chunk[:end].splitlines():
-                    try:
-                        record = json.loads(line)
-                    except ValueError:  # not JSON, or not even UTF-8
-                        continue  # a torn write: the action it announced never started
-                    if isinstance(record, dict):
+                for line in chunk[:end].split(b"\n")[:-1]:
+                    cached.lines += 1
+                    record, problem = _parse(line)
+                    if record is not None:
                         cached.records.append(record)
+                    else:
+                        # A torn write (the action it announced never started), or an edit.
+                        cached.problems.append((cached.lines, problem))
                 cached.offset += end
             return list(cached.records)
+
+    def problems(self) -> list[str]:
+        """Lines that are not journal records, and a torn last line: each ignored, with why."""
+        self._records()
+        key = self.path.resolve()
+        with _CACHE_LOCK:
+            cached = _CACHE.get(key)
+            found = [
+                f"line {n}: {why}; ignored as a torn write"
+                for n, why in (cached.problems if cached else [])
+            ]
+            offset = cached.offset if cached else 0
+            lines = cached.lines if cached else 0
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return found
+        if size > offset:
+            found.append(
+                f"line {lines + 1}: incomplete ({size - offset} bytes, no newline): a write cut "
+                "short by a crash; ignored"
+            )
+        return found
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every whole record, oldest first (lines that are not records are left out)."""
+        return self._records()
 
     def transactions(self) -> list[Transaction]:
         by_id: dict[str, Transaction] = {}

@@ -24,7 +24,7 @@ from typing import Any
 from trueup.model.document import DeviceState
 from trueup.reconcile.attribution import DriftRecord
 from trueup.reconcile.healing import Governor
-from trueup.reconcile.management_tier import converge_management
+from trueup.reconcile.management_tier import audit_restored, converge_management
 from trueup.reconcile.transaction import Change, DamagedState, Engine, Refused, StorageError
 from trueup.subsystems.base import Difference, StepError
 from trueup.system.netlink import NetlinkError
@@ -234,15 +234,9 @@ class Healer:
         report.held.pop("management", None)
         report.healed["management"] = [s.describe() for s in steps]
         log.warning("management restored outside a transaction (%s)", why)
-        try:
-            self.engine.state.audit.append(
-                "management_restored",
-                actor,
-                steps=[s.describe() for s in steps],
-                outside_transaction=why[:300],
-            )
-        except OSError as exc:
-            log.warning("management_restored not audited: %s", exc)
+        problem = audit_restored(self.engine, steps, actor, outside_transaction=why[:300])
+        if problem is not None:
+            log.warning("management_restored not audited: %s", problem)
 
     def _book(
         self,

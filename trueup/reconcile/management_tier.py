@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from trueup.reconcile.transaction import Engine
 
 __all__ = [
+    "audit_restored",
     "converge_management",
     "document_from_facts",
     "management_facts_of",
@@ -94,6 +95,22 @@ def with_management(document: DeviceState, facts: dict[str, Any], *, source: str
         management["gateway"] = facts["gateway"]
     body["spec"]["management"] = management
     return parse_document(body, source)
+
+
+def audit_restored(engine: Engine, steps: list[Step], actor: str, **details: Any) -> str | None:
+    """Audit `management_restored`; best effort: why it was not written, or None.
+
+    A read-only or full state directory must not keep management down, nor
+    make restoring it look failed; the problem is noted as damaged state.
+    """
+    try:
+        engine.state.audit.append(
+            "management_restored", actor, steps=[s.describe() for s in steps], **details
+        )
+    except OSError as exc:
+        engine.check.note(engine.state.audit.path, f"cannot be appended to: {exc}")
+        return str(exc)
+    return None
 
 
 def plan_management(

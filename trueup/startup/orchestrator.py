@@ -2,10 +2,14 @@
 
 Phases, in this order, each logged and visible in `status`:
 
-0. `load`        read the state directory — no network needed;
+0. `load`        read the state directory — no network needed; a damaged file
+                 is recorded (`trueup.journal.damage`), never fatal;
 1. `management`  converge the management interface, addresses and gateway
-                 from the last accepted document (or the installer fallback),
-                 then the caller starts the API listeners;
+                 from the first readable source of management facts (a
+                 console override, `management.json`, the last committed
+                 revision, the config file, the installer fallback:
+                 `trueup.startup.sources`), then the caller starts the API
+                 listeners;
 2. `recovery`    recover an open transaction to the last committed revision;
 3. `subsystems`  apply the configured document tier by tier, each subsystem
                  within its own deadline;
@@ -25,18 +29,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from trueup.journal.atomic import StateFileError
 from trueup.journal.audit import now_iso
-from trueup.journal.confirm import read_pending
-from trueup.model.document import (
-    DeviceState,
-    DocumentError,
-    document_digest,
-    load_document,
-    parse_document,
+from trueup.journal.state import StateDirError
+from trueup.model.document import DeviceState, DocumentError, document_digest, load_document
+from trueup.reconcile.confirm import settle_at_startup
+from trueup.reconcile.management_tier import audit_restored, converge_management
+from trueup.reconcile.transaction import (
+    ApplyResult,
+    DamagedState,
+    Engine,
+    NeedsConfirmation,
+    Refused,
 )
-from trueup.reconcile.confirm import decide, settle_at_startup
-from trueup.reconcile.transaction import ApplyResult, Engine, NeedsConfirmation, Refused
-from trueup.subsystems.registry import scope_for
+from trueup.startup.sources import ManagementSource, management_source
 
 __all__ = ["PHASES", "Orchestrator", "PhaseRecord"]
 
@@ -81,6 +87,7 @@ class Orchestrator:
         self.config_document: DeviceState | None = None
         self.config_error: str | None = None
         self.management_document: DeviceState | None = None
+        self.management_from = ManagementSource(None, "not read yet", "none")
         self.management_error: str | None = None
         self.document: DeviceState | None = None
         self.subsystem_health: dict[str, dict[str, Any]] = {}
@@ -103,56 +110,60 @@ class Orchestrator:
     def phase_list(self) -> list[dict[str, Any]]:
         return [p.to_json() for p in self.phases.values()]
 
+    def _refused_by_damage(self, record: PhaseRecord) -> bool:
+        """End the phase, not run, when a damaged state file refuses writes."""
+        try:
+            self.engine.refuse_if_damaged()
+        except DamagedState as exc:
+            self._end(record, "failed", f"not run: {exc}")
+            return True
+        return False
+
     # -- phase 0 ------------------------------------------------------------
     def load(self) -> None:
+        """Read what phase 1 needs; never raises. Damaged files are recorded, left as evidence."""
         record = self._start("load")
-        self.engine.state.ensure()
+        state = self.engine.state
+        try:
+            state.ensure()
+        except (StateDirError, OSError) as exc:  # reported by the damage check
+            log.error("state directory: %s", exc)
         if self.config_path:
             try:
                 self.config_document = load_document(self.config_path)
             except DocumentError as exc:
                 self.config_error = str(exc)
                 log.error("%s", exc)
-        self.management_document = self._management_source()
-        source = (
-            f"version {self.management_document.metadata.version}"
-            if self.management_document
-            else "none"
-        )
-        self._end(record, "done", f"management from {source}")
-
-    def _management_source(self) -> DeviceState | None:
-        """The last accepted document; before any, the config file, then the fallback."""
-        state = self.engine.state
-        open_txn = state.journal.open_transaction()
-        applied = (
-            open_txn.begin.get("previous_applied", {}) if open_txn else state.applied()
-        ) or {}
-        version = int(applied.get("version", 0))
-        pending = read_pending(state)
-        if pending and decide(pending, version, time.time()) == "expired":
-            # The applied version was never confirmed and its time is up: bring
-            # management up as it was confirmed; recovery rolls the rest back.
-            version = int(pending.get("confirmed_version", version))
-        if version:
-            record = state.revision(version)
-            if record is not None:
-                try:
-                    return parse_document(record["document"], f"revision {version}")
-                except DocumentError as exc:
-                    log.error("accepted revision unreadable: %s", exc)
-        if self.config_document is not None:
-            return self.config_document
-        if self.fallback_path:
-            try:
-                return load_document(self.fallback_path)
-            except DocumentError as exc:
-                log.error("management fallback unreadable: %s", exc)
-        return None
+        try:
+            found = management_source(
+                state,
+                config=self.config_document,
+                config_path=self.config_path,
+                fallback_path=self.fallback_path,
+            )
+        except Exception as exc:  # phase 0 must never stop management: say why, go on
+            log.exception("reading the management facts failed")
+            found = ManagementSource(None, "none", "none", [f"reading failed: {exc}"])
+        self.management_from = found
+        self.management_document = found.document
+        for why in found.skipped:
+            log.warning("management source skipped: %s", why)
+        damaged = self.engine.check.damaged()
+        for damage in damaged:
+            log.error("damaged state: %s (%s)", damage.sentence(), damage.blocks)
+        detail = f"management from {found.source}"
+        if damaged:
+            detail += "; damaged: " + ", ".join(d.file for d in damaged)
+        self._end(record, "done", detail)
 
     # -- phase 1 ------------------------------------------------------------
     def management(self) -> bool:
-        """Converge the management subsystem alone. Never raises."""
+        """Converge the management subsystem alone. Never raises.
+
+        Needs only the kernel: the facts were read in phase 0, and the audit
+        line is best effort (a read-only or full state directory must not
+        keep management down).
+        """
         record = self._start("management")
         document = self.management_document
         if document is None:
@@ -160,28 +171,24 @@ class Orchestrator:
             self.management_error = "no management configuration"
             return False
         try:
-            sub = self.engine.by_name["management"]
-            scope = scope_for(document)
-            with self.engine.sources() as net:
-                observed = sub.observe(net, scope)
-                plan = sub.plan(sub.desired(document, scope), observed, scope)
-                for step in plan.steps:
-                    sub.execute(net, step)
-            if plan.steps:
-                self.engine.state.audit.append(
-                    "management_restored", "startup", steps=[s.describe() for s in plan.steps]
-                )
-            self._end(record, "done", f"{len(plan.steps)} step(s)")
-            self.management_error = None
-            return True
+            steps = converge_management(self.engine, document)
         except Exception as exc:  # management must report, never crash the agent
             self.management_error = str(exc)
             self._end(record, "failed", str(exc))
             return False
+        detail = f"{len(steps)} step(s) from {self.management_from.source}"
+        source = self.management_from.source
+        if steps and audit_restored(self.engine, steps, "startup", source=source) is not None:
+            detail += " (not audited: the state directory refused the line)"
+        self._end(record, "done", detail)
+        self.management_error = None
+        return True
 
     # -- phase 2 ------------------------------------------------------------
     def recovery(self) -> None:
         record = self._start("recovery")
+        if self._refused_by_damage(record):
+            return
         try:
             with self.engine.writer("recovery", "startup", wait=30.0):
                 recovered = self.engine.recover(actor="startup")
@@ -208,10 +215,24 @@ class Orchestrator:
         proceed. Subsystems that failed are retried later with back-off.
         """
         record = self._start("subsystems")
+        if self._refused_by_damage(record):
+            return
         document = self.config_document
         state = self.engine.state
         config_digest = document_digest(document) if document is not None else None
-        if document is not None and config_digest == state.read("config.json", {}).get("digest"):
+        try:
+            applied_config = state.read("config.json", {})
+            applied_digest = (
+                applied_config.get("digest") if isinstance(applied_config, dict) else None
+            )
+        except (StateFileError, OSError) as exc:
+            # Unknown whether the file was applied before: applying it again could
+            # replace a newer revision, so the accepted state is enforced instead.
+            applied_digest = config_digest
+            self.config_error = (
+                f"{exc}: {self.config_path} is not applied again until it is repaired"
+            )
+        if document is not None and config_digest == applied_digest:
             # The config file was applied before; later revisions (from the control
             # plane or the API) win until the file itself changes.
             document = None

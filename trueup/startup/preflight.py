@@ -6,6 +6,7 @@ changes nothing. Every finding is printed; any blocker fails the check.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import shutil
@@ -14,9 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from trueup.journal.atomic import StateFileError
+from trueup.journal.damage import StateCheck
 from trueup.journal.lock import lock_holder
 from trueup.journal.state import STATE_SCHEMA, StateDir, StateDirError
 from trueup.model.document import DeviceState, DocumentError, load_document, parse_document
+from trueup.startup.sources import management_source
 from trueup.subsystems.base import Subsystem
 
 __all__ = ["Finding", "preflight"]
@@ -103,11 +107,17 @@ def preflight(
             )
         except (StateDirError, json.JSONDecodeError, OSError) as exc:
             findings.append(Finding("blocker", "state directory", str(exc)))
-        tampered = state.tampered_revisions()
-        for path in tampered:
+    if state_dir.is_dir():
+        # Every damaged file fails the check: an agent would start (management
+        # needs none of them) but refuse writes or report them until repaired.
+        # Torn journal lines are what a crash leaves; the journal ignores them.
+        for damage in StateCheck(state).damaged(deep=True):
+            severity: Severity = "warning" if damage.file == "journal.jsonl" else "blocker"
             findings.append(
                 Finding(
-                    "blocker", "revisions", f"{path} no longer matches its digest (edited by hand)"
+                    severity,
+                    "damaged state",
+                    f"{damage.sentence()} — {damage.to_json()['consequence']}",
                 )
             )
 
@@ -139,8 +149,14 @@ def preflight(
     # Management configuration.
     version = int(state.applied().get("version", 0)) if state.exists() else 0
     if version:
-        record = state.revision(version)
-        if record is None:
+        damaged = False
+        try:
+            record = state.revision(version)
+        except StateFileError:
+            record, damaged = None, True  # reported as damaged above
+        if damaged:
+            pass
+        elif record is None:
             findings.append(
                 Finding(
                     "blocker",
@@ -174,6 +190,26 @@ def preflight(
             findings.append(
                 Finding("blocker", f"{label} document", f"{doc_path}: {'; '.join(exc.problems)}")
             )
+    if state_dir.is_dir():
+        config_document = None
+        if config is not None:
+            with contextlib.suppress(DocumentError):
+                config_document = load_document(config)
+        source = management_source(
+            state,
+            config=config_document,
+            config_path=str(config) if config else None,
+            fallback_path=fallback,
+        )
+        for why in source.skipped:
+            findings.append(Finding("warning", "management facts", f"not used: {why}"))
+        if source.document is not None:
+            findings.append(
+                Finding(
+                    "ok", "management facts", f"phase 1 brings management up from {source.source}"
+                )
+            )
+            document = document or source.document
     if document is None and not any(f.check == "management configuration" for f in findings):
         findings.append(
             Finding(

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import fcntl
 import ipaddress
-import logging
 import socket
 import struct
 import threading
@@ -29,7 +28,6 @@ from typing import Protocol
 
 __all__ = ["Announcer", "KernelAnnouncer", "NoAnnouncer", "arp_frame", "na_message"]
 
-log = logging.getLogger("trueup.announce")
 
 _ETH_P_ARP = 0x0806
 _SIOCGIFHWADDR = 0x8927
@@ -101,7 +99,13 @@ class KernelAnnouncer:
             except OSError as exc:
                 # A link that is down, an IPv6 address still in duplicate address
                 # detection: the next one in the schedule will do.
-                log.debug("announcing %s on %s: %s", address, ifname, exc)
+                # Imported here: the startup fast path imports this module before
+                # anything else, and `logging` would cost it more than it does.
+                import logging
+
+                logging.getLogger("trueup.announce").debug(
+                    "announcing %s on %s: %s", address, ifname, exc
+                )
 
     @staticmethod
     def send_once(ifname: str, address: str) -> None:

@@ -1,0 +1,64 @@
+"""Run the agent from its options: the one implementation behind `trueup agent run`.
+
+Who calls this: `trueup.agent.fastboot.boot` once the fast path has
+management up and its listeners answering (it hands them over), and the
+typer `agent run` command when the console entry was bypassed (no handover).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from trueup.agent.fastboot import AgentOptions, Handover
+from trueup.agent.process import Agent
+from trueup.agent.wiring import wire
+from trueup.subsystems.base import Subsystem
+from trueup.subsystems.registry import default_subsystems, load_plugin, ordered
+
+__all__ = ["run_agent"]
+
+log = logging.getLogger("trueup.agent")
+
+
+def run_agent(options: AgentOptions, handover: Handover | None = None) -> int:
+    """Build, wire and run the agent; its exit code (1 for a plugin that does not load)."""
+    logging.basicConfig(
+        level=getattr(logging, options.log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    subsystems: list[Subsystem] = default_subsystems()
+    for reference in options.plugins:
+        try:
+            subsystems.append(load_plugin(reference))
+        except (ImportError, AttributeError, ValueError) as exc:
+            print(f"trueup: --plugin {reference}: {exc}", file=sys.stderr)
+            return 1
+    handover = handover or Handover()
+    agent = Agent(
+        options.state_dir,
+        config_path=str(options.config) if options.config else None,
+        fallback_path=str(options.management_fallback) if options.management_fallback else None,
+        listen_port=options.listen_port,
+        subsystems=ordered(subsystems),
+        early_sockets=handover.sockets,
+        early_release=handover.release,
+        agent_lock=handover.agent_lock,
+    )
+    if handover.steps:
+        # Phase 1 will find these done; the audit still says who restored management.
+        try:
+            agent.state.audit.append(
+                "management_restored", "startup", steps=handover.steps, fast_path=handover.source
+            )
+        except Exception:  # a damaged audit log never keeps management down
+            log.exception("recording the fast path's management restore failed")
+    wire(
+        agent,
+        control_plane=options.control_plane,
+        token_file=options.token_file,
+        heartbeat=float(os.environ.get("TRUEUP_HEARTBEAT_SECONDS", "30")),
+    )
+    return agent.run()

@@ -1,0 +1,248 @@
+"""The CLI's fast path: the hot commands against a running agent, standard library only.
+
+`trueup status`, `drift`, `plan`, `confirm` and `ack` against a running agent
+are a request on the unix socket and a few lines of output; importing typer,
+pydantic, the engine and the subsystems costs several times that. `run(argv)`
+handles exactly those commands when an agent answers on the state directory's
+socket, with the options the typer commands take (`--state-dir`, then
+`TRUEUP_STATE_DIR`, then the default; `-o json|yaml|table`), and prints through
+the renderers the typer commands use (`trueup.cli.output`). Everything else —
+another command, an option it does not know, `--help` on a command, a value
+typer would refuse, no agent answering, an answer it does not expect before
+anything was changed — is handed to the full typer CLI (`run` returns None),
+which behaves as it always did. `trueup --help` is `trueup.cli.helptext`.
+
+Reads (`status`, `drift`, `plan`) go straight to their route with the health
+check's 2 s timeout and are repeated by the full CLI when not answered; writes
+(`confirm`, `ack`) ask first whether an agent answers, as the full CLI does,
+and are sent once: an agent that stops answering then is one line and exit 1.
+`plan` sends the document as decoded from the file and lets the agent validate
+it; a 422 hands over to the full CLI, which prints each problem with its path
+in the file, as before.
+"""
+
+from __future__ import annotations
+
+import os
+
+from trueup.agent.client import HEALTH_TIMEOUT, AgentClient, AgentUnavailable
+from trueup.cli.output import api_result, echo, print_drift, print_plan, print_status
+
+TYPE_CHECKING = False  # typing's import time is measurable on the fast path
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = ["DEFAULT_STATE_DIR", "FORMATS", "duration_seconds", "parse", "run"]
+
+# = trueup.journal.state.DEFAULT_STATE_DIR (a unit test keeps them equal).
+DEFAULT_STATE_DIR = "/var/lib/trueup"
+STATE_DIR_ENV = "TRUEUP_STATE_DIR"
+FORMATS = ("json", "yaml", "table")
+
+_STATE = {"--state-dir": "state_dir"}
+_OUTPUT = {"-o": "output", "--output": "output"}
+# command: (positional parameters, options taking a value, required options)
+_COMMANDS: dict[str, tuple[tuple[str, ...], dict[str, str], tuple[str, ...]]] = {
+    "status": ((), _STATE | _OUTPUT, ()),
+    "drift": ((), _STATE | _OUTPUT, ()),
+    "plan": (("file",), _STATE | _OUTPUT, ()),
+    "confirm": ((), _STATE, ()),
+    "ack": (("subsystem",), _STATE | {"--for": "for_", "--reason": "reason"}, ("for_", "reason")),
+}
+
+
+def duration_seconds(text: str) -> float | None:
+    """`90s`, `30m`, `2h`, `1d` or plain seconds; None when it is none of those."""
+    import re
+
+    match = re.match(r"^(\d+(?:\.\d+)?)([smhd]?)$", text.strip())
+    if not match:
+        return None
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+
+
+def parse(argv: list[str]) -> tuple[str, dict[str, str]] | None:
+    """(command, values) when argv is a hot command with options the fast path knows, else None.
+
+    Conservative by design: anything unusual (an option given twice, `--`, a
+    value that looks like an option, a missing value) returns None, and the
+    full CLI decides what it means.
+    """
+    if not argv or argv[0] not in _COMMANDS:
+        return None
+    positional, options, required = _COMMANDS[argv[0]]
+    values: dict[str, str] = {}
+    given: list[str] = []
+    rest = iter(argv[1:])
+    for arg in rest:
+        if arg.startswith("--") and arg != "--":
+            name, has_value, value = arg.partition("=")
+            if name not in options:
+                return None
+            if not has_value:
+                value = next(rest, "-")
+                if value.startswith("-"):
+                    return None
+        elif arg.startswith("-"):
+            # Short options: `-o json` and `-ojson` only.
+            if arg[:2] not in options or arg[2:3] == "=":
+                return None
+            name, value = arg[:2], arg[2:]
+            if not value:
+                value = next(rest, "-")
+                if value.startswith("-"):
+                    return None
+        else:
+            given.append(arg)
+            continue
+        key = options[name]
+        if key in values:
+            return None
+        values[key] = value
+    if len(given) != len(positional) or any(key not in values for key in required):
+        return None
+    values.update(zip(positional, given, strict=True))
+    if values.setdefault("output", "table") not in FORMATS:
+        return None
+    if "state_dir" not in values:
+        values["state_dir"] = os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
+    return argv[0], values
+
+
+def run(argv: list[str]) -> int | None:
+    """The exit code when the fast path answered; None: run the full typer CLI instead."""
+    if argv == ["--help"]:
+        from trueup.cli import helptext
+
+        return helptext.print_help()
+    parsed = parse(argv)
+    if parsed is None:
+        return None
+    command, options = parsed
+    values: dict[str, Any] = dict(options)
+    if command == "ack" and duration_seconds(values["for_"]) is None:
+        return None  # typer's usage error
+    if command == "plan":
+        document = _read_document(options["file"])
+        if document is None:
+            return None  # the full CLI prints why the file is not a document
+    if command in ("confirm", "ack"):
+        # A write is sent once: ask first whether an agent answers, as the full CLI does.
+        client = AgentClient.connect(options["state_dir"])
+    else:
+        # A read is repeated by the full CLI when it is not answered within the time the
+        # health check would have allowed: one round trip instead of two.
+        client = AgentClient.at(options["state_dir"], timeout=HEALTH_TIMEOUT)
+    if client is None:
+        return None  # no agent: the full CLI works without one, or says so
+    if command == "plan":
+        values["document"] = document
+    return _HANDLERS[command](client, values)
+
+
+def _read_document(file: str) -> Any:
+    """The file decoded as `trueup.model.document.decode_text` does; None on any problem."""
+    try:
+        with open(file, encoding="utf-8") as stream:
+            text = stream.read()
+        if file.endswith(".json") or text.lstrip().startswith("{"):
+            import json
+
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except Exception:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _status(client: AgentClient, values: dict[str, Any]) -> int | None:
+    def render(body: dict[str, Any]) -> int:
+        print_status(body, values["output"])
+        return 0
+
+    return _read(client, "/v1/status", render)
+
+
+def _drift(client: AgentClient, values: dict[str, Any]) -> int | None:
+    # The agent's /v1/drift is `drift_report(status)`, what the full CLI derives from /v1/status.
+    return _read(client, "/v1/drift", lambda body: print_drift(body, values["output"]))
+
+
+def _read(client: AgentClient, path: str, render: Any) -> int | None:
+    try:
+        response = client.request("GET", path)
+        body = response.json() if response.status_code == 200 else None
+    except (AgentUnavailable, ValueError):
+        return None  # the full CLI reads the state directory itself
+    if not isinstance(body, dict):
+        return None
+    code: int = render(body)
+    return code
+
+
+def _plan(client: AgentClient, values: dict[str, Any]) -> int | None:
+    try:
+        response = client.request("POST", "/v1/plan", json=values["document"])
+        body = response.json() if response.status_code == 200 else None
+    except (AgentUnavailable, ValueError, TypeError):
+        return None  # planning changes nothing: the full CLI plans again, its own way
+    if not isinstance(body, dict):
+        return None  # e.g. 422: the full CLI prints each problem with its path in FILE
+    return print_plan(body, values["output"])
+
+
+def _confirm(client: AgentClient, values: dict[str, Any]) -> int | None:
+    del values
+    try:
+        response = client.request("POST", "/v1/confirm")
+    except AgentUnavailable as exc:
+        echo(exc.next_step(), err=True)
+        return 1
+    body = api_result(response)
+    if isinstance(body, int):
+        return body
+    echo(body.get("message", _json(body)))
+    return 0 if body.get("ok", True) else 1
+
+
+def _ack(client: AgentClient, values: dict[str, Any]) -> int | None:
+    params = {
+        "subsystem": values["subsystem"],
+        "seconds": duration_seconds(values["for_"]),
+        "reason": values["reason"],
+    }
+    try:
+        response = client.request("POST", "/v1/ack", params=params)
+    except AgentUnavailable as exc:
+        echo(exc.next_step(), err=True)
+        return 1
+    if response.status_code == 404:
+        try:
+            detail = response.json().get("detail", "unknown subsystem")
+        except (ValueError, AttributeError):
+            detail = "unknown subsystem"
+        echo(f"trueup: {detail}", err=True)
+        return 1
+    body = api_result(response)
+    if isinstance(body, int):
+        return body
+    echo(body.get("message", _json(body)))
+    return 0
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value)
+
+
+_HANDLERS = {
+    "status": _status,
+    "drift": _drift,
+    "plan": _plan,
+    "confirm": _confirm,
+    "ack": _ack,
+}
