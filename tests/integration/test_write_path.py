@@ -223,3 +223,21 @@ def test_a_huge_audit_line_and_a_torn_tail_are_ordinary_data(router: Router) -> 
         assert router.api(path), path
     verified = router.trueup("audit", "verify")
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_a_hung_agent_is_never_bypassed_by_a_local_write(router: Router) -> None:
+    import signal
+
+    assert _apply(router, "v1.yaml", base_document()).returncode == 0
+    proc = router.start_agent()
+    before = router.snapshot()
+    proc.send_signal(signal.SIGSTOP)  # alive, holding its state directory, answering nothing
+    try:
+        refused = _apply(router, "v2.yaml", base_document(routes=[]))
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "does not answer" in refused.stderr and "nothing was changed" in refused.stderr
+        assert router.snapshot() == before
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    applied = _apply(router, "v2.yaml", base_document(routes=[]))
+    assert applied.returncode == 0, applied.stderr

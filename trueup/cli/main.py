@@ -114,6 +114,19 @@ def _engine(state_dir: Path, *, create: bool) -> Engine:
     from trueup.reconcile.transaction import Engine
 
     state = StateDir(state_dir)
+    if create:
+        from trueup.journal.agentlock import agent_holder
+
+        holder = agent_holder(state.root)
+        if holder is not None and int(holder.get("pid", 0)) != os.getpid():
+            # An agent runs on this state directory but did not answer on its
+            # socket (hung, or starting): writing from here would observe and
+            # change this process's namespace, perhaps not the router's.
+            _fail(
+                f"an agent (pid {holder.get('pid')}) runs on {state.root} but does not answer "
+                f"on {state.root / 'agent.sock'}; nothing was changed. Check it (`trueup "
+                "doctor`, its log) or stop it, then retry"
+            )
     try:
         if create:
             state.ensure()
