@@ -17,6 +17,9 @@ Phases, in this order, each logged and visible in `status`:
 
 Nothing before phase 1 may need the network, name resolution or a daemon;
 no failure after phase 1 can take management down.
+
+Why this module is over 400 lines: the five startup phases and the retry of
+failed subsystems, each short; they share the per-subsystem startup verdicts.
 """
 
 from __future__ import annotations
@@ -236,6 +239,15 @@ class Orchestrator:
             # The config file was applied before; later revisions (from the control
             # plane or the API) win until the file itself changes.
             document = None
+        if document is not None and self._managed_by_control_plane():
+            # The control plane's revision is the source of truth here: a changed
+            # config file is not a silent override (use `apply --override`).
+            self.config_error = (
+                f"{self.config_path}: not applied — this device is managed by the control plane "
+                f"at {self.engine.managed_by()}; its desired revision is applied instead (to "
+                "change the device locally, `trueup apply FILE --override REASON`)"
+            )
+            document = None
         enforcing = document is None
         if document is None:
             detail = self.config_error or "configuration unchanged; enforcing accepted state"
@@ -288,6 +300,13 @@ class Orchestrator:
         except Exception as exc:
             log.exception("subsystem phase failed")
             self._end(record, "failed", str(exc))
+
+    def _managed_by_control_plane(self) -> bool:
+        try:
+            applied = self.engine.state.applied()
+        except (StateFileError, ValueError):
+            return False
+        return self.engine.managed_by() is not None and applied.get("cp_version") is not None
 
     def _prepare_and_apply(
         self, document: DeviceState, names: list[str], *, kind: str
