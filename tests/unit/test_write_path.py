@@ -312,3 +312,22 @@ def test_the_applied_revision_is_never_pruned_when_numbers_go_back(engine: Engin
         assert 1 in engine.state.revision_versions()
     finally:
         state_module._KEEP_REVISIONS = 100  # type: ignore[attr-defined]
+
+
+def test_a_changed_config_file_on_a_managed_device_is_not_applied_at_start(
+    engine: Engine, tmp_path: Path
+) -> None:
+    import yaml
+
+    from trueup.startup.orchestrator import Orchestrator
+
+    engine.state.write(CONTROL_PLANE_FILE, {"url": "https://cp.invalid"})
+    assert engine.transact(Change(_doc().with_version(4), origin="control-plane")).ok
+    config = tmp_path / "desired.yaml"
+    config.write_text(yaml.safe_dump(base_document(routes=[])))
+    orchestrator = Orchestrator(engine, config_path=str(config))
+    orchestrator.load()
+    orchestrator.subsystems()
+    applied = engine.state.applied()
+    assert applied["version"] == 4 and applied["origin"] == "control-plane"
+    assert "managed by the control plane" in str(orchestrator.config_error)
