@@ -82,3 +82,15 @@ def test_the_management_address_is_announced_to_neighbours(router_with_client: R
     router.start_agent("--config", str(config))
     # Nothing was sent by the client: only the router's announcement can fix its entry.
     router.wait_for(lambda: client_mac() == mac, what="the client learnt the router's MAC")
+
+
+def test_an_agent_started_with_nothing_accepted_opens_its_port_with_the_first_revision(
+    router_with_client: Router,
+) -> None:
+    router = router_with_client
+    router.start_agent(wait_ready=False, wait_started=False)
+    router.wait_for(lambda: "ready" in router.api("/v1/health/management"), what="socket up")
+    assert router.api("/v1/health/management")["ready"] is False
+    applied = router.trueup("apply", str(router.write("v1.yaml", base_document())))
+    assert applied.returncode == 0, applied.stderr
+    router.wait_for(lambda: _health(router)[0] == 200, what="management port from the client")

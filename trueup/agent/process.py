@@ -514,6 +514,11 @@ class Agent:
         wildcard comes back within a second, and closes again when the address
         returns.
         """
+        while document is None and self.listen_port is None and not self._stop.is_set():
+            # Nothing accepted yet (a new router): the management port opens with
+            # the first applied revision, whichever way it arrives.
+            await asyncio.sleep(0.5)
+            document = await asyncio.to_thread(self._current_document)
         if document is None and self.listen_port is None:
             return
         port = self.listen_port or (document.spec.management.api.port if document else 7443)
