@@ -10,10 +10,13 @@ from __future__ import annotations
 import os
 import socket
 
+from pydantic import RootModel
+
 from trueup.model.document import DeviceState
 from trueup.model.health import Tier
-from trueup.subsystems.base import Facts, Plan, Scope, Step, StepError, Subsystem
+from trueup.subsystems.base import Facts, Plan, Scope, Sources, Step, StepError, Subsystem
 from trueup.system.netlink import Netlink
+from trueup.system.watches import files
 
 
 class ResolverProbe(Subsystem):
@@ -76,3 +79,36 @@ class NeedsMissingBinary(FailingService):
     name = "needs-missing-binary"
     required_binaries = ("trueup-test-no-such-binary",)
     required_files = ("/nonexistent/trueup-test/hook.so",)
+
+
+class MotdSection(RootModel[str]):
+    """`spec.motd`: the text of a file (the path comes from TRUEUP_TEST_MOTD)."""
+
+
+class MotdFile(Subsystem):
+    """A file-backed subsystem, as Kea's or Knot's configuration will be: a files() watch."""
+
+    name = "motd"
+    tier = Tier.OPTIONAL
+    section = ("motd", MotdSection)
+    path = os.environ.get("TRUEUP_TEST_MOTD", "/nonexistent/trueup-test/motd")
+    watches = (files(path),)
+
+    def configured(self, document: DeviceState) -> bool:
+        return document.spec.section("motd", MotdSection) is not None
+
+    def desired(self, document: DeviceState, scope: Scope) -> Facts:
+        section = document.spec.section("motd", MotdSection)
+        return {"spec.motd": section.root} if section is not None else {}
+
+    def observe(self, sources: Sources, scope: Scope) -> Facts:
+        return {"spec.motd": sources.files.read(self.path)}
+
+    def plan(self, desired: Facts, observed: Facts, scope: Scope) -> Plan:
+        want = desired.get("spec.motd")
+        if want is None or observed.get("spec.motd") == want:
+            return Plan(self.name, [], ["in place"])
+        return Plan(self.name, [Step(self.name, "write", "spec.motd", {"text": want})])
+
+    def execute(self, sources: Sources, step: Step) -> None:
+        self.run_step(step, lambda: sources.files.write(self.path, step.args["text"]))

@@ -18,7 +18,9 @@ def _read(router: Router, path: str) -> str:
     return router.run("cat", path).stdout.strip()
 
 
-def test_sysctl_applied_observed_healed_by_its_periodic_watch_and_refused_atomically(router: Router) -> None:
+def test_sysctl_applied_observed_healed_by_its_periodic_watch_and_refused_atomically(
+    router: Router,
+) -> None:
     assert _read(router, FORWARD) == "0"  # a new namespace starts with forwarding off
     document = base_document(
         routes=[], sysctl={"net.ipv4.ip_forward": 1, "net.ipv6.conf.all.forwarding": 1}
@@ -51,3 +53,23 @@ def test_sysctl_applied_observed_healed_by_its_periodic_watch_and_refused_atomic
     assert refused.returncode == 1
     assert "no sysctl net.ipv4.no_such" in refused.stderr + refused.stdout
     assert _read(router, FORWARD) == "1"
+
+
+def test_a_files_watch_wakes_the_loop_for_a_file_backed_subsystem(router: Router) -> None:
+    """A plugin subsystem that owns a file: a change to it is healed by the inotify watch,
+    long before the periodic resync (60 s by default) would look."""
+    motd = router.workdir / "motd"
+    document = base_document(routes=[], motd="managed by trueup\n")
+    config = router.write("desired.yaml", document)
+    router.start_agent(
+        "--config", str(config), "--plugin", "tests.plugins:MotdFile",
+        env={"TRUEUP_TEST_MOTD": str(motd)},
+    )  # fmt: skip
+    router.wait_for(lambda: motd.exists() and motd.read_text() == "managed by trueup\n",
+                    what="file written")  # fmt: skip
+    passes = router.api("/v1/status")["reconcile_loop"]["resync_seconds"]
+    assert passes == 60
+    motd.write_text("edited by hand\n")
+    router.wait_for(lambda: motd.read_text() == "managed by trueup\n", what="healed via inotify")
+    record = router.api("/v1/status")["subsystems"]["motd"]
+    assert record["health"] == "ok"
