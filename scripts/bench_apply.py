@@ -350,7 +350,7 @@ def _replace_agent(tmp: Path, n: int, doc_a: Path, doc_b: Path, count: int) -> d
         agent = subprocess.Popen(
             ["ip", "netns", "exec", ns, PYTHON, "-m", "trueup.cli", "agent", "run",
              "--state-dir", str(state)],
-            stdout=log, stderr=subprocess.STDOUT, env=env(),
+            stdout=log, stderr=subprocess.STDOUT, env={**env(), "PYTHONFAULTHANDLER": "1"},
         )  # fmt: skip
         try:
 
@@ -363,7 +363,9 @@ def _replace_agent(tmp: Path, n: int, doc_a: Path, doc_b: Path, count: int) -> d
             deadline = time.monotonic() + 600
             while not (sock.exists() and started_up()):
                 if agent.poll() is not None:
-                    raise RuntimeError(f"agent exited: {log_path.read_text()[-2000:]}")
+                    raise RuntimeError(
+                        f"agent exited ({agent.returncode}): {log_path.read_text()[-4000:]}"
+                    )
                 if time.monotonic() > deadline:
                     raise RuntimeError(
                         f"agent not started in 300 s: {log_path.read_text()[-2000:]}"
@@ -394,7 +396,9 @@ def _replace_agent(tmp: Path, n: int, doc_a: Path, doc_b: Path, count: int) -> d
             cpu_settled = _cpu_seconds(agent.pid) - cpu_before
             _check_replaced(ns, count)
             if agent.poll() is not None:
-                raise RuntimeError(f"agent exited: {log_path.read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"agent exited ({agent.returncode}): {log_path.read_text()[-4000:]}"
+                )
         finally:
             agent.send_signal(signal.SIGTERM)
             try:
@@ -436,12 +440,12 @@ def _replace(quick: bool) -> str:
         batch_a.write_text(first)
         batch_b.write_text(change)
         for n in range(rounds):
-            ipb.append(_replace_ip(tmp, n, batch_a, batch_b, count))
-            print(f"bench_apply: replace {n} ip -batch {ipb[-1]}", file=sys.stderr, flush=True)
-            cli.append(_replace_cli(tmp, n, doc_a, doc_b, count))
-            print(f"bench_apply: replace {n} cli {cli[-1]}", file=sys.stderr, flush=True)
             agent.append(_replace_agent(tmp, n, doc_a, doc_b, count))
             print(f"bench_apply: replace {n} agent {agent[-1]}", file=sys.stderr, flush=True)
+            cli.append(_replace_cli(tmp, n, doc_a, doc_b, count))
+            print(f"bench_apply: replace {n} cli {cli[-1]}", file=sys.stderr, flush=True)
+            ipb.append(_replace_ip(tmp, n, batch_a, batch_b, count))
+            print(f"bench_apply: replace {n} ip -batch {ipb[-1]}", file=sys.stderr, flush=True)
     load_after = os.getloadavg()
     ip_m = median([r["wall"] for r in ipb])
     cli_m = median([r["wall"] for r in cli])

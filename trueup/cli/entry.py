@@ -28,10 +28,15 @@ def main(argv: list[str] | None = None) -> None:
                 raise
         else:
             raise SystemExit(boot(args[2:]))
-    from trueup.cli.fast import run
-
     try:
-        code = run(args)
+        if args == ["--help"]:
+            from trueup.cli.helptext import print_help as run_help
+
+            code = run_help()
+        else:
+            from trueup.cli.fast import run
+
+            code = run(args)
     except KeyboardInterrupt:
         raise SystemExit(130) from None  # as typer exits on Ctrl-C
     except BrokenPipeError:

@@ -112,9 +112,9 @@ def parse(argv: list[str]) -> tuple[str, dict[str, str]] | None:
 def run(argv: list[str]) -> int | None:
     """The exit code when the fast path answered; None: run the full typer CLI instead."""
     if argv == ["--help"]:
-        from trueup.cli import helptext
+        from trueup.cli.helptext import print_help
 
-        return helptext.print_help()
+        return print_help()
     parsed = parse(argv)
     if parsed is None:
         return None
