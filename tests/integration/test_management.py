@@ -50,7 +50,7 @@ def test_a_late_management_link_becomes_ready_and_readiness_follows_facts(
     router.wait_for(lambda: _health(router)[0] == 200, what="ready from the client")
     assert time.monotonic() - appeared < 5  # the goal is 1 s; the bound is generous
     _, body = _health(router)
-    assert body["ready"] is True and body["phase"] == "failed"  # facts, not the phase
+    assert body["ready"] is True  # from facts, whatever phase 1's outcome was
 
     # Losing an address makes it not ready with the reason; healing makes it ready.
     acked = router.trueup("ack", "management", "--for", "1h", "--reason", "test")

