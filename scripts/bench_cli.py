@@ -7,7 +7,9 @@ start to exit: interpreter start, imports, the request on the agent's socket,
 output. Baselines in the same run, through the same `ip netns exec`: `ip -br
 addr` and the bare interpreter (`python -c pass`); for contrast, the same
 `status` through the typer CLI (`trueup.cli.main`, what `trueup status` ran
-before the fast path).
+before the fast path). Next to the wall times, CPU times that a busy machine
+does not change much: the command's own, and the agent's for the request
+(from /proc, above the agent's idle rate).
 
 Then the import profile (`python -X importtime`, median of 5) of the fast
 path and of the typer CLI for `trueup status`: the ten modules with the
@@ -19,10 +21,12 @@ largest cumulative import time.
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -50,25 +54,58 @@ def _document() -> dict[str, object]:
     }
 
 
-def _time(commands: list[list[str]], rounds: int) -> list[tuple[list[float], int]]:
-    """Wall times of each command over `rounds` rounds (after two warm-up rounds) and its
-    exit code. Round-robin, so a busy moment on the machine weighs on every command alike."""
+@dataclass
+class Timed:
+    label: str
+    code: int = 0
+    wall: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # the command's own CPU time
+    agent_cpu: list[float] = field(default_factory=list)  # the agent's, above its idle rate
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _time(commands: list[tuple[str, list[str]]], rounds: int, agent: int) -> list[Timed]:
+    """Each command `rounds` times (after two warm-up rounds), round-robin, so that a busy
+    moment on the machine weighs on every command alike; wall time, the command's CPU
+    time and the agent's CPU time above its idle rate."""
+    before, started = _cpu_seconds(agent), time.perf_counter()
+    time.sleep(3.0)
+    idle_rate = (_cpu_seconds(agent) - before) / (time.perf_counter() - started)
+    results = [Timed(label) for label, _ in commands]
     codes: list[set[int]] = [set() for _ in commands]
-    samples: list[list[float]] = [[] for _ in commands]
     for index in range(rounds + 2):
-        for number, argv in enumerate(commands):
+        for result, seen, (_, argv) in zip(results, codes, commands, strict=True):
+            cpu, agent_cpu = _children_cpu(), _cpu_seconds(agent)
             start = time.perf_counter()
             proc = subprocess.run(
                 argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False
             )
-            elapsed = time.perf_counter() - start
-            codes[number].add(proc.returncode)
+            wall = time.perf_counter() - start
+            seen.add(proc.returncode)
             if index >= 2:
-                samples[number].append(elapsed)
-    for argv, seen in zip(commands, codes, strict=True):
+                result.wall.append(wall)
+                result.cpu.append(_children_cpu() - cpu)
+                result.agent_cpu.append(
+                    max(0.0, _cpu_seconds(agent) - agent_cpu - idle_rate * wall)
+                )
+    for result, seen in zip(results, codes, strict=True):
         if len(seen) != 1:
-            raise RuntimeError(f"{' '.join(argv)}: exit codes vary: {seen}")
-    return [(times, seen.pop()) for times, seen in zip(samples, codes, strict=True)]
+            raise RuntimeError(f"{result.label}: exit codes vary: {seen}")
+        result.code = seen.pop()
+    return results
 
 
 def _import_profile(argv: list[str], runs: int = 5) -> list[tuple[str, float, float]]:
@@ -144,10 +181,9 @@ def run(quick: bool) -> str:
                 ("`trueup status` through the typer CLI", [PYTHON, "-c", TYPER_CLI, "status", *s]),
             ]
             load_before = os.getloadavg()[0]
-            timed = _time([[*inside, *argv] for _, argv in commands], rounds)
-            results = [
-                (label, *outcome) for (label, _), outcome in zip(commands, timed, strict=True)
-            ]
+            results = _time(
+                [(label, [*inside, *argv]) for label, argv in commands], rounds, agent.pid
+            )
             load_after = os.getloadavg()[0]
             fast_profile = _import_profile(
                 [*inside, PYTHON, "-X", "importtime", "-c", FAST_CLI, "status", *s]
@@ -163,40 +199,51 @@ def run(quick: bool) -> str:
                 agent.kill()
                 agent.wait()
             log.close()
-    base = median(results[0][1]) * 1000
-    interpreter = median(results[1][1]) * 1000
+    base = median(results[0].wall) * 1000
     lines = [
         "## CLI: hot commands end to end against a running agent",
         "",
-        f"`make bench` — median of {rounds} runs each (after two warm-up runs), wall time "
-        "from process start to exit of the `trueup` console script inside the agent's "
-        "namespace (`ip netns exec NS trueup … --state-dir S`: interpreter start, imports, "
-        "the request on the agent's unix socket, output). The baselines run through the "
-        "same `ip netns exec` in the same run. The agent answers each request, so its own "
-        f"response time is part of every figure. Load average (1 min) {load_before:.2f} "
-        f"before the runs, {load_after:.2f} after, on {os.cpu_count()} CPUs.",
+        f"`make bench` — {rounds} runs of each command (after two warm-up runs, round-robin), "
+        "wall time from process start to exit of the `trueup` console script inside the "
+        "agent's namespace (`ip netns exec NS trueup … --state-dir S`: interpreter start, "
+        "imports, the request on the agent's unix socket, output), with the baselines "
+        "through the same `ip netns exec` in the same run. The agent answers each request, "
+        "so its response time is part of every figure; the CPU columns (medians) say where "
+        "the time goes independently of how busy the machine is: the command's own CPU "
+        "time, and the agent's CPU time for the request (mean, above its idle rate: /proc "
+        "counts it in 10 ms ticks). Load average "
+        f"(1 min) {load_before:.2f} before the runs, {load_after:.2f} after, on "
+        f"{os.cpu_count()} CPUs.",
         "",
-        "| command | exit | median ms | p90 ms | over `python -c pass`, ms "
-        "| ratio to `ip -br addr` | goal |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| command | exit | median ms | p90 ms | ratio to `ip -br addr` | CPU ms "
+        "| agent CPU ms | goal |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for label, samples, code in results:
-        med = median(samples) * 1000
-        is_trueup = label.startswith("`trueup") and "typer" not in label
+    for result in results:
+        med = median(result.wall) * 1000
+        is_trueup = result.label.startswith("`trueup") and "typer" not in result.label
         goal = f"< {GOAL_MS:.0f} ms {'✅' if med < GOAL_MS else '❌'}" if is_trueup else "—"
-        over = f"{med - interpreter:.1f}" if label != results[1][0] else "—"
         lines.append(
-            f"| {label} | {code} | {med:.1f} | {percentile(samples, 90) * 1000:.1f} | "
-            f"{over} | {med / base:.1f} | {goal} |"
+            f"| {result.label} | {result.code} | {med:.1f} | "
+            f"{percentile(result.wall, 90) * 1000:.1f} | {med / base:.1f} | "
+            f"{median(result.cpu) * 1000:.0f} | {_mean(result.agent_cpu) * 1000:.0f} | {goal} |"
         )
+    interpreter, status = results[1], results[2]
     lines += [
         "",
         "The hot commands (`status`, `drift`, `plan`, `confirm`, `ack`) and `trueup --help` "
         "are answered by `trueup.cli.fast` (standard library only, plus PyYAML for `plan` "
         "and `-o yaml`); everything else, and these commands without a running agent, "
-        "run the typer CLI as before. The interpreter itself is most of what is left: in "
-        "this development install the `site` step also loads setuptools' editable-install "
-        "finder (which imports `pathlib`), a cost a regular install does not have.",
+        "run the typer CLI as before. Of the CPU time of `trueup status`, "
+        f"{median(interpreter.cpu) * 1000:.0f} ms is starting the interpreter "
+        "(`python -c pass`; in this development install the `site` step also loads "
+        "setuptools' editable-install finder, which imports `pathlib`, a cost a regular "
+        f"install does not have) and {(median(status.cpu) - median(interpreter.cpu)) * 1000:.0f}"
+        " ms the fast path's imports, request and output; the agent spends "
+        f"{_mean(status.agent_cpu) * 1000:.0f} ms building the status it answers (it "
+        "observes the kernel: netlink dumps, which wait for the kernel's RTNL lock while "
+        "anything else on the machine changes network configuration). With nothing else "
+        "running, the wall time approaches the sum of the two CPU columns.",
         "",
     ]
     for title, profile in (

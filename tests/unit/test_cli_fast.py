@@ -603,6 +603,57 @@ def test_the_client_reads_every_http_framing(short_dir: Path, raw: bytes) -> Non
         server.close()
 
 
+def _serve_raw(path: Path, answers: list[bytes]) -> threading.Thread:
+    """A unix socket that answers one connection per entry of `answers`, in order."""
+    import socket
+
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(len(answers))
+
+    def answer() -> None:
+        with server:
+            for raw in answers:
+                connection, _ = server.accept()
+                with connection:
+                    connection.recv(65536)
+                    connection.sendall(raw)
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    return thread
+
+
+
+
+def test_the_client_waits_while_the_agent_is_starting(short_dir: Path) -> None:
+    # The early responder answers 503 "agent starting; retry" with Retry-After
+    # until the full agent takes the socket over; the request is sent again.
+    starting = b'{"message": "agent starting; retry"}'
+    head = b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 0\r\ncontent-length: "
+    early = head + str(len(starting)).encode() + b"\r\n\r\n" + starting
+    ready = b'HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\n{"a": 1}'
+    thread = _serve_raw(short_dir / "agent.sock", [early, early, ready])
+    client = AgentClient.at(short_dir)
+    assert client is not None
+    response = client.request("POST", "/v1/confirm")
+    thread.join(5)
+    assert response.status_code == 200 and response.json() == {"a": 1}
+
+
+def test_any_other_503_is_the_answer(short_dir: Path) -> None:
+    # A 503 from the full agent (management not ready, say) is not retried.
+    body = b'{"ready": false, "reason": "address missing"}'
+    head = b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 0\r\ncontent-length: "
+    answer = head + str(len(body)).encode() + b"\r\n\r\n" + body
+    thread = _serve_raw(short_dir / "agent.sock", [answer])
+    client = AgentClient.at(short_dir)
+    assert client is not None
+    response = client.request("GET", "/v1/health/management")
+    thread.join(5)
+    assert response.status_code == 503 and response.json()["ready"] is False
+
+
 # -- what the fast path imports ------------------------------------------------------------
 
 

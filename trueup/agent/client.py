@@ -11,6 +11,7 @@ from __future__ import annotations
 import _socket  # socket.py's enums and selectors cost more than this client needs
 import json as jsonlib
 import os
+import time
 
 TYPE_CHECKING = False  # typing's import time is measurable on the fast path
 if TYPE_CHECKING:
@@ -20,6 +21,12 @@ __all__ = ["AgentClient", "AgentUnavailable", "Response"]
 
 HEALTH_TIMEOUT = 2.0  # "does an agent answer on this socket?"
 REQUEST_TIMEOUT = 120.0  # per connect, send and receive, as before (an apply can take a while)
+# While the agent starts, its early responder answers everything but the health
+# probe with 503 `agent starting; retry` and Retry-After, without looking at the
+# request: sending it again is safe whatever it was. The full agent takes over
+# within a second or two; a CLI run at boot waits that long rather than failing.
+STARTING_MESSAGE = "agent starting; retry"
+STARTING_WAIT = 30.0
 
 # Sockets whose agent did not answer the health check in this process: when the
 # fast path falls back to the full CLI, it does not wait for a hung agent twice.
@@ -228,14 +235,33 @@ class AgentClient:
                 json, ensure_ascii=False, separators=(",", ":"), allow_nan=False
             ).encode("utf-8")
             all_headers["Content-Type"] = "application/json"
-        try:
-            return exchange(
-                self.socket_path,
-                method,
-                target,
-                body=body,
-                headers=all_headers,
-                timeout=self.timeout,
-            )
-        except _TransportError as exc:
-            raise AgentUnavailable(self.socket_path, str(exc)) from None
+        waited = 0.0
+        while True:
+            try:
+                response = exchange(
+                    self.socket_path,
+                    method,
+                    target,
+                    body=body,
+                    headers=all_headers,
+                    timeout=self.timeout,
+                )
+            except _TransportError as exc:
+                raise AgentUnavailable(self.socket_path, str(exc)) from None
+            delay = _starting_delay(response)
+            if delay is None or waited + delay > STARTING_WAIT:
+                return response
+            time.sleep(delay)
+            waited += delay
+
+
+def _starting_delay(response: Response) -> float | None:
+    """Seconds to wait before asking again when the early responder answered; else None."""
+    if response.status_code != 503 or "retry-after" not in response.headers:
+        return None
+    try:
+        if response.json().get("message") != STARTING_MESSAGE:
+            return None
+        return min(max(float(response.headers["retry-after"]), 0.05), 5.0)
+    except (ValueError, AttributeError):
+        return None
