@@ -5,6 +5,7 @@ wraps each tenant's AEAD data key (AES-256-GCM, tenant id as associated data)
 and keys the audit chain's HMAC. A tenant secret is sealed with its tenant's
 data key and `tenant id + secret id` as associated data, so a ciphertext
 copied into another tenant's row, or onto another secret, fails to open.
+The audit chain's checkpoint file is kept next to the key file (anchor.py).
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ class SecretRefused(Exception):
 
 
 class ServerKey:
-    def __init__(self, key: bytes) -> None:
+    def __init__(self, key: bytes, path: Path | None = None) -> None:
         if len(key) != _KEY_BYTES:
             raise ValueError("server key must be 32 bytes")
         self._key = key
+        # The key file, when the key came from one: the audit checkpoint file lives next to it.
+        self.path = path
 
     def derive(self, purpose: str) -> bytes:
         return hmac.new(self._key, b"trueup:" + purpose.encode(), hashlib.sha256).digest()
@@ -103,4 +106,4 @@ def load_or_create_server_key(path: Path) -> ServerKey:
         raise ValueError(f"{path}: not a trueup server key (expected 64 hex digits)") from None
     if len(key) != _KEY_BYTES:
         raise ValueError(f"{path}: not a trueup server key (expected 64 hex digits)")
-    return ServerKey(key)
+    return ServerKey(key, path)

@@ -57,6 +57,9 @@ users = Table(
     Column("role", String(20), nullable=False),
     Column("created_at", Float, nullable=False),
     UniqueConstraint("tenant_id", "name", name="uq_users_tenant_name"),
+    # HMAC under the server key of (id, tenant, name, role): authentication refuses a
+    # user whose row was changed behind the server's back (audit.py, migration 0003).
+    Column("seal", String(64), nullable=True),
 )
 
 devices = Table(
@@ -86,6 +89,9 @@ tokens = Table(
     Column("expires_at", Float, nullable=True),
     Column("used_at", Float, nullable=True),
     Column("revoked_at", Float, nullable=True),
+    # HMAC under the server key of (id, tenant, kind, user, device, hash, expiry):
+    # authentication refuses a token whose row was changed or inserted directly.
+    Column("seal", String(64), nullable=True),
 )
 
 revisions = Table(

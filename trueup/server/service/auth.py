@@ -7,15 +7,26 @@ process reads it at most once per `auth_cache_seconds` (one tiny query), so a
 revocation made by any process takes effect everywhere within that time, and
 the number of authentication queries does not grow with the fleet. Writes made
 in this process call `forget()` and take effect here at once.
+
+The audit chain is also the authority on credentials (audit.py). With the
+generation, each process checks the chain against its checkpoint outside the
+database; while the stored chain is behind or differs from the checkpoint
+(rows deleted from its end and the head rewound, as when a revocation is
+removed from the log and undone in the table), every token is refused: the
+database's credential state cannot be trusted until an operator has run
+`trueup server audit verify` and re-anchored. A token or user row whose seal
+does not match (a hash replaced, a role raised, a row inserted directly) is
+refused on its own.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import and_, select
+from sqlalchemy import Connection, and_, select
 
 from trueup.server.service.errors import Unauthorized
 from trueup.server.service.store import Store
@@ -23,6 +34,8 @@ from trueup.server.tables import audit_head, devices, tenants, tokens, users
 from trueup.server.tokens import Role, TokenKind, hash_token, tokens_equal
 
 __all__ = ["Authenticator", "Principal"]
+
+_log = logging.getLogger("trueup.server.auth")
 
 # A cached principal is checked against the database again after this long at the latest.
 _HARD_EXPIRY_SECONDS = 300.0
@@ -61,17 +74,30 @@ class Authenticator:
         self._generation_lock = threading.Lock()
         self._generation = -1
         self._generation_checked = float("-inf")
+        # Why the audit chain contradicts its checkpoint (all tokens refused), or None.
+        self._rewound: str | None = None
 
     def forget(self) -> None:
         """Drop every cached principal (a credential or role changed in this process)."""
         with self._cache_lock:
             self._cache.clear()
 
+    def _check_chain(self, conn: Connection) -> None:
+        problems = self.store.anchor_problems(conn)
+        if problems:
+            if self._rewound is None:
+                _log.error("authentication suspended: %s", problems[0])
+            self.forget()
+            self._rewound = str(problems[0])
+        else:
+            self._rewound = None
+
     def _refresh_generation(self, now: float) -> int:
         with self._generation_lock:
             if now - self._generation_checked < self.cache_seconds:
                 return self._generation
             with self.store.db.read() as conn:
+                self._check_chain(conn)
                 row = conn.execute(
                     select(audit_head.c.seq).where(audit_head.c.id == 1)
                 ).one_or_none()
@@ -82,13 +108,20 @@ class Authenticator:
             self._generation_checked = now
             return generation
 
+    def _refuse_if_rewound(self) -> None:
+        if self._rewound is not None:
+            raise Unauthorized(
+                "authentication suspended: the audit chain contradicts its checkpoint "
+                f"({self._rewound}); an operator must run `trueup server audit verify`"
+            )
+
     def cached_principal(self, token: str) -> Principal | None:
         """The principal if this token was authenticated and nothing was revoked since.
 
         Never touches the database (it runs on the event loop); when the
         generation is due for a check, it answers None and `authenticate` checks.
         """
-        if self.cache_seconds <= 0:
+        if self.cache_seconds <= 0 or self._rewound is not None:
             return None
         now = time.monotonic()
         if now - self._generation_checked >= self.cache_seconds:
@@ -103,13 +136,17 @@ class Authenticator:
         now = time.monotonic()
         token_hash = hash_token(token)
         generation = 0
+        self.store.ensure_sealed()
         if self.cache_seconds > 0:
             generation = self._refresh_generation(now)
+            self._refuse_if_rewound()
             with self._cache_lock:
                 cached = self._cache.get(token_hash)
             if cached is not None and cached[0] > now and cached[1] == generation:
                 return cached[2]
         with self.store.db.read() as conn:
+            if self.cache_seconds <= 0:
+                self._check_chain(conn)
             row = (
                 conn.execute(
                     select(
@@ -117,12 +154,15 @@ class Authenticator:
                         tokens.c.kind,
                         tokens.c.token_hash,
                         tokens.c.tenant_id,
+                        tokens.c.user_id,
+                        tokens.c.device_id,
                         tokens.c.expires_at,
+                        tokens.c.seal,
                         tenants.c.name.label("tenant"),
-                        users.c.id.label("user_id"),
+                        users.c.tenant_id.label("user_tenant_id"),
                         users.c.name.label("user"),
                         users.c.role,
-                        devices.c.id.label("device_id"),
+                        users.c.seal.label("user_seal"),
                         devices.c.name.label("device"),
                     )
                     .join(tenants, tenants.c.id == tokens.c.tenant_id)
@@ -139,8 +179,23 @@ class Authenticator:
                 .mappings()
                 .one_or_none()
             )
+        self._refuse_if_rewound()
         if row is None or not tokens_equal(row["token_hash"], token):
             raise Unauthorized("unknown or revoked token")
+        if not self.store.token_seal_ok(row):
+            _log.error("token id=%s refused: its row does not match its seal", row["id"])
+            raise Unauthorized("token refused: its record was changed behind the server's back")
+        if row["kind"] == TokenKind.USER.value and not self.store.user_seal_ok(
+            {
+                "id": row["user_id"],
+                "tenant_id": row["user_tenant_id"],
+                "name": row["user"],
+                "role": row["role"],
+                "seal": row["user_seal"],
+            }
+        ):
+            _log.error("user id=%s refused: its row does not match its seal", row["user_id"])
+            raise Unauthorized("token refused: its user was changed behind the server's back")
         if row["expires_at"] is not None and row["expires_at"] < time.time():
             raise Unauthorized("token expired")
         principal = Principal(

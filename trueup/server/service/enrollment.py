@@ -55,10 +55,30 @@ class Enrollment:
         if problems:
             raise Invalid(problems)
         try:
-            with self.store.db.write() as conn:
+            with self.store.write() as conn:
                 return self._create_device(conn, tenant_id, name, actor)
         except IntegrityError:
             raise Invalid([f"name: device {name!r} already exists"]) from None
+
+    def _revoke_device_tokens(
+        self, conn: Connection, device_id: int, kinds: list[str], now: float
+    ) -> list[int]:
+        """Revoke the device's live tokens of these kinds; their ids (recorded in the audit)."""
+        ids = [
+            int(r.id)
+            for r in conn.execute(
+                select(tokens.c.id).where(
+                    and_(
+                        tokens.c.device_id == device_id,
+                        tokens.c.revoked_at.is_(None),
+                        tokens.c.kind.in_(kinds),
+                    )
+                )
+            )
+        ]
+        if ids:
+            conn.execute(update(tokens).where(tokens.c.id.in_(ids)).values(revoked_at=now))
+        return ids
 
     def enroll(
         self,
@@ -76,7 +96,7 @@ class Enrollment:
             raise Invalid(problems)
         token = new_token(TokenKind.ENROLLMENT)
         now = time.time()
-        with self.store.db.write() as conn:
+        with self.store.write() as conn:
             existing = conn.execute(
                 select(devices.c.id).where(
                     and_(devices.c.tenant_id == tenant_id, devices.c.name == device)
@@ -89,29 +109,19 @@ class Enrollment:
                 if existing is not None
                 else self._create_device(conn, tenant_id, device, actor)
             )
-            revoked = conn.execute(
-                update(tokens)
-                .where(
-                    and_(
-                        tokens.c.device_id == device_id,
-                        tokens.c.revoked_at.is_(None),
-                        tokens.c.kind.in_([TokenKind.DEVICE.value, TokenKind.ENROLLMENT.value]),
-                    )
-                )
-                .values(revoked_at=now)
-            ).rowcount
-            token_id = inserted_id(
-                conn.execute(
-                    tokens.insert().values(
-                        tenant_id=tenant_id,
-                        kind=TokenKind.ENROLLMENT.value,
-                        device_id=device_id,
-                        token_hash=hash_token(token),
-                        label="enrollment",
-                        created_at=now,
-                        expires_at=now + ENROLLMENT_LIFETIME,
-                    )
-                )
+            revoked = self._revoke_device_tokens(
+                conn, device_id, [TokenKind.DEVICE.value, TokenKind.ENROLLMENT.value], now
+            )
+            token_hash = hash_token(token)
+            token_id = self.store.insert_token(
+                conn,
+                tenant_id=tenant_id,
+                kind=TokenKind.ENROLLMENT.value,
+                device_id=device_id,
+                token_hash=token_hash,
+                label="enrollment",
+                created_at=now,
+                expires_at=now + ENROLLMENT_LIFETIME,
             )
             tenant = conn.execute(
                 select(tenants.c.name).where(tenants.c.id == tenant_id)
@@ -122,7 +132,14 @@ class Enrollment:
                 actor=actor,
                 action="device.enroll",
                 target=f"device:{device}",
-                detail={"token_id": token_id, "revoked_credentials": revoked},
+                detail={
+                    "token_id": token_id,
+                    "kind": TokenKind.ENROLLMENT.value,
+                    "device_id": device_id,
+                    "token_hash": token_hash,
+                    "revoked_credentials": len(revoked),
+                    "revoked_token_ids": revoked,
+                },
             )
         self._credentials_changed()
         bundle: dict[str, Any] = {
@@ -141,14 +158,19 @@ class Enrollment:
         """Trade a one-time enrollment token for a device credential."""
         now = time.time()
         credential = new_token(TokenKind.DEVICE)
-        with self.store.db.write() as conn:
+        self.store.ensure_sealed()
+        with self.store.write() as conn:
             row = (
                 conn.execute(
                     select(
                         tokens.c.id,
                         tokens.c.tenant_id,
+                        tokens.c.kind,
+                        tokens.c.user_id,
                         tokens.c.device_id,
                         tokens.c.token_hash,
+                        tokens.c.expires_at,
+                        tokens.c.seal,
                         devices.c.name.label("device"),
                         tenants.c.name.label("tenant"),
                     )
@@ -166,6 +188,16 @@ class Enrollment:
             )
             if row is None or not tokens_equal(row["token_hash"], token):
                 raise Unauthorized("unknown enrollment token")
+            if not self.store.token_seal_ok(row):
+                raise Unauthorized(
+                    "enrollment token refused: its row was changed behind the server's back"
+                )
+            rewound = self.store.anchor_problems(conn)
+            if rewound:
+                raise Unauthorized(
+                    "enrollment refused: the audit chain contradicts its checkpoint "
+                    f"({rewound[0]}); run `trueup server audit verify`"
+                )
             used = conn.execute(
                 update(tokens)
                 .where(
@@ -183,28 +215,18 @@ class Enrollment:
                     "enrollment token already used, revoked or expired; "
                     "run `trueup server device enroll` again"
                 )
-            conn.execute(
-                update(tokens)
-                .where(
-                    and_(
-                        tokens.c.device_id == row["device_id"],
-                        tokens.c.kind == TokenKind.DEVICE.value,
-                        tokens.c.revoked_at.is_(None),
-                    )
-                )
-                .values(revoked_at=now)
+            revoked = self._revoke_device_tokens(
+                conn, row["device_id"], [TokenKind.DEVICE.value], now
             )
-            credential_id = inserted_id(
-                conn.execute(
-                    tokens.insert().values(
-                        tenant_id=row["tenant_id"],
-                        kind=TokenKind.DEVICE.value,
-                        device_id=row["device_id"],
-                        token_hash=hash_token(credential),
-                        label="device credential",
-                        created_at=now,
-                    )
-                )
+            credential_hash = hash_token(credential)
+            credential_id = self.store.insert_token(
+                conn,
+                tenant_id=row["tenant_id"],
+                kind=TokenKind.DEVICE.value,
+                device_id=row["device_id"],
+                token_hash=credential_hash,
+                label="device credential",
+                created_at=now,
             )
             self.store.audit(
                 conn,
@@ -212,7 +234,14 @@ class Enrollment:
                 actor=f"device:{row['tenant']}/{row['device']}",
                 action="device.credential",
                 target=f"device:{row['device']}",
-                detail={"token_id": credential_id, "enrollment_token_id": row["id"]},
+                detail={
+                    "token_id": credential_id,
+                    "enrollment_token_id": row["id"],
+                    "kind": TokenKind.DEVICE.value,
+                    "device_id": row["device_id"],
+                    "token_hash": credential_hash,
+                    "revoked_token_ids": revoked,
+                },
             )
         self._credentials_changed()
         return {"tenant": row["tenant"], "device": row["device"], "credential": credential}

@@ -154,7 +154,7 @@ class Fleet:
         if problems:
             raise Invalid(problems)
         now = time.time()
-        with self.store.db.write() as conn:
+        with self.store.write() as conn:
             row = self.store.device(conn, tenant_id, device)
             ack_id = inserted_id(
                 conn.execute(
@@ -174,7 +174,12 @@ class Fleet:
                 actor=author,
                 action="ack.create",
                 target=f"device:{device}",
-                detail={"ack_id": ack_id, "subsystem": subsystem, "expires_at": now + seconds},
+                detail={
+                    "ack_id": ack_id,
+                    "device_id": row["id"],
+                    "subsystem": subsystem,
+                    "expires_at": now + seconds,
+                },
             )
         return {
             "id": ack_id,

@@ -37,7 +37,7 @@ class Identity:
         """A tenant with its own data key (wrapped by the server key)."""
         check_name("tenant", name)
         try:
-            with self.store.db.write() as conn:
+            with self.store.write() as conn:
                 tenant_id = inserted_id(
                     conn.execute(tenants.insert().values(name=name, created_at=time.time()))
                 )
@@ -75,7 +75,7 @@ class Identity:
     def create_user(self, tenant_id: int, name: str, role: Role, actor: str) -> int:
         check_name("user", name)
         try:
-            with self.store.db.write() as conn:
+            with self.store.write() as conn:
                 user_id = inserted_id(
                     conn.execute(
                         users.insert().values(
@@ -83,6 +83,7 @@ class Identity:
                         )
                     )
                 )
+                self.store.seal_user(conn, user_id)
                 self.store.audit(
                     conn,
                     tenant_id=tenant_id,
@@ -96,9 +97,10 @@ class Identity:
             raise Invalid([f"user: {name!r} already exists"]) from None
 
     def set_role(self, tenant_id: int, name: str, role: Role, actor: str) -> None:
-        with self.store.db.write() as conn:
+        with self.store.write() as conn:
             user = self._user(conn, tenant_id, name)
             conn.execute(update(users).where(users.c.id == user["id"]).values(role=role.value))
+            self.store.seal_user(conn, user["id"])
             self.store.audit(
                 conn,
                 tenant_id=tenant_id,
@@ -125,19 +127,17 @@ class Identity:
     ) -> tuple[int, str]:
         """(token id, token): the token is shown this once; only its hash is stored."""
         token = new_token(TokenKind.USER)
-        with self.store.db.write() as conn:
+        token_hash = hash_token(token)
+        with self.store.write() as conn:
             row = self._user(conn, tenant_id, user)
-            token_id = inserted_id(
-                conn.execute(
-                    tokens.insert().values(
-                        tenant_id=tenant_id,
-                        kind=TokenKind.USER.value,
-                        user_id=row["id"],
-                        token_hash=hash_token(token),
-                        label=label,
-                        created_at=time.time(),
-                    )
-                )
+            token_id = self.store.insert_token(
+                conn,
+                tenant_id=tenant_id,
+                kind=TokenKind.USER.value,
+                user_id=row["id"],
+                token_hash=token_hash,
+                label=label,
+                created_at=time.time(),
             )
             self.store.audit(
                 conn,
@@ -145,13 +145,19 @@ class Identity:
                 actor=actor,
                 action="token.create",
                 target=f"user:{user}",
-                detail={"token_id": token_id, "label": label},
+                detail={
+                    "token_id": token_id,
+                    "label": label,
+                    "kind": TokenKind.USER.value,
+                    "user_id": row["id"],
+                    "token_hash": token_hash,
+                },
             )
         return token_id, token
 
     def revoke_token(self, tenant_id: int, token_id: int, actor: str) -> None:
         """Revoke any token of this tenant (user, device credential or enrollment)."""
-        with self.store.db.write() as conn:
+        with self.store.write() as conn:
             result = conn.execute(
                 update(tokens)
                 .where(
@@ -171,6 +177,7 @@ class Identity:
                 actor=actor,
                 action="token.revoke",
                 target=f"token:{token_id}",
+                detail={"token_id": token_id},
             )
         self._credentials_changed()
 

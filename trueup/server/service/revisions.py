@@ -94,7 +94,7 @@ class DesiredRevisions:
             )
         content_hash = document_digest(document)
         now = time.time()
-        with self.store.db.write() as conn:
+        with self.store.write() as conn:
             row = self.store.device(conn, tenant_id, device)
             new_version = expected_version + 1
             # Compare-and-set: the loser of a race updates no row and gets 409.

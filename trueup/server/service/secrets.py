@@ -38,7 +38,7 @@ class TenantSecrets:
         """Store (or replace) a device's secret; each version gets a new secret id."""
         check_name("name", name)
         secret_id = uuid.uuid4().hex
-        with self.store.db.write() as conn:
+        with self.store.write() as conn:
             row = self.store.device(conn, tenant_id, device)
             nonce, ciphertext = self._box(conn, tenant_id).seal(secret_id, value.encode())
             existing = conn.execute(
@@ -65,7 +65,7 @@ class TenantSecrets:
                 actor=actor,
                 action="secret.put",
                 target=f"device:{device}/secret:{name}",
-                detail={"secret_id": secret_id},
+                detail={"secret_id": secret_id, "device_id": row["id"], "name": name},
             )
         return {"id": secret_id, "device": device, "name": name}
 
