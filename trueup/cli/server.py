@@ -345,16 +345,44 @@ def device_enroll(
 
 @audit_app.command("verify")
 def audit_verify(db: str = DbOption, key_file: Path | None = KeyOption) -> None:
-    """Check the audit chain and the tables it vouches for. Exit 0 intact, 1 problems."""
+    """Check the audit chain, its checkpoint and the tables it vouches for; list every
+    problem. Exit 0 intact, 1 problems ("not covered" lines alone are not problems)."""
     plane = _plane(db, key_file)
-    problems = plane.verify_audit()
-    if not problems:
-        typer.echo("audit log intact")
-        return
-    for problem in problems:
+    found = plane.verify_audit()
+    problems = [p for p in found if not p.gap]
+    for problem in found:
         typer.echo(str(problem))
-    typer.echo(f"{len(problems)} problem(s) found", err=True)
-    raise typer.Exit(1)
+    if problems:
+        typer.echo(f"{len(problems)} problem(s) found", err=True)
+        raise typer.Exit(1)
+    gaps = len(found) - len(problems)
+    typer.echo("audit log intact" + (f" ({gaps} item(s) not covered)" if gaps else ""))
+
+
+@audit_app.command("reanchor")
+def audit_reanchor(
+    db: str = DbOption,
+    key_file: Path | None = KeyOption,
+    yes: bool = typer.Option(
+        False, "--yes", help="confirm: the database was restored on purpose and checked"
+    ),
+) -> None:
+    """Accept the stored chain after restoring a backup: checkpoint its newest row (audited).
+
+    Until then a chain behind its checkpoint suspends authentication."""
+    if not yes:
+        raise _fail(
+            "re-anchoring accepts the database's audit chain as it is; run "
+            "`trueup server audit verify` first, then again with --yes"
+        )
+    plane = _plane(db, key_file)
+    from trueup.server.anchor import CheckpointError
+
+    try:
+        checkpoint = plane.reanchor_audit(_actor())
+    except CheckpointError as exc:
+        raise _fail(str(exc)) from None
+    typer.echo(f"audit chain anchored at seq={checkpoint.seq}")
 
 
 # -- fleet view ------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Reading the audit log: a tenant's entries (admins), and verification of the whole chain.
+"""Reading the audit log: a tenant's entries (admins), verification of the whole chain,
+and re-anchoring it after an operator restored the database from a backup.
 
 Writing is `Store.audit`, inside each unit's own transaction; the chain itself
 (HMAC per row, the head) is trueup.server.audit.
@@ -12,6 +13,7 @@ from typing import Any
 from sqlalchemy import select
 
 from trueup.server import audit
+from trueup.server.anchor import Checkpoint
 from trueup.server.service.store import Store
 from trueup.server.tables import audit_log
 
@@ -45,3 +47,24 @@ class AuditTrail:
         """Every problem with the chain and the tables it vouches for; [] when intact."""
         with self.store.db.read() as conn:
             return audit.verify(conn, self.store.key)
+
+    def reanchor(self, actor: str) -> Checkpoint:
+        """Accept the stored chain as it is: checkpoint its newest row unconditionally.
+
+        For an operator who restored a backup (which rewinds the chain) and checked it
+        with `verify`. Recorded as an `audit.reanchor` entry naming what was contradicted.
+        Raises CheckpointError.
+        """
+        with self.store.db.read() as conn:
+            contradicted = [str(p) for p in audit.anchor_problems(conn, self.store.key)]
+        with self.store.write() as conn:
+            self.store.audit(
+                conn,
+                tenant_id=None,
+                actor=actor,
+                action="audit.reanchor",
+                target="checkpoint",
+                detail={"contradicted": contradicted},
+            )
+        with self.store.db.read() as conn:
+            return audit.reanchor(conn, self.store.key)

@@ -81,3 +81,4 @@ class ControlPlane:
         # the audit log
         self.audit_entries = self.audit_trail.audit_entries
         self.verify_audit = self.audit_trail.verify_audit
+        self.reanchor_audit = self.audit_trail.reanchor
