@@ -23,7 +23,7 @@ from trueup.server.service import Invalid, Principal
 
 __all__ = ["parse_comment", "parse_if_match", "register"]
 
-_VERSION = re.compile(r'(?:W/)?"?([0-9]{1,10})"?', re.ASCII)
+_VERSION = re.compile(r'(?:W/)?(?:"([0-9]{1,10})"|([0-9]{1,10}))', re.ASCII)
 
 
 def parse_if_match(value: str | None) -> int:
@@ -39,7 +39,7 @@ def parse_if_match(value: str | None) -> int:
         raise Invalid(
             [f"header.If-Match: {excerpt(repr(value), 40)} is not a version number (e.g. 3)"]
         )
-    version = int(match.group(1))
+    version = int(match.group(1) or match.group(2))
     if version >= MAX_VERSION:
         raise Invalid([f"header.If-Match: {version} is beyond the last version ({MAX_VERSION})"])
     return version
