@@ -10,7 +10,7 @@ import logging
 from typing import Any
 
 from fastapi import FastAPI, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
@@ -65,7 +65,18 @@ def register(app: FastAPI, api: Api) -> None:
             )
         return JSONResponse({"status": "ready"})
 
-    @app.get("/metrics", openapi_extra=role("admin"), responses=answers())
+    @app.get(
+        "/metrics",
+        openapi_extra=role("admin"),
+        response_class=PlainTextResponse,
+        responses={
+            200: {
+                "description": "Prometheus text exposition",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            },
+            **answers(),
+        },
+    )
     async def prometheus(_p: Principal = api.admin) -> Response:
         return Response(generate_latest(api.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
