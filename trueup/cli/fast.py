@@ -142,17 +142,16 @@ def run(argv: list[str]) -> int | None:
 
 def _read_document(file: str) -> Any:
     """The file decoded as `trueup.model.document.decode_text` does; None on any problem."""
+    from trueup.model.decode import decode_json, decode_yaml
+
     try:
-        with open(file, encoding="utf-8") as stream:
-            text = stream.read()
+        with open(file, "rb") as stream:
+            raw = stream.read()
+        text = raw.decode("utf-8")
         if file.endswith(".json") or text.lstrip().startswith("{"):
-            import json
-
-            data = json.loads(text)
+            data = decode_json(raw)
         else:
-            import yaml
-
-            data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            data = decode_yaml(raw)
     except Exception:
         return None
     return data if isinstance(data, dict) else None

@@ -298,7 +298,9 @@ def token_create(
 @token_app.command("revoke")
 def token_revoke(
     tenant: str = typer.Option(..., "--tenant"),
-    token_id: int = typer.Argument(..., help="token id (see `GET /api/v1/tokens`)"),
+    token_id: int = typer.Argument(
+        ..., min=1, max=2**31 - 1, help="token id (see `GET /api/v1/tokens`)"
+    ),
     db: str = DbOption,
     key_file: Path | None = KeyOption,
 ) -> None:

@@ -17,14 +17,14 @@ every core section in view.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from trueup.model.decode import DecodeError, decode_json, decode_yaml
 from trueup.model.digests import json_digest
+from trueup.model.limits import DOCUMENT_BYTES, excerpt
 from trueup.model.sections import registered_sections, section_model
 from trueup.model.types import IfName, IpAddress, IpNetwork, IpPrefix, family_of
 
@@ -59,11 +59,20 @@ _RESERVED_TABLES = {0: "unspec", 253: "default", 255: "local"}
 Policy = Literal["auto", "notify"]
 
 
+_MAX_PROBLEMS = 50
+
+
 class DocumentError(ValueError):
     """A document that cannot be accepted. `problems` holds one `path: message` per line."""
 
     def __init__(self, source: str, problems: list[str], *, unsupported_version: bool = False):
         self.source = source
+        # Each problem quotes at most an excerpt of the input, never a whole (huge) value.
+        problems = [excerpt(p) for p in problems[:_MAX_PROBLEMS]] + (
+            [f"… and {len(problems) - _MAX_PROBLEMS} more problems"]
+            if len(problems) > _MAX_PROBLEMS
+            else []
+        )
         self.problems = problems
         self.unsupported_version = unsupported_version
         super().__init__(f"{source}: invalid document\n" + "\n".join(f"  {p}" for p in problems))
@@ -436,20 +445,32 @@ def parse_document(data: Any, source: str = "<document>") -> DeviceState:
 
 
 def decode_text(text: str, source: str) -> Any:
+    """JSON or YAML text decoded within the limits of `trueup.model.decode` (size, depth,
+    no YAML aliases)."""
     try:
         if source.endswith(".json") or text.lstrip().startswith("{"):
-            return json.loads(text)
-        return yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise DocumentError(source, [f"(document): not valid YAML or JSON: {exc}"]) from None
+            return decode_json(text)
+        return decode_yaml(text)
+    except DecodeError as exc:
+        message = str(exc)
+        for prefix in ("not valid YAML: ", "not valid JSON: "):
+            message = message.replace(prefix, "not valid YAML or JSON: ", 1)
+        raise DocumentError(source, [f"(document): {message}"]) from None
 
 
 def load_document(path: str | Path) -> DeviceState:
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as stream:
+            raw = stream.read(DOCUMENT_BYTES + 1)
     except OSError as exc:
         raise DocumentError(source, [f"(file): cannot read: {exc.strerror}"]) from None
+    if len(raw) > DOCUMENT_BYTES:
+        raise DocumentError(source, [f"(file): larger than {DOCUMENT_BYTES} bytes"])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DocumentError(source, [f"(file): not UTF-8 text (byte {exc.start})"]) from None
     return parse_document(decode_text(text, source), source)
 
 

@@ -14,19 +14,19 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from trueup.model.health import SubsystemHealth
+from trueup.model.limits import DIGEST_LENGTH, MAX_VERSION, ORIGIN_LENGTH
 from trueup.model.reasons import ReasonCode
 
 __all__ = ["DIGEST_PATTERN", "MAX_VERSION", "AgentReport", "OverrideReport", "SubsystemReport"]
 
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
-MAX_VERSION = 2**31 - 1  # an INTEGER column on both databases
 
 
 class SubsystemReport(BaseModel):
     model_config = ConfigDict(extra="allow")
     health: SubsystemHealth
-    reason: str | None = None
-    since: str | float | None = None
+    reason: str | None = Field(None, max_length=1000)
+    since: str | float | None = Field(None, union_mode="left_to_right")
 
 
 class OverrideReport(BaseModel):
@@ -52,10 +52,10 @@ class AgentReport(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     applied_version: int | None = Field(None, ge=0, le=MAX_VERSION)
-    observed_digest: str | None = Field(None, max_length=80, pattern=r"^[\x21-\x7e]*$")
+    observed_digest: str | None = Field(None, max_length=DIGEST_LENGTH, pattern=r"^[\x21-\x7e]*$")
     applied_digest: str | None = Field(None, pattern=DIGEST_PATTERN)
     applied_origin: str | None = Field(
-        None, min_length=1, max_length=32, pattern=r"^[a-z0-9][a-z0-9._-]*$"
+        None, min_length=1, max_length=ORIGIN_LENGTH, pattern=r"^[a-z0-9][a-z0-9._-]*$"
     )
     override: OverrideReport | None = None
     diff_summary: dict[str, Any] = {}
@@ -64,5 +64,5 @@ class AgentReport(BaseModel):
     findings: list[dict[str, Any]] = []
     journal: dict[str, Any] = {}
     heartbeat_interval: float = Field(30.0, gt=0, le=86400)
-    agent_version: str | None = None
+    agent_version: str | None = Field(None, max_length=200)
     management_ready: bool | None = None

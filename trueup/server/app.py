@@ -22,13 +22,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from trueup.server.api.context import Api, problems
+from trueup.server.api.context import MAX_PROBLEMS, Api, problems
+from trueup.server.api.edge import EdgeMiddleware
 from trueup.server.api.metrics import MeasureMiddleware, Metrics
 from trueup.server.api.models import AgentReport
 from trueup.server.api.routes import agents, devices, identity, probes, revisions, secrets
@@ -36,6 +38,7 @@ from trueup.server.api.watcher import RevisionWatcher
 from trueup.server.db import Database
 from trueup.server.ingest import ReportIngest
 from trueup.server.keys import load_or_create_server_key
+from trueup.server.limits import excerpt
 from trueup.server.service import Conflict, ControlPlane, Invalid, NotFound
 
 __all__ = ["SETTINGS_ENV", "AgentReport", "Settings", "create_app", "create_app_from_env"]
@@ -70,7 +73,10 @@ def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
     @app.exception_handler(Invalid)
     async def _invalid(_request: Request, exc: Invalid) -> JSONResponse:
         return JSONResponse(
-            {"detail": "invalid input; nothing was changed", "problems": exc.problems},
+            {
+                "detail": "invalid input; nothing was changed",
+                "problems": [excerpt(p) for p in exc.problems[:MAX_PROBLEMS]],
+            },
             status_code=422,
         )
 
@@ -85,6 +91,24 @@ def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
             {"detail": "invalid request; nothing was changed", "problems": problems(exc)},
             status_code=422,
         )
+
+
+def _with_report_schemas(app: FastAPI) -> None:
+    """OpenAPI with the agent report's schemas as components (the report route refers to
+    `#/components/schemas/AgentReport`; it parses the body itself, for speed)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            report = AgentReport.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(report.pop("$defs", {}))
+            components["AgentReport"] = report
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -135,10 +159,12 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.plane = plane
     app.state.ingest = ingest
+    app.add_middleware(EdgeMiddleware, router=app.router, authenticate=api.authenticate)
     app.add_middleware(MeasureMiddleware, metrics=metrics)
     _add_error_handlers(app, metrics)
     for area in (probes, devices, revisions, secrets, identity, agents):
         area.register(app, api)
+    _with_report_schemas(app)
     return app
 
 

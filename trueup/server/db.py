@@ -11,9 +11,10 @@ several server processes.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,19 @@ def _sqlite_engine(url: str, immediate: bool) -> Engine:
     return engine
 
 
+def _private_sqlite_files(path: Path) -> None:
+    """Create the database file 0600 (it holds token hashes and sealed secrets), and narrow
+    an existing one and its -wal/-shm. SQLite gives -wal and -shm the database's mode."""
+    with suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    for file in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        try:
+            if file.stat().st_mode & 0o077:
+                os.chmod(file, 0o600)
+        except FileNotFoundError:
+            pass
+
+
 class Database:
     """Engines for one database URL, plus the schema migrations."""
 
@@ -84,6 +98,7 @@ class Database:
             path = Path(self.url[len("sqlite:///") :])
             if not path.parent.is_dir():
                 raise DatabaseURLError(f"--db {url}: directory {path.parent} does not exist")
+            _private_sqlite_files(path)
             self._reader = _sqlite_engine(self.url, immediate=False)
             self._writer = _sqlite_engine(self.url, immediate=True)
         else:

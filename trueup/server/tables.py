@@ -2,7 +2,8 @@
 
 Migrations under `migrations/` create exactly these tables; a test compares them.
 Times are stored as UTC seconds since the epoch (floats) so that SQLite and
-PostgreSQL compare them alike.
+PostgreSQL compare them alike. Column sizes come from `limits.py`, which the
+request models use too: what the API accepts fits these columns.
 """
 
 from __future__ import annotations
@@ -19,6 +20,20 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+)
+
+from trueup.server.limits import (
+    ACTION_LENGTH,
+    ACTOR_LENGTH,
+    DEVICE_NAME_LENGTH,
+    DIGEST_LENGTH,
+    KIND_LENGTH,
+    NAME_LENGTH,
+    ORIGIN_LENGTH,
+    SUBSYSTEM_LENGTH,
+    TARGET_LENGTH,
+    TOKEN_HASH_LENGTH,
+    TOKEN_LABEL_LENGTH,
 )
 
 __all__ = [
@@ -42,7 +57,7 @@ tenants = Table(
     "tenants",
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("name", String(200), nullable=False, unique=True),
+    Column("name", String(NAME_LENGTH), nullable=False, unique=True),
     Column("created_at", Float, nullable=False),
     # The tenant's AEAD data key, wrapped by the server key (tenant id as associated data).
     Column("data_key_wrapped", LargeBinary, nullable=True),
@@ -53,8 +68,8 @@ users = Table(
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("tenant_id", Integer, ForeignKey("tenants.id"), nullable=False),
-    Column("name", String(200), nullable=False),
-    Column("role", String(20), nullable=False),
+    Column("name", String(NAME_LENGTH), nullable=False),
+    Column("role", String(KIND_LENGTH), nullable=False),
     Column("created_at", Float, nullable=False),
     UniqueConstraint("tenant_id", "name", name="uq_users_tenant_name"),
     # HMAC under the server key of (id, tenant, name, role): authentication refuses a
@@ -67,7 +82,7 @@ devices = Table(
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("tenant_id", Integer, ForeignKey("tenants.id"), nullable=False),
-    Column("name", String(253), nullable=False),
+    Column("name", String(DEVICE_NAME_LENGTH), nullable=False),
     Column("created_at", Float, nullable=False),
     # The newest revision's version; the compare-and-set target of If-Match.
     Column("desired_version", Integer, nullable=False, server_default="0"),
@@ -80,11 +95,11 @@ tokens = Table(
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("tenant_id", Integer, ForeignKey("tenants.id"), nullable=False),
     # user | device | enrollment
-    Column("kind", String(20), nullable=False),
+    Column("kind", String(KIND_LENGTH), nullable=False),
     Column("user_id", Integer, ForeignKey("users.id"), nullable=True),
     Column("device_id", Integer, ForeignKey("devices.id"), nullable=True),
-    Column("token_hash", String(64), nullable=False, unique=True),
-    Column("label", String(200), nullable=False, server_default=""),
+    Column("token_hash", String(TOKEN_HASH_LENGTH), nullable=False, unique=True),
+    Column("label", String(TOKEN_LABEL_LENGTH), nullable=False, server_default=""),
     Column("created_at", Float, nullable=False),
     Column("expires_at", Float, nullable=True),
     Column("used_at", Float, nullable=True),
@@ -101,9 +116,9 @@ revisions = Table(
     Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
     Column("version", Integer, nullable=False),
     Column("parent_version", Integer, nullable=True),
-    Column("author", String(200), nullable=False),
+    Column("author", String(ACTOR_LENGTH), nullable=False),
     Column("comment", Text, nullable=False, server_default=""),
-    Column("content_hash", String(80), nullable=False),
+    Column("content_hash", String(DIGEST_LENGTH), nullable=False),
     Column("document", Text, nullable=False),
     Column("created_at", Float, nullable=False),
     UniqueConstraint("device_id", "version", name="uq_revisions_device_version"),
@@ -116,12 +131,12 @@ device_reports = Table(
     Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
     Column("received_at", Float, nullable=False),
     Column("applied_version", Integer, nullable=True),
-    Column("observed_digest", String(80), nullable=True),
+    Column("observed_digest", String(DIGEST_LENGTH), nullable=True),
     Column("payload", Text, nullable=False),
     # Which document runs (sha256 of the applied document, without metadata.version),
     # where it came from, and a reported local override (JSON) — see migration 0002.
-    Column("applied_digest", String(80), nullable=True),
-    Column("applied_origin", String(32), nullable=True),
+    Column("applied_digest", String(DIGEST_LENGTH), nullable=True),
+    Column("applied_origin", String(ORIGIN_LENGTH), nullable=True),
     Column("override", Text, nullable=True),
     Index("ix_device_reports_device", "device_id", "id"),
 )
@@ -132,7 +147,7 @@ device_state = Table(
     Column("device_id", Integer, ForeignKey("devices.id"), primary_key=True),
     Column("last_report_at", Float, nullable=False),
     Column("applied_version", Integer, nullable=True),
-    Column("observed_digest", String(80), nullable=True),
+    Column("observed_digest", String(DIGEST_LENGTH), nullable=True),
     Column("reason_codes", Text, nullable=False),
     Column("report", Text, nullable=False),
     Column("heartbeat_interval", Float, nullable=False),
@@ -141,8 +156,8 @@ device_state = Table(
     # The applied document's digest (compared with the desired revision's content_hash),
     # its origin (control-plane, local-file, local-cli, rollback, recovery, …) and the
     # reported local override as JSON (None when there is none).
-    Column("applied_digest", String(80), nullable=True),
-    Column("applied_origin", String(32), nullable=True),
+    Column("applied_digest", String(DIGEST_LENGTH), nullable=True),
+    Column("applied_origin", String(ORIGIN_LENGTH), nullable=True),
     Column("override", Text, nullable=True),
 )
 
@@ -151,9 +166,9 @@ acks = Table(
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
-    Column("subsystem", String(100), nullable=False),
+    Column("subsystem", String(SUBSYSTEM_LENGTH), nullable=False),
     Column("reason", Text, nullable=False),
-    Column("author", String(200), nullable=False),
+    Column("author", String(ACTOR_LENGTH), nullable=False),
     Column("created_at", Float, nullable=False),
     Column("expires_at", Float, nullable=False),
 )
@@ -164,7 +179,7 @@ secrets = Table(
     Column("id", String(32), primary_key=True),
     Column("tenant_id", Integer, ForeignKey("tenants.id"), nullable=False),
     Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
-    Column("name", String(200), nullable=False),
+    Column("name", String(NAME_LENGTH), nullable=False),
     Column("nonce", LargeBinary, nullable=False),
     Column("ciphertext", LargeBinary, nullable=False),
     Column("created_at", Float, nullable=False),
@@ -177,9 +192,9 @@ audit_log = Table(
     Column("seq", Integer, primary_key=True, autoincrement=False),
     Column("tenant_id", Integer, nullable=True),
     Column("at", Float, nullable=False),
-    Column("actor", String(200), nullable=False),
-    Column("action", String(60), nullable=False),
-    Column("target", String(400), nullable=False),
+    Column("actor", String(ACTOR_LENGTH), nullable=False),
+    Column("action", String(ACTION_LENGTH), nullable=False),
+    Column("target", String(TARGET_LENGTH), nullable=False),
     Column("detail", Text, nullable=False),
     Column("prev_hash", String(64), nullable=False),
     Column("row_hash", String(64), nullable=False),

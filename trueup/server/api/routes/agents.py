@@ -17,6 +17,8 @@ from starlette.concurrency import run_in_threadpool
 
 from trueup.server.api.context import Api, problems, role
 from trueup.server.api.models import AgentReport
+from trueup.server.api.responses import answers
+from trueup.server.limits import MAX_VERSION, REPORT_BYTES
 from trueup.server.service import Principal, Unauthorized
 
 __all__ = ["MAX_WAIT", "register"]
@@ -28,7 +30,11 @@ def register(app: FastAPI, api: Api) -> None:
     plane = api.plane
     device = api.device
 
-    @app.post("/api/v1/agent/enroll", openapi_extra=role("enrollment"))
+    @app.post(
+        "/api/v1/agent/enroll",
+        openapi_extra=role("enrollment"),
+        responses=answers(401, 413, token=False),
+    )
     def agent_enroll(authorization: str | None = Header(None)) -> dict[str, Any]:
         if not authorization or not authorization.startswith("Bearer "):
             raise HTTPException(
@@ -44,10 +50,13 @@ def register(app: FastAPI, api: Api) -> None:
     @app.get(
         "/api/v1/agent/desired",
         openapi_extra=role("device"),
-        responses={204: {"description": "no revision newer than `after` within `wait`"}},
+        responses={
+            204: {"description": "no revision newer than `after` within `wait`"},
+            **answers(),
+        },
     )
     async def agent_desired(
-        after: int = Query(0, ge=0),
+        after: int = Query(0, ge=0, le=MAX_VERSION),
         wait: float = Query(0.0, ge=0, le=MAX_WAIT),
         p: Principal = device,
     ) -> Response:
@@ -68,11 +77,14 @@ def register(app: FastAPI, api: Api) -> None:
 
     @app.post(
         "/api/v1/agent/report",
+        responses=answers(),
         openapi_extra={
-            **role("device"),
+            **role("device", max_body=REPORT_BYTES),
             "requestBody": {
                 "required": True,
-                "content": {"application/json": {"schema": AgentReport.model_json_schema()}},
+                "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/AgentReport"}}
+                },
             },
         },
     )
@@ -89,7 +101,7 @@ def register(app: FastAPI, api: Api) -> None:
         await api.ingest.submit(p.device_id, report.model_dump(mode="json"))
         return Response(b'{"stored":true}', media_type="application/json")
 
-    @app.get("/api/v1/agent/secrets", openapi_extra=role("device"))
+    @app.get("/api/v1/agent/secrets", openapi_extra=role("device"), responses=answers())
     def agent_secrets(p: Principal = device) -> dict[str, Any]:
         assert p.device_id is not None
         return plane.device_secrets(p.tenant_id, p.device_id)

@@ -8,6 +8,7 @@ from fastapi import FastAPI, Query
 
 from trueup.server.api.context import Api, role
 from trueup.server.api.models import RoleChange, TokenCreate, UserCreate
+from trueup.server.api.responses import TOKEN_ID, USER, answers
 from trueup.server.service import Principal
 
 __all__ = ["register"]
@@ -17,34 +18,41 @@ def register(app: FastAPI, api: Api) -> None:
     plane = api.plane
     admin = api.admin
 
-    @app.get("/api/v1/users", openapi_extra=role("admin"))
+    @app.get("/api/v1/users", openapi_extra=role("admin"), responses=answers())
     def list_users(p: Principal = admin) -> dict[str, Any]:
         return {"users": plane.list_users(p.tenant_id)}
 
-    @app.post("/api/v1/users", status_code=201, openapi_extra=role("admin"))
+    @app.post("/api/v1/users", status_code=201, openapi_extra=role("admin"), responses=answers())
     def create_user(body: UserCreate, p: Principal = admin) -> dict[str, Any]:
         plane.create_user(p.tenant_id, body.name, body.role, p.actor)
         return {"user": body.name, "role": body.role.value}
 
-    @app.put("/api/v1/users/{user}/role", openapi_extra=role("admin"))
-    def change_role(user: str, body: RoleChange, p: Principal = admin) -> dict[str, Any]:
+    @app.put("/api/v1/users/{user}/role", openapi_extra=role("admin"), responses=answers(404))
+    def change_role(user: USER, body: RoleChange, p: Principal = admin) -> dict[str, Any]:
         plane.set_role(p.tenant_id, user, body.role, p.actor)
         return {"user": user, "role": body.role.value}
 
-    @app.post("/api/v1/users/{user}/tokens", status_code=201, openapi_extra=role("admin"))
-    def create_token(user: str, body: TokenCreate, p: Principal = admin) -> dict[str, Any]:
+    @app.post(
+        "/api/v1/users/{user}/tokens",
+        status_code=201,
+        openapi_extra=role("admin"),
+        responses=answers(404),
+    )
+    def create_token(user: USER, body: TokenCreate, p: Principal = admin) -> dict[str, Any]:
         token_id, token = plane.create_token(p.tenant_id, user, p.actor, body.label)
         return {"id": token_id, "user": user, "token": token}
 
-    @app.get("/api/v1/tokens", openapi_extra=role("admin"))
+    @app.get("/api/v1/tokens", openapi_extra=role("admin"), responses=answers())
     def list_tokens(p: Principal = admin) -> dict[str, Any]:
         return {"tokens": plane.list_tokens(p.tenant_id)}
 
-    @app.post("/api/v1/tokens/{token_id}/revoke", openapi_extra=role("admin"))
-    def revoke_token(token_id: int, p: Principal = admin) -> dict[str, Any]:
+    @app.post(
+        "/api/v1/tokens/{token_id}/revoke", openapi_extra=role("admin"), responses=answers(404)
+    )
+    def revoke_token(token_id: TOKEN_ID, p: Principal = admin) -> dict[str, Any]:
         plane.revoke_token(p.tenant_id, token_id, p.actor)
         return {"id": token_id, "revoked": True}
 
-    @app.get("/api/v1/audit", openapi_extra=role("admin"))
+    @app.get("/api/v1/audit", openapi_extra=role("admin"), responses=answers())
     def list_audit(limit: int = Query(100, ge=1, le=10000), p: Principal = admin) -> dict[str, Any]:
         return {"entries": plane.audit_entries(p.tenant_id, limit)}

@@ -6,18 +6,22 @@ must be able to ask. `/readyz` answers 503 while the database does not.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
 from trueup.server.api.context import Api, role
+from trueup.server.api.responses import answers
 from trueup.server.service import Principal
 
 __all__ = ["register"]
+
+log = logging.getLogger("trueup.server")
 
 
 def register(app: FastAPI, api: Api) -> None:
@@ -26,7 +30,26 @@ def register(app: FastAPI, api: Api) -> None:
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", openapi_extra=role("public"))
+    @app.get(
+        "/readyz",
+        openapi_extra=role("public"),
+        responses={
+            503: {
+                "description": "the database does not answer (why is in the server's log)",
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "properties": {
+                                "status": {"type": "string"},
+                                "detail": {"type": "string"},
+                            },
+                        }
+                    }
+                },
+            }
+        },
+    )
     async def readyz() -> JSONResponse:
         def probe() -> None:
             with api.database.read() as conn:
@@ -34,14 +57,29 @@ def register(app: FastAPI, api: Api) -> None:
 
         try:
             await run_in_threadpool(probe)
-        except Exception as exc:
-            return JSONResponse({"status": "unavailable", "detail": str(exc)}, status_code=503)
+        except Exception:
+            # The cause names hosts, ports and roles: for the log, not for anonymous callers.
+            log.exception("readiness probe: the database did not answer")
+            return JSONResponse(
+                {"status": "unavailable", "detail": "database unavailable"}, status_code=503
+            )
         return JSONResponse({"status": "ready"})
 
-    @app.get("/metrics", openapi_extra=role("admin"))
+    @app.get(
+        "/metrics",
+        openapi_extra=role("admin"),
+        response_class=PlainTextResponse,
+        responses={
+            200: {
+                "description": "Prometheus text exposition",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            },
+            **answers(),
+        },
+    )
     async def prometheus(_p: Principal = api.admin) -> Response:
         return Response(generate_latest(api.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/openapi.json", openapi_extra=role("viewer"))
+    @app.get("/openapi.json", openapi_extra=role("viewer"), responses=answers())
     async def openapi(_p: Principal = api.viewer) -> dict[str, Any]:
         return app.openapi()

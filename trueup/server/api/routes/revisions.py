@@ -1,50 +1,82 @@
 """Desired revisions: read the desired one, put the next one (If-Match), the history.
 
-`PUT …/desired` takes JSON or YAML. Without If-Match it is 428; a stale
-If-Match is 409 with STATE_CONCURRENT_MODIFICATION (app.py maps Conflict).
+`PUT …/desired` takes JSON or YAML (at most `DOCUMENT_BYTES`, nested at most
+`MAX_DEPTH` levels, YAML without aliases: trueup.model.decode). Without
+If-Match it is 428; a stale If-Match is 409 with STATE_CONCURRENT_MODIFICATION
+(app.py maps Conflict). `X-Trueup-Comment` is UTF-8.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
+import re
+from typing import Annotated, Any
 
-import yaml
-from fastapi import FastAPI, Header, HTTPException, Request, Response
+from fastapi import FastAPI, Header, HTTPException, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from trueup.model.decode import DecodeError, decode_json, decode_yaml
 from trueup.server.api.context import Api, role
+from trueup.server.api.models import check_text
+from trueup.server.api.responses import DEVICE, answers
+from trueup.server.limits import DOCUMENT_BYTES, MAX_DEPTH, MAX_VERSION, TEXT_LENGTH, excerpt
 from trueup.server.service import Invalid, Principal
 
-__all__ = ["parse_if_match", "register"]
+__all__ = ["parse_comment", "parse_if_match", "register"]
+
+_VERSION = re.compile(r'(?:W/)?(?:"([0-9]{1,10})"|([0-9]{1,10}))', re.ASCII)
 
 
 def parse_if_match(value: str | None) -> int:
-    """The version an If-Match header names (`3`, `"3"` or `W/"3"`)."""
+    """The version an If-Match header names (`3`, `"3"` or `W/"3"`), 0 to MAX_VERSION - 1."""
     if value is None:
         raise HTTPException(
             428,
             detail="If-Match is required: send the version you expect to replace "
             "(0 for a device without revisions)",
         )
-    text = value.strip()
-    if text.startswith("W/"):
-        text = text[2:]
-    text = text.strip('"')
-    if not text.isdigit():
-        raise HTTPException(
-            422,
-            detail={"problems": [f"header.If-Match: {value!r} is not a version number (e.g. 3)"]},
+    match = _VERSION.fullmatch(value.strip())
+    if match is None:
+        raise Invalid(
+            [f"header.If-Match: {excerpt(repr(value), 40)} is not a version number (e.g. 3)"]
         )
-    return int(text)
+    version = int(match.group(1) or match.group(2))
+    if version >= MAX_VERSION:
+        raise Invalid([f"header.If-Match: {version} is beyond the last version ({MAX_VERSION})"])
+    return version
+
+
+def parse_comment(value: str) -> str:
+    """`X-Trueup-Comment` as UTF-8 text (HTTP carries header bytes; Starlette gives latin-1)."""
+    try:
+        text = value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        raise Invalid(["header.X-Trueup-Comment: not UTF-8 text"]) from None
+    if len(text) > TEXT_LENGTH:
+        raise Invalid([f"header.X-Trueup-Comment: longer than {TEXT_LENGTH} characters"])
+    try:
+        return check_text(text)
+    except ValueError as exc:
+        raise Invalid([f"header.X-Trueup-Comment: {exc}"]) from None
+
+
+def parse_body(raw: bytes, content_type: str) -> Any:
+    """The document in a request body, decoded within the limits (trueup.model.decode)."""
+    try:
+        if "yaml" in content_type:
+            return decode_yaml(raw, max_bytes=DOCUMENT_BYTES, max_depth=MAX_DEPTH)
+        return decode_json(raw, max_bytes=DOCUMENT_BYTES, max_depth=MAX_DEPTH)
+    except DecodeError as exc:
+        raise Invalid([f"(document): {exc}"]) from None
 
 
 def register(app: FastAPI, api: Api) -> None:
     plane = api.plane
     viewer, operator = api.viewer, api.operator
 
-    @app.get("/api/v1/devices/{device}/desired", openapi_extra=role("viewer"))
-    def get_desired(device: str, response: Response, p: Principal = viewer) -> dict[str, Any]:
+    @app.get(
+        "/api/v1/devices/{device}/desired", openapi_extra=role("viewer"), responses=answers(404)
+    )
+    def get_desired(device: DEVICE, response: Response, p: Principal = viewer) -> dict[str, Any]:
         revision = plane.desired(p.tenant_id, device)
         if revision is None:
             response.headers["ETag"] = '"0"'
@@ -55,8 +87,9 @@ def register(app: FastAPI, api: Api) -> None:
     @app.put(
         "/api/v1/devices/{device}/desired",
         status_code=201,
+        responses=answers(404, 409, 413, 428),
         openapi_extra={
-            **role("operator"),
+            **role("operator", max_body=DOCUMENT_BYTES),
             "requestBody": {
                 "required": True,
                 "content": {
@@ -67,7 +100,7 @@ def register(app: FastAPI, api: Api) -> None:
         },
     )
     async def put_desired(
-        device: str,
+        device: DEVICE,
         request: Request,
         response: Response,
         if_match: str | None = Header(None),
@@ -75,14 +108,8 @@ def register(app: FastAPI, api: Api) -> None:
         p: Principal = operator,
     ) -> dict[str, Any]:
         expected = parse_if_match(if_match)
-        raw = await request.body()
-        try:
-            if "yaml" in request.headers.get("content-type", ""):
-                data = yaml.safe_load(raw)
-            else:
-                data = json.loads(raw)
-        except (ValueError, yaml.YAMLError) as exc:
-            raise Invalid([f"(document): not valid JSON or YAML: {exc}"]) from None
+        comment = parse_comment(x_trueup_comment)
+        data = parse_body(await request.body(), request.headers.get("content-type", ""))
         revision = await run_in_threadpool(
             lambda: plane.put_desired(
                 p.tenant_id,
@@ -90,7 +117,7 @@ def register(app: FastAPI, api: Api) -> None:
                 expected,
                 data,
                 author=p.actor,
-                comment=x_trueup_comment,
+                comment=comment,
             )
         )
         api.metrics.revisions.inc()
@@ -99,11 +126,21 @@ def register(app: FastAPI, api: Api) -> None:
         response.headers["ETag"] = f'"{revision.version}"'
         return revision.summary()
 
-    @app.get("/api/v1/devices/{device}/revisions", openapi_extra=role("viewer"))
-    def list_revisions(device: str, p: Principal = viewer) -> dict[str, Any]:
+    @app.get(
+        "/api/v1/devices/{device}/revisions", openapi_extra=role("viewer"), responses=answers(404)
+    )
+    def list_revisions(device: DEVICE, p: Principal = viewer) -> dict[str, Any]:
         return {"revisions": [r.summary() for r in plane.revisions(p.tenant_id, device)]}
 
-    @app.get("/api/v1/devices/{device}/revisions/{version}", openapi_extra=role("viewer"))
-    def get_revision(device: str, version: int, p: Principal = viewer) -> dict[str, Any]:
+    @app.get(
+        "/api/v1/devices/{device}/revisions/{version}",
+        openapi_extra=role("viewer"),
+        responses=answers(404),
+    )
+    def get_revision(
+        device: DEVICE,
+        version: Annotated[int, Path(ge=0, le=MAX_VERSION)],
+        p: Principal = viewer,
+    ) -> dict[str, Any]:
         revision = plane.revision(p.tenant_id, device, version)
         return {**revision.summary(), "document": revision.document}

@@ -8,6 +8,8 @@ from fastapi import FastAPI
 
 from trueup.server.api.context import Api, role
 from trueup.server.api.models import SecretPut
+from trueup.server.api.responses import DEVICE, NAME_PARAM, answers
+from trueup.server.limits import SECRET_BODY_BYTES
 from trueup.server.service import Principal
 
 __all__ = ["register"]
@@ -17,12 +19,19 @@ def register(app: FastAPI, api: Api) -> None:
     plane = api.plane
     operator, admin = api.operator, api.admin
 
-    @app.get("/api/v1/devices/{device}/secrets", openapi_extra=role("operator"))
-    def list_secrets(device: str, p: Principal = operator) -> dict[str, Any]:
+    @app.get(
+        "/api/v1/devices/{device}/secrets", openapi_extra=role("operator"), responses=answers(404)
+    )
+    def list_secrets(device: DEVICE, p: Principal = operator) -> dict[str, Any]:
         return {"secrets": plane.secret_names(p.tenant_id, device)}
 
     @app.put(
-        "/api/v1/devices/{device}/secrets/{name}", status_code=201, openapi_extra=role("admin")
+        "/api/v1/devices/{device}/secrets/{name}",
+        status_code=201,
+        openapi_extra=role("admin", max_body=SECRET_BODY_BYTES),
+        responses=answers(404),
     )
-    def put_secret(device: str, name: str, body: SecretPut, p: Principal = admin) -> dict[str, Any]:
+    def put_secret(
+        device: DEVICE, name: NAME_PARAM, body: SecretPut, p: Principal = admin
+    ) -> dict[str, Any]:
         return plane.put_secret(p.tenant_id, device, name, body.value, p.actor)

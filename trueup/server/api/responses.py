@@ -1,0 +1,75 @@
+"""What routes answer besides success, as OpenAPI `responses=`, and the bounded path parameters.
+
+Every status a route can return is documented with the body it carries
+(`answers(…)`): the error bodies are `{"detail": …}`, 422 adds `problems`
+(one `path: message` each), 409 is the concurrent-modification body. Path
+parameters are bounded like the columns they are looked up in.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Path
+
+from trueup.server.api.models import DEVICE_NAME, NAME
+from trueup.server.limits import DEVICE_NAME_LENGTH, MAX_INT32, NAME_LENGTH
+
+__all__ = ["DEVICE", "NAME_PARAM", "TOKEN_ID", "USER", "answers"]
+
+DEVICE = Annotated[
+    str, Path(max_length=DEVICE_NAME_LENGTH, pattern=DEVICE_NAME, description="a device name")
+]
+USER = Annotated[str, Path(max_length=NAME_LENGTH, pattern=NAME, description="a user name")]
+NAME_PARAM = Annotated[str, Path(max_length=NAME_LENGTH, pattern=NAME, description="a name")]
+TOKEN_ID = Annotated[int, Path(ge=1, le=MAX_INT32, description="a token id")]
+
+_DETAIL: dict[str, Any] = {
+    "type": "object",
+    "required": ["detail"],
+    "properties": {"detail": {"type": "string"}},
+}
+_PROBLEMS: dict[str, Any] = {
+    "type": "object",
+    "required": ["detail", "problems"],
+    "properties": {
+        "detail": {"type": "string"},
+        "problems": {"type": "array", "items": {"type": "string"}},
+    },
+}
+_CONFLICT: dict[str, Any] = {
+    "type": "object",
+    "required": ["reason", "detail", "device", "expected_version", "current_version", "action"],
+    "properties": {
+        "reason": {"type": "string", "enum": ["STATE_CONCURRENT_MODIFICATION"]},
+        "detail": {"type": "string"},
+        "device": {"type": "string"},
+        "expected_version": {"type": "integer"},
+        "current_version": {"type": "integer"},
+        "action": {"type": "string"},
+    },
+}
+
+_ANSWERS: dict[int, tuple[str, dict[str, Any]]] = {
+    400: ("the request cannot be read (e.g. a body that is not UTF-8)", _DETAIL),
+    401: ("no token, or a token that is unknown, revoked, expired or used", _DETAIL),
+    403: ("the token does not have the role this route needs", _DETAIL),
+    404: ("not found in the caller's tenant", _DETAIL),
+    409: ("If-Match is stale: STATE_CONCURRENT_MODIFICATION, nothing changed", _CONFLICT),
+    413: ("the request body is larger than this route takes", _DETAIL),
+    422: ("invalid input, each problem with its path; nothing was changed", _PROBLEMS),
+    428: ("If-Match is required", _DETAIL),
+}
+_EVERY_ROUTE = (400, 401, 403, 413, 422)
+
+
+def answers(*codes: int, token: bool = True) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=`: `codes`, and for a route taking a token those every one has."""
+    common = _EVERY_ROUTE if token else ()
+    return {
+        code: {
+            "description": _ANSWERS[code][0],
+            "content": {"application/json": {"schema": _ANSWERS[code][1]}},
+        }
+        for code in sorted({*codes, *common})
+    }
