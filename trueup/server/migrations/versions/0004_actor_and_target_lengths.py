@@ -4,8 +4,8 @@ An actor is `device:TENANT/DEVICE` (up to 461 characters) and an audit target
 up to `device:DEVICE/secret:NAME` (468): the old 200 and 400 were too short for
 the longest names the API accepts, and PostgreSQL refused those rows.
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: 0004
+Revises: 0003
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0003"
-down_revision = "0002"
+revision = "0004"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 
