@@ -381,6 +381,29 @@ def test_document_over_the_size_limit_is_413(server: Server) -> None:
     assert_problem(response, 413, "at most")
 
 
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [
+        # A lone surrogate escape as an unknown key: the 422 naming it could not be encoded.
+        (b'{"apiVersion": "trueup/v1", "\\ud800": 1}', "application/json"),
+        (b'apiVersion: trueup/v1\n"\\ud800": 1\n', "application/yaml"),
+        # ... and as a stored key: the agent's long poll could not encode the revision.
+        (
+            json.dumps(document("edge-01", tables={"\ud800": 100})).encode(),
+            "application/json",
+        ),
+    ],
+)
+def test_lone_surrogate_escapes_are_422_not_500(
+    server: Server, body: bytes, content_type: str
+) -> None:
+    tenant = server.tenant(devices=("edge-01",))
+    response = put_desired(server, tenant, "edge-01", body, **{"content-type": content_type})
+    assert_problem(response, 422, "surrogate")
+    desired = server.client.get("/api/v1/agent/desired", headers=tenant.device_auth("edge-01"))
+    assert desired.status_code == 204, desired.text
+
+
 # -- body limits and authentication before the body ------------------------------------------
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trueup.model.decode import DecodeError, check_depth, decode_json, decode_yaml
+from trueup.model.decode import DecodeError, check_tree, decode_json, decode_yaml
 from trueup.model.document import DocumentError, load_document
 from trueup.model.limits import DOCUMENT_BYTES, MAX_DEPTH, excerpt
 
@@ -48,7 +48,7 @@ def test_depth_limit_for_yaml_and_json() -> None:
     with pytest.raises(DecodeError, match="nested deeper"):
         decode_json("[" * 100_000 + "]" * 100_000)
     with pytest.raises(DecodeError, match="nested deeper"):
-        check_depth({"a": [{"b": [[]]}]}, max_depth=4)
+        check_tree({"a": [{"b": [[]]}]}, max_depth=4)
 
 
 def test_size_limit_is_checked_before_decoding() -> None:
@@ -79,3 +79,15 @@ def test_document_files_are_bounded(tmp_path: Path) -> None:
     deep.write_text("[" * 5000 + "]" * 5000)
     with pytest.raises(DocumentError, match="nested deeper"):
         load_document(deep)
+
+
+def test_lone_surrogates_are_refused_in_keys_and_values() -> None:
+    for decode, text in (
+        (decode_json, '{"\\ud800": 1}'),
+        (decode_json, '{"a": ["\\udfff"]}'),
+        (decode_yaml, '"\\ud800": 1'),
+        (decode_yaml, 'a: ["\\udfff"]'),
+    ):
+        with pytest.raises(DecodeError, match="lone surrogate"):
+            decode(text)
+    assert decode_json('["\\ud83d\\ude00"]') == ["\U0001f600"]  # a pair is one character

@@ -9,6 +9,9 @@ A document is refused, with a message quoting at most a short excerpt, when
 - it is YAML with an alias (`*name`): aliases let a few hundred bytes expand
   to gigabytes ("billion laughs"), and a trueup document never needs one.
   Anchors without aliases are harmless and allowed.
+- a string (key or value) holds a lone surrogate (`"\\ud800"`, which JSON and
+  YAML escapes can produce): it is not Unicode text, cannot be encoded as
+  UTF-8, and would fail whatever answers or stores it.
 
 The decoders raise `DecodeError` (a ValueError) with one line saying what is
 wrong and where.
@@ -26,7 +29,7 @@ from yaml.nodes import Node
 
 from trueup.model.limits import DOCUMENT_BYTES, MAX_DEPTH, excerpt
 
-__all__ = ["DecodeError", "check_depth", "decode_json", "decode_yaml"]
+__all__ = ["DecodeError", "check_tree", "decode_json", "decode_yaml"]
 
 
 class DecodeError(ValueError):
@@ -45,13 +48,28 @@ def _check_size(text: str | bytes, max_bytes: int) -> str:
     return text
 
 
-def check_depth(value: Any, max_depth: int = MAX_DEPTH) -> None:
-    """Raise DecodeError if mappings and lists nest deeper than `max_depth` (iterative)."""
+def _check_text(text: str) -> None:
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise DecodeError(
+                f"a string holds a lone surrogate (\\u{ord(text[exc.start]):04x}), "
+                "which is not Unicode text"
+            ) from None
+
+
+def check_tree(value: Any, max_depth: int = MAX_DEPTH) -> None:
+    """Raise DecodeError if mappings and lists nest deeper than `max_depth`, or a key or
+    value is a string that is not Unicode text (a lone surrogate). Iterative."""
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
+        if isinstance(item, str):
+            _check_text(item)
+            continue
         if isinstance(item, dict):
-            children: Any = item.values()
+            children: Any = [*item.keys(), *item.values()]
         elif isinstance(item, list):
             children = item
         else:
@@ -75,7 +93,7 @@ def decode_json(
         ) from None
     except ValueError as exc:  # e.g. an integer of more digits than Python converts
         raise DecodeError(f"not valid JSON: {excerpt(str(exc))}") from None
-    check_depth(value, max_depth)
+    check_tree(value, max_depth)
     return value
 
 
@@ -124,7 +142,7 @@ def decode_yaml(
     loader = _BoundedLoader(decoded)
     loader.max_depth = max_depth
     try:
-        return loader.get_single_data()
+        value = loader.get_single_data()
     except yaml.YAMLError as exc:
         raise DecodeError(f"not valid YAML: {_yaml_message(exc)}") from None
     except RecursionError:
@@ -133,3 +151,5 @@ def decode_yaml(
         raise DecodeError(f"not valid YAML: {excerpt(str(exc))}") from None
     finally:
         loader.dispose()
+    check_tree(value, max_depth)
+    return value
