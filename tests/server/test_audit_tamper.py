@@ -354,3 +354,70 @@ def test_rows_of_an_older_trueup_are_sealed_once_if_the_log_vouches_for_them(
             text("SELECT count(*) FROM audit_log WHERE action = 'audit.seal'")
         ).scalar_one()
     assert sealed == 1
+
+
+# -- a row rolled back to an earlier, sealed state ---------------------------------------------
+
+
+def test_a_revocation_undone_in_the_table_alone_stays_refused(isolated_server: Server) -> None:
+    """`revoked_at` is not sealed: clearing it must not revive the token the log revoked."""
+    server = isolated_server
+    tenant, tenant_id = setup_tenant(server)
+    token_id, token = server.plane.create_token(tenant_id, "admin-user", "test", label="laptop")
+    assert status(server, token) == 200
+    server.plane.revoke_token(tenant_id, token_id, "test")
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(text("UPDATE tokens SET revoked_at = NULL WHERE id = :id"), {"id": token_id})
+
+    assert status(server, token) == 401
+    assert status(server, tenant.tokens["admin"]) == 200  # only that token is refused
+    assert any("revocation undone" in p for p in problems(server)), problems(server)
+
+
+def test_a_used_enrollment_token_reset_in_the_table_is_not_exchanged_again(
+    isolated_server: Server,
+) -> None:
+    server = isolated_server
+    _tenant, tenant_id = setup_tenant(server)
+    bundle = server.plane.enroll(tenant_id, "edge-02", "test", url="http://testserver")
+    auth = {"Authorization": f"Bearer {bundle['token']}"}
+    first = server.client.post("/api/v1/agent/enroll", headers=auth)
+    assert first.status_code == 200, first.text
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE tokens SET used_at = NULL, revoked_at = NULL WHERE token_hash = :h"),
+            {"h": hash_token(bundle["token"])},
+        )
+
+    assert server.client.post("/api/v1/agent/enroll", headers=auth).status_code == 401
+    assert status(server, first.json()["credential"]) != 401  # the device keeps its credential
+
+
+def test_a_demotion_undone_with_the_earlier_seal_does_not_authenticate(
+    isolated_server: Server,
+) -> None:
+    """A user row restored to its earlier (role, seal) carries a valid seal: the log decides."""
+    server = isolated_server
+    tenant, tenant_id = setup_tenant(server)
+    admin = tenant.tokens["admin"]
+    with server.plane.db.engine.begin() as conn:
+        before = conn.execute(
+            text("SELECT role, seal FROM users WHERE name = 'admin-user' AND tenant_id = :t"),
+            {"t": tenant_id},
+        ).one()
+    server.plane.set_role(tenant_id, "admin-user", Role.VIEWER, "test")
+    users = "/api/v1/users"
+    assert server.client.get(users, headers={"Authorization": f"Bearer {admin}"}).status_code == 403
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE users SET role = :r, seal = :s WHERE name = 'admin-user' AND tenant_id = :t"
+            ),
+            {"r": before.role, "s": before.seal, "t": tenant_id},
+        )
+
+    assert server.client.get(users, headers={"Authorization": f"Bearer {admin}"}).status_code == 401
+    assert any(
+        "admin-user: role is admin but the last audited role is viewer" in p
+        for p in problems(server)
+    )

@@ -42,6 +42,7 @@ import hashlib
 import hmac
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -68,6 +69,7 @@ from trueup.server.tables import (
 __all__ = [
     "GENESIS",
     "AuditProblem",
+    "CredentialLog",
     "advance_checkpoint",
     "anchor_problems",
     "append",
@@ -615,8 +617,11 @@ def _entry_name(entry: Any) -> str:
     return f"seq={entry['seq']} ({entry['action']} {entry['target']})"
 
 
-def _replay(entries: Iterable[Any]) -> tuple[_Facts, list[AuditProblem]]:
-    facts = _Facts()
+def _replay(
+    entries: Iterable[Any], facts: _Facts | None = None
+) -> tuple[_Facts, list[AuditProblem]]:
+    """`facts` (new ones by default) with `entries` applied in order, and the malformed ones."""
+    facts = _Facts() if facts is None else facts
     problems = []
     for entry in entries:
         try:
@@ -633,6 +638,65 @@ def _replay(entries: Iterable[Any]) -> tuple[_Facts, list[AuditProblem]]:
                 )
             )
     return facts, problems
+
+
+class CredentialLog:
+    """What the authenticated log says about credentials, replayed incrementally.
+
+    A seal proves that the server wrote a row, not that the row is still in its
+    newest state: a row put back to an earlier state keeps a valid seal (a
+    revocation cleared in `tokens`, a demoted user's earlier role and seal
+    restored). Authentication therefore also asks the log: a token it revoked,
+    or a user whose role is not the last audited one, is refused. Only rows
+    whose HMAC holds count; each `refresh` reads the rows appended since the
+    previous one (and starts over if the log no longer holds the last row it read,
+    e.g. a restored database). Rows deleted from the end of the log are the
+    checkpoint's to catch (`anchor_problems`). Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._facts = _Facts()
+        self._last: tuple[int, str] = (0, GENESIS)  # the newest row replayed
+
+    def refresh(self, conn: Connection, server_key: ServerKey) -> None:
+        key = server_key.derive("audit")
+        with self._lock:
+            seq = self._last[0]
+            rows = list(
+                conn.execute(
+                    select(audit_log).where(audit_log.c.seq >= seq).order_by(audit_log.c.seq)
+                ).mappings()
+            )
+            if seq > 0:
+                if rows and (rows[0]["seq"], rows[0]["row_hash"]) == self._last:
+                    rows = rows[1:]
+                else:  # the row last replayed is gone: replay the whole log again
+                    self._facts, self._last = _Facts(), (0, GENESIS)
+                    rows = list(
+                        conn.execute(select(audit_log).order_by(audit_log.c.seq)).mappings()
+                    )
+            for row in rows:
+                if hmac.compare_digest(_row_hash(key, row), str(row["row_hash"])):
+                    _replay([row], self._facts)
+                self._last = (int(row["seq"]), str(row["row_hash"]))
+
+    def refusal(
+        self, token_id: int, user_id: int | None = None, role: str | None = None
+    ) -> str | None:
+        """Why the log refuses this token (revoked; its user's role is not the last audited
+        one), or None. Call `refresh` first."""
+        with self._lock:
+            token = self._facts.tokens.get(token_id)
+            if token is not None and token.revoked_seq is not None:
+                return f"the audit log revoked token id={token_id} (seq={token.revoked_seq})"
+            user = self._facts.users.get(user_id) if user_id is not None else None
+            if user is not None and role is not None and user.role != role:
+                return (
+                    f"user id={user_id} has role {role} but the last audited role is "
+                    f"{user.role} (seq={user.seq})"
+                )
+        return None
 
 
 # -- verification --------------------------------------------------------------------------

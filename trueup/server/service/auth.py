@@ -16,7 +16,9 @@ removed from the log and undone in the table), every token is refused: the
 database's credential state cannot be trusted until an operator has run
 `trueup server audit verify` and re-anchored. A token or user row whose seal
 does not match (a hash replaced, a role raised, a row inserted directly) is
-refused on its own.
+refused on its own, and so is one that the authenticated log contradicts (a
+revocation cleared, a user's earlier role restored with its earlier seal:
+`Store.credential_refusal`).
 """
 
 from __future__ import annotations
@@ -179,6 +181,11 @@ class Authenticator:
                 .mappings()
                 .one_or_none()
             )
+            refusal = None
+            if row is not None:
+                refusal = self.store.credential_refusal(
+                    conn, row["id"], row["user_id"], row["role"]
+                )
         self._refuse_if_rewound()
         if row is None or not tokens_equal(row["token_hash"], token):
             raise Unauthorized("unknown or revoked token")
@@ -196,6 +203,9 @@ class Authenticator:
         ):
             _log.error("user id=%s refused: its row does not match its seal", row["user_id"])
             raise Unauthorized("token refused: its user was changed behind the server's back")
+        if refusal is not None:
+            _log.error("token id=%s refused: %s", row["id"], refusal)
+            raise Unauthorized("token refused: its record contradicts the audit log")
         if row["expires_at"] is not None and row["expires_at"] < time.time():
             raise Unauthorized("token expired")
         principal = Principal(

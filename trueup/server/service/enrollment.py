@@ -192,6 +192,11 @@ class Enrollment:
                 raise Unauthorized(
                     "enrollment token refused: its row was changed behind the server's back"
                 )
+            if self.store.credential_refusal(conn, row["id"]) is not None:
+                raise Unauthorized(
+                    "enrollment token already used, revoked or expired; "
+                    "run `trueup server device enroll` again"
+                )
             rewound = self.store.anchor_problems(conn)
             if rewound:
                 raise Unauthorized(

@@ -39,6 +39,10 @@ class Store:
     key: ServerKey
     # Set once this process has sealed the token and user rows of an older trueup.
     _sealed: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+    # Revocations and roles as the audit log has them (authentication consults it).
+    _credentials: audit.CredentialLog = field(
+        default_factory=audit.CredentialLog, compare=False, repr=False
+    )
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
@@ -68,6 +72,14 @@ class Store:
     def user_seal_ok(self, row: Any) -> bool:
         """Does this user row carry its own seal (id, tenant, name, role)?"""
         return audit.user_seal_ok(self.key, row)
+
+    def credential_refusal(
+        self, conn: Connection, token_id: int, user_id: int | None = None, role: str | None = None
+    ) -> str | None:
+        """Why the audit log refuses this token: it revoked it, or the user's role is not the
+        last audited one (a row put back to an earlier, sealed state). None when it does not."""
+        self._credentials.refresh(conn, self.key)
+        return self._credentials.refusal(token_id, user_id, role)
 
     def anchor_problems(self, conn: Connection) -> list[audit.AuditProblem]:
         """Why the stored audit chain contradicts its checkpoint (rewound); [] when it does not."""
