@@ -624,8 +624,6 @@ def _serve_raw(path: Path, answers: list[bytes]) -> threading.Thread:
     return thread
 
 
-
-
 def test_the_client_waits_while_the_agent_is_starting(short_dir: Path) -> None:
     # The early responder answers 503 "agent starting; retry" with Retry-After
     # until the full agent takes the socket over; the request is sent again.
