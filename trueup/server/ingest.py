@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from sqlalchemy import Connection, and_, case, select
+from sqlalchemy import Connection, and_, bindparam, case, select
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -169,6 +169,7 @@ class ReportIngest:
         self._queue: queue.Queue[PendingReport | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._in_flight = 0
+        self._statements()
 
     def start(self) -> None:
         if self.mode == "batch" and self._thread is None:
@@ -289,27 +290,62 @@ class ReportIngest:
             except Exception:  # a metrics failure never fails committed reports
                 log.exception("report ingest: on_batch failed")
 
+    def _statements(self) -> None:
+        """The batch's three statements, built once (a batch's fixed cost is mostly CPU)."""
+        # The desired revision's number and content hash (the latter decides "same
+        # document" when the agent reports the applied document's digest).
+        self._desired = (
+            select(devices.c.id, devices.c.desired_version, revisions.c.content_hash)
+            .outerjoin(
+                revisions,
+                and_(
+                    revisions.c.device_id == devices.c.id,
+                    revisions.c.version == devices.c.desired_version,
+                ),
+            )
+            .where(devices.c.id.in_(bindparam("ids", expanding=True)))
+        )
+        self._insert_reports = device_reports.insert()
+        insert = pg_insert(device_state) if not self.db.is_sqlite else sqlite_insert(device_state)
+        excluded = insert.excluded
+        # Keep the start of an unbroken in-sync period; a gap longer than the stale
+        # threshold, or any out-of-sync report, starts it again.
+        continuing = and_(
+            device_state.c.in_sync_since.is_not(None),
+            device_state.c.last_report_at
+            >= excluded.last_report_at - self.stale_intervals * device_state.c.heartbeat_interval,
+        )
+        self._upsert_state = insert.on_conflict_do_update(
+            index_elements=[device_state.c.device_id],
+            set_={
+                "last_report_at": excluded.last_report_at,
+                "applied_version": excluded.applied_version,
+                "observed_digest": excluded.observed_digest,
+                "reason_codes": excluded.reason_codes,
+                "report": excluded.report,
+                "heartbeat_interval": excluded.heartbeat_interval,
+                "applied_digest": excluded.applied_digest,
+                "applied_origin": excluded.applied_origin,
+                "override": excluded.override,
+                "in_sync_since": case(
+                    (excluded.in_sync_since.is_(None), None),
+                    (continuing, device_state.c.in_sync_since),
+                    else_=excluded.in_sync_since,
+                ),
+            },
+        )
+
     def _write(self, conn: Connection, batch: list[PendingReport]) -> None:
         device_ids = sorted({item.device_id for item in batch})
         # The desired revision's number and content hash (the latter decides "same
         # document" when the agent reports the applied document's digest).
         desired: dict[int, tuple[int, str | None]] = {
             int(row.id): (int(row.desired_version), row.content_hash)
-            for row in conn.execute(
-                select(devices.c.id, devices.c.desired_version, revisions.c.content_hash)
-                .outerjoin(
-                    revisions,
-                    and_(
-                        revisions.c.device_id == devices.c.id,
-                        revisions.c.version == devices.c.desired_version,
-                    ),
-                )
-                .where(devices.c.id.in_(device_ids))
-            )
+            for row in conn.execute(self._desired, {"ids": device_ids})
         }
         encoded = [json.dumps(item.payload, sort_keys=True) for item in batch]
         conn.execute(
-            device_reports.insert(),
+            self._insert_reports,
             [
                 {
                     "device_id": item.device_id,
@@ -352,32 +388,4 @@ class ReportIngest:
                     **identity,
                 }
             )
-        insert = pg_insert(device_state) if not self.db.is_sqlite else sqlite_insert(device_state)
-        excluded = insert.excluded
-        # Keep the start of an unbroken in-sync period; a gap longer than the stale
-        # threshold, or any out-of-sync report, starts it again.
-        continuing = and_(
-            device_state.c.in_sync_since.is_not(None),
-            device_state.c.last_report_at
-            >= excluded.last_report_at - self.stale_intervals * device_state.c.heartbeat_interval,
-        )
-        statement = insert.on_conflict_do_update(
-            index_elements=[device_state.c.device_id],
-            set_={
-                "last_report_at": excluded.last_report_at,
-                "applied_version": excluded.applied_version,
-                "observed_digest": excluded.observed_digest,
-                "reason_codes": excluded.reason_codes,
-                "report": excluded.report,
-                "heartbeat_interval": excluded.heartbeat_interval,
-                "applied_digest": excluded.applied_digest,
-                "applied_origin": excluded.applied_origin,
-                "override": excluded.override,
-                "in_sync_since": case(
-                    (excluded.in_sync_since.is_(None), None),
-                    (continuing, device_state.c.in_sync_since),
-                    else_=excluded.in_sync_since,
-                ),
-            },
-        )
-        conn.execute(statement, rows)
+        conn.execute(self._upsert_state, rows)
