@@ -696,6 +696,12 @@ def offered_rate_table(
                 "errors": outcome["errors"],
                 "acknowledged": len(outcome["acknowledged"]),
                 "cpu": cpu,
+                # CPU seconds per report: servers, PostgreSQL, load generator.
+                "per_report": (
+                    (cpu["loop"] + cpu["threads"]) / reports,
+                    cpu["postgres"] / reports if config.backend == "postgres" else 0.0,
+                    outcome["cpu"] / reports,
+                ),
             }
             results.append(result)
             goal = "" if backend is None else (" ✅" if p99 < 100 and not lost else " ❌")
@@ -771,6 +777,17 @@ def _offered_summary(results: list[dict[str, Any]]) -> list[str]:
             f"The HTTP floor (the load generator against uvicorn answering at once, same "
             f"connections and schedule) has p99 {floor['p99']:.1f} ms: that much of every row's "
             "tail is the generator and the HTTP path, not the server's work."
+        )
+    if pg2 is not None:
+        servers, database, generator = pg2["per_report"]
+        out.append(
+            f"At 2,000 reports/s, PostgreSQL with two processes needs "
+            f"{servers * 2000:.2f} CPUs for the servers, {database * 2000:.2f} for PostgreSQL "
+            f"and {generator * 2000:.2f} for the load generator: "
+            f"{(servers + database + generator) * 2000:.2f} of the machine's {os.cpu_count()} "
+            "CPUs before anything else runs; the slowest reports wait mostly before they are "
+            "sent (every connection busy, the generator waiting for a CPU), that is in the "
+            "queue of a machine without CPU to spare."
         )
     if pg2 is not None and async_pg2 is not None:
         out.append(
