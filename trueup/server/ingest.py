@@ -4,8 +4,18 @@
 transaction holding it has committed. The writer drains whatever has queued
 while it was committing the previous batch and writes it in one transaction
 (group commit), so throughput grows with load while a lone report still
-commits at once. If the commit fails every caller in the batch gets the error
-and the agent retries; a report is never acknowledged before it is durable.
+commits at once. A report is never acknowledged before it is durable.
+
+One report must never fail another: when a batch's transaction fails, the
+writer tells apart a database that is unavailable (connection lost, server
+shutting down: every caller in the batch gets the error and retries, nothing
+is acknowledged) from a batch that holds a report the database refuses. It
+then bisects the batch, each half in a transaction of its own, until the
+reports that fail are alone; the others commit and are acknowledged. A lone
+report refused for its values (an integer out of range, a string too long, a
+NUL on PostgreSQL) or a constraint fails with `ReportRejected`, which the
+route answers 422 to that sender alone; any other error reaches that sender
+alone too. A deadlock or serialization failure is retried as a whole.
 
 `mode="naive"` commits one transaction per report; the benchmark's baseline.
 """
@@ -14,13 +24,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import queue
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, select
+import psycopg
+from sqlalchemy import Connection, and_, bindparam, case, select
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from starlette.concurrency import run_in_threadpool
@@ -29,7 +43,75 @@ from trueup.server.db import Database
 from trueup.server.fleet import in_sync_now
 from trueup.server.tables import device_reports, device_state, devices, revisions
 
-__all__ = ["PendingReport", "ReportIngest"]
+__all__ = ["PendingReport", "ReportIngest", "ReportRejected"]
+
+log = logging.getLogger(__name__)
+
+# Attempts of a whole batch that failed with a deadlock or serialization failure.
+TRANSIENT_ATTEMPTS = 3
+
+
+class ReportRejected(Exception):
+    """The database refused this report's values: the sender's fault, answered 422."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# SQLite's primary result codes that say the database, not a report, is at fault.
+_SQLITE_UNAVAILABLE = {
+    5,  # SQLITE_BUSY
+    6,  # SQLITE_LOCKED
+    7,  # SQLITE_NOMEM
+    8,  # SQLITE_READONLY
+    10,  # SQLITE_IOERR
+    11,  # SQLITE_CORRUPT
+    13,  # SQLITE_FULL
+    14,  # SQLITE_CANTOPEN
+    15,  # SQLITE_PROTOCOL
+    26,  # SQLITE_NOTADB
+}
+
+
+def _orig(exc: BaseException) -> BaseException | None:
+    return exc.orig if isinstance(exc, sa_exc.DBAPIError) else None
+
+
+def _transient(exc: BaseException) -> bool:
+    """A deadlock or serialization failure: the same transaction may well succeed again."""
+    return isinstance(_orig(exc), psycopg.errors.TransactionRollback)
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """The database cannot be reached or refuses all work: no report is at fault."""
+    if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    if isinstance(exc, sa_exc.DisconnectionError | sa_exc.TimeoutError):
+        return True
+    orig = _orig(exc)
+    if isinstance(orig, sqlite3.Error):
+        code = getattr(orig, "sqlite_errorcode", None)
+        return code is None or code & 0xFF in _SQLITE_UNAVAILABLE
+    if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError):
+        return not _transient(exc)
+    return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+
+
+def _rejection(exc: BaseException) -> ReportRejected | None:
+    """`ReportRejected` when a lone report failed for its values; None otherwise."""
+    if isinstance(exc, OverflowError):  # SQLite binds integers as 64-bit
+        return ReportRejected("an integer is out of the range the database holds")
+    if isinstance(exc, sa_exc.DataError):
+        orig = _orig(exc)
+        diag = getattr(orig, "diag", None)
+        message = getattr(diag, "message_primary", None) or str(orig or exc)
+        return ReportRejected(message.splitlines()[0][:200])
+    if isinstance(exc, sa_exc.IntegrityError):
+        # A constraint this report alone breaks (its device deleted meanwhile, say);
+        # the database's message would name the schema's internals.
+        return ReportRejected("the database refused this report (a constraint failed)")
+    return None
 
 
 @dataclass
@@ -86,6 +168,8 @@ class ReportIngest:
         self.on_batch = on_batch
         self._queue: queue.Queue[PendingReport | None] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._in_flight = 0
+        self._statements()
 
     def start(self) -> None:
         if self.mode == "batch" and self._thread is None:
@@ -101,13 +185,35 @@ class ReportIngest:
     async def submit(self, device_id: int, payload: dict[str, Any]) -> None:
         item = PendingReport(device_id, time.time(), payload)
         if self.mode == "naive":
-            await run_in_threadpool(self.write_batch, [item])
+            await self._submit_naive(item)
             return
         loop = asyncio.get_running_loop()
         item.loop = loop
         item.future = loop.create_future()
-        self._queue.put(item)
-        await item.future
+        self._in_flight += 1
+        try:
+            self._queue.put(item)
+            await item.future
+        finally:
+            self._in_flight -= 1
+
+    def queued(self) -> int:
+        """Reports waiting for the writer (not yet in a transaction)."""
+        return self._queue.qsize()
+
+    def in_flight(self) -> int:
+        """Reports submitted and not yet answered: queued or in the writer's transaction."""
+        return self._in_flight
+
+    async def _submit_naive(self, item: PendingReport) -> None:
+        try:
+            await run_in_threadpool(self.write_batch, [item])
+        except Exception as exc:
+            rejected = _rejection(exc)
+            if rejected is None:
+                raise
+            log.warning("report of device %s rejected: %s", item.device_id, rejected.reason)
+            raise rejected from exc
 
     def _run(self) -> None:
         while True:
@@ -126,21 +232,108 @@ class ReportIngest:
                     break
                 batch.append(item)
             try:
-                self.write_batch(batch)
-            except Exception as exc:
+                self.write_isolated(batch)
+            except BaseException as exc:  # the writer thread must outlive any failure
+                log.exception("report ingest failed")
                 for item in batch:
                     _settle(item, exc)
-            else:
-                for item in batch:
-                    _settle(item, None)
             if stopping:
                 return
 
+    def write_isolated(self, batch: list[PendingReport]) -> None:
+        """Write `batch`, settling each report: committed, rejected, or the database's error.
+
+        Reports that commit are settled as soon as their transaction has
+        committed; a failing batch is bisected so that only the reports that
+        fail alone get an error.
+        """
+        try:
+            self.write_batch(batch)
+        except Exception as exc:
+            if _unavailable(exc):
+                log.error("report ingest: database unavailable: %s", exc)
+                for item in batch:
+                    _settle(item, exc)
+                return
+            if len(batch) == 1:
+                item = batch[0]
+                rejected = _rejection(exc)
+                if rejected is not None:
+                    log.warning("report of device %s rejected: %s", item.device_id, rejected.reason)
+                    _settle(item, rejected)
+                else:
+                    log.error("report of device %s failed", item.device_id, exc_info=exc)
+                    _settle(item, exc)
+                return
+            middle = len(batch) // 2
+            # In order, so the later report of a device is still the one its state keeps.
+            self.write_isolated(batch[:middle])
+            self.write_isolated(batch[middle:])
+            return
+        for item in batch:
+            _settle(item, None)
+
     def write_batch(self, batch: list[PendingReport]) -> None:
-        with self.db.write() as conn:
-            self._write(conn, batch)
+        """One transaction holding `batch` (retried whole after a deadlock)."""
+        for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
+            try:
+                with self.db.write() as conn:
+                    self._write(conn, batch)
+            except Exception as exc:
+                if attempt < TRANSIENT_ATTEMPTS and _transient(exc):
+                    continue
+                raise
+            break
         if self.on_batch is not None:
-            self.on_batch(len(batch))
+            try:
+                self.on_batch(len(batch))
+            except Exception:  # a metrics failure never fails committed reports
+                log.exception("report ingest: on_batch failed")
+
+    def _statements(self) -> None:
+        """The batch's three statements, built once (a batch's fixed cost is mostly CPU)."""
+        # The desired revision's number and content hash (the latter decides "same
+        # document" when the agent reports the applied document's digest).
+        self._desired = (
+            select(devices.c.id, devices.c.desired_version, revisions.c.content_hash)
+            .outerjoin(
+                revisions,
+                and_(
+                    revisions.c.device_id == devices.c.id,
+                    revisions.c.version == devices.c.desired_version,
+                ),
+            )
+            .where(devices.c.id.in_(bindparam("ids", expanding=True)))
+        )
+        self._insert_reports = device_reports.insert()
+        insert = pg_insert(device_state) if not self.db.is_sqlite else sqlite_insert(device_state)
+        excluded = insert.excluded
+        # Keep the start of an unbroken in-sync period; a gap longer than the stale
+        # threshold, or any out-of-sync report, starts it again.
+        continuing = and_(
+            device_state.c.in_sync_since.is_not(None),
+            device_state.c.last_report_at
+            >= excluded.last_report_at - self.stale_intervals * device_state.c.heartbeat_interval,
+        )
+        self._upsert_state = insert.on_conflict_do_update(
+            index_elements=[device_state.c.device_id],
+            set_={
+                "last_report_at": excluded.last_report_at,
+                "applied_version": excluded.applied_version,
+                "observed_digest": excluded.observed_digest,
+                "reason_codes": excluded.reason_codes,
+                "report": excluded.report,
+                "heartbeat_interval": excluded.heartbeat_interval,
+                "applied_digest": excluded.applied_digest,
+                "applied_origin": excluded.applied_origin,
+                "override": excluded.override,
+                "in_sync_since": case(
+                    (excluded.in_sync_since.is_(None), None),
+                    (continuing, device_state.c.in_sync_since),
+                    else_=excluded.in_sync_since,
+                ),
+            },
+        )
 
     def _write(self, conn: Connection, batch: list[PendingReport]) -> None:
         device_ids = sorted({item.device_id for item in batch})
@@ -148,21 +341,11 @@ class ReportIngest:
         # document" when the agent reports the applied document's digest).
         desired: dict[int, tuple[int, str | None]] = {
             int(row.id): (int(row.desired_version), row.content_hash)
-            for row in conn.execute(
-                select(devices.c.id, devices.c.desired_version, revisions.c.content_hash)
-                .outerjoin(
-                    revisions,
-                    and_(
-                        revisions.c.device_id == devices.c.id,
-                        revisions.c.version == devices.c.desired_version,
-                    ),
-                )
-                .where(devices.c.id.in_(device_ids))
-            )
+            for row in conn.execute(self._desired, {"ids": device_ids})
         }
         encoded = [json.dumps(item.payload, sort_keys=True) for item in batch]
         conn.execute(
-            device_reports.insert(),
+            self._insert_reports,
             [
                 {
                     "device_id": item.device_id,
@@ -205,32 +388,4 @@ class ReportIngest:
                     **identity,
                 }
             )
-        insert = pg_insert(device_state) if not self.db.is_sqlite else sqlite_insert(device_state)
-        excluded = insert.excluded
-        # Keep the start of an unbroken in-sync period; a gap longer than the stale
-        # threshold, or any out-of-sync report, starts it again.
-        continuing = and_(
-            device_state.c.in_sync_since.is_not(None),
-            device_state.c.last_report_at
-            >= excluded.last_report_at - self.stale_intervals * device_state.c.heartbeat_interval,
-        )
-        statement = insert.on_conflict_do_update(
-            index_elements=[device_state.c.device_id],
-            set_={
-                "last_report_at": excluded.last_report_at,
-                "applied_version": excluded.applied_version,
-                "observed_digest": excluded.observed_digest,
-                "reason_codes": excluded.reason_codes,
-                "report": excluded.report,
-                "heartbeat_interval": excluded.heartbeat_interval,
-                "applied_digest": excluded.applied_digest,
-                "applied_origin": excluded.applied_origin,
-                "override": excluded.override,
-                "in_sync_since": case(
-                    (excluded.in_sync_since.is_(None), None),
-                    (continuing, device_state.c.in_sync_since),
-                    else_=excluded.in_sync_since,
-                ),
-            },
-        )
-        conn.execute(statement, rows)
+        conn.execute(self._upsert_state, rows)

@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from trueup.server.api.context import Api, problems, role
 from trueup.server.api.models import AgentReport
 from trueup.server.api.responses import answers
+from trueup.server.ingest import ReportRejected
 from trueup.server.limits import MAX_VERSION, REPORT_BYTES
 from trueup.server.service import Principal, Unauthorized
 
@@ -98,7 +99,13 @@ def register(app: FastAPI, api: Api) -> None:
                 {"detail": "invalid report; nothing was stored", "problems": problems(exc)},
                 status_code=422,
             )
-        await api.ingest.submit(p.device_id, report.model_dump(mode="json"))
+        try:
+            await api.ingest.submit(p.device_id, report.model_dump(mode="json"))
+        except ReportRejected as exc:  # this report's values, refused by the database alone
+            return JSONResponse(
+                {"detail": "invalid report; nothing was stored", "problems": [f"body: {exc}"]},
+                status_code=422,
+            )
         return Response(b'{"stored":true}', media_type="application/json")
 
     @app.get("/api/v1/agent/secrets", openapi_extra=role("device"), responses=answers())
