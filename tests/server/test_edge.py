@@ -550,6 +550,31 @@ def test_readyz_says_database_unavailable_without_details(
     assert server.client.get("/readyz").status_code == 200
 
 
+def test_a_database_that_cannot_be_reached_is_503_with_retry_after(
+    server: Server, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    tenant = server.tenant(devices=("edge-01",))
+    secret_detail = 'connection to server at "db.internal" (10.1.2.3), port 6432 failed'
+
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise OperationalError("SELECT 1", {}, Exception(secret_detail))
+
+    monkeypatch.setattr(server.plane.db, "read", broken)
+    monkeypatch.setattr(server.plane.db, "write", broken)
+    with caplog.at_level(logging.ERROR, logger="trueup.server"):
+        # A token never seen (no cache) is looked up; a cached one reaches the route.
+        for headers in ({"Authorization": "Bearer tu_never_seen"}, tenant.auth("viewer")):
+            response = server.client.get("/api/v1/devices", headers=headers)
+            assert response.status_code == 503, response.text
+            assert response.headers["retry-after"] == "5"
+            assert response.json() == {"detail": "database unavailable; retry"}
+            for leak in ("db.internal", "10.1.2.3", "6432"):
+                assert leak not in response.text
+    assert "db.internal" in caplog.text
+    monkeypatch.undo()
+    assert server.client.get("/api/v1/devices", headers=tenant.auth("viewer")).status_code == 200
+
+
 def test_comment_header_is_utf8(server: Server) -> None:
     tenant = server.tenant(devices=("edge-01",))
     status, _read, body = put_raw(server, tenant, {"x-trueup-comment": b"caf\xe9"})

@@ -17,6 +17,7 @@ NotFound 404, Invalid 422, Conflict 409 (with the current version as ETag).
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,6 +28,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy import exc as sa_exc
 from starlette.concurrency import run_in_threadpool
 
 from trueup.server.api.context import MAX_PROBLEMS, Api, problems
@@ -35,7 +37,7 @@ from trueup.server.api.metrics import MeasureMiddleware, Metrics
 from trueup.server.api.models import AgentReport
 from trueup.server.api.routes import agents, devices, identity, probes, revisions, secrets
 from trueup.server.api.watcher import RevisionWatcher
-from trueup.server.db import Database
+from trueup.server.db import Database, is_unavailable
 from trueup.server.ingest import ReportIngest
 from trueup.server.keys import load_or_create_server_key
 from trueup.server.limits import excerpt
@@ -44,6 +46,8 @@ from trueup.server.service import Conflict, ControlPlane, Invalid, NotFound
 __all__ = ["SETTINGS_ENV", "AgentReport", "Settings", "create_app", "create_app_from_env"]
 
 SETTINGS_ENV = "TRUEUP_SERVER_SETTINGS"
+
+log = logging.getLogger("trueup.server")
 
 
 @dataclass
@@ -84,6 +88,19 @@ def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
     async def _conflict(_request: Request, exc: Conflict) -> JSONResponse:
         metrics.conflicts.inc()
         return JSONResponse(exc.body(), status_code=409, headers={"ETag": f'"{exc.current}"'})
+
+    @app.exception_handler(sa_exc.DBAPIError)
+    async def _database(_request: Request, exc: sa_exc.DBAPIError) -> JSONResponse:
+        # A database that cannot be reached is nobody's input: 503 and a retry,
+        # never the driver's message (it names the host, port and role).
+        if not is_unavailable(exc):
+            raise exc
+        log.error("database unavailable: %s", exc)
+        return JSONResponse(
+            {"detail": "database unavailable; retry"},
+            status_code=503,
+            headers={"Retry-After": "5"},
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _request_invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:

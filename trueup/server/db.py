@@ -12,21 +12,70 @@ several server processes.
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.pool import NullPool
 
-__all__ = ["Database", "DatabaseURLError", "normalise_url"]
+__all__ = [
+    "Database",
+    "DatabaseURLError",
+    "is_transient",
+    "is_unavailable",
+    "normalise_url",
+    "original_error",
+]
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
 _MIGRATION_LOCK = 0x74727565  # "true": serialises migrations of concurrently starting servers
+
+
+# SQLite's primary result codes that say the database, not a report, is at fault.
+_SQLITE_UNAVAILABLE = {
+    5,  # SQLITE_BUSY
+    6,  # SQLITE_LOCKED
+    7,  # SQLITE_NOMEM
+    8,  # SQLITE_READONLY
+    10,  # SQLITE_IOERR
+    11,  # SQLITE_CORRUPT
+    13,  # SQLITE_FULL
+    14,  # SQLITE_CANTOPEN
+    15,  # SQLITE_PROTOCOL
+    26,  # SQLITE_NOTADB
+}
+
+
+def original_error(exc: BaseException) -> BaseException | None:
+    return exc.orig if isinstance(exc, sa_exc.DBAPIError) else None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A deadlock or serialization failure: the same transaction may well succeed again."""
+    return isinstance(original_error(exc), psycopg.errors.TransactionRollback)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """The database cannot be reached or refuses all work: no report is at fault."""
+    if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    if isinstance(exc, sa_exc.DisconnectionError | sa_exc.TimeoutError):
+        return True
+    orig = original_error(exc)
+    if isinstance(orig, sqlite3.Error):
+        code = getattr(orig, "sqlite_errorcode", None)
+        return code is None or code & 0xFF in _SQLITE_UNAVAILABLE
+    if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError):
+        return not is_transient(exc)
+    return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
 
 
 class DatabaseURLError(ValueError):

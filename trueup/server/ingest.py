@@ -26,20 +26,18 @@ import asyncio
 import json
 import logging
 import queue
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 from sqlalchemy import Connection, and_, bindparam, case, select
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from starlette.concurrency import run_in_threadpool
 
-from trueup.server.db import Database
+from trueup.server.db import Database, is_transient, is_unavailable, original_error
 from trueup.server.fleet import in_sync_now
 from trueup.server.tables import device_reports, device_state, devices, revisions
 
@@ -59,51 +57,12 @@ class ReportRejected(Exception):
         self.reason = reason
 
 
-# SQLite's primary result codes that say the database, not a report, is at fault.
-_SQLITE_UNAVAILABLE = {
-    5,  # SQLITE_BUSY
-    6,  # SQLITE_LOCKED
-    7,  # SQLITE_NOMEM
-    8,  # SQLITE_READONLY
-    10,  # SQLITE_IOERR
-    11,  # SQLITE_CORRUPT
-    13,  # SQLITE_FULL
-    14,  # SQLITE_CANTOPEN
-    15,  # SQLITE_PROTOCOL
-    26,  # SQLITE_NOTADB
-}
-
-
-def _orig(exc: BaseException) -> BaseException | None:
-    return exc.orig if isinstance(exc, sa_exc.DBAPIError) else None
-
-
-def _transient(exc: BaseException) -> bool:
-    """A deadlock or serialization failure: the same transaction may well succeed again."""
-    return isinstance(_orig(exc), psycopg.errors.TransactionRollback)
-
-
-def _unavailable(exc: BaseException) -> bool:
-    """The database cannot be reached or refuses all work: no report is at fault."""
-    if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
-        return True
-    if isinstance(exc, sa_exc.DisconnectionError | sa_exc.TimeoutError):
-        return True
-    orig = _orig(exc)
-    if isinstance(orig, sqlite3.Error):
-        code = getattr(orig, "sqlite_errorcode", None)
-        return code is None or code & 0xFF in _SQLITE_UNAVAILABLE
-    if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError):
-        return not _transient(exc)
-    return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
-
-
 def _rejection(exc: BaseException) -> ReportRejected | None:
     """`ReportRejected` when a lone report failed for its values; None otherwise."""
     if isinstance(exc, OverflowError):  # SQLite binds integers as 64-bit
         return ReportRejected("an integer is out of the range the database holds")
     if isinstance(exc, sa_exc.DataError):
-        orig = _orig(exc)
+        orig = original_error(exc)
         diag = getattr(orig, "diag", None)
         message = getattr(diag, "message_primary", None) or str(orig or exc)
         return ReportRejected(message.splitlines()[0][:200])
@@ -250,7 +209,7 @@ class ReportIngest:
         try:
             self.write_batch(batch)
         except Exception as exc:
-            if _unavailable(exc):
+            if is_unavailable(exc):
                 log.error("report ingest: database unavailable: %s", exc)
                 for item in batch:
                     _settle(item, exc)
@@ -280,7 +239,7 @@ class ReportIngest:
                 with self.db.write() as conn:
                     self._write(conn, batch)
             except Exception as exc:
-                if attempt < TRANSIENT_ATTEMPTS and _transient(exc):
+                if attempt < TRANSIENT_ATTEMPTS and is_transient(exc):
                     continue
                 raise
             break

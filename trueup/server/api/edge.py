@@ -16,18 +16,23 @@ Requests matching no route pass through untouched (404/405 read no body).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import HTTPException
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from sqlalchemy import exc as sa_exc
 from starlette.routing import Match, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trueup.server.api.context import PRINCIPAL, Authenticate, authorise
+from trueup.server.db import is_unavailable
 from trueup.server.limits import DEFAULT_BODY_BYTES
 
 __all__ = ["BodyTooLarge", "EdgeMiddleware"]
+
+log = logging.getLogger("trueup.server")
 
 _OPEN = ("public", "enrollment")  # routes that check their own token, or none
 
@@ -72,7 +77,7 @@ class EdgeMiddleware:
         required, limit = declared
         try:
             if required not in _OPEN:
-                caller = await self.authenticate(_header(scope, b"authorization"))
+                caller = await _authenticated(self.authenticate, _header(scope, b"authorization"))
                 authorise(caller, required)
                 scope[PRINCIPAL] = caller
             length = _header(scope, b"content-length")
@@ -84,6 +89,19 @@ class EdgeMiddleware:
             await _answer(exc, scope, receive, send)
             return
         await self.app(scope, _bounded(receive, limit), send)
+
+
+async def _authenticated(authenticate: Authenticate, authorization: str | None) -> Any:
+    """The caller; a database that cannot be reached is 503 with Retry-After, not a 500."""
+    try:
+        return await authenticate(authorization)
+    except sa_exc.DBAPIError as exc:
+        if not is_unavailable(exc):
+            raise
+        log.error("database unavailable while authenticating: %s", exc)
+        raise HTTPException(
+            503, detail="database unavailable; retry", headers={"Retry-After": "5"}
+        ) from None
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
