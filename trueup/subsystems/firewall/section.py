@@ -30,6 +30,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from trueup.model.document import _PathError  # the document's path-carrying error
+
 __all__ = ["Chain", "FirewallSection", "NftSet", "rule_path"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
@@ -77,7 +79,6 @@ def _element(value: str | int) -> str:
 
 
 Name = Annotated[str, AfterValidator(_name)]
-Rule = Annotated[str, AfterValidator(_rule)]
 Element = Annotated[str | int, AfterValidator(_element)]
 
 
@@ -100,7 +101,7 @@ class Chain(_Model):
     hook: Literal["prerouting", "input", "forward", "output", "postrouting"] | None = None
     priority: Annotated[int | str, AfterValidator(_priority)] = 0
     policy: Literal["accept", "drop"] = "accept"
-    rules: list[Rule] = []
+    rules: list[str] = Field([], description="nft rules, one per entry (checked by nft)")
 
     @model_validator(mode="after")
     def _base_or_regular(self) -> Chain:
@@ -120,16 +121,30 @@ class FirewallSection(_Model):
     chains: list[Chain] = []
 
     @model_validator(mode="after")
-    def _unique(self) -> FirewallSection:
+    def _checks(self) -> FirewallSection:
+        """Unique names; each rule one line of trueup's table — reported at `chains[NAME].rules[I]`."""
+        problems: list[tuple[str, str]] = []
         for kind, names in (
-            ("set", [s.name for s in self.sets]),
-            ("chain", [c.name for c in self.chains]),
+            ("sets", [s.name for s in self.sets]),
+            ("chains", [c.name for c in self.chains]),
         ):
             seen: set[str] = set()
             for name in names:
                 if name in seen:
-                    raise ValueError(f"duplicate {kind} name {name!r}")
+                    problems.append((f"{kind}[{name}]", f"duplicate name {name!r}"))
                 seen.add(name)
+        rules: dict[str, list[str]] = {}
+        for chain in self.chains:
+            rules[chain.name] = []
+            for index, rule in enumerate(chain.rules):
+                try:
+                    rules[chain.name].append(_rule(rule))
+                except ValueError as exc:
+                    problems.append((f"chains[{chain.name}].rules[{index}]", str(exc)))
+        if problems:
+            raise _PathError.many(problems)
+        for chain in self.chains:  # normalised whitespace: one canonical text per rule
+            object.__setattr__(chain, "rules", rules[chain.name])
         return self
 
 
