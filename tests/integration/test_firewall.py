@@ -47,7 +47,9 @@ def _nft(router: Router, *args: str) -> str:
 def _other_table(router: Router) -> str:
     """A table trueup does not own, with a rule in it."""
     _nft(router, "add", "table", "ip", "other")
-    _nft(router, "add", "chain", "ip", "other", "transit", "{ type filter hook forward priority 0; }")
+    _nft(
+        router, "add", "chain", "ip", "other", "transit", "{ type filter hook forward priority 0; }"
+    )
     _nft(router, "add", "rule", "ip", "other", "transit", "ip daddr 203.0.113.9 counter drop")
     return _nft(router, "list", "table", "ip", "other")
 
