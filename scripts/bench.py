@@ -18,6 +18,7 @@ SECTIONS = [
     "scripts.bench_startup",
     "scripts.bench_cli",
     "scripts.bench_convergence",
+    "scripts.bench_firewall",
     "scripts.bench_server",
 ]
 

@@ -108,6 +108,7 @@ class Agent:
         self._early_sockets = early_sockets if early_sockets is not None else {}
         self._early_release = early_release
         self.engine = Engine(self.state, subsystems)
+        self.engine.api_port = listen_port
         self.orchestrator = Orchestrator(
             self.engine, config_path=config_path, fallback_path=fallback_path
         )

@@ -20,7 +20,7 @@ from trueup.reconcile.changes import (
     NeedsConfirmation,
     Refused,
 )
-from trueup.reconcile.guard import management_guard, unsafe_management_changes
+from trueup.reconcile.guard import management_guard, subsystem_risks, unsafe_management_changes
 from trueup.subsystems.base import Subsystem
 
 log = logging.getLogger("trueup.reconcile")
@@ -39,6 +39,8 @@ class Checking:
     if TYPE_CHECKING:
         state: StateDir
         by_name: dict[str, Subsystem]
+        subsystems: list[Subsystem]
+        api_port: int | None
 
         def managed_by(self) -> str | None: ...
 
@@ -163,9 +165,10 @@ class Checking:
     def _guard(self, change: Change, previous: DeviceState | None) -> None:
         if change.management_confirmed or change.kind not in ("apply", "rollback"):
             return
-        refusal = management_guard(previous, change.document)
+        risks = subsystem_risks(self.subsystems, previous, change.document, self.api_port)
+        refusal = management_guard(previous, change.document, risks)
         if refusal is not None:
-            unsafe = unsafe_management_changes(previous, change.document)
+            unsafe = unsafe_management_changes(previous, change.document) + risks
             with contextlib.suppress(OSError):
                 self.state.audit.append(
                     "apply_refused", change.actor, message=refusal, changes=unsafe, kind=change.kind

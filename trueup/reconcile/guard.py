@@ -2,16 +2,20 @@
 
 Who calls this: the engine (`trueup.reconcile.transaction`), once, for every
 apply and rollback. A change that removes the management address, moves the
-management interface or changes its default route is refused unless the
-caller arranged a confirmation (`--confirm-within`), which rolls it back when
-nobody confirms in time.
+management interface or changes its default route — or whose subsystems find
+it would cut management off (`Subsystem.management_risks`: a firewall that
+drops the API port) — is refused unless the caller arranged a confirmation
+(`--confirm-within`), which rolls it back when nobody confirms in time.
 """
 
 from __future__ import annotations
 
-from trueup.model.document import DeviceState
+from collections.abc import Iterable
 
-__all__ = ["management_guard", "unsafe_management_changes"]
+from trueup.model.document import DeviceState
+from trueup.subsystems.base import Subsystem
+
+__all__ = ["management_guard", "subsystem_risks", "unsafe_management_changes"]
 
 
 def unsafe_management_changes(previous: DeviceState | None, document: DeviceState) -> list[str]:
@@ -31,9 +35,30 @@ def unsafe_management_changes(previous: DeviceState | None, document: DeviceStat
     return out
 
 
-def management_guard(previous: DeviceState | None, document: DeviceState) -> str | None:
+def subsystem_risks(
+    subsystems: Iterable[Subsystem],
+    previous: DeviceState | None,
+    document: DeviceState,
+    api_port: int | None,
+) -> list[str]:
+    """What `document` would newly do to management access through subsystems (a firewall
+    that drops the API port): findings the applied revision `previous` already had were
+    confirmed with it and are not asked about again."""
+    out: list[str] = []
+    for sub in subsystems:
+        found = sub.management_risks(document, api_port)
+        if found and previous is not None:
+            known = set(sub.management_risks(previous, api_port))
+            found = [f for f in found if f not in known]
+        out += found
+    return out
+
+
+def management_guard(
+    previous: DeviceState | None, document: DeviceState, risks: Iterable[str] = ()
+) -> str | None:
     """Why `document` may not be applied without `--confirm-within`, or None when it may."""
-    unsafe = unsafe_management_changes(previous, document)
+    unsafe = unsafe_management_changes(previous, document) + list(risks)
     if not unsafe:
         return None
     return (

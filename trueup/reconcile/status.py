@@ -6,7 +6,7 @@ Who calls this: the agent (`Agent.status()` behind `/v1/status`, `/v1/drift`,
 defined here only:
 
 ```
-device, observed_at, versions{…}, management{…}, subsystems{NAME: {…}},
+device, observed_at, versions{…}, management{…}, subsystems{NAME: {…, system{…}}},
 journal{open, last, writer}, state_directory{path, damaged[…], writes_refused},
 reason_codes[…],
 pending_confirmation, reconcile_loop        (while the reconcile loop runs)
@@ -38,6 +38,8 @@ from trueup.reconcile.management_tier import management_facts_of
 from trueup.reconcile.transaction import Engine
 from trueup.reconcile.view import LoopView
 from trueup.subsystems.base import Difference
+from trueup.subsystems.registry import scope_for
+from trueup.system.sources import Sources
 
 __all__ = [
     "TRANSACTION_DEADLINE",
@@ -164,9 +166,11 @@ def build_status(
     damaged = [d.to_json() for d in engine.check.damaged()]
     override = _override_status(engine, document)
     observed_at = now_iso()
+    reports: dict[str, dict[str, Any]] = {}
     if document is not None:
         with engine.sources() as net:
             differences = engine.differences(document, net, errors=unobservable)
+            reports = _reports(engine, document, net)
     view = loop or LoopView()
     facts = ClassifierInput(
         applied=applied,
@@ -217,6 +221,8 @@ def build_status(
             "policy": document.spec.convergence.policy_for(sub.name) if document else None,
         }
         entry.update(view.policies.get(sub.name, {}))
+        if reports.get(sub.name):
+            entry["system"] = reports[sub.name]
         subsystems[sub.name] = entry
     _lay_startup_verdicts(subsystems, startup_health or {}, forget_startup_verdict)
     management_section: dict[str, Any] = {
@@ -264,6 +270,20 @@ def build_status(
     if control_plane is not None:
         status["control_plane"] = dict(control_plane)
     return status
+
+
+def _reports(engine: Engine, document: DeviceState, net: Sources) -> dict[str, dict[str, Any]]:
+    """What configured subsystems report beside their facts (`Subsystem.report`)."""
+    scope = scope_for(document)
+    out: dict[str, dict[str, Any]] = {}
+    for sub in engine.subsystems:
+        if not sub.configured(document):
+            continue
+        try:
+            out[sub.name] = sub.report(net, scope)
+        except Exception as exc:  # a report never breaks status
+            out[sub.name] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out
 
 
 def _override_status(engine: Engine, document: DeviceState | None) -> dict[str, Any] | None:

@@ -72,6 +72,7 @@ from trueup.subsystems.base import Difference, Facts, Plan, Scope, Subsystem
 from trueup.subsystems.registry import default_subsystems, scope_for
 from trueup.system.announce import Announcer, KernelAnnouncer, NoAnnouncer
 from trueup.system.netlink import CachedNetlink, Netlink
+from trueup.system.nft import HostNftables, Nftables
 from trueup.system.runner import Runner, SubprocessRunner
 from trueup.system.sources import Files, HostFiles, Sources
 
@@ -109,6 +110,7 @@ class Engine(Transacting):
         files: Files | None = None,
         runner: Runner | None = None,
         announcer: Announcer | None = None,
+        nft: Nftables | None = None,
     ) -> None:
         self.state = state
         self.subsystems = subsystems or default_subsystems()
@@ -119,6 +121,10 @@ class Engine(Transacting):
             kernel = netlink_factory is _kernel_netlink
             announcer = KernelAnnouncer() if kernel else NoAnnouncer()
         self.announcer: Announcer = announcer
+        self.nft: Nftables = nft if nft is not None else HostNftables(self.runner)
+        # The port the agent's API listens on when `--listen-port` overrides the
+        # document's (the firewall's management check needs it); None: the document's.
+        self.api_port: int | None = None
         self.by_name = {s.name: s for s in self.subsystems}
         # Which state files are damaged: writes they make unsafe are refused.
         self.check = StateCheck(state)
@@ -134,7 +140,7 @@ class Engine(Transacting):
     def sources(self) -> Iterator[Sources]:
         """The system for one piece of work: a netlink handle (one dump per table), files, programs."""
         sources = Sources(
-            CachedNetlink(self.netlink_factory()), self.files, self.runner, self.announcer
+            CachedNetlink(self.netlink_factory()), self.files, self.runner, self.announcer, self.nft
         )
         try:
             yield sources

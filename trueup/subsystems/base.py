@@ -253,6 +253,23 @@ class Subsystem(ABC):
     @abstractmethod
     def execute(self, sources: Sources, step: Step) -> None: ...
 
+    def management_risks(self, document: DeviceState, api_port: int | None) -> list[str]:
+        """What `document` would do to management access through this subsystem.
+
+        The engine's management guard refuses a document with findings here
+        (those the applied revision did not have already) unless the caller
+        arranged a confirmation (`--confirm-within`). `api_port` is the port
+        the agent's API listens on when it overrides the document's. The
+        default finds nothing.
+        """
+        del document, api_port
+        return []
+
+    def report(self, sources: Sources, scope: Scope) -> dict[str, Any]:
+        """Observations for status beside the facts (a firewall's unmanaged tables)."""
+        del sources, scope
+        return {}
+
     def diff(self, desired: Facts, observed: Facts) -> list[Difference]:
         return diff_facts(
             self.name, desired, observed, observed_only_matters=self.observed_only_matters

@@ -7,13 +7,18 @@ on-link (inside a prefix on an up link) as the kernel demands.
 
 from __future__ import annotations
 
+import copy
 import errno
 import ipaddress
+import json
+import re
+from typing import Any
 
 from trueup.system.netlink import AddrInfo, LinkInfo, NetlinkError, RouteInfo
+from trueup.system.nft import NftError
 from trueup.system.runner import Completed
 
-__all__ = ["FakeAnnouncer", "FakeFiles", "FakeNetlink", "FakeRunner"]
+__all__ = ["FakeAnnouncer", "FakeFiles", "FakeNetlink", "FakeNftables", "FakeRunner"]
 
 
 class FakeRunner:
@@ -158,3 +163,110 @@ class FakeNetlink:
 
     def close(self) -> None:
         pass
+
+
+_SCRIPT_LINE = re.compile(r"^add (table|set|chain|rule) (\S+) (\S+)(?: (\S+))?(?: (.*))?$")
+
+
+class FakeNftables:
+    """nftables in memory: tables of nft JSON objects, a generation, scripts in trueup's shape.
+
+    `scratch_list` understands the scripts `trueup.subsystems.firewall` writes
+    (one `add` per line); a rule's canonical `expr` comes from `canonical`
+    (rule text → expr, default `[{"rule": TEXT}]`), and `refuse` (rule text →
+    message) makes nft refuse the line naming it, like `nft -f` does.
+    `run` applies JSON batches; `fail_next` makes the next one fail.
+    """
+
+    def __init__(self) -> None:
+        self.ruleset: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self.gen = 1
+        self.canonical: dict[str, list[Any]] = {}
+        self.refuse: dict[str, str] = {}
+        self.fail_next: str | None = None
+        self.batches: list[dict[str, Any]] = []
+        self.listings = 0
+
+    def generation(self) -> tuple[int, int] | None:
+        return (1, self.gen)
+
+    def list_table(self, family: str, name: str) -> list[dict[str, Any]] | None:
+        self.listings += 1
+        objects = self.ruleset.get((family, name))
+        return copy.deepcopy(objects) if objects is not None else None
+
+    def tables(self) -> list[tuple[str, str]]:
+        return sorted(self.ruleset)
+
+    def add_rule(self, family: str, table: str, chain: str, expr: list[Any]) -> None:
+        """Someone else's `nft add rule`."""
+        body = {"family": family, "table": table, "chain": chain, "expr": expr}
+        self.ruleset[(family, table)].append({"rule": body})
+        self.gen += 1
+
+    def run(self, script: str, *, json_input: bool = False) -> None:
+        if not json_input:
+            raise NftError("the fake runs JSON batches only")
+        if self.fail_next is not None:
+            message, self.fail_next = self.fail_next, None
+            raise NftError(message)
+        data = json.loads(script)
+        self.batches.append(data)
+        staged = copy.deepcopy(self.ruleset)
+        for command in data["nftables"]:
+            ((verb, obj),) = command.items()
+            ((kind, body),) = obj.items()
+            key = (body["family"], body["table"] if kind != "table" else body["name"])
+            if kind == "table" and verb == "add":
+                staged.setdefault(key, [{"table": dict(body)}])
+            elif kind == "table" and verb == "delete":
+                staged.pop(key, None)
+            else:
+                staged[key].append({kind: dict(body)})
+        self.ruleset = staged
+        self.gen += 1
+
+    def scratch_list(self, script: str, family: str, name: str) -> list[dict[str, Any]]:
+        objects: list[dict[str, Any]] = []
+        errors: dict[int, str] = {}
+        for number, line in enumerate(script.splitlines(), start=1):
+            match = _SCRIPT_LINE.match(line)
+            if match is None:
+                errors[number] = "Error: syntax error"
+                continue
+            kind, fam, table, what, rest = match.groups()
+            where = {"family": fam, "table": table}
+            if kind == "table":
+                objects.append({"table": {"family": fam, "name": table}})
+            elif kind == "set":
+                body = {**where, "name": what}
+                for part in (rest or "").strip("{} ").split(";"):
+                    key, _, value = part.strip().partition(" ")
+                    if key == "type":
+                        body["type"] = value
+                    elif key == "flags":
+                        body["flags"] = value.split(",")
+                    elif key == "elements":
+                        body["elem"] = sorted(e.strip() for e in value.strip("= {}").split(","))
+                objects.append({"set": body})
+            elif kind == "chain":
+                body = {**where, "name": what}
+                spec = re.match(
+                    r"\{ type (\S+) hook (\S+) priority (\S+); policy (\S+); \}", rest or ""
+                )
+                if spec:
+                    prio = spec.group(3)
+                    body |= {"type": spec.group(1), "hook": spec.group(2),
+                             "prio": int(prio) if prio.lstrip("-").isdigit() else prio,
+                             "policy": spec.group(4)}  # fmt: skip
+                objects.append({"chain": body})
+            else:
+                text = rest or ""
+                if text in self.refuse:
+                    errors[number] = self.refuse[text]
+                    continue
+                expr = self.canonical.get(text, [{"rule": text}])
+                objects.append({"rule": {**where, "chain": what, "expr": copy.deepcopy(expr)}})
+        if errors:
+            raise NftError("\n".join(f"/dev/stdin:{n}:1-1: {m}" for n, m in errors.items()), errors)
+        return [o for o in objects if next(iter(o.values())).get("family") == family]

@@ -3,9 +3,9 @@
 A subsystem's `observe(sources, scope)` and `execute(sources, step)` receive a
 `Sources`: `netlink` (links, addresses, routes), `files` (configuration files
 and `/proc/sys`), `runner` (external programs: `nft`, `keactrl`, …),
-`announcer` (gratuitous ARP / unsolicited neighbour advertisements). Daemon
-control sockets and nftables come as further members when their subsystems
-need them; a subsystem uses only what it needs, and unit tests hand it fakes
+`announcer` (gratuitous ARP / unsolicited neighbour advertisements), `nft`
+(nftables: `trueup.system.nft`). Daemon control sockets come as further
+members when their subsystems need them; a subsystem uses only what it needs, and unit tests hand it fakes
 (`trueup.system.fake`).
 
 Who opens one: `trueup.reconcile.transaction.Engine.sources()`, for one
@@ -21,6 +21,7 @@ from typing import Protocol
 from trueup.system.announce import Announcer, KernelAnnouncer
 from trueup.system.atomicfile import path_error, write_atomic
 from trueup.system.netlink import Netlink
+from trueup.system.nft import HostNftables, Nftables
 from trueup.system.runner import Runner, SubprocessRunner
 
 __all__ = ["Files", "HostFiles", "Sources"]
@@ -91,6 +92,7 @@ class Sources:
     files: Files = field(default_factory=HostFiles)
     runner: Runner = field(default_factory=SubprocessRunner)
     announcer: Announcer = field(default_factory=KernelAnnouncer)
+    nft: Nftables = field(default_factory=HostNftables)
 
     def close(self) -> None:
         self.netlink.close()

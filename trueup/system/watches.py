@@ -23,11 +23,12 @@ import ctypes.util
 import logging
 import os
 import select
+import signal
 import struct
 import subprocess
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,6 +188,22 @@ class FileEventSource:
             os.close(fd)
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _death_signal() -> Callable[[], None]:
+    """For the child: SIGTERM when the agent dies, even by SIGKILL (no orphaned watchers).
+
+    libc is loaded here, in the parent: the child only makes the call.
+    """
+    prctl = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return arm
+
+
 class CommandEventSource:
     """A long-running program (`nft monitor`); each line it prints is a change."""
 
@@ -197,6 +214,8 @@ class CommandEventSource:
         self._proc: subprocess.Popen[str] | None = None
 
     def start(self, callback: EventCallback) -> None:
+        arm = _death_signal()
+
         def run() -> None:
             delay = 1.0
             while not self._stop.is_set():
@@ -206,6 +225,7 @@ class CommandEventSource:
                         stdout=subprocess.PIPE,
                         stderr=subprocess.DEVNULL,
                         text=True,
+                        preexec_fn=arm,
                     )
                 except OSError as exc:
                     log.warning("watch %s: %s", self.name, exc)

@@ -1,0 +1,245 @@
+"""The firewall subsystem: table `inet trueup`, loaded in one nft transaction, watched by `nft monitor`.
+
+* **desired** — the document's section, canonicalised by nft itself: the
+  section becomes a script (`canonical.script`) that is loaded into an empty
+  scratch network namespace and listed. The result is cached by the
+  section's digest, so the loop's passes and a no-op plan cost nothing.
+  A rule nft refuses is reported at its document path
+  (`spec.firewall.chains[input].rules[3]`) by `prepare`, before anything
+  changes.
+* **observe** — `nft -j list table inet trueup`, reused while the kernel's
+  ruleset generation is unchanged (any nftables commit bumps it).
+* **plan** — one step: replace the table (`load-ruleset`), or delete it when
+  the document no longer has `spec.firewall` (`remove-table`).
+* **execute** — one `nft -j -f` batch: add, delete and re-add the table with
+  everything in it, so a refusal changes nothing. Other tables are never
+  named in it.
+* **watches** — `nft monitor`: a rule added behind trueup's back wakes the
+  loop at once (the periodic resync is the fallback).
+* **management_risks** — `risks.management_findings` on the desired facts:
+  the engine's guard refuses a ruleset that would cut the management API off
+  unless `--confirm-within` was given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from trueup.model.document import DeviceState
+from trueup.model.health import Tier
+from trueup.subsystems.base import (
+    Difference,
+    Facts,
+    Plan,
+    Scope,
+    Sources,
+    Step,
+    StepError,
+    Subsystem,
+)
+from trueup.subsystems.firewall.canonical import (
+    FAMILY,
+    TABLE,
+    TABLE_PATH,
+    batch,
+    facts_from_objects,
+    script,
+)
+from trueup.subsystems.firewall.risks import management_findings
+from trueup.subsystems.firewall.section import FirewallSection
+from trueup.system.nft import HostNftables, Nftables, NftError
+from trueup.system.watches import command
+
+__all__ = ["FirewallError", "FirewallSubsystem"]
+
+_KEY = f"{FAMILY} {TABLE}"
+_CACHE = 4  # canonical forms kept (the applied section, the one being planned, …)
+
+
+class FirewallError(ValueError):
+    """A section nft refuses; the message names the document path of each refused line."""
+
+
+def _digest(section: FirewallSection) -> str:
+    # model_dump's order is the model's: deterministic without sorting (which costs ~10x).
+    text = json.dumps(section.model_dump(mode="json"), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class FirewallSubsystem(Subsystem):
+    name = "firewall"
+    tier = Tier.NETWORK
+    section = ("firewall", FirewallSection)
+    observed_only_matters = True  # a rule or chain someone added to trueup's table is drift
+    may_block = True
+    watches = (command("nft", "monitor"),)
+    required_binaries = ("nft", "unshare")
+
+    def __init__(self, nft: Nftables | None = None) -> None:
+        # Canonicalises documents; observation and loading go through `Sources.nft`.
+        self.nft: Nftables = nft if nft is not None else HostNftables()
+        self._lock = threading.Lock()
+        self._canonical: OrderedDict[str, Facts] = OrderedDict()
+        self._observed: tuple[tuple[int, int], Facts] | None = None
+        self._targets: OrderedDict[str, Facts] = OrderedDict()
+        self._plans = itertools.count(1)
+
+    # -- declarations -------------------------------------------------------
+    @classmethod
+    def scope_keys(cls, document: DeviceState) -> frozenset[str]:
+        return frozenset({_KEY}) if _section(document) is not None else frozenset()
+
+    def configured(self, document: DeviceState) -> bool:
+        return _section(document) is not None
+
+    def prepare(self, document: DeviceState) -> None:
+        section = _section(document)
+        if section is not None:
+            self.canonical(section)
+
+    # -- facts --------------------------------------------------------------
+    def canonical(self, section: FirewallSection) -> Facts:
+        """nft's canonical facts for `section`; raises FirewallError naming refused paths."""
+        key = _digest(section)
+        with self._lock:
+            if key in self._canonical:
+                self._canonical.move_to_end(key)
+                return dict(self._canonical[key])
+        text, paths = script(section)
+        try:
+            facts = facts_from_objects(self.nft.scratch_list(text, FAMILY, TABLE))
+        except NftError as exc:
+            raise FirewallError(_explain(exc, text, paths)) from exc
+        with self._lock:
+            self._canonical[key] = facts
+            while len(self._canonical) > _CACHE:
+                self._canonical.popitem(last=False)
+        return dict(facts)
+
+    def desired(self, document: DeviceState, scope: Scope) -> Facts:
+        section = _section(document)
+        if section is None:
+            return {TABLE_PATH: None} if _KEY in scope.keys_for(self.name) else {}
+        try:
+            return self.canonical(section)
+        except (FirewallError, OSError) as exc:
+            # Reported as this subsystem's difference and failure, never raised into a pass.
+            return {TABLE_PATH: {"unloadable": str(exc)}}
+
+    def observe(self, sources: Sources, scope: Scope) -> Facts:
+        if _KEY not in scope.keys_for(self.name):
+            return {}
+        generation = sources.nft.generation()
+        with self._lock:
+            if generation is not None and self._observed and self._observed[0] == generation:
+                return dict(self._observed[1])
+        facts = facts_from_objects(sources.nft.list_table(FAMILY, TABLE))
+        if generation is not None:
+            with self._lock:
+                self._observed = (generation, facts)
+        return dict(facts)
+
+    def diff(self, desired: Facts, observed: Facts) -> list[Difference]:
+        """Strict: order, every field and every extra object count (rules are not sets)."""
+        keys = sorted(set(desired) | set(observed))
+        return [
+            Difference(self.name, key, desired.get(key), observed.get(key))
+            for key in keys
+            if desired.get(key) != observed.get(key)
+        ]
+
+    # -- plan and steps -----------------------------------------------------
+    def plan(self, desired: Facts, observed: Facts, scope: Scope) -> Plan:
+        if not desired or not self.diff(desired, observed):
+            return Plan(self.name, [], ["table inet trueup matches the document"])
+        key = f"{next(self._plans):x}"  # names the target; the facts stay in memory
+        with self._lock:
+            self._targets[key] = dict(desired)
+            while len(self._targets) > _CACHE:
+                self._targets.popitem(last=False)
+        if desired.get(TABLE_PATH) is None:
+            return Plan(
+                self.name,
+                [Step(self.name, "remove-table", TABLE_PATH, {"table": _KEY, "target": key})],
+            )
+        rules = sum(1 for path in desired if ".rules[" in path)
+        chains = sum(
+            1
+            for path in desired
+            if path.startswith("spec.firewall.chains[") and ".rules[" not in path
+        )
+        step = Step(
+            self.name,
+            "load-ruleset",
+            TABLE_PATH,
+            {"table": _KEY, "chains": chains, "rules": rules, "target": key},
+        )
+        return Plan(self.name, [step])
+
+    def execute(self, sources: Sources, step: Step) -> None:
+        if step.action not in ("load-ruleset", "remove-table"):
+            raise ValueError(f"unknown firewall step {step.action}")
+        with self._lock:
+            target = self._targets.get(str(step.args["target"]))
+        if target is None:
+            raise StepError(step, "the planned ruleset is no longer known; plan again")
+        wanted = target.get(TABLE_PATH)
+        if isinstance(wanted, dict) and "unloadable" in wanted:
+            raise StepError(step, str(wanted["unloadable"]))
+        before = sources.nft.generation()
+        try:
+            sources.nft.run(batch(target), json_input=True)
+        except NftError as exc:
+            raise StepError(step, f"nft refused the ruleset, nothing changed: {exc}") from exc
+        after = sources.nft.generation()
+        if before is not None and after == (before[0], before[1] + 1):
+            # Exactly one commit happened in between — ours: the table is what we loaded.
+            facts = {TABLE_PATH: None} if wanted is None else target
+            with self._lock:
+                self._observed = (after, dict(facts))
+
+    # -- guard and status ---------------------------------------------------
+    def management_risks(self, document: DeviceState, api_port: int | None) -> list[str]:
+        section = _section(document)
+        if section is None:
+            return []
+        try:
+            facts = self.canonical(section)
+        except (FirewallError, OSError):
+            return []  # refused at preparation, with the rule's path
+        port = api_port or document.spec.management.api.port
+        return management_findings(facts, document.spec.management.interface, port)
+
+    def report(self, sources: Sources, scope: Scope) -> dict[str, Any]:
+        """The tables trueup does not own: listed, never touched."""
+        try:
+            tables = sources.nft.tables()
+        except (NftError, OSError) as exc:
+            return {"table": _KEY, "unmanaged_tables": None, "error": str(exc)}
+        unmanaged = sorted(
+            f"{family} {name}" for family, name in tables if (family, name) != (FAMILY, TABLE)
+        )
+        return {"table": _KEY, "unmanaged_tables": unmanaged}
+
+
+def _section(document: DeviceState) -> FirewallSection | None:
+    return document.spec.section("firewall", FirewallSection)
+
+
+def _explain(exc: NftError, text: str, paths: dict[int, str]) -> str:
+    """nft's refusal with each script line it names mapped back to its document path."""
+    lines = text.splitlines()
+    named = []
+    for number, message in sorted(exc.lines.items()):
+        path = paths.get(number, f"line {number}")
+        source = lines[number - 1] if 0 < number <= len(lines) else ""
+        rule = source.split(f"{FAMILY} {TABLE} ", 1)[-1]
+        named.append(f"{path}: {message} (in `{rule}`)")
+    if not named:
+        return f"spec.firewall: nft refused the ruleset: {exc}"
+    return "; ".join(named)
