@@ -17,6 +17,7 @@ from trueup.system.atomicfile import fsync_dir, path_error, write_all, write_ato
 __all__ = [
     "StateFileError",
     "append_line",
+    "file_identity",
     "fsync_dir",
     "path_error",
     "read_json",
@@ -112,3 +113,12 @@ def append_line(path: Path, line: str) -> None:
             os.close(fd)
     if new:
         fsync_dir(path.parent)
+
+
+def file_identity(path: Path) -> tuple[int, int, int, int] | None:
+    """What tells a file's content apart without reading it; None when it cannot be seen."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)

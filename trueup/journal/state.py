@@ -148,6 +148,10 @@ class StateDir:
     def _revision_path(self, version: int) -> Path:
         return self.root / "revisions" / f"{version:08d}.json"
 
+    def revision_file(self, version: int) -> Path:
+        """Where revision `version` is kept (it may not exist)."""
+        return self._revision_path(version)
+
     def save_revision(self, version: int, document: dict[str, Any], **meta: Any) -> None:
         """Store an accepted revision; one with the same number and other content is kept aside.
 

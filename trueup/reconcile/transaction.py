@@ -48,6 +48,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
+from trueup.journal.atomic import file_identity
 from trueup.journal.damage import StateCheck
 from trueup.journal.lock import LockBusy
 from trueup.journal.state import StateDir
@@ -133,6 +134,8 @@ class Engine(Transacting):
         self.idle = threading.Event()
         self.idle.set()
         self._owner: int | None = None
+        # The applied revision parsed, keyed by its file's identity (every pass needs it).
+        self._parsed: tuple[tuple[object, ...], DeviceState] | None = None
         self._depth = 0
         self._audit_checked = False
 
@@ -159,10 +162,14 @@ class Engine(Transacting):
         version = int(applied.get("version", 0))
         if not version:
             return None
-        record = self.state.revision(version, applied.get("digest"))
+        key = (version, applied.get("digest"), file_identity(self.state.revision_file(version)))
+        if self._parsed is not None and self._parsed[0] == key and key[2] is not None:
+            return self._parsed[1]
+        record = self.state.revision(version, key[1])
         if record is None:
             return None
-        return parse_document(record["document"], f"revision {version}")
+        self._parsed = (key, parse_document(record["document"], f"revision {version}"))
+        return self._parsed[1]
 
     # -- the console's management override (`trueup management set`) ---------------
     def managed_by(self) -> str | None:
