@@ -71,6 +71,7 @@ from trueup.reconcile.transacting import Transacting
 from trueup.subsystems.base import Difference, Facts, Plan, Scope, Subsystem
 from trueup.subsystems.registry import default_subsystems, scope_for
 from trueup.system.announce import Announcer, KernelAnnouncer, NoAnnouncer
+from trueup.system.daemon import Daemons, DaemonSupervisor
 from trueup.system.netlink import CachedNetlink, Netlink
 from trueup.system.runner import Runner, SubprocessRunner
 from trueup.system.sources import Files, HostFiles, Sources
@@ -109,6 +110,7 @@ class Engine(Transacting):
         files: Files | None = None,
         runner: Runner | None = None,
         announcer: Announcer | None = None,
+        daemons: Daemons | None = None,
     ) -> None:
         self.state = state
         self.subsystems = subsystems or default_subsystems()
@@ -119,6 +121,10 @@ class Engine(Transacting):
             kernel = netlink_factory is _kernel_netlink
             announcer = KernelAnnouncer() if kernel else NoAnnouncer()
         self.announcer: Announcer = announcer
+        # One supervisor for the engine's lifetime: daemons stay supervised between transactions.
+        self.daemons: Daemons = (
+            daemons if daemons is not None else DaemonSupervisor(state.root / "run")
+        )
         self.by_name = {s.name: s for s in self.subsystems}
         # Which state files are damaged: writes they make unsafe are refused.
         self.check = StateCheck(state)
@@ -134,7 +140,12 @@ class Engine(Transacting):
     def sources(self) -> Iterator[Sources]:
         """The system for one piece of work: a netlink handle (one dump per table), files, programs."""
         sources = Sources(
-            CachedNetlink(self.netlink_factory()), self.files, self.runner, self.announcer
+            CachedNetlink(self.netlink_factory()),
+            self.files,
+            self.runner,
+            self.announcer,
+            state_dir=self.state.root,
+            daemons=self.daemons,
         )
         try:
             yield sources
