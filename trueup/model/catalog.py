@@ -21,6 +21,7 @@ SUBSYSTEMS: tuple[str, ...] = (
     "trueup.subsystems.addresses:AddressesSubsystem",
     "trueup.subsystems.routes:RoutesSubsystem",
     "trueup.subsystems.sysctl:SysctlSubsystem",
+    "trueup.subsystems.dhcp:DhcpSubsystem",
 )
 
 

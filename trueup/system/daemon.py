@@ -96,6 +96,8 @@ class DaemonSpec:
     after_start: Callable[[int], None] | None = field(default=None, compare=False)
     # How long `stop` waits after SIGTERM before SIGKILL.
     stop_timeout: float = 10.0
+    # Files and sockets the daemon creates are the agent's alone.
+    umask: int = 0o077
 
 
 @dataclass(frozen=True)
@@ -269,6 +271,9 @@ class _Daemon:
 
     def spawn(self) -> None:
         spec = self.spec
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.directory.parent, 0o700)
+        os.chmod(self.directory, 0o700)
         if spec.before_start is not None:
             spec.before_start()
         env = dict(os.environ)
@@ -285,6 +290,7 @@ class _Daemon:
                     cwd=self.directory,
                     start_new_session=True,
                     close_fds=True,
+                    umask=spec.umask,
                 )
             except OSError as exc:
                 raise DaemonError(f"{spec.name}: cannot start {spec.argv[0]}: {exc}") from exc
@@ -371,7 +377,7 @@ class DaemonSupervisor:
             if daemon is None:
                 if spec is None:
                     spec = DaemonSpec(name, ())
-                daemon = _Daemon(spec, self.run_dir(name))
+                daemon = _Daemon(spec, self.run_root / name)  # made on first start
                 self._daemons[name] = daemon
             elif spec is not None and spec != daemon.spec:
                 daemon.spec = spec
