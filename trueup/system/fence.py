@@ -85,7 +85,7 @@ def hold_fence(state_dir: Path, subsystem: str, owner: str, reason: str) -> Fenc
     fence = Fence(subsystem, owner, reason, since)
     path = fence_path(state_dir, subsystem)
     try:
-        path.parent.mkdir(mode=0o700, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise path_error(path.parent, exc) from exc
     write_atomic(path, (json.dumps(fence.to_json(), sort_keys=True) + "\n").encode(), 0o600)
