@@ -19,6 +19,7 @@ SECTIONS = [
     "scripts.bench_cli",
     "scripts.bench_convergence",
     "scripts.bench_server",
+    "scripts.bench_dhcp",
 ]
 
 

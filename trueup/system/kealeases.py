@@ -37,9 +37,8 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "PAGE_SIZE",
@@ -60,9 +59,11 @@ class KeaSocketError(OSError):
     """Kea's control socket did not answer (absent, refused, timed out, garbled)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """One lease as Kea holds it. `client_id` is the DHCPv4 client id or the DHCPv6 DUID."""
+class Lease(NamedTuple):
+    """One lease as Kea holds it. `client_id` is the DHCPv4 client id or the DHCPv6 DUID.
+
+    A named tuple: immutable, hashable and cheap to build by the hundred thousand.
+    """
 
     family: int
     address: str
@@ -77,7 +78,7 @@ class Lease:
     lease_type: str = ""  # DHCPv6: IA_NA | IA_PD
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = self._asdict()
         if self.family == 4:
             out.pop("prefix_len")
             out.pop("lease_type")
@@ -198,6 +199,26 @@ def _unescape(text: str) -> str:
     return "".join(out)
 
 
+_V4 = (
+    "address",
+    "hwaddr",
+    "client_id",
+    "valid_lifetime",
+    "expire",
+    "subnet_id",
+    "hostname",
+    "state",
+)
+_V6 = ("address", "hwaddr", "duid", "valid_lifetime", "expire", "subnet_id", "hostname", "state",
+       "prefix_len", "lease_type")  # fmt: skip
+_LEASE_TYPES = {"0": "IA_NA", "1": "IA_TA", "2": "IA_PD"}
+
+
+def _columns(family: int, header: dict[str, int]) -> tuple[int, ...]:
+    """Where each field Lease needs sits in this file's rows (-1: the file has no such column)."""
+    return tuple(header.get(name, -1) for name in (_V4 if family == 4 else _V6))
+
+
 def _rows(paths: Iterable[Path]) -> Iterator[tuple[int, dict[str, int], str]]:
     """(row number across files, header index, line) for every data row."""
     number = 0
@@ -217,36 +238,34 @@ def _rows(paths: Iterable[Path]) -> Iterator[tuple[int, dict[str, int], str]]:
                 yield number, header, line
 
 
-def _from_row(family: int, header: dict[str, int], line: str) -> Lease | None:
+def _from_row(family: int, columns: tuple[int, ...], line: str) -> Lease | None:
     fields = line.split(",")
-
-    def get(name: str, default: str = "") -> str:
-        index = header.get(name)
-        return fields[index] if index is not None and index < len(fields) else default
-
+    if len(fields) <= max(columns):
+        fields += [""] * (max(columns) + 1 - len(fields))
+    fields.append("")  # column -1: absent from this file
     try:
-        valid = int(get("valid_lifetime", "0"))
-        expire = int(get("expire", "0"))
-        subnet = int(get("subnet_id", "0"))
-        state = int(get("state", "0") or 0)
+        valid = int(fields[columns[3]] or 0)
+        if valid == 0:
+            return None  # released
+        expire = int(fields[columns[4]] or 0)
+        subnet = int(fields[columns[5]] or 0)
+        state = int(fields[columns[7]] or 0)
+        prefix_len = int(fields[columns[8]] or 0) if family == 6 else 0
     except ValueError:
         return None  # Kea skips rows it cannot parse too
-    if valid == 0:
-        return None  # released
+    hostname = fields[columns[6]]
     return Lease(
-        family=family,
-        address=get("address"),
-        hwaddr=get("hwaddr"),
-        client_id=get("client_id" if family == 4 else "duid"),
-        hostname=_unescape(get("hostname")),
-        expire=expire,
-        valid_lifetime=valid,
-        subnet_id=subnet,
-        state=_STATES.get(state, str(state)),
-        prefix_len=int(get("prefix_len", "0") or 0) if family == 6 else 0,
-        lease_type=({"0": "IA_NA", "1": "IA_TA", "2": "IA_PD"}.get(get("lease_type"), ""))
-        if family == 6
-        else "",
+        family,
+        fields[columns[0]],
+        fields[columns[1]],
+        fields[columns[2]],
+        _unescape(hostname) if "&#x" in hostname else hostname,
+        expire,
+        valid,
+        subnet,
+        _STATES.get(state) or str(state),
+        prefix_len,
+        _LEASE_TYPES.get(fields[columns[9]], "") if family == 6 else "",
     )
 
 
@@ -255,12 +274,15 @@ def leases_from_memfile(family: int, lease_file: Path | str) -> Iterator[Lease]:
     paths = lease_files(lease_file)
     last: dict[str, int] = {}
     for number, _header, line in _rows(paths):
-        last[line.split(",", 1)[0]] = number
+        last[line[: line.find(",")]] = number
+    columns: dict[int, tuple[int, ...]] = {}  # per header (by identity): its column positions
     for number, header, line in _rows(paths):
-        address = line.split(",", 1)[0]
-        if last.get(address) != number:
+        if last.get(line[: line.find(",")]) != number:
             continue
-        lease = _from_row(family, header, line)
+        key = id(header)
+        if key not in columns:
+            columns[key] = _columns(family, header)
+        lease = _from_row(family, columns[key], line)
         if lease is not None:
             yield lease
 

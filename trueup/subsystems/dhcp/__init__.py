@@ -213,8 +213,9 @@ class DhcpSubsystem(Subsystem):
         config = compile_config(section, paths.family, paths, interfaces)
         # Kept for a rollback after an agent restart (the section, not Kea's leases).
         stored = paths.run_dir / "sections" / f"{str(step.args['digest']).split(':')[-1]}.json"
-        stored.parent.mkdir(mode=0o700, exist_ok=True)
-        write_atomic(stored, section.model_dump_json(by_alias=True).encode(), 0o600)
+        if not stored.exists():
+            stored.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_atomic(stored, section.model_dump_json(by_alias=True).encode(), 0o600)
         return config, section, interfaces
 
     def _spec(self, sources: Sources, paths: KeaPaths, config: dict[str, Any]) -> DaemonSpec:
@@ -258,9 +259,9 @@ class DhcpSubsystem(Subsystem):
         except KeaError:
             kea_call(paths, "config-set", previous)  # the before-image, as it was
             raise
-        # config-set may reset allocation: the fence is re-asserted for this process.
         status = sources.daemons.ensure(self._spec(sources, paths, config))
-        if status.pid is not None:
+        if status.pid is not None and read_fence(sources.state_dir, "dhcp") is not None:
+            # A reconfiguration must never let a fenced Kea allocate: assert it again.
             enforce(paths, sources.state_dir, status.pid)
         self._remember(paths, step, section, interfaces)
 
@@ -286,7 +287,11 @@ class DhcpSubsystem(Subsystem):
             table[digest(body)] = entry
             while len(table) > _KEEP:
                 table.pop(next(iter(table)))
-        write_atomic(paths.run_dir / "applied.json", json.dumps(applied).encode(), 0o600)
+        # A cache of what trueup set (lost, the next observation shows a foreign digest
+        # and the next pass sets the configuration again): no fsync needed.
+        write_atomic(
+            paths.run_dir / "applied.json", json.dumps(applied).encode(), 0o600, durable=False
+        )
 
     # -- health beyond facts ------------------------------------------------------
     def condition(
