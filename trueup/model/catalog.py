@@ -22,6 +22,7 @@ SUBSYSTEMS: tuple[str, ...] = (
     "trueup.subsystems.routes:RoutesSubsystem",
     "trueup.subsystems.sysctl:SysctlSubsystem",
     "trueup.subsystems.dhcp:DhcpSubsystem",
+    "trueup.subsystems.dns:DnsSubsystem",
 )
 
 
