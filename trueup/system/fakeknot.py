@@ -6,12 +6,18 @@
 (zone → records, SOA first) and `conf` (item → values), and records every
 call. `answering` False makes it behave like a stopped server; `refuse` maps
 a record text to the error a `zone-set` of it gets. Other programs get 127.
+
+`start_from(paths)` loads what a real `knotd` would at start: the listen
+addresses and zones of the configuration trueup wrote, and each zone file
+(`FakeDaemons` subclasses call it when they "start" Knot).
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 
+from trueup.system.knot import KnotPaths
 from trueup.system.runner import Completed
 
 __all__ = ["FakeKnotc"]
@@ -33,6 +39,19 @@ class FakeKnotc:
             z: [f"{z} 3600 SOA ns.{z} hostmaster.{z} 1 3600 900 604800 60"] for z in zones
         }
         self.conf = {"server.listen": list(listen), "zone.domain": sorted(zones)}
+
+    def start_from(self, paths: KnotPaths) -> None:
+        config = paths.config.read_text()
+        listen = re.findall(r'"([^"]+@\d+)"', config)
+        zones = re.findall(r'domain: "([^"]+)"', config)
+        self.serve(zones, listen)
+        for zone in zones:
+            records = []
+            for line in paths.zone_file(zone).read_text().splitlines():
+                if line and not line.startswith(";"):
+                    owner, ttl, _class, rtype, rdata = line.split(" ", 4)
+                    records.append(f"{owner} {ttl} {rtype} {rdata}")
+            self.zones[zone] = records
 
     def run(self, argv: list[str], *, input: str | None = None, timeout: float = 30.0) -> Completed:
         del timeout
