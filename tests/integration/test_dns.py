@@ -249,3 +249,60 @@ def test_a_broken_lease_file_fails_dns_alone_and_management_stays_reachable(
     assert dns_router.dig("router.lan.test") == ["203.0.113.1"]
     status, body = router.from_client(f"{MGMT_URL}/v1/health/management")
     assert status == 200 and body["ready"] is True
+
+
+def test_end_to_end_a_dhcp_client_s_name_resolves_and_is_seeded_again_with_kea_stopped(
+    dns_router: DnsRouter,
+) -> None:
+    router = dns_router.router
+    # The LAN peer in a namespace of its own: the DHCP client.
+    dns_router.clientns = f"{router.name}-d"
+    sh("ip", "netns", "add", dns_router.clientns)
+    router.ip("link", "set", "lan0p", "netns", dns_router.clientns)
+    sh("ip", "-n", dns_router.clientns, "link", "set", "lo", "up")
+    sh("ip", "-n", dns_router.clientns, "link", "set", "lan0p", "up")
+    dhcp = {
+        "interfaces": ["lan0"],
+        "subnets": [
+            {
+                "id": 1,
+                "subnet": "203.0.113.0/24",
+                "pools": ["203.0.113.100-203.0.113.150"],
+                "options": {"routers": "203.0.113.1"},
+            }
+        ],
+    }
+    with_dhcp = router.write("dhcp.yaml", dns_document(leases={"ttl": 60}, dhcp=dhcp))
+    router.start_agent("--config", str(with_dhcp))
+    router.wait_for(
+        lambda: dns_router.daemon_pid("kea-dhcp4") is not None, what="kea started", timeout=30
+    )
+    proc = subprocess.run(
+        [
+            "ip", "netns", "exec", dns_router.clientns,
+            "udhcpc", "-i", "lan0p", "-n", "-q", "-f", "-t", "5", "-T", "2",
+            "-s", "/bin/true", "-x", "hostname:dhcp-client",
+        ],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    offered = [
+        line.split("lease of", 1)[1].split()[0]
+        for line in (proc.stdout + proc.stderr).splitlines()
+        if "lease of" in line and "obtained" in line
+    ]
+    assert offered and offered[0].startswith("203.0.113."), proc.stdout + proc.stderr
+    address = offered[0]
+    wait_dig(dns_router, "dhcp-client.lan.test", "A", [address])
+    pointer = ".".join(reversed(address.split("."))) + ".in-addr.arpa"
+    assert dns_router.dig(pointer, "PTR") == ["dhcp-client.lan.test."]
+
+    # A reboot, in effect: the agent and every daemon gone; Kea stays stopped (the next
+    # document has no DHCP), so the record can only come from the lease file.
+    router.stop_agents()
+    dns_router.kill_daemons()
+    assert dns_router.dig("dhcp-client.lan.test") == []
+    without_dhcp = router.write("nodhcp.yaml", dns_document(leases={"ttl": 60}))
+    router.start_agent("--config", str(without_dhcp))
+    wait_dig(dns_router, "dhcp-client.lan.test", "A", [address])
+    assert dns_router.daemon_pid("kea-dhcp4") is None
+    assert router.api("/v1/health/services")["subsystems"]["dns"]["health"] == "ok"
