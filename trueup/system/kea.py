@@ -38,6 +38,7 @@ __all__ = [
     "daemon_name",
     "kea_call",
     "kea_paths",
+    "make_socket_dir",
 ]
 
 HOOKS_DIR = Path("/usr/lib/x86_64-linux-gnu/kea/hooks")
@@ -81,10 +82,7 @@ def kea_paths(run_dir: Path, family: int) -> KeaPaths:
     socket = run_dir / f"kea{family}.sock"
     if len(str(socket)) > _SOCKET_MAX:
         digest = hashlib.sha256(str(run_dir).encode()).hexdigest()[:12]
-        short = Path("/run/trueup") / digest
-        short.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(short.parent, 0o700)
-        socket = short / f"kea{family}.sock"
+        socket = Path("/run/trueup") / digest / f"kea{family}.sock"
     return KeaPaths(
         family=family,
         run_dir=run_dir,
@@ -93,6 +91,15 @@ def kea_paths(run_dir: Path, family: int) -> KeaPaths:
         leases=run_dir / f"kea-leases{family}.csv",
         allocator=run_dir / "allocator.json",
     )
+
+
+def make_socket_dir(paths: KeaPaths) -> None:
+    """Create the socket's directory, root only, when it is not the run directory (before a start)."""
+    directory = paths.socket.parent
+    if directory != paths.run_dir:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(directory.parent, 0o700)
+        os.chmod(directory, 0o700)
 
 
 def kea_call(

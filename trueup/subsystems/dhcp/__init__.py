@@ -40,7 +40,14 @@ from trueup.subsystems.dhcp.section import DhcpSection
 from trueup.system.atomicfile import write_atomic
 from trueup.system.daemon import DaemonError, DaemonSpec
 from trueup.system.fence import read_fence
-from trueup.system.kea import KeaError, KeaPaths, daemon_name, kea_call, kea_paths
+from trueup.system.kea import (
+    KeaError,
+    KeaPaths,
+    daemon_name,
+    kea_call,
+    kea_paths,
+    make_socket_dir,
+)
 from trueup.system.watches import every, rtnetlink
 
 __all__ = ["DhcpSection", "DhcpSubsystem"]
@@ -226,6 +233,7 @@ class DhcpSubsystem(Subsystem):
             # Every start begins from trueup's configuration: whatever the file holds
             # (an old HA configuration, an edit) is replaced, never the lease file.
             write_atomic(paths.config, text.encode(), 0o600)
+            make_socket_dir(paths)
 
         def after_start(pid: int) -> None:
             enforce(paths, state_dir, pid)
