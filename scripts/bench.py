@@ -20,6 +20,7 @@ SECTIONS = [
     "scripts.bench_convergence",
     "scripts.bench_firewall",
     "scripts.bench_server",
+    "scripts.bench_dhcp",
 ]
 
 

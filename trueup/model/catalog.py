@@ -22,6 +22,8 @@ SUBSYSTEMS: tuple[str, ...] = (
     "trueup.subsystems.routes:RoutesSubsystem",
     "trueup.subsystems.sysctl:SysctlSubsystem",
     "trueup.subsystems.firewall:FirewallSubsystem",
+    "trueup.subsystems.dhcp:DhcpSubsystem",
+    "trueup.subsystems.dns:DnsSubsystem",
 )
 
 

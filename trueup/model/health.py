@@ -12,6 +12,8 @@ class SubsystemHealth(StrEnum):
     DEGRADED = "degraded"
     FAILED = "failed"
     PENDING = "pending"
+    # A durable fence holds the subsystem back (trueup.system.fence): owner and reason in status.
+    FENCED = "fenced"
 
 
 class Tier(StrEnum):

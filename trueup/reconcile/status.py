@@ -21,6 +21,7 @@ Facts come from the state directory and the system; the reason codes from
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -39,6 +40,7 @@ from trueup.reconcile.transaction import Engine
 from trueup.reconcile.view import LoopView
 from trueup.subsystems.base import Difference
 from trueup.subsystems.registry import scope_for
+from trueup.system.fence import read_fences
 from trueup.system.sources import Sources
 
 __all__ = [
@@ -53,6 +55,8 @@ __all__ = [
 TRANSACTION_DEADLINE = timedelta(minutes=5)
 REFUSAL_WINDOW = timedelta(minutes=10)
 _WRITE_EVENTS = {"apply", "rollback", "recovered", "reconcile"}
+
+log = logging.getLogger("trueup.status")
 
 
 @dataclass(frozen=True)
@@ -167,10 +171,13 @@ def build_status(
     override = _override_status(engine, document)
     observed_at = now_iso()
     reports: dict[str, dict[str, Any]] = {}
+    conditions: dict[str, tuple[SubsystemHealth, str]] = {}
     if document is not None:
         with engine.sources() as net:
             differences = engine.differences(document, net, errors=unobservable)
             reports = _reports(engine, document, net)
+            conditions = _conditions(engine, net, document)
+    fences = [fence.to_json() for fence in read_fences(state.root)]
     view = loop or LoopView()
     facts = ClassifierInput(
         applied=applied,
@@ -213,6 +220,11 @@ def build_status(
             reason = str(view.reconcile_failures[sub.name].get("detail"))
         elif diffs:
             health, reason = SubsystemHealth.DEGRADED, f"{len(diffs)} path(s) differ"
+        if sub.name in conditions and health != SubsystemHealth.FAILED:
+            # A fence outranks drift: what matters first is that it must not act.
+            health, reason = conditions[sub.name]
+            if diffs:
+                reason += f"; {len(diffs)} path(s) differ"
         entry: dict[str, Any] = {
             "tier": sub.tier.value,
             "health": health.value,
@@ -261,6 +273,7 @@ def build_status(
             "writes_refused": any(d["blocks"] == "writes" for d in damaged),
         },
         "reason_codes": [f.model_dump(mode="json") for f in findings],
+        "fences": fences,
     }
     if loop is not None:
         status.update(loop.status_extra())
@@ -283,6 +296,22 @@ def _reports(engine: Engine, document: DeviceState, net: Sources) -> dict[str, d
             out[sub.name] = sub.report(net, scope)
         except Exception as exc:  # a report never breaks status
             out[sub.name] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out
+
+
+def _conditions(
+    engine: Engine, net: Sources, document: DeviceState
+) -> dict[str, tuple[SubsystemHealth, str]]:
+    """Each subsystem's health beyond its facts (fenced, pending); one failing is left out."""
+    out: dict[str, tuple[SubsystemHealth, str]] = {}
+    for sub in engine.subsystems:
+        try:
+            condition = sub.condition(net, document)
+        except Exception:  # status never fails because one subsystem cannot say
+            log.exception("%s: condition", sub.name)
+            continue
+        if condition is not None:
+            out[sub.name] = condition
     return out
 
 

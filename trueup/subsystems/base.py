@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel
 
 from trueup.model.document import DeviceState
-from trueup.model.health import Tier
+from trueup.model.health import SubsystemHealth, Tier
 from trueup.system.sources import Sources
 from trueup.system.watches import Watch
 
@@ -240,6 +240,15 @@ class Subsystem(ABC):
         tier, and must not change the system. The default needs nothing.
         """
         del document
+
+    def condition(
+        self, sources: Sources, document: DeviceState
+    ) -> tuple[SubsystemHealth, str] | None:
+        """Health the facts cannot show, laid over it in status: `fenced` (a durable fence
+        holds it back), `pending` (waiting for an interface to appear). Must not change
+        the system. The default has none."""
+        del sources, document
+        return None
 
     @abstractmethod
     def desired(self, document: DeviceState, scope: Scope) -> Facts: ...

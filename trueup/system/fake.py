@@ -12,13 +12,82 @@ import errno
 import ipaddress
 import json
 import re
+from pathlib import Path
 from typing import Any
 
+from trueup.system.daemon import DaemonError, DaemonSpec, DaemonStatus
 from trueup.system.netlink import AddrInfo, LinkInfo, NetlinkError, RouteInfo
 from trueup.system.nft import NftError
 from trueup.system.runner import Completed
 
-__all__ = ["FakeAnnouncer", "FakeFiles", "FakeNetlink", "FakeNftables", "FakeRunner"]
+__all__ = [
+    "FakeAnnouncer",
+    "FakeDaemons",
+    "FakeFiles",
+    "FakeNetlink",
+    "FakeNftables",
+    "FakeRunner",
+]
+
+
+class FakeDaemons:
+    """A daemon supervisor in memory (`trueup.system.daemon.Daemons`).
+
+    `specs` holds what each daemon was last ensured with, `alive` which run,
+    `events` every ensure/stop/restart in order; `fail_start` names daemons
+    whose start raises DaemonError. `before_start`/`after_start` are called
+    like the real supervisor calls them (`after_start` with a made-up pid).
+    """
+
+    def __init__(self, run_root: Path = Path("/run/trueup-fake")) -> None:
+        self.run_root = run_root
+        self.specs: dict[str, DaemonSpec] = {}
+        self.alive: dict[str, bool] = {}
+        self.events: list[tuple[str, str]] = []
+        self.fail_start: set[str] = set()
+        self._pid = 1000
+
+    def run_dir(self, name: str) -> Path:
+        return self.run_root / name
+
+    def _start(self, spec: DaemonSpec) -> None:
+        if spec.name in self.fail_start:
+            raise DaemonError(f"{spec.name}: cannot start (fake)")
+        if spec.before_start is not None:
+            spec.before_start()
+        self._pid += 1
+        self.alive[spec.name] = True
+        if spec.after_start is not None:
+            spec.after_start(self._pid)
+
+    def ensure(self, spec: DaemonSpec) -> DaemonStatus:
+        self.events.append(("ensure", spec.name))
+        previous = self.specs.get(spec.name)
+        self.specs[spec.name] = spec
+        if not self.alive.get(spec.name) or (previous is not None and previous.argv != spec.argv):
+            self._start(spec)
+        return self.status(spec.name)
+
+    def stop(self, name: str) -> None:
+        self.events.append(("stop", name))
+        self.alive[name] = False
+
+    def restart(self, name: str) -> DaemonStatus:
+        self.events.append(("restart", name))
+        self.alive[name] = False
+        self._start(self.specs[name])
+        return self.status(name)
+
+    def crash(self, name: str) -> None:
+        """The daemon exits on its own; the real supervisor would restart it (see `restart`)."""
+        self.alive[name] = False
+
+    def running(self, name: str) -> bool:
+        return self.alive.get(name, False)
+
+    def status(self, name: str) -> DaemonStatus:
+        running = self.alive.get(name, False)
+        return DaemonStatus(name, running, self._pid if running else None)
 
 
 class FakeRunner:

@@ -4,9 +4,12 @@ A subsystem's `observe(sources, scope)` and `execute(sources, step)` receive a
 `Sources`: `netlink` (links, addresses, routes), `files` (configuration files
 and `/proc/sys`), `runner` (external programs: `nft`, `keactrl`, …),
 `announcer` (gratuitous ARP / unsolicited neighbour advertisements), `nft`
-(nftables: `trueup.system.nft`). Daemon control sockets come as further
-members when their subsystems need them; a subsystem uses only what it needs, and unit tests hand it fakes
-(`trueup.system.fake`).
+(nftables: `trueup.system.nft`), `daemons` (the agent's daemon supervisor,
+`trueup.system.daemon`: Kea, Knot, … run and supervised in the agent's
+namespace) and `state_dir` (the agent's state directory; daemons keep their
+private files under `daemons.run_dir(NAME)` = `STATE_DIR/run/NAME`, and durable
+records such as fences go in `state_dir` itself). A subsystem uses only what it
+needs, and unit tests hand it fakes (`trueup.system.fake`).
 
 Who opens one: `trueup.reconcile.transaction.Engine.sources()`, for one
 observation or one transaction.
@@ -20,11 +23,15 @@ from typing import Protocol
 
 from trueup.system.announce import Announcer, KernelAnnouncer
 from trueup.system.atomicfile import path_error, write_atomic
+from trueup.system.daemon import Daemons, DaemonSupervisor
 from trueup.system.netlink import Netlink
 from trueup.system.nft import HostNftables, Nftables
 from trueup.system.runner import Runner, SubprocessRunner
 
 __all__ = ["Files", "HostFiles", "Sources"]
+
+# = trueup.journal.state.DEFAULT_STATE_DIR (system/ imports no layer above it).
+_DEFAULT_STATE_DIR = "/var/lib/trueup"
 
 
 class Files(Protocol):
@@ -93,6 +100,13 @@ class Sources:
     runner: Runner = field(default_factory=SubprocessRunner)
     announcer: Announcer = field(default_factory=KernelAnnouncer)
     nft: Nftables = field(default_factory=HostNftables)
+    # The agent's state directory (durable records: fences, …).
+    state_dir: Path = Path(_DEFAULT_STATE_DIR)
+    # The daemon supervisor. The agent passes its own (`Engine.daemons`), which lives as
+    # long as the agent so that supervision outlives any one transaction.
+    daemons: Daemons = field(
+        default_factory=lambda: DaemonSupervisor(Path(_DEFAULT_STATE_DIR) / "run")
+    )
 
     def close(self) -> None:
         self.netlink.close()

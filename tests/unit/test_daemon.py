@@ -1,0 +1,117 @@
+"""The daemon supervisor on real (harmless) processes: start, adopt, verify, restart, stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from trueup.system.daemon import DaemonSpec, DaemonSupervisor, verified_pid
+
+SLEEP = ("/bin/sleep", "3600")
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError("condition not met within the bound")
+
+
+@pytest.fixture
+def supervisors(tmp_path: Path) -> Iterator[list[DaemonSupervisor]]:
+    made: list[DaemonSupervisor] = []
+    yield made
+    for supervisor in made:
+        supervisor.close()
+    # Kill what the test started, by the pid its record names (verified), nothing broader.
+    for record_path in (tmp_path / "run").glob("*/*.pid"):
+        pid = verified_pid(json.loads(record_path.read_text()))
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+
+
+def supervisor(tmp_path: Path, made: list[DaemonSupervisor]) -> DaemonSupervisor:
+    made.append(DaemonSupervisor(tmp_path / "run"))
+    return made[-1]
+
+
+def test_start_records_a_verified_pid_in_a_private_directory(
+    tmp_path: Path, supervisors: list[DaemonSupervisor]
+) -> None:
+    calls: list[str] = []
+    spec = DaemonSpec(
+        "sleeper",
+        SLEEP,
+        before_start=lambda: calls.append("before"),
+        after_start=lambda pid: calls.append(f"after {pid}"),
+    )
+    status = supervisor(tmp_path, supervisors).ensure(spec)
+    assert status.running and status.pid is not None
+    assert calls == ["before", f"after {status.pid}"]
+    directory = tmp_path / "run" / "sleeper"
+    assert directory.stat().st_mode & 0o777 == 0o700
+    record = json.loads((directory / "sleeper.pid").read_text())
+    assert verified_pid(record) == status.pid
+
+
+def test_a_new_supervisor_adopts_the_running_instance(
+    tmp_path: Path, supervisors: list[DaemonSupervisor]
+) -> None:
+    first = supervisor(tmp_path, supervisors).ensure(DaemonSpec("sleeper", SLEEP))
+    supervisors[0].close()
+    again = supervisor(tmp_path, supervisors)
+    assert again.running("sleeper")
+    status = again.ensure(DaemonSpec("sleeper", SLEEP))
+    assert status.pid == first.pid and status.adopted
+
+
+def test_a_recycled_pid_is_not_trusted(tmp_path: Path, supervisors: list[DaemonSupervisor]) -> None:
+    status = supervisor(tmp_path, supervisors).ensure(DaemonSpec("sleeper", SLEEP))
+    record_path = tmp_path / "run" / "sleeper" / "sleeper.pid"
+    record = json.loads(record_path.read_text())
+    # The same pid with another start time (a recycled pid) or another argv is not ours.
+    assert verified_pid({**record, "start_time": record["start_time"] + 1}) is None
+    assert verified_pid({**record, "argv": ["/bin/sleep", "1"]}) is None
+    assert verified_pid({**record, "pid": os.getpid()}) is None
+    assert verified_pid(record) == status.pid
+
+
+def test_an_exited_daemon_is_restarted_and_hooks_run_again(
+    tmp_path: Path, supervisors: list[DaemonSupervisor]
+) -> None:
+    started: list[int] = []
+    spec = DaemonSpec("sleeper", SLEEP, after_start=started.append)
+    daemons = supervisor(tmp_path, supervisors)
+    first = daemons.ensure(spec)
+    assert first.pid is not None
+    os.kill(first.pid, signal.SIGKILL)
+    wait_until(lambda: daemons.status("sleeper").restarts >= 1 and daemons.running("sleeper"))
+    assert len(started) == 2 and started[1] != first.pid
+    assert daemons.status("sleeper").last_error.startswith("exited")
+
+
+def test_stop_ends_it_and_supervision(tmp_path: Path, supervisors: list[DaemonSupervisor]) -> None:
+    daemons = supervisor(tmp_path, supervisors)
+    pid = daemons.ensure(DaemonSpec("sleeper", SLEEP)).pid
+    assert pid is not None
+    daemons.stop("sleeper")
+    assert not daemons.running("sleeper")
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+    assert not (tmp_path / "run" / "sleeper" / "sleeper.pid").exists()
+
+
+def test_another_argv_replaces_the_instance(
+    tmp_path: Path, supervisors: list[DaemonSupervisor]
+) -> None:
+    daemons = supervisor(tmp_path, supervisors)
+    first = daemons.ensure(DaemonSpec("sleeper", SLEEP))
+    second = daemons.ensure(DaemonSpec("sleeper", ("/bin/sleep", "3599")))
+    assert second.pid != first.pid and second.running

@@ -1,0 +1,123 @@
+"""The DHCP subsystem on fakes: section errors with paths, the compiled config, facts and plan, status."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.routers import base_document
+from trueup.model.document import DocumentError, parse_document
+from trueup.model.health import SubsystemHealth
+from trueup.subsystems.base import Scope
+from trueup.subsystems.dhcp import DhcpSubsystem
+from trueup.subsystems.dhcp.keaconfig import compile_config, has_ha
+from trueup.subsystems.dhcp.section import DhcpSection
+from trueup.system.fake import FakeDaemons, FakeFiles, FakeNetlink
+from trueup.system.fence import hold_fence, lift_fence, read_fence
+from trueup.system.kea import kea_paths
+from trueup.system.sources import Sources
+
+SUBNET = {"id": 7, "subnet": "203.0.113.0/24", "pools": ["203.0.113.100 - 203.0.113.150"]}
+HA = {
+    "this-server": "a",
+    "peers": [
+        {"name": "a", "url": "http://192.0.2.1:8000/", "role": "primary"},
+        {"name": "b", "url": "http://192.0.2.2:8000/", "role": "standby"},
+    ],
+}
+
+
+def document(**dhcp: Any) -> Any:
+    section: dict[str, Any] = {"interfaces": ["lan0"], "subnets": [SUBNET]}
+    section.update(dhcp)
+    return parse_document(base_document(dhcp=section))
+
+
+def test_section_errors_name_the_path() -> None:
+    with pytest.raises(DocumentError) as bad:
+        document(subnets=[{"subnet": "203.0.113.0/24", "pools": ["198.51.100.1-198.51.100.9"]}])
+    assert "spec.dhcp.subnets[0]" in str(bad.value) and "not inside" in str(bad.value)
+    with pytest.raises(DocumentError) as bad:
+        document(subnets=[SUBNET, {**SUBNET, "subnet": "192.0.2.0/24", "pools": []}])
+    assert "id 7 is already used" in str(bad.value)
+    with pytest.raises(DocumentError) as bad:
+        document(ha={**HA, "this-server": "c"})
+    assert "spec.dhcp.ha" in str(bad.value)
+
+
+def test_the_compiled_config_has_ha_only_when_the_document_does(tmp_path: Path) -> None:
+    paths = kea_paths(tmp_path / "kea-dhcp4", 4)
+    plain = document().spec.section("dhcp", DhcpSection)
+    with_ha = document(ha=HA).spec.section("dhcp", DhcpSection)
+    assert plain is not None and with_ha is not None
+    config = compile_config(plain, 4, paths, ["lan0"])
+    body = config["Dhcp4"]
+    assert not has_ha(config) and has_ha(compile_config(with_ha, 4, paths, ["lan0"]))
+    assert body["lease-database"] == {
+        "type": "memfile",
+        "name": str(paths.leases),
+        "persist": True,
+        "lfc-interval": 3600,
+    }
+    assert body["control-socket"]["socket-name"] == str(paths.socket)
+    assert body["subnet4"][0]["pools"] == [{"pool": "203.0.113.100-203.0.113.150"}]
+    assert body["interfaces-config"]["service-sockets-max-retries"] > 0
+
+
+def sources(tmp_path: Path, links: dict[str, int] | None = None) -> Sources:
+    return Sources(
+        FakeNetlink(links if links is not None else {"lan0": 1500}),
+        FakeFiles(),
+        state_dir=tmp_path,
+        daemons=FakeDaemons(tmp_path / "run"),
+    )
+
+
+def test_a_stopped_kea_is_started_and_a_removed_section_stops_it(tmp_path: Path) -> None:
+    subsystem = DhcpSubsystem()
+    desired = subsystem.desired(document(), Scope())
+    assert desired["spec.dhcp.dhcp4.running"] is True
+    assert desired["spec.dhcp.dhcp6.running"] is None
+    observed = subsystem.observe(sources(tmp_path), Scope())
+    plan = subsystem.plan(desired, observed, Scope())
+    assert [s.action for s in plan.steps] == ["start"]
+    # Kea runs, the document drops dhcp: stop it.
+    gone = subsystem.desired(parse_document(base_document()), Scope())
+    plan = subsystem.plan(gone, {"spec.dhcp.dhcp4.running": True}, Scope())
+    assert [(s.action, s.args) for s in plan.steps] == [("stop", {"family": 4})]
+
+
+def test_foreign_config_and_an_unfenced_allocator_plan_their_steps() -> None:
+    subsystem = DhcpSubsystem()
+    desired = subsystem.desired(document(), Scope())
+    observed = dict(desired)
+    assert subsystem.plan(desired, observed, Scope()).steps == []
+    observed["spec.dhcp.dhcp4.config"] = "foreign:sha256:0"
+    observed["spec.dhcp.dhcp4.allocation"] = "serving while fenced"
+    plan = subsystem.plan(desired, observed, Scope())
+    assert [s.action for s in plan.steps] == ["configure", "allocator"]
+    observed = {**desired, "spec.dhcp.dhcp4.ha": True}
+    assert [s.action for s in subsystem.plan(desired, observed, Scope()).steps] == ["configure"]
+
+
+def test_fenced_and_pending_conditions(tmp_path: Path) -> None:
+    subsystem = DhcpSubsystem()
+    doc = document()
+    assert subsystem.condition(sources(tmp_path), doc) is None
+    waiting = subsystem.condition(sources(tmp_path, links={}), doc)
+    assert waiting == (SubsystemHealth.PENDING, "waiting for interface(s) lan0")
+    hold_fence(tmp_path, "dhcp", "restore", "full restore running")
+    fenced = subsystem.condition(sources(tmp_path), doc)
+    assert fenced == (SubsystemHealth.FENCED, "fenced by restore: full restore running")
+    lifted = lift_fence(tmp_path, "dhcp")
+    assert lifted is not None and lifted.owner == "restore"
+    assert read_fence(tmp_path, "dhcp") is None
+
+
+def test_a_damaged_fence_record_counts_as_held(tmp_path: Path) -> None:
+    (tmp_path / "fences").mkdir()
+    (tmp_path / "fences" / "dhcp.json").write_text("{not json")
+    fence = read_fence(tmp_path, "dhcp")
+    assert fence is not None and "damaged" in fence.reason

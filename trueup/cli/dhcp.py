@@ -1,0 +1,168 @@
+"""`trueup dhcp leases | fence show|hold|lift` — DHCP from the console.
+
+`leases` is the read-only lease inspection: through Kea's control socket
+when Kea runs, else from its memfile (`trueup.system.kealeases`). It never
+starts, stops or reconfigures Kea and works with the agent stopped.
+
+`fence hold` writes the `dhcp` fence (durably, before anything else) and then
+tells a running Kea to stop allocating (`dhcp-disable`); `fence lift` removes
+it and re-enables allocation. Both are audited (`fence_held`, `fence_lifted`).
+The agent re-asserts the fence at every Kea (re)start, whatever the CLI did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+__all__ = ["dhcp_app"]
+
+dhcp_app = typer.Typer(help="DHCP (Kea): leases and the allocator fence.", no_args_is_help=True)
+fence_app = typer.Typer(
+    help="The durable allocator fence: while held, Kea hands out no lease.", no_args_is_help=True
+)
+dhcp_app.add_typer(fence_app, name="fence")
+
+StateDirOpt = Annotated[
+    Path,
+    typer.Option("--state-dir", envvar="TRUEUP_STATE_DIR", help="The agent's state directory."),
+]
+OutputOpt = Annotated[str, typer.Option("-o", "--output", help="table | json | yaml")]
+DEFAULT_DIR = Path("/var/lib/trueup")
+
+
+def _run_dir(state_dir: Path, family: int) -> Path:
+    return state_dir / "run" / f"kea-dhcp{family}"
+
+
+@dhcp_app.command("leases")
+def leases(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") -> None:
+    """Kea's leases, read-only: from its control socket, or its lease file when it is stopped."""
+    from trueup.cli.output import echo, emit
+    from trueup.system.kea import kea_paths
+    from trueup.system.kealeases import read_leases
+
+    rows: list[dict[str, Any]] = []
+    sources: dict[str, str] = {}
+    for family in (4, 6):
+        run = _run_dir(state_dir, family)
+        if not run.is_dir():
+            continue
+        paths = kea_paths(run, family)
+        try:
+            source, found = read_leases(family, socket_path=paths.socket, lease_file=paths.leases)
+            rows.extend(lease.to_json() for lease in found)
+        except (OSError, ValueError) as exc:
+            echo(f"trueup dhcp leases: DHCPv{family}: {exc}", err=True)
+            raise typer.Exit(1) from exc
+        sources[f"dhcp{family}"] = source
+    rows.sort(key=lambda row: (row["family"], row["address"]))
+    if output in ("json", "yaml"):
+        emit({"sources": sources, "leases": rows}, output)
+        return
+    if output != "table":
+        raise typer.BadParameter(f"unknown output format {output!r}")
+    echo(f"{'ADDRESS':<40} {'HWADDR/DUID':<24} {'HOSTNAME':<20} {'EXPIRES':>10}  STATE")
+    for row in rows:
+        ident = row["hwaddr"] or row["client_id"]
+        echo(
+            f"{row['address']:<40} {ident:<24} {row['hostname']:<20} {row['expire']:>10}  "
+            f"{row['state']}"
+        )
+    echo(
+        f"{len(rows)} lease(s) from "
+        + (", ".join(f"{k}: {v}" for k, v in sources.items()) or "no Kea")
+    )
+
+
+def _operator() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def _assert_allocator(state_dir: Path) -> list[str]:
+    """Make each running Kea follow the fence now; what happened, per family."""
+    from trueup.subsystems.dhcp.allocator import enforce
+    from trueup.system.daemon import verified_pid
+    from trueup.system.kea import KeaError, kea_paths
+
+    done = []
+    for family in (4, 6):
+        run = _run_dir(state_dir, family)
+        try:
+            pid = verified_pid(json.loads((run / f"kea-dhcp{family}.pid").read_text()))
+        except (OSError, ValueError):
+            pid = None
+        if pid is None:
+            continue
+        try:
+            state = enforce(kea_paths(run, family), state_dir, pid, wait=5.0)
+        except (KeaError, OSError) as exc:
+            done.append(f"kea-dhcp{family}: not told yet ({exc}); the agent asserts it")
+            continue
+        done.append(f"kea-dhcp{family}: allocation {state}")
+    return done
+
+
+@fence_app.command("show")
+def fence_show(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") -> None:
+    """Whether the dhcp fence is held, by whom, why and since when."""
+    from trueup.cli.output import echo, emit
+    from trueup.system.fence import read_fence
+
+    fence = read_fence(state_dir, "dhcp")
+    if output in ("json", "yaml"):
+        emit({"fence": fence.to_json() if fence else None}, output)
+    elif fence is None:
+        echo("dhcp: no fence held")
+    else:
+        echo(f"dhcp: fenced by {fence.owner} since {fence.since}: {fence.reason}")
+
+
+@fence_app.command("hold")
+def fence_hold(
+    reason: Annotated[str, typer.Option(help="why (audited, shown in status)")],
+    owner: Annotated[str | None, typer.Option(help="who holds it (default: you)")] = None,
+    state_dir: StateDirOpt = DEFAULT_DIR,
+) -> None:
+    """Hold the dhcp fence: Kea hands out no lease until it is lifted."""
+    from trueup.cli.output import echo
+    from trueup.journal.state import StateDir
+    from trueup.system.fence import hold_fence
+
+    fence = hold_fence(state_dir, "dhcp", owner or _operator(), reason)
+    StateDir(state_dir).audit.append(
+        "fence_held", actor=_operator(), subsystem="dhcp", owner=fence.owner, reason=reason
+    )
+    echo(f"dhcp: fence held by {fence.owner}: {reason}")
+    for line in _assert_allocator(state_dir):
+        echo(line)
+
+
+@fence_app.command("lift")
+def fence_lift(
+    reason: Annotated[str, typer.Option(help="why (audited)")] = "work completed",
+    state_dir: StateDirOpt = DEFAULT_DIR,
+) -> None:
+    """Lift the dhcp fence: Kea allocates again."""
+    from trueup.cli.output import echo
+    from trueup.journal.state import StateDir
+    from trueup.system.fence import lift_fence
+
+    lifted = lift_fence(state_dir, "dhcp")
+    if lifted is None:
+        echo("dhcp: no fence was held")
+    else:
+        StateDir(state_dir).audit.append(
+            "fence_lifted", actor=_operator(), subsystem="dhcp", owner=lifted.owner, reason=reason
+        )
+        echo(f"dhcp: fence lifted (was held by {lifted.owner}: {lifted.reason})")
+    for line in _assert_allocator(state_dir):
+        echo(line)

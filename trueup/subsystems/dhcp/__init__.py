@@ -1,0 +1,338 @@
+"""DHCP (`spec.dhcp`): Kea DHCPv4/DHCPv6, run and supervised by the agent, with the allocator fence.
+
+What trueup owns: the Kea processes it starts in the router's namespace
+(`Sources.daemons`, run directory `STATE_DIR/run/kea-dhcpN`, 0700), their
+configuration (compiled from `spec.dhcp` by `keaconfig`), and whether they
+allocate (the `dhcp` fence). What it never owns: the leases. Kea's memfile
+is read, never written, truncated or replaced (docs/dhcp.md).
+
+Facts, per family N used by the document:
+
+| path | desired | observed |
+|---|---|---|
+| `spec.dhcp.dhcpN.running` | true (absent: not configured) | the supervisor's verified pid |
+| `spec.dhcp.dhcpN.config` | digest of the compiled config | `config-get`, mapped through what trueup set |
+| `spec.dhcp.dhcpN.file` | the same digest | the config file Kea starts from |
+| `spec.dhcp.dhcpN.interfaces` | the document's interfaces | Kea's, plus those not present yet (they wait) |
+| `spec.dhcp.dhcpN.ha` | whether the document has `ha:` | any HA hook/parameters in Kea's config |
+| `spec.dhcp.dhcpN.allocation` | `follows-fence` | `follows-fence` or what disagrees |
+
+A configuration set by someone else through the socket (or written to the
+file) hashes to a digest trueup never set: `foreign:sha256:…` — drift.
+
+Steps: `start` (write the config, start Kea, re-assert the fence), `configure`
+(`config-test`, `config-set`, `config-write`; on failure the previous
+configuration is set back), `allocator` (dhcp-disable / dhcp-enable), `stop`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trueup.model.document import DeviceState
+from trueup.model.health import SubsystemHealth, Tier
+from trueup.subsystems.base import Facts, Plan, Scope, Sources, Step, StepError, Subsystem
+from trueup.subsystems.dhcp.allocator import CONSISTENT, allocation_state, enforce, wait_for_socket
+from trueup.subsystems.dhcp.keaconfig import compile_config, digest, has_ha
+from trueup.subsystems.dhcp.section import DhcpSection
+from trueup.system.atomicfile import write_atomic
+from trueup.system.daemon import DaemonError, DaemonSpec
+from trueup.system.fence import read_fence
+from trueup.system.kea import (
+    KeaError,
+    KeaPaths,
+    daemon_name,
+    kea_call,
+    kea_paths,
+    make_socket_dir,
+)
+from trueup.system.watches import every, rtnetlink
+
+__all__ = ["DhcpSection", "DhcpSubsystem"]
+
+FAMILIES = (4, 6)
+# Digests are computed with these paths, so that they depend on the document alone.
+_CANONICAL_RUN = Path("/STATE_DIR/run")
+_KEEP = 16
+
+
+def _canonical_paths(family: int) -> KeaPaths:
+    run = _CANONICAL_RUN / daemon_name(family)
+    return KeaPaths(
+        family,
+        run,
+        run / f"kea-dhcp{family}.conf",
+        run / f"kea{family}.sock",
+        run / f"kea-leases{family}.csv",
+        run / "allocator.json",
+    )
+
+
+def _path(family: int, what: str) -> str:
+    return f"spec.dhcp.dhcp{family}.{what}"
+
+
+def _body(config: dict[str, Any], family: int) -> Any:
+    return config.get(f"Dhcp{family}") if isinstance(config, dict) else None
+
+
+class DhcpSubsystem(Subsystem):
+    name = "dhcp"
+    tier = Tier.SERVICES
+    depends_on = ("addresses",)
+    section = ("dhcp", DhcpSection)
+    # Kea's config changed through its socket sends no event: look every few seconds.
+    # A link appearing may let a waiting interface be served.
+    watches = (every(5.0), rtnetlink("link"))
+    required_binaries = ("kea-dhcp4",)
+
+    def __init__(self) -> None:
+        # digest → section, for the documents this process has seen (and, on disk, applied).
+        self._sections: dict[str, DhcpSection] = {}
+
+    def configured(self, document: DeviceState) -> bool:
+        return document.spec.section("dhcp", DhcpSection) is not None
+
+    # -- facts ------------------------------------------------------------------
+    def desired(self, document: DeviceState, scope: Scope) -> Facts:
+        section = document.spec.section("dhcp", DhcpSection)
+        families = section.families() if section is not None else []
+        facts: Facts = {}
+        for family in FAMILIES:
+            if section is None or family not in families:
+                facts[_path(family, "running")] = None
+                continue
+            config = compile_config(
+                section, family, _canonical_paths(family), list(section.interfaces)
+            )
+            wanted = digest(config)
+            self._sections[wanted] = section
+            facts[_path(family, "running")] = True
+            facts[_path(family, "config")] = wanted
+            facts[_path(family, "file")] = wanted
+            facts[_path(family, "interfaces")] = sorted(section.interfaces)
+            facts[_path(family, "ha")] = section.ha is not None
+            facts[_path(family, "allocation")] = CONSISTENT
+        return facts
+
+    def observe(self, sources: Sources, scope: Scope) -> Facts:
+        facts: Facts = {}
+        present = {link.name for link in sources.netlink.links()}
+        for family in FAMILIES:
+            name = daemon_name(family)
+            status = sources.daemons.status(name)
+            if not status.running:
+                facts[_path(family, "running")] = None
+                continue
+            facts[_path(family, "running")] = True
+            paths = kea_paths(sources.daemons.run_dir(name), family)
+            applied = _applied(paths)
+            try:
+                running = kea_call(paths, "config-get", timeout=5.0)
+            except KeaError:
+                running = {}
+            body = _body(running, family)
+            if body is not None:
+                entry = applied.get("kea", {}).get(digest(body))
+                facts[_path(family, "config")] = (
+                    entry["desired"] if entry else f"foreign:{digest(body)}"
+                )
+                facts[_path(family, "ha")] = has_ha(running)
+                interfaces = set(body.get("interfaces-config", {}).get("interfaces", []))
+                waiting = set(entry.get("declared", [])) - present if entry else set()
+                facts[_path(family, "interfaces")] = sorted(interfaces | waiting)
+            facts[_path(family, "file")] = _file_fact(paths, applied, family)
+            facts[_path(family, "allocation")] = allocation_state(
+                paths, sources.state_dir, status.pid
+            )
+        return facts
+
+    def plan(self, desired: Facts, observed: Facts, scope: Scope) -> Plan:
+        steps: list[Step] = []
+        for family in FAMILIES:
+            want_running = desired.get(_path(family, "running"))
+            have_running = observed.get(_path(family, "running"))
+            if want_running is None:
+                if have_running:
+                    steps.append(
+                        Step(self.name, "stop", _path(family, "running"), {"family": family})
+                    )
+                continue
+            wanted = desired[_path(family, "config")]
+            args = {"family": family, "digest": wanted}
+            if not have_running:
+                steps.append(Step(self.name, "start", _path(family, "running"), args))
+                continue
+            config_paths = ("config", "file", "interfaces", "ha")
+            if any(
+                desired.get(_path(family, p)) != observed.get(_path(family, p))
+                for p in config_paths
+            ):
+                steps.append(Step(self.name, "configure", _path(family, "config"), args))
+            if observed.get(_path(family, "allocation")) != CONSISTENT:
+                steps.append(
+                    Step(self.name, "allocator", _path(family, "allocation"), {"family": family})
+                )
+        return Plan(self.name, steps, [] if steps else ["Kea runs the document's configuration"])
+
+    # -- steps ------------------------------------------------------------------
+    def execute(self, sources: Sources, step: Step) -> None:
+        family = int(step.args["family"])
+        name = daemon_name(family)
+        paths = kea_paths(sources.daemons.run_dir(name), family)
+        try:
+            if step.action == "stop":
+                sources.daemons.stop(name)
+            elif step.action == "start":
+                self._start(sources, step, paths)
+            elif step.action == "configure":
+                self._configure(sources, step, paths)
+            elif step.action == "allocator":
+                status = sources.daemons.status(name)
+                if status.pid is None:
+                    raise StepError(step, f"{name} is not running")
+                enforce(paths, sources.state_dir, status.pid)
+            else:
+                raise ValueError(f"unknown dhcp step {step.action}")
+        except (KeaError, DaemonError, OSError) as exc:
+            raise StepError(step, str(exc)) from exc
+
+    def _section(self, step: Step, paths: KeaPaths) -> DhcpSection:
+        wanted = str(step.args["digest"])
+        section = self._sections.get(wanted)
+        if section is None:
+            stored = paths.run_dir / "sections" / f"{wanted.split(':')[-1]}.json"
+            try:
+                section = DhcpSection.model_validate(json.loads(stored.read_text()))
+            except (OSError, ValueError) as exc:
+                raise StepError(step, f"no configuration known for {wanted}: {exc}") from exc
+            self._sections[wanted] = section
+        return section
+
+    def _compiled(
+        self, sources: Sources, step: Step, paths: KeaPaths
+    ) -> tuple[dict[str, Any], DhcpSection, list[str]]:
+        section = self._section(step, paths)
+        present = {link.name for link in sources.netlink.links()}
+        interfaces = [i for i in section.interfaces if i in present]
+        config = compile_config(section, paths.family, paths, interfaces)
+        # Kept for a rollback after an agent restart (the section, not Kea's leases).
+        stored = paths.run_dir / "sections" / f"{str(step.args['digest']).split(':')[-1]}.json"
+        if not stored.exists():
+            stored.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_atomic(stored, section.model_dump_json(by_alias=True).encode(), 0o600)
+        return config, section, interfaces
+
+    def _spec(self, sources: Sources, paths: KeaPaths, config: dict[str, Any]) -> DaemonSpec:
+        text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+        state_dir = sources.state_dir
+
+        def before_start() -> None:
+            # Every start begins from trueup's configuration: whatever the file holds
+            # (an old HA configuration, an edit) is replaced, never the lease file.
+            write_atomic(paths.config, text.encode(), 0o600)
+            make_socket_dir(paths)
+
+        def after_start(pid: int) -> None:
+            enforce(paths, state_dir, pid)
+
+        return DaemonSpec(
+            daemon_name(paths.family),
+            paths.argv,
+            env=paths.env,
+            before_start=before_start,
+            after_start=after_start,
+        )
+
+    def _start(self, sources: Sources, step: Step, paths: KeaPaths) -> None:
+        config, section, interfaces = self._compiled(sources, step, paths)
+        status = sources.daemons.ensure(self._spec(sources, paths, config))
+        wait_for_socket(paths)
+        if (
+            status.pid is not None
+            and allocation_state(paths, sources.state_dir, status.pid) != CONSISTENT
+        ):
+            enforce(paths, sources.state_dir, status.pid)
+        self._remember(paths, step, section, interfaces)
+
+    def _configure(self, sources: Sources, step: Step, paths: KeaPaths) -> None:
+        config, section, interfaces = self._compiled(sources, step, paths)
+        previous = kea_call(paths, "config-get")
+        kea_call(paths, "config-test", config)
+        kea_call(paths, "config-set", config)
+        try:
+            kea_call(paths, "config-write", {"filename": str(paths.config)})
+        except KeaError:
+            kea_call(paths, "config-set", previous)  # the before-image, as it was
+            raise
+        status = sources.daemons.ensure(self._spec(sources, paths, config))
+        if status.pid is not None and read_fence(sources.state_dir, "dhcp") is not None:
+            # A reconfiguration must never let a fenced Kea allocate: assert it again.
+            enforce(paths, sources.state_dir, status.pid)
+        self._remember(paths, step, section, interfaces)
+
+    def _remember(
+        self, paths: KeaPaths, step: Step, section: DhcpSection, interfaces: list[str]
+    ) -> None:
+        """Record which Kea digests are trueup's: config-get's and the file's."""
+        running = kea_call(paths, "config-get")
+        entry = {
+            "desired": str(step.args["digest"]),
+            "interfaces": interfaces,
+            "declared": list(section.interfaces),
+        }
+        applied = _applied(paths)
+        for kind, body in (
+            ("kea", _body(running, paths.family)),
+            ("file", _body(_read_json(paths.config), paths.family)),
+        ):
+            if body is None:
+                continue
+            table = applied.setdefault(kind, {})
+            table.pop(digest(body), None)
+            table[digest(body)] = entry
+            while len(table) > _KEEP:
+                table.pop(next(iter(table)))
+        # A cache of what trueup set (lost, the next observation shows a foreign digest
+        # and the next pass sets the configuration again): no fsync needed.
+        write_atomic(
+            paths.run_dir / "applied.json", json.dumps(applied).encode(), 0o600, durable=False
+        )
+
+    # -- health beyond facts ------------------------------------------------------
+    def condition(
+        self, sources: Sources, document: DeviceState
+    ) -> tuple[SubsystemHealth, str] | None:
+        section = document.spec.section("dhcp", DhcpSection)
+        if section is None:
+            return None
+        fence = read_fence(sources.state_dir, "dhcp")
+        if fence is not None:
+            return SubsystemHealth.FENCED, f"fenced by {fence.owner}: {fence.reason}"
+        present = {link.name for link in sources.netlink.links()}
+        missing = [i for i in section.interfaces if i not in present]
+        if missing:
+            return SubsystemHealth.PENDING, f"waiting for interface(s) {', '.join(missing)}"
+        return None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _applied(paths: KeaPaths) -> dict[str, Any]:
+    return _read_json(paths.run_dir / "applied.json")
+
+
+def _file_fact(paths: KeaPaths, applied: dict[str, Any], family: int) -> str | None:
+    body = _body(_read_json(paths.config), family)
+    if body is None:
+        return None
+    entry = applied.get("file", {}).get(digest(body))
+    return str(entry["desired"]) if entry else f"foreign:{digest(body)}"

@@ -1,0 +1,160 @@
+"""`spec.dhcp` compiled into Kea's configuration (pure: no I/O).
+
+One function per family: `compile_config(section, family, paths, interfaces)`
+returns the JSON object Kea reads (`{"Dhcp4": {...}}`). trueup always sets:
+
+* the memfile lease backend on `paths.leases` (Kea's file, trueup never writes it);
+* a unix control socket at `paths.socket` (in a 0700 directory: root only);
+* the `lease_cmds` hook (read-only lease inspection over the socket);
+* the HA hook **only** when the document has `ha:` — a document without it
+  compiles to a configuration with no HA library and no HA parameters, which
+  is what Kea gets at apply and at every start;
+* socket retries (`service-sockets-max-retries`/`-retry-wait-time`) so an
+  interface whose address comes late is bound when it comes;
+* logging to stdout (the supervisor appends it to the daemon's log).
+
+`interfaces` is the subset of `section.interfaces` present on the system
+now: Kea refuses a configuration naming an interface that does not exist,
+so the others are added by a re-configuration when their link appears.
+
+`digest(config)` is the canonical hash trueup compares.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from trueup.subsystems.dhcp.section import DhcpSection, OptionValue, Subnet
+from trueup.system.kea import HOOKS_DIR, KeaPaths
+
+__all__ = ["compile_config", "digest", "has_ha"]
+
+
+def digest(config: Any) -> str:
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def _option_data(options: dict[str, OptionValue]) -> list[dict[str, Any]]:
+    out = []
+    for name, value in sorted(options.items()):
+        if isinstance(value, list):
+            data = ", ".join(str(v) for v in value)
+        elif isinstance(value, bool):
+            data = "true" if value else "false"
+        else:
+            data = str(value)
+        out.append({"name": name, "data": data})
+    return out
+
+
+def _subnet(section: DhcpSection, index: int, subnet: Subnet, family: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": section.subnet_id(index), "subnet": subnet.subnet}
+    if subnet.interface is not None:
+        out["interface"] = subnet.interface
+    out["pools"] = [{"pool": pool} for pool in subnet.pools]
+    if subnet.options:
+        out["option-data"] = _option_data(subnet.options)
+    if subnet.valid_lifetime is not None:
+        out["valid-lifetime"] = subnet.valid_lifetime
+    reservations = []
+    for reservation in subnet.reservations:
+        entry: dict[str, Any] = {}
+        if reservation.hw_address is not None:
+            entry["hw-address"] = reservation.hw_address
+        if reservation.duid is not None:
+            entry["duid"] = reservation.duid
+        if family == 4:
+            entry["ip-address"] = reservation.ip_address
+        else:
+            entry["ip-addresses"] = [reservation.ip_address]
+        if reservation.hostname:
+            entry["hostname"] = reservation.hostname
+        reservations.append(entry)
+    if reservations:
+        out["reservations"] = reservations
+    return out
+
+
+def has_ha(config: dict[str, Any]) -> bool:
+    """Whether a Kea configuration carries any HA hook or HA parameters."""
+    for body in config.values():
+        if not isinstance(body, dict):
+            continue
+        for hook in body.get("hooks-libraries", []) or []:
+            library = str(hook.get("library", "")) if isinstance(hook, dict) else ""
+            parameters = hook.get("parameters", {}) if isinstance(hook, dict) else {}
+            if "libdhcp_ha" in library or "high-availability" in (parameters or {}):
+                return True
+    return False
+
+
+def compile_config(
+    section: DhcpSection, family: int, paths: KeaPaths, interfaces: list[str]
+) -> dict[str, Any]:
+    lifetimes = section.lifetimes
+    hooks: list[dict[str, Any]] = [{"library": str(HOOKS_DIR / "libdhcp_lease_cmds.so")}]
+    if section.ha is not None:
+        ha = section.ha
+        hooks.append(
+            {
+                "library": str(HOOKS_DIR / "libdhcp_ha.so"),
+                "parameters": {
+                    "high-availability": [
+                        {
+                            "this-server-name": ha.this_server,
+                            "mode": ha.mode,
+                            "peers": [
+                                {
+                                    "name": peer.name,
+                                    "url": peer.url,
+                                    "role": peer.role,
+                                    "auto-failover": peer.auto_failover,
+                                }
+                                for peer in ha.peers
+                            ],
+                        }
+                    ]
+                },
+            }
+        )
+    body: dict[str, Any] = {
+        "interfaces-config": {
+            "interfaces": sorted(interfaces),
+            "re-detect": True,
+            "service-sockets-max-retries": 1000000,
+            "service-sockets-retry-wait-time": 2000,
+        },
+        "control-socket": {"socket-type": "unix", "socket-name": str(paths.socket)},
+        "lease-database": {
+            "type": "memfile",
+            "name": str(paths.leases),
+            "persist": True,
+            "lfc-interval": 3600,
+        },
+        "hooks-libraries": hooks,
+        "valid-lifetime": lifetimes.valid,
+        "loggers": [
+            {
+                "name": f"kea-dhcp{family}",
+                "output_options": [{"output": "stdout"}],
+                "severity": "INFO",
+            }
+        ],
+    }
+    if lifetimes.renew is not None:
+        body["renew-timer"] = lifetimes.renew
+    if lifetimes.rebind is not None:
+        body["rebind-timer"] = lifetimes.rebind
+    if family == 6 and lifetimes.preferred is not None:
+        body["preferred-lifetime"] = lifetimes.preferred
+    if section.options:
+        body["option-data"] = _option_data(section.options)
+    body[f"subnet{family}"] = [
+        _subnet(section, i, subnet, family)
+        for i, subnet in enumerate(section.subnets)
+        if subnet.family == family
+    ]
+    return {f"Dhcp{family}": body}

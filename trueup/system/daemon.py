@@ -1,0 +1,505 @@
+"""Long-running daemons the agent starts and supervises (Kea, Knot, …).
+
+Who uses this: subsystems, through `Sources.daemons` (a `Daemons`), to make
+sure their daemon runs with the argv they compiled; the agent keeps one
+`DaemonSupervisor` for its lifetime, so supervision outlives any one
+transaction. Unit tests hand subsystems `trueup.system.fake.FakeDaemons`.
+
+```python
+spec = DaemonSpec(
+    name="kea-dhcp4",
+    argv=("kea-dhcp4", "-c", "/var/lib/trueup/run/kea-dhcp4/kea-dhcp4.conf"),
+    before_start=write_config_without_ha,   # every (re)start, before exec
+    after_start=reassert_fence,             # every (re)start, once the pid exists
+)
+sources.daemons.ensure(spec)       # adopt a running instance, or start one
+sources.daemons.running("kea-dhcp4")
+sources.daemons.run_dir("kea-dhcp4")   # STATE_DIR/run/kea-dhcp4 (0700)
+```
+
+Rules:
+
+* A daemon runs in the agent's own network namespace (the agent runs inside
+  the router's namespace; children inherit it), in a new session, with its
+  output appended to `RUN_DIR/NAME/NAME.log`.
+* Each daemon has a pid record `RUN_DIR/NAME/NAME.pid` (JSON: pid, argv,
+  kernel start time). A new supervisor (after an agent restart, even after
+  SIGKILL) *adopts* the instance the record names only when
+  `/proc/PID/cmdline` equals the recorded argv and `/proc/PID/stat`'s start
+  time equals the recorded one: a recycled pid is never trusted, never
+  signalled.
+* Signals go to that one verified pid — never a process group, never a name
+  pattern.
+* A daemon that exits without being asked to is restarted with exponential
+  back-off (1 s doubling to 30 s, reset after 60 s of good running);
+  `before_start` and `after_start` run on every restart too, so an invariant
+  (no HA configuration, the allocator fence) is re-asserted each time.
+* The supervisor never stops daemons when the agent exits: DHCP keeps
+  serving while the agent restarts, and the next agent adopts it.
+
+Why this module is over 400 lines: the public interface (spec, status, the
+`Daemons` protocol), the pid record and its verification, one daemon's
+process handling and the supervisor's restart loop share one record format
+and one lock discipline; apart, each would have to re-state them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from trueup.system.atomicfile import write_atomic
+
+__all__ = [
+    "DaemonError",
+    "DaemonSpec",
+    "DaemonStatus",
+    "DaemonSupervisor",
+    "Daemons",
+    "proc_start_time",
+    "verified_pid",
+]
+
+log = logging.getLogger("trueup.daemon")
+
+BACKOFF_FIRST = 1.0
+BACKOFF_MAX = 30.0
+# A daemon that ran this long before exiting is restarted after the first back-off again.
+STABLE_AFTER = 60.0
+
+
+class DaemonError(RuntimeError):
+    """A daemon that could not be started or stopped; names the daemon and the cause."""
+
+
+@dataclass(frozen=True)
+class DaemonSpec:
+    """What to run. `name` is also the run directory and pid record name."""
+
+    name: str
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    # Called before every (re)start: write the configuration the daemon reads.
+    before_start: Callable[[], None] | None = field(default=None, compare=False)
+    # Called after every (re)start with the new pid (re-assert state over its socket).
+    after_start: Callable[[int], None] | None = field(default=None, compare=False)
+    # How long `stop` waits after SIGTERM before SIGKILL.
+    stop_timeout: float = 10.0
+    # Files and sockets the daemon creates are the agent's alone.
+    umask: int = 0o077
+
+
+@dataclass(frozen=True)
+class DaemonStatus:
+    """What the supervisor knows about one daemon."""
+
+    name: str
+    running: bool
+    pid: int | None = None
+    since: float | None = None
+    restarts: int = 0
+    adopted: bool = False
+    last_exit: int | None = None
+    last_error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "running": self.running,
+            "pid": self.pid,
+            "since": self.since,
+            "restarts": self.restarts,
+            "adopted": self.adopted,
+            "last_exit": self.last_exit,
+            "last_error": self.last_error,
+        }
+
+
+class Daemons(Protocol):
+    """The daemon supervisor as subsystems see it (`Sources.daemons`)."""
+
+    def run_dir(self, name: str) -> Path:
+        """The daemon's private directory (0700): sockets, config, pid record, log."""
+        ...
+
+    def ensure(self, spec: DaemonSpec) -> DaemonStatus:
+        """Adopt a verified running instance with this argv, or start one; supervise it.
+
+        A running instance with another argv is stopped and started anew.
+        Raises DaemonError when it cannot be started (the supervisor keeps
+        retrying with back-off).
+        """
+        ...
+
+    def stop(self, name: str) -> None:
+        """Stop it (SIGTERM, then SIGKILL after the spec's timeout) and stop supervising it."""
+        ...
+
+    def restart(self, name: str) -> DaemonStatus:
+        """Stop and start it again (`before_start`/`after_start` run)."""
+        ...
+
+    def running(self, name: str) -> bool:
+        """Whether a verified instance runs (adopting one from its pid record if needed)."""
+        ...
+
+    def status(self, name: str) -> DaemonStatus:
+        """Pid, since, restarts, last exit and error."""
+        ...
+
+
+def proc_start_time(pid: int) -> int | None:
+    """The kernel's start time of `pid` (clock ticks since boot), or None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name may contain spaces and parentheses: fields start after the last ')'.
+    fields = stat[stat.rfind(")") + 2 :].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _cmdline(pid: int) -> tuple[str, ...] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return tuple(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+
+
+def _record_argv(record: dict[str, Any]) -> tuple[str, ...]:
+    argv = record.get("argv")
+    return tuple(str(a) for a in argv) if isinstance(argv, list) else ()
+
+
+def verified_pid(record: dict[str, Any]) -> int | None:
+    """The record's pid when that process still is the one recorded (argv and start time)."""
+    try:
+        pid = int(str(record["pid"]))
+        argv = _record_argv(record)
+        started = int(str(record["start_time"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    if pid <= 1 or not argv or proc_start_time(pid) != started:
+        return None
+    cmdline = _cmdline(pid)
+    if cmdline is None or cmdline != argv:
+        return None
+    return pid
+
+
+class _Daemon:
+    """One supervised daemon: its process, its pid record and its monitor thread."""
+
+    def __init__(self, spec: DaemonSpec, directory: Path) -> None:
+        self.spec = spec
+        self.directory = directory
+        self.pid: int | None = None
+        self.child: subprocess.Popen[bytes] | None = None
+        self.since: float | None = None
+        self.restarts = 0
+        self.adopted = False
+        self.last_exit: int | None = None
+        self.last_error = ""
+        self.wanted = False
+        self.lock = threading.RLock()
+        self.wake = threading.Event()
+        self.monitor: threading.Thread | None = None
+
+    @property
+    def record_path(self) -> Path:
+        return self.directory / f"{self.spec.name}.pid"
+
+    def read_record(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.record_path.read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def status(self) -> DaemonStatus:
+        with self.lock:
+            alive = self.pid is not None and self.alive()
+            return DaemonStatus(
+                self.spec.name,
+                alive,
+                self.pid if alive else None,
+                self.since if alive else None,
+                self.restarts,
+                self.adopted,
+                self.last_exit,
+                self.last_error,
+            )
+
+    def alive(self) -> bool:
+        if self.pid is None:
+            return False
+        if self.child is not None:
+            return self.child.poll() is None
+        record = {"pid": self.pid, "argv": list(self.spec.argv), "start_time": self._started}
+        return verified_pid(record) == self.pid
+
+    _started: int | None = None
+
+    def adopt(self) -> bool:
+        """Take over the instance the pid record names, when it verifiably is ours."""
+        record = self.read_record()
+        if record is None:
+            return False
+        pid = verified_pid(record)
+        if pid is None:
+            return False
+        self.pid, self.child, self.adopted = pid, None, True
+        self._started = int(str(record["start_time"]))
+        self.since = float(str(record.get("since", time.time())))
+        log.info("adopted %s (pid %d)", self.spec.name, pid)
+        return True
+
+    def spawn(self) -> None:
+        spec = self.spec
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.directory.parent, 0o700)
+        os.chmod(self.directory, 0o700)
+        if spec.before_start is not None:
+            spec.before_start()
+        env = dict(os.environ)
+        env.update(dict(spec.env))
+        logfile = self.directory / f"{spec.name}.log"
+        with open(logfile, "ab") as out:
+            try:
+                child = subprocess.Popen(
+                    list(spec.argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=self.directory,
+                    start_new_session=True,
+                    close_fds=True,
+                    umask=spec.umask,
+                )
+            except OSError as exc:
+                raise DaemonError(f"{spec.name}: cannot start {spec.argv[0]}: {exc}") from exc
+        started = None
+        for _ in range(100):  # /proc/PID/stat exists as soon as fork returns
+            started = proc_start_time(child.pid)
+            if started is not None:
+                break
+            time.sleep(0.001)
+        self.pid, self.child, self.adopted, self._started = child.pid, child, False, started
+        self.since = time.time()
+        record = {
+            "pid": child.pid,
+            "argv": list(spec.argv),
+            "start_time": started,
+            "since": self.since,
+        }
+        write_atomic(self.record_path, json.dumps(record).encode(), 0o600)
+        log.info("started %s (pid %d)", spec.name, child.pid)
+        if spec.after_start is not None:
+            try:
+                spec.after_start(child.pid)
+            except Exception as exc:  # the monitor re-runs it on the next restart
+                self.last_error = f"after start: {exc}"
+                log.warning("%s: after start: %s", spec.name, exc)
+
+    def wait_exit(self, timeout: float | None) -> bool:
+        """Wait until the process exits; True when it did."""
+        child, pid = self.child, self.pid
+        if pid is None:
+            return True
+        if child is not None:
+            try:
+                child.wait(timeout)
+            except subprocess.TimeoutExpired:
+                return False
+            self.last_exit = child.returncode
+            return True
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return True
+        try:
+            ready, _, _ = select.select([fd], [], [], timeout)
+            return bool(ready) or not self.alive()
+        finally:
+            os.close(fd)
+
+    def signal(self, sig: int) -> None:
+        if self.pid is not None and self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.signal(signal.SIGTERM)
+        if not self.wait_exit(self.spec.stop_timeout):
+            self.signal(signal.SIGKILL)
+            self.wait_exit(5.0)
+        self.pid = None
+        self.child = None
+        with contextlib.suppress(FileNotFoundError):
+            self.record_path.unlink()
+
+
+class DaemonSupervisor:
+    """The agent's daemons, under `STATE_DIR/run/`. Thread-safe."""
+
+    def __init__(self, run_root: Path) -> None:
+        self.run_root = Path(run_root)
+        self._daemons: dict[str, _Daemon] = {}
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+
+    def run_dir(self, name: str) -> Path:
+        directory = self.run_root / name
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.run_root, 0o700)
+        os.chmod(directory, 0o700)
+        return directory
+
+    def _daemon(self, spec: DaemonSpec | None, name: str) -> _Daemon:
+        with self._lock:
+            daemon = self._daemons.get(name)
+            if daemon is None:
+                if spec is None:
+                    spec = DaemonSpec(name, ())
+                daemon = _Daemon(spec, self.run_root / name)  # made on first start
+                self._daemons[name] = daemon
+            elif spec is not None and spec != daemon.spec:
+                daemon.spec = spec
+            elif spec is not None:
+                daemon.spec = spec  # refresh the callbacks, which do not compare
+            return daemon
+
+    def _recorded(self, daemon: _Daemon) -> None:
+        """Adopt from the pid record when nothing runs under this supervisor yet."""
+        if daemon.pid is None and not daemon.spec.argv:
+            record = daemon.read_record()
+            if record is not None and _record_argv(record):
+                daemon.spec = DaemonSpec(daemon.spec.name, _record_argv(record))
+        if daemon.pid is None:
+            daemon.adopt()
+
+    def ensure(self, spec: DaemonSpec) -> DaemonStatus:
+        if not spec.argv:
+            raise ValueError(f"daemon {spec.name}: empty argv")
+        daemon = self._daemon(spec, spec.name)
+        with daemon.lock:
+            self._recorded(daemon)
+            stale = _record_argv(daemon.read_record() or {}) != spec.argv
+            if daemon.pid is not None and daemon.alive() and stale:
+                daemon.terminate()
+            if daemon.pid is None or not daemon.alive():
+                daemon.pid = None
+                try:
+                    daemon.spawn()
+                except (DaemonError, OSError) as exc:
+                    daemon.last_error = str(exc)
+                    daemon.wanted = True
+                    self._monitor(daemon)
+                    raise DaemonError(str(exc)) from exc
+                daemon.last_error = ""
+            daemon.wanted = True
+            self._monitor(daemon)
+            return daemon.status()
+
+    def stop(self, name: str) -> None:
+        daemon = self._daemon(None, name)
+        with daemon.lock:
+            daemon.wanted = False
+            self._recorded(daemon)
+            daemon.wake.set()
+            daemon.terminate()
+
+    def restart(self, name: str) -> DaemonStatus:
+        daemon = self._daemon(None, name)
+        spec = daemon.spec
+        self.stop(name)
+        return self.ensure(spec)
+
+    def running(self, name: str) -> bool:
+        daemon = self._daemon(None, name)
+        with daemon.lock:
+            self._recorded(daemon)
+            return daemon.alive()
+
+    def status(self, name: str) -> DaemonStatus:
+        daemon = self._daemon(None, name)
+        with daemon.lock:
+            self._recorded(daemon)
+            return daemon.status()
+
+    def close(self) -> None:
+        """Stop supervising (the daemons keep running, for the next agent to adopt)."""
+        self._closed.set()
+        with self._lock:
+            for daemon in self._daemons.values():
+                daemon.wake.set()
+
+    # -- supervision --------------------------------------------------------
+    def _monitor(self, daemon: _Daemon) -> None:
+        if daemon.monitor is not None and daemon.monitor.is_alive():
+            return
+        thread = threading.Thread(
+            target=self._watch, args=(daemon,), name=f"trueup-daemon-{daemon.spec.name}"
+        )
+        thread.daemon = True
+        daemon.monitor = thread
+        thread.start()
+
+    def _watch(self, daemon: _Daemon) -> None:
+        backoff = BACKOFF_FIRST
+        while not self._closed.is_set():
+            with daemon.lock:
+                wanted, pid = daemon.wanted, daemon.pid
+            if not wanted:
+                return
+            if pid is not None and not daemon.wait_exit(1.0):
+                continue
+            with daemon.lock:
+                if not daemon.wanted or self._closed.is_set():
+                    return
+                if daemon.pid is not None and daemon.alive():
+                    continue
+                ran = time.time() - (daemon.since or time.time())
+                if daemon.pid is not None:
+                    log.warning(
+                        "%s (pid %s) exited (%s); restarting in %.0fs",
+                        daemon.spec.name,
+                        daemon.pid,
+                        daemon.last_exit,
+                        backoff,
+                    )
+                    daemon.last_error = f"exited with status {daemon.last_exit}"
+                daemon.pid = None
+                if ran >= STABLE_AFTER:
+                    backoff = BACKOFF_FIRST
+            daemon.wake.clear()
+            if daemon.wake.wait(backoff) and not daemon.wanted:
+                return
+            if self._closed.is_set():
+                return
+            with daemon.lock:
+                if not daemon.wanted or (daemon.pid is not None and daemon.alive()):
+                    continue
+                daemon.restarts += 1
+                try:
+                    daemon.spawn()
+                except (DaemonError, OSError) as exc:
+                    daemon.last_error = str(exc)
+                    log.warning("%s: %s", daemon.spec.name, exc)
+            backoff = min(backoff * 2, BACKOFF_MAX)

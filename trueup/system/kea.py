@@ -1,0 +1,116 @@
+"""Kea as trueup runs it: where its files live, and its control socket.
+
+Who uses this: the DHCP subsystem (which runs Kea), `trueup dhcp leases`,
+and any subsystem that reads leases (DNS) — without importing the DHCP
+subsystem:
+
+```python
+paths = kea_paths(sources.daemons.run_dir("kea-dhcp4"), 4)
+source, leases = read_leases(4, socket_path=paths.socket, lease_file=paths.leases)
+```
+
+Layout, per family, in the daemon's run directory `STATE_DIR/run/kea-dhcpN`
+(0700, so the control socket is root-only whatever mode Kea gives it):
+
+```
+kea-dhcp4.conf         the configuration trueup compiled (and Kea's config-write rewrites)
+kea4.sock              the control socket
+kea-leases4.csv        the memfile lease file (Kea's: trueup only ever reads it)
+kea-dhcp4.pid          the supervisor's pid record; Kea's own pid file sits beside it
+allocator.json         whether trueup disabled allocation for this Kea process (the fence)
+```
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trueup.system.kealeases import KeaSocketError, kea_command
+
+__all__ = [
+    "HOOKS_DIR",
+    "KeaError",
+    "KeaPaths",
+    "daemon_name",
+    "kea_call",
+    "kea_paths",
+    "make_socket_dir",
+]
+
+HOOKS_DIR = Path("/usr/lib/x86_64-linux-gnu/kea/hooks")
+# sun_path holds 108 bytes; longer run directories get their socket under /run.
+_SOCKET_MAX = 100
+
+
+class KeaError(RuntimeError):
+    """Kea refused a command (result ≠ 0) or did not answer; names the command."""
+
+
+def daemon_name(family: int) -> str:
+    return f"kea-dhcp{family}"
+
+
+@dataclass(frozen=True)
+class KeaPaths:
+    family: int
+    run_dir: Path
+    config: Path
+    socket: Path
+    leases: Path
+    allocator: Path
+
+    @property
+    def binary(self) -> str:
+        return f"kea-dhcp{self.family}"
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return (self.binary, "-c", str(self.config))
+
+    @property
+    def env(self) -> tuple[tuple[str, str], ...]:
+        # Kea's own pid file and lock files go beside ours, not in /run/kea.
+        return (("KEA_PIDFILE_DIR", str(self.run_dir)), ("KEA_LOCKFILE_DIR", str(self.run_dir)))
+
+
+def kea_paths(run_dir: Path, family: int) -> KeaPaths:
+    """Where Kea's files are for `family`, given the daemon's run directory."""
+    socket = run_dir / f"kea{family}.sock"
+    if len(str(socket)) > _SOCKET_MAX:
+        digest = hashlib.sha256(str(run_dir).encode()).hexdigest()[:12]
+        socket = Path("/run/trueup") / digest / f"kea{family}.sock"
+    return KeaPaths(
+        family=family,
+        run_dir=run_dir,
+        config=run_dir / f"kea-dhcp{family}.conf",
+        socket=socket,
+        leases=run_dir / f"kea-leases{family}.csv",
+        allocator=run_dir / "allocator.json",
+    )
+
+
+def make_socket_dir(paths: KeaPaths) -> None:
+    """Create the socket's directory, root only, when it is not the run directory (before a start)."""
+    directory = paths.socket.parent
+    if directory != paths.run_dir:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(directory.parent, 0o700)
+        os.chmod(directory, 0o700)
+
+
+def kea_call(
+    paths: KeaPaths, command: str, arguments: dict[str, Any] | None = None, timeout: float = 10.0
+) -> dict[str, Any]:
+    """Run one command; its `arguments` on success. Raises KeaError naming the command."""
+    try:
+        answer = kea_command(paths.socket, command, arguments, timeout=timeout)
+    except KeaSocketError as exc:
+        raise KeaError(f"kea-dhcp{paths.family}: {command}: no answer ({exc})") from exc
+    if answer.get("result") != 0:
+        raise KeaError(f"kea-dhcp{paths.family}: {command}: {answer.get('text', answer)}")
+    arguments_out = answer.get("arguments")
+    return arguments_out if isinstance(arguments_out, dict) else {}
