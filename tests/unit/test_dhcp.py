@@ -121,3 +121,25 @@ def test_a_damaged_fence_record_counts_as_held(tmp_path: Path) -> None:
     (tmp_path / "fences" / "dhcp.json").write_text("{not json")
     fence = read_fence(tmp_path, "dhcp")
     assert fence is not None and "damaged" in fence.reason
+
+
+def test_kea_is_asked_once_per_piece_of_work_and_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trueup.subsystems.dhcp as dhcp
+
+    asked: list[str] = []
+
+    def config_get(paths: Any, command: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        asked.append(command)
+        return {"Dhcp4": {"n": len(asked)}}
+
+    monkeypatch.setattr(dhcp, "kea_call", config_get)
+    paths = kea_paths(tmp_path, 4)
+    one = sources(tmp_path)
+    first = dhcp._config_get(one, paths, 100)
+    assert dhcp._config_get(one, paths, 100) == first  # the same piece of work: reused
+    assert dhcp._config_get(one, paths, 101) != first  # another Kea process: asked again
+    assert dhcp._config_get(sources(tmp_path), paths, 101)["Dhcp4"]["n"] == 3  # new work: asked
+    assert dhcp._config_get(one, paths, None)["Dhcp4"]["n"] == 4  # no verified pid: never kept
+    assert asked == ["config-get"] * 4

@@ -153,8 +153,11 @@ class Engine(Transacting):
         self._audit_checked = False
 
     @contextmanager
-    def sources(self) -> Iterator[Sources]:
-        """The system for one piece of work: a netlink handle (one dump per table), files, programs."""
+    def sources(self, memo: dict[str, Any] | None = None) -> Iterator[Sources]:
+        """The system for one piece of work: a netlink handle (one dump per table), files, programs.
+
+        `memo`: the memo of the piece of work this one belongs to (a transaction's worker).
+        """
         sources = Sources(
             CachedNetlink(self.netlink_factory()),
             self.files,
@@ -163,6 +166,7 @@ class Engine(Transacting):
             self.nft,
             state_dir=self.state.root,
             daemons=self.daemons,
+            memo={} if memo is None else memo,
         )
         try:
             yield sources
@@ -189,6 +193,18 @@ class Engine(Transacting):
             return None
         self._parsed = (key, parse_document(record["document"], f"revision {version}"))
         return self._parsed[1]
+
+    def _keep_parsed(self, document: DeviceState) -> None:
+        """The revision just committed is the applied one: keep `document` as its parse.
+
+        The revision file holds `document.canonical()`, so parsing it again would
+        give the same document; the key is the one `applied_revision` checks.
+        """
+        applied = self.state.applied()
+        version = int(applied.get("version", 0))
+        key = (version, applied.get("digest"), file_identity(self.state.revision_file(version)))
+        if key[2] is not None and document.metadata.version == version:
+            self._parsed = (key, document)
 
     # -- the console's management override (`trueup management set`) ---------------
     def managed_by(self) -> str | None:
