@@ -226,12 +226,12 @@ class DhcpSubsystem(Subsystem):
         return config, section, interfaces
 
     def _spec(self, sources: Sources, paths: KeaPaths, config: dict[str, Any]) -> DaemonSpec:
-        text = json.dumps(config, indent=2, sort_keys=True) + "\n"
         state_dir = sources.state_dir
 
         def before_start() -> None:
             # Every start begins from trueup's configuration: whatever the file holds
             # (an old HA configuration, an edit) is replaced, never the lease file.
+            text = json.dumps(config, indent=2, sort_keys=True) + "\n"
             write_atomic(paths.config, text.encode(), 0o600)
             make_socket_dir(paths)
 

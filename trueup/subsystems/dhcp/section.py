@@ -29,6 +29,7 @@ position (1-based) but should be written down, so reordering keeps leases.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from typing import Annotated, Literal
@@ -115,6 +116,12 @@ class Reservation(_Model):
         return self
 
 
+@functools.lru_cache(maxsize=4096)
+def _family(subnet: str) -> int:
+    """4 or 6 for a validated prefix (asked for every subnet on every compile: parsed once)."""
+    return ipaddress.ip_network(subnet).version
+
+
 class Subnet(_Model):
     id: Annotated[int, Field(ge=1, le=2**32 - 2)] | None = None
     subnet: Network
@@ -126,7 +133,7 @@ class Subnet(_Model):
 
     @property
     def family(self) -> int:
-        return ipaddress.ip_network(self.subnet).version
+        return _family(self.subnet)
 
     @model_validator(mode="after")
     def _inside(self) -> Subnet:
