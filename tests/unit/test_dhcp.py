@@ -38,13 +38,45 @@ def document(**dhcp: Any) -> Any:
 def test_section_errors_name_the_path() -> None:
     with pytest.raises(DocumentError) as bad:
         document(subnets=[{"subnet": "203.0.113.0/24", "pools": ["198.51.100.1-198.51.100.9"]}])
-    assert "spec.dhcp.subnets[0]" in str(bad.value) and "not inside" in str(bad.value)
+    assert bad.value.problems == [
+        "spec.dhcp.subnets[0].pools[0]: 198.51.100.1-198.51.100.9 is not inside 203.0.113.0/24"
+    ]
     with pytest.raises(DocumentError) as bad:
         document(subnets=[SUBNET, {**SUBNET, "subnet": "192.0.2.0/24", "pools": []}])
-    assert "id 7 is already used" in str(bad.value)
+    assert bad.value.problems == ["spec.dhcp.subnets[1].id: 7 is already used by subnets[0]"]
     with pytest.raises(DocumentError) as bad:
         document(ha={**HA, "this-server": "c"})
     assert "spec.dhcp.ha" in str(bad.value)
+
+
+def test_every_subnet_problem_is_reported_at_its_full_path() -> None:
+    outside = {
+        "id": 1,
+        "subnet": "203.0.113.0/24",
+        "pools": ["203.0.113.10-203.0.113.20", "192.0.2.1-192.0.2.9"],
+        "reservations": [{"hw-address": "02:00:00:00:00:aa", "ip-address": "198.51.100.20"}],
+    }
+    with pytest.raises(DocumentError) as bad:
+        document(subnets=[outside])
+    assert bad.value.problems == [
+        "spec.dhcp.subnets[0].pools[1]: 192.0.2.1-192.0.2.9 is not inside 203.0.113.0/24",
+        "spec.dhcp.subnets[0].reservations[0].ip-address: 198.51.100.20 is not inside "
+        "203.0.113.0/24",
+    ]
+
+
+def test_overlapping_subnets_are_refused() -> None:
+    inner = {"id": 2, "subnet": "203.0.113.128/25", "pools": ["203.0.113.200-203.0.113.210"]}
+    with pytest.raises(DocumentError) as bad:
+        document(subnets=[SUBNET, inner])
+    assert bad.value.problems == [
+        "spec.dhcp.subnets[1].subnet: 203.0.113.128/25 overlaps subnets[0] (203.0.113.0/24); "
+        "an address must belong to one subnet"
+    ]
+    # Different families, or disjoint prefixes, are fine.
+    v6 = {"id": 3, "subnet": "2001:db8:1::/64", "pools": ["2001:db8:1::100-2001:db8:1::1ff"]}
+    other = {"id": 4, "subnet": "198.51.100.0/24", "pools": []}
+    assert document(subnets=[SUBNET, v6, other]) is not None
 
 
 def test_the_compiled_config_has_ha_only_when_the_document_does(tmp_path: Path) -> None:
