@@ -153,3 +153,54 @@ def test_a_damaged_fence_record_counts_as_held(tmp_path: Path) -> None:
     (tmp_path / "fences" / "dhcp.json").write_text("{not json")
     fence = read_fence(tmp_path, "dhcp")
     assert fence is not None and "damaged" in fence.reason
+
+
+def test_cli_leases_without_dhcp_says_so_and_fails(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from trueup.cli.dhcp import dhcp_app
+
+    state = tmp_path / "state"
+    (state / "run" / "kea-dhcp6").mkdir(parents=True)  # an empty run directory is not DHCP
+    result = CliRunner().invoke(dhcp_app, ["leases", "--state-dir", str(state)])
+    assert result.exit_code == 1
+    assert f"trueup dhcp leases: no DHCP in {state}: trueup never ran Kea here" in result.output
+    assert "--state-dir" in result.output
+    assert list((state / "run").iterdir()) == [state / "run" / "kea-dhcp6"]
+
+
+def test_cli_leases_lists_expiry_in_utc(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from trueup.cli.dhcp import dhcp_app
+
+    run = tmp_path / "run" / "kea-dhcp4"
+    run.mkdir(parents=True)
+    (run / "kea-leases4.csv").write_text(
+        "address,hwaddr,client_id,valid_lifetime,expire,subnet_id,fqdn_fwd,fqdn_rev,"
+        "hostname,state,user_context,pool_id\n"
+        "203.0.113.100,02:00:00:00:00:01,,3600,1796055420,1,0,0,laptop,0,,0\n"
+    )
+    result = CliRunner().invoke(dhcp_app, ["leases", "--state-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "2026-11-30T16:17:00Z" in result.output
+    assert "1 lease(s) from dhcp4: memfile" in result.output
+
+
+def test_cli_fence_lift_with_no_fence_fails_and_changes_nothing(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from trueup.cli.dhcp import dhcp_app
+
+    result = CliRunner().invoke(dhcp_app, ["fence", "lift", "--state-dir", str(tmp_path)])
+    assert result.exit_code == 1
+    assert f"no dhcp fence is held in {tmp_path}" in result.output
+    assert "nothing was lifted" in result.output
+    assert list(tmp_path.iterdir()) == []  # no audit line, no fence directory
+    held = CliRunner().invoke(
+        dhcp_app, ["fence", "hold", "--reason", "restore", "--state-dir", str(tmp_path)]
+    )
+    assert held.exit_code == 0
+    assert f"no Kea runs from {tmp_path}" in held.output
+    lifted = CliRunner().invoke(dhcp_app, ["fence", "lift", "--state-dir", str(tmp_path)])
+    assert lifted.exit_code == 0 and "fence lifted (was held by" in lifted.output
