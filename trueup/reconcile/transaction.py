@@ -261,13 +261,28 @@ class Engine(Transacting):
             with self.sources() as opened:
                 return self.plan(document, opened)
         errors: dict[str, str] = {}
+        refused = self._preparation_failures(document)
         observed = self.observe(net, scope, errors=errors)
         return [
-            s.plan(s.desired(document, scope), observed[s.name], scope)
+            Plan(s.name, [], [], error=refused[s.name])
+            if s.name in refused
+            else s.plan(s.desired(document, scope), observed[s.name], scope)
             if s.name in observed
             else Plan(s.name, [], [errors[s.name]])
             for s in self.subsystems
         ]
+
+    def _preparation_failures(self, document: DeviceState) -> dict[str, str]:
+        """What an apply's preparation would refuse (an nft rule, …), so plan says it too."""
+        failures: dict[str, str] = {}
+        for sub in self.subsystems:
+            if type(sub).prepare is Subsystem.prepare or not sub.configured(document):
+                continue
+            try:
+                sub.prepare(document)
+            except Exception as exc:  # reported per subsystem, as an apply reports it
+                failures[sub.name] = f"preparation failed: {exc}"
+        return failures
 
     def differences(
         self,
