@@ -106,13 +106,14 @@ class Server:
         return tenant.devices[device]
 
 
-def _server(backend: str, db_url: str, key_file: Path) -> Iterator[Server]:
+def _server(backend: str, db_url: str, key_file: Path, **extra: Any) -> Iterator[Server]:
     settings = Settings(
         db_url=db_url,
         key_file=str(key_file),
         public_url="http://testserver",
         revision_poll_seconds=0.1,
         auth_cache_seconds=0.0,
+        **extra,
     )
     app = create_app(settings)
     with TestClient(app) as client:
@@ -140,15 +141,22 @@ def server(
 
 @pytest.fixture
 def isolated_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
-    """A server on a database of its own (for tests that tamper with the database)."""
-    backend = request.param
+    """A server on a database of its own (for tests that tamper with the database).
+
+    `request.param` is the backend, or (backend, {Settings field: value})."""
+    backend, extra = request.param if isinstance(request.param, tuple) else (request.param, {})
     if backend == "sqlite":
-        yield from _server(backend, f"sqlite:///{tmp_path}/server.db", tmp_path / "server.key")
+        yield from _server(
+            backend, f"sqlite:///{tmp_path}/server.db", tmp_path / "server.key", **extra
+        )
         return
     name = create_pg_database()
     try:
         yield from _server(
-            backend, f"postgresql://postgres@127.0.0.1:5432/{name}", tmp_path / "server.key"
+            backend,
+            f"postgresql://postgres@127.0.0.1:5432/{name}",
+            tmp_path / "server.key",
+            **extra,
         )
     finally:
         drop_pg_database(name)

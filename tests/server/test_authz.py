@@ -8,6 +8,8 @@ known to come from authorisation and not from a broken route.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import re
 from typing import Any
@@ -34,6 +36,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("put", "/api/v1/users/{user}/role"): {"role": "viewer"},
     ("post", "/api/v1/users/{user}/tokens"): {"label": "x"},
     ("post", "/api/v1/agent/report"): {"applied_version": 0},
+    ("post", "/api/v1/agent/backups"): "an opaque archive",
 }
 
 
@@ -50,11 +53,14 @@ def call(
 ) -> int:
     url = re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], path)
     body = BODIES.get((method, path))
+    content = json.dumps(body) if body is not None else None
     extra = {"If-Match": values["if_match"]} if path.endswith("/desired") else {}
+    if path == "/api/v1/agent/backups":
+        extra = {"X-Trueup-Backup-Sha256": hashlib.sha256((content or "").encode()).hexdigest()}
     response = server.client.request(
         method.upper(),
         url,
-        content=json.dumps(body) if body is not None else None,
+        content=content,
         headers={"content-type": "application/json", **extra, **headers},
     )
     return response.status_code
@@ -80,6 +86,17 @@ def test_every_route_refuses_the_wrong_callers(server: Server) -> None:
     }
     server.plane.put_desired(a_id, "edge-a", 0, document("edge-a"), author="test")
     values["if_match"] = "1"
+    archive = b"edge-a's archive"
+    values["backup_id"] = str(
+        server.plane.store_backup(
+            a_id,
+            server.plane.device_id(a_id, "edge-a"),
+            io.BytesIO(archive),
+            sha256=hashlib.sha256(archive).hexdigest(),
+            metadata={},
+            actor="test",
+        )["id"]
+    )
     spec = server.client.get("/openapi.json", headers=a.auth("viewer")).json()
     matrix = operations(spec)
     assert len(matrix) >= 25
@@ -138,9 +155,13 @@ def _wrong_tenant_sees_nothing(server: Server, a: Tenant, b: Tenant) -> None:
 def _right_callers_pass(
     server: Server, a: Tenant, matrix: list[tuple[str, str, str]], values: dict[str, str]
 ) -> None:
-    # Routes that revoke credentials go last.
-    last = ("/api/v1/devices/{device}/enrollment", "/api/v1/tokens/{token_id}/revoke")
-    ordered = sorted(matrix, key=lambda op: op[1] in last)
+    # Routes that revoke credentials, or delete what other routes read, go last.
+    last = (
+        "/api/v1/devices/{device}/enrollment",
+        "/api/v1/tokens/{token_id}/revoke",
+        "/api/v1/devices/{device}/backups/{backup_id}",
+    )
+    ordered = sorted(matrix, key=lambda op: (op[1] in last, op[0] == "delete"))
     a_id = server.plane.tenant_id(a.name)
     for method, path, role in ordered:
         where = f"{method.upper()} {path} ({role})"

@@ -7,6 +7,9 @@ path as a local apply) and reports whatever `snapshot()` returns. While the
 control plane is unreachable the agent keeps enforcing its last accepted
 revision; the loop only backs off (exponential, full jitter) and reconnects.
 
+`upload_backup(path, metadata)` sends a backup archive of this device (streamed,
+retried while the control plane is unavailable).
+
 Errors::
 
     ControlPlaneError
@@ -14,21 +17,22 @@ Errors::
     └── ControlPlaneRefused       4xx: the credential is revoked, the request bad, …
 
 Why this module is over 400 lines: the control-plane client (TLS pinning,
-enrollment, long-poll, reports) and the sync loop that drives it share one
+enrollment, long-poll, reports, backup upload) and the sync loop that drives it share one
 error vocabulary.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
 import httpx
@@ -145,7 +149,7 @@ class ControlPlaneClient:
     ) -> httpx.Response:
         if self.url is None:
             raise ControlPlaneRefused(0, "no control-plane URL configured")
-        headers = {"Authorization": f"Bearer {self.token()}"}
+        headers = {"Authorization": f"Bearer {self.token()}", **kwargs.pop("headers", {})}
         try:
             response = self._http().request(
                 method,
@@ -225,6 +229,73 @@ class ControlPlaneClient:
     def secrets(self) -> dict[str, Any]:
         """This device's secrets: `{"secrets": {name: value}, "refused": [...]}`."""
         return dict(self._request("GET", "/api/v1/agent/secrets").json())
+
+    def upload_backup(
+        self,
+        path: str | Path,
+        metadata: dict[str, Any] | None = None,
+        *,
+        attempts: int = 5,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> dict[str, Any]:
+        """Upload a backup archive of this device; the control plane's summary of it.
+
+        The file is read twice, chunk by chunk, never whole: once for its sha256
+        (sent as X-Trueup-Backup-Sha256, which the control plane checks), once as
+        the body, with its Content-Length so that an archive over the server's limit
+        is refused (413) before it is sent. `metadata` (format_version, created_at,
+        agent_version, applied_revision, with_leases) goes along as JSON. An
+        unavailable control plane (network, 503, …) is retried `attempts` times with
+        exponential backoff; a refusal (4xx) is raised at once (ControlPlaneRefused).
+        """
+        archive = Path(path)
+        try:
+            digest, size = _file_sha256(archive)
+        except OSError as exc:
+            raise ControlPlaneRefused(0, f"cannot read {archive}: {exc.strerror}") from None
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "Content-Length": str(size),
+            "X-Trueup-Backup-Sha256": digest,
+        }
+        if metadata:
+            headers["X-Trueup-Backup-Metadata"] = json.dumps(metadata, separators=(",", ":"))
+        backoff = _Backoff(1.0, 30.0)
+        for attempt in range(1, attempts + 1):
+            try:
+                with archive.open("rb") as body:
+                    response = self._request(
+                        "POST",
+                        "/api/v1/agent/backups",
+                        content=_chunks(body),
+                        headers=headers,
+                        timeout=max(self.timeout, 60.0),
+                    )
+                return dict(response.json())
+            except ControlPlaneUnavailable as exc:
+                if attempt == attempts:
+                    raise
+                delay = backoff.next_delay()
+                log.warning("backup upload: %s; retrying in %.1f s", exc, delay)
+                sleep(delay)
+        raise AssertionError("unreachable")
+
+
+_UPLOAD_CHUNK = 1024 * 1024
+
+
+def _file_sha256(path: Path) -> tuple[str, int]:
+    digest, size = hashlib.sha256(), 0
+    with path.open("rb") as f:
+        while chunk := f.read(_UPLOAD_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def _chunks(body: BinaryIO) -> Iterator[bytes]:
+    while chunk := body.read(_UPLOAD_CHUNK):
+        yield chunk
 
 
 def _digest(value: Any) -> str:

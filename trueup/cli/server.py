@@ -152,6 +152,15 @@ def run(
     workers: int = typer.Option(1, "--workers", min=1, help="server processes (share the DB)"),
     stale_intervals: int = typer.Option(3, "--stale-intervals", min=1),
     ingest: str = typer.Option("batch", "--ingest", help="batch (default) or naive"),
+    backup_keep: int = typer.Option(
+        10, "--backup-keep", min=1, help="backups each device keeps (the newest)"
+    ),
+    backup_max_mib: int = typer.Option(
+        256, "--backup-max-mib", min=1, help="largest backup upload, MiB"
+    ),
+    spool_dir: str = typer.Option(
+        "", "--spool-dir", help="where uploads are spooled (default: beside the key file)"
+    ),
     log_level: str = typer.Option("warning", "--log-level"),
 ) -> None:
     """Serve the control plane API."""
@@ -183,6 +192,9 @@ def run(
         stale_intervals=stale_intervals,
         ingest_mode=ingest,
         migrate=False,
+        backup_keep=backup_keep,
+        backup_max_bytes=backup_max_mib * 1024 * 1024,
+        spool_dir=spool_dir,
     )
     os.environ[SETTINGS_ENV] = settings.to_env()
     uvicorn.run(

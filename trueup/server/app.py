@@ -35,12 +35,20 @@ from trueup.server.api.context import MAX_PROBLEMS, Api, problems
 from trueup.server.api.edge import EdgeMiddleware
 from trueup.server.api.metrics import MeasureMiddleware, Metrics
 from trueup.server.api.models import AgentReport
-from trueup.server.api.routes import agents, devices, identity, probes, revisions, secrets
+from trueup.server.api.routes import (
+    agents,
+    backups,
+    devices,
+    identity,
+    probes,
+    revisions,
+    secrets,
+)
 from trueup.server.api.watcher import RevisionWatcher
 from trueup.server.db import Database, is_unavailable
 from trueup.server.ingest import ReportIngest
 from trueup.server.keys import load_or_create_server_key
-from trueup.server.limits import excerpt
+from trueup.server.limits import BACKUP_BODY_BYTES, BACKUP_KEEP, excerpt
 from trueup.server.service import Conflict, ControlPlane, Invalid, NotFound
 
 __all__ = ["SETTINGS_ENV", "AgentReport", "Settings", "create_app", "create_app_from_env"]
@@ -60,6 +68,11 @@ class Settings:
     revision_poll_seconds: float = 0.5
     auth_cache_seconds: float = 2.0
     migrate: bool = True
+    # Device backups: the upload's body limit, how many each device keeps (the newest),
+    # and where uploads are spooled while they are hashed ("": beside the key file).
+    backup_max_bytes: int = BACKUP_BODY_BYTES
+    backup_keep: int = BACKUP_KEEP
+    spool_dir: str = ""
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -136,6 +149,7 @@ def create_app(settings: Settings) -> FastAPI:
         load_or_create_server_key(Path(settings.key_file)),
         stale_intervals=settings.stale_intervals,
         auth_cache_seconds=settings.auth_cache_seconds,
+        backup_keep=settings.backup_keep,
     )
     ingest = ReportIngest(
         database,
@@ -151,6 +165,8 @@ def create_app(settings: Settings) -> FastAPI:
         watcher=watcher,
         metrics=metrics,
         public_url=settings.public_url,
+        backup_max_bytes=settings.backup_max_bytes,
+        spool_dir=settings.spool_dir or str(Path(settings.key_file).resolve().parent),
     )
 
     @asynccontextmanager
@@ -179,7 +195,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(EdgeMiddleware, router=app.router, authenticate=api.authenticate)
     app.add_middleware(MeasureMiddleware, metrics=metrics)
     _add_error_handlers(app, metrics)
-    for area in (probes, devices, revisions, secrets, identity, agents):
+    for area in (probes, devices, revisions, secrets, identity, agents, backups):
         area.register(app, api)
     _with_report_schemas(app)
     return app

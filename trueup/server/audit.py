@@ -6,7 +6,8 @@ writer, the replay and the checks together keeps what an entry records and
 what verification expects in one place.
 
 Every write the control plane makes (tenant, user, role change, token,
-enrollment, credential, revision, acknowledgement, secret) appends one row in
+enrollment, credential, revision, acknowledgement, secret, backup upload and
+delete) appends one row in
 the same transaction as the write itself. Each row's hash is an HMAC, keyed by
 the server key, over its fields and the previous row's hash; `audit_head`
 holds the newest (seq, hash) and is row-locked by every writer, so the chain
@@ -30,7 +31,8 @@ a role raised, does not authenticate.
 to compare every live row with what was audited: tenants, users (tenant,
 name, role), devices (tenant, name, desired version), tokens (tenant, kind,
 user, device, hash, revocation, seal), revisions (content, and that every
-audited revision still exists), acknowledgements and secrets. Entries written
+audited revision still exists), acknowledgements, secrets and device backups
+(every stored one audited with its sha256 and size, none deleted unaudited). Entries written
 by an older trueup that lack a field are reported as "not covered"
 (`AuditProblem.gap`), not as tampering.
 """
@@ -48,7 +50,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, func, select, update
 
 from trueup.model.digests import canonical_json
 from trueup.model.document import DocumentError, document_digest, parse_document
@@ -58,6 +60,8 @@ from trueup.server.tables import (
     acks,
     audit_head,
     audit_log,
+    backup_chunks,
+    backups,
     devices,
     revisions,
     secrets,
@@ -475,6 +479,9 @@ class _Facts:
     revisions: dict[tuple[int, int], tuple[int, str]] = field(default_factory=dict)
     acks: dict[int, tuple[int, int | None, str | None, float | None]] = field(default_factory=dict)
     secrets: dict[str, tuple[int, int | None, int | None, str | None]] = field(default_factory=dict)
+    # backup id -> (seq, tenant, device, sha256, size); deleted ones -> the deleting seq
+    backups: dict[int, tuple[int, int | None, int, str, int]] = field(default_factory=dict)
+    deleted_backups: dict[int, int] = field(default_factory=dict)
     user_ids: dict[tuple[int | None, str], int] = field(default_factory=dict)
     device_ids: dict[tuple[int | None, str], int] = field(default_factory=dict)
 
@@ -582,6 +589,22 @@ def _apply(facts: _Facts, entry: Any, detail: dict[str, Any]) -> None:
         facts.secrets[secret_id] = (seq, tenant_id, facts.device_of(entry, detail), name)
     elif action == "audit.seal":
         _apply_seal(facts, seq, detail)
+    elif action in ("backup.upload", "backup.delete"):
+        _apply_backup(facts, entry, detail)
+
+
+def _apply_backup(facts: _Facts, entry: Any, detail: dict[str, Any]) -> None:
+    backup_id = _int(detail, "backup_id", required=True)
+    device_id = _int(detail, "device_id", required=True)
+    assert backup_id is not None and device_id is not None
+    if entry["action"] == "backup.delete":
+        facts.backups.pop(backup_id, None)
+        facts.deleted_backups[backup_id] = entry["seq"]
+        return
+    sha256 = _str(detail, "sha256", required=True)
+    size = _int(detail, "size", required=True)
+    assert sha256 is not None and size is not None
+    facts.backups[backup_id] = (entry["seq"], entry["tenant_id"], device_id, sha256, size)
 
 
 def _apply_seal(facts: _Facts, seq: int, detail: dict[str, Any]) -> None:
@@ -1039,6 +1062,64 @@ def _check_secrets(conn: Connection, _key: ServerKey, facts: _Facts) -> list[Aud
     return problems
 
 
+def _check_backups(conn: Connection, _key: ServerKey, facts: _Facts) -> list[AuditProblem]:
+    """Every stored backup audited as uploaded (tenant, device, sha256, size, and its chunks
+    adding up to the size); every audited upload not audited as deleted still present."""
+    problems = []
+    stored = dict(
+        conn.execute(
+            select(backup_chunks.c.backup_id, func.sum(func.length(backup_chunks.c.data))).group_by(
+                backup_chunks.c.backup_id
+            )
+        ).all()
+    )
+    live = set()
+    for row in conn.execute(select(backups).order_by(backups.c.id)).mappings():
+        live.add(row["id"])
+        name = f"id={row['id']}"
+        fact = facts.backups.get(row["id"])
+        if fact is None:
+            deleted = facts.deleted_backups.get(row["id"])
+            problems.append(
+                _not_audited("backups", name)
+                if deleted is None
+                else AuditProblem(
+                    "backups", name, f"deleted at seq={deleted} but still present (restored)"
+                )
+            )
+            continue
+        seq, tenant_id, device_id, sha256, size = fact
+        for what, audited in (
+            ("tenant_id", tenant_id),
+            ("device_id", device_id),
+            ("sha256", sha256),
+            ("size", size),
+        ):
+            if audited is not None and row[what] != audited:
+                problems.append(_differs("backups", name, what, row[what], audited, seq))
+        content = int(stored.get(row["id"]) or 0)
+        if content != size:
+            problems.append(
+                AuditProblem(
+                    "backups",
+                    name,
+                    f"its chunks hold {content} bytes but {size} were audited at seq={seq} "
+                    "(content changed behind the server's back)",
+                )
+            )
+    for backup_id, (seq, *_rest) in sorted(facts.backups.items()):
+        if backup_id not in live:
+            problems.append(
+                AuditProblem(
+                    "backups",
+                    f"id={backup_id}",
+                    f"uploaded at seq={seq}, never audited as deleted, but missing (deleted "
+                    "behind the server's back)",
+                )
+            )
+    return problems
+
+
 _LIVE_CHECKS: dict[str, Callable[[Connection, ServerKey, _Facts], list[AuditProblem]]] = {
     "tenants": _check_tenants,
     "users": _check_users,
@@ -1047,6 +1128,7 @@ _LIVE_CHECKS: dict[str, Callable[[Connection, ServerKey, _Facts], list[AuditProb
     "revisions": _check_revisions,
     "acks": _check_acks,
     "secrets": _check_secrets,
+    "backups": _check_backups,
 }
 
 

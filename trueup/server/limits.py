@@ -30,6 +30,11 @@ from trueup.model.limits import (
 __all__ = [
     "ACTION_LENGTH",
     "ACTOR_LENGTH",
+    "AGENT_VERSION_LENGTH",
+    "BACKUP_BODY_BYTES",
+    "BACKUP_CHUNK_BYTES",
+    "BACKUP_KEEP",
+    "BACKUP_METADATA_LENGTH",
     "CONTROL_CHARACTERS",
     "DEFAULT_BODY_BYTES",
     "DEVICE_NAME_LENGTH",
@@ -74,6 +79,15 @@ QUERY_LENGTH = 200  # free-form query parameters (filters)
 DEFAULT_BODY_BYTES = 64 * 1024
 # A secret value of 65,536 characters, JSON-escaped (`\uXXXX` is 6 bytes a character).
 SECRET_BODY_BYTES = 6 * SECRET_VALUE_LENGTH + 1024
+
+# Device backups (service/backups.py): the upload's body limit (configurable, Settings),
+# the chunk rows the content is stored in, the per-device retention, and the metadata the
+# uploader sends as one JSON header.
+BACKUP_BODY_BYTES = 256 * 1024 * 1024
+BACKUP_CHUNK_BYTES = 1024 * 1024
+BACKUP_KEEP = 10
+BACKUP_METADATA_LENGTH = 4096
+AGENT_VERSION_LENGTH = 64
 
 assert len("device:") + NAME_LENGTH + 1 + DEVICE_NAME_LENGTH <= ACTOR_LENGTH
 assert len("user:") + 2 * NAME_LENGTH + 1 <= ACTOR_LENGTH

@@ -9,6 +9,7 @@ request models use too: what the API accepts fits these columns.
 from __future__ import annotations
 
 from sqlalchemy import (
+    BigInteger,
     Column,
     Float,
     ForeignKey,
@@ -40,6 +41,8 @@ __all__ = [
     "acks",
     "audit_head",
     "audit_log",
+    "backup_chunks",
+    "backups",
     "device_reports",
     "device_state",
     "devices",
@@ -208,4 +211,32 @@ audit_head = Table(
     Column("id", Integer, primary_key=True, autoincrement=False),
     Column("seq", Integer, nullable=False),
     Column("row_hash", String(64), nullable=False),
+)
+
+# Device backups (migration 0005): opaque archives the agents upload, kept per device
+# (the newest `backup_keep`). The content is in `backup_chunks`, one row per
+# BACKUP_CHUNK_BYTES, so no single value comes near PostgreSQL's limits and neither
+# upload nor download holds a whole archive in memory (docs/control-plane.md, Backups).
+backups = Table(
+    "backups",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("tenant_id", Integer, ForeignKey("tenants.id"), nullable=False),
+    Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
+    # When the archive was made (the uploader's metadata), and when it arrived.
+    Column("created_at", Float, nullable=True),
+    Column("uploaded_at", Float, nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("sha256", String(64), nullable=False),
+    # The uploader's metadata as JSON (at most BACKUP_METADATA_LENGTH characters).
+    Column("metadata", Text, nullable=False, key="meta"),
+    Index("ix_backups_device", "device_id", "id"),
+)
+
+backup_chunks = Table(
+    "backup_chunks",
+    metadata,
+    Column("backup_id", Integer, ForeignKey("backups.id"), primary_key=True),
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("data", LargeBinary, nullable=False),
 )

@@ -15,7 +15,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from trueup.model.report import AgentReport, OverrideReport, SubsystemReport
 from trueup.server.limits import (
+    AGENT_VERSION_LENGTH,
     DEVICE_NAME_LENGTH,
+    MAX_INT32,
+    MAX_VERSION,
     NAME_LENGTH,
     SECRET_VALUE_LENGTH,
     SUBSYSTEM_LENGTH,
@@ -30,6 +33,7 @@ __all__ = [
     "NAME",
     "AckCreate",
     "AgentReport",
+    "BackupMetadata",
     "DeviceCreate",
     "OverrideReport",
     "RoleChange",
@@ -95,3 +99,18 @@ class AckCreate(BaseModel):
 class SecretPut(BaseModel):
     model_config = ConfigDict(extra="forbid")
     value: str = Field(max_length=SECRET_VALUE_LENGTH)
+
+
+class BackupMetadata(BaseModel):
+    """What an uploading agent says about its archive (`X-Trueup-Backup-Metadata`, JSON).
+
+    Every field is optional; the archive itself is opaque to the control plane."""
+
+    model_config = ConfigDict(extra="forbid")
+    format_version: int | None = Field(None, ge=1, le=MAX_INT32)
+    created_at: float | None = Field(None, ge=0, allow_inf_nan=False)
+    agent_version: (
+        Annotated[str, Field(max_length=AGENT_VERSION_LENGTH), AfterValidator(_check_label)] | None
+    ) = None
+    applied_revision: int | None = Field(None, ge=0, le=MAX_VERSION)
+    with_leases: bool | None = None

@@ -14,6 +14,7 @@ One unit per job, each over the shared `Store`; `ControlPlane` composes them::
     revisions.py    DesiredRevisions: put_desired (If-Match), history, the long-poll lookups
     secrets.py      TenantSecrets: sealed per tenant, opened only for their device
     fleetview.py    Fleet: derived fleet state, reports, acknowledgements
+    backups.py      DeviceBackups: archives agents upload, per-device retention, downloads
     audittrail.py   AuditTrail: list a tenant's entries, verify the chain
     plane.py        ControlPlane: the units composed, one flat API
 
@@ -22,11 +23,13 @@ from another is passed in, like `credentials_changed`.
 """
 
 from trueup.server.service.auth import Principal
+from trueup.server.service.backups import BackupGone
 from trueup.server.service.errors import Conflict, Invalid, NotFound, ServiceError, Unauthorized
 from trueup.server.service.plane import ControlPlane
 from trueup.server.service.revisions import Revision
 
 __all__ = [
+    "BackupGone",
     "Conflict",
     "ControlPlane",
     "Invalid",

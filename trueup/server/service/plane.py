@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from trueup.server.db import Database
 from trueup.server.keys import ServerKey
+from trueup.server.limits import BACKUP_KEEP
 from trueup.server.service.audittrail import AuditTrail
 from trueup.server.service.auth import Authenticator
+from trueup.server.service.backups import DeviceBackups
 from trueup.server.service.enrollment import Enrollment
 from trueup.server.service.fleetview import Fleet
 from trueup.server.service.identity import Identity
@@ -32,6 +34,7 @@ class ControlPlane:
         *,
         stale_intervals: int = 3,
         auth_cache_seconds: float = 2.0,
+        backup_keep: int = BACKUP_KEEP,
     ) -> None:
         self.db = database
         self.key = server_key
@@ -43,6 +46,7 @@ class ControlPlane:
         self.tenant_secrets = TenantSecrets(store)
         self.fleet_view = Fleet(store, stale_intervals=stale_intervals)
         self.audit_trail = AuditTrail(store)
+        self.device_backups = DeviceBackups(store, keep=backup_keep)
 
         # identity: tenants, users, roles, user tokens
         self.tenant_id = self.identity.tenant_id
@@ -78,6 +82,12 @@ class ControlPlane:
         self.last_report = self.fleet_view.last_report
         self.report_history = self.fleet_view.report_history
         self.acknowledge = self.fleet_view.acknowledge
+        # device backups
+        self.store_backup = self.device_backups.store_backup
+        self.backups = self.device_backups.backups
+        self.backup = self.device_backups.backup
+        self.backup_content = self.device_backups.backup_content
+        self.delete_backup = self.device_backups.delete_backup
         # the audit log
         self.audit_entries = self.audit_trail.audit_entries
         self.verify_audit = self.audit_trail.verify_audit
