@@ -83,12 +83,15 @@ class Analysis:
         needed = {CONFIG} if mode == "config-only" else {CONFIG, LEASES, DNS}
         out = [p for p in self.problems if p.component is None or p.component in needed]
         if mode == "full" and not self.components.get(LEASES, {}).get("present"):
+            asked = self.manifest is not None and LEASES in self.manifest.components
+            why = (
+                "no Kea ran on the router when it was made"
+                if asked
+                else "made without --with-leases"
+            )
             out.append(
                 Problem(
-                    LEASES + "/",
-                    "component_absent",
-                    "the archive holds no leases (made without --with-leases)",
-                    LEASES,
+                    LEASES + "/", "component_absent", f"the archive holds no leases ({why})", LEASES
                 )
             )
         return out
@@ -366,6 +369,8 @@ def _check_audit(analysis: Analysis, kept: dict[str, bytes]) -> None:
     prev = proof.get("first_prev")
     seq = None
     count = 0
+    anchor = proof.get("anchor") or {}
+    anchored = False
     for number, raw in enumerate(lines_raw.splitlines(), 1):
         try:
             record = json.loads(raw)
@@ -385,14 +390,14 @@ def _check_audit(analysis: Analysis, kept: dict[str, bytes]) -> None:
             )
             return
         prev, seq, count = record["hash"], record["seq"], count + 1
-    anchor = proof.get("anchor") or {}
-    if count and (anchor.get("hash") != prev or anchor.get("seq") != seq):
+        anchored = anchored or (anchor.get("seq"), anchor.get("hash")) == (seq, prev)
+    if count and not anchored:
         analysis.problems.append(
             Problem(
                 "audit/proof.json",
                 "audit_chain_broken",
-                f"the excerpt ends at seq {seq}, not at the anchor recorded at backup time "
-                f"(seq {anchor.get('seq')})",
+                f"the excerpt (to seq {seq}) does not reach the anchor recorded at backup "
+                f"time (seq {anchor.get('seq')})",
                 AUDIT,
             )
         )

@@ -76,11 +76,15 @@ class ArchiveWriter:
         staged = self._staging / f"{len(self._entries):06d}"
         digest = hashlib.sha256()
         size = 0
-        with open(staged, "xb") as handle:
-            for chunk in chunks:
-                digest.update(chunk)
-                size += len(chunk)
-                handle.write(chunk)
+        try:
+            with open(staged, "xb") as handle:
+                for chunk in chunks:
+                    digest.update(chunk)
+                    size += len(chunk)
+                    handle.write(chunk)
+        except BaseException:
+            staged.unlink(missing_ok=True)  # a source that failed half-way leaves nothing staged
+            raise
         entry = Entry(path, digest.hexdigest(), size, generation)
         self._entries.append((entry, staged))
         return entry
