@@ -1,18 +1,47 @@
 #!/usr/bin/env bash
 # `make demo`: a real trueup agent in a network namespace, reachable from an
 # operator namespace over a veth, plus a control plane on SQLite with a
-# simulated fleet. `make demo-stop` (or `scripts/demo.sh stop`) removes it all.
+# simulated fleet. The router runs trueup's firewall, Kea DHCP and Knot DNS; a
+# DHCP client in a LAN namespace gets a lease and its name resolves.
+# `make demo-stop` (or `scripts/demo.sh stop`) removes it all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
 DEMO="$ROOT/demo-state"
 NS=trueup-demo
 OPNS=trueup-demo-op
+LANNS=trueup-demo-lan
 PY="$ROOT/.venv/bin/python"
 TRUEUP="$ROOT/.venv/bin/trueup"
 CP_PORT=8780
 
 stop() {
+  # Kea and Knot outlive the agent by design (DHCP goes on serving): stop them
+  # by the verified pids of their supervisor records, never by name.
+  if [ -d "$DEMO/agent/run" ] && [ -x "$PY" ]; then
+    PYTHONPATH="$ROOT" "$PY" - "$DEMO/agent/run" <<'PY' || true
+import hashlib, json, os, shutil, signal, sys
+from pathlib import Path
+from trueup.system.daemon import verified_pid
+from trueup.system.kea import kea_paths
+run = Path(sys.argv[1])
+for record in sorted(run.glob("*/*.pid")):
+    try:
+        pid = verified_pid(json.loads(record.read_text()))
+    except (OSError, ValueError):
+        continue
+    if pid is not None:
+        os.kill(pid, signal.SIGKILL)
+for family in (4, 6):
+    socket_dir = kea_paths(run / f"kea-dhcp{family}", family).socket.parent
+    if socket_dir != run / f"kea-dhcp{family}":  # a long path's socket lives under /run/trueup
+        shutil.rmtree(socket_dir, ignore_errors=True)
+knot = run / "knot"
+if len(str(knot / "knot.sock")) > 100:  # as trueup.system.knot.knot_paths places it
+    digest = hashlib.sha256(str(knot).encode()).hexdigest()[:12]
+    shutil.rmtree(Path("/run/trueup") / f"knot-{digest}", ignore_errors=True)
+PY
+  fi
   for pidfile in "$DEMO"/*.pid; do
     [ -e "$pidfile" ] || continue
     pid=$(cat "$pidfile")
@@ -23,11 +52,12 @@ stop() {
   done
   ip netns del "$NS" 2>/dev/null || true
   ip netns del "$OPNS" 2>/dev/null || true
+  ip netns del "$LANNS" 2>/dev/null || true
 }
 
 if [ "${1:-}" = "stop" ]; then
   stop
-  echo "trueup demo stopped and removed (namespaces $NS, $OPNS; state kept in $DEMO)"
+  echo "trueup demo stopped and removed (namespaces $NS, $OPNS, $LANNS; Kea and Knot; state kept in $DEMO)"
   exit 0
 fi
 
@@ -40,9 +70,10 @@ stop
 rm -rf "$DEMO"
 mkdir -p "$DEMO"
 
-# The router: mgmt0 towards the operator, lan0 towards a LAN (its peer up in place).
+# The router: mgmt0 towards the operator, lan0 towards a LAN namespace with a DHCP client.
 ip netns add "$NS"
 ip netns add "$OPNS"
+ip netns add "$LANNS"
 ip -n "$NS" link set lo up
 ip -n "$NS" link add mgmt0 type veth peer name op0
 ip -n "$NS" link set op0 netns "$OPNS"
@@ -50,7 +81,9 @@ ip -n "$OPNS" link set lo up
 ip -n "$OPNS" addr add 198.51.100.1/24 dev op0
 ip -n "$OPNS" link set op0 up
 ip -n "$NS" link add lan0 type veth peer name lan0p
-ip -n "$NS" link set lan0p up
+ip -n "$NS" link set lan0p netns "$LANNS"
+ip -n "$LANNS" link set lo up
+ip -n "$LANNS" link set lan0p up
 
 cat > "$DEMO/desired.yaml" <<'YAML'
 apiVersion: trueup/v1
@@ -68,6 +101,40 @@ spec:
   routes:
     - {to: 192.0.2.0/24, via: 203.0.113.254}
     - {to: 192.0.2.0/25, via: 203.0.113.253, table: wan2}
+  firewall:
+    chains:
+      - name: input
+        type: filter
+        hook: input
+        priority: 0
+        policy: drop
+        rules:
+          - ct state established,related accept
+          - iifname "lo" accept
+          - iifname "mgmt0" tcp dport 7443 accept
+          - meta l4proto { icmp, ipv6-icmp } accept
+          - iifname "lan0" udp dport 67 accept
+          - iifname "lan0" meta l4proto { tcp, udp } th dport 53 accept
+  dhcp:
+    interfaces: [lan0]
+    lifetimes: {valid: 3600, renew: 900, rebind: 1800}
+    options: {domain-name-servers: [203.0.113.1], domain-name: lan.test}
+    subnets:
+      - id: 1
+        subnet: 203.0.113.0/24
+        pools: [203.0.113.100-203.0.113.150]
+        options: {routers: 203.0.113.1}
+        reservations:
+          - {hw-address: "02:00:00:00:00:aa", ip-address: 203.0.113.20, hostname: printer}
+  dns:
+    zone: lan.test
+    listen: [203.0.113.1]
+    records:
+      - {name: router, type: A, value: 203.0.113.1}
+      - {name: router, type: AAAA, value: "2001:db8:1::1"}
+      - {name: printer, type: A, value: 203.0.113.20}
+    reverse: [203.0.113.0/24]
+    leases: {ttl: 60}
   convergence:
     default: auto
 YAML
@@ -102,9 +169,38 @@ done
 
 R="ip netns exec $NS $TRUEUP"
 S="--state-dir $DEMO/agent"
+KNOTSOCK=$(PYTHONPATH="$ROOT" "$PY" -c 'import sys; from pathlib import Path; from trueup.system.knot import knot_paths; print(knot_paths(Path(sys.argv[1])).socket)' "$DEMO/agent/run/knot")
+KDIG="ip netns exec $LANNS kdig +short +time=2 +retry=0 @203.0.113.1"
+
+# A DHCP client on the LAN: udhcpc asks the router's Kea for a lease as "laptop",
+# and the router's Knot answers for that name once the lease shows up (5 s look).
+for _ in $(seq 300); do
+  [ -s "$DEMO/agent/run/kea-dhcp4/kea-dhcp4.pid" ] && break
+  sleep 0.1
+done
+LEASE=$(ip netns exec "$LANNS" udhcpc -i lan0p -n -q -f -t 5 -T 2 -s /bin/true \
+          -x hostname:laptop 2>&1 | sed -n 's/.*lease of \([0-9.]*\) obtained.*/\1/p' | head -1 || true)
+ANSWER=""
+if [ -n "$LEASE" ]; then
+  ip -n "$LANNS" addr add "$LEASE/24" dev lan0p
+  for _ in $(seq 150); do
+    ANSWER=$($KDIG laptop.lan.test A 2>/dev/null | grep -v '^;;' || true)
+    [ -n "$ANSWER" ] && break
+    sleep 0.1
+  done
+fi
+
 echo
 echo "=== trueup demo: an agent runs in namespace $NS ==="
 $R status $S || true
+echo
+echo "--- firewall: table inet trueup, from spec.firewall (ip netns exec $NS nft list table inet trueup)"
+ip netns exec "$NS" nft list table inet trueup 2>&1 | sed 's/^/  /' || true
+echo "--- DHCP: udhcpc in namespace $LANNS asked for a lease as \"laptop\""
+if [ -n "$LEASE" ]; then echo "  got $LEASE"; else echo "  no lease (see $DEMO/agent.log)"; fi
+$R dhcp leases $S 2>&1 | sed 's/^/  /' || true
+echo "--- DNS: kdig @203.0.113.1 laptop.lan.test (from $LANNS)"
+if [ -n "$ANSWER" ]; then echo "  $ANSWER"; else echo "  no answer yet (records follow leases every 5 s)"; fi
 cat <<TXT
 
 Try next (as root):
@@ -119,6 +215,28 @@ Try next (as root):
   $R apply $DEMO/desired.yaml $S                       # managed by the control plane: exit 4, needs --override
   $R apply $DEMO/desired.yaml --override "lab test" $S # a reported local override until the next revision
   $R rollback $S                                       # same checks as apply (management guard, override)
+
+Firewall (table inet trueup; every other table is left alone):
+  ip netns exec $NS nft add rule inet trueup input tcp dport 23 accept   # drift: healed at once (auto)
+  ip netns exec $NS nft list chain inet trueup input   # the rule is gone again
+  $R status $S -o json | grep -A12 '"last_drift"'      # what changed and who (nft monitor)
+  $R ack firewall --for 10m --reason "lab" $S          # now add the rule again: reported, not healed
+  $R drift $S                                          # STATE_DRIFT_DETECTED spec.firewall.chains[input].rules[6], exit 2
+  $R reconcile --subsystem firewall $S                 # heal it now
+  ip netns exec $NS nft add table inet mine            # not trueup's: listed as unmanaged, never touched
+  sed 's/ accept$/ acept/' $DEMO/desired.yaml > /tmp/typo.yaml; $R plan /tmp/typo.yaml $S   # nft names the rule's path, exit 1
+
+DHCP (Kea, run by the agent) and DNS (Knot, records from the leases):
+  $R dhcp leases $S                                    # read-only, even with Kea or the agent stopped
+  $R dhcp fence hold --reason "restore running" $S     # Kea hands out no lease; status shows dhcp fenced
+  ip netns exec $LANNS udhcpc -i lan0p -n -q -f -t 2 -T 2 -s /bin/true -x hostname:tablet   # no lease
+  $R dhcp fence show $S
+  $R dhcp fence lift --reason "restore verified" $S    # the same udhcpc now gets a lease
+  $KDIG laptop.lan.test                 # a lease's name
+  $KDIG -x ${LEASE:-203.0.113.100}                 # and its PTR
+  $KDIG printer.lan.test                # a static record
+  ip netns exec $NS knotc -s $KNOTSOCK zone-read lan.test   # edits here are drift
+
   $R evidence --out /tmp/trueup-evidence.tar.gz $S
   $R doctor $S
   $R audit verify $S

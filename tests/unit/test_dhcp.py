@@ -38,13 +38,45 @@ def document(**dhcp: Any) -> Any:
 def test_section_errors_name_the_path() -> None:
     with pytest.raises(DocumentError) as bad:
         document(subnets=[{"subnet": "203.0.113.0/24", "pools": ["198.51.100.1-198.51.100.9"]}])
-    assert "spec.dhcp.subnets[0]" in str(bad.value) and "not inside" in str(bad.value)
+    assert bad.value.problems == [
+        "spec.dhcp.subnets[0].pools[0]: 198.51.100.1-198.51.100.9 is not inside 203.0.113.0/24"
+    ]
     with pytest.raises(DocumentError) as bad:
         document(subnets=[SUBNET, {**SUBNET, "subnet": "192.0.2.0/24", "pools": []}])
-    assert "id 7 is already used" in str(bad.value)
+    assert bad.value.problems == ["spec.dhcp.subnets[1].id: 7 is already used by subnets[0]"]
     with pytest.raises(DocumentError) as bad:
         document(ha={**HA, "this-server": "c"})
     assert "spec.dhcp.ha" in str(bad.value)
+
+
+def test_every_subnet_problem_is_reported_at_its_full_path() -> None:
+    outside = {
+        "id": 1,
+        "subnet": "203.0.113.0/24",
+        "pools": ["203.0.113.10-203.0.113.20", "192.0.2.1-192.0.2.9"],
+        "reservations": [{"hw-address": "02:00:00:00:00:aa", "ip-address": "198.51.100.20"}],
+    }
+    with pytest.raises(DocumentError) as bad:
+        document(subnets=[outside])
+    assert bad.value.problems == [
+        "spec.dhcp.subnets[0].pools[1]: 192.0.2.1-192.0.2.9 is not inside 203.0.113.0/24",
+        "spec.dhcp.subnets[0].reservations[0].ip-address: 198.51.100.20 is not inside "
+        "203.0.113.0/24",
+    ]
+
+
+def test_overlapping_subnets_are_refused() -> None:
+    inner = {"id": 2, "subnet": "203.0.113.128/25", "pools": ["203.0.113.200-203.0.113.210"]}
+    with pytest.raises(DocumentError) as bad:
+        document(subnets=[SUBNET, inner])
+    assert bad.value.problems == [
+        "spec.dhcp.subnets[1].subnet: 203.0.113.128/25 overlaps subnets[0] (203.0.113.0/24); "
+        "an address must belong to one subnet"
+    ]
+    # Different families, or disjoint prefixes, are fine.
+    v6 = {"id": 3, "subnet": "2001:db8:1::/64", "pools": ["2001:db8:1::100-2001:db8:1::1ff"]}
+    other = {"id": 4, "subnet": "198.51.100.0/24", "pools": []}
+    assert document(subnets=[SUBNET, v6, other]) is not None
 
 
 def test_the_compiled_config_has_ha_only_when_the_document_does(tmp_path: Path) -> None:
@@ -121,3 +153,76 @@ def test_a_damaged_fence_record_counts_as_held(tmp_path: Path) -> None:
     (tmp_path / "fences" / "dhcp.json").write_text("{not json")
     fence = read_fence(tmp_path, "dhcp")
     assert fence is not None and "damaged" in fence.reason
+
+
+def test_kea_is_asked_once_per_piece_of_work_and_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trueup.subsystems.dhcp as dhcp
+
+    asked: list[str] = []
+
+    def config_get(paths: Any, command: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        asked.append(command)
+        return {"Dhcp4": {"n": len(asked)}}
+
+    monkeypatch.setattr(dhcp, "kea_call", config_get)
+    paths = kea_paths(tmp_path, 4)
+    one = sources(tmp_path)
+    first = dhcp._config_get(one, paths, 100)
+    assert dhcp._config_get(one, paths, 100) == first  # the same piece of work: reused
+    assert dhcp._config_get(one, paths, 101) != first  # another Kea process: asked again
+    assert dhcp._config_get(sources(tmp_path), paths, 101)["Dhcp4"]["n"] == 3  # new work: asked
+    assert dhcp._config_get(one, paths, None)["Dhcp4"]["n"] == 4  # no verified pid: never kept
+    assert asked == ["config-get"] * 4
+
+
+def test_cli_leases_without_dhcp_says_so_and_fails(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from trueup.cli.dhcp import dhcp_app
+
+    state = tmp_path / "state"
+    (state / "run" / "kea-dhcp6").mkdir(parents=True)  # an empty run directory is not DHCP
+    result = CliRunner().invoke(dhcp_app, ["leases", "--state-dir", str(state)])
+    assert result.exit_code == 1
+    assert f"trueup dhcp leases: no DHCP in {state}: trueup never ran Kea here" in result.output
+    assert "--state-dir" in result.output
+    assert list((state / "run").iterdir()) == [state / "run" / "kea-dhcp6"]
+
+
+def test_cli_leases_lists_expiry_in_utc(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from trueup.cli.dhcp import dhcp_app
+
+    run = tmp_path / "run" / "kea-dhcp4"
+    run.mkdir(parents=True)
+    (run / "kea-leases4.csv").write_text(
+        "address,hwaddr,client_id,valid_lifetime,expire,subnet_id,fqdn_fwd,fqdn_rev,"
+        "hostname,state,user_context,pool_id\n"
+        "203.0.113.100,02:00:00:00:00:01,,3600,1796055420,1,0,0,laptop,0,,0\n"
+    )
+    result = CliRunner().invoke(dhcp_app, ["leases", "--state-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "2026-11-30T16:17:00Z" in result.output
+    assert "1 lease(s) from dhcp4: memfile" in result.output
+
+
+def test_cli_fence_lift_with_no_fence_fails_and_changes_nothing(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from trueup.cli.dhcp import dhcp_app
+
+    result = CliRunner().invoke(dhcp_app, ["fence", "lift", "--state-dir", str(tmp_path)])
+    assert result.exit_code == 1
+    assert f"no dhcp fence is held in {tmp_path}" in result.output
+    assert "nothing was lifted" in result.output
+    assert list(tmp_path.iterdir()) == []  # no audit line, no fence directory
+    held = CliRunner().invoke(
+        dhcp_app, ["fence", "hold", "--reason", "restore", "--state-dir", str(tmp_path)]
+    )
+    assert held.exit_code == 0
+    assert f"no Kea runs from {tmp_path}" in held.output
+    lifted = CliRunner().invoke(dhcp_app, ["fence", "lift", "--state-dir", str(tmp_path)])
+    assert lifted.exit_code == 0 and "fence lifted (was held by" in lifted.output

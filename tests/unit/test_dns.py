@@ -103,14 +103,32 @@ def test_section_errors_name_the_path() -> None:
     assert "records[0]: value '2001:db8::1' is not an IPv4 address" in str(refused.value)
     with pytest.raises(DocumentError) as refused:
         parse_document(base_document(dns=section(records=[bad["records"][1]])))
-    assert "records[0].name: x.other. is outside lan.test." in str(refused.value)
+    assert "spec.dns.records[0].name: x.other. is outside the zones lan.test." in str(refused.value)
     cname_clash = [
         {"name": "www", "type": "CNAME", "value": "router"},
         {"name": "www", "type": "A", "value": "192.0.2.1"},
     ]
     with pytest.raises(DocumentError) as refused:
         parse_document(base_document(dns=section(records=cname_clash)))
-    assert "www.lan.test. has a CNAME and other records" in str(refused.value)
+    assert refused.value.problems == [
+        "spec.dns.records[0]: www.lan.test. has a CNAME and other records"
+    ]
+
+
+def test_every_record_problem_is_reported_at_its_full_path() -> None:
+    records = [
+        {"name": "router", "type": "A", "value": "203.0.113.1"},
+        {"name": "x.example.org.", "type": "A", "value": "203.0.113.9"},
+        {"name": "bad", "type": "A", "value": "2001:db8::1"},
+    ]
+    with pytest.raises(DocumentError) as refused:
+        parse_document(base_document(dns=section(records=records)))
+    assert refused.value.problems == [
+        "spec.dns.records[1].name: x.example.org. is outside the zones lan.test., "
+        "113.0.203.in-addr.arpa. (a name ending in a dot is absolute; declare a reverse "
+        "zone under reverse:)",
+        "spec.dns.records[2]: value '2001:db8::1' is not an IPv4 address",
+    ]
 
 
 def test_records_are_canonical_as_knot_prints_them() -> None:

@@ -189,6 +189,34 @@ def test_a_bad_rule_is_refused_at_preparation_naming_its_path(
     assert json.dumps(sorted(nft.ruleset.items()), sort_keys=True) == before
 
 
+def test_plan_reports_a_rule_nft_refuses_instead_of_a_step(
+    engine: Engine, nft: FakeNftables, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trueup.cli.output import print_plan
+
+    assert engine.apply_document(_doc(SAFE)).ok
+    nft.refuse["tcp dport 22 acept"] = "Error: syntax error, unexpected newline"
+    bad = _firewall(*SAFE["chains"][0]["rules"], "tcp dport 22 acept")
+    plans = {p.subsystem: p for p in engine.plan(_doc(bad))}
+    firewall = plans["firewall"]
+    assert firewall.steps == [] and not firewall.changes
+    assert firewall.error.startswith("preparation failed: spec.firewall.chains[input].rules[2]")
+    assert "tcp dport 22 acept" in firewall.error
+    body = {
+        "plans": [
+            {"subsystem": p.subsystem, "steps": [], "noop": p.noop_reasons, "error": p.error}
+            for p in plans.values()
+        ],
+        "failed": {p.subsystem: p.error for p in plans.values() if p.error},
+        "observed_by": {"agent_pid": 1, "state_dir": "/s", "applied_version": 1},
+    }
+    assert print_plan(body, "table", source="bad.yaml") == 1
+    err = capsys.readouterr().err
+    assert "! firewall: preparation failed: spec.firewall.chains[input].rules[2]" in err
+    assert "bad.yaml: refused by firewall: applying it would fail and change nothing" in err
+    assert print_plan(body, "json") == 1
+
+
 def test_a_refused_load_rolls_the_transaction_back(engine: Engine, nft: FakeNftables) -> None:
     assert engine.apply_document(_doc(SAFE)).ok
     before = json.dumps(sorted(nft.ruleset.items()), sort_keys=True)

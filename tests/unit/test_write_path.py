@@ -331,3 +331,13 @@ def test_a_changed_config_file_on_a_managed_device_is_not_applied_at_start(
     applied = engine.state.applied()
     assert applied["version"] == 4 and applied["origin"] == "control-plane"
     assert "managed by the control plane" in str(orchestrator.config_error)
+
+
+def test_the_committed_revision_is_kept_as_its_file_would_parse(engine: Engine) -> None:
+    assert engine.apply_document(_doc(routes=[])).ok
+    kept = engine.applied_revision()
+    version = int(engine.state.applied()["version"])
+    record = engine.state.revision(version)
+    assert kept is not None and record is not None
+    assert kept == parse_document(record["document"])
+    assert engine.applied_revision() is kept  # no second parse while the file is unchanged

@@ -359,9 +359,11 @@ class Agent:
                     "subsystem": p.subsystem,
                     "steps": [s.to_json() | {"describe": s.describe()} for s in p.steps],
                     "noop": p.noop_reasons,
+                    "error": p.error,
                 }
                 for p in plans
             ],
+            "failed": {p.subsystem: p.error for p in plans if p.error},
             "management_changes": unsafe,
             "needs_confirmation": bool(unsafe),
             "managed_by": self.engine.managed_by(),

@@ -40,6 +40,21 @@ def _run_dir(state_dir: Path, family: int) -> Path:
     return state_dir / "run" / f"kea-dhcp{family}"
 
 
+def _has_kea(state_dir: Path, family: int) -> bool:
+    """Whether trueup ever ran Kea for `family` here: its configuration or a lease file."""
+    run = _run_dir(state_dir, family)
+    return (run / f"kea-dhcp{family}.conf").exists() or any(run.glob(f"kea-leases{family}.csv*"))
+
+
+def _expires(epoch: Any) -> str:
+    from datetime import UTC, datetime
+
+    try:
+        return datetime.fromtimestamp(int(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return str(epoch)
+
+
 @dhcp_app.command("leases")
 def leases(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") -> None:
     """Kea's leases, read-only: from its control socket, or its lease file when it is stopped."""
@@ -49,10 +64,17 @@ def leases(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") ->
 
     rows: list[dict[str, Any]] = []
     sources: dict[str, str] = {}
-    for family in (4, 6):
+    families = [family for family in (4, 6) if _has_kea(state_dir, family)]
+    if not families:
+        echo(
+            f"trueup dhcp leases: no DHCP in {state_dir}: trueup never ran Kea here "
+            f"(no {_run_dir(state_dir, 4)}/kea-dhcp4.conf, no lease file). Is spec.dhcp "
+            "applied, and is --state-dir (or TRUEUP_STATE_DIR) the agent's?",
+            err=True,
+        )
+        raise typer.Exit(1)
+    for family in families:
         run = _run_dir(state_dir, family)
-        if not run.is_dir():
-            continue
         paths = kea_paths(run, family)
         try:
             source, found = read_leases(family, socket_path=paths.socket, lease_file=paths.leases)
@@ -67,12 +89,12 @@ def leases(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") ->
         return
     if output != "table":
         raise typer.BadParameter(f"unknown output format {output!r}")
-    echo(f"{'ADDRESS':<40} {'HWADDR/DUID':<24} {'HOSTNAME':<20} {'EXPIRES':>10}  STATE")
+    echo(f"{'ADDRESS':<40} {'HWADDR/DUID':<24} {'HOSTNAME':<20} {'EXPIRES (UTC)':<20}  STATE")
     for row in rows:
         ident = row["hwaddr"] or row["client_id"]
         echo(
-            f"{row['address']:<40} {ident:<24} {row['hostname']:<20} {row['expire']:>10}  "
-            f"{row['state']}"
+            f"{row['address']:<40} {ident:<24} {row['hostname']:<20} "
+            f"{_expires(row['expire']):<20}  {row['state']}"
         )
     echo(
         f"{len(rows)} lease(s) from "
@@ -108,6 +130,10 @@ def _assert_allocator(state_dir: Path) -> list[str]:
             done.append(f"kea-dhcp{family}: not told yet ({exc}); the agent asserts it")
             continue
         done.append(f"kea-dhcp{family}: allocation {state}")
+    if not done:
+        done.append(
+            f"no Kea runs from {state_dir}: the agent asserts the fence whenever it starts Kea"
+        )
     return done
 
 
@@ -154,15 +180,24 @@ def fence_lift(
     """Lift the dhcp fence: Kea allocates again."""
     from trueup.cli.output import echo
     from trueup.journal.state import StateDir
-    from trueup.system.fence import lift_fence
+    from trueup.system.fence import fence_path, lift_fence
 
     lifted = lift_fence(state_dir, "dhcp")
     if lifted is None:
-        echo("dhcp: no fence was held")
-    else:
-        StateDir(state_dir).audit.append(
-            "fence_lifted", actor=_operator(), subsystem="dhcp", owner=lifted.owner, reason=reason
+        # Nothing changed; a running Kea is still made to follow the (absent) record.
+        echo(
+            f"trueup dhcp fence lift: no dhcp fence is held in {state_dir} "
+            f"({fence_path(state_dir, 'dhcp')} does not exist); nothing was lifted. "
+            "Is --state-dir (or TRUEUP_STATE_DIR) the agent's?",
+            err=True,
         )
-        echo(f"dhcp: fence lifted (was held by {lifted.owner}: {lifted.reason})")
+        for line in _assert_allocator(state_dir):
+            if line.startswith("kea-"):
+                echo(line)
+        raise typer.Exit(1)
+    StateDir(state_dir).audit.append(
+        "fence_lifted", actor=_operator(), subsystem="dhcp", owner=lifted.owner, reason=reason
+    )
+    echo(f"dhcp: fence lifted (was held by {lifted.owner}: {lifted.reason})")
     for line in _assert_allocator(state_dir):
         echo(line)

@@ -190,7 +190,7 @@ def _plan(client: AgentClient, values: dict[str, Any]) -> int | None:
         return None  # planning changes nothing: the full CLI plans again, its own way
     if not isinstance(body, dict):
         return None  # e.g. 422: the full CLI prints each problem with its path in FILE
-    return print_plan(body, values["output"])
+    return print_plan(body, values["output"], source=str(values["file"]))
 
 
 def _confirm(client: AgentClient, values: dict[str, Any]) -> int | None:

@@ -202,8 +202,8 @@ def schema() -> None:
     typer.echo(json.dumps(json_schema(), indent=2))
 
 
-def _print_plan(body: dict[str, Any], output: str) -> NoReturn:
-    raise typer.Exit(print_plan(body, output))
+def _print_plan(body: dict[str, Any], output: str, file: Path) -> NoReturn:
+    raise typer.Exit(print_plan(body, output, source=str(file)))
 
 
 @app.command()
@@ -218,7 +218,9 @@ def plan(file: Path, state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "
     client = _agent(state_dir)
     if client is not None:
         _print_plan(
-            _api_result(client.request("POST", "/v1/plan", json=document.canonical())), output
+            _api_result(client.request("POST", "/v1/plan", json=document.canonical())),
+            output,
+            file,
         )
         return
     from trueup.reconcile.guard import unsafe_management_changes
@@ -236,9 +238,11 @@ def plan(file: Path, state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "
                 "subsystem": p.subsystem,
                 "steps": [s.to_json() | {"describe": s.describe()} for s in p.steps],
                 "noop": p.noop_reasons,
+                "error": p.error,
             }
             for p in plans
         ],
+        "failed": {p.subsystem: p.error for p in plans if p.error},
         "management_changes": unsafe_management_changes(engine.applied_document(), document),
         "managed_by": engine.managed_by(),
         "observed_by": {
@@ -248,7 +252,7 @@ def plan(file: Path, state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "
             "netns": netns,
         },
     }
-    _print_plan(body, output)
+    _print_plan(body, output, file)
 
 
 OverrideOpt = Annotated[

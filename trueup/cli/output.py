@@ -88,12 +88,13 @@ def api_result(response: Any) -> dict[str, Any] | int:
     return dict(body)
 
 
-def print_plan(body: dict[str, Any], output: str) -> int:
-    """`trueup plan`'s output; the exit code: 2 changes, 0 none."""
+def print_plan(body: dict[str, Any], output: str, source: str = "the document") -> int:
+    """`trueup plan`'s output; the exit code: 1 a subsystem refuses the document, 2 changes, 0 none."""
     steps = [s for p in body["plans"] for s in p["steps"]]
+    failed: dict[str, str] = body.get("failed") or {}
     if output != "table":
         emit(body, output)
-        return 2 if steps else 0
+        return 1 if failed else 2 if steps else 0
     where = body.get("observed_by", {})
     if where.get("agent_pid"):
         echo(
@@ -106,7 +107,9 @@ def print_plan(body: dict[str, Any], output: str) -> int:
             f"network namespace {where.get('netns')}; run plan where the agent runs"
         )
     for p in body["plans"]:
-        if p["steps"]:
+        if p.get("error"):
+            echo(f"  ! {p['subsystem']}: {p['error']}", err=True)
+        elif p["steps"]:
             for step in p["steps"]:
                 echo(f"  + {step['describe']}")
         else:
@@ -120,6 +123,13 @@ def print_plan(body: dict[str, Any], output: str) -> int:
             'needs --override "REASON"',
             err=True,
         )
+    if failed:
+        echo(
+            f"{source}: refused by {', '.join(failed)}: applying it would fail and change "
+            "nothing; fix the path named above",
+            err=True,
+        )
+        return 1
     echo(f"{len(steps)} change(s)" if steps else "no changes")
     return 2 if steps else 0
 

@@ -43,6 +43,8 @@ class Committing(Converging):
 
         def with_override(self, document: DeviceState) -> DeviceState: ...
 
+        def _keep_parsed(self, document: DeviceState) -> None: ...
+
         def writer(
             self, purpose: str, actor: str, wait: float = 0.0, *, quiet: bool = False
         ) -> AbstractContextManager[None]: ...
@@ -85,6 +87,7 @@ class Committing(Converging):
                 applied_digest=digest,
             )
             state.set_applied(self._applied_record(change, txn, version, digest, applied, failed))
+            self._keep_parsed(document)
             write_management(
                 state.root,
                 management_facts(

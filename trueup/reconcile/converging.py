@@ -43,7 +43,9 @@ class Converging:
         @staticmethod
         def _hit(kind: str, point: str) -> None: ...
 
-        def sources(self) -> AbstractContextManager[Sources]: ...
+        def sources(
+            self, memo: dict[str, Any] | None = None
+        ) -> AbstractContextManager[Sources]: ...
 
     def _storage_failure(
         self,
@@ -220,7 +222,7 @@ class Converging:
 
         def work() -> None:
             try:
-                with self.sources() as own:
+                with self.sources(net.memo) as own:
                     self._converge(own, subsystem, desired, scope, plan, fault_point, cancel)
                 outcome.append(None)
             except BaseException as exc:  # reported to the waiting thread

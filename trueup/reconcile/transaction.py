@@ -153,8 +153,11 @@ class Engine(Transacting):
         self._audit_checked = False
 
     @contextmanager
-    def sources(self) -> Iterator[Sources]:
-        """The system for one piece of work: a netlink handle (one dump per table), files, programs."""
+    def sources(self, memo: dict[str, Any] | None = None) -> Iterator[Sources]:
+        """The system for one piece of work: a netlink handle (one dump per table), files, programs.
+
+        `memo`: the memo of the piece of work this one belongs to (a transaction's worker).
+        """
         sources = Sources(
             CachedNetlink(self.netlink_factory()),
             self.files,
@@ -163,6 +166,7 @@ class Engine(Transacting):
             self.nft,
             state_dir=self.state.root,
             daemons=self.daemons,
+            memo={} if memo is None else memo,
         )
         try:
             yield sources
@@ -189,6 +193,18 @@ class Engine(Transacting):
             return None
         self._parsed = (key, parse_document(record["document"], f"revision {version}"))
         return self._parsed[1]
+
+    def _keep_parsed(self, document: DeviceState) -> None:
+        """The revision just committed is the applied one: keep `document` as its parse.
+
+        The revision file holds `document.canonical()`, so parsing it again would
+        give the same document; the key is the one `applied_revision` checks.
+        """
+        applied = self.state.applied()
+        version = int(applied.get("version", 0))
+        key = (version, applied.get("digest"), file_identity(self.state.revision_file(version)))
+        if key[2] is not None and document.metadata.version == version:
+            self._parsed = (key, document)
 
     # -- the console's management override (`trueup management set`) ---------------
     def managed_by(self) -> str | None:
@@ -245,13 +261,28 @@ class Engine(Transacting):
             with self.sources() as opened:
                 return self.plan(document, opened)
         errors: dict[str, str] = {}
+        refused = self._preparation_failures(document)
         observed = self.observe(net, scope, errors=errors)
         return [
-            s.plan(s.desired(document, scope), observed[s.name], scope)
+            Plan(s.name, [], [], error=refused[s.name])
+            if s.name in refused
+            else s.plan(s.desired(document, scope), observed[s.name], scope)
             if s.name in observed
             else Plan(s.name, [], [errors[s.name]])
             for s in self.subsystems
         ]
+
+    def _preparation_failures(self, document: DeviceState) -> dict[str, str]:
+        """What an apply's preparation would refuse (an nft rule, …), so plan says it too."""
+        failures: dict[str, str] = {}
+        for sub in self.subsystems:
+            if type(sub).prepare is Subsystem.prepare or not sub.configured(document):
+                continue
+            try:
+                sub.prepare(document)
+            except Exception as exc:  # reported per subsystem, as an apply reports it
+                failures[sub.name] = f"preparation failed: {exc}"
+        return failures
 
     def differences(
         self,

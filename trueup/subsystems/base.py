@@ -138,6 +138,8 @@ class Plan:
     subsystem: str
     steps: list[Step]
     noop_reasons: list[str] = field(default_factory=list)
+    # Why the document cannot be applied to this subsystem (its preparation refused it).
+    error: str = ""
 
     @property
     def changes(self) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from trueup.system.announce import Announcer, KernelAnnouncer
 from trueup.system.atomicfile import path_error, write_atomic
@@ -107,6 +107,12 @@ class Sources:
     daemons: Daemons = field(
         default_factory=lambda: DaemonSupervisor(Path(_DEFAULT_STATE_DIR) / "run")
     )
+    # Answers a subsystem may reuse within this piece of work (one observation or one
+    # transaction, whose workers share it): what a daemon confirmed it holds, keyed by
+    # the subsystem and the daemon's pid. The subsystem drops its entry whenever it
+    # changes the daemon; a new piece of work starts empty, so every pass of the
+    # reconcile loop asks the daemon again and drift is never hidden by it.
+    memo: dict[str, Any] = field(default_factory=dict)
 
     def close(self) -> None:
         self.netlink.close()

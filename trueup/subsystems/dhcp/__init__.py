@@ -130,7 +130,7 @@ class DhcpSubsystem(Subsystem):
             paths = kea_paths(sources.daemons.run_dir(name), family)
             applied = _applied(paths)
             try:
-                running = kea_call(paths, "config-get", timeout=5.0)
+                running = _config_get(sources, paths, status.pid)
             except KeaError:
                 running = {}
             body = _body(running, family)
@@ -226,12 +226,12 @@ class DhcpSubsystem(Subsystem):
         return config, section, interfaces
 
     def _spec(self, sources: Sources, paths: KeaPaths, config: dict[str, Any]) -> DaemonSpec:
-        text = json.dumps(config, indent=2, sort_keys=True) + "\n"
         state_dir = sources.state_dir
 
         def before_start() -> None:
             # Every start begins from trueup's configuration: whatever the file holds
             # (an old HA configuration, an edit) is replaced, never the lease file.
+            text = json.dumps(config, indent=2, sort_keys=True) + "\n"
             write_atomic(paths.config, text.encode(), 0o600)
             make_socket_dir(paths)
 
@@ -255,11 +255,14 @@ class DhcpSubsystem(Subsystem):
             and allocation_state(paths, sources.state_dir, status.pid) != CONSISTENT
         ):
             enforce(paths, sources.state_dir, status.pid)
-        self._remember(paths, step, section, interfaces)
+        self._remember(sources, paths, step, section, interfaces, status.pid)
 
     def _configure(self, sources: Sources, step: Step, paths: KeaPaths) -> None:
         config, section, interfaces = self._compiled(sources, step, paths)
-        previous = kea_call(paths, "config-get")
+        pid = sources.daemons.status(daemon_name(paths.family)).pid
+        # The before-image: what this piece of work observed Kea holding (asked once).
+        previous = _config_get(sources, paths, pid)
+        sources.memo.pop(_memo_key(paths), None)
         kea_call(paths, "config-test", config)
         kea_call(paths, "config-set", config)
         try:
@@ -271,13 +274,26 @@ class DhcpSubsystem(Subsystem):
         if status.pid is not None and read_fence(sources.state_dir, "dhcp") is not None:
             # A reconfiguration must never let a fenced Kea allocate: assert it again.
             enforce(paths, sources.state_dir, status.pid)
-        self._remember(paths, step, section, interfaces)
+        # Kea confirmed the configuration twice: config-set accepted it, and config-write
+        # wrote what it now runs (the same serialisation config-get answers with). That
+        # file is what this piece of work's verification sees, without asking again; the
+        # next observation (a new piece of work) asks Kea itself.
+        written = _read_json(paths.config)
+        if _body(written, paths.family) is not None and status.pid == pid:
+            sources.memo[_memo_key(paths)] = (pid, written)
+        self._remember(sources, paths, step, section, interfaces, status.pid)
 
     def _remember(
-        self, paths: KeaPaths, step: Step, section: DhcpSection, interfaces: list[str]
+        self,
+        sources: Sources,
+        paths: KeaPaths,
+        step: Step,
+        section: DhcpSection,
+        interfaces: list[str],
+        pid: int | None,
     ) -> None:
         """Record which Kea digests are trueup's: config-get's and the file's."""
-        running = kea_call(paths, "config-get")
+        running = _config_get(sources, paths, pid)
         entry = {
             "desired": str(step.args["digest"]),
             "interfaces": interfaces,
@@ -316,6 +332,26 @@ class DhcpSubsystem(Subsystem):
         if missing:
             return SubsystemHealth.PENDING, f"waiting for interface(s) {', '.join(missing)}"
         return None
+
+
+def _memo_key(paths: KeaPaths) -> str:
+    return f"dhcp:{daemon_name(paths.family)}:config"
+
+
+def _config_get(sources: Sources, paths: KeaPaths, pid: int | None) -> dict[str, Any]:
+    """Kea's running configuration, asked once per piece of work and Kea process.
+
+    Reused only within one `Sources` (one observation, or one transaction and its
+    workers) and only for the same pid; `_configure` drops it before changing Kea.
+    """
+    key = _memo_key(paths)
+    seen = sources.memo.get(key)
+    if pid is not None and seen is not None and seen[0] == pid:
+        return dict(seen[1])
+    running = kea_call(paths, "config-get", timeout=5.0)
+    if pid is not None:
+        sources.memo[key] = (pid, running)
+    return running
 
 
 def _read_json(path: Path) -> dict[str, Any]:

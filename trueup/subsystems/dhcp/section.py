@@ -29,11 +29,14 @@ position (1-based) but should be written down, so reordering keeps leases.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from trueup.model.document import _PathError  # the document's path-carrying error
 
 __all__ = ["DhcpSection", "HaPeer", "HaSettings", "Lifetimes", "Reservation", "Subnet"]
 
@@ -115,6 +118,12 @@ class Reservation(_Model):
         return self
 
 
+@functools.lru_cache(maxsize=4096)
+def _family(subnet: str) -> int:
+    """4 or 6 for a validated prefix (asked for every subnet on every compile: parsed once)."""
+    return ipaddress.ip_network(subnet).version
+
+
 class Subnet(_Model):
     id: Annotated[int, Field(ge=1, le=2**32 - 2)] | None = None
     subnet: Network
@@ -126,21 +135,26 @@ class Subnet(_Model):
 
     @property
     def family(self) -> int:
-        return ipaddress.ip_network(self.subnet).version
+        return _family(self.subnet)
 
     @model_validator(mode="after")
     def _inside(self) -> Subnet:
         network = ipaddress.ip_network(self.subnet)
+        problems: list[tuple[str, str]] = []
         for i, pool in enumerate(self.pools):
             ends = pool.split("-") if "-" in pool else [pool.split("/")[0]]
-            for end in ends:
-                if ipaddress.ip_address(end) not in network:
-                    raise ValueError(f"pools[{i}]: {pool} is not inside {self.subnet}")
+            if any(ipaddress.ip_address(end) not in network for end in ends):
+                problems.append((f"pools[{i}]", f"{pool} is not inside {self.subnet}"))
         for i, reservation in enumerate(self.reservations):
             if ipaddress.ip_address(reservation.ip_address) not in network:
-                raise ValueError(
-                    f"reservations[{i}]: {reservation.ip_address} is not inside {self.subnet}"
+                problems.append(
+                    (
+                        f"reservations[{i}].ip-address",
+                        f"{reservation.ip_address} is not inside {self.subnet}",
+                    )
                 )
+        if problems:
+            raise _PathError.many(problems)
         return self
 
 
@@ -174,16 +188,37 @@ class DhcpSection(_Model):
 
     @model_validator(mode="after")
     def _ids(self) -> DhcpSection:
+        problems: list[tuple[str, str]] = []
         seen: dict[tuple[int, int], int] = {}
+        networks: list[tuple[int, ipaddress.IPv4Network | ipaddress.IPv6Network]] = []
         for i, subnet in enumerate(self.subnets):
             key = (subnet.family, self.subnet_id(i))
             if key in seen:
-                raise ValueError(
-                    f"subnets[{i}]: id {key[1]} is already used by subnets[{seen[key]}]"
+                problems.append(
+                    (f"subnets[{i}].id", f"{key[1]} is already used by subnets[{seen[key]}]")
                 )
-            seen[key] = i
+            seen.setdefault(key, i)
+            network = ipaddress.ip_network(subnet.subnet)
+            for j, other in networks:
+                if other.version == network.version and other.overlaps(network):
+                    problems.append(
+                        (
+                            f"subnets[{i}].subnet",
+                            f"{network} overlaps subnets[{j}] ({other}); "
+                            "an address must belong to one subnet",
+                        )
+                    )
+                    break
+            networks.append((i, network))
             if subnet.interface is not None and subnet.interface not in self.interfaces:
-                raise ValueError(f"subnets[{i}].interface: {subnet.interface} is not in interfaces")
+                problems.append(
+                    (
+                        f"subnets[{i}].interface",
+                        f"{subnet.interface} is not in spec.dhcp.interfaces",
+                    )
+                )
+        if problems:
+            raise _PathError.many(problems)
         return self
 
     def subnet_id(self, index: int) -> int:

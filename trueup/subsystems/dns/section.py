@@ -31,6 +31,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from trueup.model.document import _PathError  # the document's path-carrying error
 from trueup.subsystems.dns.records import canonical_name, canonical_record, reverse_zone
 
 __all__ = ["DnsRecord", "DnsSection", "LeaseRecords"]
@@ -116,7 +117,8 @@ class DnsSection(BaseModel):
     @model_validator(mode="after")
     def _records_fit(self) -> DnsSection:
         zones = self.zones()
-        owners: dict[str, set[str]] = {}
+        problems: list[tuple[str, str]] = []
+        owners: dict[str, list[int]] = {}
         for index, record in enumerate(self.records):
             where = f"records[{index}]"
             try:
@@ -128,17 +130,26 @@ class DnsSection(BaseModel):
                     self.zone,
                 )
             except ValueError as exc:
-                raise ValueError(f"{where}: {exc}") from exc
+                problems.append((where, str(exc)))
+                continue
             owner = text.split(" ", 1)[0]
             if self.zone_of(owner) is None:
-                raise ValueError(
-                    f"{where}.name: {owner} is outside {', '.join(zones)} (declare its reverse "
-                    "zone under reverse:)"
+                problems.append(
+                    (
+                        f"{where}.name",
+                        f"{owner} is outside the zones {', '.join(zones)} (a name ending in "
+                        "a dot is absolute; declare a reverse zone under reverse:)",
+                    )
                 )
-            owners.setdefault(owner, set()).add(record.type)
-        for owner, types in owners.items():
+                continue
+            owners.setdefault(owner, []).append(index)
+        for owner, indexes in owners.items():
+            types = {self.records[i].type for i in indexes}
             if "CNAME" in types and len(types) > 1:
-                raise ValueError(f"records: {owner} has a CNAME and other records")
+                cname = next(i for i in indexes if self.records[i].type == "CNAME")
+                problems.append((f"records[{cname}]", f"{owner} has a CNAME and other records"))
+        if problems:
+            raise _PathError.many(problems)
         return self
 
     def zones(self) -> list[str]:
