@@ -21,6 +21,7 @@ SECTIONS = [
     "scripts.bench_firewall",
     "scripts.bench_server",
     "scripts.bench_dhcp",
+    "scripts.bench_backup",
 ]
 
 

@@ -1,24 +1,165 @@
-"""`trueup backup upload FILE` — send a backup archive of this device to its control plane.
+"""`trueup backup create|upload` and `trueup restore analyze` — archives from the console.
 
-The archive is opaque here (its format is `trueup backup create`'s); the
-control plane keeps the newest archives per device (docs/control-plane.md,
-Backups). `upload_archive` is the function behind the command, for other
-commands that upload what they made (e.g. a `--upload` flag of `backup create`).
+Both work with the agent running or stopped: `backup create` takes the
+writer lock for its snapshot and reads Kea's leases read-only (socket, else
+the stopped memfile); `restore analyze` reads the archive and the state
+directory and changes nothing. Exit codes of `restore analyze`: 0 when at
+least a config-only restore is eligible, 1 otherwise (or on an unreadable
+archive), 2 on bad arguments. The JSON output (`-o json`) is documented in
+docs/backup-restore.md. `backup upload` sends an archive to the control plane,
+which keeps the newest per device (docs/control-plane.md, Backups);
+`upload_archive` is the function behind it.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-__all__ = ["backup_app", "upload_archive"]
+__all__ = ["backup_app", "restore_app", "upload_archive"]
 
 backup_app = typer.Typer(
-    help="Backups of this router, kept by the control plane.", no_args_is_help=True
+    help="Back the router up into one archive; send it to the control plane.",
+    no_args_is_help=True,
 )
+restore_app = typer.Typer(help="Analyse (and restore) a backup archive.", no_args_is_help=True)
+
+StateDirOpt = Annotated[
+    Path,
+    typer.Option("--state-dir", envvar="TRUEUP_STATE_DIR", help="The agent's state directory."),
+]
+DEFAULT_DIR = Path("/var/lib/trueup")
+
+
+@backup_app.command("create")
+def create(
+    out: Annotated[Path, typer.Option("--out", help="the archive to write (0600, atomically)")],
+    with_leases: Annotated[
+        bool, typer.Option("--with-leases", help="also Kea's leases (read-only)")
+    ] = False,
+    state_dir: StateDirOpt = DEFAULT_DIR,
+) -> None:
+    """Write a consistent snapshot: revisions, applied record, zones, audit excerpt[, leases]."""
+    from trueup.backup.create import BackupError, create_backup
+    from trueup.cli.output import echo
+
+    try:
+        manifest = create_backup(state_dir, out, with_leases=with_leases)
+    except (BackupError, OSError) as exc:
+        echo(f"trueup backup create: {exc}", err=True)
+        raise typer.Exit(1) from None
+    from trueup.backup.format import LEASES
+
+    leases = manifest.components.get(LEASES)
+    counts = ", ".join(f"DHCPv{k}: {v}" for k, v in (leases or {}).get("counts", {}).items())
+    echo(
+        f"{out}: device {manifest.device}, revision {manifest.revision['version']}, "
+        f"{len(manifest.entries)} entries"
+        + (f", leases ({counts or 'no Kea configured'})" if leases is not None else "")
+    )
+
+
+def _links() -> list[str]:
+    return [name for _index, name in socket.if_nameindex()]
+
+
+@restore_app.command("analyze")
+def analyze(
+    file: Path,
+    output: Annotated[str, typer.Option("-o", "--output", help="table | json")] = "table",
+    maps: Annotated[
+        list[str] | None,
+        typer.Option("--map", help="OLD=NEW: the archive's interface OLD is NEW here (repeat)"),
+    ] = None,
+    state_dir: StateDirOpt = DEFAULT_DIR,
+) -> None:
+    """Check an archive and say which restore modes are eligible and what each would change."""
+    from trueup.backup.analysis import analyze as run_analysis
+    from trueup.backup.interfaces import parse_mappings
+    from trueup.cli.output import echo, emit
+    from trueup.journal.state import StateDir
+
+    try:
+        mappings = parse_mappings(maps or [])
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if output not in ("table", "json"):
+        raise typer.BadParameter(f"unknown output format {output!r}")
+    result = run_analysis(file, StateDir(state_dir), _links(), mappings)
+    body = result.to_json()
+    if output == "json":
+        emit(body, "json")
+    else:
+        for line in render(body):
+            echo(line)
+    raise typer.Exit(0 if body["eligible"]["config-only"] else 1)
+
+
+def _yes(value: bool) -> str:
+    return "yes" if value else "NO"
+
+
+def render(body: dict[str, Any]) -> list[str]:
+    """The analysis as an operator reads it: verdict per mode first, then why."""
+    lines = [f"archive    {body['archive']}"]
+    if body["device"] is not None:
+        revision = body["revision"] or {}
+        lines.append(
+            f"made       {body['created_at']} on {body['device']} by trueup "
+            f"{body['agent_version']} (format {body['format_version']})"
+        )
+        lines.append(
+            f"revision   {revision.get('version')} ({str(revision.get('digest'))[:19]}…, "
+            f"{revision.get('origin')})"
+        )
+    lines.append("")
+    for mode in ("config-only", "full"):
+        plan = body["plans"].get(mode)
+        if body["eligible"][mode] and plan:
+            changes = plan["changes"]
+            what = ", ".join(f"{k} {v}" for k, v in changes["sections"].items()) or "nothing"
+            leases = plan["leases"]
+            lease_text = (
+                leases if isinstance(leases, str) else f"restores {leases['restore']} lease(s)"
+            )
+            lines.append(
+                f"{mode:<12} ELIGIBLE: applies revision {plan['revision'].get('version')}; "
+                f"changes {what} ({changes['paths_changed']} path(s)); {lease_text}"
+            )
+        else:
+            refusals = body["refusals"][mode]
+            first = refusals[0] if refusals else {"entry": "?", "message": "?", "code": "?"}
+            more = f" (+{len(refusals) - 1} more)" if len(refusals) > 1 else ""
+            lines.append(
+                f"{mode:<12} REFUSED: {first['entry']}: {first['message']} [{first['code']}]{more}"
+            )
+    lines += ["", f"{'COMPONENT':<20} {'PRESENT':<8} ELIGIBLE"]
+    for name, info in body["components"].items():
+        lines.append(f"{name:<20} {_yes(info['present']):<8} {_yes(info['eligible'])}")
+    if body["problems"]:
+        lines += ["", "problems:"]
+        lines += [f"  {p['entry']}: {p['message']} [{p['code']}]" for p in body["problems"]]
+    if body["warnings"]:
+        lines += ["", "warnings:"]
+        lines += [f"  {w}" for w in body["warnings"]]
+    lines.append("")
+    if body["eligible"]["config-only"]:
+        mode = "full" if body["eligible"]["full"] else "config-only"
+        lines.append(f"next: trueup restore apply {body['archive']} --mode {mode}")
+    elif any(p["code"] in ("interface_missing", "interface_map_invalid") for p in body["problems"]):
+        lines.append(
+            "next: name this router's interface for each one above: --map OLD=NEW (repeat), "
+            "and analyse again"
+        )
+    elif any(p["code"] == "device_mismatch" for p in body["problems"]):
+        lines.append("next: this archive is another router's; use this router's own backup")
+    else:
+        lines.append("next: config cannot be restored from this archive; get another copy")
+    return lines
 
 
 def upload_archive(

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from trueup.agent.client import AgentClient, AgentUnavailable
-from trueup.cli.backup import backup_app
+from trueup.cli.backup import backup_app, restore_app
 from trueup.cli.dhcp import dhcp_app
 from trueup.cli.fast import DEFAULT_STATE_DIR, duration_seconds
 from trueup.cli.management import management_app
@@ -67,6 +67,7 @@ app.add_typer(fleet_app, name="fleet")
 app.add_typer(management_app, name="management")
 app.add_typer(dhcp_app, name="dhcp")
 app.add_typer(backup_app, name="backup")
+app.add_typer(restore_app, name="restore")
 
 StateDirOpt = Annotated[
     Path,
