@@ -28,12 +28,14 @@ import itertools
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from trueup.model.document import DeviceState
 from trueup.model.health import Tier
 from trueup.subsystems.base import (
     Difference,
+    EventVerdict,
     Facts,
     Plan,
     Scope,
@@ -50,8 +52,10 @@ from trueup.subsystems.firewall.canonical import (
     facts_from_objects,
     script,
 )
+from trueup.subsystems.firewall.monitor import prove
 from trueup.subsystems.firewall.risks import management_findings
 from trueup.subsystems.firewall.section import FirewallSection
+from trueup.system.events import NetlinkEvent
 from trueup.system.nft import HostNftables, Nftables, NftError
 from trueup.system.watches import command
 
@@ -139,10 +143,37 @@ class FirewallSubsystem(Subsystem):
             if generation is not None and self._observed and self._observed[0] == generation:
                 return dict(self._observed[1])
         facts = facts_from_objects(sources.nft.list_table(FAMILY, TABLE))
-        if generation is not None:
+        if generation is not None and sources.nft.generation() == generation:
+            # Nothing was committed while listing: the facts are the table at exactly
+            # this generation (what the cache and the event path's mark rely on).
             with self._lock:
                 self._observed = (generation, facts)
         return dict(facts)
+
+    def observation_mark(self, observed: Facts) -> object | None:
+        """The generation `observed` is exactly the table at, when it is the cached listing."""
+        with self._lock:
+            if self._observed is not None and self._observed[1] == observed:
+                return self._observed[0]
+        return None
+
+    def proven_change(
+        self, mark: object, events: Sequence[tuple[int, NetlinkEvent]]
+    ) -> EventVerdict:
+        """Rules someone added to (or deleted from) the table since `mark`: `monitor.prove`."""
+        if not (isinstance(mark, tuple) and len(mark) == 2):
+            return EventVerdict()
+        lines = [
+            (seq, str(event.detail.get("line", "")))
+            for seq, event in events
+            if event.kind == "command" and event.message == "nft"
+        ]
+        proof = prove(int(mark[1]), lines)
+        return EventVerdict(
+            tuple(f"spec.firewall.chains[{chain}].rules" for chain in proof.chains),
+            proof.seqs,
+            proof.pending,
+        )
 
     def diff(self, desired: Facts, observed: Facts) -> list[Difference]:
         """Strict: order, every field and every extra object count (rules are not sets)."""
