@@ -88,9 +88,10 @@ class FirewallSubsystem(Subsystem):
         # Canonicalises documents; observation and loading go through `Sources.nft`.
         self.nft: Nftables = nft if nft is not None else HostNftables()
         self._lock = threading.Lock()
-        self._canonical: OrderedDict[str, Facts] = OrderedDict()
+        # section digest → (nft's canonical facts, the script they came from)
+        self._canonical: OrderedDict[str, tuple[Facts, str]] = OrderedDict()
         self._observed: tuple[tuple[int, int], Facts] | None = None
-        self._targets: OrderedDict[str, Facts] = OrderedDict()
+        self._targets: OrderedDict[str, tuple[Facts, str | None]] = OrderedDict()
         self._plans = itertools.count(1)
 
     # -- declarations -------------------------------------------------------
@@ -113,14 +114,14 @@ class FirewallSubsystem(Subsystem):
         with self._lock:
             if key in self._canonical:
                 self._canonical.move_to_end(key)
-                return dict(self._canonical[key])
+                return dict(self._canonical[key][0])
         text, paths = script(section)
         try:
             facts = facts_from_objects(self.nft.scratch_list(text, FAMILY, TABLE))
         except NftError as exc:
             raise FirewallError(_explain(exc, text, paths)) from exc
         with self._lock:
-            self._canonical[key] = facts
+            self._canonical[key] = (facts, text)
             while len(self._canonical) > _CACHE:
                 self._canonical.popitem(last=False)
         return dict(facts)
@@ -186,11 +187,17 @@ class FirewallSubsystem(Subsystem):
 
     # -- plan and steps -----------------------------------------------------
     def plan(self, desired: Facts, observed: Facts, scope: Scope) -> Plan:
-        if not desired or not self.diff(desired, observed):
+        if not desired or not _differs(desired, observed):
             return Plan(self.name, [], ["table inet trueup matches the document"])
         key = f"{next(self._plans):x}"  # names the target; the facts stay in memory
         with self._lock:
-            self._targets[key] = dict(desired)
+            # The script whose canonical form these facts are, when a document's: it is
+            # loaded as is (nft parses its own syntax faster than its JSON, and building
+            # the JSON batch of thousands of rules costs Python more than nft the load).
+            script = next(
+                (text for facts, text in self._canonical.values() if facts == desired), None
+            )
+            self._targets[key] = (dict(desired), script)
             while len(self._targets) > _CACHE:
                 self._targets.popitem(last=False)
         if desired.get(TABLE_PATH) is None:
@@ -216,15 +223,21 @@ class FirewallSubsystem(Subsystem):
         if step.action not in ("load-ruleset", "remove-table"):
             raise ValueError(f"unknown firewall step {step.action}")
         with self._lock:
-            target = self._targets.get(str(step.args["target"]))
-        if target is None:
+            planned = self._targets.get(str(step.args["target"]))
+        if planned is None:
             raise StepError(step, "the planned ruleset is no longer known; plan again")
+        target, script = planned
         wanted = target.get(TABLE_PATH)
         if isinstance(wanted, dict) and "unloadable" in wanted:
             raise StepError(step, str(wanted["unloadable"]))
         before = sources.nft.generation()
         try:
-            sources.nft.run(batch(target), json_input=True)
+            if script is not None and wanted is not None:
+                # One transaction, like the batch: the table is added (so the delete
+                # cannot fail), deleted and built again from the document's script.
+                sources.nft.run(f"add table {_KEY}\ndelete table {_KEY}\n{script}")
+            else:  # a before-image or a removal: facts only, loaded back as JSON
+                sources.nft.run(batch(target), json_input=True)
         except NftError as exc:
             raise StepError(step, f"nft refused the ruleset, nothing changed: {exc}") from exc
         after = sources.nft.generation()
@@ -256,6 +269,13 @@ class FirewallSubsystem(Subsystem):
             f"{family} {name}" for family, name in tables if (family, name) != (FAMILY, TABLE)
         )
         return {"table": _KEY, "unmanaged_tables": unmanaged}
+
+
+def _differs(desired: Facts, observed: Facts) -> bool:
+    """Whether `diff` would find anything, stopping at the first difference (no Differences)."""
+    if desired == observed:
+        return False
+    return any(desired.get(k) != observed.get(k) for k in itertools.chain(desired, observed))
 
 
 def _section(document: DeviceState) -> FirewallSection | None:
