@@ -54,7 +54,7 @@ from trueup.subsystems.firewall.canonical import (
 )
 from trueup.subsystems.firewall.monitor import prove
 from trueup.subsystems.firewall.risks import management_findings
-from trueup.subsystems.firewall.section import FirewallSection
+from trueup.subsystems.firewall.section import FirewallSection, rule_path
 from trueup.system.events import NetlinkEvent
 from trueup.system.nft import HostNftables, Nftables, NftError
 from trueup.system.watches import command
@@ -63,6 +63,7 @@ __all__ = ["FirewallError", "FirewallSubsystem"]
 
 _KEY = f"{FAMILY} {TABLE}"
 _CACHE = 4  # canonical forms kept (the applied section, the one being planned, …)
+_RULE_CACHE = 100_000  # canonical rules kept (about 20 MB at most); then started afresh
 
 
 class FirewallError(ValueError):
@@ -90,6 +91,8 @@ class FirewallSubsystem(Subsystem):
         self._lock = threading.Lock()
         # section digest → (nft's canonical facts, the script they came from)
         self._canonical: OrderedDict[str, tuple[Facts, str]] = OrderedDict()
+        self._skeletons: OrderedDict[str, Facts] = OrderedDict()  # skeleton digest → facts
+        self._rules: dict[tuple[str, str, str], Any] = {}  # (skeleton, chain, rule) → fact
         self._observed: tuple[tuple[int, int], Facts] | None = None
         self._targets: OrderedDict[str, tuple[Facts, str | None]] = OrderedDict()
         self._plans = itertools.count(1)
@@ -109,22 +112,87 @@ class FirewallSubsystem(Subsystem):
 
     # -- facts --------------------------------------------------------------
     def canonical(self, section: FirewallSection) -> Facts:
-        """nft's canonical facts for `section`; raises FirewallError naming refused paths."""
+        """nft's canonical facts for `section`; raises FirewallError naming refused paths.
+
+        Cached by the section's digest; below that, each rule's canonical form is
+        cached by its chain, its text and the table's skeleton (sets and chains,
+        which a rule can refer to), so a new document canonicalises in the
+        scratch namespace only the skeleton and the rules not seen before.
+        """
         key = _digest(section)
         with self._lock:
             if key in self._canonical:
                 self._canonical.move_to_end(key)
                 return dict(self._canonical[key][0])
-        text, paths = script(section)
-        try:
-            facts = facts_from_objects(self.nft.scratch_list(text, FAMILY, TABLE))
-        except NftError as exc:
-            raise FirewallError(_explain(exc, text, paths)) from exc
+        text, _paths = script(section)
+        skeleton = _skeleton_digest(section)
+        with self._lock:
+            base = self._skeletons.get(skeleton)
+            known = {
+                (chain.name, rule): self._rules[(skeleton, chain.name, rule)]
+                for chain in section.chains
+                for rule in chain.rules
+                if (skeleton, chain.name, rule) in self._rules
+            }
+        missing = {
+            chain.name: list(dict.fromkeys(r for r in chain.rules if (chain.name, r) not in known))
+            for chain in section.chains
+        }
+        if base is None or any(missing.values()):
+            base = self._canonicalise(section, missing, skeleton, known)
+        facts = dict(base)
+        for chain in section.chains:
+            for index, rule in enumerate(chain.rules):
+                facts[rule_path(chain.name, index)] = known[(chain.name, rule)]
         with self._lock:
             self._canonical[key] = (facts, text)
             while len(self._canonical) > _CACHE:
                 self._canonical.popitem(last=False)
         return dict(facts)
+
+    def _canonicalise(
+        self,
+        section: FirewallSection,
+        missing: dict[str, list[str]],
+        skeleton: str,
+        known: dict[tuple[str, str], Any],
+    ) -> Facts:
+        """Load the skeleton and the `missing` rules in the scratch namespace; fill `known`.
+
+        Returns the skeleton's facts (table, sets, chains). A refusal names the
+        document path of the first rule with the refused text.
+        """
+        partial = section.model_copy(
+            update={
+                "chains": [c.model_copy(update={"rules": missing[c.name]}) for c in section.chains]
+            }
+        )
+        text, paths = script(partial)
+        where: dict[str, str] = {}  # a rule's path in the partial script → in the document
+        for chain in section.chains:
+            first: dict[str, int] = {}
+            for index, rule in enumerate(chain.rules):
+                first.setdefault(rule, index)
+            for j, rule in enumerate(missing[chain.name]):
+                where[rule_path(chain.name, j)] = rule_path(chain.name, first[rule])
+        try:
+            listed = facts_from_objects(self.nft.scratch_list(text, FAMILY, TABLE))
+        except NftError as exc:
+            named = {line: where.get(path, path) for line, path in paths.items()}
+            raise FirewallError(_explain(exc, text, named)) from exc
+        base = {k: v for k, v in listed.items() if ".rules[" not in k}
+        with self._lock:
+            if len(self._rules) > _RULE_CACHE:
+                self._rules.clear()
+            for chain in section.chains:
+                for j, rule in enumerate(missing[chain.name]):
+                    fact = listed.get(rule_path(chain.name, j))
+                    known[(chain.name, rule)] = fact
+                    self._rules[(skeleton, chain.name, rule)] = fact
+            self._skeletons[skeleton] = base
+            while len(self._skeletons) > _CACHE:
+                self._skeletons.popitem(last=False)
+        return base
 
     def desired(self, document: DeviceState, scope: Scope) -> Facts:
         section = _section(document)
@@ -269,6 +337,13 @@ class FirewallSubsystem(Subsystem):
             f"{family} {name}" for family, name in tables if (family, name) != (FAMILY, TABLE)
         )
         return {"table": _KEY, "unmanaged_tables": unmanaged}
+
+
+def _skeleton_digest(section: FirewallSection) -> str:
+    """The digest of what a rule's canonical form can depend on: sets and chain definitions."""
+    data = section.model_dump(mode="json", exclude={"chains": {"__all__": {"rules"}}})
+    text = json.dumps(data, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _differs(desired: Facts, observed: Facts) -> bool:
