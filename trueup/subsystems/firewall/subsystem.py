@@ -3,7 +3,9 @@
 * **desired** — the document's section, canonicalised by nft itself: the
   section becomes a script (`canonical.script`) that is loaded into an empty
   scratch network namespace and listed. The result is cached by the
-  section's digest, so the loop's passes and a no-op plan cost nothing.
+  section's digest, so the loop's passes and a no-op plan cost nothing, and
+  per rule (by skeleton, chain and text), so a new document loads only the
+  rules not seen before.
   A rule nft refuses is reported at its document path
   (`spec.firewall.chains[input].rules[3]`) by `prepare`, before anything
   changes.
@@ -11,11 +13,14 @@
   ruleset generation is unchanged (any nftables commit bumps it).
 * **plan** — one step: replace the table (`load-ruleset`), or delete it when
   the document no longer has `spec.firewall` (`remove-table`).
-* **execute** — one `nft -j -f` batch: add, delete and re-add the table with
-  everything in it, so a refusal changes nothing. Other tables are never
-  named in it.
+* **execute** — one nft transaction: add, delete and re-add the table with
+  everything in it, so a refusal changes nothing. A document's own script is
+  loaded (its facts are that script's canonical form); facts alone (a
+  before-image) load as an `nft -j -f` batch. Other tables are never named.
 * **watches** — `nft monitor`: a rule added behind trueup's back wakes the
-  loop at once (the periodic resync is the fallback).
+  loop at once (the periodic resync is the fallback), and a transaction that
+  only adds or only deletes rules proves drift before any listing
+  (`proven_change`, `monitor.prove`).
 * **management_risks** — `risks.management_findings` on the desired facts:
   the engine's guard refuses a ruleset that would cut the management API off
   unless `--confirm-within` was given.
