@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -109,6 +110,48 @@ def test_under_notify_the_drift_record_says_event(router: Router) -> None:
     assert found is not None and found["detected_by"] == "event", found
     assert "tcp dport 24" in _nft(router, "list", "table", "inet", "trueup")  # left alone
     assert router.trueup("drift").returncode == 2
+
+    # Recorded from the monitor line, then confirmed by the pass: the rule it names is real.
+    def confirmed_paths() -> list[str]:
+        return list((record() or {}).get("paths", []))
+
+    # Recorded from the monitor line, then confirmed by the pass: the rule it names is real
+    # (inserted first, it moves every rule after it).
+    router.wait_for(
+        lambda: "spec.firewall.chains[input].rules[0]" in confirmed_paths(),
+        what="drift confirmed by the pass",
+    )
+    confirmed = record()
+    assert confirmed is not None and confirmed["since"] == found["since"]
+    assert any("tcp dport 24" in a.get("line", "") for a in confirmed["attribution"])
+
+
+def test_trueups_own_apply_through_the_agent_records_no_drift(router: Router) -> None:
+    notify = {"default": "notify"}
+    v1 = router.write("v1.yaml", _document(convergence=notify))
+    assert router.trueup("apply", str(v1)).returncode == 0
+    router.start_agent()
+    v2 = _document(*SAFE_RULES, "tcp dport 25 drop", convergence=notify)
+    assert router.trueup("apply", str(router.write("v2.yaml", v2))).returncode == 0
+    assert "tcp dport 25 drop" in _nft(router, "list", "table", "inet", "trueup")
+    # Then someone else's rule. `nft monitor` reports in commit order, so by the time its
+    # drift is recorded the loop has seen every line of trueup's load before it: had the
+    # load been taken for drift, the record would be older than this rule, or have ended.
+    started = time.time()
+    _nft(router, "add", "rule", "inet", "trueup", "input", "tcp", "dport", "26", "drop")
+
+    def firewall() -> dict[str, Any]:
+        return dict(router.api("/v1/status")["subsystems"]["firewall"])
+
+    router.wait_for(lambda: isinstance(firewall().get("drift"), dict), what="drift recorded")
+    seen = firewall()
+    record = seen["drift"]
+    assert seen.get("last_drift") is None, seen
+    assert record["detected_by"] == "event", record
+    since = datetime.fromisoformat(record["since"].replace("Z", "+00:00")).timestamp()
+    assert since >= started, record
+    proof = [a["line"] for a in record["attribution"] if a.get("kind") == "command"]
+    assert proof and all("tcp dport 26 drop" in line for line in proof), record
 
 
 def test_a_bad_rule_changes_nothing_and_names_its_path(router: Router) -> None:

@@ -13,7 +13,7 @@ from trueup.journal.state import StateDir
 from trueup.model.document import DocumentError, parse_document
 from trueup.reconcile.status import gather
 from trueup.reconcile.transaction import Engine, NeedsConfirmation
-from trueup.subsystems.firewall import FirewallSubsystem
+from trueup.subsystems.firewall import FirewallError, FirewallSubsystem
 from trueup.subsystems.firewall.canonical import batch, facts_from_objects
 from trueup.subsystems.firewall.risks import management_findings
 from trueup.subsystems.registry import default_subsystems, scope_for
@@ -335,3 +335,33 @@ def test_the_watch_is_nft_monitor() -> None:
     assert [w.argv for w in sub.watches] == [("nft", "monitor")]
     source = event_source_for(sub.watches)
     assert source.name == "nft monitor"
+
+
+def test_only_rules_not_seen_before_are_canonicalised(nft: FakeNftables) -> None:
+    sub = FirewallSubsystem(nft)
+    scripts: list[str] = []
+    listing = nft.scratch_list
+
+    def recorded(script: str, family: str, name: str) -> list[dict[str, Any]]:
+        scripts.append(script)
+        return listing(script, family, name)
+
+    nft.scratch_list = recorded  # type: ignore[method-assign]
+    first = _doc(SAFE)
+    scope = scope_for(first)
+    sub.desired(first, scope)
+    edited = _doc(_firewall("ct state established,related accept", "tcp dport 22 accept",
+                            'iifname "mgmt0" tcp dport 7443 accept'))  # fmt: skip
+    facts = sub.desired(edited, scope)
+    # The second scratch load holds the table's skeleton and the one new rule only.
+    assert [line for line in scripts[1].splitlines() if line.startswith("add rule")] == [
+        "add rule inet trueup input tcp dport 22 accept"
+    ]
+    # The facts are the same as canonicalising the whole document afresh.
+    assert facts == FirewallSubsystem(nft).desired(edited, scope)
+    # A refused new rule is still named at its document path.
+    nft.refuse["tcp dport 23 acept"] = "Error: syntax error"
+    bad = _doc(_firewall("ct state established,related accept", "tcp dport 22 accept",
+                         "tcp dport 23 acept"))  # fmt: skip
+    with pytest.raises(FirewallError, match=r"chains\[input\]\.rules\[2\]"):
+        sub.canonical(bad.spec.section("firewall"))

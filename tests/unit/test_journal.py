@@ -87,3 +87,24 @@ def test_tampered_revision_is_detected(tmp_path: Path) -> None:
     record["document"]["spec"]["a"] = 2
     (tmp_path / "s" / "revisions" / "00000001.json").write_text(json.dumps(record))
     assert state.tampered_revisions() == [str(tmp_path / "s" / "revisions" / "00000001.json")]
+
+
+def test_compaction_keeps_large_journals_below_the_threshold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import trueup.journal.journal as journal_module
+
+    monkeypatch.setattr(journal_module, "_COMPACT_BYTES", 64 * 1024)
+    journal = Journal(tmp_path / "journal.jsonl")
+    image = {"firewall": {f"rule[{i}]": "x" * 100 for i in range(150)}}  # ~16 KiB each
+    txns = []
+    for _ in range(12):
+        txn = journal.begin(version=1, before=image)  # type: ignore[call-arg]
+        journal.record(txn, "commit")
+        txns.append(txn)
+    size = (tmp_path / "journal.jsonl").stat().st_size
+    # Compacted at a begin to half the threshold, then appended to: bounded, instead of
+    # 50 transactions of before-images rewritten on every begin.
+    assert size < 2 * 64 * 1024
+    kept = [t.txn for t in journal.transactions()]
+    assert kept == txns[-len(kept) :] and 2 <= len(kept) < len(txns)

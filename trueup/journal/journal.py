@@ -28,6 +28,7 @@ __all__ = ["TERMINAL", "Journal", "Transaction"]
 TERMINAL = {"commit", "rolled_back"}
 _COMPACT_BYTES = 4 * 1024 * 1024
 _KEEP_TRANSACTIONS = 50
+_MIN_KEEP = 2  # transactions kept by compaction whatever their size
 
 
 @dataclass
@@ -212,8 +213,19 @@ class Journal:
                 return
         except FileNotFoundError:
             return
-        keep = self.transactions()[-_KEEP_TRANSACTIONS:]
-        lines = [
-            json.dumps(r, sort_keys=True, separators=(",", ":")) for t in keep for r in t.records
-        ]
-        write_atomic(self.path, ("\n".join(lines) + "\n").encode())
+        # The last transactions, newest first, up to half the threshold (at least
+        # `_MIN_KEEP`): with large before-images (a 5,000-rule firewall is 1.5 MB)
+        # 50 transactions would stay above the threshold and every begin would
+        # rewrite and re-read all of them.
+        kept: list[list[str]] = []
+        size = 0
+        for transaction in reversed(self.transactions()[-_KEEP_TRANSACTIONS:]):
+            lines = [
+                json.dumps(r, sort_keys=True, separators=(",", ":")) for r in transaction.records
+            ]
+            size += sum(len(line) + 1 for line in lines)
+            if len(kept) >= _MIN_KEEP and size > _COMPACT_BYTES // 2:
+                break
+            kept.append(lines)
+        text = "\n".join(line for lines in reversed(kept) for line in lines)
+        write_atomic(self.path, (text + "\n").encode())

@@ -126,6 +126,13 @@ class EventLog:
         """Notifications numbered above `seq`, oldest first."""
         return [(s, e) for s, e in list(self._recent) if s > seq]
 
+    def complete_after(self, seq: int) -> list[tuple[int, NetlinkEvent]] | None:
+        """Every notification numbered above `seq`; None when some were already dropped."""
+        events = self.after(seq)
+        if events and events[0][0] != seq + 1:
+            return None
+        return events
+
 
 def identifiers(diffs: Iterable[Difference], scope: Scope) -> set[str]:
     """Interface names and destinations a drift's paths talk about."""

@@ -17,6 +17,12 @@ How a pass works (controller-runtime style: the event names nothing):
 4. what policy and bounds allow is healed as one journaled `reconcile`
    transaction (`trueup.reconcile.healer`); contested paths are left alone.
 
+One exception to "the event names nothing": before its pass the loop asks a
+subsystem it last saw in sync whether the notifications since *prove* a
+change (`_record_proven_drift`; the firewall's `nft monitor` lines can). A
+proof is recorded as drift at once, so detection does not wait for a
+listing of thousands of rules; the pass still observes, confirms and heals.
+
 The other parts, each in its own module:
 
 * confirm-or-rollback (`apply --confirm-within`): `trueup.reconcile.confirmwait`
@@ -27,7 +33,9 @@ Why this module is over 400 lines: besides scheduling and passes it is the
 agent's one entry for operator requests (apply, rollback, confirm, reconcile,
 ack). Each is a few lines that delegate to the modules above; they stay here
 because they take the loop's lock, hold passes off while they write, and
-wake the loop afterwards.
+wake the loop afterwards. Drift proven by notifications is recorded here
+too, because it must see the same drift book, writers and event log as the
+pass under the same lock.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from trueup.journal.atomic import StateFileError
 from trueup.journal.lock import lock_holder
 from trueup.model.document import DeviceState, DocumentError
 from trueup.reconcile.attribution import (
+    MAX_ATTRIBUTION,
     DriftBook,
     DriftRecord,
     EventLog,
@@ -68,6 +77,7 @@ log = logging.getLogger("trueup.reconcile")
 RECONCILE_FILE = "reconcile.json"
 ACTOR = "reconciler"
 RETRY_SOON = 0.1  # after a pass skipped for a writer, or a deferred rollback
+PROOF_WAIT = 0.1  # longest wait for the rest of a change being reported (`_record_proven_drift`)
 
 
 class ReconcileLoop:
@@ -122,6 +132,9 @@ class ReconcileLoop:
         self._tick_due = False
         self._retry_after: float | None = None
         self._document_cache: tuple[Any, DeviceState | None] = (None, None)
+        # subsystem → (its observation mark, the event seq its pass started at, the
+        # applied document's key), kept while its last pass found it in sync.
+        self._in_sync: dict[str, tuple[object, int, Any]] = {}
         self.healer = Healer(engine, self.governor, clock, self.counters)
         self.confirmation = ConfirmWait(
             engine, clock=clock, lock=self._lock, on_converged=self._start_over
@@ -176,6 +189,8 @@ class ReconcileLoop:
             self._wake.clear()
             if self._stop.is_set():
                 return
+            if self._events_since_pass and self._in_sync:
+                self._record_proven_drift()
             self._await_writers()
             names: list[str] | None = None
             if woken and self._tick_due and not self._events_since_pass and not self._retry_soon:
@@ -212,6 +227,76 @@ class ReconcileLoop:
                 delay = min(1.0, delay * 2)
                 continue
             return
+
+    def _record_proven_drift(self) -> None:
+        """Drift that notifications alone prove, recorded before the pass that confirms it.
+
+        Listing a large table takes hundreds of milliseconds; the notification
+        that names the change arrives in a few. A subsystem whose last pass
+        found it in sync at an exact state (`observation_mark`) is asked whether
+        the notifications since prove a change (`proven_change`): only a proof
+        counts, never a guess, so the record is true when it is written — a
+        change trueup made itself is never proven (the firewall's own loads
+        delete and re-create the table, which proves nothing). Nothing is
+        proven while a trueup transaction runs, after notifications were lost,
+        or against a document other than the one the pass compared with. The
+        pass that follows observes, fills in the paths, heals per policy, and
+        ends the record if the system is in sync again.
+        """
+        deadline: float | None = None
+        while not self._stop.is_set():
+            pending = False
+            with self._lock:
+                if self._applying or self.engine.active or lock_holder(self.state.root / "lock"):
+                    return
+                self._document()
+                key = self._document_cache[0]
+                recorded = False
+                for sub in self.engine.subsystems:
+                    entry = self._in_sync.get(sub.name)
+                    if entry is None or self._drift.get(sub.name) is not None:
+                        continue
+                    mark, seq, document_key = entry
+                    events = self._events.complete_after(seq)
+                    if document_key != key or events is None:
+                        continue
+                    if any(event.kind == "overflow" for _, event in events):
+                        continue  # a watch restarted: what it missed proves nothing
+                    verdict = sub.proven_change(mark, events)
+                    pending = pending or verdict.pending
+                    if verdict.paths:
+                        self._record_proof(sub.name, verdict.paths, verdict.lines, events)
+                        recorded = True
+                if recorded:
+                    self._refresh_view()
+            if not pending:
+                return
+            # A change is being reported and its last line is due at once (the end
+            # of an nftables transaction): wait for it, briefly, then let the pass decide.
+            now = time.monotonic()
+            deadline = now + PROOF_WAIT if deadline is None else deadline
+            if now >= deadline or not self._wake.wait(deadline - now):
+                return
+            self._wake.clear()
+
+    def _record_proof(
+        self,
+        name: str,
+        paths: tuple[str, ...],
+        lines: tuple[int, ...],
+        events: list[tuple[int, NetlinkEvent]],
+    ) -> None:
+        del self._in_sync[name]
+        record = self._drift.start(name, self.clock(), "event")
+        record.paths = list(paths)
+        proving = set(lines)
+        record.attribution = [
+            {**event.to_json(), "match": "proves the change"}
+            for seq, event in events
+            if seq in proving
+        ][-MAX_ATTRIBUTION:]
+        record.seen_events = max(proving, default=record.seen_events)
+        log.warning("%s: drift proven by notifications: %s", name, ", ".join(paths))
 
     def _timeout(self) -> float:
         """Seconds until the next pass is due, whatever wakes the loop before."""
@@ -309,6 +394,7 @@ class ReconcileLoop:
                 self._last_resync_at = now
             if document is None:
                 self._drift.forget()
+                self._in_sync.clear()
                 self._refresh_view()
                 report.skipped = "nothing applied"
                 return report
@@ -327,6 +413,7 @@ class ReconcileLoop:
                         continue
                     desired = sub.desired(document, scope)
                     differences[sub.name] = diffs = sub.diff(desired, observed_all[sub.name])
+                    self._note_sync(sub, diffs, observed_all[sub.name])
                     self._record_drift(sub, diffs, scope, now, detected_by, since_seq)
                     report.drift[sub.name] = [d.path for d in diffs]
             self._retry_for_new_links(since_seq, scope)
@@ -345,6 +432,14 @@ class ReconcileLoop:
             self._persist()
             self._refresh_view()
             return report
+
+    def _note_sync(self, sub: Subsystem, diffs: list[Difference], observed: Any) -> None:
+        """In sync at an exact state: notifications from here on may prove drift."""
+        mark = None if diffs else sub.observation_mark(observed)
+        if mark is None:
+            self._in_sync.pop(sub.name, None)
+        else:
+            self._in_sync[sub.name] = (mark, self._pass_from_seq, self._document_cache[0])
 
     def _record_drift(
         self,
@@ -390,6 +485,7 @@ class ReconcileLoop:
         """What is applied changed (an apply, a rollback): bounds and drift records start over."""
         self.governor.reset(s.name for s in self.engine.subsystems)
         self._drift.forget()
+        self._in_sync.clear()
         self._persist()
 
     # -- operator writes ----------------------------------------------------
@@ -480,6 +576,8 @@ class ReconcileLoop:
             closed = [n for n in names if self.governor.of(n).breaker != "closed"]
             self.governor.reset(names)
             self._drift.forget(names)
+            for name in names:
+                self._in_sync.pop(name, None)
             self.state.audit.append(
                 "reconcile_requested", actor, subsystems=names, breakers_closed=closed
             )

@@ -24,7 +24,7 @@ Rollback is not special: it is `plan(before_image, observe(...))` with
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -32,11 +32,13 @@ from pydantic import BaseModel
 
 from trueup.model.document import DeviceState
 from trueup.model.health import SubsystemHealth, Tier
+from trueup.system.events import NetlinkEvent
 from trueup.system.sources import Sources
 from trueup.system.watches import Watch
 
 __all__ = [
     "Difference",
+    "EventVerdict",
     "Facts",
     "Plan",
     "Scope",
@@ -199,6 +201,20 @@ def diff_facts(
     return out
 
 
+@dataclass(frozen=True)
+class EventVerdict:
+    """What notifications prove about a subsystem that was in sync (`proven_change`).
+
+    `paths`: what certainly changed (empty: nothing proven); `pending`: a
+    change is being reported but not complete yet (more notifications follow
+    at once, e.g. the end of an nftables transaction).
+    """
+
+    paths: tuple[str, ...] = ()
+    lines: tuple[int, ...] = ()  # the sequence numbers of the notifications that prove it
+    pending: bool = False
+
+
 class Subsystem(ABC):
     """One area of the system trueup owns. Subsystems never import each other."""
 
@@ -280,6 +296,29 @@ class Subsystem(ABC):
         """Observations for status beside the facts (a firewall's unmanaged tables)."""
         del sources, scope
         return {}
+
+    def observation_mark(self, observed: Facts) -> object | None:
+        """A token naming the exact system state `observed` was read at, or None.
+
+        The reconcile loop keeps it when a pass finds the subsystem in sync and
+        hands it to `proven_change` with the notifications that follow. The
+        default knows no such state: drift is found by the pass alone.
+        """
+        del observed
+        return None
+
+    def proven_change(
+        self, mark: object, events: Sequence[tuple[int, NetlinkEvent]]
+    ) -> EventVerdict:
+        """Whether `events` (numbered notifications) prove a change since the state `mark` names.
+
+        Only a proof counts: the loop records drift from it before its pass
+        (which confirms and heals), so a change trueup itself made, or one
+        that may have left things as they were, must not be proven. The
+        default proves nothing.
+        """
+        del mark, events
+        return EventVerdict()
 
     def diff(self, desired: Facts, observed: Facts) -> list[Difference]:
         return diff_facts(

@@ -254,6 +254,7 @@ class FakeNftables:
         self.refuse: dict[str, str] = {}
         self.fail_next: str | None = None
         self.batches: list[dict[str, Any]] = []
+        self.scripts: list[str] = []
         self.listings = 0
 
     def generation(self) -> tuple[int, int] | None:
@@ -274,11 +275,12 @@ class FakeNftables:
         self.gen += 1
 
     def run(self, script: str, *, json_input: bool = False) -> None:
-        if not json_input:
-            raise NftError("the fake runs JSON batches only")
         if self.fail_next is not None:
             message, self.fail_next = self.fail_next, None
             raise NftError(message)
+        if not json_input:
+            self._run_script(script)
+            return
         data = json.loads(script)
         self.batches.append(data)
         staged = copy.deepcopy(self.ruleset)
@@ -293,6 +295,17 @@ class FakeNftables:
             else:
                 staged[key].append({kind: dict(body)})
         self.ruleset = staged
+        self.gen += 1
+
+    def _run_script(self, script: str) -> None:
+        """trueup's load script: `add table T; delete table T;` then the table, all or nothing."""
+        lines = script.splitlines()
+        head = "add table inet trueup"
+        if lines[:2] != [head, "delete table inet trueup"]:
+            raise NftError("the fake runs trueup's load scripts only")
+        objects = self.scratch_list("\n".join(lines[2:]) + "\n", "inet", "trueup")
+        self.scripts.append(script)
+        self.ruleset[("inet", "trueup")] = objects
         self.gen += 1
 
     def scratch_list(self, script: str, family: str, name: str) -> list[dict[str, Any]]:

@@ -39,20 +39,29 @@ _ADDRESSING = ("family", "table", "handle", "name", "chain")
 
 
 def _clean(value: Any) -> Any:
-    """`value` without what changes by itself: counters, quota use, expiry, handles."""
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    if not isinstance(value, dict):
+    """`value` without what changes by itself: counters, quota use, expiry, handles.
+
+    Scalars are returned without a call per leaf: a 5,000-rule listing has
+    hundreds of thousands of them.
+    """
+    if type(value) is list:
+        return [_clean(v) if type(v) is dict or type(v) is list else v for v in value]
+    if type(value) is not dict:
         return value
     out: dict[str, Any] = {}
     for key, item in value.items():
-        if key in ("handle", "expires"):
+        if key == "handle" or key == "expires":
             continue
-        if key == "counter" and isinstance(item, dict) and "packets" in item:
-            item = {**item, "packets": 0, "bytes": 0}
-        elif key == "quota" and isinstance(item, dict):
-            item = {k: v for k, v in item.items() if k not in ("used", "used_unit")}
-        out[key] = _clean(item)
+        kind = type(item)
+        if kind is dict:
+            if key == "counter" and "packets" in item:
+                item = {**item, "packets": 0, "bytes": 0}
+            elif key == "quota":
+                item = {k: v for k, v in item.items() if k not in ("used", "used_unit")}
+            item = _clean(item)
+        elif kind is list:
+            item = _clean(item)
+        out[key] = item
     return out
 
 
