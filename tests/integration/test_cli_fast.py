@@ -9,6 +9,7 @@ whether it imported typer, so a silent fall back to the full CLI is seen.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import signal
@@ -34,12 +35,17 @@ _FAST = (
     "    print('typer imported:', 'typer' in sys.modules, file=sys.stderr)\n"
 )
 _TYPER = "import sys\nsys.argv[0] = 'trueup'\nfrom trueup.cli.main import main\nmain()\n"
-# Values that legitimately differ between two calls a moment apart.
-_VOLATILE = re.compile(r"(\"?observed_at\"?: )[\"']?[0-9T:.Z+-]+[\"']?")
+# Values that legitimately differ between two calls a moment apart: when status
+# was observed, and the reconcile loop's clock and counters (periodic watches
+# — Kea, Knot — wake it between the two calls).
+_VOLATILE = re.compile(
+    r"(\"?(?:observed_at|last_pass_at|last_resync_at|last_event_at)\"?: )[\"']?[0-9T:.Z+-]+[\"']?"
+)
+_COUNTERS = re.compile(r"(\"?(?:passes|events|ticks)\"?: )[0-9]+")
 
 
 def _normalise(text: str) -> str:
-    return _VOLATILE.sub(r"\1<time>", text)
+    return _COUNTERS.sub(r"\1<n>", _VOLATILE.sub(r"\1<time>", text))
 
 
 def _run(router: Router, script: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -53,7 +59,15 @@ def both(router: Router, *args: str, fast: bool = True) -> tuple[int, str, str]:
     assert marker.strip() == f"typer imported: {not fast}", (args, quick.stderr)
     full = _run(router, _TYPER, *args)
     fast_outcome = (quick.returncode, _normalise(quick.stdout), _normalise("".join(errors)))
-    assert fast_outcome == (full.returncode, _normalise(full.stdout), _normalise(full.stderr))
+    full_outcome = (full.returncode, _normalise(full.stdout), _normalise(full.stderr))
+    assert fast_outcome == full_outcome, "".join(
+        difflib.unified_diff(
+            fast_outcome[1].splitlines(keepends=True),
+            full_outcome[1].splitlines(keepends=True),
+            "fast path",
+            "typer",
+        )
+    )
     return fast_outcome
 
 
