@@ -253,13 +253,27 @@ def test_sigkill_at_random_moments_after_begin(sweep: Sweep) -> None:
         seen = router.snapshot()
         assert seen in (snapshots[current], snapshots[target]), seen
         drift = json.loads(router.trueup("drift", "-o", "json").stdout)
-        assert drift["differences"] == [], drift
+        assert drift["differences"] == [], _evidence(router, drift, recovered.stdout)
         finished = router.trueup("apply", str(paths[target]))
         assert finished.returncode == 0, finished.stderr
         assert router.snapshot() == snapshots[target]
         current = target
     sweep.agent()
     sweep.consistent()
+
+
+def _evidence(router: Router, *extra: object) -> str:
+    """What a failed recovery left: the journal's last records and the applied record."""
+    journal = router.state_dir / "journal.jsonl"
+    lines = journal.read_text().splitlines()[-6:] if journal.exists() else []
+    applied = router.state_dir / "applied.json"
+    return "\n".join(
+        [
+            *(line[:600] for line in lines),
+            applied.read_text() if applied.exists() else "",
+            *map(str, extra),
+        ]
+    )
 
 
 def _begins(router: Router) -> int:

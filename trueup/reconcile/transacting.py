@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from trueup.model.document import DeviceState, document_digest
@@ -73,6 +74,12 @@ class Transacting(Committing, Checking, Overriding):
         applied_version = int(applied.get("version", 0))
         # Before any revision, a console override is what management must not lose.
         previous = self.applied_document() or self._override_document()
+        # A heal converges to what is applied *now*, under the lock: the caller
+        # read the applied revision before recovery may have rolled back the
+        # transaction a crash left open (whose applied record it then saw).
+        stale = change.kind == "reconcile" and change.document.metadata.version != applied_version
+        if stale and previous is not None and applied_version:
+            change = replace(change, document=previous)
         digest = document_digest(change.document)
         version, same_version = self._resolve_version(change, applied, digest)
         self._check_origin(change, applied)
