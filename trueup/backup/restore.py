@@ -1,0 +1,376 @@
+"""`trueup restore apply`: the restore as a journaled state machine.
+
+Who calls this: the CLI (without a running agent), the agent's
+`POST /v1/restore/apply`, and the agent at startup (`resume`, after the
+management tier, in the services tier's time).
+
+```
+analyzed → fenced → staged → awaiting_restart → applying → verifying → completed
+                                                    └──────────────────→ rolled_back
+```
+
+Each state is written to the restore record (`trueup.journal.restore`)
+*before* its work starts, and every state's work is idempotent, so a
+SIGKILL, a restart or a reboot resumes the restore where it was (test fault
+points `restore:STATE` fire right after each state is written):
+
+* `analyzed` — the analysis passed for the mode (it is re-run by every
+  `restore apply`; a refused archive never gets a record);
+* `fenced` — the `dhcp` allocator fence is held (owner `restore`): no Kea
+  hands out a lease until the restore is done;
+* `staged` — the components the mode needs are copied into
+  `STATE_DIR/restore/staged/`, each verified while it streams;
+* `awaiting_restart` — with `--reboot` the restore waits until the boot ID
+  changes; without, it goes straight on;
+* `applying` — full mode: Kea stopped through the daemon supervisor, the
+  lease file replaced from the staged copy (the previous one kept as a dated
+  copy); then the restored revision goes through the one transaction engine
+  (origin `restore`, audited; the management guard holds);
+* `verifying` — the applied record is the restored revision, the system
+  matches it, and (full) Kea holds every archived lease;
+* `completed` lifts the fence. `rolled_back` (the transaction failed or was
+  refused) lifts it only once the system is back at its previous revision:
+  the applied record is the previous one and nothing differs from it;
+  otherwise the fence stays and the record says so.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from trueup.backup.analysis import analyze
+from trueup.backup.format import CONFIG, DNS, LEASES
+from trueup.backup.interfaces import map_interfaces
+from trueup.backup.leaseswap import file_sha256, put_back_leases, replace_leases, stage_components
+from trueup.backup.reader import ArchiveError, read_manifest
+from trueup.journal.restore import TERMINAL, boot_id, read_record, record_path, write_record
+from trueup.model.document import DocumentError, parse_document
+from trueup.reconcile import faults
+from trueup.reconcile.transaction import Change, Engine, NeedsConfirmation, Refused
+from trueup.system.daemon import verified_pid
+from trueup.system.fence import hold_fence, lift_fence
+from trueup.system.kea import KeaError, kea_paths
+from trueup.system.kealeases import KeaSocketError, read_leases
+
+__all__ = ["RestoreRefused", "resume", "start_restore"]
+
+OWNER = "restore"
+
+
+class RestoreRefused(Exception):
+    """A restore that was not started (or resumed): nothing was changed. `problems` name entries."""
+
+    def __init__(self, message: str, problems: list[dict[str, Any]] | None = None) -> None:
+        self.problems = problems or []
+        super().__init__(message)
+
+
+def _staged_dir(engine: Engine) -> Path:
+    return engine.state.root / "restore" / "staged"
+
+
+def start_restore(
+    engine: Engine,
+    archive: Path,
+    mode: str,
+    mappings: dict[str, str],
+    links: list[str],
+    *,
+    reboot: bool = False,
+    actor: str = "local",
+) -> dict[str, Any]:
+    """Analyse `archive` for `mode`, record it, and run the restore as far as it goes now.
+
+    A pending restore of the same archive and mode is resumed instead; another
+    one pending refuses (RestoreRefused). Returns the record.
+    """
+    root = engine.state.root
+    archive = Path(archive).absolute()
+    pending = read_record(root)
+    if pending is not None and pending.get("state") not in TERMINAL:
+        if pending.get("state") == "damaged":
+            raise RestoreRefused(str(pending.get("problem")))
+        same = pending.get("archive") == str(archive) and pending.get("mode") == mode
+        if not same:
+            raise RestoreRefused(
+                f"a {pending.get('mode')} restore of {pending.get('archive')} is pending "
+                f"({pending.get('state')}); it finishes first: {pending.get('next')}"
+            )
+        return run(engine, actor, resumed=True)
+    analysis = analyze(archive, engine.state, links, mappings)
+    if not analysis.eligible.get(mode):
+        refusals = [p.to_json() for p in analysis.refusals(mode)]
+        first = refusals[0] if refusals else {"entry": "?", "message": "not eligible"}
+        raise RestoreRefused(
+            f"{archive}: a {mode} restore is refused: {first['entry']}: {first['message']}"
+            + (f" (+{len(refusals) - 1} more)" if len(refusals) > 1 else "")
+            + "; nothing was changed (trueup restore analyze shows every problem)",
+            refusals,
+        )
+    assert analysis.manifest is not None
+    applied = engine.state.applied()
+    if pending is not None:  # a finished restore: keep its record beside the new one
+        done = record_path(root).with_name(f"restore-{pending.get('id', 'old')}.json")
+        record_path(root).replace(done)
+    shutil.rmtree(_staged_dir(engine), ignore_errors=True)
+    record: dict[str, Any] = {
+        "id": uuid.uuid4().hex[:12],
+        "archive": str(archive),
+        "archive_sha256": file_sha256(archive),
+        "mode": mode,
+        "mappings": mappings,
+        "reboot": reboot,
+        "actor": actor,
+        "device": analysis.manifest.device,
+        "revision": analysis.manifest.revision,
+        "previous": {"version": applied.get("version"), "digest": applied.get("digest")},
+    }
+    _transition(engine, record, "analyzed", "analysis passed for " + mode)
+    engine.state.audit.append(
+        "restore_started", actor, archive=str(archive), mode=mode, restore=record["id"]
+    )
+    return run(engine, actor, resumed=False)
+
+
+def resume(engine: Engine, actor: str = "agent") -> dict[str, Any] | None:
+    """Resume a pending restore (the agent at startup); None when none is pending."""
+    record = read_record(engine.state.root)
+    if record is None or record.get("state") in (*TERMINAL, "damaged"):
+        return record
+    return run(engine, actor, resumed=True)
+
+
+def _transition(engine: Engine, record: dict[str, Any], state: str, note: str = "") -> None:
+    write_record(engine.state.root, record, state, note)
+    faults.hit(f"restore:{state}")
+
+
+def _save(engine: Engine, record: dict[str, Any]) -> None:
+    """Write progress within a state (no transition)."""
+    write_record(engine.state.root, record, record["state"], "progress")
+    record["history"].pop()
+
+
+def run(engine: Engine, actor: str, *, resumed: bool) -> dict[str, Any]:
+    """Drive the pending restore forward until it ends or waits for a reboot."""
+    root = engine.state.root
+    record = read_record(root)
+    if record is None or record.get("state") in (*TERMINAL, "damaged"):
+        raise RestoreRefused("no restore is pending")
+    if record.get("boot_id") != boot_id():
+        record["history"].append(
+            {"state": record["state"], "note": "resumed after a reboot (the boot ID changed)"}
+        )
+    elif resumed:
+        record["history"].append({"state": record["state"], "note": "resumed (same boot)"})
+    while True:
+        state = record["state"]
+        if state == "analyzed":
+            reason = f"restore of {record['archive']} ({record['mode']}) in progress"
+            hold_fence(root, "dhcp", OWNER, reason)
+            record["fence_held"] = True
+            engine.state.audit.append("fence_held", actor, subsystem="dhcp", owner=OWNER)
+            _transition(engine, record, "fenced")
+            _assert_allocator(engine)
+        elif state == "fenced":
+            _stage(engine, record)
+            _transition(engine, record, "staged")
+        elif state == "staged":
+            record["awaiting_boot_id"] = boot_id()
+            _transition(engine, record, "awaiting_restart")
+        elif state == "awaiting_restart":
+            if record.get("reboot") and boot_id() == record.get("awaiting_boot_id"):
+                return record
+            _transition(engine, record, "applying")
+        elif state == "applying":
+            _apply(engine, record, actor)
+        elif state == "verifying":
+            problem = _verify(engine, record)
+            if problem:
+                record["problem"] = problem
+                _save(engine, record)
+                return record
+            record.pop("problem", None)
+            lift_fence(root, "dhcp")
+            record["fence_held"] = False
+            shutil.rmtree(_staged_dir(engine), ignore_errors=True)
+            _transition(engine, record, "completed")
+            _assert_allocator(engine)
+            engine.state.audit.append(
+                "restore_completed", actor, restore=record["id"], archive=record["archive"]
+            )
+            return record
+        else:
+            return record
+
+
+def _stage(engine: Engine, record: dict[str, Any]) -> None:
+    archive = Path(record["archive"])
+    try:
+        same = file_sha256(archive) == record["archive_sha256"]
+        manifest = read_manifest(archive) if same else None
+        why = "" if same else "its sha256 changed"
+    except (OSError, ArchiveError) as exc:
+        manifest, why = None, str(exc)
+    if manifest is None:
+        record["problem"] = (
+            f"{archive}: the archive changed or vanished since it was analysed ({why}); put the "
+            "analysed copy back and run trueup restore apply again"
+        )
+        _save(engine, record)
+        raise RestoreRefused(record["problem"])
+    wanted = {CONFIG, LEASES, DNS} if record["mode"] == "full" else {CONFIG}
+    version = int(record["revision"].get("version", 0))
+    revision = f"config/revisions/{version:08d}.json"
+    entries = [
+        e.path
+        for e in manifest.entries
+        if e.component in wanted
+        and (e.component != CONFIG or e.path in (revision, "config/applied.json"))
+    ]
+    staged = _staged_dir(engine)
+    record["staged"] = stage_components(archive, entries, staged)
+    document = json.loads((staged / revision).read_text())["document"]
+    document = map_interfaces(document, record.get("mappings") or {})
+    document.setdefault("metadata", {}).pop("version", None)  # the engine numbers it
+    (staged / "document.json").write_text(json.dumps(document, sort_keys=True))
+
+
+def _apply(engine: Engine, record: dict[str, Any], actor: str) -> None:
+    staged = _staged_dir(engine)
+    try:
+        document = parse_document(
+            json.loads((staged / "document.json").read_text()), "the restored revision"
+        )
+    except (OSError, ValueError, DocumentError) as exc:
+        _roll_back(engine, record, actor, f"the staged revision is unreadable: {exc}")
+        return
+    with engine.writer("restore", actor):
+        if record["mode"] == "full":
+            for line in replace_leases(
+                engine.daemons, staged, record, lambda: _save(engine, record)
+            ):
+                record.setdefault("notes", []).append(line)
+        try:
+            result = engine.transact(
+                Change(
+                    document,
+                    kind="restore",
+                    origin="restore",
+                    actor=actor,
+                    source=f"restore {record['id']} of {record['archive']}",
+                )
+            )
+        except (Refused, NeedsConfirmation) as exc:
+            _roll_back(engine, record, actor, f"the engine refused the restored revision: {exc}")
+            return
+        if not result.ok:
+            failed = "; ".join(f"{k}: {v}" for k, v in result.failed.items())
+            _roll_back(engine, record, actor, f"the transaction {result.outcome}: {failed}")
+            return
+    record["applied"] = {"version": result.version, "digest": result.digest, "txn": result.txn}
+    _transition(engine, record, "verifying", f"transaction {result.outcome}")
+
+
+def _roll_back(engine: Engine, record: dict[str, Any], actor: str, problem: str) -> None:
+    """The restore failed: leases back (full), the previous revision converged, fence decided."""
+    root = engine.state.root
+    record["problem"] = problem
+    with engine.writer("restore", actor):
+        put_back_leases(engine.daemons, record)
+        previous = record.get("previous") or {}
+        back = engine.state.applied()
+        at_previous = (back.get("version"), back.get("digest")) == (
+            previous.get("version"),
+            previous.get("digest"),
+        )
+        current = engine.applied_document()
+        if current is not None and at_previous:
+            try:  # level-based: Kea stopped for the lease swap is started again
+                result = engine.transact(
+                    Change(current, kind="restore", origin="restore", actor=actor)
+                )
+                at_previous = result.ok
+            except (Refused, NeedsConfirmation):
+                at_previous = False
+    if at_previous and not _differences(engine):
+        lift_fence(root, "dhcp")
+        record["fence_held"] = False
+    _transition(engine, record, "rolled_back", problem)
+    _assert_allocator(engine)
+    engine.state.audit.append(
+        "restore_rolled_back", actor, restore=record["id"], problem=problem[:500]
+    )
+
+
+def _differences(engine: Engine) -> list[str]:
+    """Paths where the system differs from the applied revision (empty: it matches)."""
+    document = engine.applied_document()
+    if document is None:
+        return []
+    errors: dict[str, str] = {}
+    with engine.sources() as net:
+        found = engine.differences(document, net, errors=errors)
+    out = [f"{name}: {d.path}" for name, diffs in found.items() for d in diffs]
+    return out + [f"{name}: {why}" for name, why in errors.items()]
+
+
+def _verify(engine: Engine, record: dict[str, Any]) -> str:
+    """Why the restore is not done yet ("" when it is)."""
+    applied = engine.state.applied()
+    want = record.get("applied") or {}
+    if applied.get("digest") != want.get("digest") or applied.get("outcome") != "committed":
+        return (
+            f"the applied revision is {applied.get('version')} ({applied.get('digest')}), not "
+            f"the restored {want.get('version')} ({want.get('digest')})"
+        )
+    differing = _differences(engine)
+    if differing:
+        return "the system differs from the restored revision: " + ", ".join(differing[:10])
+    if record["mode"] != "full":
+        return ""
+    for entry in sorted(record.get("staged", {})):
+        if not entry.startswith(LEASES + "/"):
+            continue
+        family = 6 if Path(entry).name.startswith("kea-leases6") else 4
+        wanted = {
+            lease.address
+            for lease in read_leases(
+                family, socket_path=None, lease_file=_staged_dir(engine) / entry
+            )[1]
+        }
+        paths = kea_paths(engine.daemons.run_dir(f"kea-dhcp{family}"), family)
+        try:
+            source, leases = read_leases(family, socket_path=paths.socket, lease_file=paths.leases)
+            held = {lease.address for lease in leases}
+        except (KeaSocketError, OSError) as exc:
+            return f"kea-dhcp{family}: cannot read the leases back: {exc}"
+        missing = sorted(wanted - held)
+        if missing:
+            return (
+                f"kea-dhcp{family} ({source}) does not hold {len(missing)} archived lease(s), "
+                f"first {missing[0]}"
+            )
+    return ""
+
+
+def _assert_allocator(engine: Engine) -> None:
+    """Tell each running Kea to follow the fence now (the agent asserts it at every start too)."""
+    from trueup.subsystems.dhcp.allocator import enforce
+
+    for family in (4, 6):
+        run = engine.state.root / "run" / f"kea-dhcp{family}"
+        try:
+            pid = verified_pid(json.loads((run / f"kea-dhcp{family}.pid").read_text()))
+        except (OSError, ValueError):
+            continue
+        if pid is None:
+            continue
+        try:
+            enforce(kea_paths(run, family), engine.state.root, pid, wait=5.0)
+        except (KeaError, OSError):
+            continue  # the DHCP subsystem sees the disagreement and asserts it
