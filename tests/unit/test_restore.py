@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.routers import base_document
 from tests.unit.test_backup import LINKS, _lease_rows, _router
 from trueup.backup.create import create_backup
 from trueup.backup.format import LEASES
@@ -203,3 +204,31 @@ def test_a_failed_transaction_rolls_back_and_lifts_the_fence_only_when_back(
     assert _leases(engine).read_text() == lease_text, "the previous lease file is back"
     assert read_fence(engine.state.root, "dhcp") is None
     assert record["fence_held"] is False
+
+
+def test_an_archive_with_other_interface_names_is_applied_with_map(
+    tmp_path: Path, setup: tuple[Engine, Path], kernel: FakeNetlink
+) -> None:
+    engine, _archive = setup
+    other = StateDir(tmp_path / "other")
+    other.ensure()
+    elsewhere = Engine(other, netlink_factory=lambda: FakeNetlink({"mgmt0": 1500, "eth1": 1500}))
+    document = base_document()
+    document["spec"]["interfaces"][0]["name"] = "eth1"
+    document["spec"]["interfaces"][0]["mtu"] = 1280
+    assert elsewhere.apply_document(parse_document(document)).ok
+    archive = tmp_path / "other.tar"
+    create_backup(other.root, archive, with_leases=False)
+    with pytest.raises(RestoreRefused, match="eth1"):
+        start_restore(engine, archive, "config-only", {}, LINKS)
+    assert read_record(engine.state.root) is None
+    record = start_restore(engine, archive, "config-only", {"eth1": "lan0"}, LINKS)
+    assert record["state"] == "completed", record
+    applied = engine.applied_revision()
+    assert applied is not None
+    assert applied.canonical()["spec"]["interfaces"][0] == {
+        **applied.canonical()["spec"]["interfaces"][0],
+        "name": "lan0",
+        "mtu": 1280,
+    }
+    assert kernel.link_state["lan0"].mtu == 1280
