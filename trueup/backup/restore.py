@@ -137,8 +137,10 @@ def start_restore(
 
 
 def resume(engine: Engine, actor: str = "agent") -> dict[str, Any] | None:
-    """Resume a pending restore (the agent at startup); None when none is pending."""
+    """Resume a pending restore (the agent at startup); None when none was ever recorded."""
     record = read_record(engine.state.root)
+    if record is not None and record.get("state") == "completed" and record.get("fence_held"):
+        _finish(engine, record, actor)  # killed between `completed` and lifting the fence
     if record is None or record.get("state") in (*TERMINAL, "damaged"):
         return record
     return run(engine, actor, resumed=True)
@@ -150,9 +152,8 @@ def _transition(engine: Engine, record: dict[str, Any], state: str, note: str = 
 
 
 def _save(engine: Engine, record: dict[str, Any]) -> None:
-    """Write progress within a state (no transition)."""
-    write_record(engine.state.root, record, record["state"], "progress")
-    record["history"].pop()
+    """Write progress within a state (no transition, no history line)."""
+    write_record(engine.state.root, record, record["state"], transition=False)
 
 
 def run(engine: Engine, actor: str, *, resumed: bool) -> dict[str, Any]:
@@ -195,17 +196,26 @@ def run(engine: Engine, actor: str, *, resumed: bool) -> dict[str, Any]:
                 _save(engine, record)
                 return record
             record.pop("problem", None)
-            lift_fence(root, "dhcp")
-            record["fence_held"] = False
-            shutil.rmtree(_staged_dir(engine), ignore_errors=True)
+            # `completed` is written first, the fence lifted after it: the fence is never
+            # seen lifted before the restore is complete (`resume` finishes a lift a kill
+            # interrupted).
             _transition(engine, record, "completed")
-            _assert_allocator(engine)
-            engine.state.audit.append(
-                "restore_completed", actor, restore=record["id"], archive=record["archive"]
-            )
+            _finish(engine, record, actor)
             return record
         else:
             return record
+
+
+def _finish(engine: Engine, record: dict[str, Any], actor: str) -> None:
+    """After `completed`: lift the fence, tell Kea, drop the staged copies, audit."""
+    lift_fence(engine.state.root, "dhcp")
+    record["fence_held"] = False
+    _save(engine, record)
+    _assert_allocator(engine)
+    shutil.rmtree(_staged_dir(engine), ignore_errors=True)
+    engine.state.audit.append(
+        "restore_completed", actor, restore=record["id"], archive=record["archive"]
+    )
 
 
 def _stage(engine: Engine, record: dict[str, Any]) -> None:

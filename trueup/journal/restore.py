@@ -84,20 +84,28 @@ def read_record(state_dir: Path) -> dict[str, Any] | None:
     return record
 
 
-def write_record(state_dir: Path, record: dict[str, Any], state: str, note: str = "") -> None:
-    """Move `record` to `state` (appending to its history) and write it durably."""
+def write_record(
+    state_dir: Path, record: dict[str, Any], state: str, note: str = "", *, transition: bool = True
+) -> None:
+    """Move `record` to `state` (appending to its history) and write it durably.
+
+    `transition=False` writes progress within the state: no history line, `since` kept.
+    """
     if state not in STATES:
         raise ValueError(f"{state!r} is not a restore state")
     now = datetime.now(UTC).isoformat(timespec="milliseconds")
-    record["state"] = state
-    record["since"] = now
     record["boot_id"] = boot_id()
-    record["next"] = next_step(record)
     history = record.setdefault("history", [])
-    history.append({"state": state, "at": now, "boot_id": record["boot_id"], "pid": os.getpid()})
-    if note:
-        history[-1]["note"] = note
-    del history[:-_HISTORY]
+    if transition:
+        record["state"] = state
+        record["since"] = now
+        history.append(
+            {"state": state, "at": now, "boot_id": record["boot_id"], "pid": os.getpid()}
+        )
+        if note:
+            history[-1]["note"] = note
+        del history[:-_HISTORY]
+    record["next"] = next_step(record)
     path = record_path(state_dir)
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
