@@ -27,6 +27,7 @@ from tests.integration.test_dhcp import (  # noqa: F401  (the fixture)
     ha_in_kea,
     wait_until,
 )
+from tests.routers import Router, base_document
 from trueup.journal.restore import BOOT_ID_ENV
 from trueup.system.kealeases import kea_command
 
@@ -201,3 +202,39 @@ def test_reboot_resumes_from_awaiting_restart_with_management_up_throughout(
     assert not ha_in_kea(dhcp_router)
     assert digest(dhcp_router.leases) == before, "config-only: leases unchanged"
     del address
+
+
+def test_an_archive_from_a_router_with_other_interface_names_needs_map(
+    dhcp_router: DhcpRouter,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "other").mkdir()
+    other = Router(tmp_path / "other", links=("mgmt0", "lan1"))
+    try:
+        document = base_document()
+        document["spec"]["interfaces"][0]["name"] = "lan1"
+        applied = other.trueup("apply", str(other.write("doc.yaml", document)))
+        assert applied.returncode == 0, applied.stdout + applied.stderr
+        archive = tmp_path / "other.tar"
+        made = other.trueup("backup", "create", "--out", str(archive))
+        assert made.returncode == 0, made.stdout + made.stderr
+    finally:
+        other.close()
+    router = dhcp_router.router
+    router.start_agent("--config", str(router.write("doc.yaml", dhcp_document())))
+    analysed = router.api(
+        "/v1/restore/analyze", "POST", json={"archive": str(archive), "mappings": {}}
+    )
+    assert analysed["eligible"]["config-only"] is False
+    assert {p["code"] for p in analysed["problems"]} == {"interface_missing"}
+    refused = router.trueup("restore", "apply", str(archive), "--mode", "config-only")
+    assert refused.returncode == 1 and "--map lan1=NEW" in refused.stderr, refused.stderr
+    assert router.api("/v1/restore") == {"restore": None}, "a refused restore leaves no record"
+    assert _fence(dhcp_router) is None
+    mapped = router.trueup(
+        "restore", "apply", str(archive), "--mode", "config-only", "--map", "lan1=lan0"
+    )
+    assert mapped.returncode == 0, mapped.stdout + mapped.stderr
+    assert "completed" in mapped.stdout
+    assert router.link("lan0")["mtu"] == 1400
+    assert "203.0.113.1/24" in router.addresses("lan0")

@@ -238,6 +238,11 @@ def _print_restore(record: dict[str, Any], output: str) -> None:
     echo(f"next: {record.get('next')}")
 
 
+def _exit_code(record: dict[str, Any]) -> int:
+    """0 completed, or waiting for the reboot it was asked to wait for; 1 otherwise."""
+    return 0 if record.get("state") in ("completed", "awaiting_restart") else 1
+
+
 @restore_app.command("apply")
 def apply(
     file: Path,
@@ -252,7 +257,11 @@ def apply(
     output: Annotated[str, typer.Option("-o", "--output", help="table | json")] = "table",
     state_dir: StateDirOpt = DEFAULT_DIR,
 ) -> None:
-    """Restore FILE (analysed again first) as a journaled state machine; resumes a pending one."""
+    """Restore FILE (analysed again first) as a journaled state machine; resumes a pending one.
+
+    Exit 0 when it completed or waits for the reboot `--reboot` asked for; 1 when it was
+    refused (nothing changed), rolled back, or stopped with a problem (`trueup restore status`).
+    """
     import os
 
     from trueup.backup.interfaces import parse_mappings
@@ -282,7 +291,7 @@ def apply(
             echo(f"trueup restore apply: {result.get('message')}", err=True)
             raise typer.Exit(1)
         _print_restore(result, output)
-        raise typer.Exit(0 if result.get("state") != "rolled_back" else 1)
+        raise typer.Exit(_exit_code(result))
     from trueup.backup.restore import RestoreRefused, start_restore
     from trueup.cli.main import _engine
 
@@ -293,7 +302,7 @@ def apply(
         echo(f"trueup restore apply: {exc}", err=True)
         raise typer.Exit(1) from None
     _print_restore(record, output)
-    raise typer.Exit(0 if record.get("state") != "rolled_back" else 1)
+    raise typer.Exit(_exit_code(record))
 
 
 @restore_app.command("status")
