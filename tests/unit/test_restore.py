@@ -13,6 +13,7 @@ from tests.unit.test_backup import LINKS, _lease_rows, _router
 from trueup.backup.create import create_backup
 from trueup.backup.format import LEASES
 from trueup.backup.restore import RestoreRefused, resume, start_restore
+from trueup.cli.output import render_status
 from trueup.journal.restore import BOOT_ID_ENV, read_record
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
@@ -233,3 +234,57 @@ def test_an_archive_with_other_interface_names_is_applied_with_map(
         "mtu": 1280,
     }
     assert kernel.link_state["lan0"].mtu == 1280
+
+
+def test_the_management_guard_holds_a_restore_that_would_take_management_away(
+    tmp_path: Path, setup: tuple[Engine, Path], kernel: FakeNetlink
+) -> None:
+    engine, _archive = setup
+    other = StateDir(tmp_path / "moved")
+    other.ensure()
+    moved = Engine(other, netlink_factory=lambda: FakeNetlink({"mgmt0": 1500, "lan0": 1500}))
+    document = base_document()
+    document["spec"]["management"]["addresses"] = ["192.0.2.9/24"]
+    document["spec"]["management"].pop("gateway", None)
+    document["spec"]["routes"] = []
+    assert moved.apply_document(parse_document(document), management_confirmed=True).ok
+    archive = tmp_path / "moved.tar"
+    create_backup(other.root, archive, with_leases=False)
+    before = engine.state.applied()
+    record = start_restore(engine, archive, "config-only", {}, LINKS)
+    assert record["state"] == "rolled_back", record
+    assert "management" in record["problem"]
+    assert engine.state.applied()["digest"] == before["digest"]
+    assert "198.51.100.2/24" in {a.prefix for a in kernel.addrs if a.ifname == "mgmt0"}
+    assert read_fence(engine.state.root, "dhcp") is None, "back at the previous revision"
+    assert "previous revision" in record["next"]
+
+
+def test_an_archive_changed_before_staging_stops_with_the_fence_held_until_put_back(
+    setup: tuple[Engine, Path], kernel: FakeNetlink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, archive = setup
+    real_hit = faults.hit
+
+    def hit(point: str) -> None:
+        if point == "restore:analyzed":
+            raise Killed(point)
+        real_hit(point)
+
+    monkeypatch.setattr(faults, "hit", hit)
+    with pytest.raises(Killed):
+        start_restore(engine, archive, "config-only", {}, LINKS)
+    monkeypatch.setattr(faults, "hit", real_hit)
+    original = archive.read_bytes()
+    archive.write_bytes(original[:-1024])
+    with pytest.raises(RestoreRefused, match="changed or vanished"):
+        resume(_engine(engine.state, kernel))
+    record = read_record(engine.state.root)
+    assert record is not None and record["state"] == "fenced" and record["problem"]
+    assert read_fence(engine.state.root, "dhcp") is not None
+    shown = render_status(gather(engine))
+    assert "restore:     fenced" in shown and "changed or vanished" in shown
+    archive.write_bytes(original)
+    done = resume(_engine(engine.state, kernel))
+    assert done is not None and done["state"] == "completed" and "problem" not in done
+    assert read_fence(engine.state.root, "dhcp") is None

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,8 @@ from trueup.system.kealeases import KeaSocketError, read_leases
 __all__ = ["RestoreRefused", "resume", "start_restore"]
 
 OWNER = "restore"
+# How long `verifying` looks again before it records its problem (and waits for a resume).
+VERIFY_SECONDS = 30.0
 
 
 class RestoreRefused(Exception):
@@ -191,6 +194,10 @@ def run(engine: Engine, actor: str, *, resumed: bool) -> dict[str, Any]:
             _apply(engine, record, actor)
         elif state == "verifying":
             problem = _verify(engine, record)
+            deadline = time.monotonic() + VERIFY_SECONDS
+            while problem and time.monotonic() < deadline:  # a daemon still starting
+                time.sleep(0.5)
+                problem = _verify(engine, record)
             if problem:
                 record["problem"] = problem
                 _save(engine, record)
@@ -244,6 +251,7 @@ def _stage(engine: Engine, record: dict[str, Any]) -> None:
     ]
     staged = _staged_dir(engine)
     record["staged"] = stage_components(archive, entries, staged)
+    record.pop("problem", None)
     document = json.loads((staged / revision).read_text())["document"]
     document = map_interfaces(document, record.get("mappings") or {})
     document.setdefault("metadata", {}).pop("version", None)  # the engine numbers it
