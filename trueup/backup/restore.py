@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -48,20 +49,22 @@ from trueup.backup.format import CONFIG, DNS, LEASES
 from trueup.backup.interfaces import map_interfaces
 from trueup.backup.leaseswap import file_sha256, put_back_leases, replace_leases, stage_components
 from trueup.backup.reader import ArchiveError, read_manifest
+from trueup.backup.restorechecks import assert_allocator, differences, verify
 from trueup.journal.restore import TERMINAL, boot_id, read_record, record_path, write_record
 from trueup.model.document import DocumentError, parse_document
 from trueup.reconcile import faults
 from trueup.reconcile.transaction import Change, Engine, NeedsConfirmation, Refused
-from trueup.system.daemon import verified_pid
+from trueup.system.atomicfile import write_atomic
 from trueup.system.fence import hold_fence, lift_fence
-from trueup.system.kea import KeaError, kea_paths
-from trueup.system.kealeases import KeaSocketError, read_leases
 
 __all__ = ["RestoreRefused", "resume", "start_restore"]
 
 OWNER = "restore"
 # How long `verifying` looks again before it records its problem (and waits for a resume).
 VERIFY_SECONDS = 30.0
+# The agent's startup resume and an API request never drive the record at once (the CLI
+# hands a restore to a running agent, so one process drives it).
+_ONE_AT_A_TIME = threading.Lock()
 
 
 class RestoreRefused(Exception):
@@ -91,6 +94,20 @@ def start_restore(
     A pending restore of the same archive and mode is resumed instead; another
     one pending refuses (RestoreRefused). Returns the record.
     """
+    with _ONE_AT_A_TIME:
+        return _start(engine, archive, mode, mappings, links, reboot=reboot, actor=actor)
+
+
+def _start(
+    engine: Engine,
+    archive: Path,
+    mode: str,
+    mappings: dict[str, str],
+    links: list[str],
+    *,
+    reboot: bool,
+    actor: str,
+) -> dict[str, Any]:
     root = engine.state.root
     archive = Path(archive).absolute()
     pending = read_record(root)
@@ -141,6 +158,11 @@ def start_restore(
 
 def resume(engine: Engine, actor: str = "agent") -> dict[str, Any] | None:
     """Resume a pending restore (the agent at startup); None when none was ever recorded."""
+    with _ONE_AT_A_TIME:
+        return _resume(engine, actor)
+
+
+def _resume(engine: Engine, actor: str) -> dict[str, Any] | None:
     record = read_record(engine.state.root)
     if record is not None and record.get("state") == "completed" and record.get("fence_held"):
         _finish(engine, record, actor)  # killed between `completed` and lifting the fence
@@ -179,7 +201,7 @@ def run(engine: Engine, actor: str, *, resumed: bool) -> dict[str, Any]:
             record["fence_held"] = True
             engine.state.audit.append("fence_held", actor, subsystem="dhcp", owner=OWNER)
             _transition(engine, record, "fenced")
-            _assert_allocator(engine)
+            assert_allocator(engine)
         elif state == "fenced":
             _stage(engine, record)
             _transition(engine, record, "staged")
@@ -193,11 +215,11 @@ def run(engine: Engine, actor: str, *, resumed: bool) -> dict[str, Any]:
         elif state == "applying":
             _apply(engine, record, actor)
         elif state == "verifying":
-            problem = _verify(engine, record)
+            problem = verify(engine, record, _staged_dir(engine))
             deadline = time.monotonic() + VERIFY_SECONDS
             while problem and time.monotonic() < deadline:  # a daemon still starting
                 time.sleep(0.5)
-                problem = _verify(engine, record)
+                problem = verify(engine, record, _staged_dir(engine))
             if problem:
                 record["problem"] = problem
                 _save(engine, record)
@@ -218,7 +240,7 @@ def _finish(engine: Engine, record: dict[str, Any], actor: str) -> None:
     lift_fence(engine.state.root, "dhcp")
     record["fence_held"] = False
     _save(engine, record)
-    _assert_allocator(engine)
+    assert_allocator(engine)
     shutil.rmtree(_staged_dir(engine), ignore_errors=True)
     engine.state.audit.append(
         "restore_completed", actor, restore=record["id"], archive=record["archive"]
@@ -255,7 +277,7 @@ def _stage(engine: Engine, record: dict[str, Any]) -> None:
     document = json.loads((staged / revision).read_text())["document"]
     document = map_interfaces(document, record.get("mappings") or {})
     document.setdefault("metadata", {}).pop("version", None)  # the engine numbers it
-    (staged / "document.json").write_text(json.dumps(document, sort_keys=True))
+    write_atomic(staged / "document.json", json.dumps(document, sort_keys=True).encode(), 0o600)
 
 
 def _apply(engine: Engine, record: dict[str, Any], actor: str) -> None:
@@ -315,80 +337,11 @@ def _roll_back(engine: Engine, record: dict[str, Any], actor: str, problem: str)
                 at_previous = result.ok
             except (Refused, NeedsConfirmation):
                 at_previous = False
-    if at_previous and not _differences(engine):
+    if at_previous and not differences(engine):
         lift_fence(root, "dhcp")
         record["fence_held"] = False
     _transition(engine, record, "rolled_back", problem)
-    _assert_allocator(engine)
+    assert_allocator(engine)
     engine.state.audit.append(
         "restore_rolled_back", actor, restore=record["id"], problem=problem[:500]
     )
-
-
-def _differences(engine: Engine) -> list[str]:
-    """Paths where the system differs from the applied revision (empty: it matches)."""
-    document = engine.applied_document()
-    if document is None:
-        return []
-    errors: dict[str, str] = {}
-    with engine.sources() as net:
-        found = engine.differences(document, net, errors=errors)
-    out = [f"{name}: {d.path}" for name, diffs in found.items() for d in diffs]
-    return out + [f"{name}: {why}" for name, why in errors.items()]
-
-
-def _verify(engine: Engine, record: dict[str, Any]) -> str:
-    """Why the restore is not done yet ("" when it is)."""
-    applied = engine.state.applied()
-    want = record.get("applied") or {}
-    if applied.get("digest") != want.get("digest") or applied.get("outcome") != "committed":
-        return (
-            f"the applied revision is {applied.get('version')} ({applied.get('digest')}), not "
-            f"the restored {want.get('version')} ({want.get('digest')})"
-        )
-    differing = _differences(engine)
-    if differing:
-        return "the system differs from the restored revision: " + ", ".join(differing[:10])
-    if record["mode"] != "full":
-        return ""
-    for entry in sorted(record.get("staged", {})):
-        if not entry.startswith(LEASES + "/"):
-            continue
-        family = 6 if Path(entry).name.startswith("kea-leases6") else 4
-        wanted = {
-            lease.address
-            for lease in read_leases(
-                family, socket_path=None, lease_file=_staged_dir(engine) / entry
-            )[1]
-        }
-        paths = kea_paths(engine.daemons.run_dir(f"kea-dhcp{family}"), family)
-        try:
-            source, leases = read_leases(family, socket_path=paths.socket, lease_file=paths.leases)
-            held = {lease.address for lease in leases}
-        except (KeaSocketError, OSError) as exc:
-            return f"kea-dhcp{family}: cannot read the leases back: {exc}"
-        missing = sorted(wanted - held)
-        if missing:
-            return (
-                f"kea-dhcp{family} ({source}) does not hold {len(missing)} archived lease(s), "
-                f"first {missing[0]}"
-            )
-    return ""
-
-
-def _assert_allocator(engine: Engine) -> None:
-    """Tell each running Kea to follow the fence now (the agent asserts it at every start too)."""
-    from trueup.subsystems.dhcp.allocator import enforce
-
-    for family in (4, 6):
-        run = engine.state.root / "run" / f"kea-dhcp{family}"
-        try:
-            pid = verified_pid(json.loads((run / f"kea-dhcp{family}.pid").read_text()))
-        except (OSError, ValueError):
-            continue
-        if pid is None:
-            continue
-        try:
-            enforce(kea_paths(run, family), engine.state.root, pid, wait=5.0)
-        except (KeaError, OSError):
-            continue  # the DHCP subsystem sees the disagreement and asserts it
