@@ -27,7 +27,7 @@ from tests.integration.test_dhcp import (  # noqa: F401  (the fixture)
     ha_in_kea,
     wait_until,
 )
-from tests.routers import Router, base_document
+from tests.routers import Router, base_document, sh
 from trueup.journal.restore import BOOT_ID_ENV
 from trueup.system.kealeases import kea_command
 
@@ -73,6 +73,25 @@ def _record(dhcp: DhcpRouter) -> dict[str, Any]:
 def _fence(dhcp: DhcpRouter) -> dict[str, Any] | None:
     path = dhcp.router.state_dir / "fences" / "dhcp.json"
     return dict(json.loads(path.read_text())) if path.exists() else None
+
+
+def _rebuild_namespace(dhcp: DhcpRouter) -> None:
+    """The router's namespace deleted and made again by name, its links fresh (a reboot)."""
+    router = dhcp.router
+    sh("ip", "netns", "del", router.name)
+
+    def gone() -> bool:  # the kernel frees a deleted namespace (and its veth peers) later
+        shown = sh("ip", "-n", dhcp.clientns, "link", "show", "lan0p", check=False)
+        return shown.returncode != 0
+
+    wait_until(gone, "the old namespace's links gone", 60)
+    sh("ip", "netns", "add", router.name)
+    router.ip("link", "set", "lo", "up")
+    for link in ("mgmt0", "lan0"):
+        router.ip("link", "add", link, "type", "veth", "peer", "name", f"{link}p")
+        router.ip("link", "set", f"{link}p", "up")
+    router.ip("link", "set", "lan0p", "netns", dhcp.clientns)
+    sh("ip", "-n", dhcp.clientns, "link", "set", "lan0p", "up")
 
 
 def _finished_like_uninterrupted(dhcp: DhcpRouter, address: str) -> None:
@@ -185,12 +204,14 @@ def test_reboot_resumes_from_awaiting_restart_with_management_up_throughout(
     assert router.api("/v1/health/management")["ready"] is True
     assert _fence(dhcp_router) is not None
     assert router.api("/v1/status")["restore"]["pending"] is True
-    # The reboot: every process gone, a new boot ID.
+    # The reboot: every process gone, the namespace torn down and rebuilt, a new boot ID.
     router.stop_agents(signal.SIGKILL)
     pid = dhcp_router.kea_pid()
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
     wait_until(lambda: dhcp_router.kea_pid() is None, "Kea gone with the reboot")
+    _rebuild_namespace(dhcp_router)
+    assert router.addresses("lan0") == [], "a fresh namespace"
     boot.write_text("22222222-2222-2222-2222-222222222222\n")
     router.start_agent(env=env)
     assert router.api("/v1/health/management")["ready"] is True
