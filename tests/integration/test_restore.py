@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +205,13 @@ def test_reboot_resumes_from_awaiting_restart_with_management_up_throughout(
     assert router.api("/v1/health/management")["ready"] is True
     assert _fence(dhcp_router) is not None
     assert router.api("/v1/status")["restore"]["pending"] is True
+    bundle = tmp_path / "evidence.tar.gz"  # diagnostics stay available while it is pending
+    collected = router.trueup("evidence", "--out", str(bundle))
+    assert collected.returncode == 0, collected.stdout + collected.stderr
+    with tarfile.open(bundle) as tar:
+        names = tar.getnames()
+    assert {"evidence/state/restore/restore.json", "evidence/state/fences/dhcp.json"} <= set(names)
+    assert router.trueup("drift").returncode in (0, 2)
     # The reboot: every process gone, the namespace torn down and rebuilt, a new boot ID.
     router.stop_agents(signal.SIGKILL)
     pid = dhcp_router.kea_pid()

@@ -428,6 +428,8 @@ class Agent:
                 "control-plane.json",
                 "management.json",
                 "management-override.json",
+                "restore/restore.json",
+                "fences/dhcp.json",
             ):
                 path = self.state.root / name
                 if path.exists():
