@@ -285,10 +285,13 @@ def apply(
 
     client = AgentClient.connect(state_dir)
     if client is not None:
+        # A full restore stops Kea, swaps the leases, applies and verifies: longer than an apply.
+        client.timeout = max(client.timeout, 900.0)
         response = client.request("POST", "/v1/restore/apply", json=body)
         result = response.json()
         if response.status_code != 200:
-            echo(f"trueup restore apply: {result.get('message')}", err=True)
+            why = result.get("message") or result.get("detail") or response.text
+            echo(f"trueup restore apply: {why}", err=True)
             raise typer.Exit(1)
         _print_restore(result, output)
         raise typer.Exit(_exit_code(result))
