@@ -31,6 +31,7 @@ STATUS_KEYS = [
     "state_directory",
     "reason_codes",
     "fences",
+    "restore",
 ]
 
 

@@ -1,7 +1,8 @@
 """The agent API: the same routes on the unix socket and on the management port.
 
 Nothing here is gated by service health (promise 1): status, drift, apply,
-rollback, reconcile, evidence and restore are always served. The management
+rollback, reconcile, evidence and restore (`/v1/restore`, `/v1/restore/analyze`,
+`/v1/restore/apply`) are always served. The management
 port requires a bearer token (stored hashed in the state directory); the unix
 socket is protected by its file mode (0600, root).
 """
@@ -14,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Body, FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from trueup.agent.restoring import restore_analyze, restore_apply, restore_status
+from trueup.backup.restore import RestoreRefused
 from trueup.journal.atomic import StateFileError
 from trueup.model.digests import token_hash
 from trueup.model.document import DeviceState, DocumentError, parse_document
@@ -208,6 +211,40 @@ def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
             media_type="application/gzip",
             headers={"Content-Disposition": 'attachment; filename="trueup-evidence.tar.gz"'},
         )
+
+    @app.get("/v1/restore")
+    def restore() -> dict[str, Any]:
+        return restore_status(agent)
+
+    @app.post("/v1/restore/analyze")
+    def restore_analyze_route(body: dict[str, Any] = Body(...)) -> JSONResponse:
+        archive, mappings = body.get("archive"), body.get("mappings") or {}
+        if not isinstance(archive, str) or not isinstance(mappings, dict):
+            raise HTTPException(422, "body: {archive: PATH, mappings: {OLD: NEW}}")
+        return JSONResponse(content=restore_analyze(agent, archive, mappings))
+
+    @app.post("/v1/restore/apply")
+    def restore_apply_route(body: dict[str, Any] = Body(...)) -> JSONResponse:
+        archive, mode = body.get("archive"), body.get("mode")
+        mappings = body.get("mappings") or {}
+        if not isinstance(archive, str) or mode not in ("config-only", "full"):
+            raise HTTPException(
+                422, "body: {archive: PATH, mode: config-only|full, mappings, reboot}"
+            )
+        try:
+            record = restore_apply(
+                agent,
+                archive,
+                str(mode),
+                dict(mappings),
+                reboot=bool(body.get("reboot")),
+                actor=str(body.get("actor") or "api"),
+            )
+        except RestoreRefused as exc:
+            return JSONResponse(
+                status_code=409, content={"message": str(exc), "problems": exc.problems}
+            )
+        return JSONResponse(content=record)
 
     @app.get("/metrics")
     def metrics() -> PlainTextResponse:

@@ -34,6 +34,7 @@ import uvicorn
 from trueup.agent.api import create_app, hash_token, token_matches
 from trueup.agent.early import bind_tcp, bind_unix, listener_key
 from trueup.agent.metrics import AgentMetrics
+from trueup.agent.restoring import restore_resume
 from trueup.journal.agentlock import AgentLock, AgentRunning, take_agent_lock
 from trueup.journal.atomic import StateFileError
 from trueup.journal.audit import now_iso
@@ -427,6 +428,8 @@ class Agent:
                 "control-plane.json",
                 "management.json",
                 "management-override.json",
+                "restore/restore.json",
+                "fences/dhcp.json",
             ):
                 path = self.state.root / name
                 if path.exists():
@@ -674,6 +677,7 @@ class Agent:
         # The audit chain and every revision, once, off the management path.
         self._step("checking the state directory", lambda: self.engine.check.damaged(deep=True))
         self._step("recovery", orchestrator.recovery)
+        self._step("a pending restore", lambda: restore_resume(self))
         self._step("the subsystem phase", orchestrator.subsystems)
         orchestrator.steady()
         if not self._step("starting the reconcile loop", self.start_loop):

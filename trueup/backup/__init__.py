@@ -1,4 +1,4 @@
-"""Backups: the archive format, creating archives, and analysing one before any restore.
+"""Backups: the archive format, creating archives, analysing one, and restoring it.
 
 Public face (see docs/backup-restore.md):
 
@@ -8,7 +8,11 @@ Public face (see docs/backup-restore.md):
   `open_component(path, entry)` (one entry, verified while it streams);
 * `trueup.backup.analysis.analyze(path, state, links, mappings) -> Analysis`;
 * `trueup.backup.interfaces` — interface names in a document, `map_interfaces`;
-* `trueup.backup.create.create_backup` — `trueup backup create`.
+* `trueup.backup.create.create_backup` — `trueup backup create`;
+* `trueup.backup.restore` — `start_restore` / `resume`: `trueup restore apply`
+  as a journaled state machine (record: `trueup.journal.restore`), with
+  `leaseswap` (staging, a full restore's lease replacement) and
+  `restorechecks` (verification).
 
 Layering: above `trueup.reconcile` (the restore state machine applies
 through the transaction engine), below `trueup.startup` (which resumes a

@@ -221,3 +221,107 @@ def upload(
         f"sha256 {stored['sha256']}"
         + (f"; retention removed {', '.join(map(str, pruned))}" if pruned else "")
     )
+
+
+def _print_restore(record: dict[str, Any], output: str) -> None:
+    from trueup.cli.output import echo, emit
+
+    if output == "json":
+        emit(record, "json")
+        return
+    echo(
+        f"restore {record.get('id')}: {record.get('state')} ({record.get('mode')} of "
+        f"{record.get('archive')})"
+    )
+    if record.get("problem"):
+        echo(f"problem: {record['problem']}")
+    echo(f"next: {record.get('next')}")
+
+
+def _exit_code(record: dict[str, Any]) -> int:
+    """0 completed, or waiting for the reboot it was asked to wait for; 1 otherwise."""
+    return 0 if record.get("state") in ("completed", "awaiting_restart") else 1
+
+
+@restore_app.command("apply")
+def apply(
+    file: Path,
+    mode: Annotated[str, typer.Option("--mode", help="config-only | full")],
+    maps: Annotated[
+        list[str] | None,
+        typer.Option("--map", help="OLD=NEW: the archive's interface OLD is NEW here (repeat)"),
+    ] = None,
+    reboot: Annotated[
+        bool, typer.Option("--reboot", help="apply only after the router has rebooted")
+    ] = False,
+    output: Annotated[str, typer.Option("-o", "--output", help="table | json")] = "table",
+    state_dir: StateDirOpt = DEFAULT_DIR,
+) -> None:
+    """Restore FILE (analysed again first) as a journaled state machine; resumes a pending one.
+
+    Exit 0 when it completed or waits for the reboot `--reboot` asked for; 1 when it was
+    refused (nothing changed), rolled back, or stopped with a problem (`trueup restore status`).
+    """
+    import os
+
+    from trueup.backup.interfaces import parse_mappings
+    from trueup.cli.output import echo
+
+    if mode not in ("config-only", "full"):
+        raise typer.BadParameter("--mode: expected config-only or full")
+    try:
+        mappings = parse_mappings(maps or [])
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    actor = f"cli:{os.getuid()}"
+    body = {
+        "archive": str(file.absolute()),
+        "mode": mode,
+        "mappings": mappings,
+        "reboot": reboot,
+        "actor": actor,
+    }
+    from trueup.agent.client import AgentClient
+
+    client = AgentClient.connect(state_dir)
+    if client is not None:
+        # A full restore stops Kea, swaps the leases, applies and verifies: longer than an apply.
+        client.timeout = max(client.timeout, 900.0)
+        response = client.request("POST", "/v1/restore/apply", json=body)
+        result = response.json()
+        if response.status_code != 200:
+            why = result.get("message") or result.get("detail") or response.text
+            echo(f"trueup restore apply: {why}", err=True)
+            raise typer.Exit(1)
+        _print_restore(result, output)
+        raise typer.Exit(_exit_code(result))
+    from trueup.backup.restore import RestoreRefused, start_restore
+    from trueup.cli.main import _engine
+
+    engine = _engine(state_dir, create=True)
+    try:
+        record = start_restore(engine, file, mode, mappings, _links(), reboot=reboot, actor=actor)
+    except RestoreRefused as exc:
+        echo(f"trueup restore apply: {exc}", err=True)
+        raise typer.Exit(1) from None
+    _print_restore(record, output)
+    raise typer.Exit(_exit_code(record))
+
+
+@restore_app.command("status")
+def status(
+    output: Annotated[str, typer.Option("-o", "--output", help="table | json")] = "table",
+    state_dir: StateDirOpt = DEFAULT_DIR,
+) -> None:
+    """The restore's state (pending or last finished) and what happens next."""
+    from trueup.cli.output import echo, emit
+    from trueup.journal.restore import read_record
+
+    record = read_record(state_dir)
+    if record is None:
+        if output == "json":
+            emit({"restore": None}, "json")
+        else:
+            echo("no restore recorded")
+        return
+    _print_restore(record, output)

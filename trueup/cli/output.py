@@ -220,6 +220,13 @@ def render_status(status: dict[str, Any]) -> str:
             f"\npending confirmation: version {pending['version']} "
             f"rolls back at {pending['deadline']} unless `trueup confirm`"
         )
+    restore = status.get("restore")
+    if restore:
+        lines.append(
+            f"\nrestore:     {restore['state']} ({restore.get('mode')} of {restore.get('archive')})"
+            + (f"\n  problem:   {restore['problem']}" if restore.get("problem") else "")
+            + f"\n  next:      {restore.get('next')}"
+        )
     findings = status.get("reason_codes", [])
     lines.append("")
     lines.append("reason codes:" if findings else "reason codes: none")

@@ -39,6 +39,7 @@ Origin = Literal[
     "recovery",
     "confirm-timeout",
     "reconcile",
+    "restore",
 ]
 # Builds a transaction's audit lines from its outcome: (txn, failed, waiting, healed).
 AuditBuilder = Callable[
@@ -127,7 +128,7 @@ class Change:
     """
 
     document: DeviceState
-    kind: str = "apply"  # apply | reconcile | rollback | confirm-timeout
+    kind: str = "apply"  # apply | reconcile | rollback | confirm-timeout | restore
     origin: Origin = "local-cli"
     actor: str = "local"
     mode: Mode = "atomic"

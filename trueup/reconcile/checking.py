@@ -163,7 +163,7 @@ class Checking:
         )
 
     def _guard(self, change: Change, previous: DeviceState | None) -> None:
-        if change.management_confirmed or change.kind not in ("apply", "rollback"):
+        if change.management_confirmed or change.kind not in ("apply", "rollback", "restore"):
             return
         risks = subsystem_risks(self.subsystems, previous, change.document, self.api_port)
         refusal = management_guard(previous, change.document, risks)

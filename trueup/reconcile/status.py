@@ -31,6 +31,7 @@ from trueup.journal.atomic import StateFileError
 from trueup.journal.audit import now_iso
 from trueup.journal.lock import lock_holder
 from trueup.journal.override import OVERRIDE_FILE, same_facts
+from trueup.journal.restore import restore_status
 from trueup.model.document import DeviceState, DocumentError
 from trueup.model.health import SubsystemHealth
 from trueup.model.reasons import ReasonCode
@@ -274,6 +275,7 @@ def build_status(
         },
         "reason_codes": [f.model_dump(mode="json") for f in findings],
         "fences": fences,
+        "restore": restore_status(state.root),
     }
     if loop is not None:
         status.update(loop.status_extra())

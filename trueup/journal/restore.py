@@ -1,0 +1,166 @@
+"""The restore record: `STATE_DIR/restore/restore.json`, one file, written atomically, with history.
+
+Who uses this: the restore state machine (`trueup.backup.restore`), which
+writes it at every transition, and status (`trueup status`, `GET
+/v1/restore`), which reads it. It lives in the journal layer because it is a
+write-ahead record: each state is written (temp file, fsync, rename, fsync
+of the directory) *before* the work of that state starts, so a SIGKILL, a
+restart or a reboot finds the restore where it was.
+
+The record holds the boot ID (`/proc/sys/kernel/random/boot_id`; the path
+is overridable with `TRUEUP_BOOT_ID_FILE` so tests can simulate a reboot)
+of every write, so a resume within the same boot and a resume after a reboot
+are told apart and written into the history.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from trueup.system.atomicfile import path_error, write_atomic
+
+__all__ = [
+    "PENDING",
+    "STATES",
+    "TERMINAL",
+    "boot_id",
+    "next_step",
+    "read_record",
+    "record_path",
+    "restore_status",
+    "write_record",
+]
+
+STATES = (
+    "analyzed",
+    "fenced",
+    "staged",
+    "awaiting_restart",
+    "applying",
+    "verifying",
+    "completed",
+    "rolled_back",
+)
+TERMINAL = ("completed", "rolled_back")
+PENDING = tuple(s for s in STATES if s not in TERMINAL)
+BOOT_ID_ENV = "TRUEUP_BOOT_ID_FILE"
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+_HISTORY = 64
+
+
+def boot_id() -> str:
+    """This boot's ID (the kernel's, or the file `TRUEUP_BOOT_ID_FILE` names)."""
+    path = Path(os.environ.get(BOOT_ID_ENV) or _BOOT_ID)
+    try:
+        return path.read_text(encoding="ascii").strip()
+    except OSError:
+        return "unknown"
+
+
+def record_path(state_dir: Path) -> Path:
+    return Path(state_dir) / "restore" / "restore.json"
+
+
+def read_record(state_dir: Path) -> dict[str, Any] | None:
+    """The restore record, or None. A damaged record is returned as state `damaged` (fail closed)."""
+    path = record_path(state_dir)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return {"state": "damaged", "problem": f"{path}: unreadable: {exc}"}
+    try:
+        record = json.loads(text)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or record.get("state") not in STATES:
+        return {"state": "damaged", "problem": f"{path}: not a restore record"}
+    return record
+
+
+def write_record(
+    state_dir: Path, record: dict[str, Any], state: str, note: str = "", *, transition: bool = True
+) -> None:
+    """Move `record` to `state` (appending to its history) and write it durably.
+
+    `transition=False` writes progress within the state: no history line, `since` kept.
+    """
+    if state not in STATES:
+        raise ValueError(f"{state!r} is not a restore state")
+    now = datetime.now(UTC).isoformat(timespec="milliseconds")
+    record["boot_id"] = boot_id()
+    history = record.setdefault("history", [])
+    if transition:
+        record["state"] = state
+        record["since"] = now
+        history.append(
+            {"state": state, "at": now, "boot_id": record["boot_id"], "pid": os.getpid()}
+        )
+        if note:
+            history[-1]["note"] = note
+        del history[:-_HISTORY]
+    record["next"] = next_step(record)
+    path = record_path(state_dir)
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise path_error(path.parent, exc) from exc
+    write_atomic(path, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode(), 0o600)
+
+
+def next_step(record: dict[str, Any]) -> str:
+    """What happens next, in the operator's words."""
+    state = record.get("state")
+    mode = record.get("mode", "config-only")
+    archive = record.get("archive", "?")
+    resume = f"resumes by itself when the agent starts, or now: trueup restore apply {archive}"
+    if state == "analyzed":
+        return f"the dhcp allocator fence is taken next; {resume}"
+    if state == "fenced":
+        return f"the archive's components are copied into the state directory next; {resume}"
+    if state == "staged":
+        return f"the restore waits for a restart (if --reboot) or applies next; {resume}"
+    if state == "awaiting_restart":
+        if record.get("reboot"):
+            return (
+                "waiting for a reboot (boot ID "
+                f"{str(record.get('awaiting_boot_id'))[:8]}… must change): reboot the router; "
+                "the agent applies the restore at startup, after the management tier"
+            )
+        return f"applies next; {resume}"
+    if state == "applying":
+        leases = " (Kea stopped, leases replaced from the archive)" if mode == "full" else ""
+        return f"the restored revision is being applied{leases}; {resume}"
+    if state == "verifying":
+        return f"the system is checked against the restored revision; {resume}"
+    if state == "completed":
+        return "nothing: the restore is complete and the dhcp fence is lifted"
+    if state == "rolled_back":
+        if record.get("fence_held"):
+            return (
+                "the system is not yet back at its previous revision, so the dhcp fence is held: "
+                "check `trueup status`, then `trueup dhcp fence lift` when DHCP is right"
+            )
+        return "nothing: the system is back at its previous revision; see `problem` for why"
+    return "the restore record is damaged: keep it as evidence (`trueup evidence`), then move it"
+
+
+def restore_status(state_dir: Path) -> dict[str, Any] | None:
+    """The `restore` section of `trueup status`: state, since, mode, archive, next, problem."""
+    record = read_record(state_dir)
+    if record is None:
+        return None
+    out = {
+        key: record.get(key)
+        for key in ("id", "state", "since", "mode", "archive", "reboot", "problem", "next")
+    }
+    out["pending"] = record.get("state") not in TERMINAL
+    with contextlib.suppress(KeyError, TypeError, IndexError):
+        out["started_at"] = record["history"][0]["at"]
+    return out
