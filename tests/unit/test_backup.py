@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -346,3 +347,34 @@ def test_cli_exit_codes_and_json(
     bad = runner.invoke(app, ["restore", "analyze", str(archive), "--state-dir", str(state.root)])
     assert bad.exit_code == 1
     assert "manifest_missing" in bad.stdout and "REFUSED" in bad.stdout
+
+
+def test_out_that_cannot_be_written_names_the_file_and_what_to_do(
+    tmp_path: Path, state: StateDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = tmp_path / "nowhere" / "edge-01.tar"
+    with pytest.raises(BackupError, match=r"nowhere does not exist; create it \(mkdir -p"):
+        create_backup(state.root, missing)
+    with pytest.raises(BackupError, match=r"is a directory; --out names the archive file"):
+        create_backup(state.root, tmp_path)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(BackupError, match=r"file is not a directory"):
+        create_backup(state.root, tmp_path / "file" / "edge-01.tar")
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(
+        os, "access", lambda p, m: False if Path(p) == readonly else real_access(p, m)
+    )
+    with pytest.raises(BackupError, match=r"ro is not writable.*choose another --out"):
+        create_backup(state.root, readonly / "edge-01.tar")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "ro", "state"]
+    assert list(readonly.iterdir()) == []
+    from trueup.cli.main import app
+
+    result = CliRunner().invoke(
+        app, ["backup", "create", "--out", str(missing), "--state-dir", str(state.root)]
+    )
+    assert result.exit_code == 1
+    assert "does not exist; create it" in result.output
+    assert "Errno" not in result.output

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,6 +82,34 @@ def create_backup(
     if not state.exists():
         raise BackupError(f"{state.root}: not a trueup state directory (no state.json)")
     out = Path(out)
+    _check_out(out)
+    try:
+        return _create(state, out, with_leases, lock_wait)
+    except OSError as exc:
+        raise BackupError(f"{out}: not written: {exc}") from exc
+
+
+def _check_out(out: Path) -> None:
+    """Refuse an --out the archive cannot be renamed to, naming the file and what to do."""
+    parent = out.parent
+    if out.is_dir():
+        raise BackupError(
+            f"{out}: is a directory; --out names the archive file, e.g. --out {out / 'edge-01.tar'}"
+        )
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise BackupError(
+            f"{out}: the directory {parent} {what}; create it (mkdir -p {parent}) "
+            "or choose another --out; nothing was written"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise BackupError(
+            f"{out}: the directory {parent} is not writable (the archive is staged and renamed "
+            "there); choose another --out; nothing was written"
+        )
+
+
+def _create(state: StateDir, out: Path, with_leases: bool, lock_wait: float) -> Manifest:
     with ArchiveWriter(out) as writer, _consistent(state, lock_wait) as locked:
         applied_raw = _read(state.root / "applied.json")
         applied = json.loads(applied_raw)
