@@ -16,7 +16,8 @@ Layout, per family, in the daemon's run directory `STATE_DIR/run/kea-dhcpN`
 kea-dhcp4.conf         the configuration trueup compiled (and Kea's config-write rewrites)
 kea4.sock              the control socket
 kea-leases4.csv        the memfile lease file (Kea's: trueup only ever reads it)
-kea-dhcp4.pid          the supervisor's pid record; Kea's own pid file sits beside it
+kea-dhcp4.pid          the supervisor's pid record
+kea-dhcp4.kea-dhcp4.pid  Kea's own pid file (removed before a start when it names no live Kea of ours)
 allocator.json         whether trueup disabled allocation for this Kea process (the fence)
 ```
 """
@@ -35,6 +36,7 @@ __all__ = [
     "HOOKS_DIR",
     "KeaError",
     "KeaPaths",
+    "clear_stale_pidfile",
     "daemon_name",
     "kea_call",
     "kea_paths",
@@ -72,6 +74,11 @@ class KeaPaths:
         return (self.binary, "-c", str(self.config))
 
     @property
+    def pidfile(self) -> Path:
+        """Kea's own pid file: CONFIG-STEM.PROCESS.pid in KEA_PIDFILE_DIR."""
+        return self.run_dir / f"{self.config.stem}.{self.binary}.pid"
+
+    @property
     def env(self) -> tuple[tuple[str, str], ...]:
         # Kea's own pid file and lock files go beside ours, not in /run/kea.
         return (("KEA_PIDFILE_DIR", str(self.run_dir)), ("KEA_LOCKFILE_DIR", str(self.run_dir)))
@@ -100,6 +107,52 @@ def make_socket_dir(paths: KeaPaths) -> None:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(directory.parent, 0o700)
         os.chmod(directory, 0o700)
+
+
+def _stale_reason(pid: int, argv: tuple[str, ...], proc: Path) -> str | None:
+    """Why `pid` is not a live Kea running `argv`, or None when it is one."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+        raw = (proc / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return f"process {pid} is gone"
+    # The command name may hold spaces and parentheses: the state follows the last ')'.
+    fields = stat[stat.rfind(")") + 2 :].split()
+    if not fields or fields[0] in ("Z", "X"):
+        return f"process {pid} is a zombie (not reaped)"
+    cmdline = tuple(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+    ours = (
+        len(cmdline) == len(argv)
+        and Path(cmdline[0]).name == Path(argv[0]).name
+        and cmdline[1:] == argv[1:]
+    )
+    if not ours:
+        return f"process {pid} is not this Kea ({' '.join(cmdline)[:80] or 'no command line'})"
+    return None
+
+
+def clear_stale_pidfile(paths: KeaPaths, proc: Path = Path("/proc")) -> str | None:
+    """Before a start: remove Kea's own pid file when it names no live Kea of ours.
+
+    Kea refuses to start while its pid file names a process that `kill(pid, 0)`
+    finds — a zombie of a killed Kea, or an unrelated process that reused the
+    pid. The file is removed then (what was removed and why is returned); a pid
+    file of a live Kea with this configuration is left alone, and nothing is
+    ever killed.
+    """
+    try:
+        text = paths.pidfile.read_text().strip()
+    except FileNotFoundError:
+        return None
+    try:
+        pid = int(text)
+        reason = _stale_reason(pid, paths.argv, proc) if pid > 1 else f"pid {pid} is invalid"
+    except ValueError:
+        reason = f"{text[:20]!r} is not a pid"
+    if reason is None:
+        return None
+    paths.pidfile.unlink(missing_ok=True)
+    return f"{paths.pidfile}: removed, {reason}"
 
 
 def kea_call(

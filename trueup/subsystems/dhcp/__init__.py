@@ -43,6 +43,7 @@ from trueup.system.fence import read_fence
 from trueup.system.kea import (
     KeaError,
     KeaPaths,
+    clear_stale_pidfile,
     daemon_name,
     kea_call,
     kea_paths,
@@ -234,6 +235,9 @@ class DhcpSubsystem(Subsystem):
             text = json.dumps(config, indent=2, sort_keys=True) + "\n"
             write_atomic(paths.config, text.encode(), 0o600)
             make_socket_dir(paths)
+            # A killed Kea's pid file naming a zombie or a reused pid would make
+            # this start fail until the supervisor retries.
+            clear_stale_pidfile(paths)
 
         def after_start(pid: int) -> None:
             enforce(paths, state_dir, pid)
