@@ -378,3 +378,24 @@ def test_out_that_cannot_be_written_names_the_file_and_what_to_do(
     assert result.exit_code == 1
     assert "does not exist; create it" in result.output
     assert "Errno" not in result.output
+
+
+def test_restore_apply_without_or_with_a_wrong_mode_says_which_and_changes_nothing(
+    archive: Path, state: StateDir
+) -> None:
+    from trueup.cli.main import app
+
+    before = _tree(state.root)
+    runner = CliRunner()
+    base = ["restore", "apply", str(archive), "--state-dir", str(state.root)]
+    missing = runner.invoke(app, base)
+    assert missing.exit_code == 2
+    text = " ".join(missing.output.replace("│", " ").split())
+    assert "--mode is required: config-only" in text
+    assert "or full (also the leases; needs an archive made with --with-leases)" in text
+    assert "restore analyze" in text
+    wrong = runner.invoke(app, [*base, "--mode", "fulll"])
+    assert wrong.exit_code == 2
+    assert "'fulll': expected config-only or full" in wrong.output
+    assert _tree(state.root) == before
+    assert not (state.root / "restore").exists()

@@ -246,7 +246,9 @@ def _exit_code(record: dict[str, Any]) -> int:
 @restore_app.command("apply")
 def apply(
     file: Path,
-    mode: Annotated[str, typer.Option("--mode", help="config-only | full")],
+    mode: Annotated[
+        str | None, typer.Option("--mode", help="config-only | full (required)")
+    ] = None,
     maps: Annotated[
         list[str] | None,
         typer.Option("--map", help="OLD=NEW: the archive's interface OLD is NEW here (repeat)"),
@@ -267,8 +269,14 @@ def apply(
     from trueup.backup.interfaces import parse_mappings
     from trueup.cli.output import echo
 
+    if mode is None:
+        raise typer.BadParameter(
+            f"--mode is required: config-only (the configuration; the lease files are not "
+            f"touched) or full (also the leases; needs an archive made with --with-leases). "
+            f"`trueup restore analyze {file}` says which mode this archive allows"
+        )
     if mode not in ("config-only", "full"):
-        raise typer.BadParameter("--mode: expected config-only or full")
+        raise typer.BadParameter(f"--mode {mode!r}: expected config-only or full")
     try:
         mappings = parse_mappings(maps or [])
     except ValueError as exc:
