@@ -237,6 +237,16 @@ DHCP (Kea, run by the agent) and DNS (Knot, records from the leases):
   $KDIG printer.lan.test                # a static record
   ip netns exec $NS knotc -s $KNOTSOCK zone-read lan.test   # edits here are drift
 
+Backup and restore (docs/backup-restore.md):
+  $R backup create --out /tmp/edge-01.tar --with-leases $S
+  sed 's/mtu: 1500/mtu: 1400/' $DEMO/desired.yaml > /tmp/mtu.yaml; $R apply /tmp/mtu.yaml --override "lab test" $S
+  $R restore analyze /tmp/edge-01.tar $S               # per mode: eligible, what it changes; exit 1 when nothing is
+  $R restore apply /tmp/edge-01.tar --mode config-only $S   # MTU back to 1500; the lease file byte-identical
+  $R restore status $S                                 # completed; the dhcp fence lifted
+  $R restore apply /tmp/edge-01.tar --mode full $S     # also the leases (the old file kept as kea-leases4.csv.pre-restore-…)
+  ip netns exec $LANNS udhcpc -i lan0p -n -q -f -t 5 -T 2 -s /bin/true -x hostname:laptop   # the restored lease
+  $R backup create --out /tmp/edge-01-cfg.tar $S; $R restore apply /tmp/edge-01-cfg.tar --mode full $S   # refused: no leases, exit 1
+
   $R evidence --out /tmp/trueup-evidence.tar.gz $S
   $R doctor $S
   $R audit verify $S
