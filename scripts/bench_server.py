@@ -33,9 +33,10 @@ from typing import Any
 
 import httpx
 import psycopg
-from sqlalchemy import func, insert, select
+from sqlalchemy import bindparam, func, insert, select, update
 
 from trueup.server.app import SETTINGS_ENV, Settings
+from trueup.server.audit import token_seal
 from trueup.server.db import Database
 from trueup.server.keys import load_or_create_server_key
 from trueup.server.service import ControlPlane
@@ -165,6 +166,32 @@ def make_backend(
                     "created_at": now,
                 }
                 for device_id, credential in zip(ids, credentials, strict=True)
+            ],
+        )
+        # Every token row carries its seal (authentication refuses one without).
+        key = load_or_create_server_key(key_file)
+        rows = conn.execute(
+            select(tokens.c.id, tokens.c.device_id, tokens.c.token_hash).where(
+                tokens.c.tenant_id == tenant_id, tokens.c.kind == TokenKind.DEVICE.value
+            )
+        ).all()
+        conn.execute(
+            update(tokens).where(tokens.c.id == bindparam("token_id")),
+            [
+                {
+                    "token_id": row.id,
+                    "seal": token_seal(
+                        key,
+                        token_id=row.id,
+                        tenant_id=tenant_id,
+                        kind=TokenKind.DEVICE.value,
+                        user_id=None,
+                        device_id=row.device_id,
+                        token_hash=row.token_hash,
+                        expires_at=None,
+                    ),
+                }
+                for row in rows
             ],
         )
     database.dispose()
@@ -666,6 +693,11 @@ def offered_rate_table(
                 if backend:
                     backend.cleanup()
             timed = outcome["timed"]
+            if not timed:
+                raise RuntimeError(
+                    f"{config}: no report was answered 200; the servers refused every one "
+                    "(see their log above)"
+                )
             latencies = [done - due for _, due, _, done in timed]
             p99 = percentile(latencies, 0.99) * 1000
             if backend is None:
