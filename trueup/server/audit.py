@@ -820,6 +820,17 @@ def _differs(table: str, name: str, what: str, live: Any, audited: Any, seq: int
     )
 
 
+def _field_problems(
+    table: str, name: str, row: Any, seq: int, audited: dict[str, Any]
+) -> list[AuditProblem]:
+    """A problem for each field whose live value differs from the audited one (None: unaudited)."""
+    return [
+        _differs(table, name, what, row[what], value, seq)
+        for what, value in audited.items()
+        if value is not None and row[what] != value
+    ]
+
+
 def _check_tenants(conn: Connection, _key: ServerKey, facts: _Facts) -> list[AuditProblem]:
     problems = []
     for t in conn.execute(select(tenants.c.id, tenants.c.name).order_by(tenants.c.id)):
@@ -883,14 +894,18 @@ def _check_tokens(conn: Connection, key: ServerKey, facts: _Facts) -> list[Audit
         if fact is None:
             problems.append(_not_audited("tokens", name))
             continue
-        for what, audited in (
-            ("tenant_id", fact.tenant_id),
-            ("kind", fact.kind),
-            ("user_id", fact.user_id),
-            ("device_id", fact.device_id),
-        ):
-            if audited is not None and token[what] != audited:
-                problems.append(_differs("tokens", name, what, token[what], audited, fact.seq))
+        problems += _field_problems(
+            "tokens",
+            name,
+            token,
+            fact.seq,
+            {
+                "tenant_id": fact.tenant_id,
+                "kind": fact.kind,
+                "user_id": fact.user_id,
+                "device_id": fact.device_id,
+            },
+        )
         if fact.token_hash is None:
             problems.append(
                 AuditProblem(
@@ -1026,13 +1041,13 @@ def _check_acks(conn: Connection, _key: ServerKey, facts: _Facts) -> list[AuditP
             problems.append(_not_audited("acks", name))
             continue
         seq, device_id, subsystem, expires_at = fact
-        for what, audited in (
-            ("device_id", device_id),
-            ("subsystem", subsystem),
-            ("expires_at", expires_at),
-        ):
-            if audited is not None and ack[what] != audited:
-                problems.append(_differs("acks", name, what, ack[what], audited, seq))
+        problems += _field_problems(
+            "acks",
+            name,
+            ack,
+            seq,
+            {"device_id": device_id, "subsystem": subsystem, "expires_at": expires_at},
+        )
     for ack_id, (seq, *_rest) in sorted(facts.acks.items()):
         if ack_id not in live:
             problems.append(
@@ -1052,13 +1067,13 @@ def _check_secrets(conn: Connection, _key: ServerKey, facts: _Facts) -> list[Aud
             problems.append(_not_audited("secrets", name))
             continue
         seq, tenant_id, device_id, audited_name = fact
-        for what, audited in (
-            ("tenant_id", tenant_id),
-            ("device_id", device_id),
-            ("name", audited_name),
-        ):
-            if audited is not None and secret[what] != audited:
-                problems.append(_differs("secrets", name, what, secret[what], audited, seq))
+        problems += _field_problems(
+            "secrets",
+            name,
+            secret,
+            seq,
+            {"tenant_id": tenant_id, "device_id": device_id, "name": audited_name},
+        )
     return problems
 
 
@@ -1089,14 +1104,13 @@ def _check_backups(conn: Connection, _key: ServerKey, facts: _Facts) -> list[Aud
             )
             continue
         seq, tenant_id, device_id, sha256, size = fact
-        for what, audited in (
-            ("tenant_id", tenant_id),
-            ("device_id", device_id),
-            ("sha256", sha256),
-            ("size", size),
-        ):
-            if audited is not None and row[what] != audited:
-                problems.append(_differs("backups", name, what, row[what], audited, seq))
+        problems += _field_problems(
+            "backups",
+            name,
+            row,
+            seq,
+            {"tenant_id": tenant_id, "device_id": device_id, "sha256": sha256, "size": size},
+        )
         content = int(stored.get(row["id"]) or 0)
         if content != size:
             problems.append(
