@@ -15,10 +15,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -q >/dev/null
   apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 fi
-# Kea's and Knot's packaged services must not run outside the namespaces trueup
+# Kea's, Knot's, HAProxy's and keepalived's packaged services must not run outside the namespaces trueup
 # manages: the agent runs its own instances inside the router's namespace.
 if [ "$(id -u)" -eq 0 ] && command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
-  for svc in kea-dhcp4-server kea-dhcp6-server kea-dhcp-ddns-server kea-ctrl-agent knot; do
+  for svc in kea-dhcp4-server kea-dhcp6-server kea-dhcp-ddns-server kea-ctrl-agent knot haproxy keepalived; do
     if systemctl is-enabled "$svc" >/dev/null 2>&1; then
       systemctl disable --now "$svc" >/dev/null 2>&1 || true
     fi

@@ -154,6 +154,11 @@ class Daemons(Protocol):
         """Whether a verified instance runs (adopting one from its pid record if needed)."""
         ...
 
+    def signal(self, name: str, sig: int) -> bool:
+        """Send `sig` to the verified running instance (a reload: HAProxy's SIGUSR2,
+        keepalived's SIGHUP); False when none runs."""
+        ...
+
     def status(self, name: str) -> DaemonStatus:
         """Pid, since, restarts, last exit and error."""
         ...
@@ -442,6 +447,15 @@ class DaemonSupervisor:
         with daemon.lock:
             self._recorded(daemon)
             return daemon.status()
+
+    def signal(self, name: str, sig: int) -> bool:
+        daemon = self._daemon(None, name)
+        with daemon.lock:
+            self._recorded(daemon)
+            if daemon.pid is None or not daemon.alive():
+                return False
+            daemon.signal(sig)
+            return True
 
     def close(self) -> None:
         """Stop supervising (the daemons keep running, for the next agent to adopt)."""

@@ -85,6 +85,10 @@ class FakeDaemons:
     def running(self, name: str) -> bool:
         return self.alive.get(name, False)
 
+    def signal(self, name: str, sig: int) -> bool:
+        self.events.append((f"signal:{int(sig)}", name))
+        return self.alive.get(name, False)
+
     def status(self, name: str) -> DaemonStatus:
         running = self.alive.get(name, False)
         return DaemonStatus(name, running, self._pid if running else None)
