@@ -147,7 +147,9 @@ class ReconcileLoop:
         """The agent's loop: the subsystems' watches, options from `TRUEUP_*` variables."""
         from trueup.system.watches import event_source_for
 
-        events = event_source_for(w for sub in engine.subsystems for w in sub.watches)
+        events = event_source_for(
+            (w for sub in engine.subsystems for w in sub.watches), engine.state.root
+        )
         return cls(engine, options=HealingOptions.from_env(), events=events)
 
     # -- lifecycle ----------------------------------------------------------

@@ -5,7 +5,9 @@ A subsystem declares next to its code what can change its part of the system
 
 * `rtnetlink("address", "link")` — kernel notifications of those kinds;
 * `files("/etc/kea/kea-dhcp4.conf")` — inotify on files (their directories
-  are watched, so an atomic rename is seen too);
+  are watched, so an atomic rename is seen too); a path may start with
+  `STATE_DIR` (`files(f"{STATE_DIR}/run/haproxy/haproxy.cfg")`), which
+  stands for the agent's state directory;
 * `every(10.0)` — a periodic look, for what sends no notification
   (`/proc/sys` does not support inotify);
 * `command("nft", "monitor")` — a long-running program whose every output
@@ -35,6 +37,7 @@ from pathlib import Path
 from trueup.system.events import EventCallback, EventSource, KernelEventSource, NetlinkEvent
 
 __all__ = [
+    "STATE_DIR",
     "CommandEventSource",
     "CompositeEventSource",
     "FileEventSource",
@@ -50,6 +53,8 @@ __all__ = [
 log = logging.getLogger("trueup.watches")
 
 RTNETLINK_KINDS = frozenset({"link", "address", "route"})
+# Stands for the agent's state directory at the start of a watched path.
+STATE_DIR = "{STATE_DIR}"
 
 
 @dataclass(frozen=True)
@@ -269,13 +274,27 @@ class CompositeEventSource:
             source.stop()
 
 
-def event_source_for(watches: Iterable[Watch]) -> CompositeEventSource:
-    """One source for everything the subsystems watch: rtnetlink first."""
+def event_source_for(
+    watches: Iterable[Watch], state_dir: Path | None = None
+) -> CompositeEventSource:
+    """One source for everything the subsystems watch: rtnetlink first.
+
+    Watched paths under `STATE_DIR` are resolved against `state_dir` (their
+    directory is made, 0700, so that it can be watched before the file
+    exists); without a state directory they are not watched.
+    """
     watches = list(watches)
     sources: list[EventSource] = []
     if any(w.kind == "rtnetlink" for w in watches):
         sources.append(KernelEventSource())
-    paths = [p for w in watches if w.kind == "file" for p in w.paths]
+    paths = []
+    for path in (p for w in watches if w.kind == "file" for p in w.paths):
+        if path.startswith(STATE_DIR):
+            if state_dir is None:
+                continue
+            path = str(state_dir) + path[len(STATE_DIR) :]
+            Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        paths.append(path)
     if paths:
         sources.append(FileEventSource(paths))
     periods = sorted({w.seconds for w in watches if w.kind == "periodic"})

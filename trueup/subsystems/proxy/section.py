@@ -1,0 +1,247 @@
+"""`spec.proxies`: HAProxy frontends and their backends (pure data, validated; errors name the path).
+
+```yaml
+spec:
+  proxies:
+    - name: web
+      bind: 203.0.113.1:80              # ADDRESS:PORT, [V6]:PORT, or *:PORT
+      mode: http                        # http | tcp
+      tls: {certificate: /etc/trueup/tls/web.pem}   # optional: PEM with the key
+      backend:
+        balance: roundrobin             # roundrobin | leastconn | source | first
+        servers:
+          - {name: app1, address: 192.0.2.10:8080, check: true}
+        health_check: {path: /healthz, interval: 2s}   # http: GET PATH; tcp: connect
+      timeouts: {connect: 5s, client: 30s, server: 30s}
+```
+
+Whether a certificate file exists and is a PEM HAProxy accepts is checked
+when the section is applied (`haproxy -c`), not here: the model is pure data.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    RootModel,
+    model_validator,
+)
+
+from trueup.model.document import _PathError  # the document's path-carrying error
+
+__all__ = [
+    "Backend",
+    "HealthCheck",
+    "Proxy",
+    "ProxySection",
+    "Server",
+    "Timeouts",
+    "Tls",
+    "split_endpoint",
+]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$")
+_DURATION = re.compile(r"^(\d{1,7})(ms|s|m|h)?$")
+
+
+def split_endpoint(value: str) -> tuple[str, int]:
+    """`ADDRESS:PORT` / `[V6]:PORT` / `*:PORT` → (canonical address or "*", port)."""
+    if value.startswith("["):
+        host, sep, port = value[1:].partition("]:")
+        if not sep:
+            raise ValueError(f"{value!r} is not ADDRESS:PORT ([V6]:PORT for IPv6)")
+        version = 6
+    else:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host:
+            raise ValueError(f"{value!r} is not ADDRESS:PORT ([V6]:PORT for IPv6)")
+        version = 4
+    if host != "*":
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError as exc:
+            raise ValueError(f"{value!r}: {host!r} is not an IP address") from exc
+        if address.version != version:
+            raise ValueError(f"{value!r}: write IPv6 addresses as [ADDRESS]:PORT")
+        host = str(address)
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{value!r}: the port must be 1-65535")
+    return host, int(port)
+
+
+def _endpoint(value: str) -> str:
+    host, port = split_endpoint(value)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _server_endpoint(value: str) -> str:
+    text = _endpoint(value)
+    if text.startswith("*"):
+        raise ValueError(f"{value!r}: a server needs an address, not *")
+    return text
+
+
+def _name(value: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(f"{value!r}: letters, digits, '_', '.', '-' (at most 63)")
+    return value
+
+
+def _duration(value: object) -> str:
+    """`2s`, `500ms`, `1m`, `1h` or a number of milliseconds → HAProxy's spelling."""
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration (500ms, 2s, 1m, 1h)")
+    match = _DURATION.match(str(value).strip())
+    if not match:
+        raise ValueError(f"{value!r} is not a duration (500ms, 2s, 1m, 1h)")
+    number, unit = match.groups()
+    if int(number) == 0:
+        raise ValueError(f"{value!r}: must be more than zero")
+    return f"{int(number)}{unit or 'ms'}"
+
+
+Name = Annotated[str, AfterValidator(_name)]
+Duration = Annotated[str, BeforeValidator(_duration)]
+
+
+class Tls(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    certificate: str = Field(min_length=2, description="absolute path of a PEM with the key")
+
+    @model_validator(mode="after")
+    def _absolute(self) -> Tls:
+        if not self.certificate.startswith("/") or any(c in self.certificate for c in " \n\t#"):
+            raise _PathError("certificate", f"{self.certificate!r}: an absolute path, no spaces")
+        return self
+
+
+class Server(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name
+    address: Annotated[str, AfterValidator(_server_endpoint)]
+    check: bool = True
+    weight: int = Field(default=1, ge=0, le=256)
+
+
+class HealthCheck(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str | None = Field(default=None, pattern=r"^/[^\s]*$")
+    interval: Duration = "2s"
+
+
+class Backend(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    balance: Literal["roundrobin", "leastconn", "source", "first"] = "roundrobin"
+    servers: list[Server] = Field(min_length=1)
+    health_check: HealthCheck | None = None
+
+    @model_validator(mode="after")
+    def _unique(self) -> Backend:
+        seen: dict[str, int] = {}
+        problems = []
+        for index, server in enumerate(self.servers):
+            if server.name in seen:
+                problems.append(
+                    (
+                        f"servers[{index}].name",
+                        f"duplicate server name {server.name} (also servers[{seen[server.name]}])",
+                    )
+                )
+            seen.setdefault(server.name, index)
+        if problems:
+            raise _PathError.many(problems)
+        return self
+
+
+class Timeouts(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    connect: Duration = "5s"
+    client: Duration = "30s"
+    server: Duration = "30s"
+
+
+class Proxy(BaseModel):
+    """One frontend and its backend."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name
+    bind: Annotated[str, AfterValidator(_endpoint)]
+    mode: Literal["http", "tcp"] = "http"
+    tls: Tls | None = None
+    backend: Backend
+    timeouts: Timeouts = Timeouts()
+
+    @model_validator(mode="after")
+    def _check_fits_mode(self) -> Proxy:
+        check = self.backend.health_check
+        if self.mode == "tcp" and check is not None and check.path is not None:
+            raise _PathError("backend.health_check.path", "tcp mode checks connect only: no path")
+        return self
+
+    @property
+    def address(self) -> str:
+        """The bind address (canonical; "*" for every address)."""
+        return split_endpoint(self.bind)[0]
+
+    @property
+    def port(self) -> int:
+        return split_endpoint(self.bind)[1]
+
+
+class ProxySection(RootModel[list[Proxy]]):
+    """`spec.proxies`: a list of frontends, names and bind endpoints unique."""
+
+    root: list[Proxy]
+
+    @model_validator(mode="after")
+    def _unique(self) -> ProxySection:
+        problems: list[tuple[str, str]] = []
+        names: dict[str, int] = {}
+        binds: dict[tuple[str, int], int] = {}
+        for index, proxy in enumerate(self.root):
+            if proxy.name in names:
+                problems.append(
+                    (
+                        f"[{index}].name",
+                        f"duplicate proxy name {proxy.name} (also [{names[proxy.name]}])",
+                    )
+                )
+            names.setdefault(proxy.name, index)
+            key = (proxy.address, proxy.port)
+            clash = binds.get(key)
+            if clash is None:
+                # A wildcard bind takes the port on every address of its family.
+                wildcard = next(
+                    (i for (a, p), i in binds.items() if p == proxy.port and "*" in (a, key[0])),
+                    None,
+                )
+                clash = wildcard
+            if clash is not None:
+                problems.append(
+                    (
+                        f"[{index}].bind",
+                        f"{proxy.bind} is also bound by [{clash}] ({self.root[clash].name})",
+                    )
+                )
+            binds.setdefault(key, index)
+        if problems:
+            raise _PathError.many(problems)
+        return self
+
+    def canonical(self) -> list[dict[str, Any]]:
+        """The section as canonical JSON (defaults filled in), sorted by name."""
+        return sorted((p.model_dump(mode="json") for p in self.root), key=lambda p: p["name"])
