@@ -93,8 +93,9 @@ class BeginFields(TypedDict, total=False):
 
 
 class Entry(TypedDict, total=False):
-    """Any journal line: `begin`, then `applied`/`failed`/`waiting`/`verified`/`recovering`,
-    then `commit` or `rolled_back`."""
+    """Any journal line: `begin`, then `applied`/`failed`/`waiting`/`verified`/`recovering`/
+    `recovered` (one per subsystem brought back, in tier order), then `commit` or
+    `rolled_back`."""
 
     txn: str
     type: str

@@ -24,7 +24,7 @@ from trueup.reconcile.changes import (
 )
 from trueup.reconcile.converging import Converging
 from trueup.subsystems.base import Scope
-from trueup.subsystems.registry import scope_for
+from trueup.subsystems.registry import ordered, scope_for
 
 log = logging.getLogger("trueup.reconcile")
 
@@ -194,8 +194,11 @@ class Committing(Converging):
         begin = open_txn.begin
         scope = Scope.from_json(begin["scope"])
         previous = begin.get("previous_applied") or {"version": 0}
-        names = list(begin.get("all_subsystems") or begin.get("subsystems") or [])
-        names = [n for n in names if n in self.by_name]
+        recorded = set(begin.get("all_subsystems") or begin.get("subsystems") or [])
+        # Tier order, whatever order the journal holds: management, network (links,
+        # addresses), services, then optional ones (proxies) — never before what they
+        # depend on, each within its own deadline.
+        names = [sub.name for sub in ordered(self.by_name.values()) if sub.name in recorded]
         journal.record(open_txn.txn, "recovering", to_version=previous.get("version", 0))
         target = self._committed_document(previous)
         errors: list[str] = []
@@ -215,8 +218,10 @@ class Committing(Converging):
                             None,
                             target.spec.convergence.deadline_for(name),
                         )
+                        journal.record(open_txn.txn, "recovered", subsystem=name)
                     except _STEP_ERRORS as exc:
                         errors.append(str(exc))
+                        journal.record(open_txn.txn, "recovered", subsystem=name, error=str(exc))
                     faults.hit(f"recovery:{name}")
             else:
                 # Nothing was ever committed: restore what was there before, except
