@@ -184,7 +184,8 @@ def query(path: Path, command: str, timeout: float = _TIMEOUT) -> str:
         sock.settimeout(timeout)
         try:
             sock.connect(str(path))
-            sock.sendall(command.encode() + b"\n")
+            # The master CLI keeps a connection open after a command: `quit` ends it.
+            sock.sendall(command.encode() + b"; quit\n")
             chunks = []
             while True:
                 chunk = sock.recv(65536)

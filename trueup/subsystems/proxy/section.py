@@ -22,6 +22,7 @@ when the section is applied (`haproxy -c`), not here: the model is pure data.
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 from typing import Annotated, Any, Literal
 
@@ -243,5 +244,10 @@ class ProxySection(RootModel[list[Proxy]]):
         return self
 
     def canonical(self) -> list[dict[str, Any]]:
-        """The section as canonical JSON (defaults filled in), sorted by name."""
-        return sorted((p.model_dump(mode="json") for p in self.root), key=lambda p: p["name"])
+        """The section as canonical JSON (defaults filled in, keys sorted), sorted by name.
+
+        Keys are sorted so that the value compares equal however it was stored
+        (facts are compared as text, and state files sort their keys)."""
+        entries = sorted((p.model_dump(mode="json") for p in self.root), key=lambda p: p["name"])
+        result: list[dict[str, Any]] = json.loads(json.dumps(entries, sort_keys=True))
+        return result
