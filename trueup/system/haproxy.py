@@ -170,11 +170,11 @@ def render_config(
 
 def check_config(runner: Runner, path: Path) -> str | None:
     """`haproxy -c -f PATH`: None when valid, else HAProxy's own words (its alerts)."""
-    done = runner.run(["haproxy", "-c", "-q", "-f", str(path)], timeout=30.0)
+    done = runner.run(["haproxy", "-c", "-f", str(path)], timeout=30.0)
     if done.ok:
         return None
     text = (done.stderr + done.stdout).strip()
-    alerts = [line for line in text.splitlines() if "ALERT" in line]
+    alerts = [line.split(" : ", 1)[-1] for line in text.splitlines() if "ALERT" in line]
     return "; ".join(alerts[:3]) or text or f"haproxy -c exited with {done.returncode}"
 
 

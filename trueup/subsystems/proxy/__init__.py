@@ -76,6 +76,10 @@ class ProxySubsystem(Subsystem):
     )
     required_binaries = ("haproxy",)
 
+    def __init__(self) -> None:
+        # Section digest → section, for the plans this process made (steps name the digest).
+        self._sections: dict[str, list[dict[str, Any]]] = {}
+
     def configured(self, document: DeviceState) -> bool:
         return document.spec.section("proxies", ProxySection) is not None
 
@@ -121,10 +125,14 @@ class ProxySubsystem(Subsystem):
         if observed.get(RUNNING) and not differing:
             return Plan(self.name, [], ["HAProxy serves the document's proxies"])
         start = not observed.get(RUNNING)
+        section = list(desired[CONFIG])
+        digest = digest_text(json.dumps(section, sort_keys=True))
+        self._sections[digest] = section
+        names = ", ".join(p["name"] for p in section)
         return Plan(
             self.name,
             [
-                Step(self.name, "write-config", CONFIG, {"proxies": desired[CONFIG]}),
+                Step(self.name, "write-config", CONFIG, {"frontends": names, "section": digest}),
                 Step(self.name, "reload", LOADED if not start else RUNNING, {"start": start}),
             ],
         )
@@ -138,7 +146,10 @@ class ProxySubsystem(Subsystem):
                 remove_quietly(paths.config)
                 remove_quietly(paths.state)
             elif step.action == "write-config":
-                _write_config(sources, step, paths)
+                section = self._sections.get(step.args["section"])
+                if section is None:
+                    raise StepError(step, "no plan of this process names that section")
+                _write_config(sources, step, paths, section)
             elif step.action == "reload":
                 _reload(sources, step, paths)
             else:
@@ -218,8 +229,9 @@ def _present(sources: Sources) -> set[str]:
     return {a.prefix.split("/")[0] for a in sources.netlink.addresses()}
 
 
-def _write_config(sources: Sources, step: Step, paths: HaproxyPaths) -> None:
-    proxies: list[dict[str, Any]] = list(step.args["proxies"])
+def _write_config(
+    sources: Sources, step: Step, paths: HaproxyPaths, proxies: list[dict[str, Any]]
+) -> None:
     text, omitted = render_config(paths, proxies, _present(sources))
     paths.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     write_atomic(paths.candidate, text.encode(), 0o600)
