@@ -115,3 +115,22 @@ def test_another_argv_replaces_the_instance(
     first = daemons.ensure(DaemonSpec("sleeper", SLEEP))
     second = daemons.ensure(DaemonSpec("sleeper", ("/bin/sleep", "3599")))
     assert second.pid != first.pid and second.running
+
+
+def test_a_self_re_executing_daemon_is_verified_by_program_and_start_time() -> None:
+    from trueup.system.daemon import proc_start_time
+
+    pid = os.getpid()
+    cmdline = tuple(
+        part.decode() for part in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if part
+    )
+    # As HAProxy's master looks after a reload: its own words inserted after argv[0].
+    recorded = {
+        "pid": pid,
+        "argv": [cmdline[0], "-W", "-f", "x.cfg"],
+        "start_time": proc_start_time(pid),
+    }
+    assert verified_pid(recorded) is None
+    assert verified_pid({**recorded, "reexec": True}) == pid
+    assert verified_pid({**recorded, "reexec": True, "start_time": 1}) is None
+    assert verified_pid({**recorded, "reexec": True, "argv": ["other", "-W"]}) is None

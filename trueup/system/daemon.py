@@ -30,6 +30,9 @@ Rules:
   signalled.
 * Signals go to that one verified pid — never a process group, never a name
   pattern.
+* A daemon that re-executes itself on a reload with words added to its argv
+  (HAProxy's master: `-sf PIDS -x SOCKET`; `DaemonSpec.reexec`) is verified
+  by its program name and start time instead of its whole cmdline.
 * A daemon that exits without being asked to is restarted with exponential
   back-off (1 s doubling to 30 s, reset after 60 s of good running);
   `before_start` and `after_start` run on every restart too, so an invariant
@@ -98,6 +101,10 @@ class DaemonSpec:
     stop_timeout: float = 10.0
     # Files and sockets the daemon creates are the agent's alone.
     umask: int = 0o077
+    # The daemon re-executes itself on a reload with words of its own added to
+    # its argv (HAProxy's master: `-sf PIDS -x SOCKET`), and its cmdline reads
+    # empty while it does: it is verified by its program name and start time.
+    reexec: bool = False
 
 
 @dataclass(frozen=True)
@@ -191,6 +198,14 @@ def _record_argv(record: dict[str, Any]) -> tuple[str, ...]:
     return tuple(str(a) for a in argv) if isinstance(argv, list) else ()
 
 
+def _same_program(cmdline: tuple[str, ...], argv: tuple[str, ...], reexec: bool) -> bool:
+    if cmdline == argv:
+        return True
+    # A self-re-executing daemon (the record says so): its program name, or an
+    # empty cmdline while the exec is in progress; the start time is checked too.
+    return reexec and (not cmdline or cmdline[0] == argv[0])
+
+
 def verified_pid(record: dict[str, Any]) -> int | None:
     """The record's pid when that process still is the one recorded (argv and start time)."""
     try:
@@ -202,7 +217,7 @@ def verified_pid(record: dict[str, Any]) -> int | None:
     if pid <= 1 or not argv or proc_start_time(pid) != started:
         return None
     cmdline = _cmdline(pid)
-    if cmdline is None or cmdline != argv:
+    if cmdline is None or not _same_program(cmdline, argv, bool(record.get("reexec"))):
         return None
     return pid
 
@@ -255,7 +270,12 @@ class _Daemon:
             return False
         if self.child is not None:
             return self.child.poll() is None
-        record = {"pid": self.pid, "argv": list(self.spec.argv), "start_time": self._started}
+        record = {
+            "pid": self.pid,
+            "argv": list(self.spec.argv),
+            "start_time": self._started,
+            "reexec": self.spec.reexec,
+        }
         return verified_pid(record) == self.pid
 
     _started: int | None = None
@@ -312,6 +332,7 @@ class _Daemon:
             "argv": list(spec.argv),
             "start_time": started,
             "since": self.since,
+            "reexec": spec.reexec,
         }
         write_atomic(self.record_path, json.dumps(record).encode(), 0o600)
         log.info("started %s (pid %d)", spec.name, child.pid)
@@ -395,7 +416,9 @@ class DaemonSupervisor:
         if daemon.pid is None and not daemon.spec.argv:
             record = daemon.read_record()
             if record is not None and _record_argv(record):
-                daemon.spec = DaemonSpec(daemon.spec.name, _record_argv(record))
+                daemon.spec = DaemonSpec(
+                    daemon.spec.name, _record_argv(record), reexec=bool(record.get("reexec"))
+                )
         if daemon.pid is None:
             daemon.adopt()
 

@@ -250,7 +250,7 @@ def _reload(sources: Sources, step: Step, paths: HaproxyPaths) -> None:
     digest = _file_digest(paths)
     if digest is None:
         raise StepError(step, f"{paths.config} is missing")
-    spec = DaemonSpec(DAEMON, paths.argv, stop_timeout=35.0)
+    spec = DaemonSpec(DAEMON, paths.argv, stop_timeout=35.0, reexec=True)
     if not sources.daemons.running(DAEMON):
         sources.daemons.ensure(spec)
         wait_for(paths.master, "show proc", _READY_TIMEOUT)
