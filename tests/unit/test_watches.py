@@ -91,3 +91,16 @@ def test_periodic_and_command_sources_and_their_composite() -> None:
         "PeriodicEventSource",
     ]
     assert composite.sources[2].seconds == 5  # type: ignore[attr-defined]
+
+
+def test_paths_under_the_state_directory_are_resolved_and_their_directory_made(
+    tmp_path: Path,
+) -> None:
+    from trueup.system.watches import STATE_DIR, FileEventSource, event_source_for, files
+
+    watch = files(f"{STATE_DIR}/run/haproxy/haproxy.cfg")
+    assert not any(isinstance(s, FileEventSource) for s in event_source_for([watch]).sources)
+    composite = event_source_for([watch], tmp_path)
+    (source,) = [s for s in composite.sources if isinstance(s, FileEventSource)]
+    assert source.paths == [str(tmp_path / "run" / "haproxy" / "haproxy.cfg")]
+    assert (tmp_path / "run" / "haproxy").is_dir()

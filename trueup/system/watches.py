@@ -293,7 +293,11 @@ def event_source_for(
             if state_dir is None:
                 continue
             path = str(state_dir) + path[len(STATE_DIR) :]
-            Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            try:
+                Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as exc:  # a damaged state directory: the periodic look remains
+                log.warning("cannot watch %s: %s", path, exc)
+                continue
         paths.append(path)
     if paths:
         sources.append(FileEventSource(paths))
