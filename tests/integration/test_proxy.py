@@ -310,8 +310,8 @@ def test_an_interrupted_proxy_apply_is_rolled_back_last_at_startup_and_blocks_no
     assert "addresses" in order and "proxy" in order, order
     assert order.index("management") < order.index("addresses") < order.index("proxy")
     assert order[-1] == "proxy"
-    proxy_line = recovered[order.index("proxy")]
-    assert ABSENT in proxy_line.get("error", ""), proxy_line
+    # Back to v1: web bound, far waiting for its address — not an error, nothing waits on it.
+    assert "error" not in recovered[order.index("proxy")], recovered
     phases = {p["name"]: p for p in router.api("/v1/status")["agent"]["startup"]}
     assert phases["management"]["state"] == "done"
     assert phases["management"]["ended_at"] <= recovered[0]["at"]

@@ -17,9 +17,11 @@ Steps: `write-config` (render, `haproxy -c` on a candidate, rename: a
 configuration HAProxy refuses changes nothing), `reload` (start the master,
 or SIGUSR2 to it: a seamless reload, listeners handed to the new worker),
 `stop`. A frontend whose bind address is not on the router is left out of
-the file so the others are served; `reload` then fails the subsystem with a
-reason naming the address, `condition()` reports it `pending`, and the
-address watch (`rtnetlink("address")`) brings it in when the address appears.
+the file so the others are served; while its address is absent it counts as
+waiting (its `bound` fact holds, as DHCP's interfaces that are not there yet
+do), `condition()` reports the subsystem `pending` with a reason naming the
+address, and the address watch (`rtnetlink("address")`) brings it in when the
+address appears: `bound` then differs, and the heal writes and reloads.
 """
 
 from __future__ import annotations
@@ -104,13 +106,20 @@ class ProxySubsystem(Subsystem):
         facts[LOADED] = _file_digest(paths) is not None and state.get("loaded") == _file_digest(
             paths
         )
+        section = state.get("section") or []
+        present = _present(sources) | {"*"}
+        omitted = set(state.get("omitted") or [])
+        for proxy in section:
+            if proxy["name"] in omitted and split_endpoint(proxy["bind"])[0] not in present:
+                # Left out while its address is absent, as asked: it waits, and
+                # `condition()` reports the subsystem pending with the address.
+                facts[_bound(proxy["name"])] = True
         try:
             stats = parse_stat(query(paths.stats, "show stat"))
         except HaproxyError:
-            return facts  # not answering (yet): frontends count as unbound
-        section = state.get("section") or []
+            return facts  # not answering (yet): the other frontends count as unbound
         for proxy in section:
-            facts[_bound(proxy["name"])] = stats.frontends.get(proxy["name"]) == "OPEN"
+            facts.setdefault(_bound(proxy["name"]), stats.frontends.get(proxy["name"]) == "OPEN")
         for name, status in stats.frontends.items():
             facts.setdefault(_bound(name), status == "OPEN")
         return facts
@@ -264,10 +273,6 @@ def _reload(sources: Sources, step: Step, paths: HaproxyPaths) -> None:
     state = _state(paths)
     state["loaded"] = digest
     _write_state(paths, state)
-    omitted = state.get("omitted") or []
-    if omitted:
-        binds = {p["name"]: p["bind"] for p in state.get("section", [])}
-        raise StepError(step, _missing_reason([(n, binds.get(n, "?:0")) for n in omitted]))
 
 
 def _wait_reloaded(step: Step, paths: HaproxyPaths, reloads: int, failed: int) -> None:
