@@ -117,7 +117,7 @@ class ProxyRouter:
         except (OSError, ValueError):
             return None
 
-    def kill_haproxy(self) -> None:
+    def kill_haproxy(self, *, wait_listeners: bool = True) -> None:
         pid = self.haproxy_pid()
         if pid is None:
             return
@@ -125,6 +125,8 @@ class ProxyRouter:
         deadline = time.monotonic() + 10
         while self.haproxy_pid() is not None and time.monotonic() < deadline:
             time.sleep(0.05)
+        if not wait_listeners:
+            return
         # The workers notice their master is gone and exit; wait for them by the kernel's view.
         self.router.wait_for(
             lambda: self.router.run("ss", "-Hltn", "sport = :8080").stdout.strip() == "",
@@ -329,3 +331,33 @@ def test_an_interrupted_proxy_apply_is_rolled_back_last_at_startup_and_blocks_no
         lambda: rig.health().get("health") == "ok", what="proxy ok once bound", timeout=40
     )
     assert rig.stats().frontends == {"web": "OPEN", "far": "OPEN"}
+
+
+def test_a_hand_edit_and_a_dead_haproxy_are_seen_and_healed(proxy_router: ProxyRouter) -> None:
+    rig, router = proxy_router, proxy_router.router
+    config = router.write("proxy.yaml", proxy_document(proxy("web", "198.51.100.2:8080")))
+    router.start_agent("--config", str(config))
+    router.wait_for(lambda: rig.health().get("health") == "ok", what="proxy ok", timeout=30)
+    written = rig.paths.config.read_text()
+
+    def heals() -> list[dict[str, Any]]:
+        lines = (router.state_dir / "audit.jsonl").read_text().splitlines()
+        return [
+            r["details"]
+            for r in map(json.loads, lines)
+            if r["event"] == "reconcile" and r["details"].get("subsystem") == "proxy"
+        ]
+
+    # Edited by hand: the file watch wakes the loop, the heal writes trueup's file back.
+    rig.paths.config.write_text(written.replace("weight 1", "weight 99"))
+    router.wait_for(lambda: rig.paths.config.read_text() == written, what="file healed", timeout=40)
+    router.wait_for(lambda: bool(heals()), what="the heal audited", timeout=20)
+    assert "spec.proxies.config" in heals()[0]["paths"]
+    # HAProxy killed: started again (the supervisor, or the loop's look), and serving.
+    old = rig.haproxy_pid()
+    rig.kill_haproxy(wait_listeners=False)  # the agent may start it again at once
+    router.wait_for(
+        lambda: rig.haproxy_pid() not in (None, old), what="HAProxy running again", timeout=40
+    )
+    router.wait_for(lambda: rig.get(WEB_URL) == 200, what="web served again", timeout=30)
+    router.wait_for(lambda: rig.health().get("health") == "ok", what="proxy ok", timeout=30)

@@ -57,6 +57,8 @@ __all__ = ["ProxySection", "ProxySubsystem"]
 
 RUNNING, CONFIG, LOADED = "spec.proxies.running", "spec.proxies.config", "spec.proxies.loaded"
 _READY_TIMEOUT = 15.0
+# Status never waits long for a HAProxy that does not answer.
+_REPORT_TIMEOUT = 1.0
 
 
 def _bound(name: str) -> str:
@@ -198,12 +200,12 @@ class ProxySubsystem(Subsystem):
             return {}
         out: dict[str, Any] = {"running": sources.daemons.running(DAEMON), "frontends": {}}
         try:
-            master = parse_proc(query(paths.master, "show proc"))
+            master = parse_proc(query(paths.master, "show proc", _REPORT_TIMEOUT))
             out["version"], out["reloads"] = master.version, master.reloads
         except HaproxyError as exc:
             out["version"], out["master"] = None, str(exc)
         try:
-            stats = parse_stat(query(paths.stats, "show stat"))
+            stats = parse_stat(query(paths.stats, "show stat", _REPORT_TIMEOUT))
         except HaproxyError as exc:
             stats = None
             out["stats"] = str(exc)
