@@ -264,7 +264,10 @@ def _reload(sources: Sources, step: Step, paths: HaproxyPaths) -> None:
     spec = DaemonSpec(DAEMON, paths.argv, stop_timeout=35.0, reexec=True)
     if not sources.daemons.running(DAEMON):
         sources.daemons.ensure(spec)
-        wait_for(paths.master, "show proc", _READY_TIMEOUT)
+        try:
+            wait_for(paths.master, "show proc", _READY_TIMEOUT)
+        except HaproxyError as exc:
+            raise StepError(step, f"HAProxy did not start: {_alerts(paths) or exc}") from exc
     else:
         sources.daemons.ensure(spec)  # supervised by this agent (adopted after a restart)
         before = parse_proc(wait_for(paths.master, "show proc", _READY_TIMEOUT))
@@ -316,6 +319,15 @@ def wait_for(path: Path, command: str, timeout: float) -> str:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.02)
+
+
+def _alerts(paths: HaproxyPaths) -> str:
+    """HAProxy's last alerts in its log (why it did not start: a port already taken, …)."""
+    try:
+        lines = (paths.run_dir / f"{DAEMON}.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "; ".join(line.split(" : ", 1)[-1] for line in lines[-50:] if "ALERT" in line)[-600:]
 
 
 def _file_digest(paths: HaproxyPaths) -> str | None:
