@@ -287,4 +287,5 @@ def _union_scope(target: Scope, txn: Scope) -> Scope:
             else frozenset()
         ),
         management_default_routes=target.management_default_routes | txn.management_default_routes,
+        virtual_addresses=target.virtual_addresses | txn.virtual_addresses,
     )
