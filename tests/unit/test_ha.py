@@ -12,11 +12,11 @@ from tests.routers import base_document
 from trueup.model.document import DocumentError, parse_document
 from trueup.subsystems.addresses import AddressesSubsystem
 from trueup.subsystems.base import Scope, StepError
-from trueup.subsystems.ha import NOTIFY_PLACEHOLDER, HaSubsystem, compile_config
+from trueup.subsystems.ha import HaSubsystem, compile_config
 from trueup.subsystems.management import ManagementSubsystem
 from trueup.subsystems.registry import scope_for
 from trueup.system.fake import FakeDaemons, FakeFiles, FakeNetlink, FakeRunner
-from trueup.system.keepalived import keepalived_paths, read_states
+from trueup.system.keepalived import keepalived_paths
 from trueup.system.runner import Completed
 from trueup.system.sources import Sources
 
@@ -117,7 +117,7 @@ def test_the_compiled_configuration() -> None:
         peers=["192.0.2.3", "2001:db8::3"],
         vips=[{"interface": "lan0", "vrid": 51, "addresses": [VIP, "2001:db8:1::fe/64"]}],
     )
-    text = compile_config(doc, "/run/x/notify.sh")
+    text = compile_config(doc)
     assert text is not None
     assert "router_id trueup-edge-01" in text
     assert "vrrp_garp_master_delay 1" in text and "vrrp_garp_master_repeat 3" in text
@@ -127,14 +127,14 @@ def test_the_compiled_configuration() -> None:
     assert "    203.0.113.254/24 dev lan0" in text and "    2001:db8:1::fe/64 dev lan0" in text
     v4 = text.split("vrrp_instance trueup_lan0_51_v4")[1].split("vrrp_instance")[0]
     assert "192.0.2.3" in v4 and "2001:db8::3" not in v4
-    assert 'notify "/run/x/notify.sh"' in text
-    standby = compile_config(document(role="standby", preempt=False), "/n")
+    assert "notify" not in text and "script" not in text
+    standby = compile_config(document(role="standby", preempt=False))
     assert standby is not None
     assert "state BACKUP" in standby and "priority 100" in standby and "nopreempt" in standby
     assert "unicast_peer" not in standby
-    assert compile_config(document(role="standby", priority=150), "/n") is not None
-    assert "priority 150" in str(compile_config(document(role="standby", priority=150), "/n"))
-    assert compile_config(document(role="none"), "/n") is None
+    assert compile_config(document(role="standby", priority=150)) is not None
+    assert "priority 150" in str(compile_config(document(role="standby", priority=150)))
+    assert compile_config(document(role="none")) is None
 
 
 def sources(tmp_path: Path, runner: FakeRunner | None = None) -> Sources:
@@ -170,8 +170,8 @@ def test_start_then_in_sync_then_a_hand_edit_is_healed_by_reload(tmp_path: Path)
     scope = scope_for(doc)
     assert converge(sub, src, doc, scope) == ["start"]
     paths = keepalived_paths(src.daemons.run_dir("keepalived"))
-    assert paths.config.read_text() == compile_config(doc, str(paths.notify))
-    assert paths.notify.stat().st_mode & 0o777 == 0o700
+    assert paths.config.read_text() == compile_config(doc)
+    assert paths.config.stat().st_mode & 0o777 == 0o600
     assert converge(sub, src, doc, scope) == []
     # VIP presence is the role's runtime state, never drift.
     src.netlink.add_address("lan0", VIP)
@@ -214,7 +214,7 @@ def test_stale_vips_are_released_and_reported_when_keepalived_does_not_run(
     report = sub.report(src, scope)
     assert [(r["interface"], r["address"]) for r in report["released"]] == [("lan0", VIP)]
     assert report["released"][0]["reason"] == "keepalived not running"
-    assert report["state"] == "unknown" and report["keepalived"]["running"] is True
+    assert report["state"] == "BACKUP" and report["keepalived"]["running"] is True
 
 
 def test_role_none_stops_keepalived_and_releases_every_vip(tmp_path: Path) -> None:
@@ -241,13 +241,10 @@ def test_report_shows_state_priority_and_held_vips(tmp_path: Path) -> None:
     doc = document()
     scope = scope_for(doc)
     converge(sub, src, doc, scope)
-    paths = keepalived_paths(src.daemons.run_dir("keepalived"))
-    paths.states.mkdir()
-    (paths.states / "trueup_lan0_51_v4").write_text("MASTER 200\n")
+    assert sub.report(src, scope)["state"] == "BACKUP"
     src.netlink.add_address("lan0", VIP)
-    assert read_states(paths) == {"trueup_lan0_51_v4": {"state": "MASTER", "priority": "200"}}
     report = sub.report(src, scope)
-    assert report["state"] == "MASTER" and report["priority"] == "200"
+    assert report["state"] == "MASTER" and report["priority"] == 200
     assert report["holds"] == [f"lan0 {VIP}"]
 
 
@@ -303,11 +300,3 @@ def test_scope_serialises_virtual_addresses_and_old_journals_load() -> None:
     del old["virtual_addresses"]
     assert Scope.from_json(old).virtual_addresses == frozenset()
     assert Scope().is_virtual(VIP) is False and scope.is_virtual("203.0.113.254/32")
-
-
-def test_desired_config_carries_a_placeholder_for_the_notify_path() -> None:
-    sub = HaSubsystem()
-    doc = document()
-    facts = sub.desired(doc, scope_for(doc))
-    assert NOTIFY_PLACEHOLDER in facts["spec.ha.config"]
-    assert facts["spec.ha.running"] is True and facts["spec.ha.unheld"] == []

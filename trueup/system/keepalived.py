@@ -5,9 +5,12 @@ Who uses this: the HA subsystem (`trueup.subsystems.ha`), which compiles
 daemon supervisor (`trueup.system.daemon`) in the agent's network namespace.
 
 Everything lives in the daemon's run directory (`STATE_DIR/run/keepalived`,
-0700): the configuration, keepalived's own pid files (parent and VRRP child —
-named apart from the supervisor's `keepalived.pid` record), the notify script
-and the per-instance state files it writes. Two agents in two namespaces on
+0700): the configuration and keepalived's own pid files (parent and VRRP
+child — named apart from the supervisor's `keepalived.pid` record). The VRRP
+state is read from the kernel (whether this node holds the addresses), not
+from a notify script: keepalived refuses to run scripts from a directory a
+non-root user could write to unless script security is off, and a state file
+written by a script would go stale when keepalived is killed anyway. Two agents in two namespaces on
 one machine have two state directories, so nothing is shared: no file under
 `/run/keepalived`, no syslog (`-G`; the log is the supervisor's log file).
 """
@@ -24,13 +27,12 @@ __all__ = [
     "DAEMON",
     "Instance",
     "KeepalivedPaths",
-    "clear_states",
+    "configured_priority",
     "instances_for",
     "keepalived_paths",
     "read_config",
-    "read_states",
     "render_config",
-    "write_files",
+    "write_config",
 ]
 
 DAEMON = "keepalived"
@@ -42,14 +44,6 @@ BINARY = "keepalived"
 GARP_MASTER_DELAY = 1
 GARP_MASTER_REPEAT = 3
 
-_NOTIFY = """#!/bin/sh
-# Written by trueup: records the VRRP state keepalived reports for an instance.
-# keepalived calls it as: notify TYPE NAME STATE PRIORITY
-dir="$(dirname "$0")/state"
-mkdir -p "$dir" || exit 0
-printf '%s %s\\n' "$3" "$4" > "$dir/$2.tmp" && mv -f "$dir/$2.tmp" "$dir/$2"
-"""
-
 
 @dataclass(frozen=True)
 class KeepalivedPaths:
@@ -58,14 +52,6 @@ class KeepalivedPaths:
     @property
     def config(self) -> Path:
         return self.run_dir / "keepalived.conf"
-
-    @property
-    def notify(self) -> Path:
-        return self.run_dir / "notify.sh"
-
-    @property
-    def states(self) -> Path:
-        return self.run_dir / "state"
 
     @property
     def record(self) -> Path:
@@ -127,7 +113,6 @@ def _advert(seconds: float) -> str:
 
 def render_config(
     *,
-    notify: str,
     router_id: str,
     instances: list[Instance],
     priority: int,
@@ -140,7 +125,6 @@ def render_config(
         "# Written by trueup from spec.ha; edits are drift and are replaced.",
         "global_defs {",
         f"  router_id {router_id}",
-        "  script_user root",
         f"  vrrp_garp_master_delay {GARP_MASTER_DELAY}",
         f"  vrrp_garp_master_repeat {GARP_MASTER_REPEAT}",
         "  vrrp_version 3",
@@ -165,7 +149,6 @@ def render_config(
         lines.append("  virtual_ipaddress {")
         lines += [f"    {a} dev {inst.interface}" for a in inst.addresses]
         lines.append("  }")
-        lines.append(f'  notify "{notify}"')
         lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -192,10 +175,9 @@ def instances_for(vips: list[tuple[str, int, list[str]]], peers: list[str]) -> l
     return out
 
 
-def write_files(paths: KeepalivedPaths, config: str) -> None:
-    """The configuration and the notify script (0600 / 0700 in the 0700 run directory)."""
+def write_config(paths: KeepalivedPaths, config: str) -> None:
+    """The configuration (0600 in the 0700 run directory)."""
     paths.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    write_atomic(paths.notify, _NOTIFY.encode(), 0o700)
     write_atomic(paths.config, config.encode(), 0o600)
 
 
@@ -206,33 +188,10 @@ def read_config(paths: KeepalivedPaths) -> str | None:
         return None
 
 
-def read_states(paths: KeepalivedPaths) -> dict[str, dict[str, str]]:
-    """Per instance, the VRRP state and priority keepalived last reported."""
-    out: dict[str, dict[str, str]] = {}
-    try:
-        entries = sorted(paths.states.iterdir())
-    except OSError:
-        return out
-    for entry in entries:
-        if entry.suffix == ".tmp":
-            continue
-        try:
-            parts = entry.read_text().split()
-        except OSError:
-            continue
-        if parts:
-            out[entry.name] = {
-                "state": parts[0],
-                "priority": parts[1] if len(parts) > 1 else "",
-            }
-    return out
-
-
-def clear_states(paths: KeepalivedPaths) -> None:
-    """Forget reported states (keepalived reports afresh once started)."""
-    try:
-        entries = list(paths.states.iterdir())
-    except OSError:
-        return
-    for entry in entries:
-        entry.unlink(missing_ok=True)
+def configured_priority(config: str | None) -> int | None:
+    """The priority a configuration gives its instances (trueup gives them all one)."""
+    for line in (config or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "priority" and parts[1].isdigit():
+            return int(parts[1])
+    return None

@@ -45,13 +45,12 @@ from trueup.system.daemon import DaemonError, DaemonSpec
 from trueup.system.keepalived import (
     DAEMON,
     KeepalivedPaths,
-    clear_states,
+    configured_priority,
     instances_for,
     keepalived_paths,
     read_config,
-    read_states,
     render_config,
-    write_files,
+    write_config,
 )
 from trueup.system.watches import every
 
@@ -60,17 +59,12 @@ __all__ = ["HaSection", "HaSubsystem"]
 log = logging.getLogger("trueup.ha")
 
 RUNNING, CONFIG, UNHELD = "spec.ha.running", "spec.ha.config", "spec.ha.unheld"
-NOTIFY_PLACEHOLDER = "@TRUEUP_HA_NOTIFY@"
 # Released addresses kept in the record (the newest).
 _KEEP_RELEASED = 50
 
 
-def compile_config(document: DeviceState, notify: str = NOTIFY_PLACEHOLDER) -> str | None:
-    """keepalived.conf for `document`'s `spec.ha`, or None when no VIP is to be held.
-
-    The notify script's path depends on the state directory, which the document does
-    not know: the facts carry a placeholder, replaced when the file is written.
-    """
+def compile_config(document: DeviceState) -> str | None:
+    """keepalived.conf for `document`'s `spec.ha`, or None when no VIP is to be held."""
     section = document.spec.section("ha", HaSection)
     if section is None or section.role == "none":
         return None
@@ -78,7 +72,6 @@ def compile_config(document: DeviceState, notify: str = NOTIFY_PLACEHOLDER) -> s
         [(v.interface, v.vrid, list(v.addresses)) for v in section.vips], list(section.peers)
     )
     return render_config(
-        notify=notify,
         router_id=f"trueup-{document.metadata.device}",
         instances=instances,
         priority=section.effective_priority(),
@@ -119,7 +112,7 @@ class HaSubsystem(Subsystem):
             paths = keepalived_paths(sources.daemons.run_dir(DAEMON))
             text = read_config(paths)
             if text is not None:
-                facts[CONFIG] = text.replace(str(paths.notify), NOTIFY_PLACEHOLDER)
+                facts[CONFIG] = text
         if not running and scope.virtual_addresses:
             facts[UNHELD] = sorted(
                 f"{a.ifname} {a.prefix}"
@@ -172,7 +165,6 @@ class HaSubsystem(Subsystem):
                 self._release(sources, paths, step)
             elif step.action == "stop":
                 sources.daemons.stop(DAEMON)
-                clear_states(paths)
             elif step.action in ("start", "configure"):
                 self._start(sources, paths, step)
             else:
@@ -184,7 +176,7 @@ class HaSubsystem(Subsystem):
         known = self._configs.get(str(step.args["digest"]))
         if known is None:
             raise StepError(step, "no configuration known for this digest (plan again)")
-        config = known.replace(NOTIFY_PLACEHOLDER, str(paths.notify))
+        config = known
         # Checked from a scratch copy first: a refused configuration never replaces
         # the one keepalived runs.
         paths.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -199,14 +191,13 @@ class HaSubsystem(Subsystem):
             raise StepError(step, f"keepalived refused the configuration: {output}")
 
         def before_start() -> None:
-            write_files(paths, config)
-            clear_states(paths)
+            write_config(paths, config)
 
         _update_record(paths, lambda r: r.update(config_written=time.time()))
         if step.action == "start" or not sources.daemons.running(DAEMON):
             sources.daemons.ensure(DaemonSpec(DAEMON, paths.argv, before_start=before_start))
             return
-        write_files(paths, config)
+        write_config(paths, config)
         sources.daemons.ensure(DaemonSpec(DAEMON, paths.argv, before_start=before_start))
         if not sources.daemons.signal(DAEMON, signal.SIGHUP):
             raise StepError(step, "keepalived is not running; cannot reload it")
@@ -252,32 +243,44 @@ class HaSubsystem(Subsystem):
     def report(self, sources: Sources, scope: Scope) -> dict[str, Any]:
         paths = keepalived_paths(sources.daemons.run_dir(DAEMON))
         status = sources.daemons.status(DAEMON)
-        held = sorted(
+        present = sorted(
             f"{a.ifname} {a.prefix}"
             for a in sources.netlink.addresses()
             if scope.is_virtual(a.prefix)
         )
-        states = read_states(paths) if status.running else {}
-        priorities = sorted({s["priority"] for s in states.values() if s.get("priority")})
+        config = read_config(paths) if status.running else None
+        mine = _configured_addresses(config)
+        held = [p for p in present if p in mine]
+        if not status.running:
+            state = "stopped"
+        elif not mine:
+            state = "unknown"
+        elif len(held) == len(mine):
+            state = "MASTER"
+        elif not held:
+            state = "BACKUP"
+        else:
+            state = "partial"
         record = _record(paths)
         return {
             "keepalived": status.to_json(),
-            "vrrp": states,
-            "state": _overall(states) if status.running else "stopped",
-            "priority": priorities[0] if len(priorities) == 1 else priorities,
-            "holds": held if status.running else [],
-            "present_unheld": [] if status.running else held,
+            # From the kernel: MASTER holds every configured address, BACKUP none.
+            "state": state,
+            "priority": configured_priority(config),
+            "holds": held,
+            "present_unheld": [] if status.running else present,
             "released": list(record.get("released", []))[-10:],
         }
 
 
-def _overall(states: dict[str, dict[str, str]]) -> str:
-    values = {s.get("state", "") for s in states.values()}
-    if not values:
-        return "unknown"
-    if len(values) == 1:
-        return values.pop()
-    return "mixed"
+def _configured_addresses(config: str | None) -> set[str]:
+    """`IF ADDRESS/LEN` for every `ADDRESS/LEN dev IF` line of a configuration."""
+    out: set[str] = set()
+    for line in (config or "").splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] == "dev" and "/" in parts[0]:
+            out.add(f"{parts[2]} {parts[0]}")
+    return out
 
 
 def _record(paths: KeepalivedPaths) -> dict[str, Any]:
