@@ -300,3 +300,134 @@ def test_scope_serialises_virtual_addresses_and_old_journals_load() -> None:
     del old["virtual_addresses"]
     assert Scope.from_json(old).virtual_addresses == frozenset()
     assert Scope().is_virtual(VIP) is False and scope.is_virtual("203.0.113.254/32")
+
+
+class KeepalivedRunner(FakeRunner):
+    """Answers every `keepalived --config-test`: accepted."""
+
+    def run(self, argv: list[str], *, input: str | None = None, timeout: float = 30.0) -> Completed:
+        if argv[:2] == ["keepalived", "--config-test"]:
+            self.calls.append(tuple(argv))
+            return Completed(tuple(argv), 0, "", "")
+        return super().run(argv, input=input, timeout=timeout)
+
+
+def kea_ha(role_a: str, role_b: str) -> dict[str, Any]:
+    return {
+        "interfaces": ["lan0"],
+        "subnets": [
+            {"id": 1, "subnet": "203.0.113.0/24", "pools": ["203.0.113.100-203.0.113.150"]}
+        ],
+        "ha": {
+            "this-server": "a",
+            "peers": [
+                {"name": "a", "url": "http://192.0.2.1:8000/", "role": role_a},
+                {"name": "b", "url": "http://192.0.2.2:8000/", "role": role_b},
+            ],
+        },
+    }
+
+
+def test_a_role_change_never_activates_a_fenced_allocator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    import trueup.subsystems.dhcp as dhcp
+    import trueup.subsystems.dhcp.allocator as allocator
+    from trueup.journal.state import StateDir
+    from trueup.reconcile.transaction import Engine
+    from trueup.system.fence import hold_fence, read_fence
+
+    commands: list[str] = []
+    running: dict[str, Any] = {}
+
+    def kea_call(paths: Any, command: str, arguments: Any = None, timeout: float = 10.0) -> Any:
+        commands.append(command)
+        if command == "config-get":
+            if not running:
+                running.update(json.loads(paths.config.read_text()))
+            return dict(running)
+        if command == "config-set":
+            running.clear()
+            running.update(arguments)
+        if command == "config-write":
+            Path(arguments["filename"]).write_text(json.dumps(running))
+        return {}
+
+    for module in (dhcp, allocator):
+        monkeypatch.setattr(module, "kea_call", kea_call)
+    monkeypatch.setattr(dhcp, "wait_for_socket", lambda paths, timeout=15.0: None)
+    monkeypatch.setattr(allocator, "wait_for_socket", lambda paths, timeout=15.0: None)
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    daemons = FakeDaemons(tmp_path / "run")
+    kernel = FakeNetlink({"mgmt0": 1500, "lan0": 1500})
+    engine = Engine(
+        state,
+        netlink_factory=lambda: kernel,
+        files=FakeFiles(),
+        runner=KeepalivedRunner(),
+        daemons=daemons,
+    )
+    # A restore holds the DHCP fence: Kea must not allocate, whatever happens to the role.
+    hold_fence(state.root, "dhcp", "restore", "full restore running")
+    primary = parse_document(
+        base_document(routes=[], dhcp=kea_ha("primary", "standby"), ha=ha(role="primary"))
+    )
+    assert engine.apply_document(primary).ok
+    standby = parse_document(
+        base_document(routes=[], dhcp=kea_ha("standby", "primary"), ha=ha(role="standby"))
+    )
+    result = engine.apply_document(standby)
+    assert result.ok, result
+    assert "dhcp-enable" not in commands
+    assert commands.count("dhcp-disable") >= 2  # at start, and again after the reconfiguration
+    assert commands.index("config-set") < len(commands) - 1 - commands[::-1].index("dhcp-disable")
+    assert read_fence(state.root, "dhcp") is not None
+    keepalived = keepalived_paths(daemons.run_dir("keepalived"))
+    assert "priority 100" in keepalived.config.read_text()
+    assert (f"signal:{int(signal.SIGHUP)}", "keepalived") in daemons.events
+
+
+def test_management_json_records_vips_and_a_saved_bind_on_one_serves_the_wildcard(
+    tmp_path: Path,
+) -> None:
+    from trueup.journal.management import (
+        api_bind_address,
+        management_facts,
+        read_management,
+        write_management,
+    )
+
+    mgmt = {"interface": "mgmt0", "addresses": ["198.51.100.2/24"], "api": {"bind": "198.51.100.9"}}
+    old = management_facts(mgmt, version=1, digest=None)
+    write_management(tmp_path, old)
+    # A record written before virtual addresses existed still verifies, and binds as saved.
+    saved = read_management(tmp_path)
+    assert saved is not None and "virtual" not in saved
+    assert api_bind_address(saved) == "198.51.100.9"
+    facts = management_facts(mgmt, version=2, digest=None, virtual=["198.51.100.9/24"])
+    write_management(tmp_path, facts)
+    saved = read_management(tmp_path)
+    assert saved is not None and saved["virtual"] == ["198.51.100.9"]
+    assert api_bind_address(saved) is None
+    # The checksum covers it: a garbled list is not trusted.
+    path = tmp_path / "management.json"
+    path.write_text(path.read_text().replace('198.51.100.9"\n', '198.51.100.8"\n'))
+    assert read_management(tmp_path) is None
+
+
+def test_the_guard_tells_a_management_address_that_becomes_a_vip_apart() -> None:
+    from trueup.reconcile.guard import unsafe_management_changes
+
+    before = base_document()
+    before["spec"]["management"]["addresses"] = ["198.51.100.2/24", "198.51.100.9/24"]
+    after = base_document(
+        ha=ha(vips=[{"interface": "mgmt0", "vrid": 9, "addresses": ["198.51.100.9/24"]}])
+    )
+    found = unsafe_management_changes(parse_document(before), parse_document(after))
+    assert found == [
+        "removes management address 198.51.100.9/24 from mgmt0 (it becomes an HA virtual "
+        "address, held only while this node's role holds it)"
+    ]
