@@ -186,6 +186,9 @@ class _Rig:
         assert proc is not None
         child = int(self.paths[who].pid_file("vrrp").read_text().split()[0])
         if crash:
+            # The parent must neither respawn its VRRP child nor die first (the child
+            # would shut down cleanly): stopped, then both killed.
+            os.kill(proc.pid, signal.SIGSTOP)
             at = time.monotonic()
             os.kill(child, signal.SIGKILL)
             os.kill(proc.pid, signal.SIGKILL)

@@ -145,10 +145,16 @@ def keepalived_pids(router: Router) -> list[int]:
 
 def kill_keepalived(router: Router, sig: int) -> None:
     pids = keepalived_pids(router)
-    if sig == signal.SIGKILL:
-        pids = list(reversed(pids))  # the child first: it must not see its parent go
-    for pid in pids:
-        os.kill(pid, sig)
+    if sig == signal.SIGKILL and len(pids) == 2:
+        # A crash that leaves the VIP: the parent must neither respawn its VRRP child
+        # nor outlive it (its death makes the child shut down cleanly): stop it first.
+        parent, child = pids
+        os.kill(parent, signal.SIGSTOP)
+        os.kill(child, signal.SIGKILL)
+        os.kill(parent, signal.SIGKILL)
+    else:
+        for pid in pids:
+            os.kill(pid, sig)
     deadline = time.monotonic() + 15
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.02)
