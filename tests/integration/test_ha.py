@@ -259,10 +259,18 @@ def test_a_saved_bind_on_a_former_vip_serves_on_the_wildcard_and_never_binds_the
         # tell them apart saved it). It is absent now.
         write_management(router.state_dir, {**saved, "api": {"port": 7443, "bind": "198.51.100.9"}})
         assert api_bind_address(read_management(router.state_dir) or {}) is None
-        assert "198.51.100.9/24" not in router.addresses("mgmt0")
+        # Present at start (a crashed holder's leftover): it would bind, but must not.
+        router.ip("addr", "add", "198.51.100.9/24", "dev", "mgmt0")
         router.start_agent()
         status, answer = router.from_client("http://198.51.100.2:7443/v1/health/management")
         assert status == 200 and answer["ready"] is True, answer
+        router.wait_for(
+            lambda: "198.51.100.9/24" not in router.addresses("mgmt0"),
+            what="the unheld VIP is released at start",
+            timeout=30,
+        )
+        sockets = router.run("ss", "-Hltn", "sport", "= :7443").stdout
+        assert "198.51.100.9" not in sockets and sockets.strip(), sockets
 
         # A stale copy of the VIP appears (a crashed holder's leftovers): released and
         # reported; the management address stays; the API never binds the VIP.
@@ -274,7 +282,10 @@ def test_a_saved_bind_on_a_former_vip_serves_on_the_wildcard_and_never_binds_the
         )
         assert "198.51.100.2/24" in router.addresses("mgmt0")
         released = router.api("/v1/status")["subsystems"]["ha"]["system"]["released"]
-        assert [(r["address"], r["reason"]) for r in released] == [("198.51.100.9/24", "role none")]
+        assert [(r["address"], r["reason"]) for r in released] == [
+            ("198.51.100.9/24", "role none"),
+            ("198.51.100.9/24", "role none"),
+        ]
         listeners = router.api("/v1/health/management")["listeners"]
         bound = {
             str(v.get("address"))

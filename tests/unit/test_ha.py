@@ -431,3 +431,42 @@ def test_the_guard_tells_a_management_address_that_becomes_a_vip_apart() -> None
         "removes management address 198.51.100.9/24 from mgmt0 (it becomes an HA virtual "
         "address, held only while this node's role holds it)"
     ]
+
+
+def test_a_release_on_a_worker_is_verified_against_the_kernel_not_a_stale_cache(
+    tmp_path: Path,
+) -> None:
+    from trueup.journal.state import StateDir
+    from trueup.reconcile.transaction import Engine
+
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    kernel = FakeNetlink({"mgmt0": 1500, "lan0": 1500})
+    engine = Engine(
+        state,
+        netlink_factory=lambda: kernel,
+        files=FakeFiles(),
+        runner=KeepalivedRunner(),
+        daemons=FakeDaemons(tmp_path / "run"),
+    )
+    none = parse_document(base_document(routes=[], ha=ha(role="none")))
+    assert engine.apply_document(none).ok
+    kernel.add_address("lan0", VIP)  # a crashed holder's leftover
+    result = engine.apply_document(none.with_version(2))
+    assert result.ok, result
+    assert VIP not in [a.prefix for a in kernel.addresses()]
+
+
+def test_phase_one_never_binds_a_saved_bind_that_is_a_vip() -> None:
+    from trueup.reconcile.management_tier import document_from_facts
+
+    facts = {
+        "interface": "mgmt0",
+        "addresses": ["198.51.100.2/24"],
+        "gateway": None,
+        "api": {"port": 7443, "bind": "198.51.100.9"},
+        "virtual": ["198.51.100.9"],
+    }
+    assert document_from_facts(facts, source="test").spec.api_bind_address() is None
+    kept = {**facts, "virtual": ["198.51.100.10"]}
+    assert document_from_facts(kept, source="test").spec.api_bind_address() == "198.51.100.9"
