@@ -41,6 +41,7 @@ from trueup.journal.audit import now_iso
 from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState
 from trueup.model.reasons import ReasonCode
+from trueup.model.virtual import is_virtual, virtual_addresses
 from trueup.reconcile.guard import unsafe_management_changes
 from trueup.reconcile.status import AgentInfo, build_status, drift_report
 from trueup.reconcile.transaction import Change, Engine, NeedsConfirmation, Origin, Refused
@@ -529,6 +530,14 @@ class Agent:
             return
         port = self.listen_port or (document.spec.management.api.port if document else 7443)
         named = document.spec.api_bind_address() if document else None
+        if (
+            named is not None
+            and document is not None
+            and is_virtual(named, virtual_addresses(document))
+        ):
+            # An HA virtual address is held only while the role holds it: never bound.
+            log.warning("bind %s is an HA virtual address; serving on the wildcard", named)
+            named = None
         if named is None:
             await self._listen("tcp", "::", port)
             return

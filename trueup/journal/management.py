@@ -14,7 +14,10 @@ management set`) writes it too.
 ```
 
 `bind` is the document's `spec.management.api.bind` as written ("management"
-names the first management address). `checksum` covers every other field, so
+names the first management address). `virtual` (present only when the
+document has HA virtual addresses: `spec.ha.vips`) lists their hosts: the API
+never binds one of them, whatever `bind` says — a bind saved before an
+address became virtual serves on the wildcard instead. `checksum` covers every other field, so
 a garbled byte that still parses (an address one digit off) is refused like a
 torn file; `read_management` returns None for anything it cannot trust and
 never raises. It is a corruption check, not a signature: crc32 because this
@@ -54,11 +57,18 @@ _MAX_BYTES = 64 * 1024
 
 
 def management_facts(
-    management: dict[str, Any], *, version: int | None, digest: str | None
+    management: dict[str, Any],
+    *,
+    version: int | None,
+    digest: str | None,
+    virtual: list[str] | None = None,
 ) -> dict[str, Any]:
-    """The facts of a document's `spec.management` section (as JSON: `model_dump(mode="json")`)."""
+    """The facts of a document's `spec.management` section (as JSON: `model_dump(mode="json")`).
+
+    `virtual`: the document's HA virtual addresses (`ADDRESS/LEN` or hosts).
+    """
     api = management.get("api") or {}
-    return {
+    facts: dict[str, Any] = {
         "interface": management["interface"],
         "addresses": list(management["addresses"]),
         "gateway": management.get("gateway"),
@@ -66,16 +76,26 @@ def management_facts(
         "version": version,
         "digest": digest,
     }
+    if virtual:
+        facts["virtual"] = sorted({str(v).split("/", 1)[0].lower() for v in virtual})
+    return facts
+
+
+def _fields(facts: dict[str, Any]) -> tuple[str, ...]:
+    # `virtual` joins the checksum only when present: records written before it verify.
+    return (*_FIELDS, "virtual") if facts.get("virtual") else _FIELDS
 
 
 def _checksum(facts: dict[str, Any]) -> str:
-    body = json.dumps({k: facts.get(k) for k in _FIELDS}, sort_keys=True, separators=(",", ":"))
+    body = json.dumps(
+        {k: facts.get(k) for k in _fields(facts)}, sort_keys=True, separators=(",", ":")
+    )
     return f"crc32:{zlib.crc32(body.encode()):08x}"
 
 
 def write_management(root: Path, facts: dict[str, Any]) -> None:
     """Replace `root/management.json` atomically and durably (fsync'd); raises OSError."""
-    record = {k: facts.get(k) for k in _FIELDS}
+    record = {k: facts.get(k) for k in _fields(facts)}
     problem = _problem(record)
     if problem is not None:
         raise ValueError(f"management facts: {problem}")
@@ -99,16 +119,26 @@ def read_management(root: Path) -> dict[str, Any] | None:
         return None
     if record.get("checksum") != _checksum(record):
         return None
-    facts = {k: record.get(k) for k in _FIELDS}
+    facts = {k: record.get(k) for k in _fields(record)}
     return facts if _problem(facts) is None else None
 
 
 def api_bind_address(facts: dict[str, Any]) -> str | None:
-    """The address the API binds (None: the wildcard), as `DeviceSpec.api_bind_address`."""
+    """The address the API binds (None: the wildcard), as `DeviceSpec.api_bind_address`.
+
+    Never an HA virtual address (`virtual`): that one is held only while the
+    HA role holds it, so the wildcard serves instead.
+    """
     bind = facts["api"].get("bind")
     if bind == "management":
-        return str(facts["addresses"][0]).split("/")[0]
-    return None if bind is None else str(bind)
+        named = str(facts["addresses"][0]).split("/")[0]
+    elif bind is None:
+        return None
+    else:
+        named = str(bind)
+    if named.lower() in (facts.get("virtual") or []):
+        return None
+    return named
 
 
 def _problem(facts: dict[str, Any]) -> str | None:
@@ -150,6 +180,11 @@ def _problem(facts: dict[str, Any]) -> str | None:
     digest = facts.get("digest")
     if digest is not None and not isinstance(digest, str):
         return "digest: not a string"
+    virtual = facts.get("virtual")
+    if virtual is not None and (
+        not isinstance(virtual, list) or not all(isinstance(v, str) for v in virtual)
+    ):
+        return "virtual: not a list of addresses"
     return None
 
 
@@ -166,9 +201,11 @@ def _revision_facts(root: Path, version: int, digest: str | None) -> dict[str, A
     """`spec.management` of accepted revision `version`, read as JSON (no model)."""
     record = _json_file(root / "revisions" / f"{version:08d}.json")
     try:
-        management = record["document"]["spec"]["management"]
-        return management_facts(management, version=version, digest=digest)
-    except (KeyError, TypeError, ValueError):
+        spec = record["document"]["spec"]
+        vips = (spec.get("ha") or {}).get("vips") or []
+        virtual = [str(a) for vip in vips for a in (vip.get("addresses") or [])]
+        return management_facts(spec["management"], version=version, digest=digest, virtual=virtual)
+    except (AttributeError, KeyError, TypeError, ValueError):
         return None
 
 

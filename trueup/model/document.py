@@ -285,6 +285,12 @@ class DeviceSpec(_Section):
                         "default route is owned by spec.management",
                     )
                 )
+        for _name, value in sorted((self.model_extra or {}).items()):
+            # A registered section may check itself against the rest of the document
+            # (`cross_check(spec)` → (path below spec, message) pairs).
+            check = getattr(value, "cross_check", None)
+            if callable(check):
+                problems.extend(check(self))
         if problems:
             raise _PathError.many(problems)
         return self
@@ -437,7 +443,10 @@ def parse_document(data: Any, source: str = "<document>") -> DeviceState:
     except ValidationError as exc:
         problems = _problems(exc) + problems
     if not problems and sections:
-        document = DeviceState.model_validate(data)
+        try:
+            document = DeviceState.model_validate(data)
+        except ValidationError as exc:  # a section's cross-check against the rest of spec
+            problems = _problems(exc)
     if problems:
         unsupported = any(p.startswith("apiVersion: unsupported") for p in problems)
         raise DocumentError(source, problems, unsupported_version=unsupported) from None

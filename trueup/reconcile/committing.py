@@ -16,6 +16,7 @@ from trueup.journal.journal import Transaction
 from trueup.journal.management import management_facts, write_management
 from trueup.model.document import DeviceState, DocumentError, parse_document
 from trueup.model.records import Applied, Override
+from trueup.model.virtual import virtual_addresses
 from trueup.reconcile import faults
 from trueup.reconcile.changes import (
     _LOCAL_ORIGINS,
@@ -91,7 +92,10 @@ class Committing(Converging):
             write_management(
                 state.root,
                 management_facts(
-                    document.spec.management.model_dump(mode="json"), version=version, digest=digest
+                    document.spec.management.model_dump(mode="json"),
+                    version=version,
+                    digest=digest,
+                    virtual=sorted(virtual_addresses(document)),
                 ),
             )
         # The audit lines travel with the commit: a crash before they are
@@ -292,4 +296,5 @@ def _union_scope(target: Scope, txn: Scope) -> Scope:
             else frozenset()
         ),
         management_default_routes=target.management_default_routes | txn.management_default_routes,
+        virtual_addresses=target.virtual_addresses | txn.virtual_addresses,
     )

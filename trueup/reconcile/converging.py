@@ -231,6 +231,11 @@ class Converging:
         worker = threading.Thread(target=work, name=f"trueup-{subsystem.name}", daemon=True)
         worker.start()
         worker.join(seconds)
+        # The worker changed the kernel through its own handle (an HA subsystem releasing
+        # an address): what this handle cached before is stale.
+        forget = getattr(net.netlink, "forget", None)
+        if callable(forget):
+            forget()
         if worker.is_alive():
             cancel.set()
             raise StepError(

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from trueup.model.document import DeviceState
+from trueup.model.virtual import is_virtual, virtual_addresses
 from trueup.subsystems.base import Subsystem
 
 __all__ = ["management_guard", "subsystem_risks", "unsafe_management_changes"]
@@ -26,9 +27,18 @@ def unsafe_management_changes(previous: DeviceState | None, document: DeviceStat
     out: list[str] = []
     if old.interface != new.interface:
         out.append(f"moves management from {old.interface} to {new.interface}")
+    virtual = virtual_addresses(document)
     for address in old.addresses:
         if old.interface != new.interface or address not in new.addresses:
-            out.append(f"removes management address {address} from {old.interface}")
+            if is_virtual(address, virtual):
+                # Told apart: a virtual address is held only while the HA role holds it.
+                out.append(
+                    f"removes management address {address} from {old.interface} "
+                    "(it becomes an HA virtual address, held only while this node's role "
+                    "holds it)"
+                )
+            else:
+                out.append(f"removes management address {address} from {old.interface}")
     if old.gateway is not None and new.gateway != old.gateway:
         change = f"replaces it with {new.gateway}" if new.gateway else "removes it"
         out.append(f"management default route via {old.gateway}: {change}")

@@ -18,6 +18,7 @@ import re
 import socket
 from typing import TYPE_CHECKING, Any
 
+from trueup.journal.management import api_bind_address
 from trueup.model.document import DeviceState, parse_document
 from trueup.subsystems.base import Plan, Step, StepError
 from trueup.subsystems.registry import scope_for
@@ -67,7 +68,11 @@ def document_from_facts(facts: dict[str, Any], *, source: str) -> DeviceState:
         management["gateway"] = facts["gateway"]
     api = facts.get("api")
     if isinstance(api, dict):
-        management["api"] = {k: v for k, v in api.items() if v is not None}
+        settings = {k: v for k, v in api.items() if v is not None}
+        if settings.get("bind") is not None and _virtual_bind(facts):
+            # A saved bind on an HA virtual address is never bound: the wildcard serves.
+            del settings["bind"]
+        management["api"] = settings
     return parse_document(
         {
             "apiVersion": "trueup/v1",
@@ -77,6 +82,14 @@ def document_from_facts(facts: dict[str, Any], *, source: str) -> DeviceState:
         },
         source,
     )
+
+
+def _virtual_bind(facts: dict[str, Any]) -> bool:
+    """Whether the facts' API bind names one of their HA virtual addresses (`virtual`)."""
+    try:
+        return bool(facts.get("virtual")) and api_bind_address(facts) is None
+    except (IndexError, KeyError, TypeError, AttributeError):
+        return False
 
 
 def with_management(document: DeviceState, facts: dict[str, Any], *, source: str) -> DeviceState:

@@ -2,7 +2,9 @@
 
 An interface listed in the document is owned whole: an address on it that the
 document does not list is drift and is removed. IPv6 link-local addresses
-belong to the kernel and are never observed.
+belong to the kernel and are never observed; HA virtual addresses
+(`scope.virtual_addresses`) belong to the HA role and are never observed
+either.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class AddressesSubsystem(Subsystem):
         managed = scope.interfaces - {scope.management_interface}
         facts: Facts = {_path(name): [] for name in sorted(managed)}
         for address in netlink.addresses():
-            if address.ifname in managed:
+            if address.ifname in managed and not scope.is_virtual(address.prefix):
                 facts[_path(address.ifname)].append(address.prefix)
         return {k: sorted(v) for k, v in facts.items()}
 

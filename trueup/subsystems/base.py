@@ -32,6 +32,7 @@ from pydantic import BaseModel
 
 from trueup.model.document import DeviceState
 from trueup.model.health import SubsystemHealth, Tier
+from trueup.model.virtual import is_virtual
 from trueup.system.events import NetlinkEvent
 from trueup.system.sources import Sources
 from trueup.system.watches import Watch
@@ -68,7 +69,10 @@ class Scope:
     previous and the new document's): only those are ever removed from the
     management interface, so the management address survives everything but
     an edit of `spec.management`. `exact` is set for rollbacks, which restore
-    a before-image precisely.
+    a before-image precisely. `virtual_addresses` are the HA virtual
+    addresses (`spec.ha.vips`) of the previous and the new document: they
+    belong to the HA role, so the `addresses` and `management` subsystems
+    neither observe nor remove them.
     """
 
     interfaces: frozenset[str] = frozenset()
@@ -79,6 +83,11 @@ class Scope:
     exact: bool = False
     # Per subsystem, the keys it manages beyond interfaces and tables (sysctl names, …).
     owned: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    virtual_addresses: frozenset[str] = frozenset()
+
+    def is_virtual(self, prefix: str) -> bool:
+        """Whether `prefix` (`A/LEN` as netlink reports it) is an HA virtual address."""
+        return is_virtual(prefix, self.virtual_addresses)
 
     def for_rollback(self) -> Scope:
         return replace(self, exact=True)
@@ -95,6 +104,7 @@ class Scope:
             "management_default_routes": sorted(list(k) for k in self.management_default_routes),
             "exact": self.exact,
             "owned": {name: list(keys) for name, keys in self.owned},
+            "virtual_addresses": sorted(self.virtual_addresses),
         }
 
     @classmethod
@@ -112,6 +122,8 @@ class Scope:
                 (str(name), tuple(str(k) for k in keys))
                 for name, keys in sorted(dict(data.get("owned", {})).items())
             ),
+            # Journals written before HA existed have none.
+            virtual_addresses=frozenset(str(a) for a in data.get("virtual_addresses", [])),
         )
 
 

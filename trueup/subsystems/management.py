@@ -4,6 +4,8 @@ Comes up before anything else (promise 1). Addresses are only ever removed
 from the management interface when trueup assigned them and the document's
 `spec.management` no longer lists them, or when a rollback restores a
 before-image; an address someone else put there is reported, never removed.
+An HA virtual address on the management interface is the HA role's: it is
+not observed here at all (`scope.virtual_addresses`).
 """
 
 from __future__ import annotations
@@ -58,7 +60,11 @@ class ManagementSubsystem(Subsystem):
         facts: Facts = {}
         link = links.get(ifname)
         facts[STATE] = link.state if link else "absent"
-        facts[ADDRESSES] = sorted(a.prefix for a in netlink.addresses() if a.ifname == ifname)
+        facts[ADDRESSES] = sorted(
+            a.prefix
+            for a in netlink.addresses()
+            if a.ifname == ifname and not scope.is_virtual(a.prefix)
+        )
         routes = netlink.routes({MAIN}) if scope.management_default_routes else []
         for route in routes:
             if route.key in scope.management_default_routes:

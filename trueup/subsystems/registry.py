@@ -16,6 +16,7 @@ from trueup.model import catalog
 from trueup.model.document import DeviceState
 from trueup.model.sections import register_section
 from trueup.model.types import family_of
+from trueup.model.virtual import virtual_addresses
 from trueup.subsystems.base import Scope, Subsystem
 
 __all__ = ["SUBSYSTEMS", "default_subsystems", "load_plugin", "ordered", "register", "scope_for"]
@@ -107,4 +108,5 @@ def scope_for(document: DeviceState, previous: DeviceState | None = None) -> Sco
         management_interface=spec.management.interface,
         management_owned=frozenset(owned),
         management_default_routes=frozenset(gateways),
+        virtual_addresses=virtual_addresses(document) | virtual_addresses(previous),
     )

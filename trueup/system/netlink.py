@@ -383,6 +383,10 @@ class CachedNetlink:
         self._links = self._addresses = None
         self._routes = {}
 
+    def forget(self) -> None:
+        """Drop the cache: something else (another handle, a worker) may have changed the kernel."""
+        self._drop()
+
     def links(self) -> list[LinkInfo]:
         if self._links is None:
             self._links = self.inner.links()

@@ -1,0 +1,197 @@
+"""keepalived (VRRP) as the agent runs it: its files, its argv, its configuration.
+
+Who uses this: the HA subsystem (`trueup.subsystems.ha`), which compiles
+`spec.ha` into the configuration rendered here and runs keepalived under the
+daemon supervisor (`trueup.system.daemon`) in the agent's network namespace.
+
+Everything lives in the daemon's run directory (`STATE_DIR/run/keepalived`,
+0700): the configuration and keepalived's own pid files (parent and VRRP
+child — named apart from the supervisor's `keepalived.pid` record). The VRRP
+state is read from the kernel (whether this node holds the addresses), not
+from a notify script: keepalived refuses to run scripts from a directory a
+non-root user could write to unless script security is off, and a state file
+written by a script would go stale when keepalived is killed anyway. Two agents in two namespaces on
+one machine have two state directories, so nothing is shared: no file under
+`/run/keepalived`, no syslog (`-G`; the log is the supervisor's log file).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from trueup.system.atomicfile import write_atomic
+
+__all__ = [
+    "DAEMON",
+    "Instance",
+    "KeepalivedPaths",
+    "configured_priority",
+    "instances_for",
+    "keepalived_paths",
+    "read_config",
+    "render_config",
+    "write_config",
+]
+
+DAEMON = "keepalived"
+BINARY = "keepalived"
+
+# Gratuitous ARP / unsolicited NA on becoming master: a burst at once, and a second
+# burst one second later (switches that dropped the first, a peer whose ARP cache
+# raced the transition).
+GARP_MASTER_DELAY = 1
+GARP_MASTER_REPEAT = 3
+
+
+@dataclass(frozen=True)
+class KeepalivedPaths:
+    run_dir: Path
+
+    @property
+    def config(self) -> Path:
+        return self.run_dir / "keepalived.conf"
+
+    @property
+    def record(self) -> Path:
+        """trueup's own record: the released virtual addresses, the applied settings."""
+        return self.run_dir / "trueup-ha.json"
+
+    @property
+    def log(self) -> Path:
+        return self.run_dir / f"{DAEMON}.log"
+
+    def pid_file(self, which: str) -> Path:
+        return self.run_dir / f"keepalived-{which}.pid"
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        """Foreground, VRRP only, console log (the supervisor's log file), own pid files."""
+        return (
+            BINARY,
+            "--dont-fork",
+            "--log-console",
+            "--log-detail",
+            "--no-syslog",
+            "--vrrp",
+            f"--use-file={self.config}",
+            f"--pid={self.pid_file('main')}",
+            f"--vrrp_pid={self.pid_file('vrrp')}",
+            f"--checkers_pid={self.pid_file('checkers')}",
+            f"--bfd_pid={self.pid_file('bfd')}",
+        )
+
+    def test_argv(self, config: Path | None = None) -> list[str]:
+        return [BINARY, "--config-test", f"--use-file={config or self.config}"]
+
+
+def keepalived_paths(run_dir: Path) -> KeepalivedPaths:
+    return KeepalivedPaths(Path(run_dir))
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One VRRP instance: one interface, one VRID, one address family."""
+
+    name: str
+    interface: str
+    vrid: int
+    family: int
+    addresses: tuple[str, ...]
+    peers: tuple[str, ...]
+
+
+def instance_name(interface: str, vrid: int, family: int) -> str:
+    return f"trueup_{interface}_{vrid}_v{family}"
+
+
+def _advert(seconds: float) -> str:
+    text = f"{seconds:.2f}".rstrip("0").rstrip(".")
+    return text or "1"
+
+
+def render_config(
+    *,
+    router_id: str,
+    instances: list[Instance],
+    priority: int,
+    advert_interval: float,
+    preempt: bool,
+    initial_master: bool,
+) -> str:
+    """keepalived.conf for `instances` (deterministic: the same input, the same text)."""
+    lines = [
+        "# Written by trueup from spec.ha; edits are drift and are replaced.",
+        "global_defs {",
+        f"  router_id {router_id}",
+        f"  vrrp_garp_master_delay {GARP_MASTER_DELAY}",
+        f"  vrrp_garp_master_repeat {GARP_MASTER_REPEAT}",
+        "  vrrp_version 3",
+        "}",
+    ]
+    state = "MASTER" if initial_master and preempt else "BACKUP"
+    for inst in instances:
+        lines += [
+            f"vrrp_instance {inst.name} {{",
+            f"  state {state}",
+            f"  interface {inst.interface}",
+            f"  virtual_router_id {inst.vrid}",
+            f"  priority {priority}",
+            f"  advert_int {_advert(advert_interval)}",
+        ]
+        if not preempt:
+            lines.append("  nopreempt")
+        if inst.peers:
+            lines.append("  unicast_peer {")
+            lines += [f"    {p}" for p in inst.peers]
+            lines.append("  }")
+        lines.append("  virtual_ipaddress {")
+        lines += [f"    {a} dev {inst.interface}" for a in inst.addresses]
+        lines.append("  }")
+        lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def instances_for(vips: list[tuple[str, int, list[str]]], peers: list[str]) -> list[Instance]:
+    """`(interface, vrid, addresses)` entries split by address family (one VRRP instance each)."""
+    out: list[Instance] = []
+    for interface, vrid, addresses in vips:
+        for family in (4, 6):
+            mine = tuple(a for a in addresses if ipaddress.ip_interface(a).version == family)
+            if not mine:
+                continue
+            fam_peers = tuple(p for p in peers if ipaddress.ip_address(p).version == family)
+            out.append(
+                Instance(
+                    instance_name(interface, vrid, family),
+                    interface,
+                    vrid,
+                    family,
+                    mine,
+                    fam_peers,
+                )
+            )
+    return out
+
+
+def write_config(paths: KeepalivedPaths, config: str) -> None:
+    """The configuration (0600 in the 0700 run directory)."""
+    paths.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    write_atomic(paths.config, config.encode(), 0o600)
+
+
+def read_config(paths: KeepalivedPaths) -> str | None:
+    try:
+        return paths.config.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+
+
+def configured_priority(config: str | None) -> int | None:
+    """The priority a configuration gives its instances (trueup gives them all one)."""
+    for line in (config or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "priority" and parts[1].isdigit():
+            return int(parts[1])
+    return None
