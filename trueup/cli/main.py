@@ -28,6 +28,7 @@ from trueup.cli.backup import backup_app, restore_app
 from trueup.cli.dhcp import dhcp_app
 from trueup.cli.fast import DEFAULT_STATE_DIR, duration_seconds
 from trueup.cli.management import management_app
+from trueup.cli.secret import secret_app
 from trueup.cli.output import (
     api_result,
     emit,
@@ -68,6 +69,7 @@ app.add_typer(management_app, name="management")
 app.add_typer(dhcp_app, name="dhcp")
 app.add_typer(backup_app, name="backup")
 app.add_typer(restore_app, name="restore")
+app.add_typer(secret_app, name="secret")
 
 StateDirOpt = Annotated[
     Path,

@@ -24,6 +24,7 @@ SUBSYSTEMS: tuple[str, ...] = (
     "trueup.subsystems.firewall:FirewallSubsystem",
     "trueup.subsystems.dhcp:DhcpSubsystem",
     "trueup.subsystems.dns:DnsSubsystem",
+    "trueup.subsystems.wireguard:WireguardSubsystem",
 )
 
 
