@@ -28,7 +28,6 @@ from trueup.cli.backup import backup_app, restore_app
 from trueup.cli.dhcp import dhcp_app
 from trueup.cli.fast import DEFAULT_STATE_DIR, duration_seconds
 from trueup.cli.management import management_app
-from trueup.cli.secret import secret_app
 from trueup.cli.output import (
     api_result,
     emit,
@@ -37,6 +36,7 @@ from trueup.cli.output import (
     print_status,
     render_findings,
 )
+from trueup.cli.secret import secret_app
 from trueup.cli.server import fleet_app, server_app
 
 if TYPE_CHECKING:

@@ -39,13 +39,13 @@ from trueup.system.secretstore import secret_digest
 
 __all__ = [
     "DAEMON_PREFIX",
+    "PeerConf",
     "WgControl",
     "WgDump",
     "WgError",
     "WgPeer",
     "daemon_name",
     "daemon_spec",
-    "PeerConf",
     "parse_dump",
     "render_conf",
 ]
