@@ -383,6 +383,10 @@ class CachedNetlink:
         self._links = self._addresses = None
         self._routes = {}
 
+    def invalidate(self) -> None:
+        """Forget the dumps: links that a daemon created (a TUN device) are not writes seen here."""
+        self._drop()
+
     def links(self) -> list[LinkInfo]:
         if self._links is None:
             self._links = self.inner.links()

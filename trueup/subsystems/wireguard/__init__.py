@@ -155,6 +155,11 @@ class WireguardSubsystem(Subsystem):
         names = sorted(scope.keys_for(self.name))
         if not names:
             return facts
+        # wireguard-go creates its TUN device outside this pass's netlink writes (and a
+        # step may have run on another worker's handle): never trust a cached dump.
+        invalidate = getattr(sources.netlink, "invalidate", None)
+        if callable(invalidate):
+            invalidate()
         links = {link.name: link for link in sources.netlink.links()}
         addresses: dict[str, list[str]] = {}
         for addr in sources.netlink.addresses():
@@ -258,7 +263,7 @@ class WireguardSubsystem(Subsystem):
             sources.daemons.ensure(daemon_spec(name))
         deadline = time.monotonic() + _LINK_TIMEOUT
         while True:
-            if any(link.name == name for link in sources.netlink.links()) and wg.show(name):
+            if wg.show(name) is not None:
                 return
             if time.monotonic() > deadline:
                 status = sources.daemons.status(daemon_name(name))
