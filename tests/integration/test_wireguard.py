@@ -11,7 +11,6 @@ its supervisor record).
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import secrets
@@ -19,7 +18,6 @@ import signal
 import subprocess
 import sys
 import tarfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -66,8 +64,10 @@ def _document(
                         {
                             "public_key": peer_key,
                             "endpoint": peer_endpoint,
-                            "allowed_ips": [f"{peer_tunnel[0].split('/')[0]}/32",
-                                            f"{peer_tunnel[1].split('/')[0]}/128"],
+                            "allowed_ips": [
+                                f"{peer_tunnel[0].split('/')[0]}/32",
+                                f"{peer_tunnel[1].split('/')[0]}/128",
+                            ],
                             "persistent_keepalive": 5,
                         }
                     ],
@@ -119,8 +119,12 @@ class Pair:
     def documents(self) -> tuple[dict[str, Any], dict[str, Any]]:
         tun_a = ("192.0.2.129/25", "2001:db8:100::1/64")
         tun_b = ("192.0.2.130/25", "2001:db8:100::2/64")
-        doc_a = _document(self.if_a, "203.0.113.1/24", tun_a, self.pub_b, "203.0.113.2:51820", tun_b)
-        doc_b = _document(self.if_b, "203.0.113.2/24", tun_b, self.pub_a, "peer-a.wg.test:51820", tun_a)
+        doc_a = _document(
+            self.if_a, "203.0.113.1/24", tun_a, self.pub_b, "203.0.113.2:51820", tun_b
+        )
+        doc_b = _document(
+            self.if_b, "203.0.113.2/24", tun_b, self.pub_a, "peer-a.wg.test:51820", tun_a
+        )
         return doc_a, doc_b
 
     def close(self) -> None:
@@ -194,18 +198,22 @@ def test_two_routers_tunnel_heal_a_removed_peer_and_never_show_a_key(pair: Pair)
     )
 
     # Traffic over the tunnel, both families.
-    a.wait_for(lambda: _ping(a, "192.0.2.130"), what="ping through the tunnel", timeout=30)
+    try:
+        a.wait_for(lambda: _ping(a, "192.0.2.130"), what="ping through the tunnel", timeout=30)
+    except AssertionError:
+        for r, n in ((a, pair.if_a), (b, pair.if_b)):
+            print(r.run("wg", "show", n).stdout, r.run("ip", "addr").stdout, r.run("ip", "route").stdout)
+            print(r.run("busybox", "ping", "-c1", "-W1", "203.0.113.1").stdout)
+        raise
     assert _ping(b, "192.0.2.129")
     a.wait_for(lambda: _ping(a, "2001:db8:100::2"), what="IPv6 through the tunnel")
 
     # Status: public key, port, the resolved endpoint, handshake and counters; no key.
     def peer_report() -> dict[str, Any]:
-        report = b.api("/v1/status")["subsystems"]["wireguard"]
-        system = report.get("system") or report.get("report") or {}
+        system = b.api("/v1/status")["subsystems"]["wireguard"]["system"]
         return dict(system["interfaces"][pair.if_b]["peers"][pair.pub_a])
 
-    report_b = b.api("/v1/status")["subsystems"]["wireguard"]
-    system = report_b.get("system") or report_b.get("report")
+    system = b.api("/v1/status")["subsystems"]["wireguard"]["system"]
     assert system["interfaces"][pair.if_b]["public_key"] == pair.pub_b
     assert system["interfaces"][pair.if_b]["listen_port"] == 51820
     assert system["resolution"]["peer-a.wg.test:51820"]["endpoint"] == "203.0.113.1:51820"
@@ -291,22 +299,21 @@ def test_a_hanging_resolver_fails_wireguard_alone_at_its_deadline(tmp_path: Path
             convergence={"deadlines": {"wireguard": 3}},
         )
         config = router.write("desired.yaml", document)
-        started = time.monotonic()
         router.start_agent("--config", str(config), wait_ready=False, wait_started=False)
         router.wait_for(
             lambda: router.from_client(f"{MGMT_URL}/v1/health/management", timeout=2)[0] == 200,
             what="management ready from the client namespace",
         )
-        del started
         router.wait_for(
-            lambda: router.api("/v1/health/services")["subsystems"]["wireguard"]["health"]
-            == "failed",
+            lambda: (
+                router.api("/v1/health/services")["subsystems"]["wireguard"]["health"] == "failed"
+            ),
             what="wireguard failed at its deadline",
             timeout=40,
         )
         services = router.api("/v1/health/services")["subsystems"]
         reason = services["wireguard"]["reason"]
-        assert "deadline of 3s exceeded while preparing" in reason or "never.wg.test" in reason
+        assert "deadline of 3s exceeded while preparing" in reason
         for name in ("management", "links", "addresses", "routes"):
             assert services[name]["health"] == "ok", (name, services[name])
         assert router.addresses("lan0") == ["203.0.113.1/24"]

@@ -37,9 +37,7 @@ syncconf`), `set-link` (MTU, up, addresses), `remove`.
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 from trueup.model.document import DeviceState
@@ -47,16 +45,23 @@ from trueup.model.health import Tier
 from trueup.subsystems.base import Facts, Plan, Scope, Sources, Step, StepError, Subsystem
 from trueup.subsystems.wireguard.resolution import ResolveFn, Resolver
 from trueup.subsystems.wireguard.section import WireguardSection
-from trueup.system.atomicfile import write_atomic
+from trueup.subsystems.wireguard.state import (
+    conf_args,
+    dump_report,
+    key_fact,
+    psk_fact,
+    read_record,
+    record_path,
+    secret_value,
+    update_record,
+)
 from trueup.system.daemon import DaemonError
 from trueup.system.netlink import NetlinkError
 from trueup.system.resolve import resolve_endpoint
-from trueup.system.secretstore import SECRETS_DIR, read_secret, secret_digest
 from trueup.system.watches import every, rtnetlink
 from trueup.system.wireguard import (
     PeerConf,
     WgControl,
-    WgDump,
     WgError,
     daemon_name,
     daemon_spec,
@@ -67,7 +72,6 @@ __all__ = ["ROAM_FRESH", "WireguardSection", "WireguardSubsystem"]
 
 ROAM_FRESH = 180.0
 _LINK_TIMEOUT = 10.0
-_STATE = "state.json"
 
 
 def _p(name: str, what: str) -> str:
@@ -166,14 +170,14 @@ class WireguardSubsystem(Subsystem):
             addresses.setdefault(addr.ifname, []).append(addr.prefix)
         wg = WgControl(sources.runner)
         for name in names:
-            record = _record(sources, name)
+            record = read_record(sources, name)
             dump = wg.show(name) if name in links else None
             userspace = record.get("mode") != "kernel"
             if dump is None or (userspace and not sources.daemons.running(daemon_name(name))):
                 facts[_p(name, "running")] = None
                 continue
             facts[_p(name, "running")] = True
-            facts[_p(name, "private_key")] = _key_fact(sources, record, dump)
+            facts[_p(name, "private_key")] = key_fact(sources, record, dump)
             facts[_p(name, "listen_port")] = dump.listen_port
             link = links[name]
             facts[_p(name, "link")] = {"state": link.state, "mtu": link.mtu}
@@ -189,7 +193,7 @@ class WireguardSubsystem(Subsystem):
                 roamed = (
                     last.get("endpoint")
                     and endpoint != last["endpoint"]
-                    and peer.latest_handshake > set_at
+                    and peer.latest_handshake >= int(set_at)
                     and now - peer.latest_handshake < ROAM_FRESH
                 )
                 if roamed:
@@ -199,7 +203,7 @@ class WireguardSubsystem(Subsystem):
                     "endpoint_name": last.get("name"),
                     "allowed_ips": sorted(peer.allowed_ips),
                     "persistent_keepalive": peer.keepalive,
-                    "preshared_key": _psk_fact(sources, psks.get(key), peer.preshared_digest),
+                    "preshared_key": psk_fact(sources, psks.get(key), peer.preshared_digest),
                 }
         return facts
 
@@ -220,7 +224,7 @@ class WireguardSubsystem(Subsystem):
             config_paths = mine - {_p(name, "link"), _p(name, "addresses"), running}
             if created or config_paths:
                 path = min(config_paths) if config_paths else _p(name, "private_key")
-                steps.append(Step(self.name, "configure", path, _conf_args(name, desired)))
+                steps.append(Step(self.name, "configure", path, conf_args(name, desired)))
             if created or mine & {_p(name, "link"), _p(name, "addresses")}:
                 link = desired.get(_p(name, "link")) or {}
                 steps.append(
@@ -257,9 +261,9 @@ class WireguardSubsystem(Subsystem):
     def _create(self, sources: Sources, name: str) -> None:
         wg = WgControl(sources.runner)
         if wg.add_kernel_link(name):
-            _update_record(sources, name, {"mode": "kernel"})
+            update_record(sources, name, {"mode": "kernel"})
         else:
-            _update_record(sources, name, {"mode": "userspace"})
+            update_record(sources, name, {"mode": "userspace"})
             sources.daemons.ensure(daemon_spec(name))
         deadline = time.monotonic() + _LINK_TIMEOUT
         while True:
@@ -276,7 +280,7 @@ class WireguardSubsystem(Subsystem):
     def _configure(self, sources: Sources, step: Step) -> None:
         name = str(step.args["name"])
         ref = str(step.args["private_key"])
-        private = _secret(sources, step, ref, _p(name, "private_key"))
+        private = secret_value(sources, step, ref, _p(name, "private_key"))
         peers: list[PeerConf] = []
         endpoints: dict[str, dict[str, Any]] = {}
         psks: dict[str, str] = {}
@@ -288,7 +292,7 @@ class WireguardSubsystem(Subsystem):
                 )
             psk = None
             if peer.get("preshared_key"):
-                psk = _secret(
+                psk = secret_value(
                     sources, step, peer["preshared_key"], _p(name, f"peers[{index}].preshared_key")
                 )
                 psks[peer["public_key"]] = peer["preshared_key"]
@@ -307,7 +311,7 @@ class WireguardSubsystem(Subsystem):
             }
         conf = render_conf(private, step.args.get("listen_port"), peers)
         WgControl(sources.runner).setconf(name, sources.daemons.run_dir(daemon_name(name)), conf)
-        _update_record(
+        update_record(
             sources,
             name,
             {"private_key": ref, "psk": psks, "endpoints": endpoints, "set_at": time.time()},
@@ -324,120 +328,24 @@ class WireguardSubsystem(Subsystem):
             net.add_address(name, prefix)
 
     def _remove(self, sources: Sources, name: str) -> None:
-        record = _record(sources, name)
+        record = read_record(sources, name)
         if record.get("mode") == "kernel":
             WgControl(sources.runner).delete_link(name)
         else:
             sources.daemons.stop(daemon_name(name))
-        path = sources.daemons.run_dir(daemon_name(name)) / _STATE
-        path.unlink(missing_ok=True)
+        record_path(sources, name).unlink(missing_ok=True)
 
     # -- status -------------------------------------------------------------------
     def report(self, sources: Sources, scope: Scope) -> dict[str, Any]:
         out: dict[str, Any] = {"interfaces": {}, "resolution": self.resolver.snapshot()}
         wg = WgControl(sources.runner)
         for name in sorted(scope.keys_for(self.name)):
-            record = _record(sources, name)
+            record = read_record(sources, name)
             dump = wg.show(name)
             entry: dict[str, Any] = {"mode": record.get("mode"), "present": dump is not None}
             if record.get("mode") == "userspace":
                 entry["daemon"] = sources.daemons.status(daemon_name(name)).to_json()
             if dump is not None:
-                entry.update(_dump_report(dump, record))
+                entry.update(dump_report(dump, record))
             out["interfaces"][name] = entry
         return out
-
-
-def _dump_report(dump: WgDump, record: dict[str, Any]) -> dict[str, Any]:
-    endpoints: dict[str, Any] = record.get("endpoints", {})
-    return {
-        "public_key": dump.public_key,
-        "listen_port": dump.listen_port,
-        "peers": {
-            key: {
-                "endpoint": peer.endpoint,
-                "endpoint_name": endpoints.get(key, {}).get("name"),
-                "resolved_endpoint": endpoints.get(key, {}).get("endpoint"),
-                "latest_handshake": peer.latest_handshake or None,
-                "rx_bytes": peer.rx_bytes,
-                "tx_bytes": peer.tx_bytes,
-                "allowed_ips": list(peer.allowed_ips),
-                "persistent_keepalive": peer.keepalive,
-            }
-            for key, peer in sorted(dump.peers.items())
-        },
-    }
-
-
-def _conf_args(name: str, desired: Facts) -> dict[str, Any]:
-    peers = []
-    for key in desired.get(_p(name, "peers")) or []:
-        fact = desired.get(_p(name, f"peers[{key}]")) or {}
-        psk = str(fact.get("preshared_key", "none"))
-        peers.append(
-            {
-                "public_key": key,
-                "endpoint": fact.get("endpoint"),
-                "endpoint_name": fact.get("endpoint_name"),
-                "allowed_ips": list(fact.get("allowed_ips") or []),
-                "persistent_keepalive": int(fact.get("persistent_keepalive") or 0),
-                "preshared_key": psk.removeprefix("secret:") if psk.startswith("secret:") else None,
-            }
-        )
-    return {
-        "name": name,
-        "private_key": str(desired.get(_p(name, "private_key"), "")).removeprefix("secret:"),
-        "listen_port": desired.get(_p(name, "listen_port")),
-        "peers": peers,
-    }
-
-
-def _secret(sources: Sources, step: Step, ref: str, path: str) -> str:
-    value = read_secret(sources.state_dir, ref)
-    if value is None:
-        where = sources.state_dir / SECRETS_DIR / ref
-        raise StepError(
-            step,
-            f"{path}: secret {ref!r} is not on this device: store it with `trueup secret set "
-            f"{ref}` (it goes to {where}) or add it to the device's secrets in the control plane",
-        )
-    return value
-
-
-def _key_fact(sources: Sources, record: dict[str, Any], dump: WgDump) -> str:
-    ref = record.get("private_key")
-    if ref:
-        value = read_secret(sources.state_dir, str(ref))
-        if value is not None and secret_digest(value) == dump.private_digest:
-            return f"secret:{ref}"
-    return f"key {dump.public_key}" if dump.public_key else "no key"
-
-
-def _psk_fact(sources: Sources, ref: str | None, digest: str | None) -> str:
-    if digest is None:
-        return "none"
-    if ref:
-        value = read_secret(sources.state_dir, ref)
-        if value is not None and secret_digest(value) == digest:
-            return f"secret:{ref}"
-    return "another key"
-
-
-def _record_path(sources: Sources, name: str) -> Path:
-    return sources.daemons.run_dir(daemon_name(name)) / _STATE
-
-
-def _record(sources: Sources, name: str) -> dict[str, Any]:
-    try:
-        data = json.loads(_record_path(sources, name).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _update_record(sources: Sources, name: str, changes: dict[str, Any]) -> None:
-    record = _record(sources, name)
-    record.update(changes)
-    path = _record_path(sources, name)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(record, sort_keys=True).encode(), 0o600)
