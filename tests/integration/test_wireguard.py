@@ -47,6 +47,7 @@ def _document(
     peer_key: str,
     peer_endpoint: str,
     peer_tunnel: tuple[str, str],
+    keepalive: int = 0,
     **extra: Any,
 ) -> dict[str, Any]:
     document = base_document(
@@ -68,7 +69,7 @@ def _document(
                                 f"{peer_tunnel[0].split('/')[0]}/32",
                                 f"{peer_tunnel[1].split('/')[0]}/128",
                             ],
-                            "persistent_keepalive": 5,
+                            "persistent_keepalive": keepalive,
                         }
                     ],
                 }
@@ -119,8 +120,10 @@ class Pair:
     def documents(self) -> tuple[dict[str, Any], dict[str, Any]]:
         tun_a = ("192.0.2.129/25", "2001:db8:100::1/64")
         tun_b = ("192.0.2.130/25", "2001:db8:100::2/64")
+        # Only A keeps the session alive: two sides initiating in lockstep can take
+        # several rounds of WireGuard's retry jitter to agree on a handshake.
         doc_a = _document(
-            self.if_a, "203.0.113.1/24", tun_a, self.pub_b, "203.0.113.2:51820", tun_b
+            self.if_a, "203.0.113.1/24", tun_a, self.pub_b, "203.0.113.2:51820", tun_b, 5
         )
         doc_b = _document(
             self.if_b, "203.0.113.2/24", tun_b, self.pub_a, "peer-a.wg.test:51820", tun_a
@@ -198,13 +201,7 @@ def test_two_routers_tunnel_heal_a_removed_peer_and_never_show_a_key(pair: Pair)
     )
 
     # Traffic over the tunnel, both families.
-    try:
-        a.wait_for(lambda: _ping(a, "192.0.2.130"), what="ping through the tunnel", timeout=30)
-    except AssertionError:
-        for r, n in ((a, pair.if_a), (b, pair.if_b)):
-            print(r.run("wg", "show", n).stdout, r.run("ip", "addr").stdout, r.run("ip", "route").stdout)
-            print(r.run("busybox", "ping", "-c1", "-W1", "203.0.113.1").stdout)
-        raise
+    a.wait_for(lambda: _ping(a, "192.0.2.130"), what="ping through the tunnel", timeout=60)
     assert _ping(b, "192.0.2.129")
     a.wait_for(lambda: _ping(a, "2001:db8:100::2"), what="IPv6 through the tunnel")
 

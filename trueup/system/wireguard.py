@@ -7,7 +7,7 @@ subsystem `FakeWg` (`trueup.system.fake`) instead of real tools.
 ```python
 wg = WgControl(sources.runner)
 dump = wg.show("wg0")                       # WgDump | None (no such interface)
-wg.setconf("wg0", conf_path)                # replaces key, port and peers at once
+wg.syncconf("wg0", run_dir, conf)           # `wg syncconf`: only what differs changes
 wg.pubkey(private_key)                      # on stdin, never argv
 ```
 
@@ -21,7 +21,7 @@ namespace.
 
 Keys: `wg show NAME dump` prints the private key; `parse_dump` keeps only
 its digest, and no error message ever carries the dump's text. Keys reach
-`wg` in a 0600 configuration file in the 0700 run directory (`setconf`,
+`wg` in a 0600 configuration file in the 0700 run directory (`syncconf`,
 removed right after) or on stdin (`pubkey`), never in argv.
 """
 
@@ -141,7 +141,7 @@ class PeerConf:
 
 
 def render_conf(private_key: str, listen_port: int | None, peers: list[PeerConf]) -> str:
-    """The `wg setconf` file (wg(8) format)."""
+    """The `wg syncconf` file (wg(8) format)."""
     lines = ["[Interface]", f"PrivateKey = {private_key}"]
     if listen_port:
         lines.append(f"ListenPort = {listen_port}")
@@ -171,19 +171,19 @@ class WgControl:
             return None
         return parse_dump(done.stdout)
 
-    def setconf(self, ifname: str, run_dir: Path, conf: str) -> None:
+    def syncconf(self, ifname: str, run_dir: Path, conf: str) -> None:
         """Replace the interface's key, port and peers with `conf` (which holds keys)."""
         run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(run_dir, 0o700)
         path = run_dir / f"{ifname}.conf"
         write_atomic(path, conf.encode(), 0o600, durable=False)
         try:
-            done = self.runner.run(["wg", "setconf", ifname, str(path)], timeout=_TIMEOUT)
+            done = self.runner.run(["wg", "syncconf", ifname, str(path)], timeout=_TIMEOUT)
         finally:
             with contextlib.suppress(OSError):
                 path.unlink()
         if not done.ok:
-            raise WgError(f"wg setconf {ifname}: {_words(done.stderr)}")
+            raise WgError(f"wg syncconf {ifname}: {_words(done.stderr)}")
 
     def pubkey(self, private_key: str) -> str:
         done = self.runner.run(["wg", "pubkey"], input=private_key + "\n", timeout=_TIMEOUT)

@@ -310,7 +310,7 @@ class WireguardSubsystem(Subsystem):
                 "name": peer.get("endpoint_name"),
             }
         conf = render_conf(private, step.args.get("listen_port"), peers)
-        WgControl(sources.runner).setconf(name, sources.daemons.run_dir(daemon_name(name)), conf)
+        WgControl(sources.runner).syncconf(name, sources.daemons.run_dir(daemon_name(name)), conf)
         update_record(
             sources,
             name,
