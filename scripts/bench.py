@@ -22,6 +22,7 @@ SECTIONS = [
     "scripts.bench_server",
     "scripts.bench_dhcp",
     "scripts.bench_backup",
+    "scripts.bench_vpn",
 ]
 
 

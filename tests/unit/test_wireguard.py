@@ -424,3 +424,32 @@ def test_cli_secret_set_from_stdin_and_list(tmp_path: Path) -> None:
         app, ["secret", "set", "bad name", "--state-dir", str(tmp_path)], input="x"
     )
     assert refused.exit_code == 1
+
+
+def test_control_plane_sync_stores_only_referenced_secrets(tmp_path: Path) -> None:
+    from trueup.agent.wiring import _fetch_secrets
+
+    class Client:
+        def __init__(self, fail: bool = False) -> None:
+            self.fail = fail
+            self.calls = 0
+
+        def secrets(self) -> dict[str, Any]:
+            self.calls += 1
+            if self.fail:
+                raise RuntimeError("unreachable")
+            return {"secrets": {"wg0-key": PRIVATE, "other": "x"}, "refused": []}
+
+    raw = base_document(
+        wireguard={"interfaces": [{"name": "wg0", "private_key": {"secret_ref": "wg0-key"},
+                                   "peers": [{"public_key": PEER, "preshared_key": "secret:gone"}]}]}
+    )  # fmt: skip
+    client = Client()
+    _fetch_secrets(client, tmp_path, raw)  # type: ignore[arg-type]
+    assert list_secrets(tmp_path) == ["wg0-key"]  # "other" is not referenced; "gone" is absent
+    assert read_secret(tmp_path, "wg0-key") == PRIVATE
+    plain = Client()
+    _fetch_secrets(plain, tmp_path, base_document())  # type: ignore[arg-type]
+    assert plain.calls == 0  # no reference, no request
+    _fetch_secrets(Client(fail=True), tmp_path / "x", raw)  # type: ignore[arg-type]
+    assert list_secrets(tmp_path / "x") == []  # logged, never raised
