@@ -240,6 +240,17 @@ def test_two_routers_tunnel_heal_a_removed_peer_and_never_show_a_key(pair: Pair)
     a.wait_for(lambda: _ping(a, "192.0.2.130"), what="tunnel back after the kill", timeout=30)
     assert sorted(a.addresses(pair.if_a)) == ["192.0.2.129/25", "2001:db8:100::1/64"]
 
+    # An agent restart adopts the running wireguard-go (the stored revision re-parses).
+    running = _wg_pids(a)
+    a.stop_agents()
+    a.start_agent()
+    a.wait_for(
+        lambda: a.api("/v1/health/services")["subsystems"]["wireguard"]["health"] == "ok",
+        what="wireguard ok after the restart",
+    )
+    assert _wg_pids(a) == running
+    assert _ping(a, "192.0.2.130")
+
     # The private keys appear nowhere: status, evidence, logs, journal, audit.
     evidence = a.workdir / "evidence.tar.gz"
     done = a.trueup("evidence", "--out", str(evidence))

@@ -453,3 +453,36 @@ def test_control_plane_sync_stores_only_referenced_secrets(tmp_path: Path) -> No
     assert plain.calls == 0  # no reference, no request
     _fetch_secrets(Client(fail=True), tmp_path / "x", raw)  # type: ignore[arg-type]
     assert list_secrets(tmp_path / "x") == []  # logged, never raised
+
+
+def test_apply_and_rollback_through_the_engine_journal_without_keys(tmp_path: Path) -> None:
+    from trueup.journal.state import StateDir
+    from trueup.reconcile.transaction import Engine
+    from trueup.subsystems.registry import default_subsystems, ordered
+
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    kernel = FakeNetlink({"mgmt0": 1500, "lan0": 1500})
+    daemons = FakeDaemons(tmp_path / "state" / "run")
+    wg = FakeWg(daemons, kernel)
+    wireguard = WireguardSubsystem(resolver({"peer.example.test": ["203.0.113.7"]}), refresh=False)
+    subsystems = ordered([*(s for s in default_subsystems() if s.name != "wireguard"), wireguard])
+    engine = Engine(state, subsystems, netlink_factory=lambda: kernel, runner=wg, daemons=daemons)
+    write_secret(state.root, "wg0-key", PRIVATE)
+    write_secret(state.root, "wg0-psk", PSK)
+    section = document().spec.section("wireguard").model_dump(mode="json")
+    section["interfaces"][0]["private_key"] = "secret:wg0-key"
+    section["interfaces"][0]["peers"][0]["preshared_key"] = "secret:wg0-psk"
+    first = parse_document(base_document(routes=[], wireguard=section), "t")
+    assert engine.apply_document(first).ok
+    assert wg.interfaces["wg0"].peers[PEER].endpoint == "203.0.113.7:51820"
+    one_peer = {"name": "wg0", "private_key": "secret:wg0-key", "peers": [{"public_key": PEER2}]}
+    second = parse_document(base_document(routes=[], wireguard={"interfaces": [one_peer]}), "t")
+    assert engine.apply_document(second).ok
+    assert sorted(wg.interfaces["wg0"].peers) == [PEER2]
+    assert engine.rollback_to(None, actor="test").ok
+    assert sorted(wg.interfaces["wg0"].peers) == [PEER]
+    for name in ("journal.jsonl", "audit.jsonl"):
+        text = (state.root / name).read_text()
+        assert "wireguard" in text
+        assert PRIVATE not in text and PSK not in text

@@ -136,7 +136,7 @@ class WireguardSubsystem(Subsystem):
                 facts[_p(name, "running")] = None
                 continue
             facts[_p(name, "running")] = True
-            facts[_p(name, "private_key")] = f"secret:{interface.private_key}"
+            facts[_p(name, "private_key")] = interface.private_key  # "secret:NAME"
             if interface.listen_port is not None:
                 facts[_p(name, "listen_port")] = interface.listen_port
             facts[_p(name, "link")] = {"state": "up", "mtu": interface.mtu}
@@ -148,9 +148,7 @@ class WireguardSubsystem(Subsystem):
                     "endpoint_name": peer.endpoint,
                     "allowed_ips": sorted(peer.allowed_ips),
                     "persistent_keepalive": peer.persistent_keepalive,
-                    "preshared_key": f"secret:{peer.preshared_key}"
-                    if peer.preshared_key
-                    else "none",
+                    "preshared_key": peer.preshared_key if peer.preshared_key else "none",
                 }
         return facts
 

@@ -30,7 +30,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from trueup.model.document import _PathError  # the document's path-carrying error
 
-__all__ = ["WgInterface", "WgPeerSection", "WireguardSection", "secret_name"]
+__all__ = ["WgInterface", "WgPeerSection", "WireguardSection", "ref_name", "secret_name"]
 
 _SECRET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _PUBLIC_KEY = re.compile(r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw480]=$")
@@ -40,7 +40,8 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
 def secret_name(value: Any) -> str:
-    """`{secret_ref: NAME}` or `"secret:NAME"` → NAME; anything else is refused."""
+    """`{secret_ref: NAME}` or `"secret:NAME"` → `"secret:NAME"` (the canonical reference,
+    which a stored revision re-parses to itself); anything else is refused."""
     name: Any = None
     if isinstance(value, dict) and set(value) == {"secret_ref"}:
         name = value["secret_ref"]
@@ -57,7 +58,12 @@ def secret_name(value: Any) -> str:
             'expected a secret reference: {secret_ref: NAME} or "secret:NAME", NAME of '
             "A-Z a-z 0-9 . _ -"
         )
-    return name
+    return f"secret:{name}"
+
+
+def ref_name(reference: str) -> str:
+    """`"secret:NAME"` → NAME."""
+    return reference.removeprefix("secret:")
 
 
 def _duration(value: Any) -> float:
@@ -192,6 +198,6 @@ class WireguardSection(BaseModel):
     def secret_names(self) -> set[str]:
         names = set()
         for interface in self.interfaces:
-            names.add(interface.private_key)
-            names |= {p.preshared_key for p in interface.peers if p.preshared_key}
+            names.add(ref_name(interface.private_key))
+            names |= {ref_name(p.preshared_key) for p in interface.peers if p.preshared_key}
         return names
