@@ -116,7 +116,19 @@ def _ifname(value: str) -> str:
     return value
 
 
-SecretRef = Annotated[str, BeforeValidator(secret_name)]
+class _SecretRefInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    secret_ref: str
+
+
+# Published in the schema as what may be written: `{secret_ref: NAME}` or `"secret:NAME"`.
+SecretRef = Annotated[
+    str,
+    BeforeValidator(
+        secret_name,
+        json_schema_input_type=_SecretRefInput | Annotated[str, Field(pattern=r"^secret:")],
+    ),
+]
 Seconds = Annotated[float, BeforeValidator(_duration), Field(gt=0, le=86400)]
 
 
