@@ -222,7 +222,6 @@ def test_two_routers_tunnel_heal_a_removed_peer_and_never_show_a_key(pair: Pair)
 
     # Behind trueup's back: the peer removed with `wg set` → drift → healed.
     sh("ip", "netns", "exec", b.name, "wg", "set", pair.if_b, "peer", pair.pub_a, "remove")
-    assert _wg_peers(b, pair.if_b) == []
     b.wait_for(lambda: bool(_heals(b)), what="the heal audited", timeout=40)
     assert _heals(b)[0]["outcome"] == "healed"
     assert any(pair.if_b in p for p in _heals(b)[0]["paths"])
