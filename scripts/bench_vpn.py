@@ -131,6 +131,8 @@ def bench_apply(rounds: int) -> dict[str, Any]:
     finally:
         _kill_daemons(state_dir)
         shutil.rmtree(work, ignore_errors=True)
+        # A killed wireguard-go leaves its control socket behind.
+        (Path("/var/run/wireguard") / f"{ifname}.sock").unlink(missing_ok=True)
 
 
 def run(quick: bool) -> str:

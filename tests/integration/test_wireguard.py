@@ -94,11 +94,13 @@ def _wg_pids(router: Router) -> list[int]:
     return pids
 
 
-def _close(router: Router) -> None:
+def _close(router: Router, *ifnames: str) -> None:
     router.stop_agents(signal.SIGKILL)
     for pid in _wg_pids(router):
         os.kill(pid, signal.SIGKILL)
     router.close()
+    for ifname in ifnames:  # a killed wireguard-go leaves its control socket behind
+        (Path("/var/run/wireguard") / f"{ifname}.sock").unlink(missing_ok=True)
 
 
 class Pair:
@@ -131,8 +133,8 @@ class Pair:
         return doc_a, doc_b
 
     def close(self) -> None:
-        _close(self.a)
-        _close(self.b)
+        _close(self.a, self.if_a)
+        _close(self.b, self.if_b)
 
 
 @pytest.fixture
@@ -286,6 +288,7 @@ def test_two_routers_tunnel_heal_a_removed_peer_and_never_show_a_key(pair: Pair)
 def test_a_hanging_resolver_fails_wireguard_alone_at_its_deadline(tmp_path: Path) -> None:
     require_root()
     router = Router(tmp_path, client=True)
+    ifname = f"wg{secrets.token_hex(3)}h"
     try:
         etc = Path("/etc/netns") / router.name
         etc.mkdir(parents=True, exist_ok=True)
@@ -299,7 +302,7 @@ def test_a_hanging_resolver_fails_wireguard_alone_at_its_deadline(tmp_path: Path
         )
         _key, public = _genkey()
         document = _document(
-            f"wg{secrets.token_hex(3)}h",
+            ifname,
             "203.0.113.1/24",
             ("192.0.2.129/25", "2001:db8:100::1/64"),
             public,
@@ -330,4 +333,4 @@ def test_a_hanging_resolver_fails_wireguard_alone_at_its_deadline(tmp_path: Path
         status, body = router.from_client(f"{MGMT_URL}/v1/health/management")
         assert status == 200 and body["ready"] is True
     finally:
-        _close(router)
+        _close(router, ifname)
