@@ -24,6 +24,7 @@ SECTIONS = [
     "scripts.bench_backup",
     "scripts.bench_ha",
     "scripts.bench_proxy",
+    "scripts.bench_vpn",
 ]
 
 

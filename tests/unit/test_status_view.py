@@ -156,7 +156,7 @@ def test_the_agent_s_inputs_each_land_in_their_section(engine: Engine) -> None:
         startup_health={
             "links": {"health": "failed", "reason": "deadline", "since": "t"},  # healed since
             "routes": {"health": "pending", "reason": "waiting for a daemon", "since": "t"},
-            "wireguard": {"health": "failed", "reason": "not loaded", "since": "t"},  # unknown
+            "no-such-plugin": {"health": "failed", "reason": "not loaded", "since": "t"},  # unknown
         },
         forget_startup_verdict=forgotten.append,
         management={"ready": False, "phase": "running", "addresses": ["x"], "listeners": {}},

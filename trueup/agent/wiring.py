@@ -17,6 +17,7 @@ from trueup.model.document import document_digest, parse_document
 from trueup.model.reasons import ReasonCode
 from trueup.reconcile.loop import ReconcileLoop
 from trueup.reconcile.transaction import CONTROL_PLANE_FILE, Refused, StorageError
+from trueup.system.secretstore import SecretError, secret_references, write_secret
 
 __all__ = ["CONTROL_PLANE_FILE", "already_applied", "wire"]
 
@@ -53,6 +54,34 @@ def _reconcile_loop(agent: Agent) -> ReconcileLoop:
     return ReconcileLoop.from_env(agent.engine)
 
 
+def _fetch_secrets(client: ControlPlaneClient, state_dir: Path, document: dict[str, Any]) -> None:
+    """Store the secrets `document` refers to (`{secret_ref: NAME}`, `"secret:NAME"`) from the
+    control plane into `STATE_DIR/secrets`, before the revision is applied.
+
+    Only the referenced ones are written. A failure is logged by name and
+    never blocks the revision: the subsystem that needs a missing secret
+    fails alone, saying which and where to put it.
+    """
+    wanted = secret_references(document)
+    if not wanted:
+        return
+    try:
+        answer = client.secrets()
+    except Exception as exc:  # the revision is applied anyway; the subsystem reports the gap
+        log.warning("control-plane secrets not fetched (%s): %s", ", ".join(sorted(wanted)), exc)
+        return
+    values = answer.get("secrets") or {}
+    for name in sorted(wanted):
+        value = values.get(name)
+        if not isinstance(value, str):
+            log.warning("control plane holds no secret %r for this device", name)
+            continue
+        try:
+            write_secret(state_dir, name, value)
+        except (SecretError, OSError) as exc:
+            log.warning("secret %r not stored: %s", name, exc)
+
+
 def _start_sync(agent: Agent, url: str, token_file: Path, heartbeat: float) -> SyncLoop:
     state = agent.state
     client = ControlPlaneClient(url, token_file)
@@ -63,6 +92,7 @@ def _start_sync(agent: Agent, url: str, token_file: Path, heartbeat: float) -> S
         state.write(CONTROL_PLANE_FILE, {"url": url, "version": version})
         parsed = parse_document(document, f"control-plane revision {version}")
         parsed = parsed.with_version(version)
+        _fetch_secrets(client, state.root, document)
         if already_applied(state.applied(), version, document_digest(parsed)):
             return  # already there (a restart, or a re-poll)
         try:

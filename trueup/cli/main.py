@@ -36,6 +36,7 @@ from trueup.cli.output import (
     print_status,
     render_findings,
 )
+from trueup.cli.secret import secret_app
 from trueup.cli.server import fleet_app, server_app
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ app.add_typer(management_app, name="management")
 app.add_typer(dhcp_app, name="dhcp")
 app.add_typer(backup_app, name="backup")
 app.add_typer(restore_app, name="restore")
+app.add_typer(secret_app, name="secret")
 
 StateDirOpt = Annotated[
     Path,

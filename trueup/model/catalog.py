@@ -26,6 +26,7 @@ SUBSYSTEMS: tuple[str, ...] = (
     "trueup.subsystems.dns:DnsSubsystem",
     "trueup.subsystems.ha:HaSubsystem",
     "trueup.subsystems.proxy:ProxySubsystem",
+    "trueup.subsystems.wireguard:WireguardSubsystem",
 )
 
 

@@ -384,7 +384,8 @@ class CachedNetlink:
         self._routes = {}
 
     def forget(self) -> None:
-        """Drop the cache: something else (another handle, a worker) may have changed the kernel."""
+        """Drop the cache: something else (another handle, a worker, a daemon creating a
+        TUN device) may have changed the kernel."""
         self._drop()
 
     def links(self) -> list[LinkInfo]:

@@ -1,0 +1,488 @@
+"""The WireGuard subsystem on fakes: section errors, dump parsing, rendering, facts, plans, steps,
+roaming, endpoint resolution, the secret store and `trueup secret`."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.routers import base_document
+from trueup.model.document import DocumentError, parse_document
+from trueup.subsystems.base import StepError
+from trueup.subsystems.registry import scope_for
+from trueup.subsystems.wireguard import WireguardSubsystem
+from trueup.system.fake import FakeDaemons, FakeNetlink
+from trueup.system.fakewg import FakePeer, FakeWg, fake_pubkey
+from trueup.system.resolve import ResolveError, split_endpoint
+from trueup.system.secretstore import (
+    list_secrets,
+    read_secret,
+    secret_digest,
+    secret_references,
+    write_secret,
+)
+from trueup.system.sources import Sources
+from trueup.system.wireguard import PeerConf, parse_dump, render_conf
+
+PRIVATE = "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk="
+PSK = "FpCyhws9cxwWoV4xELtfJvjJN+zQVRPISllRWgeopVE="
+PEER = "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg="
+PEER2 = "TrMvSoP4jYQlY6RIzBgbssQqY3vxI2Pi+y71lOWWXX0="
+P = "spec.wireguard.interfaces[wg0]"
+
+
+def document(**section: Any) -> Any:
+    wg: dict[str, Any] = {
+        "interfaces": [
+            {
+                "name": "wg0",
+                "private_key": {"secret_ref": "wg0-key"},
+                "listen_port": 51820,
+                "addresses": ["192.0.2.129/25", "2001:db8:100::1/64"],
+                "peers": [
+                    {
+                        "public_key": PEER,
+                        "endpoint": "peer.example.test:51820",
+                        "allowed_ips": ["192.0.2.128/25"],
+                        "persistent_keepalive": 25,
+                        "preshared_key": "secret:wg0-psk",
+                    }
+                ],
+            }
+        ]
+    }
+    wg.update(section)
+    return parse_document(base_document(wireguard=wg), "test")
+
+
+def resolver(answers: dict[str, list[str]]) -> Any:
+    def resolve(host: str, port: int, timeout: float) -> list[str]:
+        if host not in answers:
+            raise ResolveError(f"{host}: no such name")
+        return [f"{a}:{port}" for a in answers[host]]
+
+    return resolve
+
+
+class World:
+    def __init__(self, tmp_path: Path, *, kernel: bool = False) -> None:
+        self.daemons = FakeDaemons(tmp_path / "run")
+        self.netlink = FakeNetlink()
+        self.wg = FakeWg(self.daemons, self.netlink, kernel=kernel)
+        self.state_dir = tmp_path / "state"
+        self.sources = Sources(
+            self.netlink, runner=self.wg, state_dir=self.state_dir, daemons=self.daemons
+        )
+        self.answers = {"peer.example.test": ["203.0.113.7"]}
+        self.sub = WireguardSubsystem(resolver(self.answers), refresh=False)
+
+    def secrets(self) -> None:
+        write_secret(self.state_dir, "wg0-key", PRIVATE)
+        write_secret(self.state_dir, "wg0-psk", PSK)
+
+    def converge(self, doc: Any) -> list[str]:
+        scope = scope_for(doc)
+        self.sub.prepare(doc)
+        desired = self.sub.desired(doc, scope)
+        plan = self.sub.plan(desired, self.sub.observe(self.sources, scope), scope)
+        for step in plan.steps:
+            self.sub.execute(self.sources, step)
+        return [s.action for s in plan.steps]
+
+    def drift(self, doc: Any) -> list[str]:
+        scope = scope_for(doc)
+        desired = self.sub.desired(doc, scope)
+        return [d.path for d in self.sub.diff(desired, self.sub.observe(self.sources, scope))]
+
+
+# -- the section ---------------------------------------------------------------
+def test_a_literal_key_is_refused_with_its_path() -> None:
+    raw = base_document(
+        wireguard={"interfaces": [{"name": "wg0", "private_key": PRIVATE, "peers": []}]}
+    )
+    with pytest.raises(DocumentError) as caught:
+        parse_document(raw, "test")
+    text = str(caught.value)
+    assert "spec.wireguard.interfaces[0].private_key" in text
+    assert "a literal key is refused" in text
+    assert PRIVATE not in text
+
+
+@pytest.mark.parametrize(
+    ("peer", "path", "words"),
+    [
+        ({"public_key": "short"}, "peers[0].public_key", "not a WireGuard public key"),
+        ({"public_key": PEER, "endpoint": "nohost"}, "peers[0].endpoint", "HOST:PORT"),
+        ({"public_key": PEER, "endpoint": "h.test:0"}, "peers[0].endpoint", "1-65535"),
+        (
+            {"public_key": PEER, "allowed_ips": ["10.0.0.0/33"]},
+            "peers[0].allowed_ips[0]",
+            "network",
+        ),
+        (
+            {"public_key": PEER, "preshared_key": {"secret_ref": "a b"}},
+            "peers[0].preshared_key",
+            "secret reference",
+        ),
+    ],
+)
+def test_bad_peers_name_their_path(peer: dict[str, Any], path: str, words: str) -> None:
+    raw = base_document(
+        wireguard={"interfaces": [{"name": "wg0", "private_key": "secret:k", "peers": [peer]}]}
+    )
+    with pytest.raises(DocumentError) as caught:
+        parse_document(raw, "test")
+    assert f"spec.wireguard.interfaces[0].{path}" in str(caught.value)
+    assert words in str(caught.value)
+
+
+def test_duplicates_and_durations() -> None:
+    raw = base_document(
+        wireguard={
+            "interfaces": [
+                {"name": "wg0", "private_key": "secret:k"},
+                {"name": "wg0", "private_key": "secret:k"},
+            ]
+        }
+    )
+    with pytest.raises(DocumentError, match=r"spec.wireguard.interfaces\[1\].name"):
+        parse_document(raw, "test")
+    doc = document(resolve_interval="5m", resolve_timeout=2)
+    section = doc.spec.section("wireguard")
+    assert section.resolve_interval == 300.0 and section.resolve_timeout == 2.0
+    with pytest.raises(DocumentError, match=r"spec\.wireguard\.resolve_interval"):
+        document(resolve_interval="soon")
+
+
+def test_endpoints_split_and_canonical() -> None:
+    assert split_endpoint("[2001:db8::1]:51820") == ("2001:db8::1", 51820)
+    assert split_endpoint("peer.example.test:1") == ("peer.example.test", 1)
+    doc = parse_document(
+        base_document(
+            wireguard={
+                "interfaces": [
+                    {
+                        "name": "wg0",
+                        "private_key": "secret:k",
+                        "peers": [{"public_key": PEER, "endpoint": "[2001:DB8::0001]:51820"}],
+                    }
+                ]
+            }
+        ),
+        "t",
+    )
+    assert doc.spec.section("wireguard").interfaces[0].peers[0].endpoint == "[2001:db8::1]:51820"
+
+
+# -- dump, configuration ---------------------------------------------------------
+def test_dump_parsing_keeps_only_digests_of_keys() -> None:
+    text = (
+        f"{PRIVATE}\t{fake_pubkey(PRIVATE)}\t51820\toff\n"
+        f"{PEER}\t{PSK}\t203.0.113.7:51820\t192.0.2.128/25,2001:db8:100::/64\t1700000000\t10\t20\t25\n"
+        f"{PEER2}\t(none)\t(none)\t(none)\t0\t0\t0\toff\n"
+    )
+    dump = parse_dump(text)
+    assert dump.private_digest == secret_digest(PRIVATE)
+    assert dump.public_key == fake_pubkey(PRIVATE) and dump.listen_port == 51820
+    peer = dump.peers[PEER]
+    assert peer.preshared_digest == secret_digest(PSK)
+    assert peer.allowed_ips == ("192.0.2.128/25", "2001:db8:100::/64")
+    assert (peer.latest_handshake, peer.rx_bytes, peer.tx_bytes, peer.keepalive) == (
+        1700000000, 10, 20, 25,
+    )  # fmt: skip
+    quiet = dump.peers[PEER2]
+    assert quiet.endpoint is None and quiet.allowed_ips == () and quiet.keepalive == 0
+    assert PRIVATE not in repr(dump) and PSK not in repr(dump)
+
+
+def test_render_conf() -> None:
+    conf = render_conf(
+        PRIVATE,
+        51820,
+        [PeerConf(PEER, PSK, "203.0.113.7:51820", ("192.0.2.128/25",), 25)],
+    )
+    assert conf.splitlines() == [
+        "[Interface]",
+        f"PrivateKey = {PRIVATE}",
+        "ListenPort = 51820",
+        "",
+        "[Peer]",
+        f"PublicKey = {PEER}",
+        f"PresharedKey = {PSK}",
+        "Endpoint = 203.0.113.7:51820",
+        "AllowedIPs = 192.0.2.128/25",
+        "PersistentKeepalive = 25",
+    ]
+
+
+# -- facts, plans, steps ----------------------------------------------------------
+def test_create_configure_and_set_link_then_in_sync(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.secrets()
+    doc = document()
+    assert world.converge(doc) == ["create", "configure", "set-link"]
+    assert world.daemons.specs["wg-wg0"].argv == ("wireguard-go", "-f", "wg0")
+    assert world.drift(doc) == []
+    assert world.converge(doc) == []
+    interface = world.wg.interfaces["wg0"]
+    assert interface.private == PRIVATE and interface.port == 51820
+    assert interface.peers[PEER].endpoint == "203.0.113.7:51820"
+    assert interface.peers[PEER].preshared == PSK
+    link = world.netlink.link_state["wg0"]
+    assert (link.state, link.mtu) == ("up", 1420)
+    assert sorted(a.prefix for a in world.netlink.addrs) == ["192.0.2.129/25", "2001:db8:100::1/64"]
+    # Keys went to wg in a file that is gone, and never in argv.
+    assert not list((tmp_path / "run" / "wg-wg0").glob("*.conf"))
+    assert all(PRIVATE not in " ".join(call) for call in world.wg.calls)
+
+
+def test_facts_steps_and_report_never_hold_a_key(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.secrets()
+    doc = document()
+    scope = scope_for(doc)
+    world.sub.prepare(doc)
+    desired = world.sub.desired(doc, scope)
+    plan = world.sub.plan(desired, world.sub.observe(world.sources, scope), scope)
+    for step in plan.steps:
+        world.sub.execute(world.sources, step)
+    seen = repr(desired) + repr(plan) + repr(world.sub.observe(world.sources, scope))
+    report = world.sub.report(world.sources, scope)
+    seen += repr(report)
+    assert PRIVATE not in seen and PSK not in seen
+    assert desired[f"{P}.private_key"] == "secret:wg0-key"
+    interface = report["interfaces"]["wg0"]
+    assert interface["public_key"] == fake_pubkey(PRIVATE)
+    assert interface["peers"][PEER]["resolved_endpoint"] == "203.0.113.7:51820"
+    assert interface["peers"][PEER]["endpoint_name"] == "peer.example.test:51820"
+    assert report["resolution"]["peer.example.test:51820"]["endpoint"] == "203.0.113.7:51820"
+
+
+def test_a_missing_secret_fails_the_step_naming_where_to_put_it(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    with pytest.raises(StepError) as caught:
+        world.converge(document())
+    message = str(caught.value)
+    assert f"{P}.private_key: secret 'wg0-key' is not on this device" in message
+    assert "trueup secret set wg0-key" in message
+    assert str(world.state_dir / "secrets" / "wg0-key") in message
+
+
+def test_drift_peer_removed_key_rotated_daemon_killed(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.secrets()
+    doc = document()
+    world.converge(doc)
+    # A peer removed with `wg set`, a foreign one added.
+    world.wg.run(["wg", "set", "wg0", "peer", PEER, "remove"])
+    world.wg.interfaces["wg0"].peers[PEER2] = FakePeer()
+    assert f"{P}.peers" in world.drift(doc)
+    assert world.converge(doc) == ["configure"]
+    assert sorted(world.wg.interfaces["wg0"].peers) == [PEER]
+    # The secret rotated (`trueup secret set`): the live key no longer matches.
+    other = "aNz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmkY="
+    write_secret(world.state_dir, "wg0-key", other)
+    assert world.drift(doc) == [f"{P}.private_key"]
+    assert world.converge(doc) == ["configure"]
+    assert world.wg.interfaces["wg0"].private == other
+    # wireguard-go killed: the interface is gone; created and configured again.
+    world.daemons.crash("wg-wg0")
+    assert f"{P}.running" in world.drift(doc)
+    assert world.converge(doc) == ["create", "configure", "set-link"]
+    assert world.drift(doc) == []
+
+
+def test_roaming_is_accepted_while_the_session_is_fresh(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.secrets()
+    doc = document()
+    world.converge(doc)
+    peer = world.wg.interfaces["wg0"].peers[PEER]
+    peer.endpoint = "198.51.100.77:40000"  # authenticated traffic from elsewhere
+    peer.latest_handshake = int(time.time())
+    assert world.drift(doc) == []
+    peer.latest_handshake = int(time.time()) - 600  # the roamed session went quiet
+    assert world.drift(doc) == [f"{P}.peers[{PEER}]"]
+    assert world.converge(doc) == ["configure"]
+    assert world.wg.interfaces["wg0"].peers[PEER].endpoint == "203.0.113.7:51820"
+
+
+def test_removed_interface_is_stopped(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.secrets()
+    world.converge(document())
+    empty = document(interfaces=[])
+    previous = document()
+    scope = scope_for(empty, previous)
+    desired = world.sub.desired(empty, scope)
+    plan = world.sub.plan(desired, world.sub.observe(world.sources, scope), scope)
+    assert [s.action for s in plan.steps] == ["remove"]
+    world.sub.execute(world.sources, plan.steps[0])
+    assert not world.daemons.running("wg-wg0")
+
+
+def test_kernel_link_when_the_module_is_there(tmp_path: Path) -> None:
+    world = World(tmp_path, kernel=True)
+    world.secrets()
+    doc = document()
+    assert world.converge(doc) == ["create", "configure", "set-link"]
+    assert "wg-wg0" not in world.daemons.specs  # no wireguard-go
+    assert world.drift(doc) == []
+
+
+# -- resolution ---------------------------------------------------------------------
+def test_unresolvable_endpoint_fails_preparation_and_is_retried(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.secrets()
+    world.answers.clear()
+    doc = document()
+    with pytest.raises(
+        ResolveError, match=r"peers\[0\].endpoint: cannot resolve peer.example.test"
+    ):
+        world.sub.prepare(doc)
+    desired = world.sub.desired(doc, scope_for(doc))
+    assert desired[f"{P}.peers[{PEER}]"]["endpoint"] == "unresolved peer.example.test:51820"
+    world.answers["peer.example.test"] = ["203.0.113.8"]
+    world.sub.prepare(doc)  # a failed name is looked up again
+    assert world.converge(doc) == ["create", "configure", "set-link"]
+    assert world.wg.interfaces["wg0"].peers[PEER].endpoint == "203.0.113.8:51820"
+
+
+def test_a_hanging_lookup_is_bounded_by_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    import trueup.system.resolve as resolve
+
+    release = threading.Event()
+    calls: list[str] = []
+
+    def never(host: str, port: int) -> list[str]:
+        calls.append(host)
+        release.wait(30)
+        return []
+
+    monkeypatch.setattr(resolve, "_lookup", never)
+    sub = WireguardSubsystem(refresh=False)  # the real resolve_endpoint, with a hanging lookup
+    doc = document(resolve_timeout=0.2)
+    try:
+        with pytest.raises(ResolveError, match=r"peer\.example\.test: no answer within 0\.2s"):
+            sub.prepare(doc)
+        with pytest.raises(ResolveError):
+            sub.prepare(doc)
+        assert calls == ["peer.example.test"]  # the hanging lookup is shared, not repeated
+        assert resolve.resolve_endpoint("192.0.2.1", 5, 0.1) == ["192.0.2.1:5"]  # no lookup
+    finally:
+        release.set()
+
+
+def test_scheduled_re_resolution_changes_the_desired_endpoint(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.secrets()
+    doc = document(resolve_interval=60)
+    world.converge(doc)
+    world.answers["peer.example.test"] = ["203.0.113.9"]
+    assert world.sub.resolver.refresh_due(time.time() + 1) == []  # not due yet
+    assert world.sub.resolver.refresh_due(time.time() + 61) == ["peer.example.test:51820"]
+    assert world.drift(doc) == [f"{P}.peers[{PEER}]"]
+    assert world.converge(doc) == ["configure"]
+    assert world.wg.interfaces["wg0"].peers[PEER].endpoint == "203.0.113.9:51820"
+
+
+# -- the secret store and its CLI -------------------------------------------------------
+def test_secret_store_files_and_references(tmp_path: Path) -> None:
+    path = write_secret(tmp_path, "wg0-key", PRIVATE + "\n")
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert path.parent.stat().st_mode & 0o777 == 0o700
+    assert read_secret(tmp_path, "wg0-key") == PRIVATE
+    assert read_secret(tmp_path, "absent") is None
+    assert list_secrets(tmp_path) == ["wg0-key"]
+    with pytest.raises(ValueError, match="secret name"):
+        write_secret(tmp_path, "../x", "v")
+    raw = base_document(
+        wireguard={"interfaces": [{"name": "wg0", "private_key": {"secret_ref": "a"},
+                                   "peers": [{"public_key": PEER, "preshared_key": "secret:b"}]}]}
+    )  # fmt: skip
+    assert secret_references(raw) == {"a", "b"}
+
+
+def test_cli_secret_set_from_stdin_and_list(tmp_path: Path) -> None:
+    from trueup.cli.main import app
+
+    runner = CliRunner()
+    done = runner.invoke(
+        app, ["secret", "set", "wg0-key", "--state-dir", str(tmp_path)], input=PRIVATE + "\n"
+    )
+    assert done.exit_code == 0, done.output
+    assert PRIVATE not in done.output
+    assert read_secret(tmp_path, "wg0-key") == PRIVATE
+    listed = runner.invoke(app, ["secret", "list", "--state-dir", str(tmp_path)])
+    assert listed.exit_code == 0 and listed.output.split() == ["wg0-key"]
+    refused = runner.invoke(
+        app, ["secret", "set", "bad name", "--state-dir", str(tmp_path)], input="x"
+    )
+    assert refused.exit_code == 1
+
+
+def test_control_plane_sync_stores_only_referenced_secrets(tmp_path: Path) -> None:
+    from trueup.agent.wiring import _fetch_secrets
+
+    class Client:
+        def __init__(self, fail: bool = False) -> None:
+            self.fail = fail
+            self.calls = 0
+
+        def secrets(self) -> dict[str, Any]:
+            self.calls += 1
+            if self.fail:
+                raise RuntimeError("unreachable")
+            return {"secrets": {"wg0-key": PRIVATE, "other": "x"}, "refused": []}
+
+    raw = base_document(
+        wireguard={"interfaces": [{"name": "wg0", "private_key": {"secret_ref": "wg0-key"},
+                                   "peers": [{"public_key": PEER, "preshared_key": "secret:gone"}]}]}
+    )  # fmt: skip
+    client = Client()
+    _fetch_secrets(client, tmp_path, raw)  # type: ignore[arg-type]
+    assert list_secrets(tmp_path) == ["wg0-key"]  # "other" is not referenced; "gone" is absent
+    assert read_secret(tmp_path, "wg0-key") == PRIVATE
+    plain = Client()
+    _fetch_secrets(plain, tmp_path, base_document())  # type: ignore[arg-type]
+    assert plain.calls == 0  # no reference, no request
+    _fetch_secrets(Client(fail=True), tmp_path / "x", raw)  # type: ignore[arg-type]
+    assert list_secrets(tmp_path / "x") == []  # logged, never raised
+
+
+def test_apply_and_rollback_through_the_engine_journal_without_keys(tmp_path: Path) -> None:
+    from trueup.journal.state import StateDir
+    from trueup.reconcile.transaction import Engine
+    from trueup.subsystems.registry import default_subsystems, ordered
+
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    kernel = FakeNetlink({"mgmt0": 1500, "lan0": 1500})
+    daemons = FakeDaemons(tmp_path / "state" / "run")
+    wg = FakeWg(daemons, kernel)
+    wireguard = WireguardSubsystem(resolver({"peer.example.test": ["203.0.113.7"]}), refresh=False)
+    subsystems = ordered([*(s for s in default_subsystems() if s.name != "wireguard"), wireguard])
+    engine = Engine(state, subsystems, netlink_factory=lambda: kernel, runner=wg, daemons=daemons)
+    write_secret(state.root, "wg0-key", PRIVATE)
+    write_secret(state.root, "wg0-psk", PSK)
+    section = document().spec.section("wireguard").model_dump(mode="json")
+    section["interfaces"][0]["private_key"] = "secret:wg0-key"
+    section["interfaces"][0]["peers"][0]["preshared_key"] = "secret:wg0-psk"
+    first = parse_document(base_document(routes=[], wireguard=section), "t")
+    assert engine.apply_document(first).ok
+    assert wg.interfaces["wg0"].peers[PEER].endpoint == "203.0.113.7:51820"
+    one_peer = {"name": "wg0", "private_key": "secret:wg0-key", "peers": [{"public_key": PEER2}]}
+    second = parse_document(base_document(routes=[], wireguard={"interfaces": [one_peer]}), "t")
+    assert engine.apply_document(second).ok
+    assert sorted(wg.interfaces["wg0"].peers) == [PEER2]
+    assert engine.rollback_to(None, actor="test").ok
+    assert sorted(wg.interfaces["wg0"].peers) == [PEER]
+    for name in ("journal.jsonl", "audit.jsonl"):
+        text = (state.root / name).read_text()
+        assert "wireguard" in text
+        assert PRIVATE not in text and PSK not in text

@@ -1,0 +1,75 @@
+"""`trueup secret set NAME | list` — the agent's secret store from the console.
+
+For routers without a control plane: a document refers to keys by name
+(`private_key: {secret_ref: wg0-key}`), and the value is stored here, in
+`STATE_DIR/secrets/NAME` (0600, directory 0700; `trueup.system.secretstore`).
+The value comes from `--from-file` or standard input, never from argv (where
+`ps` and shell history would show it). `list` prints names only. Setting a
+secret is audited by name and digest (`secret_set`), never by value; a
+running agent uses the new value at its next look (the WireGuard key fact
+compares the live key with the stored one).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = ["secret_app"]
+
+secret_app = typer.Typer(
+    help="The agent's secret store (keys documents refer to by name).", no_args_is_help=True
+)
+
+StateDirOpt = Annotated[
+    Path,
+    typer.Option("--state-dir", envvar="TRUEUP_STATE_DIR", help="The agent's state directory."),
+]
+DEFAULT_DIR = Path("/var/lib/trueup")
+
+
+def _operator() -> str:
+    try:
+        return f"cli:{pwd.getpwuid(os.getuid()).pw_name}"
+    except KeyError:
+        return f"cli:uid-{os.getuid()}"
+
+
+@secret_app.command("set")
+def secret_set(
+    name: str,
+    from_file: Annotated[
+        Path | None, typer.Option("--from-file", help="read the value from this file")
+    ] = None,
+    state_dir: StateDirOpt = DEFAULT_DIR,
+) -> None:
+    """Store secret NAME from --from-file or standard input (never from the command line)."""
+    from trueup.cli.output import echo
+    from trueup.journal.state import StateDir
+    from trueup.system.secretstore import SecretError, secret_digest, write_secret
+
+    try:
+        value = from_file.read_text() if from_file is not None else sys.stdin.read()
+        path = write_secret(state_dir, name, value)
+    except (SecretError, OSError) as exc:
+        echo(f"trueup secret set: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    state = StateDir(state_dir)
+    if state.exists():
+        state.audit.append("secret_set", actor=_operator(), name=name, digest=secret_digest(value))
+    echo(f"secret {name}: stored in {path}")
+
+
+@secret_app.command("list")
+def secret_list(state_dir: StateDirOpt = DEFAULT_DIR) -> None:
+    """The names of the stored secrets (never their values)."""
+    from trueup.cli.output import echo
+    from trueup.system.secretstore import list_secrets
+
+    for name in list_secrets(state_dir):
+        echo(name)
