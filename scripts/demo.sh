@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make demo`: a real trueup agent in a network namespace, reachable from an
 # operator namespace over a veth, plus a control plane on SQLite with a
-# simulated fleet. The router runs trueup's firewall, Kea DHCP and Knot DNS; a
-# DHCP client in a LAN namespace gets a lease and its name resolves.
+# simulated fleet. The router runs trueup's firewall, Kea DHCP, Knot DNS and an
+# HAProxy reverse proxy; a DHCP client in a LAN namespace gets a lease and its
+# name resolves, and the operator reaches a LAN web server through the proxy.
 # `make demo-stop` (or `scripts/demo.sh stop`) removes it all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,18 +21,24 @@ stop() {
   # by the verified pids of their supervisor records, never by name.
   if [ -d "$DEMO/agent/run" ] && [ -x "$PY" ]; then
     PYTHONPATH="$ROOT" "$PY" - "$DEMO/agent/run" <<'PY' || true
-import hashlib, json, os, shutil, signal, sys
+import hashlib, json, os, shutil, signal, sys, time
 from pathlib import Path
 from trueup.system.daemon import verified_pid
 from trueup.system.kea import kea_paths
 run = Path(sys.argv[1])
 for record in sorted(run.glob("*/*.pid")):
     try:
-        pid = verified_pid(json.loads(record.read_text()))
+        recorded = json.loads(record.read_text())
+        pid = verified_pid(recorded)
     except (OSError, ValueError):
         continue
     if pid is not None:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGTERM)  # HAProxy's master stops its workers
+        deadline = time.monotonic() + 5
+        while verified_pid(recorded) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if verified_pid(recorded) is not None:
+            os.kill(pid, signal.SIGKILL)
 for family in (4, 6):
     socket_dir = kea_paths(run / f"kea-dhcp{family}", family).socket.parent
     if socket_dir != run / f"kea-dhcp{family}":  # a long path's socket lives under /run/trueup
@@ -84,6 +91,13 @@ ip -n "$NS" link add lan0 type veth peer name lan0p
 ip -n "$NS" link set lan0p netns "$LANNS"
 ip -n "$LANNS" link set lo up
 ip -n "$LANNS" link set lan0p up
+# A web server on the LAN (203.0.113.10), published to the operator by the router's HAProxy.
+ip -n "$LANNS" addr add 203.0.113.10/24 dev lan0p
+mkdir -p "$DEMO/www"
+echo "hello from the LAN, through trueup's reverse proxy" > "$DEMO/www/index.html"
+ip netns exec "$LANNS" "$PY" -m http.server 8000 --bind 203.0.113.10 --directory "$DEMO/www" \
+  > "$DEMO/www.log" 2>&1 &
+echo $! > "$DEMO/www.pid"
 
 cat > "$DEMO/desired.yaml" <<'YAML'
 apiVersion: trueup/v1
@@ -112,6 +126,7 @@ spec:
           - ct state established,related accept
           - iifname "lo" accept
           - iifname "mgmt0" tcp dport 7443 accept
+          - iifname "mgmt0" tcp dport 8080 accept
           - meta l4proto { icmp, ipv6-icmp } accept
           - iifname "lan0" udp dport 67 accept
           - iifname "lan0" meta l4proto { tcp, udp } th dport 53 accept
@@ -135,6 +150,13 @@ spec:
       - {name: printer, type: A, value: 203.0.113.20}
     reverse: [203.0.113.0/24]
     leases: {ttl: 60}
+  proxies:
+    - name: intranet
+      bind: 198.51.100.2:8080
+      mode: http
+      backend:
+        servers:
+          - {name: web1, address: "203.0.113.10:8000", check: true}
   convergence:
     default: auto
 YAML
@@ -201,6 +223,14 @@ if [ -n "$LEASE" ]; then echo "  got $LEASE"; else echo "  no lease (see $DEMO/a
 $R dhcp leases $S 2>&1 | sed 's/^/  /' || true
 echo "--- DNS: kdig @203.0.113.1 laptop.lan.test (from $LANNS)"
 if [ -n "$ANSWER" ]; then echo "  $ANSWER"; else echo "  no answer yet (records follow leases every 5 s)"; fi
+echo "--- reverse proxy: curl http://198.51.100.2:8080/ (from $OPNS, through HAProxy to 203.0.113.10:8000)"
+PAGE=""
+for _ in $(seq 100); do
+  PAGE=$(ip netns exec "$OPNS" curl -s --max-time 2 http://198.51.100.2:8080/ 2>/dev/null || true)
+  [ -n "$PAGE" ] && break
+  sleep 0.1
+done
+if [ -n "$PAGE" ]; then echo "  $PAGE"; else echo "  no answer yet (see $R status $S)"; fi
 cat <<TXT
 
 Try next (as root):
@@ -236,6 +266,13 @@ DHCP (Kea, run by the agent) and DNS (Knot, records from the leases):
   $KDIG -x ${LEASE:-203.0.113.100}                 # and its PTR
   $KDIG printer.lan.test                # a static record
   ip netns exec $NS knotc -s $KNOTSOCK zone-read lan.test   # edits here are drift
+
+Reverse proxy (HAProxy, run by the agent; docs/proxy.md):
+  ip netns exec $OPNS curl -s http://198.51.100.2:8080/     # through HAProxy to the LAN web server
+  $R status $S -o json | grep -A20 '"proxy"'           # frontends bound, backend server states
+  echo "# hand edit" >> $DEMO/agent/run/haproxy/haproxy.cfg   # drift: rewritten and reloaded
+  sed 's/8080/8081/' $DEMO/desired.yaml > /tmp/port.yaml; $R plan /tmp/port.yaml $S   # what a change does
+  (HA virtual addresses and WireGuard need a second router: docs/ha.md, docs/wireguard.md.)
 
 Backup and restore (docs/backup-restore.md):
   $R backup create --out /tmp/edge-01.tar --with-leases $S

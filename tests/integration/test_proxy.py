@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 
 from tests.routers import Router, base_document, require_root, sh
+from trueup.model.catalog import SUBSYSTEMS, load
+from trueup.model.health import Tier
 from trueup.system.daemon import verified_pid
 from trueup.system.haproxy import haproxy_paths, parse_proc, parse_stat, query
 
@@ -311,7 +313,9 @@ def test_an_interrupted_proxy_apply_is_rolled_back_last_at_startup_and_blocks_no
     order = [r["subsystem"] for r in recovered]
     assert "addresses" in order and "proxy" in order, order
     assert order.index("management") < order.index("addresses") < order.index("proxy")
-    assert order[-1] == "proxy"
+    # Only subsystems of the proxy's own tier (optional) are brought forward after it.
+    tiers = {load(ref).name: load(ref).tier for ref in SUBSYSTEMS}
+    assert all(tiers[name] == Tier.OPTIONAL for name in order[order.index("proxy") :]), order
     # Back to v1: web bound, far waiting for its address — not an error, nothing waits on it.
     assert "error" not in recovered[order.index("proxy")], recovered
     phases = {p["name"]: p for p in router.api("/v1/status")["agent"]["startup"]}
