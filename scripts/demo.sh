@@ -64,7 +64,7 @@ PY
 
 if [ "${1:-}" = "stop" ]; then
   stop
-  echo "trueup demo stopped and removed (namespaces $NS, $OPNS, $LANNS; Kea and Knot; state kept in $DEMO)"
+  echo "trueup demo stopped and removed (namespaces $NS, $OPNS, $LANNS; Kea, Knot and HAProxy; state kept in $DEMO)"
   exit 0
 fi
 
