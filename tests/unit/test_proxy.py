@@ -349,3 +349,40 @@ def test_prepare_refuses_a_missing_certificate(tmp_path: Path) -> None:
     doc = document([proxy(tls={"certificate": str(tmp_path / "none.pem")})])
     with pytest.raises(ValueError, match=r"spec\.proxies\[0\]\.tls\.certificate"):
         ProxySubsystem().prepare(doc)
+
+
+# -- injection into haproxy.cfg --------------------------------------------------
+@pytest.mark.parametrize(
+    ("extra", "path"),
+    [
+        ({"name": "web\n"}, "spec.proxies[0].name"),
+        (
+            {"backend": {"servers": [{"name": "a\n", "address": "192.0.2.10:80"}]}},
+            "spec.proxies[0].backend.servers[0].name",
+        ),
+        (
+            {
+                "backend": {
+                    "servers": [{"name": "a", "address": "192.0.2.10:80"}],
+                    "health_check": {"path": "/x#\"\\${HOME}'"},
+                }
+            },
+            "spec.proxies[0].backend.health_check.path",
+        ),
+        (
+            {
+                "backend": {
+                    "servers": [{"name": "a", "address": "192.0.2.10:80"}],
+                    "health_check": {"path": "/" + "a" * 5000},
+                }
+            },
+            "spec.proxies[0].backend.health_check.path",
+        ),
+        ({"tls": {"certificate": "/etc/x.pem\rbind *:22"}}, "spec.proxies[0].tls.certificate"),
+        ({"tls": {"certificate": '/etc/"x.pem'}}, "spec.proxies[0].tls.certificate"),
+    ],
+)
+def test_injection_into_the_config_is_refused_with_its_path(
+    extra: dict[str, Any], path: str
+) -> None:
+    assert path in errors([proxy(**extra)])

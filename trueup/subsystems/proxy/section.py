@@ -49,8 +49,9 @@ __all__ = [
     "split_endpoint",
 ]
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$")
-_DURATION = re.compile(r"^(\d{1,7})(ms|s|m|h)?$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}\Z")
+_FILE_PATH = re.compile(r"^/[A-Za-z0-9._+@%:=,/-]{1,4095}\Z")
+_DURATION = re.compile(r"^(\d{1,7})(ms|s|m|h)?\Z")
 
 
 def split_endpoint(value: str) -> tuple[str, int]:
@@ -120,8 +121,12 @@ class Tls(BaseModel):
 
     @model_validator(mode="after")
     def _absolute(self) -> Tls:
-        if not self.certificate.startswith("/") or any(c in self.certificate for c in " \n\t#"):
-            raise _PathError("certificate", f"{self.certificate!r}: an absolute path, no spaces")
+        if not _FILE_PATH.match(self.certificate):
+            raise _PathError(
+                "certificate",
+                f"{self.certificate[:80]!r}: an absolute path of at most 4096 of "
+                "A-Z a-z 0-9 / . _ + @ % : = , -",
+            )
         return self
 
 
@@ -137,7 +142,9 @@ class Server(BaseModel):
 class HealthCheck(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    path: str | None = Field(default=None, pattern=r"^/[^\s]*$")
+    path: str | None = Field(
+        default=None, pattern=r"^/[A-Za-z0-9._~!&()*+,;=:@%/?-]{0,1023}$", max_length=1024
+    )
     interval: Duration = "2s"
 
 
