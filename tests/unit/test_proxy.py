@@ -386,3 +386,23 @@ def test_injection_into_the_config_is_refused_with_its_path(
     extra: dict[str, Any], path: str
 ) -> None:
     assert path in errors([proxy(**extra)])
+
+
+def test_a_frontend_on_the_management_api_port_is_refused() -> None:
+    # The API binds the wildcard by default: any frontend on its port would take it.
+    assert "spec.proxies[0].bind" in errors([proxy(bind="203.0.113.1:7443")])
+    assert "management API" in errors([proxy(bind="*:7443")])
+    # A frontend on another address than a named API bind is harmless.
+    raw = base_document(
+        proxies=[proxy(bind="203.0.113.1:7443")],
+        management={
+            "interface": "mgmt0",
+            "addresses": ["198.51.100.2/24"],
+            "gateway": "198.51.100.1",
+            "api": {"bind": "management"},
+        },
+    )
+    assert parse_document(raw, "test").spec.section("proxies") is not None
+    raw["spec"]["proxies"] = [proxy(bind="198.51.100.2:7443")]
+    with pytest.raises(DocumentError, match=r"spec\.proxies\[0\]\.bind"):
+        parse_document(raw, "test")

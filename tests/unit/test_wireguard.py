@@ -555,3 +555,12 @@ def test_cli_secret_set_refuses_a_huge_value_without_storing_it(tmp_path: Path) 
     assert done.exit_code == 1
     assert "over" in done.output
     assert read_secret(tmp_path, "k") is None
+
+
+@pytest.mark.parametrize("name", ["mgmt0", "lan0"])
+def test_a_wireguard_interface_named_like_a_managed_link_is_refused(name: str) -> None:
+    raw = base_document(wireguard={"interfaces": [{"name": name, "private_key": "secret:k"}]})
+    with pytest.raises(DocumentError) as caught:
+        parse_document(raw, "test")
+    assert "spec.wireguard.interfaces[0].name" in str(caught.value)
+    assert "already spec." in str(caught.value)

@@ -250,6 +250,24 @@ class ProxySection(RootModel[list[Proxy]]):
             raise _PathError.many(problems)
         return self
 
+    def cross_check(self, spec: Any) -> list[tuple[str, str]]:
+        """A frontend never takes the management API's address:port (the way in stays open)."""
+        api_port = spec.management.api.port
+        api_bind = spec.api_bind_address()
+        problems: list[tuple[str, str]] = []
+        for index, proxy in enumerate(self.root):
+            if proxy.port != api_port:
+                continue
+            if api_bind is None or proxy.address == "*" or proxy.address == api_bind:
+                problems.append(
+                    (
+                        f"proxies[{index}].bind",
+                        f"{proxy.bind} takes the management API's port {api_port} "
+                        f"(spec.management.api); use another port",
+                    )
+                )
+        return problems
+
     def canonical(self) -> list[dict[str, Any]]:
         """The section as canonical JSON (defaults filled in, keys sorted), sorted by name.
 

@@ -207,6 +207,21 @@ class WireguardSection(BaseModel):
             raise _PathError.many(problems)
         return self
 
+    def cross_check(self, spec: Any) -> list[tuple[str, str]]:
+        """A WireGuard interface never takes the name of a link spec.management/interfaces own."""
+        owned = {spec.management.interface: "spec.management.interface"}
+        for i, link in enumerate(spec.interfaces):
+            owned.setdefault(link.name, f"spec.interfaces[{i}].name")
+        return [
+            (
+                f"wireguard.interfaces[{index}].name",
+                f"{interface.name} is already {owned[interface.name]}; name the WireGuard "
+                "interface differently",
+            )
+            for index, interface in enumerate(self.interfaces)
+            if interface.name in owned
+        ]
+
     def secret_names(self) -> set[str]:
         names = set()
         for interface in self.interfaces:
