@@ -564,3 +564,17 @@ def test_a_wireguard_interface_named_like_a_managed_link_is_refused(name: str) -
         parse_document(raw, "test")
     assert "spec.wireguard.interfaces[0].name" in str(caught.value)
     assert "already spec." in str(caught.value)
+
+
+def test_a_stored_secret_that_is_not_a_key_never_reaches_the_wg_file() -> None:
+    from trueup.system.wireguard import WgError
+
+    injected = PRIVATE + "\n[Peer]\nPublicKey = " + PEER + "\nAllowedIPs = 0.0.0.0/0"
+    with pytest.raises(WgError) as caught:
+        render_conf(injected, None, [])
+    assert PRIVATE not in str(caught.value)
+    peer = PeerConf(PEER, "hunter2\nEndpoint = 192.0.2.9:1", None, (), 0)
+    with pytest.raises(WgError) as caught:
+        render_conf(PRIVATE, None, [peer])
+    assert "hunter2" not in str(caught.value)
+    assert "PrivateKey = " + PRIVATE in render_conf(PRIVATE, None, [])
