@@ -470,3 +470,10 @@ def test_phase_one_never_binds_a_saved_bind_that_is_a_vip() -> None:
     assert document_from_facts(facts, source="test").spec.api_bind_address() is None
     kept = {**facts, "virtual": ["198.51.100.10"]}
     assert document_from_facts(kept, source="test").spec.api_bind_address() == "198.51.100.9"
+
+
+def test_an_interface_name_with_a_trailing_newline_never_reaches_keepalived_conf() -> None:
+    found = problems(vips=[{"interface": "lan0\n", "vrid": 51, "addresses": [VIP]}])
+    assert any("spec.ha.vips[0].interface" in p and "not an interface name" in p for p in found), (
+        found
+    )

@@ -349,3 +349,60 @@ def test_prepare_refuses_a_missing_certificate(tmp_path: Path) -> None:
     doc = document([proxy(tls={"certificate": str(tmp_path / "none.pem")})])
     with pytest.raises(ValueError, match=r"spec\.proxies\[0\]\.tls\.certificate"):
         ProxySubsystem().prepare(doc)
+
+
+# -- injection into haproxy.cfg --------------------------------------------------
+@pytest.mark.parametrize(
+    ("extra", "path"),
+    [
+        ({"name": "web\n"}, "spec.proxies[0].name"),
+        (
+            {"backend": {"servers": [{"name": "a\n", "address": "192.0.2.10:80"}]}},
+            "spec.proxies[0].backend.servers[0].name",
+        ),
+        (
+            {
+                "backend": {
+                    "servers": [{"name": "a", "address": "192.0.2.10:80"}],
+                    "health_check": {"path": "/x#\"\\${HOME}'"},
+                }
+            },
+            "spec.proxies[0].backend.health_check.path",
+        ),
+        (
+            {
+                "backend": {
+                    "servers": [{"name": "a", "address": "192.0.2.10:80"}],
+                    "health_check": {"path": "/" + "a" * 5000},
+                }
+            },
+            "spec.proxies[0].backend.health_check.path",
+        ),
+        ({"tls": {"certificate": "/etc/x.pem\rbind *:22"}}, "spec.proxies[0].tls.certificate"),
+        ({"tls": {"certificate": '/etc/"x.pem'}}, "spec.proxies[0].tls.certificate"),
+    ],
+)
+def test_injection_into_the_config_is_refused_with_its_path(
+    extra: dict[str, Any], path: str
+) -> None:
+    assert path in errors([proxy(**extra)])
+
+
+def test_a_frontend_on_the_management_api_port_is_refused() -> None:
+    # The API binds the wildcard by default: any frontend on its port would take it.
+    assert "spec.proxies[0].bind" in errors([proxy(bind="203.0.113.1:7443")])
+    assert "management API" in errors([proxy(bind="*:7443")])
+    # A frontend on another address than a named API bind is harmless.
+    raw = base_document(
+        proxies=[proxy(bind="203.0.113.1:7443")],
+        management={
+            "interface": "mgmt0",
+            "addresses": ["198.51.100.2/24"],
+            "gateway": "198.51.100.1",
+            "api": {"bind": "management"},
+        },
+    )
+    assert parse_document(raw, "test").spec.section("proxies") is not None
+    raw["spec"]["proxies"] = [proxy(bind="198.51.100.2:7443")]
+    with pytest.raises(DocumentError, match=r"spec\.proxies\[0\]\.bind"):
+        parse_document(raw, "test")

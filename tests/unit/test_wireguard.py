@@ -20,6 +20,8 @@ from trueup.system.fake import FakeDaemons, FakeNetlink
 from trueup.system.fakewg import FakePeer, FakeWg, fake_pubkey
 from trueup.system.resolve import ResolveError, split_endpoint
 from trueup.system.secretstore import (
+    MAX_BYTES,
+    SecretError,
     list_secrets,
     read_secret,
     secret_digest,
@@ -486,3 +488,93 @@ def test_apply_and_rollback_through_the_engine_journal_without_keys(tmp_path: Pa
         text = (state.root / name).read_text()
         assert "wireguard" in text
         assert PRIVATE not in text and PSK not in text
+
+
+# -- attacks on names, keys and the store ---------------------------------------
+@pytest.mark.parametrize(
+    ("interface", "path"),
+    [
+        ({"name": "wg0\n", "private_key": "secret:k"}, "interfaces[0].name"),
+        ({"name": "wg0", "private_key": "secret:k\n"}, "interfaces[0].private_key"),
+        (
+            {"name": "wg0", "private_key": "secret:k", "peers": [{"public_key": PEER + "\n"}]},
+            "interfaces[0].peers[0].public_key",
+        ),
+        (
+            {
+                "name": "wg0",
+                "private_key": "secret:k",
+                "peers": [{"public_key": PEER, "endpoint": "h.test\n:51820"}],
+            },
+            "interfaces[0].peers[0].endpoint",
+        ),
+    ],
+)
+def test_a_trailing_newline_does_not_slip_past_a_pattern(
+    interface: dict[str, Any], path: str
+) -> None:
+    raw = base_document(wireguard={"interfaces": [interface]})
+    with pytest.raises(DocumentError) as caught:
+        parse_document(raw, "test")
+    assert f"spec.wireguard.{path}" in str(caught.value)
+
+
+def test_the_store_refuses_names_with_a_newline(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="secret name"):
+        write_secret(tmp_path, "k\n", "v")
+
+
+def test_a_symlink_planted_in_the_store_is_not_followed(tmp_path: Path) -> None:
+    target = tmp_path / "shadow"
+    target.write_text("root:$6$hash:19000::::::\n")
+    store = tmp_path / "state" / "secrets"
+    store.mkdir(parents=True)
+    (store / "k").symlink_to(target)
+    with pytest.raises(SecretError) as caught:
+        read_secret(tmp_path / "state", "k")
+    assert "$6$hash" not in str(caught.value)
+    assert list_secrets(tmp_path / "state") == []
+
+
+def test_a_directory_or_huge_secret_file_is_refused(tmp_path: Path) -> None:
+    store = tmp_path / "secrets"
+    (store / "dir").mkdir(parents=True)
+    with pytest.raises(SecretError, match="not a regular file"):
+        read_secret(tmp_path, "dir")
+    (store / "big").write_bytes(b"x" * (MAX_BYTES * 4))
+    with pytest.raises(SecretError, match="over"):
+        read_secret(tmp_path, "big")
+
+
+def test_cli_secret_set_refuses_a_huge_value_without_storing_it(tmp_path: Path) -> None:
+    from trueup.cli.main import app
+
+    done = CliRunner().invoke(
+        app, ["secret", "set", "k", "--state-dir", str(tmp_path)], input="x" * (MAX_BYTES * 3)
+    )
+    assert done.exit_code == 1
+    assert "over" in done.output
+    assert read_secret(tmp_path, "k") is None
+
+
+@pytest.mark.parametrize("name", ["mgmt0", "lan0"])
+def test_a_wireguard_interface_named_like_a_managed_link_is_refused(name: str) -> None:
+    raw = base_document(wireguard={"interfaces": [{"name": name, "private_key": "secret:k"}]})
+    with pytest.raises(DocumentError) as caught:
+        parse_document(raw, "test")
+    assert "spec.wireguard.interfaces[0].name" in str(caught.value)
+    assert "already spec." in str(caught.value)
+
+
+def test_a_stored_secret_that_is_not_a_key_never_reaches_the_wg_file() -> None:
+    from trueup.system.wireguard import WgError
+
+    injected = PRIVATE + "\n[Peer]\nPublicKey = " + PEER + "\nAllowedIPs = 0.0.0.0/0"
+    with pytest.raises(WgError) as caught:
+        render_conf(injected, None, [])
+    assert PRIVATE not in str(caught.value)
+    peer = PeerConf(PEER, "hunter2\nEndpoint = 192.0.2.9:1", None, (), 0)
+    with pytest.raises(WgError) as caught:
+        render_conf(PRIVATE, None, [peer])
+    assert "hunter2" not in str(caught.value)
+    assert "PrivateKey = " + PRIVATE in render_conf(PRIVATE, None, [])

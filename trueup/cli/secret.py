@@ -40,6 +40,28 @@ def _operator() -> str:
         return f"cli:uid-{os.getuid()}"
 
 
+def _read_value(from_file: Path | None) -> str:
+    """The value, read bounded (a huge file or stream is refused, not slurped)."""
+    from trueup.system.secretstore import MAX_BYTES, SecretError
+
+    if from_file is not None:
+        with open(from_file, "rb") as handle:
+            data = handle.read(MAX_BYTES + 2)
+    elif sys.stdin.isatty():
+        import getpass
+
+        # Typed at a terminal: not echoed to the screen.
+        data = getpass.getpass("secret value: ").encode()
+    else:
+        data = sys.stdin.buffer.read(MAX_BYTES + 2)
+    if len(data) > MAX_BYTES + 1:
+        raise SecretError(f"the value is over {MAX_BYTES} bytes")
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise SecretError("the value is not UTF-8 text") from None
+
+
 @secret_app.command("set")
 def secret_set(
     name: str,
@@ -54,7 +76,7 @@ def secret_set(
     from trueup.system.secretstore import SecretError, secret_digest, write_secret
 
     try:
-        value = from_file.read_text() if from_file is not None else sys.stdin.read()
+        value = _read_value(from_file)
         path = write_secret(state_dir, name, value)
     except (SecretError, OSError) as exc:
         echo(f"trueup secret set: {exc}", err=True)

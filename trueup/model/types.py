@@ -14,7 +14,7 @@ from pydantic import BeforeValidator
 
 __all__ = ["IfName", "IpAddress", "IpNetwork", "IpPrefix", "family_of"]
 
-_IFNAME = re.compile(r"^[A-Za-z0-9_.\-@]{1,15}$")
+_IFNAME = re.compile(r"^[A-Za-z0-9_.\-@]{1,15}\Z")
 
 
 def _prefix(value: Any) -> str:

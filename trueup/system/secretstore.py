@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from typing import Any
 from trueup.system.atomicfile import path_error, write_atomic
 
 __all__ = [
+    "MAX_BYTES",
     "SECRETS_DIR",
     "SecretError",
     "check_name",
@@ -41,8 +43,8 @@ __all__ = [
 ]
 
 SECRETS_DIR = "secrets"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_MAX_BYTES = 64 * 1024
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+MAX_BYTES = 64 * 1024
 
 
 class SecretError(ValueError):
@@ -65,11 +67,24 @@ def read_secret(state_dir: Path, name: str) -> str | None:
     """The secret's value (surrounding whitespace removed), or None when it is not stored."""
     path = secret_path(state_dir, name)
     try:
-        data = path.read_bytes()
+        # O_NOFOLLOW: a symlink planted in the store (say to /etc/shadow) is refused,
+        # not read; O_NONBLOCK: a planted FIFO does not hang the agent.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as exc:
+        raise SecretError(f"secret {name!r}: {path} is not a readable regular file") from exc
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SecretError(f"secret {name!r}: {path} is not a regular file")
+        if info.st_size > MAX_BYTES + 1:
+            raise SecretError(f"secret {name!r}: {path} is over {MAX_BYTES} bytes")
+        data = os.read(fd, MAX_BYTES + 2)
+    except OSError as exc:
         raise path_error(path, exc) from exc
+    finally:
+        os.close(fd)
     return data.decode("utf-8", errors="replace").strip()
 
 
@@ -79,8 +94,8 @@ def write_secret(state_dir: Path, name: str, value: str) -> Path:
     data = value.strip().encode()
     if not data:
         raise SecretError(f"secret {name!r}: the value is empty")
-    if len(data) > _MAX_BYTES:
-        raise SecretError(f"secret {name!r}: the value is over {_MAX_BYTES} bytes")
+    if len(data) > MAX_BYTES:
+        raise SecretError(f"secret {name!r}: the value is over {MAX_BYTES} bytes")
     directory = path.parent
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(directory, 0o700)
@@ -92,7 +107,11 @@ def list_secrets(state_dir: Path) -> list[str]:
     """The names of the stored secrets (never their values)."""
     directory = state_dir / SECRETS_DIR
     try:
-        return sorted(p.name for p in directory.iterdir() if _NAME.match(p.name) and p.is_file())
+        return sorted(
+            p.name
+            for p in directory.iterdir()
+            if _NAME.match(p.name) and p.is_file() and not p.is_symlink()
+        )
     except FileNotFoundError:
         return []
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +54,8 @@ __all__ = [
 DAEMON_PREFIX = "wg-"
 _TIMEOUT = 10.0
 _NONE = "(none)"
+# A WireGuard key as wg(8) writes it: 32 bytes in base64 (44 characters, one '=').
+_KEY = re.compile(r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw480]=\Z")
 
 
 class WgError(RuntimeError):
@@ -141,7 +144,23 @@ class PeerConf:
 
 
 def render_conf(private_key: str, listen_port: int | None, peers: list[PeerConf]) -> str:
-    """The `wg syncconf` file (wg(8) format)."""
+    """The `wg syncconf` file (wg(8) format).
+
+    Every key is checked to be a WireGuard key first: a stored secret holding
+    anything else (a newline and a second section, say) never reaches the file,
+    and the error never repeats the value."""
+    keys = [
+        ("the private key", private_key),
+        *((f"peer {p.public_key}", p.public_key) for p in peers),
+    ]
+    keys += [
+        (f"the preshared key of peer {p.public_key[:8]}…", p.preshared_key)
+        for p in peers
+        if p.preshared_key
+    ]
+    for what, key in keys:
+        if not _KEY.match(key):
+            raise WgError(f"{what[:60]}: not a WireGuard key (44 base64 characters)")
     lines = ["[Interface]", f"PrivateKey = {private_key}"]
     if listen_port:
         lines.append(f"ListenPort = {listen_port}")

@@ -49,8 +49,9 @@ __all__ = [
     "split_endpoint",
 ]
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$")
-_DURATION = re.compile(r"^(\d{1,7})(ms|s|m|h)?$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}\Z")
+_FILE_PATH = re.compile(r"^/[A-Za-z0-9._+@%:=,/-]{1,4095}\Z")
+_DURATION = re.compile(r"^(\d{1,7})(ms|s|m|h)?\Z")
 
 
 def split_endpoint(value: str) -> tuple[str, int]:
@@ -120,8 +121,12 @@ class Tls(BaseModel):
 
     @model_validator(mode="after")
     def _absolute(self) -> Tls:
-        if not self.certificate.startswith("/") or any(c in self.certificate for c in " \n\t#"):
-            raise _PathError("certificate", f"{self.certificate!r}: an absolute path, no spaces")
+        if not _FILE_PATH.match(self.certificate):
+            raise _PathError(
+                "certificate",
+                f"{self.certificate[:80]!r}: an absolute path of at most 4096 of "
+                "A-Z a-z 0-9 / . _ + @ % : = , -",
+            )
         return self
 
 
@@ -137,7 +142,9 @@ class Server(BaseModel):
 class HealthCheck(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    path: str | None = Field(default=None, pattern=r"^/[^\s]*$")
+    path: str | None = Field(
+        default=None, pattern=r"^/[A-Za-z0-9._~!&()*+,;=:@%/?-]{0,1023}$", max_length=1024
+    )
     interval: Duration = "2s"
 
 
@@ -242,6 +249,24 @@ class ProxySection(RootModel[list[Proxy]]):
         if problems:
             raise _PathError.many(problems)
         return self
+
+    def cross_check(self, spec: Any) -> list[tuple[str, str]]:
+        """A frontend never takes the management API's address:port (the way in stays open)."""
+        api_port = spec.management.api.port
+        api_bind = spec.api_bind_address()
+        problems: list[tuple[str, str]] = []
+        for index, proxy in enumerate(self.root):
+            if proxy.port != api_port:
+                continue
+            if api_bind is None or proxy.address == "*" or proxy.address == api_bind:
+                problems.append(
+                    (
+                        f"proxies[{index}].bind",
+                        f"{proxy.bind} takes the management API's port {api_port} "
+                        f"(spec.management.api); use another port",
+                    )
+                )
+        return problems
 
     def canonical(self) -> list[dict[str, Any]]:
         """The section as canonical JSON (defaults filled in, keys sorted), sorted by name.

@@ -32,10 +32,10 @@ from trueup.model.document import _PathError  # the document's path-carrying err
 
 __all__ = ["WgInterface", "WgPeerSection", "WireguardSection", "ref_name", "secret_name"]
 
-_SECRET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_PUBLIC_KEY = re.compile(r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw480]=$")
-_IFNAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h)?$")
+_SECRET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+_PUBLIC_KEY = re.compile(r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw480]=\Z")
+_IFNAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}\Z")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\Z")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
@@ -104,7 +104,7 @@ def _endpoint(value: str) -> str:
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
-        if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$", host) or ".." in host:
+        if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})\Z", host) or ".." in host:
             raise ValueError(f"{value!r}: {host!r} is neither an address nor a host name") from None
         return f"{host.lower().rstrip('.')}:{port}"
     return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
@@ -206,6 +206,21 @@ class WireguardSection(BaseModel):
         if problems:
             raise _PathError.many(problems)
         return self
+
+    def cross_check(self, spec: Any) -> list[tuple[str, str]]:
+        """A WireGuard interface never takes the name of a link spec.management/interfaces own."""
+        owned = {spec.management.interface: "spec.management.interface"}
+        for i, link in enumerate(spec.interfaces):
+            owned.setdefault(link.name, f"spec.interfaces[{i}].name")
+        return [
+            (
+                f"wireguard.interfaces[{index}].name",
+                f"{interface.name} is already {owned[interface.name]}; name the WireGuard "
+                "interface differently",
+            )
+            for index, interface in enumerate(self.interfaces)
+            if interface.name in owned
+        ]
 
     def secret_names(self) -> set[str]:
         names = set()

@@ -15,7 +15,12 @@ from typing import Any
 
 from trueup.subsystems.base import Facts, Sources, Step, StepError
 from trueup.system.atomicfile import write_atomic
-from trueup.system.secretstore import SECRETS_DIR, read_secret, secret_digest
+from trueup.system.secretstore import (
+    SECRETS_DIR,
+    SecretError,
+    read_secret,
+    secret_digest,
+)
 from trueup.system.wireguard import WgDump, daemon_name
 
 __all__ = [
@@ -84,7 +89,10 @@ def conf_args(name: str, desired: Facts) -> dict[str, Any]:
 
 
 def secret_value(sources: Sources, step: Step, ref: str, path: str) -> str:
-    value = read_secret(sources.state_dir, ref)
+    try:
+        value = read_secret(sources.state_dir, ref)
+    except SecretError as exc:
+        raise StepError(step, f"{path}: {exc}") from exc
     if value is None:
         where = sources.state_dir / SECRETS_DIR / ref
         raise StepError(
@@ -98,7 +106,7 @@ def secret_value(sources: Sources, step: Step, ref: str, path: str) -> str:
 def key_fact(sources: Sources, record: dict[str, Any], dump: WgDump) -> str:
     ref = record.get("private_key")
     if ref:
-        value = read_secret(sources.state_dir, str(ref))
+        value = _stored(sources, str(ref))
         if value is not None and secret_digest(value) == dump.private_digest:
             return f"secret:{ref}"
     return f"key {dump.public_key}" if dump.public_key else "no key"
@@ -108,10 +116,17 @@ def psk_fact(sources: Sources, ref: str | None, digest: str | None) -> str:
     if digest is None:
         return "none"
     if ref:
-        value = read_secret(sources.state_dir, ref)
+        value = _stored(sources, ref)
         if value is not None and secret_digest(value) == digest:
             return f"secret:{ref}"
     return "another key"
+
+
+def _stored(sources: Sources, ref: str) -> str | None:
+    try:
+        return read_secret(sources.state_dir, ref)
+    except SecretError:
+        return None  # not a usable secret: the fact reports the key, not a reference
 
 
 def record_path(sources: Sources, name: str) -> Path:
