@@ -28,9 +28,10 @@ for _ in $(seq 100); do
 done
 
 # Revision 1 of the demo router is the demo document.
-op "$ROOT/.venv/bin/python" - "$URL" "$ADMIN" "$DEMO/desired.yaml" <<'PY'
+op "$ROOT/.venv/bin/python" - "$URL" "$DEMO/admin-token" "$DEMO/desired.yaml" <<'PY'
 import sys, httpx, yaml
-url, token, path = sys.argv[1:4]
+url, token_file, path = sys.argv[1:4]
+token = open(token_file).read().strip()
 doc = yaml.safe_load(open(path))
 h = {"Authorization": f"Bearer {token}"}
 httpx.post(url + "/api/v1/devices", json={"name": "edge-01"}, headers=h)
@@ -45,12 +46,16 @@ ip netns exec "$NS" "$TRUEUP" agent enroll --bundle "$DEMO/edge-01.bundle" \
   --token-file "$DEMO/device-token" >/dev/null
 
 ip netns exec "$OPNS" env PYTHONPATH="$ROOT" "$ROOT/.venv/bin/python" -m scripts.simulate_fleet \
-  "$URL" "$ADMIN" --devices 40 --interval 10 > "$DEMO/fleet.log" 2>&1 &
+  "$URL" "$DEMO/admin-token" --devices 40 --interval 10 > "$DEMO/fleet.log" 2>&1 &
 echo $! > "$DEMO/fleet.pid"
 
 cat > "$DEMO/control-plane.txt" <<TXT
 
 Control plane (SQLite, $DB) at $URL in namespace $OPNS, with 40 simulated devices:
+  export TRUEUP_SERVER=$URL TRUEUP_TOKEN_FILE=$DEMO/admin-token
+  ip netns exec $OPNS $TRUEUP fleet                          # every device: status, versions, last report
+  ip netns exec $OPNS $TRUEUP fleet list --status drift -o json
+  ip netns exec $OPNS $TRUEUP fleet show edge-01
   ip netns exec $OPNS curl -s -H "Authorization: Bearer \$(cat $DEMO/admin-token)" $URL/api/v1/devices | python3 -m json.tool | less
   ip netns exec $OPNS curl -s -H "Authorization: Bearer \$(cat $DEMO/admin-token)" "$URL/api/v1/devices?status=drift"
   ip netns exec $OPNS curl -s -H "Authorization: Bearer \$(cat $DEMO/admin-token)" $URL/api/v1/devices/edge-01

@@ -16,7 +16,40 @@ PY="$ROOT/.venv/bin/python"
 TRUEUP="$ROOT/.venv/bin/trueup"
 CP_PORT=8780
 
+stop_agent() {
+  # The agent that holds the demo's state directory, whoever started it (make demo,
+  # or the user restarting it as the tour shows): found by the state directory's
+  # agent lock record, checked to be an agent (`agent run`), stopped by that pid.
+  [ -d "$DEMO/agent" ] && [ -x "$PY" ] || return 0
+  PYTHONPATH="$ROOT" "$PY" - "$DEMO/agent" <<'PY' || true
+import os, signal, sys, time
+from pathlib import Path
+from trueup.journal.agentlock import agent_holder
+root = Path(sys.argv[1])
+for _ in range(3):  # a second agent may have waited for the lock
+    holder = agent_holder(root)
+    if holder is None:
+        break
+    pid = int(holder["pid"])
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        break
+    if not (b"agent" in cmdline and b"run" in cmdline):  # a recycled pid: not an agent
+        print(f"pid {pid} recorded for {root} is not a trueup agent; left alone")
+        break
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(0.05)
+    if Path(f"/proc/{pid}").exists():
+        os.kill(pid, signal.SIGKILL)
+    print(f"stopped the agent (pid {pid}) on {root}")
+PY
+}
+
 stop() {
+  stop_agent
   # Kea and Knot outlive the agent by design (DHCP goes on serving): stop them
   # by the verified pids of their supervisor records, never by name.
   if [ -d "$DEMO/agent/run" ] && [ -x "$PY" ]; then
@@ -162,8 +195,7 @@ spec:
 YAML
 
 TOKEN=$("$TRUEUP" agent token --name demo --state-dir "$DEMO/agent")
-echo "$TOKEN" > "$DEMO/api-token"
-chmod 600 "$DEMO/api-token"
+(umask 077; echo "$TOKEN" > "$DEMO/api-token")
 
 CP_ARGS=()
 if bash "$ROOT/scripts/demo-control-plane.sh" "$DEMO" "$CP_PORT"; then

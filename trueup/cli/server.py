@@ -19,7 +19,6 @@ import getpass
 import importlib.util
 import json
 import os
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -487,8 +486,7 @@ def render_fleet_device(entry: dict[str, Any]) -> str:
         + (f" (every {interval:g}s, {entry['missed_heartbeats']} missed)" if interval else "")
     )
     if entry.get("in_sync_since"):
-        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry["in_sync_since"]))
-        lines.append(f"in sync since: {since}")
+        lines.append(f"in sync since: {entry['in_sync_since']}")
     lines.append(f"reason codes:  {', '.join(entry['reason_codes']) or '-'}")
     for ack in entry.get("acknowledgements", []):
         lines.append(f"acknowledged:  {ack['subsystem']}: {ack['reason']}")
