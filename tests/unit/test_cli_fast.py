@@ -159,6 +159,9 @@ class FakeAgent:
             def do_POST(self) -> None:
                 self._answer("POST")
 
+            def do_DELETE(self) -> None:
+                self._answer("DELETE")
+
         class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             daemon_threads = True
 
