@@ -146,9 +146,16 @@ def print_plan(body: dict[str, Any], output: str, source: str = "the document") 
 
 
 def _step_line(step: dict[str, Any]) -> str:
-    """`~ links: set-mtu lan0: 1500 → 1400`, `+ …` for what is added, `- …` for what goes."""
+    """`~ links: set-mtu lan0: 1500 → 1400` for a value that changes, `+ …` for what is added,
+    `- …` for what goes."""
     old, new = step.get("old"), step.get("new")
-    if "old" not in step or old == new:
+    if (
+        "old" not in step
+        or old == new
+        or isinstance(old, (dict, list))
+        or isinstance(new, (dict, list))
+    ):
+        # A step on one element of a list or a record: its description says which.
         return f"+ {step['describe']}"
     args = step.get("args") or {}
     subject = next(
