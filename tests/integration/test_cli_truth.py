@@ -107,3 +107,14 @@ def test_the_cli_with_a_running_agent(router: Router) -> None:
     router.stop_agents()
     after = router.trueup("status")
     assert after.returncode == 0 and after.stdout.startswith("WARNING: no agent is running")
+
+
+def test_demo_stop_finds_a_restarted_agent_by_its_state_directory_lock(router: Router) -> None:
+    from scripts.stop_agent import stop_agent
+
+    assert router.trueup("apply", str(router.write("v1.yaml", base_document()))).returncode == 0
+    proc = router.start_agent()
+    assert stop_agent(router.state_dir) == [proc.pid]
+    assert proc.wait(timeout=15) is not None
+    assert stop_agent(router.state_dir) == []  # nothing holds it any more
+    router.agents.clear()
