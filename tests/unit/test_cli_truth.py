@@ -457,3 +457,28 @@ def test_shell_completion_is_typers(
     code, out, _ = console([], capsys)
     assert code == 0 and "status" in out.split()
     assert os.environ["_TRUEUP_COMPLETE"] == "complete_bash"
+
+
+def test_a_pending_confirmation_shows_without_an_agent(engine: Engine) -> None:
+    from trueup.journal.confirm import write_pending
+
+    assert engine.apply_document(parse_document(base_document())).ok
+    write_pending(
+        engine.state,
+        {
+            "state": "pending",
+            "version": 2,
+            "confirmed_version": 1,
+            "deadline": 1.0,
+            "deadline_at": "2026-11-30T10:05:00.000Z",
+        },
+    )
+    status = gather(engine)
+    assert status["pending_confirmation"] == {
+        "version": 2,
+        "deadline": "2026-11-30T10:05:00.000Z",
+        "rollback_to": 1,
+    }
+    assert "pending confirmation: version 2 rolls back at 2026-11-30T10:05:00.000Z" in (
+        render_status(status)
+    )

@@ -29,6 +29,7 @@ from typing import Any
 
 from trueup.journal.atomic import StateFileError
 from trueup.journal.audit import now_iso
+from trueup.journal.confirm import read_pending
 from trueup.journal.lock import lock_holder
 from trueup.journal.override import OVERRIDE_FILE, same_facts
 from trueup.journal.restore import restore_status
@@ -297,6 +298,15 @@ def build_status(
     }
     if loop is not None:
         status.update(loop.status_extra())
+    else:
+        # No loop (the CLI without an agent): the pending record as the state directory holds it.
+        pending = read_pending(state)
+        if pending is not None and pending.get("state") == "pending":
+            status["pending_confirmation"] = {
+                "version": pending.get("version"),
+                "deadline": pending.get("deadline_at"),
+                "rollback_to": pending.get("confirmed_version"),
+            }
     if agent is not None:
         status["agent"] = agent.to_json()
         status["agent"]["damaged_state"] = damaged
