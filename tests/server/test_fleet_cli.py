@@ -15,6 +15,7 @@ from trueup.cli.main import app
 from trueup.cli.server import server_app
 
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+ISO_IN_TEXT = re.compile(r"\b\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\b")
 
 
 def test_fleet_json_times_are_iso_8601_utc(server: Server) -> None:
@@ -60,7 +61,12 @@ def test_trueup_fleet_lists_filters_and_shows_over_the_api(tmp_path: Path) -> No
     for tenant in ("acme", "other"):
         assert runner.invoke(server_app, ["tenant", "create", tenant, *key]).exit_code == 0
     tokens = {}
-    for tenant, role in (("acme", "viewer"), ("acme", "operator"), ("other", "operator")):
+    for tenant, role in (
+        ("acme", "viewer"),
+        ("acme", "operator"),
+        ("acme", "admin"),
+        ("other", "operator"),
+    ):
         created = runner.invoke(
             server_app,
             [
@@ -89,6 +95,18 @@ def test_trueup_fleet_lists_filters_and_shows_over_the_api(tmp_path: Path) -> No
             for device in devices:
                 created = httpx.post(f"{url}/api/v1/devices", json={"name": device}, headers=auth)
                 assert created.status_code == 201, created.text
+        # edge-01 reports (enrolled through the API): its last report shows as an ISO time.
+        admin = {"Authorization": f"Bearer {tokens[('acme', 'admin')]}"}
+        bundle = httpx.post(f"{url}/api/v1/devices/edge-01/enrollment", headers=admin).json()
+        credential = httpx.post(
+            f"{url}/api/v1/agent/enroll", headers={"Authorization": f"Bearer {bundle['token']}"}
+        ).json()["credential"]
+        reported = httpx.post(
+            f"{url}/api/v1/agent/report",
+            json={"applied_version": None, "heartbeat_interval": 30},
+            headers={"Authorization": f"Bearer {credential}"},
+        )
+        assert reported.status_code == 200, reported.text
         viewer = str(files[("acme", "viewer")])
         env = {"TRUEUP_SERVER": url, "TRUEUP_TOKEN_FILE": viewer}
 
@@ -97,6 +115,11 @@ def test_trueup_fleet_lists_filters_and_shows_over_the_api(tmp_path: Path) -> No
         assert out.splitlines()[0].split()[:2] == ["DEVICE", "STATUS"]
         assert "edge-01" in out and "core-02" in out and "secret-9" not in out
         assert "2 device(s)" in out
+        edge = next(line for line in out.splitlines() if line.startswith("edge-01"))
+        assert ISO_IN_TEXT.search(edge), edge  # LAST REPORT
+        listed = runner.invoke(server_app, ["fleet", "list", "--tenant", "acme", *key])
+        edge = next(line for line in listed.output.splitlines() if line.startswith("edge-01"))
+        assert ISO_IN_TEXT.search(edge) and " ago" not in edge, edge
 
         code, out, err = _invoke("fleet", "list", "--search", "edge", "-o", "json", env=env)
         assert code == 0, err
@@ -104,15 +127,16 @@ def test_trueup_fleet_lists_filters_and_shows_over_the_api(tmp_path: Path) -> No
         assert [d["device"] for d in body["devices"]] == ["edge-01"]
 
         code, out, _ = _invoke("fleet", "list", "--status", "in_sync", "-o", "json", env=env)
-        assert code == 0 and json.loads(out)["count"] == 0
+        assert code == 0 and [d["device"] for d in json.loads(out)["devices"]] == ["edge-01"]
         code, out, _ = _invoke("fleet", "list", "--status", "heartbeat_stale", env=env)
-        assert code == 0 and "edge-01" in out and "core-02" in out
+        assert code == 0 and "core-02" in out and "edge-01" not in out
 
         code, out, err = _invoke(
             "fleet", "show", "edge-01", "--server", url, "--token-file", viewer
         )
         assert code == 0, err
-        assert out.startswith("device:        edge-01") and "status:        heartbeat_stale" in out
+        assert out.startswith("device:        edge-01")
+        assert ISO_IN_TEXT.search(out.split("last report:", 1)[1].splitlines()[0]), out
 
         # Another tenant's device is not found; a bad token and no server are one line, exit 1.
         code, _, err = _invoke("fleet", "show", "secret-9", env=env)
