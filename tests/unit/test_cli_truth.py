@@ -127,6 +127,22 @@ def test_status_without_an_agent_says_so_and_what_it_means(
     assert code == 0 and json.loads(out)["agent"]["running"] is False
 
 
+def test_status_with_an_agent_that_does_not_answer_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An agent holds the state directory (its pid record) but its socket does not answer."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "agent.pid").write_text(json.dumps({"pid": os.getpid(), "started_at": "t0"}))
+    code, out, err = console(["status", "--state-dir", str(state)], capsys)
+    assert code == 0, err
+    assert out.startswith(f"WARNING: the agent (pid {os.getpid()}) on {state} does not answer")
+    assert "no agent is running" not in out
+    code, out, _ = console(["status", "--state-dir", str(state), "-o", "json"], capsys)
+    agent_section = json.loads(out)["agent"]
+    assert agent_section["running"] is True and agent_section["answering"] is False
+
+
 def test_status_from_an_agent_says_it_runs(
     agent: FakeAgent,  # noqa: F811
     capsys: pytest.CaptureFixture[str],

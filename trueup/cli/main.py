@@ -468,11 +468,18 @@ def _status(state_dir: Path) -> dict[str, Any]:
         except AgentUnavailable:
             pass
     engine = _engine(state_dir, create=False)
+    from trueup.journal.agentlock import agent_holder
     from trueup.reconcile.status import gather
 
     current = gather(engine)
-    # No agent: nothing heals, nothing reports upstream; `status` says so (exit 0).
-    current["agent"] = {"running": False, "state_dir": str(state_dir)}
+    # No agent answering: nothing heals, nothing reports upstream; `status` says so (exit 0).
+    holder = agent_holder(state_dir)
+    current["agent"] = {
+        "running": holder is not None,
+        "answering": False,
+        "state_dir": str(state_dir),
+        **({"pid": holder.get("pid")} if holder else {}),
+    }
     return current
 
 

@@ -235,7 +235,15 @@ def render_status(status: dict[str, Any]) -> str:
     mgmt = status["management"]
     agent = status.get("agent") or {}
     lines = []
-    if agent.get("running") is False:
+    if agent.get("answering") is False and agent.get("running"):
+        lines += [
+            f"WARNING: the agent (pid {agent.get('pid')}) on {agent.get('state_dir')} does not "
+            "answer on its socket (hung, or still starting): healing may be stalled;",
+            "         the health below was observed now by this command "
+            "(check: trueup doctor, the agent's log)",
+            "",
+        ]
+    elif agent.get("running") is False:
         lines += [
             f"WARNING: no agent is running on {agent.get('state_dir') or 'this state directory'}: "
             "healing is off and nothing reports to the control plane;",
