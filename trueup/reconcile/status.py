@@ -96,11 +96,10 @@ def refusals_since_last_write(
 ) -> list[dict[str, Any]]:
     """Refused writes that no later apply or rollback has answered yet.
 
-    A refusal stays visible after the write it lost to commits (that write
-    began before the refusal; the loser's change is still not on the device)
-    and disappears once an apply or rollback that began after it commits: the
-    operator wrote again, and the refusal no longer applies. `begun` maps a
-    transaction id to its begin time (read from the journal when not given).
+    A refusal stays after the write it lost to commits (that one began before
+    it: the loser's change is still not on the device) and goes once an apply
+    or rollback that began after it commits. `begun`: transaction id → begin
+    time (read from the journal when not given).
     """
     if begun is None:
         begun = {t.txn: str(t.begin.get("at")) for t in engine.state.journal.transactions()}
