@@ -22,6 +22,8 @@ stop_agent() {
   # agent lock record, never by name (scripts/stop_agent.py).
   [ -d "$DEMO/agent" ] && [ -x "$PY" ] || return 0
   (cd "$ROOT" && PYTHONPATH="$ROOT" "$PY" -m scripts.stop_agent "$DEMO/agent") || true
+  # The pid make demo recorded may be stale (the user stopped that agent): never signalled.
+  rm -f "$DEMO/agent.pid"
 }
 
 stop() {
