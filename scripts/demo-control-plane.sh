@@ -14,7 +14,10 @@ op() { ip netns exec "$OPNS" env PYTHONPATH="$ROOT" "$@"; }
 
 "$TRUEUP" server tenant create demo --db "$DB" >/dev/null
 ADMIN=$("$TRUEUP" server token create --tenant demo --user admin --role admin --db "$DB" | tail -1 | awk '{print $NF}')
-echo "$ADMIN" > "$DEMO/admin-token"; chmod 600 "$DEMO/admin-token"
+# Kept in files (0600), never in a command line that `ps` would show.
+(umask 077; echo "$ADMIN" > "$DEMO/admin-token"
+ echo "Authorization: Bearer $ADMIN" > "$DEMO/admin-auth.header")
+unset ADMIN
 "$TRUEUP" server device enroll --tenant demo --device edge-01 --url "$URL" \
   --out "$DEMO/edge-01.bundle" --db "$DB" >/dev/null
 
@@ -28,9 +31,10 @@ for _ in $(seq 100); do
 done
 
 # Revision 1 of the demo router is the demo document.
-op "$ROOT/.venv/bin/python" - "$URL" "$ADMIN" "$DEMO/desired.yaml" <<'PY'
+op "$ROOT/.venv/bin/python" - "$URL" "$DEMO/admin-token" "$DEMO/desired.yaml" <<'PY'
 import sys, httpx, yaml
-url, token, path = sys.argv[1:4]
+url, token_file, path = sys.argv[1:4]
+token = open(token_file).read().strip()
 doc = yaml.safe_load(open(path))
 h = {"Authorization": f"Bearer {token}"}
 httpx.post(url + "/api/v1/devices", json={"name": "edge-01"}, headers=h)
@@ -45,17 +49,21 @@ ip netns exec "$NS" "$TRUEUP" agent enroll --bundle "$DEMO/edge-01.bundle" \
   --token-file "$DEMO/device-token" >/dev/null
 
 ip netns exec "$OPNS" env PYTHONPATH="$ROOT" "$ROOT/.venv/bin/python" -m scripts.simulate_fleet \
-  "$URL" "$ADMIN" --devices 40 --interval 10 > "$DEMO/fleet.log" 2>&1 &
+  "$URL" "$DEMO/admin-token" --devices 40 --interval 10 > "$DEMO/fleet.log" 2>&1 &
 echo $! > "$DEMO/fleet.pid"
 
 cat > "$DEMO/control-plane.txt" <<TXT
 
 Control plane (SQLite, $DB) at $URL in namespace $OPNS, with 40 simulated devices:
-  ip netns exec $OPNS curl -s -H "Authorization: Bearer \$(cat $DEMO/admin-token)" $URL/api/v1/devices | python3 -m json.tool | less
-  ip netns exec $OPNS curl -s -H "Authorization: Bearer \$(cat $DEMO/admin-token)" "$URL/api/v1/devices?status=drift"
-  ip netns exec $OPNS curl -s -H "Authorization: Bearer \$(cat $DEMO/admin-token)" $URL/api/v1/devices/edge-01
+  export TRUEUP_SERVER=$URL TRUEUP_TOKEN_FILE=$DEMO/admin-token
+  ip netns exec $OPNS $TRUEUP fleet                          # every device: status, versions, last report
+  ip netns exec $OPNS $TRUEUP fleet list --status drift -o json
+  ip netns exec $OPNS $TRUEUP fleet show edge-01
+  ip netns exec $OPNS curl -s -H @$DEMO/admin-auth.header $URL/api/v1/devices | python3 -m json.tool | less
+  ip netns exec $OPNS curl -s -H @$DEMO/admin-auth.header "$URL/api/v1/devices?status=drift"
+  ip netns exec $OPNS curl -s -H @$DEMO/admin-auth.header $URL/api/v1/devices/edge-01
   # a new revision for the real router (If-Match: the current version):
-  ip netns exec $OPNS curl -s -X PUT -H "Authorization: Bearer \$(cat $DEMO/admin-token)" -H "If-Match: 1" \\
+  ip netns exec $OPNS curl -s -X PUT -H @$DEMO/admin-auth.header -H "If-Match: 1" \\
        -H "Content-Type: application/yaml" --data-binary @$DEMO/desired.yaml $URL/api/v1/devices/edge-01/desired
   $TRUEUP server audit verify --db $DB
 TXT

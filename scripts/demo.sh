@@ -16,7 +16,18 @@ PY="$ROOT/.venv/bin/python"
 TRUEUP="$ROOT/.venv/bin/trueup"
 CP_PORT=8780
 
+stop_agent() {
+  # The agent that holds the demo's state directory, whoever started it (make demo,
+  # or the user restarting it as the tour shows): found by the state directory's
+  # agent lock record, never by name (scripts/stop_agent.py).
+  [ -d "$DEMO/agent" ] && [ -x "$PY" ] || return 0
+  (cd "$ROOT" && PYTHONPATH="$ROOT" "$PY" -m scripts.stop_agent "$DEMO/agent") || true
+  # The pid make demo recorded may be stale (the user stopped that agent): never signalled.
+  rm -f "$DEMO/agent.pid"
+}
+
 stop() {
+  stop_agent
   # Kea and Knot outlive the agent by design (DHCP goes on serving): stop them
   # by the verified pids of their supervisor records, never by name.
   if [ -d "$DEMO/agent/run" ] && [ -x "$PY" ]; then
@@ -162,8 +173,9 @@ spec:
 YAML
 
 TOKEN=$("$TRUEUP" agent token --name demo --state-dir "$DEMO/agent")
-echo "$TOKEN" > "$DEMO/api-token"
-chmod 600 "$DEMO/api-token"
+(umask 077; echo "$TOKEN" > "$DEMO/api-token"
+ echo "Authorization: Bearer $TOKEN" > "$DEMO/api-auth.header")
+unset TOKEN
 
 CP_ARGS=()
 if bash "$ROOT/scripts/demo-control-plane.sh" "$DEMO" "$CP_PORT"; then
@@ -182,6 +194,12 @@ fi
 ip netns exec "$NS" env PYTHONPATH="$ROOT" "$TRUEUP" agent run "${SOURCE[@]}" \
   --state-dir "$DEMO/agent" "${CP_ARGS[@]}" > "$DEMO/agent.log" 2>&1 &
 echo $! > "$DEMO/agent.pid"
+# The same agent, restarted by hand (tour step 4): `bash demo-state/agent-run.sh &`.
+# `make demo-stop` stops whichever agent holds the state directory.
+printf 'exec ip netns exec %q env PYTHONPATH=%q %q agent run' "$NS" "$ROOT" "$TRUEUP" \
+  > "$DEMO/agent-run.sh"
+printf ' %q' "${SOURCE[@]}" --state-dir "$DEMO/agent" "${CP_ARGS[@]}" >> "$DEMO/agent-run.sh"
+printf ' >> %q 2>&1\n' "$DEMO/agent.log" >> "$DEMO/agent-run.sh"
 
 for _ in $(seq 150); do
   if ip netns exec "$NS" "$TRUEUP" status --state-dir "$DEMO/agent" -o json 2>/dev/null \
@@ -234,12 +252,16 @@ if [ -n "$PAGE" ]; then echo "  $PAGE"; else echo "  no answer yet (see $R statu
 cat <<TXT
 
 Try next (as root):
+  export PATH=$ROOT/.venv/bin:\$PATH                # then: ip netns exec $NS trueup status $S
   $R status $S
   $R drift $S
+  kill \$(cat $DEMO/agent.pid); $R status $S          # WARNING: no agent is running (healing off)
+  bash $DEMO/agent-run.sh &                            # start it again (make demo-stop stops it too)
   ip -n $NS addr del 203.0.113.1/24 dev lan0      # drift out of band: healed in milliseconds
   $R status $S -o json | less
   ip -n $NS link set lan0 down; $R drift $S
   $R ack addresses --for 10m --reason "maintenance" $S   # stop healing, never detection
+  $R ack addresses --clear $S                          # withdraw it
   $R plan $DEMO/desired.yaml $S
   $R apply $DEMO/desired.yaml --expect-version 99 $S   # refused: STATE_CONCURRENT_MODIFICATION, exit 3
   $R apply $DEMO/desired.yaml $S                       # managed by the control plane: exit 4, needs --override
@@ -287,7 +309,7 @@ Backup and restore (docs/backup-restore.md):
   $R evidence --out /tmp/trueup-evidence.tar.gz $S
   $R doctor $S
   $R audit verify $S
-  ip netns exec $OPNS curl -s -H "Authorization: Bearer \$(cat $DEMO/api-token)" http://198.51.100.2:7443/v1/status
+  ip netns exec $OPNS curl -s -H @$DEMO/api-auth.header http://198.51.100.2:7443/v1/status
 TXT
 if [ -f "$DEMO/control-plane.txt" ]; then cat "$DEMO/control-plane.txt"; fi
 cat <<TXT

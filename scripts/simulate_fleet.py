@@ -3,7 +3,9 @@
 Most devices are in sync; a few drift, lag a version behind or fail to
 reconcile, so the fleet view has something to show. Runs until killed.
 
-    python -m scripts.simulate_fleet URL ADMIN_TOKEN [--devices 40] [--interval 10]
+    python -m scripts.simulate_fleet URL ADMIN_TOKEN_FILE [--devices 40] [--interval 10]
+
+The admin token is read from a file (never an argument: `ps` shows arguments).
 """
 
 from __future__ import annotations
@@ -32,11 +34,12 @@ def _document(device: str, n: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("url")
-    parser.add_argument("admin_token")
+    parser.add_argument("admin_token_file", help="file holding an admin API token")
     parser.add_argument("--devices", type=int, default=40)
     parser.add_argument("--interval", type=float, default=10.0)
     args = parser.parse_args()
-    admin = {"Authorization": f"Bearer {args.admin_token}"}
+    with open(args.admin_token_file) as stream:
+        admin = {"Authorization": f"Bearer {stream.read().strip()}"}
     client = httpx.Client(base_url=args.url, timeout=30)
     credentials: dict[str, str] = {}
     roles: dict[str, str] = {}

@@ -73,6 +73,8 @@ class Router:
         self.name = f"tu-{os.getpid()}-{next(_counter)}"
         self.workdir = workdir
         self.state_dir = workdir / "state"
+        # As an installed device has it: the CLI refuses a state directory that does not exist.
+        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.agents: list[subprocess.Popen[str]] = []
         self.helpers: list[subprocess.Popen[str]] = []
         self.client: str | None = None

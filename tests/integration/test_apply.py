@@ -100,7 +100,7 @@ def test_failing_step_atomic_rolls_back_everything(router: Router) -> None:
     )
     result = _apply(router, bad)
     assert result.returncode == 1
-    assert "rolled_back" in result.stdout
+    assert "version 2 was not applied; version 1 remains (rolled back: routes:" in result.stdout
     assert "failed routes" in result.stderr
     assert router.snapshot() == before
     status = json.loads(router.trueup("status", "-o", "json").stdout)

@@ -172,6 +172,7 @@ def test_full_and_read_only_state_directory_then_normal_service(
     router: Router, small_state: Path
 ) -> None:
     router.state_dir = small_state / "state"
+    router.state_dir.mkdir(mode=0o700)
     assert _apply(router, "v1.yaml", base_document(routes=[])).returncode == 0
     router.start_agent(env=FAST)
     before = router.snapshot()

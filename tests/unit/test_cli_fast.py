@@ -159,6 +159,9 @@ class FakeAgent:
             def do_POST(self) -> None:
                 self._answer("POST")
 
+            def do_DELETE(self) -> None:
+                self._answer("DELETE")
+
         class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             daemon_threads = True
 
@@ -456,7 +459,7 @@ def test_plan_renders_as_typer_renders_it(
     code, out, err = both(argv, capsys, monkeypatch)
     assert code == (2 if plan is PLAN else 0)
     if output == "table" and plan is PLAN:
-        assert "needs --confirm-within" in err and "+ add 203.0.113.1/24 to lan0" in out
+        assert "apply with --confirm-within" in err and "+ add 203.0.113.1/24 to lan0" in out
     fast_body, typer_body = (r["body"] for r in agent.calls("/v1/plan"))
     assert fast_body == base_document()  # as decoded from the file; the agent validates it
     assert typer_body["metadata"]["device"] == "edge-01"
@@ -565,7 +568,9 @@ def test_the_client_reports_an_agent_that_stops_answering(agent: FakeAgent) -> N
     agent.stop()
     with pytest.raises(AgentUnavailable) as caught:
         client.request("GET", "/v1/status")
-    assert str(agent.state_dir / "agent.sock") in caught.value.next_step()
+    line = caught.value.next_step()
+    assert "\n" not in line and "stopped answering" in line and "is it running?" in line
+    assert f"trueup status --state-dir {agent.state_dir}" in line
 
 
 @pytest.mark.parametrize(

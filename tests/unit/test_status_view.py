@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+import trueup
 from tests.routers import base_document
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
@@ -187,6 +188,8 @@ def test_the_agent_s_inputs_each_land_in_their_section(engine: Engine) -> None:
     assert management["ready"] is False and management["phase"] == "running"
     assert management["addresses"] == ["198.51.100.2/24"]  # the document's, not the probe's
     assert status["agent"] == {
+        "running": True,
+        "version": trueup.__version__,
         "pid": 42,
         "started_at": "t0",
         "state_dir": "/s",

@@ -204,6 +204,14 @@ def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
         except KeyError as exc:
             raise HTTPException(404, f"unknown subsystem {exc.args[0]!r}") from None
 
+    @app.delete("/v1/ack")
+    def clear_ack(subsystem: str) -> JSONResponse:
+        """Withdraw an acknowledgement before it expires (audited `ack_cleared`)."""
+        try:
+            return JSONResponse(content=agent.clear_acknowledgement(subsystem))
+        except KeyError as exc:
+            raise HTTPException(404, f"unknown subsystem {exc.args[0]!r}") from None
+
     @app.get("/v1/evidence")
     def evidence() -> Response:
         return Response(

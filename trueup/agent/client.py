@@ -45,9 +45,9 @@ class AgentUnavailable(RuntimeError):
         """One line for the operator: what happened and what to run next."""
         state_dir = os.path.dirname(self.socket_path) or "."
         return (
-            f"trueup: the agent at {self.socket_path} stopped answering ({self.reason}); "
-            f"run `trueup status --state-dir {state_dir}` (it works without an agent) "
-            "to see what the device is at, then retry"
+            f"trueup: the agent stopped answering ({self.reason}) — is it running? "
+            f"check: trueup status --state-dir {state_dir} (works without an agent; "
+            "`trueup --debug …` prints the traceback)"
         )
 
 

@@ -42,7 +42,7 @@ from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState
 from trueup.model.reasons import ReasonCode
 from trueup.model.virtual import is_virtual, virtual_addresses
-from trueup.reconcile.guard import unsafe_management_changes
+from trueup.reconcile.guard import subsystem_risks, unsafe_management_changes
 from trueup.reconcile.status import AgentInfo, build_status, drift_report
 from trueup.reconcile.transaction import Change, Engine, NeedsConfirmation, Origin, Refused
 from trueup.startup.orchestrator import Orchestrator
@@ -353,13 +353,15 @@ class Agent:
         """What applying `document` would change, observed where this agent runs."""
         plans = self.engine.plan(document)
         previous = self._current_document()
-        unsafe = unsafe_management_changes(previous, document)
+        unsafe = unsafe_management_changes(previous, document) + subsystem_risks(
+            self.engine.subsystems, previous, document, self.engine.api_port
+        )
         return {
             "changes": any(p.changes for p in plans),
             "plans": [
                 {
                     "subsystem": p.subsystem,
-                    "steps": [s.to_json() | {"describe": s.describe()} for s in p.steps],
+                    "steps": [p.step_json(s) for s in p.steps],
                     "noop": p.noop_reasons,
                     "error": p.error,
                 }
@@ -402,6 +404,13 @@ class Agent:
         if self.loop is None:
             return {"ok": False, "message": "agent still starting"}
         return dict(self.loop.acknowledge(subsystem, seconds, reason, actor="api"))
+
+    def clear_acknowledgement(self, subsystem: str) -> dict[str, Any]:
+        if subsystem not in self.engine.by_name:
+            raise KeyError(subsystem)
+        if self.loop is None:
+            return {"ok": False, "message": "agent still starting"}
+        return dict(self.loop.clear_acknowledgement(subsystem, actor="api"))
 
     def evidence(self) -> bytes:
         """A tar.gz of what the runbook asks for: status, drift, journal, audit, revisions."""

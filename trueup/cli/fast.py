@@ -32,7 +32,14 @@ TYPE_CHECKING = False  # typing's import time is measurable on the fast path
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["DEFAULT_STATE_DIR", "FORMATS", "duration_seconds", "parse", "run"]
+__all__ = [
+    "DEFAULT_STATE_DIR",
+    "FORMATS",
+    "duration_seconds",
+    "missing_state_dir",
+    "parse",
+    "run",
+]
 
 # = trueup.journal.state.DEFAULT_STATE_DIR (a unit test keeps them equal).
 DEFAULT_STATE_DIR = "/var/lib/trueup"
@@ -49,6 +56,22 @@ _COMMANDS: dict[str, tuple[tuple[str, ...], dict[str, str], tuple[str, ...]]] = 
     "confirm": ((), _STATE, ()),
     "ack": (("subsystem",), _STATE | {"--for": "for_", "--reason": "reason"}, ("for_", "reason")),
 }
+
+
+def missing_state_dir(state_dir: str) -> str | None:
+    """The error line when `state_dir` is not a directory (a typo, a forgotten option), else None.
+
+    Only `trueup agent run` and `trueup apply --init` create a state directory:
+    anything else against one that does not exist would show an empty device
+    (version 0, in sync) or start a second, empty history beside the agent's.
+    """
+    if os.path.isdir(state_dir):
+        return None
+    what = "is not a directory" if os.path.exists(state_dir) else "does not exist"
+    return (
+        f"trueup: state directory {state_dir} {what}; name the agent's with --state-dir or "
+        f"{STATE_DIR_ENV} (`trueup agent run` and `trueup apply --init` create one)"
+    )
 
 
 def duration_seconds(text: str) -> float | None:
@@ -120,8 +143,8 @@ def run(argv: list[str]) -> int | None:
         return None
     command, options = parsed
     values: dict[str, Any] = dict(options)
-    if command == "ack" and duration_seconds(values["for_"]) is None:
-        return None  # typer's usage error
+    if command == "ack" and not (duration_seconds(values["for_"]) or 0) > 0:
+        return None  # typer's usage error, or its refusal of a duration that is not positive
     if command == "plan":
         document = _read_document(options["file"])
         if document is None:
@@ -228,6 +251,9 @@ def _ack(client: AgentClient, values: dict[str, Any]) -> int | None:
     body = api_result(response)
     if isinstance(body, int):
         return body
+    if not body.get("ok", True):
+        echo(f"trueup: {body.get('message', _json(body))}", err=True)
+        return 1
     echo(body.get("message", _json(body)))
     return 0
 

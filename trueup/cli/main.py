@@ -26,7 +26,8 @@ import typer
 from trueup.agent.client import AgentClient, AgentUnavailable
 from trueup.cli.backup import backup_app, restore_app
 from trueup.cli.dhcp import dhcp_app
-from trueup.cli.fast import DEFAULT_STATE_DIR, duration_seconds
+from trueup.cli.fast import DEFAULT_STATE_DIR, duration_seconds, missing_state_dir
+from trueup.cli.fleet import fleet_app
 from trueup.cli.management import management_app
 from trueup.cli.output import (
     api_result,
@@ -37,7 +38,7 @@ from trueup.cli.output import (
     render_findings,
 )
 from trueup.cli.secret import secret_app
-from trueup.cli.server import fleet_app, server_app
+from trueup.cli.server import server_app
 
 if TYPE_CHECKING:
     from trueup.model.document import DeviceState
@@ -56,7 +57,7 @@ app = typer.Typer(
     name="trueup",
     help="Keep Linux edge routers at their desired configuration.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 agent_app = typer.Typer(help="Run and administer the router agent.", no_args_is_help=True)
@@ -70,6 +71,53 @@ app.add_typer(dhcp_app, name="dhcp")
 app.add_typer(backup_app, name="backup")
 app.add_typer(restore_app, name="restore")
 app.add_typer(secret_app, name="secret")
+
+_DEBUG = {"on": False}
+
+
+def _version_line(state_dir: str) -> str:
+    """`trueup X`, plus the version of the agent answering on the state directory, if one does."""
+    from trueup import __version__
+
+    line = f"trueup {__version__}"
+    client = AgentClient.at(state_dir, timeout=2.0) if os.path.isdir(state_dir) else None
+    if client is not None:
+        try:
+            agent = client.request("GET", "/v1/status").json().get("agent", {})
+        except (AgentUnavailable, ValueError, AttributeError):
+            agent = {}
+        if agent.get("pid"):
+            line += f"\nagent {agent.get('version') or 'unknown'} (pid {agent['pid']}, {state_dir})"
+    return line
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        state_dir = os.environ.get("TRUEUP_STATE_DIR") or DEFAULT_STATE_DIR
+        typer.echo(_version_line(state_dir))
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_show_version,
+            is_eager=True,
+            help="Print trueup's version (and the running agent's) and exit.",
+        ),
+    ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option("--debug", help="Print the traceback when a command fails."),
+    ] = False,
+) -> None:
+    """Keep Linux edge routers at their desired configuration."""
+    del version
+    _DEBUG["on"] = debug or os.environ.get("TRUEUP_DEBUG", "") not in ("", "0")
+
 
 StateDirOpt = Annotated[
     Path,
@@ -115,7 +163,17 @@ def _load(file: Path) -> DeviceState:
         raise typer.Exit(1) from None
 
 
-def _engine(state_dir: Path, *, create: bool) -> Engine:
+def _require_state_dir(state_dir: Path) -> None:
+    """Exit 1 naming the path when the state directory does not exist (see `missing_state_dir`)."""
+    message = missing_state_dir(str(state_dir))
+    if message is not None:
+        typer.echo(message, err=True)
+        raise typer.Exit(1)
+
+
+def _engine(state_dir: Path, *, create: bool, init: bool = False) -> Engine:
+    if not init:
+        _require_state_dir(state_dir)
     _models()
     from trueup.journal.state import StateDir, StateDirError
     from trueup.reconcile.transaction import Engine
@@ -144,7 +202,9 @@ def _engine(state_dir: Path, *, create: bool) -> Engine:
     return Engine(state)
 
 
-def _agent(state_dir: Path) -> AgentClient | None:
+def _agent(state_dir: Path, *, init: bool = False) -> AgentClient | None:
+    if not init:
+        _require_state_dir(state_dir)
     return AgentClient.connect(state_dir)
 
 
@@ -164,10 +224,17 @@ def _print_apply(result: dict[str, Any], output: str) -> None:
         for step in result.get("steps", []):
             typer.echo(f"  {step}")
         outcome = result["outcome"]
-        typer.echo(
-            f"version {result['version']}: {outcome}"
-            + (f" ({result['txn']})" if result.get("txn") else "")
-        )
+        txn = f" ({result['txn']})" if result.get("txn") else ""
+        if outcome == "rolled_back":
+            why = "; ".join(f"{n}: {e}" for n, e in result.get("failed", {}).items())
+            tried = result.get("attempted_version")
+            typer.echo(
+                (f"version {tried} was not applied; " if tried is not None else "not applied; ")
+                + f"version {result['version']} remains (rolled back: {why or 'a step failed'})"
+                + txn
+            )
+        else:
+            typer.echo(f"version {result['version']}: {outcome}{txn}")
         for name, error in result.get("failed", {}).items():
             typer.echo(f"  failed {name}: {error}", err=True)
         for error in result.get("rollback_errors", []):
@@ -225,10 +292,11 @@ def plan(file: Path, state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "
             file,
         )
         return
-    from trueup.reconcile.guard import unsafe_management_changes
+    from trueup.reconcile.guard import subsystem_risks, unsafe_management_changes
 
     engine = _engine(state_dir, create=False)
     plans = engine.plan(document)
+    previous = engine.applied_document()
     try:
         netns: str | None = os.readlink("/proc/self/ns/net")
     except OSError:
@@ -238,14 +306,15 @@ def plan(file: Path, state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "
         "plans": [
             {
                 "subsystem": p.subsystem,
-                "steps": [s.to_json() | {"describe": s.describe()} for s in p.steps],
+                "steps": [p.step_json(s) for s in p.steps],
                 "noop": p.noop_reasons,
                 "error": p.error,
             }
             for p in plans
         ],
         "failed": {p.subsystem: p.error for p in plans if p.error},
-        "management_changes": unsafe_management_changes(engine.applied_document(), document),
+        "management_changes": unsafe_management_changes(previous, document)
+        + subsystem_risks(engine.subsystems, previous, document, engine.api_port),
         "managed_by": engine.managed_by(),
         "observed_by": {
             "agent_pid": None,
@@ -279,6 +348,12 @@ def apply(
     ] = None,
     confirm_within: ConfirmOpt = None,
     override: OverrideOpt = None,
+    init: Annotated[
+        bool,
+        typer.Option(
+            "--init", help="create the state directory if it does not exist (first apply)"
+        ),
+    ] = False,
     output: OutputOpt = "table",
 ) -> None:
     """Apply FILE as one journaled transaction."""
@@ -287,7 +362,7 @@ def apply(
     from trueup.reconcile.transaction import Change, NeedsConfirmation, Refused
 
     document = _load(file)
-    client = _agent(state_dir)
+    client = _agent(state_dir, init=init)
     actor = f"cli:{os.getuid()}"
     if client is not None:
         headers = {"If-Match": str(expect_version)} if expect_version is not None else {}
@@ -306,7 +381,7 @@ def apply(
             "--confirm-within needs a running agent to roll back on time "
             "(start it with `trueup agent run`)"
         )
-    engine = _engine(state_dir, create=True)
+    engine = _engine(state_dir, create=True, init=init)
     try:
         result = engine.transact(
             Change(
@@ -393,9 +468,19 @@ def _status(state_dir: Path) -> dict[str, Any]:
         except AgentUnavailable:
             pass
     engine = _engine(state_dir, create=False)
+    from trueup.journal.agentlock import agent_holder
     from trueup.reconcile.status import gather
 
-    return gather(engine)
+    current = gather(engine)
+    # No agent answering: nothing heals, nothing reports upstream; `status` says so (exit 0).
+    holder = agent_holder(state_dir)
+    current["agent"] = {
+        "running": holder is not None,
+        "answering": False,
+        "state_dir": str(state_dir),
+        **({"pid": holder.get("pid")} if holder else {}),
+    }
+    return current
 
 
 @app.command()
@@ -453,21 +538,42 @@ def parse_duration(text: str) -> float:
 @app.command()
 def ack(
     subsystem: str,
-    for_: Annotated[str, typer.Option("--for", help="how long, e.g. 2h")],
-    reason: Annotated[str, typer.Option(help="why healing stops (audited)")],
+    for_: Annotated[str | None, typer.Option("--for", help="how long, e.g. 2h")] = None,
+    reason: Annotated[str | None, typer.Option(help="why healing stops (audited)")] = None,
+    clear: Annotated[
+        bool, typer.Option("--clear", help="withdraw SUBSYSTEM's acknowledgement now (audited)")
+    ] = False,
     state_dir: StateDirOpt = DEFAULT_DIR,
 ) -> None:
-    """Stop healing SUBSYSTEM (never detection) until the acknowledgement expires."""
-    seconds = parse_duration(for_)
+    """Stop healing SUBSYSTEM (never detection) until the acknowledgement expires; --clear ends it."""
+    if clear:
+        if for_ is not None or reason is not None:
+            _fail("--clear takes no --for or --reason")
+    else:
+        if for_ is None or reason is None:
+            _fail("ack needs --for DURATION and --reason TEXT (or --clear to withdraw one)")
+        seconds = parse_duration(for_)
+        if seconds <= 0:
+            _fail(f"--for {for_}: an acknowledgement needs a positive duration, e.g. 30m or 2h")
     client = _agent(state_dir)
     if client is None:
-        _fail(f"no agent answers on {state_dir / 'agent.sock'}")
-    response = client.request(
-        "POST", "/v1/ack", params={"subsystem": subsystem, "seconds": seconds, "reason": reason}
-    )
+        _fail(
+            f"no agent answers on {state_dir / 'agent.sock'}: acknowledgements are held by the "
+            "running agent (start it: trueup agent run)"
+        )
+    if clear:
+        response = client.request("DELETE", "/v1/ack", params={"subsystem": subsystem})
+    else:
+        response = client.request(
+            "POST",
+            "/v1/ack",
+            params={"subsystem": subsystem, "seconds": seconds, "reason": reason},
+        )
     if response.status_code == 404:
         _fail(response.json().get("detail", "unknown subsystem"))
     body = _api_result(response)
+    if not body.get("ok", True):
+        _fail(str(body.get("message", json.dumps(body))))
     typer.echo(body.get("message", json.dumps(body)))
 
 
@@ -491,6 +597,7 @@ def audit_verify(state_dir: StateDirOpt = DEFAULT_DIR) -> None:
     """Check the audit log's hash chain; name the first line edited, removed or reordered."""
     from trueup.journal.state import StateDir
 
+    _require_state_dir(state_dir)
     state = StateDir(state_dir)
     problems = state.audit.verify()
     if not problems:
@@ -684,13 +791,26 @@ def agent_token(
     from trueup.agent.process import create_api_token
     from trueup.journal.state import StateDir
 
+    _require_state_dir(state_dir)
     typer.echo(create_api_token(StateDir(state_dir), name))
 
 
 def main() -> None:
-    """The full typer CLI; an agent that stops answering mid-call is one line, exit 1."""
+    """The full typer CLI; a failure is one line with what to do, exit 1 (`--debug`: traceback)."""
     try:
-        app()
+        app(standalone_mode=True)
     except AgentUnavailable as exc:
+        if _DEBUG["on"]:
+            import traceback
+
+            traceback.print_exc()
         typer.echo(exc.next_step(), err=True)
+        raise SystemExit(1) from None
+    except Exception as exc:
+        if _DEBUG["on"]:
+            raise
+        typer.echo(
+            f"trueup: {type(exc).__name__}: {exc} (run with `trueup --debug …` for the traceback)",
+            err=True,
+        )
         raise SystemExit(1) from None

@@ -22,9 +22,13 @@ __all__ = [
     "print_drift",
     "print_plan",
     "print_status",
+    "readable",
     "render_findings",
     "render_status",
 ]
+
+# A value printed in a table is cut here, with a pointer to `-o json` for the whole.
+VALUE_LIMIT = 300
 
 # trueup.model.reasons.EXIT_CODES by value (a unit test keeps the two equal): the
 # process exit code of a refused write.
@@ -111,12 +115,19 @@ def print_plan(body: dict[str, Any], output: str, source: str = "the document") 
             echo(f"  ! {p['subsystem']}: {p['error']}", err=True)
         elif p["steps"]:
             for step in p["steps"]:
-                echo(f"  + {step['describe']}")
+                echo(f"  {_step_line(step)}")
         else:
             for reason in p["noop"]:
                 echo(f"  = {p['subsystem']}: {reason}")
-    for change in body.get("management_changes", []):
-        echo(f"  ! management: {change} — needs --confirm-within SECONDS", err=True)
+    changes = body.get("management_changes", [])
+    for change in changes:
+        echo(f"  ! management: {change}", err=True)
+    if changes:
+        echo(
+            "  ! this changes management access: apply with --confirm-within SECONDS "
+            "(rolled back unless `trueup confirm` arrives in time)",
+            err=True,
+        )
     if body.get("managed_by"):
         echo(
             f"  ! managed by the control plane at {body['managed_by']}: applying locally "
@@ -134,6 +145,30 @@ def print_plan(body: dict[str, Any], output: str, source: str = "the document") 
     return 2 if steps else 0
 
 
+def _step_line(step: dict[str, Any]) -> str:
+    """`~ links: set-mtu lan0: 1500 → 1400` for a value that changes, `+ …` for what is added,
+    `- …` for what goes."""
+    old, new = step.get("old"), step.get("new")
+    if (
+        "old" not in step
+        or old == new
+        or isinstance(old, (dict, list))
+        or isinstance(new, (dict, list))
+    ):
+        # A step on one element of a list or a record: its description says which.
+        return f"+ {step['describe']}"
+    args = step.get("args") or {}
+    subject = next(
+        (str(args[k]) for k in ("ifname", "name", "interface") if args.get(k)), step["path"]
+    )
+    head = f"{step['subsystem']}: {step['action']} {subject}"
+    if old is None or old == "absent":
+        return f"+ {head}: {readable(new, 120)}"
+    if new is None or new == "absent":
+        return f"- {head}: {readable(old, 120)}"
+    return f"~ {head}: {readable(old, 120)} → {readable(new, 120)}"
+
+
 def print_status(status: dict[str, Any], output: str) -> None:
     if output == "table":
         echo(render_status(status))
@@ -149,13 +184,36 @@ def print_drift(report: dict[str, Any], output: str) -> int:
         else:
             for d in report["differences"]:
                 echo(
-                    f"  {d['subsystem']}: {d['path']}: desired {d['desired']} "
-                    f"observed {d['observed']}"
+                    f"  {d['subsystem']}: {d['path']}: desired {readable(d['desired'])} "
+                    f"observed {readable(d['observed'])}"
                 )
             echo("\n".join(render_findings(report["reason_codes"])))
     else:
         emit(report, output)
     return 0 if report["in_sync"] else 2
+
+
+def readable(value: Any, limit: int = VALUE_LIMIT) -> str:
+    """A fact for a human: `key: value, …` (JSON scalars, nulls left out), cut at `limit`.
+
+    Never Python's repr (`{'via': …, 'dev': None}`) and never a 14 KB line: what
+    is cut says so and points at `-o json`.
+    """
+    text = _flat(value)
+    if len(text) > limit:
+        text = text[: limit - 1].rstrip() + f"… ({len(text)} chars; `-o json` shows all)"
+    return text
+
+
+def _flat(value: Any) -> str:
+    if isinstance(value, dict):
+        parts = [f"{k}: {_flat(v)}" for k, v in value.items() if v is not None and v != []]
+        return "{" + ", ".join(parts) + "}" if parts else "{}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_flat(v) for v in value) + "]"
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)
 
 
 def render_findings(findings: list[dict[str, Any]]) -> list[str]:
@@ -164,7 +222,7 @@ def render_findings(findings: list[dict[str, Any]]) -> list[str]:
         head = f["code"] + (f" [{f['subsystem']}]" if f.get("subsystem") else "")
         lines.append(f"  {head} since {f.get('since') or '-'}")
         if f.get("detail"):
-            lines.append(f"      {f['detail']}")
+            lines.append(f"      {readable(f['detail'])}")
         for path in f.get("paths", [])[:10]:
             lines.append(f"      path: {path}")
         if f.get("action"):
@@ -175,7 +233,25 @@ def render_findings(findings: list[dict[str, Any]]) -> list[str]:
 def render_status(status: dict[str, Any]) -> str:
     versions = status["versions"]
     mgmt = status["management"]
-    lines = [
+    agent = status.get("agent") or {}
+    lines = []
+    if agent.get("answering") is False and agent.get("running"):
+        lines += [
+            f"WARNING: the agent (pid {agent.get('pid')}) on {agent.get('state_dir')} does not "
+            "answer on its socket (hung, or still starting): healing may be stalled;",
+            "         the health below was observed now by this command "
+            "(check: trueup doctor, the agent's log)",
+            "",
+        ]
+    elif agent.get("running") is False:
+        lines += [
+            f"WARNING: no agent is running on {agent.get('state_dir') or 'this state directory'}: "
+            "healing is off and nothing reports to the control plane;",
+            "         the health below is the last known state, observed now by this command "
+            "(start the agent: trueup agent run)",
+            "",
+        ]
+    lines += [
         f"device:      {status.get('device') or '-'}",
         f"applied:     version {versions['applied']} ({versions.get('outcome') or 'nothing applied'})"
         + (
@@ -191,11 +267,15 @@ def render_status(status: dict[str, Any]) -> str:
             else ""
         ),
     ]
-    agent = status.get("agent")
-    if agent:
+    if agent.get("startup"):
         phases = " → ".join(f"{p['name']}:{p['state']}" for p in agent.get("startup", []))
         lines.append(f"startup:     {phases}")
     lines.append("")
+    if versions.get("origin") == "confirm-timeout":
+        lines.append(
+            f"confirmation: MISSED — version {versions['applied']} is the last confirmed revision "
+            "applied again because a --confirm-within deadline passed without `trueup confirm`"
+        )
     lines.append(f"{'SUBSYSTEM':<12} {'TIER':<11} {'HEALTH':<9} {'POLICY':<7} REASON")
     for name, sub in status["subsystems"].items():
         policy = sub.get("policy") or "-"
@@ -210,6 +290,7 @@ def render_status(status: dict[str, Any]) -> str:
         if extra:
             reason = (reason + " (" + "; ".join(extra) + ")").strip()
         lines.append(f"{name:<12} {sub['tier']:<11} {sub['health']:<9} {policy:<7} {reason}")
+    lines.extend(_subsystem_details(status["subsystems"]))
     journal = status.get("journal", {})
     if journal.get("open"):
         txn = journal["open"]
@@ -232,3 +313,71 @@ def render_status(status: dict[str, Any]) -> str:
     lines.append("reason codes:" if findings else "reason codes: none")
     lines.extend(render_findings(findings))
     return "\n".join(lines)
+
+
+def _subsystem_details(subsystems: dict[str, Any]) -> list[str]:
+    """Drift records with who changed what, back-off and breaker, acknowledgements."""
+    drift: list[str] = []
+    healing: list[str] = []
+    acks: list[str] = []
+    for name, sub in subsystems.items():
+        record = sub.get("drift")
+        diffs = sub.get("differences") or []
+        if record or diffs:
+            since = f" since {record['since']}" if record and record.get("since") else ""
+            how = f", detected by {record['detected_by']}" if record else ""
+            drift.append(f"  {name}{since}: {len(diffs)} differing path(s){how}")
+            for d in diffs[:5]:
+                drift.append(f"      path:     {d['path']}")
+                drift.append(f"      desired:  {readable(d.get('desired'))}")
+                drift.append(f"      observed: {readable(d.get('observed'))}")
+            if len(diffs) > 5:
+                drift.append(f"      … {len(diffs) - 5} more (`trueup drift -o json`)")
+            for event in (record or {}).get("attribution", [])[:5]:
+                drift.append(f"      changed by: {_who(event)}")
+        failures = sub.get("consecutive_failures") or 0
+        breaker = sub.get("breaker")
+        if failures or (breaker and breaker != "closed") or sub.get("backoff_seconds"):
+            parts = [f"breaker {breaker or '-'}", f"{failures} consecutive failure(s)"]
+            if sub.get("backoff_seconds"):
+                parts.append(f"back-off {sub['backoff_seconds']:g}s")
+            if sub.get("next_attempt_at"):
+                parts.append(f"next attempt at {sub['next_attempt_at']}")
+            budget = sub.get("retry_budget")
+            if budget:
+                parts.append(f"retry budget {budget.get('used')}/{budget.get('limit')}")
+            healing.append(f"  {name}: " + ", ".join(parts))
+        ack = sub.get("acknowledgement")
+        if ack or sub.get("acknowledged_until"):
+            ack = ack or {}
+            acks.append(
+                f"  {name} until {sub.get('acknowledged_until') or ack.get('until_at')}"
+                + (f" by {ack['actor']}" if ack.get("actor") else "")
+                + (f": {ack['reason']}" if ack.get("reason") else "")
+                + f" (withdraw: trueup ack {name} --clear)"
+            )
+    out: list[str] = []
+    for title, block in (("drift:", drift), ("healing:", healing), ("acknowledged:", acks)):
+        if block:
+            out += ["", title, *block]
+    return out
+
+
+def _who(event: dict[str, Any]) -> str:
+    """One attribution entry: what arrived, from whom, when."""
+    if not event.get("message") and event.get("detail"):
+        return f"{event['detail']} (at {event.get('received_at') or '-'})"
+    who = event.get("sender")
+    if event.get("sender_port") is not None:
+        who = f"{who or 'unknown'} (netlink port {event['sender_port']})"
+    subject = " ".join(
+        str(event[k]) for k in ("ifname", "address", "destination") if event.get(k) is not None
+    )
+    text = f"{event.get('message') or event.get('kind') or 'change'}"
+    if subject:
+        text += f" {subject}"
+    if who:
+        text += f" from {who}"
+    if event.get("match") == "related":
+        text += " (related notification)"
+    return readable(f"{text} at {event.get('received_at') or '-'}", 200)

@@ -19,7 +19,6 @@ import getpass
 import importlib.util
 import json
 import os
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -436,7 +435,7 @@ def render_fleet_table(entries: list[dict[str, Any]]) -> str:
                 _version(e["applied_version"]),
                 _DIGEST_MARK[e.get("digest_match")],
                 e.get("applied_origin") or "-",
-                _age(e.get("heartbeat_age")),
+                e.get("last_report_at") or "never",
                 ",".join(e["reason_codes"]) or "-",
             )
         )
@@ -483,15 +482,18 @@ def render_fleet_device(entry: dict[str, Any]) -> str:
         lines.append("               the next desired revision from the control plane replaces it")
     interval = entry.get("heartbeat_interval")
     lines.append(
-        f"last report:   {_age(entry.get('heartbeat_age'))}"
+        f"last report:   {entry.get('last_report_at') or 'never'}"
+        + (f" ({_age(entry.get('heartbeat_age'))})" if entry.get("last_report_at") else "")
         + (f" (every {interval:g}s, {entry['missed_heartbeats']} missed)" if interval else "")
     )
     if entry.get("in_sync_since"):
-        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry["in_sync_since"]))
-        lines.append(f"in sync since: {since}")
+        lines.append(f"in sync since: {entry['in_sync_since']}")
     lines.append(f"reason codes:  {', '.join(entry['reason_codes']) or '-'}")
     for ack in entry.get("acknowledgements", []):
-        lines.append(f"acknowledged:  {ack['subsystem']}: {ack['reason']}")
+        lines.append(
+            f"acknowledged:  {ack['subsystem']} until {ack.get('expires_at') or '-'}: "
+            f"{ack['reason']}"
+        )
     return "\n".join(lines)
 
 

@@ -159,6 +159,8 @@ class ApplyResult:
     healed: dict[str, list[str]] = field(default_factory=dict)  # subsystem → steps run
     origin: str | None = None
     digest: str | None = None
+    # rolled_back: the version that was tried and undone (`version` is the one that remains).
+    attempted: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -176,4 +178,6 @@ class ApplyResult:
             out["origin"] = self.origin
         if self.digest:
             out["digest"] = self.digest
+        if self.attempted is not None:
+            out["attempted_version"] = self.attempted
         return out

@@ -260,16 +260,25 @@ def _override_finding(override: dict[str, Any], applied_version: int) -> Finding
     )
 
 
+def _fact(value: Any) -> str:
+    """A fact as `key: value` text (nulls left out), never Python's repr of a dict."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_fact(v)}" for k, v in value.items() if v is not None) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_fact(v) for v in value) + "]"
+    return str(value)
+
+
 def _describe(diff: Difference) -> str:
     if diff.missing or diff.extra:
         parts = []
         if diff.missing:
-            parts.append("missing " + ", ".join(map(str, diff.missing)))
+            parts.append("missing " + ", ".join(map(_fact, diff.missing)))
         if diff.extra:
-            parts.append("unexpected " + ", ".join(map(str, diff.extra)))
+            parts.append("unexpected " + ", ".join(map(_fact, diff.extra)))
         return f"{diff.path}: " + "; ".join(parts)
     if diff.desired is None:
-        return f"{diff.path}: unexpected {diff.observed}"
+        return f"{diff.path}: unexpected {_fact(diff.observed)}"
     if diff.observed is None:
-        return f"{diff.path}: missing (want {diff.desired})"
-    return f"{diff.path}: want {diff.desired}, have {diff.observed}"
+        return f"{diff.path}: missing (want {_fact(diff.desired)})"
+    return f"{diff.path}: want {_fact(diff.desired)}, have {_fact(diff.observed)}"

@@ -608,6 +608,36 @@ class ReconcileLoop:
             "drift is still detected and reported",
         }
 
+    def clear_acknowledgement(self, subsystem: str, *, actor: str = "api") -> dict[str, Any]:
+        """Withdraw `subsystem`'s acknowledgement now (audited `ack_cleared`); healing resumes."""
+        with self._lock:
+            ack = self.governor.acks.pop(subsystem, None)
+            if ack is None:
+                return {
+                    "ok": True,
+                    "subsystem": subsystem,
+                    "cleared": False,
+                    "message": f"{subsystem}: no acknowledgement to withdraw",
+                }
+            self.governor.dirty = True
+            self.state.audit.append(
+                "ack_cleared",
+                actor,
+                subsystem=subsystem,
+                until=ack["until_at"],
+                reason=ack["reason"],
+            )
+            self._persist()
+            self._refresh_view()
+        self.wake()
+        return {
+            "ok": True,
+            "subsystem": subsystem,
+            "cleared": True,
+            "message": f"{subsystem}: acknowledgement until {ack['until_at']} withdrawn; "
+            "healing follows the policy again",
+        }
+
     # -- reporting ----------------------------------------------------------
     def _persist(self) -> None:
         if not self.governor.dirty:

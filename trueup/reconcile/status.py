@@ -29,6 +29,7 @@ from typing import Any
 
 from trueup.journal.atomic import StateFileError
 from trueup.journal.audit import now_iso
+from trueup.journal.confirm import read_pending
 from trueup.journal.lock import lock_holder
 from trueup.journal.override import OVERRIDE_FILE, same_facts
 from trueup.journal.restore import restore_status
@@ -54,8 +55,8 @@ __all__ = [
 ]
 
 TRANSACTION_DEADLINE = timedelta(minutes=5)
-REFUSAL_WINDOW = timedelta(minutes=10)
-_WRITE_EVENTS = {"apply", "rollback", "recovered", "reconcile"}
+# Writes that answer an earlier refusal: the operator's own apply or rollback.
+_CLEARING_WRITES = {"apply", "rollback"}
 
 log = logging.getLogger("trueup.status")
 
@@ -73,7 +74,11 @@ class AgentInfo:
     config_error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
+        from trueup import __version__
+
         out: dict[str, Any] = {
+            "running": True,
+            "version": __version__,
             "pid": self.pid,
             "started_at": self.started_at,
             "state_dir": self.state_dir,
@@ -86,24 +91,35 @@ class AgentInfo:
         return out
 
 
-def refusals_since_last_write(engine: Engine, limit: int = 10) -> list[dict[str, Any]]:
-    """Refused writes since the last write, and any in the last REFUSAL_WINDOW.
+def refusals_since_last_write(
+    engine: Engine, limit: int = 10, *, begun: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Refused writes that no later apply or rollback has answered yet.
 
-    A refusal stays visible for a while after the winning write commits: the
-    loser's change is still not on the device, and the operator needs to know.
+    A refusal stays after the write it lost to commits (that one began before
+    it: the loser's change is still not on the device) and goes once an apply
+    or rollback that began after it commits. `begun`: transaction id → begin
+    time (read from the journal when not given).
     """
+    if begun is None:
+        begun = {t.txn: str(t.begin.get("at")) for t in engine.state.journal.transactions()}
     out: list[dict[str, Any]] = []
-    cutoff = datetime.now(UTC) - REFUSAL_WINDOW
-    passed_write = False
+    answered_until: datetime | None = None  # the latest begin of a later successful write
     for record in reversed(engine.state.audit.tail()):
         event = record.get("event")
-        if event in _WRITE_EVENTS:
-            passed_write = True
-        if passed_write and "at" in record and _parse_time(str(record["at"])) < cutoff:
-            break
-        if event == "refused" and record.get("details", {}).get("code") == (
-            ReasonCode.CONCURRENT_MODIFICATION.value
-        ):
+        details = record.get("details", {})
+        if event in _CLEARING_WRITES:
+            started = begun.get(str(details.get("txn")))
+            when = _parse_time(started) if started and started != "None" else None
+            if when is None and "at" in record:
+                when = _parse_time(str(record["at"]))
+            if when is not None and (answered_until is None or when > answered_until):
+                answered_until = when
+            continue
+        if event == "refused" and details.get("code") == ReasonCode.CONCURRENT_MODIFICATION.value:
+            at = record.get("at")
+            if answered_until is not None and at and _parse_time(str(at)) <= answered_until:
+                break  # this one and every older one were answered by a later write
             out.append(record)
             if len(out) >= limit:
                 break
@@ -186,7 +202,9 @@ def build_status(
         open_transaction_live=live,
         open_transaction_overdue=overdue,
         last_transaction=last_apply.summary() if last_apply and not last_apply.is_open else None,
-        refusals=refusals_since_last_write(engine),
+        refusals=refusals_since_last_write(
+            engine, begun={t.txn: str(t.begin.get("at")) for t in transactions}
+        ),
         control_plane_version=control_plane_version,
         unsupported_schema=unsupported,
         differences=differences,
@@ -279,6 +297,15 @@ def build_status(
     }
     if loop is not None:
         status.update(loop.status_extra())
+    else:
+        # No loop (the CLI without an agent): the pending record as the state directory holds it.
+        pending = read_pending(state)
+        if pending is not None and pending.get("state") == "pending":
+            status["pending_confirmation"] = {
+                "version": pending.get("version"),
+                "deadline": pending.get("deadline_at"),
+                "rollback_to": pending.get("confirmed_version"),
+            }
     if agent is not None:
         status["agent"] = agent.to_json()
         status["agent"]["damaged_state"] = damaged

@@ -201,6 +201,7 @@ class Transacting(Committing, Checking, Overriding):
                         healed,
                         change.origin,
                         digest,
+                        attempted=version,
                     )
 
                 self._hit(change.kind, "before-commit")

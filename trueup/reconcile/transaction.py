@@ -263,14 +263,23 @@ class Engine(Transacting):
         errors: dict[str, str] = {}
         refused = self._preparation_failures(document)
         observed = self.observe(net, scope, errors=errors)
-        return [
-            Plan(s.name, [], [], error=refused[s.name])
-            if s.name in refused
-            else s.plan(s.desired(document, scope), observed[s.name], scope)
-            if s.name in observed
-            else Plan(s.name, [], [errors[s.name]])
-            for s in self.subsystems
-        ]
+        plans: list[Plan] = []
+        for s in self.subsystems:
+            if s.name in refused:
+                plans.append(Plan(s.name, [], [], error=refused[s.name]))
+            elif s.name in observed:
+                desired = s.desired(document, scope)
+                have = observed[s.name]
+                made = s.plan(desired, have, scope)
+                values = {
+                    step.path: {"old": have.get(step.path), "new": desired.get(step.path)}
+                    for step in made.steps
+                    if step.path in desired or step.path in have
+                }
+                plans.append(replace(made, values=values))
+            else:
+                plans.append(Plan(s.name, [], [errors[s.name]]))
+        return plans
 
     def _preparation_failures(self, document: DeviceState) -> dict[str, str]:
         """What an apply's preparation would refuse (an nft rule, …), so plan says it too."""

@@ -39,6 +39,7 @@ from trueup.server.api.routes import (
     agents,
     backups,
     devices,
+    home,
     identity,
     probes,
     revisions,
@@ -195,7 +196,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(EdgeMiddleware, router=app.router, authenticate=api.authenticate)
     app.add_middleware(MeasureMiddleware, metrics=metrics)
     _add_error_handlers(app, metrics)
-    for area in (probes, devices, revisions, secrets, identity, agents, backups):
+    for area in (probes, home, devices, revisions, secrets, identity, agents, backups):
         area.register(app, api)
     _with_report_schemas(app)
     return app

@@ -154,6 +154,12 @@ class Plan:
     noop_reasons: list[str] = field(default_factory=list)
     # Why the document cannot be applied to this subsystem (its preparation refused it).
     error: str = ""
+    # Per step path: {"old": observed, "new": desired} (filled by the engine's plan).
+    values: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def step_json(self, step: Step) -> dict[str, Any]:
+        """A step for `plan`'s answer: its JSON, its description and old → new values."""
+        return step.to_json() | {"describe": step.describe()} | self.values.get(step.path, {})
 
     @property
     def changes(self) -> bool:

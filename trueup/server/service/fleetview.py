@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import and_, select
@@ -20,9 +21,24 @@ from trueup.server.service.errors import Invalid, NotFound
 from trueup.server.service.store import Store, inserted_id
 from trueup.server.tables import acks, device_reports, device_state, devices, revisions
 
-__all__ = ["Fleet"]
+__all__ = ["Fleet", "iso_utc"]
 
 _MAX_ACK_SECONDS = 30 * 24 * 3600
+
+
+def iso_utc(seconds: float | None) -> str | None:
+    """An epoch time as ISO 8601 UTC with milliseconds (`2026-11-30T17:02:52.123Z`); None stays.
+
+    Every time in the fleet's JSON is written this way (the tables keep epoch
+    seconds); durations (`heartbeat_age`, `heartbeat_interval`) stay numbers.
+    """
+    if seconds is None:
+        return None
+    return (
+        datetime.fromtimestamp(float(seconds), UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
 
 
 class Fleet:
@@ -71,7 +87,11 @@ class Fleet:
                 .where(and_(devices.c.tenant_id == tenant_id, acks.c.expires_at > now))
             ).mappings():
                 active_acks.setdefault(ack["device_id"], []).append(
-                    {k: ack[k] for k in ("subsystem", "reason", "expires_at")}
+                    {
+                        "subsystem": ack["subsystem"],
+                        "reason": ack["reason"],
+                        "expires_at": iso_utc(ack["expires_at"]),
+                    }
                 )
         if device is not None and not rows:
             raise NotFound(f"device {device!r} not found")
@@ -107,11 +127,11 @@ class Fleet:
                     "applied_origin": row["applied_origin"],
                     "override": override,
                     "observed_digest": row["observed_digest"],
-                    "last_report_at": row["last_report_at"],
+                    "last_report_at": iso_utc(row["last_report_at"]),
                     "heartbeat_interval": row["heartbeat_interval"],
                     "heartbeat_age": view.heartbeat_age,
                     "missed_heartbeats": view.missed_heartbeats,
-                    "in_sync_since": view.in_sync_since,
+                    "in_sync_since": iso_utc(view.in_sync_since),
                     "acknowledgements": active_acks.get(row["id"], []),
                 }
             )
@@ -136,7 +156,11 @@ class Fleet:
                 .limit(limit)
             ).mappings()
             return [
-                {"id": r["id"], "received_at": r["received_at"], **json.loads(r["payload"])}
+                {
+                    "id": r["id"],
+                    "received_at": iso_utc(r["received_at"]),
+                    **json.loads(r["payload"]),
+                }
                 for r in rows
             ]
 
@@ -187,5 +211,5 @@ class Fleet:
             "subsystem": subsystem,
             "reason": reason,
             "author": author,
-            "expires_at": now + seconds,
+            "expires_at": iso_utc(now + seconds),
         }

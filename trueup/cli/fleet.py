@@ -1,0 +1,285 @@
+"""`trueup fleet [list|show DEVICE]` — the fleet as the control plane sees it, over its API.
+
+Talks to a running control plane (`--server URL`, or `TRUEUP_SERVER`) with a
+user token read from a file (`--token-file F`, or `TRUEUP_TOKEN_FILE`; never
+on the command line, where `ps` would show it). What a token sees follows its
+role and tenant, as on the API (`GET /api/v1/devices`, `GET
+/api/v1/devices/{device}`). `--ca-file` pins the server's certificate when it
+is not signed by a CA this host trusts.
+
+`trueup server fleet …` is the same view read straight from the server's
+database, for the server's own host.
+
+Output: a table (times ISO 8601 UTC) or `-o json|yaml` (the API's JSON as is).
+Exit codes: 0 answered; 1 the server refused or did not answer (one line: why
+and what to check).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from trueup.cli.output import emit, readable
+
+__all__ = ["fleet_app", "render_device", "render_table"]
+
+fleet_app = typer.Typer(
+    help="The fleet on the control plane: list devices (filter, search), show one.",
+    no_args_is_help=False,
+    invoke_without_command=True,
+)
+
+ServerOpt = Annotated[
+    str | None,
+    typer.Option("--server", envvar="TRUEUP_SERVER", help="control-plane URL"),
+]
+TokenFileOpt = Annotated[
+    Path | None,
+    typer.Option("--token-file", envvar="TRUEUP_TOKEN_FILE", help="file holding a user API token"),
+]
+CaFileOpt = Annotated[
+    Path | None,
+    typer.Option("--ca-file", envvar="TRUEUP_CA_FILE", help="PEM certificate to trust"),
+]
+StatusOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--status", help="only devices in this state, e.g. drift, version_skew, heartbeat_stale"
+    ),
+]
+SearchOpt = Annotated[
+    str | None,
+    typer.Option("--search", help="only devices whose name or reason codes contain this text"),
+]
+OutputOpt = Annotated[str, typer.Option("-o", "--output", help="json | yaml | table")]
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"trueup fleet: {message}", err=True)
+    raise typer.Exit(1)
+
+
+def _get(
+    server: str | None, token_file: Path | None, ca_file: Path | None, path: str, **params: Any
+) -> Any:
+    """GET `path` on the control plane; exits 1 with one line when that fails."""
+    import httpx
+
+    if not server:
+        _fail("which control plane? give --server URL (or set TRUEUP_SERVER)")
+    if token_file is None:
+        _fail("give --token-file FILE holding an API token (or set TRUEUP_TOKEN_FILE)")
+    try:
+        token = token_file.read_text().strip()
+    except OSError as exc:
+        _fail(f"cannot read the token file {token_file}: {exc.strerror or exc}")
+    if not token:
+        _fail(f"the token file {token_file} is empty")
+    verify: Any = True
+    if ca_file is not None:
+        import ssl
+
+        try:
+            verify = ssl.create_default_context(cafile=str(ca_file))
+        except (OSError, ssl.SSLError) as exc:
+            _fail(f"--ca-file {ca_file}: {exc}")
+    url = server.rstrip("/") + path
+    try:
+        response = httpx.get(
+            url,
+            params={k: v for k, v in params.items() if v is not None},
+            headers={"Authorization": f"Bearer {token}"},
+            verify=verify,
+            timeout=30.0,
+        )
+    except httpx.HTTPError as exc:
+        _fail(f"{server} did not answer ({exc}); is the control plane running at that URL?")
+    if response.status_code in (401, 403):
+        _fail(
+            f"{server} refused the token in {token_file} ({response.status_code}): "
+            "check that it is current and allowed to read the fleet (viewer or above)"
+        )
+    try:
+        body = response.json()
+    except ValueError:
+        _fail(f"{server} answered {response.status_code}, not JSON: {response.text[:200]}")
+    if response.status_code == 404:
+        detail = body.get("detail") if isinstance(body, dict) else None
+        _fail(str(detail or f"{path}: not found"))
+    if response.status_code >= 400:
+        _fail(f"{server} answered {response.status_code}: {readable(body, 300)}")
+    return body
+
+
+def _list(
+    server: str | None,
+    token_file: Path | None,
+    ca_file: Path | None,
+    status: str | None,
+    search: str | None,
+    output: str,
+) -> None:
+    body = _get(server, token_file, ca_file, "/api/v1/devices", status=status)
+    devices = list(body.get("devices", []))
+    if search:
+        needle = search.lower()
+        devices = [
+            d
+            for d in devices
+            if needle in d["device"].lower()
+            or any(needle in code.lower() for code in d.get("reason_codes", []))
+        ]
+    if output == "table":
+        typer.echo(render_table(devices))
+    else:
+        emit({"devices": devices, "count": len(devices)}, output)
+
+
+@fleet_app.callback()
+def _fleet(
+    ctx: typer.Context,
+    server: ServerOpt = None,
+    token_file: TokenFileOpt = None,
+    ca_file: CaFileOpt = None,
+    status: StatusOpt = None,
+    search: SearchOpt = None,
+    output: OutputOpt = "table",
+) -> None:
+    """The fleet on the control plane (`trueup fleet` alone lists it)."""
+    ctx.obj = {"server": server, "token_file": token_file, "ca_file": ca_file}
+    if ctx.invoked_subcommand is None:
+        _list(server, token_file, ca_file, status, search, output)
+
+
+def _connection(ctx: typer.Context, **given: Any) -> dict[str, Any]:
+    """The subcommand's own options, else those given before it (`trueup fleet --server … list`)."""
+    parent = dict(ctx.obj or {})
+    return {k: v if v is not None else parent.get(k) for k, v in given.items()}
+
+
+@fleet_app.command("list")
+def fleet_list(
+    ctx: typer.Context,
+    server: ServerOpt = None,
+    token_file: TokenFileOpt = None,
+    ca_file: CaFileOpt = None,
+    status: StatusOpt = None,
+    search: SearchOpt = None,
+    output: OutputOpt = "table",
+) -> None:
+    """Every device you may see: status, versions, reason codes, last report, in sync since."""
+    c = _connection(ctx, server=server, token_file=token_file, ca_file=ca_file)
+    _list(c["server"], c["token_file"], c["ca_file"], status, search, output)
+
+
+@fleet_app.command("show")
+def fleet_show(
+    ctx: typer.Context,
+    device: Annotated[str, typer.Argument(help="device name")],
+    server: ServerOpt = None,
+    token_file: TokenFileOpt = None,
+    ca_file: CaFileOpt = None,
+    output: OutputOpt = "table",
+) -> None:
+    """One device: versions and digests, status, reason codes, acknowledgements, last report."""
+    from urllib.parse import quote
+
+    c = _connection(ctx, server=server, token_file=token_file, ca_file=ca_file)
+    entry = _get(
+        c["server"], c["token_file"], c["ca_file"], f"/api/v1/devices/{quote(device, safe='')}"
+    )
+    if output == "table":
+        typer.echo(render_device(entry))
+    else:
+        emit(entry, output)
+
+
+def _v(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def render_table(devices: list[dict[str, Any]]) -> str:
+    """One line per device; times ISO 8601 UTC."""
+    header = (
+        "DEVICE",
+        "STATUS",
+        "DESIRED",
+        "APPLIED",
+        "LAST REPORT",
+        "IN SYNC SINCE",
+        "REASONS",
+    )
+    rows = [header]
+    for d in devices:
+        rows.append(
+            (
+                d["device"],
+                d["status"],
+                _v(d.get("desired_version")),
+                _v(d.get("applied_version")),
+                _v(d.get("last_report_at")),
+                _v(d.get("in_sync_since")),
+                ",".join(d.get("reason_codes") or []) or "-",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    lines.append(f"{len(devices)} device(s)")
+    return "\n".join(lines)
+
+
+def render_device(entry: dict[str, Any]) -> str:
+    match = entry.get("digest_match")
+    digest = {True: "same document", False: "DIFFERENT document", None: "unknown"}[match]
+    conditions = entry.get("conditions") or []
+    lines = [
+        f"device:        {entry['device']}",
+        f"status:        {entry['status']}"
+        + (f"   (conditions: {', '.join(conditions)})" if len(conditions) > 1 else ""),
+        f"desired:       version {_v(entry.get('desired_version'))}"
+        f"   {entry.get('desired_digest') or '-'}",
+        f"applied:       version {_v(entry.get('applied_version'))}"
+        f"   {entry.get('applied_digest') or '-'}   origin {entry.get('applied_origin') or '-'}",
+        f"digest:        {digest}",
+    ]
+    interval = entry.get("heartbeat_interval")
+    lines.append(
+        f"last report:   {_v(entry.get('last_report_at'))}"
+        + (
+            f"   (every {interval:g}s, {entry.get('missed_heartbeats', 0)} missed)"
+            if interval
+            else ""
+        )
+    )
+    lines.append(f"in sync since: {_v(entry.get('in_sync_since'))}")
+    override = entry.get("override")
+    if override:
+        lines.append(
+            f"override:      local version {override.get('version', '-')} by "
+            f"{override.get('actor') or '-'} at {override.get('at') or '-'}: "
+            f"{override.get('reason') or '-'}"
+        )
+    lines.append(f"reason codes:  {', '.join(entry.get('reason_codes') or []) or '-'}")
+    for ack in entry.get("acknowledgements") or []:
+        lines.append(
+            f"acknowledged:  {ack['subsystem']} until {ack.get('expires_at') or '-'}: "
+            f"{ack.get('reason') or '-'}"
+        )
+    report = entry.get("last_report") or {}
+    findings = report.get("findings") if isinstance(report, dict) else None
+    if isinstance(findings, list) and findings:
+        lines.append("last report's findings:")
+        for f in findings[:10]:
+            if isinstance(f, dict):
+                where = f" [{f['subsystem']}]" if f.get("subsystem") else ""
+                lines.append(f"  {f.get('code')}{where} since {f.get('since') or '-'}")
+                if f.get("detail"):
+                    lines.append(f"      {readable(f['detail'])}")
+    lines.append("(`-o json` shows the last report in full)")
+    return "\n".join(lines)
