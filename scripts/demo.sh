@@ -172,6 +172,7 @@ spec:
     default: auto
 YAML
 
+mkdir -p -m 700 "$DEMO/agent"
 TOKEN=$("$TRUEUP" agent token --name demo --state-dir "$DEMO/agent")
 (umask 077; echo "$TOKEN" > "$DEMO/api-token"
  echo "Authorization: Bearer $TOKEN" > "$DEMO/api-auth.header")
