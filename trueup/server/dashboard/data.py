@@ -29,6 +29,7 @@ __all__ = [
     "extra_conditions",
     "fleet_page",
     "iso",
+    "merge_conditions",
     "report_conditions",
 ]
 
@@ -104,7 +105,7 @@ def extra_conditions(plane: ControlPlane, tenant_id: int) -> dict[str, list[str]
     return out
 
 
-def _merge(entry: dict[str, Any], extra: list[str]) -> dict[str, Any]:
+def merge_conditions(entry: dict[str, Any], extra: list[str]) -> dict[str, Any]:
     if not extra:
         return entry
     conditions = [c for c in entry["conditions"] if c != "in_sync"]
@@ -135,7 +136,7 @@ def fleet_page(
     entries = plane.fleet(tenant_id)
     extra = extra_conditions(plane, tenant_id)
     if extra:
-        entries = [_merge(e, extra.get(e["device"], [])) for e in entries]
+        entries = [merge_conditions(e, extra.get(e["device"], [])) for e in entries]
     counts = dict.fromkeys(STATUSES, 0)
     for entry in entries:
         for condition in entry["conditions"]:

@@ -26,12 +26,13 @@ from trueup.model.decode import DecodeError, decode_yaml
 from trueup.server.api.context import Api, authorise
 from trueup.server.dashboard import data
 from trueup.server.dashboard.device import DevicePage, render_device, revision_diff
+from trueup.server.dashboard.devicedata import evidence_parts, load_device_page
 from trueup.server.dashboard.evidence import build_bundle
 from trueup.server.dashboard.html import esc, fleet_body, fleet_page, layout, login_page
 from trueup.server.dashboard.session import COOKIE, SESSION_SECONDS, Session, Sessions
 from trueup.server.limits import DOCUMENT_BYTES, TEXT_LENGTH
 from trueup.server.service import Conflict, Invalid, NotFound, Principal, Unauthorized
-from trueup.server.tokens import Role, TokenKind, role_at_least
+from trueup.server.tokens import TokenKind
 
 __all__ = ["STREAM_SECONDS", "register"]
 
@@ -237,28 +238,7 @@ def register(app: FastAPI, api: Api) -> None:
 
     # -- a device -----------------------------------------------------------------
     def device_page(principal: Principal, csrf: str, device: str, **extra: Any) -> DevicePage:
-        tenant = principal.tenant_id
-        entry = plane.fleet(tenant, device)[0]
-        report = plane.last_report(tenant, device)
-        conditions = data.report_conditions(report)
-        if conditions:
-            entry = data._merge(entry, conditions)
-        desired = plane.desired(tenant, device)
-        revisions = [r.summary() for r in plane.revisions(tenant, device)]
-        revisions.sort(key=lambda r: r["version"], reverse=True)
-        admin = principal.role is not None and role_at_least(principal.role, Role.ADMIN)
-        return DevicePage(
-            principal=principal,
-            csrf=csrf,
-            entry=entry,
-            report=report,
-            reports=plane.report_history(tenant, device, 200),
-            desired={**desired.summary(), "document": desired.document} if desired else None,
-            revisions=revisions,
-            audit=data.device_audit(plane, tenant, device) if admin else None,
-            now=time.time(),
-            **extra,
-        )
+        return load_device_page(plane, principal, csrf, device, **extra)
 
     @app.get("/ui/devices/{device}", include_in_schema=False, openapi_extra=_role("session"))
     async def device_view(request: Request, device: str) -> Response:
@@ -393,19 +373,7 @@ def register(app: FastAPI, api: Api) -> None:
 
             def build() -> bytes:
                 page = device_page(principal, "", device)
-                report = page.report or {}
-                parts: dict[str, Any] = {
-                    "device": page.entry,
-                    "desired": page.desired,
-                    "last-report": page.report,
-                    "reason-codes": report.get("findings") or [],
-                    "reports": page.reports[:50],
-                    "revisions": page.revisions,
-                    "acknowledgements": page.entry.get("acknowledgements") or [],
-                }
-                if page.audit is not None:
-                    parts["audit"] = page.audit
-                return build_bundle(device, parts, page.now)
+                return build_bundle(device, evidence_parts(page), page.now)
 
             content = await run_in_threadpool(build)
             name = f"{device}-evidence-{data.iso(time.time()).replace(':', '')}.tar.gz"
