@@ -149,6 +149,7 @@ def test_dashboard_in_chromium(router_with_client: Router) -> None:
         assert "203.0.113.77/24" in page.locator("table.sbs").inner_text()
         assert page.locator("table.sbs li.extra", has_text="203.0.113.77/24").count() == 1
         assert page.locator("svg.timeline").count() == 1
+        assert "closed" in page.inner_text('tr[data-subsystem="addresses"]')  # the breaker
         screenshot(page, "device-drift")
 
         # Acknowledge for an hour: the expiry is shown, in ISO 8601 UTC.

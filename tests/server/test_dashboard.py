@@ -170,5 +170,8 @@ def test_fenced_and_restore_pending_come_from_the_report() -> None:
     fenced = {"subsystems": {"dhcp": {"health": "fenced", "reason": "held by restore r-1"}}}
     assert report_conditions(fenced) == ["fenced", "restore_pending"]
     assert report_conditions({"subsystems": {"dhcp": {"health": "ok"}}}) == []
-    assert report_conditions({"restore": {"state": "analysed"}}) == ["restore_pending"]
+    assert report_conditions({"restore": {"state": "staged", "pending": True}}) == [
+        "restore_pending"
+    ]
+    assert report_conditions({"restore": {"state": "completed", "pending": False}}) == []
     assert report_conditions(None) == []

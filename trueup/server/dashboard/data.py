@@ -76,7 +76,13 @@ def report_conditions(report: dict[str, Any] | None) -> list[str]:
         if "restore" in str(sub.get("reason") or "").lower():
             found.add("restore_pending")
     restore = report.get("restore")
-    if isinstance(restore, dict) and restore.get("state") not in (None, "done", "finished"):
+    if isinstance(restore, dict) and (
+        restore.get("pending") is True
+        or (
+            "pending" not in restore
+            and restore.get("state") not in (None, "completed", "rolled_back")
+        )
+    ):
         found.add("restore_pending")
     return sorted(found)
 
