@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from tests.server.conftest import Server, Tenant, document
 from trueup.server.dashboard.data import report_conditions
 from trueup.server.dashboard.session import COOKIE
+from trueup.server.dashboard.timeline import timeline_events, timeline_svg
 
 
 def browser(server: Server, tenant: Tenant | None = None, role: str = "operator") -> TestClient:
@@ -175,3 +176,39 @@ def test_fenced_and_restore_pending_come_from_the_report() -> None:
     ]
     assert report_conditions({"restore": {"state": "completed", "pending": False}}) == []
     assert report_conditions(None) == []
+
+
+def test_a_fenced_device_is_listed_as_fenced_and_restore_pending(server: Server) -> None:
+    tenant = server.tenant(devices=("edge-fenced", "edge-fine"))
+    for device in ("edge-fenced", "edge-fine"):
+        health = "fenced" if device == "edge-fenced" else "ok"
+        answer = server.client.post(
+            "/api/v1/agent/report",
+            json={
+                "applied_version": 0,
+                "subsystems": {"dhcp": {"health": health, "reason": "held by restore r-1"}},
+            },
+            headers=tenant.device_auth(device),
+        )
+        assert answer.status_code == 200, answer.text
+    client = browser(server, tenant, "viewer")
+    fenced = client.get("/?status=fenced").text
+    assert 'data-device="edge-fenced" data-status="restore_pending"' in fenced
+    assert "edge-fine" not in fenced
+    page = client.get("/ui/devices/edge-fenced").text
+    assert "Restore: PENDING" in page and "held by restore r-1" in page
+
+
+def test_the_timeline_marks_drift_heals_and_applies() -> None:
+    reports = [
+        {"received_at": 100.0, "applied_version": 1, "reason_codes": []},
+        {"received_at": 110.0, "applied_version": 1, "reason_codes": ["STATE_DRIFT_DETECTED"]},
+        {"received_at": 120.0, "applied_version": 1, "reason_codes": []},
+        {"received_at": 130.0, "applied_version": 2, "reason_codes": []},
+    ]
+    revisions = [{"version": 2, "author": "user:t/ops", "created_at": 125.0}]
+    events = timeline_events(list(reversed(reports)), revisions)
+    lanes = [(e["lane"], e["at"]) for e in events]
+    assert lanes == [("drift", 110.0), ("heal", 120.0), ("revision", 125.0), ("apply", 130.0)]
+    svg = timeline_svg(events, 140.0)
+    assert svg.startswith("<svg") and svg.count('class="ev drift"') == 1
