@@ -130,6 +130,12 @@ def _side_by_side(diffs: list[dict[str, Any]], page: DevicePage) -> str:
     )
 
 
+def _management(ready: Any) -> str:
+    if ready is None:
+        return "not reported"
+    return "ready" if ready is True else "NOT READY"
+
+
 def _summary(page: DevicePage) -> str:
     e = page.entry
     report = page.report or {}
@@ -166,9 +172,7 @@ def _summary(page: DevicePage) -> str:
         ("Agent", esc(report.get("agent_version") or "not reported")),
         (
             "Management",
-            {True: "ready", False: "NOT READY", None: "not reported"}[
-                report.get("management_ready")
-            ],
+            _management(report.get("management_ready")),
         ),
     ]
     return '<dl class="summary">' + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows) + "</dl>"
@@ -210,7 +214,7 @@ def _subsystems(page: DevicePage) -> str:
             f'<td><span class="health h-{esc(sub.get("health"))}">{esc(sub.get("health"))}</span>'
             f"</td><td>{esc(sub.get('reason') or '')}</td><td>{esc(breaker)}</td>"
             f'<td class="acked">{esc(ack) or "-"}</td><td>{fence}</td>'
-            f"<td>{counts.get(name, 0)}</td></tr>"
+            f"<td>{esc(counts.get(name, 0))}</td></tr>"
         )
     restore = report.get("restore")
     pending = "restore_pending" in report_conditions(report)
