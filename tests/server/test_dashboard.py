@@ -212,3 +212,23 @@ def test_the_timeline_marks_drift_heals_and_applies() -> None:
     assert lanes == [("drift", 110.0), ("heal", 120.0), ("revision", 125.0), ("apply", 130.0)]
     svg = timeline_svg(events, 140.0)
     assert svg.startswith("<svg") and svg.count('class="ev drift"') == 1
+
+
+def test_reported_text_is_escaped(server: Server) -> None:
+    tenant = server.tenant(devices=("edge-01",))
+    answer = server.client.post(
+        "/api/v1/agent/report",
+        json={
+            "applied_version": 0,
+            "subsystems": {"links": {"health": "degraded", "reason": "<script>alert(1)</script>"}},
+            "diff_summary": {
+                "paths": ["<img src=x onerror=alert(2)>"],
+                "subsystems": {"links": "<b>"},
+            },
+        },
+        headers=tenant.device_auth("edge-01"),
+    )
+    assert answer.status_code == 200, answer.text
+    page = browser(server, tenant, "viewer").get("/ui/devices/edge-01").text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<script>alert" not in page and "<img src=x" not in page and "<b>" not in page
