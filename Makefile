@@ -3,7 +3,7 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
-APT_PKGS := iproute2 procps curl postgresql-client nftables kea-dhcp4-server kea-dhcp6-server kea-common knot knot-dnsutils udhcpc keepalived haproxy wireguard-tools wireguard-go
+APT_PKGS := iproute2 procps curl postgresql-client nftables kea-dhcp4-server kea-dhcp6-server kea-common knot knot-dnsutils udhcpc keepalived haproxy wireguard-tools wireguard-go chromium
 
 .PHONY: all demo demo-stop test bench lint unit integration system-deps clean
 

@@ -194,6 +194,18 @@ def test_report_from_status_carries_the_applied_revision_identity() -> None:
     assert older["applied_origin"] is None
     assert older["override"] is None
     AgentReport.model_validate(older)
+    # Breaker, acknowledgement expiry and a pending restore go along when the agent has them.
+    full = report_from_status(
+        {
+            "versions": {"applied": 3},
+            "subsystems": {"dhcp": {"health": "fenced", "breaker": "open", "tier": "services"}},
+            "restore": {"id": "r-1", "state": "staged", "pending": True, "archive": "/x.tar"},
+        }
+    )
+    assert full["subsystems"]["dhcp"]["breaker"] == "open"
+    assert "tier" not in full["subsystems"]["dhcp"]
+    assert full["restore"]["pending"] is True and "archive" not in full["restore"]
+    AgentReport.model_validate(full)
     cleared = report_from_status(
         {"versions": {"applied": 3, "applied_digest": None, "origin": None, "override": None}}
     )

@@ -42,11 +42,10 @@ def test_fleet_json_times_are_iso_8601_utc(server: Server) -> None:
     assert reports and all(ISO.match(r["received_at"]) for r in reports)
 
 
-def test_the_control_plane_answers_its_root_without_a_token(server: Server) -> None:
-    response = server.client.get("/")
+def test_the_control_plane_answers_its_root_with_the_dashboard_sign_in(server: Server) -> None:
+    response = server.client.get("/", follow_redirects=True)
     assert response.status_code == 200
-    body = response.json()
-    assert body["service"] == "trueup control plane" and "trueup fleet" in body["cli"]
+    assert "Sign in" in response.text and 'action="/ui/login"' in response.text
 
 
 def _invoke(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:

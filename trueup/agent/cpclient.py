@@ -302,6 +302,19 @@ def _digest(value: Any) -> str:
     return json_digest(value)
 
 
+def _subsystem_report(sub: dict[str, Any]) -> dict[str, Any]:
+    """A subsystem in the report: health and reason, and (when the agent has them) the
+    circuit breaker and the local acknowledgement's expiry (the dashboard shows them)."""
+    out: dict[str, Any] = {
+        "health": sub.get("health", "pending"),
+        "reason": sub.get("reason") or None,
+    }
+    for key in ("breaker", "acknowledged_until"):
+        if isinstance(sub.get(key), str):
+            out[key] = sub[key]
+    return out
+
+
 def report_from_status(status: dict[str, Any]) -> dict[str, Any]:
     """Turn the agent's `/v1/status` document into a control-plane report.
 
@@ -334,10 +347,7 @@ def report_from_status(status: dict[str, Any]) -> dict[str, Any]:
             "paths": sorted(str(d.get("path")) for diffs in differences.values() for d in diffs),
             "subsystems": {name: len(diffs) for name, diffs in differences.items()},
         },
-        "subsystems": {
-            name: {"health": sub.get("health", "pending"), "reason": sub.get("reason") or None}
-            for name, sub in subsystems.items()
-        },
+        "subsystems": {name: _subsystem_report(sub) for name, sub in subsystems.items()},
         "reason_codes": sorted({f["code"] for f in findings if isinstance(f, dict)}),
         "findings": [f for f in findings if isinstance(f, dict)],
         "journal": {
@@ -346,6 +356,11 @@ def report_from_status(status: dict[str, Any]) -> dict[str, Any]:
         },
         "management_ready": status.get("management", {}).get("ready"),
     }
+    restore = status.get("restore")
+    if isinstance(restore, dict):
+        report["restore"] = {
+            k: restore.get(k) for k in ("id", "state", "since", "mode", "pending", "next")
+        }
     # The same model the control plane validates with: a report it would refuse
     # fails here, in the agent's log, not as a 422 the agent cannot explain.
     return AgentReport.model_validate(report).model_dump(mode="json")

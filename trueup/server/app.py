@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
 from starlette.concurrency import run_in_threadpool
 
+from trueup.server import dashboard
 from trueup.server.api.context import MAX_PROBLEMS, Api, problems
 from trueup.server.api.edge import EdgeMiddleware
 from trueup.server.api.metrics import MeasureMiddleware, Metrics
@@ -39,7 +40,6 @@ from trueup.server.api.routes import (
     agents,
     backups,
     devices,
-    home,
     identity,
     probes,
     revisions,
@@ -196,7 +196,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(EdgeMiddleware, router=app.router, authenticate=api.authenticate)
     app.add_middleware(MeasureMiddleware, metrics=metrics)
     _add_error_handlers(app, metrics)
-    for area in (probes, home, devices, revisions, secrets, identity, agents, backups):
+    for area in (probes, devices, revisions, secrets, identity, agents, backups, dashboard):
         area.register(app, api)
     _with_report_schemas(app)
     return app

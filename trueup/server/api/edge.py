@@ -34,7 +34,9 @@ __all__ = ["BodyTooLarge", "EdgeMiddleware"]
 
 log = logging.getLogger("trueup.server")
 
-_OPEN = ("public", "enrollment")  # routes that check their own token, or none
+# Routes that check their own credential, or need none: `session` is the dashboard's
+# (its session cookie, trueup.server.dashboard.routes).
+_OPEN = ("public", "enrollment", "session")
 
 
 class BodyTooLarge(HTTPException):

@@ -1,0 +1,106 @@
+"""The device timeline as inline SVG, drawn on the server from stored facts.
+
+Lanes: drift (reports carrying STATE_DRIFT_DETECTED, as bands), failures
+(reconciliation failed / partial update / apply not completed), heals (a
+report with drift followed by one without), applies (the applied version
+changes between two reports) and revisions (a desired revision was stored).
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from trueup.server.dashboard.data import epoch, iso
+
+__all__ = ["timeline_events", "timeline_svg"]
+
+_DRIFT = "STATE_DRIFT_DETECTED"
+_FAILED = {"STATE_RECONCILIATION_FAILED", "STATE_PARTIAL_UPDATE", "STATE_APPLY_NOT_COMPLETED"}
+_LANES = ["drift", "failed", "heal", "apply", "revision"]
+_WIDTH, _LEFT, _LANE = 900, 80, 22
+
+
+def timeline_events(
+    reports: list[dict[str, Any]], revisions: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Events in time order: {"lane", "at", "until"?, "label"}."""
+    events: list[dict[str, Any]] = []
+    ordered = sorted(reports, key=lambda r: epoch(r.get("received_at")))
+    previous: dict[str, Any] | None = None
+    for i, report in enumerate(ordered):
+        at = epoch(report.get("received_at"))
+        until = epoch(ordered[i + 1]["received_at"]) if i + 1 < len(ordered) else at
+        codes = set(report.get("reason_codes") or [])
+        if _DRIFT in codes:
+            events.append({"lane": "drift", "at": at, "until": until, "label": "drift"})
+        if codes & _FAILED:
+            label = ", ".join(sorted(codes & _FAILED))
+            events.append({"lane": "failed", "at": at, "until": until, "label": label})
+        if previous is not None:
+            before = set(previous.get("reason_codes") or [])
+            if _DRIFT in before and _DRIFT not in codes:
+                events.append({"lane": "heal", "at": at, "label": "drift gone"})
+            if report.get("applied_version") != previous.get("applied_version"):
+                events.append(
+                    {
+                        "lane": "apply",
+                        "at": at,
+                        "label": f"applied v{report.get('applied_version')}",
+                    }
+                )
+        previous = report
+    for revision in revisions:
+        events.append(
+            {
+                "lane": "revision",
+                "at": epoch(revision["created_at"]),
+                "label": f"revision {revision['version']} by {revision['author']}",
+            }
+        )
+    return sorted(events, key=lambda e: e["at"])
+
+
+def timeline_svg(events: list[dict[str, Any]], now: float) -> str:
+    height = _LANE * len(_LANES) + 30
+    if not events:
+        return '<p class="muted">nothing to plot yet: no reports or revisions</p>'
+    start = min(e["at"] for e in events)
+    end = max(now, max(e.get("until", e["at"]) for e in events))
+    span = max(end - start, 1.0)
+
+    def x(t: float) -> float:
+        return float(_LEFT + (t - start) / span * (_WIDTH - _LEFT - 10))
+
+    parts = [
+        f'<svg class="timeline" role="img" viewBox="0 0 {_WIDTH} {height}" '
+        f'width="{_WIDTH}" height="{height}" xmlns="http://www.w3.org/2000/svg">'
+        "<title>drift, heals and applies over time</title>"
+    ]
+    for i, lane in enumerate(_LANES):
+        y = 10 + i * _LANE
+        parts.append(f'<text x="4" y="{y + 14}" class="lane">{lane}</text>')
+        parts.append(
+            f'<line x1="{_LEFT}" y1="{y + 10}" x2="{_WIDTH - 10}" y2="{y + 10}" class="axis"/>'
+        )
+    for e in events:
+        y = 10 + _LANES.index(e["lane"]) * _LANE
+        tip = escape(f"{iso(e['at'])} {e['label']}")
+        if "until" in e:
+            width = max(x(e["until"]) - x(e["at"]), 3.0)
+            parts.append(
+                f'<rect class="ev {e["lane"]}" x="{x(e["at"]):.1f}" y="{y + 3}" '
+                f'width="{width:.1f}" height="14"><title>{tip}</title></rect>'
+            )
+        else:
+            parts.append(
+                f'<circle class="ev {e["lane"]}" cx="{x(e["at"]):.1f}" cy="{y + 10}" r="5">'
+                f"<title>{tip}</title></circle>"
+            )
+    bottom = height - 4
+    parts.append(f'<text x="{_LEFT}" y="{bottom}" class="tick">{iso(start)}</text>')
+    parts.append(
+        f'<text x="{_WIDTH - 10}" y="{bottom}" class="tick" text-anchor="end">{iso(end)}</text>'
+    )
+    parts.append("</svg>")
+    return "".join(parts)
