@@ -32,6 +32,7 @@ STATUS_KEYS = [
     "reason_codes",
     "fences",
     "restore",
+    "limitations",
 ]
 
 

@@ -8,18 +8,44 @@ typer `agent run` command when the console entry was bypassed (no handover).
 from __future__ import annotations
 
 import logging
+import logging.handlers
 import os
 import sys
+import time
 
 from trueup.agent.fastboot import AgentOptions, Handover
 from trueup.agent.process import Agent
 from trueup.agent.wiring import wire
 from trueup.subsystems.base import Subsystem
 from trueup.subsystems.registry import default_subsystems, load_plugin, ordered
+from trueup.system.hostinfo import AGENT_LOG
 
 __all__ = ["run_agent"]
 
 log = logging.getLogger("trueup.agent")
+
+
+def _log_to_state_dir(options: AgentOptions) -> None:
+    """Also write the log to `STATE_DIR/agent.log` (rotated at 5 MB, one older file kept).
+
+    Evidence and doctor read its last lines when the agent does not run under
+    systemd (journald has them otherwise). A state directory that cannot be
+    written only loses the file; the agent still logs to stderr.
+    """
+    try:
+        options.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        handler = logging.handlers.RotatingFileHandler(
+            options.state_dir / AGENT_LOG, maxBytes=5 * 1024 * 1024, backupCount=1
+        )
+    except OSError as exc:
+        log.warning("not logging to %s: %s", options.state_dir / AGENT_LOG, exc)
+        return
+    formatter = logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%Y-%m-%dT%H:%M:%SZ"
+    )
+    formatter.converter = time.gmtime
+    handler.setFormatter(formatter)
+    logging.getLogger().addHandler(handler)
 
 
 def run_agent(options: AgentOptions, handover: Handover | None = None) -> int:
@@ -37,6 +63,7 @@ def run_agent(options: AgentOptions, handover: Handover | None = None) -> int:
             print(f"trueup: --plugin {reference}: {exc}", file=sys.stderr)
             return 1
     handover = handover or Handover()
+    _log_to_state_dir(options)
     agent = Agent(
         options.state_dir,
         config_path=str(options.config) if options.config else None,

@@ -29,6 +29,7 @@ from typing import Any
 
 from trueup.journal.atomic import StateFileError
 from trueup.journal.audit import now_iso
+from trueup.journal.limitations import accept_covered, active_limitations
 from trueup.journal.lock import lock_holder
 from trueup.journal.override import OVERRIDE_FILE, same_facts
 from trueup.journal.restore import restore_status
@@ -178,6 +179,8 @@ def build_status(
             differences = engine.differences(document, net, errors=unobservable)
             reports = _reports(engine, document, net)
             conditions = _conditions(engine, net, document)
+    limitations = active_limitations(state.root)
+    accepted = accept_covered(differences, limitations)
     fences = [fence.to_json() for fence in read_fences(state.root)]
     view = loop or LoopView()
     facts = ClassifierInput(
@@ -231,6 +234,7 @@ def build_status(
             "health": health.value,
             "reason": reason,
             "differences": [d.to_json() for d in diffs],
+            "accepted": accepted.get(sub.name, []),
             "policy": document.spec.convergence.policy_for(sub.name) if document else None,
         }
         entry.update(view.policies.get(sub.name, {}))
@@ -276,6 +280,7 @@ def build_status(
         "reason_codes": [f.model_dump(mode="json") for f in findings],
         "fences": fences,
         "restore": restore_status(state.root),
+        "limitations": limitations,
     }
     if loop is not None:
         status.update(loop.status_extra())
