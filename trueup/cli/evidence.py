@@ -139,10 +139,17 @@ def _snapshot(state_dir: Path) -> tuple[dict[str, Any], AgentPresence, Engine]:
 
 def _report(state_dir: Path) -> tuple[list[Any], dict[str, Any], AgentPresence]:
     from trueup.reconcile.doctor import run_checks
+    from trueup.startup.preflight import preflight
+    from trueup.subsystems.registry import default_subsystems
     from trueup.system.hostinfo import agent_log_lines
 
     status, presence, engine = _snapshot(state_dir)
     lines, where = agent_log_lines(state_dir, presence.pid)
+    blockers = [
+        (f.check, f.message)
+        for f in preflight(state_dir, default_subsystems(), agent_pid=presence.pid)
+        if f.severity == "blocker"
+    ]
     findings = run_checks(
         status,
         presence,
@@ -150,6 +157,7 @@ def _report(state_dir: Path) -> tuple[list[Any], dict[str, Any], AgentPresence]:
         log_source=where.get("source") or where.get("missing"),
         tampered=engine.state.tampered_revisions(),
         audit_problems=[str(p) for p in engine.state.audit.verify()],
+        blockers=blockers,
     )
     return findings, status, presence
 

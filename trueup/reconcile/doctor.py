@@ -39,6 +39,7 @@ WRITE_IN_PROGRESS = "WRITE_IN_PROGRESS"
 AUDIT_CHAIN_BROKEN = "AUDIT_CHAIN_BROKEN"
 STATE_FILES_EDITED = "STATE_FILES_EDITED"
 MANAGEMENT_NOT_READY = "MANAGEMENT_NOT_READY"
+STARTUP_BLOCKER = "STARTUP_BLOCKER"
 
 DOCTOR_ACTIONS: dict[str, str] = {
     AGENT_NOT_RUNNING: (
@@ -74,6 +75,10 @@ DOCTOR_ACTIONS: dict[str, str] = {
     STATE_FILES_EDITED: (
         "A stored revision no longer matches its digest: a state file was changed outside "
         "trueup. Keep it as evidence and apply the desired revision again."
+    ),
+    STARTUP_BLOCKER: (
+        "An agent could not start cleanly here (`trueup preflight` names the blocker: a damaged "
+        "state file, an unreadable document). Fix it before restarting or replacing the agent."
     ),
     MANAGEMENT_NOT_READY: (
         "The management interface lacks its addresses. Restore them (`trueup management set` "
@@ -161,6 +166,7 @@ def run_checks(
     log_source: str | None = None,
     tampered: list[str] | None = None,
     audit_problems: list[str] | None = None,
+    blockers: list[tuple[str, str]] | None = None,
     now: datetime | None = None,
 ) -> list[DoctorFinding]:
     """Every runbook check over one status document and what was read beside it."""
@@ -249,6 +255,8 @@ def run_checks(
     out.extend(_log_check(log_lines, log_source, now))
     if tampered:
         out.append(_fail("changes outside trueup", STATE_FILES_EDITED, "; ".join(tampered[:5])))
+    for check, message in blockers or []:
+        out.append(_fail(check, STARTUP_BLOCKER, message))
     if audit_problems:
         out.append(_fail("audit log", AUDIT_CHAIN_BROKEN, audit_problems[0]))
     elif audit_problems is not None:
