@@ -268,3 +268,14 @@ def test_evidence_without_an_agent_hashes_check_and_secrets_are_redacted(
     assert all(f["action"] for f in reasons["findings"])
     assert json.loads(files["versions.json"])["applied"] == 1
     assert json.loads(files["environment.json"])["kernel"]["release"]
+
+
+def test_evidence_without_an_agent_compares_with_the_control_plane_s_last_revision(
+    engine: Engine,
+) -> None:
+    write_json(engine.state.root / "control-plane.json", {"url": "https://cp", "version": 5})
+    files = _bundle(collect_evidence(engine, source="state directory"))
+    versions = json.loads(files["versions.json"])
+    assert versions["control_plane_last_fetched"] == 5 and versions["aligned"] is False
+    status = json.loads(files["status.json"])
+    assert "STATE_VERSION_SKEW" in {f["code"] for f in status["reason_codes"]}

@@ -60,7 +60,7 @@ from trueup.subsystems.registry import scope_for
 from trueup.system.hostinfo import agent_log_lines, daemon_versions, kernel, systemd_unit
 from trueup.system.secretstore import list_secrets, read_secret
 
-__all__ = ["REDACTED", "collect_evidence"]
+__all__ = ["REDACTED", "collect_evidence", "recorded_control_plane_version"]
 
 log = logging.getLogger("trueup.evidence")
 
@@ -205,10 +205,21 @@ def _concurrency(engine: Engine, status: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def recorded_control_plane_version(engine: Engine) -> int | None:
+    """The control plane's revision the agent last fetched (`control-plane.json`), if any."""
+    try:
+        record = read_json(engine.state.root / "control-plane.json", None)
+    except Exception:
+        return None
+    version = record.get("version") if isinstance(record, dict) else None
+    return version if isinstance(version, int) and not isinstance(version, bool) else None
+
+
 def _versions(engine: Engine, status: dict[str, Any]) -> dict[str, Any]:
     versions = status.get("versions", {})
     accepted = engine.state.revision_versions()
     return {
+        "control_plane_last_fetched": recorded_control_plane_version(engine),
         "applied": versions.get("applied"),
         "applied_digest": versions.get("applied_digest"),
         "desired": accepted[-1] if accepted else None,
@@ -263,7 +274,7 @@ def collect_evidence(
     agent_pid = int(holder["pid"]) if holder and holder.get("pid") else None
     if status is None:
         try:
-            status = gather(engine)
+            status = gather(engine, control_plane_version=recorded_control_plane_version(engine))
         except Exception as exc:
             bundle.missing["status.json"] = f"{type(exc).__name__}: {exc}"
             status = {}

@@ -133,7 +133,9 @@ def _snapshot(state_dir: Path) -> tuple[dict[str, Any], AgentPresence, Engine]:
             client = None
     presence = _presence(state_dir, client)
     if status is None:
-        status = gather(engine)
+        from trueup.backup.evidence import recorded_control_plane_version
+
+        status = gather(engine, control_plane_version=recorded_control_plane_version(engine))
     return status, presence, engine
 
 
