@@ -149,7 +149,7 @@ class _Bundle:
         try:
             make()
         except Exception as exc:
-            log.warning("evidence: %s not collected: %s", name, exc)
+            log.debug("evidence: %s not collected: %s", name, exc)
             self.missing[name] = f"{type(exc).__name__}: {exc}"
 
 

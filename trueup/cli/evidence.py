@@ -112,8 +112,23 @@ def evidence(
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
     typer.echo(f"wrote {out} ({len(data)} bytes) from the {source.split(',')[0]}")
-    if data is not None and source != "agent":
-        typer.echo(f"the agent's live view is missing: {why}")
+    for name, reason in _missing(data).items():
+        typer.echo(f"  missing {name}: {reason}")
+
+
+def _missing(data: bytes) -> dict[str, str]:
+    """The manifest's `missing` parts (what could not be collected, and why)."""
+    import io
+    import json
+    import tarfile
+
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            member = tar.extractfile("evidence/manifest.json")
+            manifest = json.loads(member.read()) if member is not None else {}
+    except (tarfile.TarError, KeyError, ValueError) as exc:
+        return {"manifest.json": f"unreadable: {exc}"}
+    return dict(manifest.get("missing") or {})
 
 
 # -- doctor ------------------------------------------------------------------------
