@@ -267,7 +267,8 @@ def _until_stable(state_dir: Path, window: float, limit: float) -> int:
             typer.echo(("\n" if tty else "") + f"stable: every stop condition held for {window:g}s")
             return 0
         if now - start >= limit:
-            typer.echo("" if not tty else "\n", nl=tty)
+            if tty:
+                typer.echo("")  # end the progress line
             typer.echo(f"not stable after {limit:g}s:", err=True)
             for name, (met, seen) in conditions.items():
                 typer.echo(f"  {'met    ' if met else 'NOT MET'} {name}: {seen}", err=True)
