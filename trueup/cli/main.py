@@ -70,8 +70,6 @@ app.add_typer(backup_app, name="backup")
 app.add_typer(restore_app, name="restore")
 app.add_typer(secret_app, name="secret")
 app.add_typer(limitation_app, name="limitation")
-app.command()(evidence)
-app.command()(doctor)
 
 StateDirOpt = Annotated[
     Path,
@@ -473,6 +471,9 @@ def ack(
     typer.echo(body.get("message", json.dumps(body)))
 
 
+app.command()(evidence)  # trueup.cli.evidence: works with the agent stopped or hung
+
+
 # -- audit -----------------------------------------------------------------------
 @audit_app.command("verify")
 def audit_verify(state_dir: StateDirOpt = DEFAULT_DIR) -> None:
@@ -572,6 +573,9 @@ def preflight(
             typer.echo(f"{f.severity.upper():<8} {f.check}: {f.message}")
         typer.echo(f"\n{len(blockers)} blocker(s)" if blockers else "\nready: no blockers")
     raise typer.Exit(1 if blockers else 0)
+
+
+app.command()(doctor)  # trueup.cli.evidence: the runbook's checks, --until-stable
 
 
 @agent_app.command("enroll")
