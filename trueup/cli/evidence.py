@@ -1,6 +1,6 @@
-"""`trueup evidence`, `trueup doctor` and `trueup limitation …` — the runbook from the console.
+"""`trueup evidence` and `trueup doctor` — the runbook from the console.
 
-All three work with the agent stopped or hung: they ask the agent first
+Both work with the agent stopped or hung: they ask the agent first
 (with a short timeout) and otherwise read the state directory directly.
 
 * `evidence --out FILE` — the bundle (`trueup.backup.evidence`); the
@@ -10,8 +10,6 @@ All three work with the agent stopped or hung: they ask the agent first
   `doctor --until-stable 5m` waits until the stop conditions (desired equals
   observed, versions aligned, no reconciliation error, an agent running) hold
   for the whole window; exit 0 then, 1 at `--timeout`, naming what is not met.
-* `limitation add|list|withdraw` — known limitations
-  (`trueup.journal.limitations`), through the agent's API when it answers.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ if TYPE_CHECKING:
     from trueup.reconcile.doctor import AgentPresence
     from trueup.reconcile.transaction import Engine
 
-__all__ = ["doctor", "evidence", "limitation_app"]
+__all__ = ["doctor", "evidence", "require_state_dir"]
 
 StateDirOpt = Annotated[
     Path,
@@ -41,18 +39,13 @@ DEFAULT_DIR = Path("/var/lib/trueup")
 EVIDENCE_TIMEOUT = 30.0  # the agent collects its bundle in a few seconds; a hung one gets this
 STATUS_TIMEOUT = 15.0
 
-limitation_app = typer.Typer(
-    help="Known limitations: permanent, reviewed records of accepted differences.",
-    no_args_is_help=True,
-)
-
 
 def _fail(message: str, code: int = 1) -> NoReturn:
     typer.echo(f"trueup: {message}", err=True)
     raise typer.Exit(code)
 
 
-def _require_state_dir(state_dir: Path) -> None:
+def require_state_dir(state_dir: Path) -> None:
     if not (state_dir / "state.json").exists() and not (state_dir / "applied.json").exists():
         _fail(
             f"{state_dir} is not a trueup state directory (no state.json); "
@@ -83,7 +76,7 @@ def evidence(
     state_dir: StateDirOpt = DEFAULT_DIR,
 ) -> None:
     """Collect the runbook's evidence bundle; works with the agent stopped or hung."""
-    _require_state_dir(state_dir)
+    require_state_dir(state_dir)
     data: bytes | None = None
     why: str
     client = AgentClient.connect(state_dir)
@@ -214,7 +207,7 @@ def doctor(
     """
     from trueup.cli.fast import duration_seconds
 
-    _require_state_dir(state_dir)
+    require_state_dir(state_dir)
     if until_stable is not None:
         window = duration_seconds(until_stable)
         if window is None:
@@ -274,127 +267,3 @@ def _until_stable(state_dir: Path, window: float, limit: float) -> int:
                 typer.echo(f"  {'met    ' if met else 'NOT MET'} {name}: {seen}", err=True)
             return 1
         time.sleep(poll)
-
-
-# -- limitations -------------------------------------------------------------------
-def _actor() -> str:
-    return f"cli:{os.getuid()}"
-
-
-def _agent_or_none(state_dir: Path) -> AgentClient | None:
-    _require_state_dir(state_dir)
-    return AgentClient.connect(state_dir)
-
-
-def _body(response: Any) -> dict[str, Any]:
-    try:
-        body = response.json()
-    except ValueError:
-        _fail(f"agent answered {response.status_code}: {response.text[:200]}")
-    if response.status_code >= 400:
-        _fail(str(body.get("detail") or body.get("message") or body))
-    return dict(body)
-
-
-@limitation_app.command("add")
-def limitation_add(
-    subsystem: str,
-    path: Annotated[str, typer.Argument(help="difference path (exact, prefix or glob)")],
-    reason: Annotated[str, typer.Option(help="why the difference is accepted")],
-    reviewed_by: Annotated[str, typer.Option("--reviewed-by", help="who reviewed it")],
-    ticket: Annotated[str | None, typer.Option(help="the change or problem ticket")] = None,
-    state_dir: StateDirOpt = DEFAULT_DIR,
-) -> None:
-    """Record a permanent, reviewed accepted difference (audited; never expires)."""
-    client = _agent_or_none(state_dir)
-    body = {
-        "subsystem": subsystem,
-        "path": path,
-        "reason": reason,
-        "reviewed_by": reviewed_by,
-        "ticket": ticket,
-        "actor": _actor(),
-    }
-    if client is not None:
-        record = _body(client.request("POST", "/v1/limitations", json=body))
-    else:
-        from trueup.journal.limitations import LimitationError, add_limitation
-        from trueup.subsystems.registry import default_subsystems
-
-        try:
-            record = add_limitation(
-                state_dir,
-                subsystem,
-                path,
-                reason=reason,
-                reviewed_by=reviewed_by,
-                ticket=ticket,
-                actor=_actor(),
-                known_subsystems=[s.name for s in default_subsystems()],
-            )
-        except LimitationError as exc:
-            _fail(str(exc))
-    typer.echo(
-        f"{record['id']}: {record['subsystem']} {record['path']} accepted (known limitation)"
-    )
-
-
-@limitation_app.command("list")
-def limitation_list(
-    state_dir: StateDirOpt = DEFAULT_DIR,
-    all_: Annotated[bool, typer.Option("--all", help="include withdrawn ones")] = False,
-    output: OutputOpt = "table",
-) -> None:
-    """List known limitations (in force; `--all` also the withdrawn)."""
-    from trueup.journal.limitations import list_limitations
-
-    _require_state_dir(state_dir)
-    records = list_limitations(state_dir, include_withdrawn=all_)
-    if output != "table":
-        from trueup.cli.output import emit
-
-        emit({"limitations": records}, output)
-        return
-    if not records:
-        typer.echo("no known limitations")
-        return
-    typer.echo(f"{'ID':<5} {'SUBSYSTEM':<12} {'PATH':<36} {'REVIEWED BY':<14} {'ADDED':<21} REASON")
-    for r in records:
-        state = (
-            f" [withdrawn {r['withdrawn_at']}: {r['withdraw_reason']}]"
-            if r.get("withdrawn_at")
-            else ""
-        )
-        ticket = f" ({r['ticket']})" if r.get("ticket") else ""
-        typer.echo(
-            f"{r['id']:<5} {r['subsystem']:<12} {r['path']:<36} {r['reviewed_by']:<14} "
-            f"{r['added_at']:<21} {r['reason']}{ticket}{state}"
-        )
-
-
-@limitation_app.command("withdraw")
-def limitation_withdraw(
-    limitation_id: Annotated[str, typer.Argument(metavar="ID")],
-    reason: Annotated[str, typer.Option(help="why it no longer applies")],
-    state_dir: StateDirOpt = DEFAULT_DIR,
-) -> None:
-    """Withdraw a known limitation: its differences count as drift again (audited)."""
-    client = _agent_or_none(state_dir)
-    if client is not None:
-        record = _body(
-            client.request(
-                "POST",
-                f"/v1/limitations/{limitation_id}/withdraw",
-                json={"reason": reason, "actor": _actor()},
-            )
-        )
-    else:
-        from trueup.journal.limitations import LimitationError, withdraw_limitation
-
-        try:
-            record = withdraw_limitation(state_dir, limitation_id, reason=reason, actor=_actor())
-        except LimitationError as exc:
-            _fail(str(exc))
-        except KeyError:
-            _fail(f"unknown limitation {limitation_id!r} (see `trueup limitation list --all`)")
-    typer.echo(f"{record['id']}: withdrawn at {record['withdrawn_at']}")

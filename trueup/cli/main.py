@@ -25,8 +25,9 @@ import typer
 from trueup.agent.client import AgentClient, AgentUnavailable
 from trueup.cli.backup import backup_app, restore_app
 from trueup.cli.dhcp import dhcp_app
-from trueup.cli.evidence import doctor, evidence, limitation_app
+from trueup.cli.evidence import doctor, evidence
 from trueup.cli.fast import DEFAULT_STATE_DIR, duration_seconds
+from trueup.cli.limitation import limitation_app
 from trueup.cli.management import management_app
 from trueup.cli.output import (
     api_result,
