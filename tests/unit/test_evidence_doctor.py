@@ -28,7 +28,9 @@ from trueup.reconcile.healing import Governor, HealingOptions
 from trueup.reconcile.status import build_status, gather
 from trueup.reconcile.transaction import Change, Engine, Refused
 from trueup.reconcile.view import LoopActivity, build_view
-from trueup.system.fake import FakeNetlink
+from trueup.system.fake import FakeNetlink, FakeRunner
+from trueup.system.hostinfo import agent_log_lines, unit_of_cgroup
+from trueup.system.runner import Completed
 from trueup.system.secretstore import write_secret
 
 RUNNING = AgentPresence(running=True, answering=True, pid=4242)
@@ -279,3 +281,24 @@ def test_evidence_without_an_agent_compares_with_the_control_plane_s_last_revisi
     assert versions["control_plane_last_fetched"] == 5 and versions["aligned"] is False
     status = json.loads(files["status.json"])
     assert "STATE_VERSION_SKEW" in {f["code"] for f in status["reason_codes"]}
+
+
+# -- the agent's log ----------------------------------------------------------------------
+def test_the_log_comes_from_journald_under_systemd_else_from_the_state_directory(
+    tmp_path: Path,
+) -> None:
+    assert unit_of_cgroup("0::/system.slice/trueup-agent.service\n") == "trueup-agent.service"
+    assert unit_of_cgroup("0::/user.slice/user-0.slice/session-3.scope\n") is None
+    argv = ("journalctl", "-u", "trueup-agent.service", "-n", "2", "--no-pager", "-o", "short-iso")
+    runner = FakeRunner({argv: Completed(argv, 0, "a\nb\nc\n", "")})
+    lines, where = agent_log_lines(tmp_path, None, 2, runner, unit="trueup-agent.service")
+    assert lines == ["b", "c"] and where["source"] == "journald unit trueup-agent.service"
+    (tmp_path / "agent.log.1").write_text("old-1\nold-2\n")
+    (tmp_path / "agent.log").write_text("new-1\n")
+    empty = FakeRunner()  # journald has nothing: the file is the fallback
+    lines, where = agent_log_lines(tmp_path, None, 2, empty, unit="trueup-agent.service")
+    assert lines == ["old-2", "new-1"] and where["source"] == str(tmp_path / "agent.log")
+    (tmp_path / "agent.log").unlink()
+    (tmp_path / "agent.log.1").unlink()
+    lines, where = agent_log_lines(tmp_path, None, 2, empty)
+    assert lines == [] and "does not exist" in where["missing"]

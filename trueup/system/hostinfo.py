@@ -20,7 +20,14 @@ from typing import Any
 
 from trueup.system.runner import Runner, SubprocessRunner
 
-__all__ = ["AGENT_LOG", "agent_log_lines", "daemon_versions", "kernel", "systemd_unit"]
+__all__ = [
+    "AGENT_LOG",
+    "agent_log_lines",
+    "daemon_versions",
+    "kernel",
+    "systemd_unit",
+    "unit_of_cgroup",
+]
 
 AGENT_LOG = "agent.log"
 _PROBE_TIMEOUT = 3.0
@@ -51,16 +58,20 @@ def daemon_versions(runner: Runner | None = None) -> dict[str, str | None]:
     return out
 
 
+def unit_of_cgroup(cgroup: str) -> str | None:
+    """The `.service` a `/proc/PID/cgroup` text names (the innermost), or None."""
+    found = re.findall(r"/([^/\s]+\.service)(?:/|$)", cgroup, re.MULTILINE)
+    return found[-1] if found else None
+
+
 def systemd_unit(pid: int | None) -> str | None:
     """The systemd service the process runs under, from its cgroup; None when not one."""
     if not pid:
         return None
     try:
-        cgroup = Path(f"/proc/{pid}/cgroup").read_text()
+        return unit_of_cgroup(Path(f"/proc/{pid}/cgroup").read_text())
     except OSError:
         return None
-    found = re.findall(r"/([^/\s]+\.service)(?:/|$)", cgroup, re.MULTILINE)
-    return found[-1] if found else None
 
 
 def _tail(path: Path, lines: int) -> list[str]:
@@ -69,10 +80,17 @@ def _tail(path: Path, lines: int) -> list[str]:
 
 
 def agent_log_lines(
-    state_dir: Path, pid: int | None, lines: int = 200, runner: Runner | None = None
+    state_dir: Path,
+    pid: int | None,
+    lines: int = 200,
+    runner: Runner | None = None,
+    unit: str | None = None,
 ) -> tuple[list[str], dict[str, Any]]:
-    """The last `lines` lines of the agent's log and where they came from (`source`, `missing`)."""
-    unit = systemd_unit(pid)
+    """The last `lines` lines of the agent's log and where they came from (`source`, `missing`).
+
+    `unit`: the agent's systemd service; found from `pid`'s cgroup when not given.
+    """
+    unit = unit or systemd_unit(pid)
     tried: list[str] = []
     if unit is not None:
         done = (runner or SubprocessRunner()).run(
