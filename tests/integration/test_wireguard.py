@@ -177,8 +177,8 @@ def _heals(router: Router) -> list[dict[str, Any]]:
 def test_two_routers_tunnel_heal_a_removed_peer_and_never_show_a_key(pair: Pair) -> None:
     a, b = pair.a, pair.b
     doc_a, doc_b = pair.documents()
-    a.state_dir.mkdir(parents=True)
-    b.state_dir.mkdir(parents=True)
+    a.state_dir.mkdir(parents=True, exist_ok=True)
+    b.state_dir.mkdir(parents=True, exist_ok=True)
     # A is configured before its key is stored: WireGuard fails alone, saying where to put it.
     a.start_agent("--config", str(a.write("a.yaml", doc_a)))
     services = a.api("/v1/health/services")["subsystems"]

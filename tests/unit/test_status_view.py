@@ -33,6 +33,7 @@ STATUS_KEYS = [
     "reason_codes",
     "fences",
     "restore",
+    "limitations",
 ]
 
 

@@ -1,7 +1,7 @@
 """The agent API: the same routes on the unix socket and on the management port.
 
 Nothing here is gated by service health (promise 1): status, drift, apply,
-rollback, reconcile, evidence and restore (`/v1/restore`, `/v1/restore/analyze`,
+rollback, reconcile, evidence, limitations and restore (`/v1/restore`, `/v1/restore/analyze`,
 `/v1/restore/apply`) are always served. The management
 port requires a bearer token (stored hashed in the state directory); the unix
 socket is protected by its file mode (0600, root).
@@ -18,6 +18,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from trueup.agent.restoring import restore_analyze, restore_apply, restore_status
 from trueup.backup.restore import RestoreRefused
 from trueup.journal.atomic import StateFileError
+from trueup.journal.limitations import (
+    LimitationError,
+    add_limitation,
+    list_limitations,
+    withdraw_limitation,
+)
 from trueup.model.digests import token_hash
 from trueup.model.document import DeviceState, DocumentError, parse_document
 from trueup.model.reasons import ReasonCode
@@ -211,6 +217,42 @@ def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
             return JSONResponse(content=agent.clear_acknowledgement(subsystem))
         except KeyError as exc:
             raise HTTPException(404, f"unknown subsystem {exc.args[0]!r}") from None
+
+    @app.get("/v1/limitations")
+    def limitations(all: bool = False) -> dict[str, Any]:
+        return {"limitations": list_limitations(agent.state.root, include_withdrawn=all)}
+
+    @app.post("/v1/limitations")
+    def limitation_add(body: dict[str, Any] = Body(...)) -> JSONResponse:
+        try:
+            record = add_limitation(
+                agent.state.root,
+                str(body.get("subsystem") or ""),
+                str(body.get("path") or ""),
+                reason=str(body.get("reason") or ""),
+                reviewed_by=str(body.get("reviewed_by") or ""),
+                ticket=body.get("ticket"),
+                actor=str(body.get("actor") or "api"),
+                known_subsystems=list(agent.engine.by_name),
+            )
+        except LimitationError as exc:
+            raise HTTPException(422, str(exc)) from None
+        return JSONResponse(status_code=201, content=record)
+
+    @app.post("/v1/limitations/{limitation_id}/withdraw")
+    def limitation_withdraw(limitation_id: str, body: dict[str, Any] = Body(...)) -> JSONResponse:
+        try:
+            record = withdraw_limitation(
+                agent.state.root,
+                limitation_id,
+                reason=str(body.get("reason") or ""),
+                actor=str(body.get("actor") or "api"),
+            )
+        except LimitationError as exc:
+            raise HTTPException(422, str(exc)) from None
+        except KeyError:
+            raise HTTPException(404, f"unknown limitation {limitation_id!r}") from None
+        return JSONResponse(content=record)
 
     @app.get("/v1/evidence")
     def evidence() -> Response:

@@ -346,6 +346,18 @@ def report_from_status(status: dict[str, Any]) -> dict[str, Any]:
         "diff_summary": {
             "paths": sorted(str(d.get("path")) for diffs in differences.values() for d in diffs),
             "subsystems": {name: len(diffs) for name, diffs in differences.items()},
+            # Known limitations and the differences they cover (accepted, not drift).
+            "accepted": sorted(
+                str(d.get("path")) for sub in subsystems.values() for d in sub.get("accepted", [])
+            ),
+            "limitations": [
+                {
+                    k: item.get(k)
+                    for k in ("id", "subsystem", "path", "reason", "reviewed_by", "ticket")
+                }
+                for item in status.get("limitations", [])
+                if isinstance(item, dict)
+            ],
         },
         "subsystems": {name: _subsystem_report(sub) for name, sub in subsystems.items()},
         "reason_codes": sorted({f["code"] for f in findings if isinstance(f, dict)}),

@@ -7,19 +7,67 @@ typer `agent run` command when the console entry was bypassed (no handover).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+import time
+from pathlib import Path
 
 from trueup.agent.fastboot import AgentOptions, Handover
 from trueup.agent.process import Agent
 from trueup.agent.wiring import wire
 from trueup.subsystems.base import Subsystem
 from trueup.subsystems.registry import default_subsystems, load_plugin, ordered
+from trueup.system.hostinfo import AGENT_LOG
 
 __all__ = ["run_agent"]
 
 log = logging.getLogger("trueup.agent")
+
+
+class _AppendHandler(logging.Handler):
+    """Appends each record to a file it opens and closes every time.
+
+    The agent holds no file in the state directory open between records: a
+    state directory on its own filesystem can still be remounted (read-only,
+    resized) under a running agent. At `max_bytes` the file moves to `NAME.1`.
+    A write that fails (full, read-only) loses the line, never the agent.
+    """
+
+    def __init__(self, path: Path, max_bytes: int = 5 * 1024 * 1024) -> None:
+        super().__init__()
+        self.path = path
+        self.max_bytes = max_bytes
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record) + "\n"
+            with contextlib.suppress(FileNotFoundError):
+                if self.path.stat().st_size > self.max_bytes:
+                    os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, line.encode("utf-8", "replace"))
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # the log file is a convenience; stderr (journald) still has the line
+
+
+def _log_to_state_dir(options: AgentOptions) -> None:
+    """Also write the log to `STATE_DIR/agent.log` (moved to `agent.log.1` at 5 MB).
+
+    Evidence and doctor read its last lines when the agent does not run under
+    systemd (journald has them otherwise).
+    """
+    handler = _AppendHandler(Path(options.state_dir) / AGENT_LOG)
+    formatter = logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%Y-%m-%dT%H:%M:%SZ"
+    )
+    formatter.converter = time.gmtime
+    handler.setFormatter(formatter)
+    logging.getLogger().addHandler(handler)
 
 
 def run_agent(options: AgentOptions, handover: Handover | None = None) -> int:
@@ -37,6 +85,7 @@ def run_agent(options: AgentOptions, handover: Handover | None = None) -> int:
             print(f"trueup: --plugin {reference}: {exc}", file=sys.stderr)
             return 1
     handover = handover or Handover()
+    _log_to_state_dir(options)
     agent = Agent(
         options.state_dir,
         config_path=str(options.config) if options.config else None,

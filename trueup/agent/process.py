@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
-import json
 import logging
 import os
 import secrets
 import signal
 import socket
 import sys
-import tarfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +31,7 @@ from trueup.agent.api import create_app, hash_token, token_matches
 from trueup.agent.early import bind_tcp, bind_unix, listener_key
 from trueup.agent.metrics import AgentMetrics
 from trueup.agent.restoring import restore_resume
+from trueup.backup.evidence import collect_evidence
 from trueup.journal.agentlock import AgentLock, AgentRunning, take_agent_lock
 from trueup.journal.atomic import StateFileError
 from trueup.journal.audit import now_iso
@@ -413,41 +410,10 @@ class Agent:
         return dict(self.loop.clear_acknowledgement(subsystem, actor="api"))
 
     def evidence(self) -> bytes:
-        """A tar.gz of what the runbook asks for: status, drift, journal, audit, revisions."""
-        status = self.status()
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-
-            def add_bytes(name: str, data: bytes) -> None:
-                info = tarfile.TarInfo(name)
-                info.size, info.mtime, info.mode = len(data), int(time.time()), 0o600
-                tar.addfile(info, io.BytesIO(data))
-
-            add_bytes("evidence/status.json", json.dumps(status, indent=2).encode())
-            add_bytes("evidence/drift.json", json.dumps(drift_report(status), indent=2).encode())
-            for name in (
-                "journal.jsonl",
-                "audit.jsonl",
-                "audit.head",
-                "audit.torn",
-                "applied.json",
-                "reconcile.json",
-                "state.json",
-                "config.json",
-                "pending-confirm.json",
-                "control-plane.json",
-                "management.json",
-                "management-override.json",
-                "restore/restore.json",
-                "fences/dhcp.json",
-            ):
-                path = self.state.root / name
-                if path.exists():
-                    tar.add(path, arcname=f"evidence/state/{name}")
-            for version in self.state.revision_versions()[-5:]:
-                path = self.state.root / "revisions" / f"{version:08d}.json"
-                tar.add(path, arcname=f"evidence/state/revisions/{path.name}")
-        return buffer.getvalue()
+        """The runbook's evidence bundle (`trueup.backup.evidence`), with the live status."""
+        return collect_evidence(
+            self.engine, status=self.status(), source=f"agent pid {os.getpid()} (live)"
+        )
 
     def metrics(self) -> str:
         """`/metrics`: Prometheus text, from the status and the loop as they are now."""

@@ -13,9 +13,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["is_reference", "secrets_in_clear"]
+__all__ = ["is_reference", "is_secret_key", "secrets_in_clear"]
 
 _SECRET_KEY = re.compile(r"(secret|password|passphrase|private[_-]?key|psk|token)", re.IGNORECASE)
+
+
+def is_secret_key(key: object) -> bool:
+    """A key whose name says its value is secret (`private_key`, `token`, `psk`, …)."""
+    return key != "secret_ref" and bool(_SECRET_KEY.search(str(key)))
 
 
 def is_reference(value: Any) -> bool:

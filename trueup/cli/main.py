@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -26,8 +25,10 @@ import typer
 from trueup.agent.client import AgentClient, AgentUnavailable
 from trueup.cli.backup import backup_app, restore_app
 from trueup.cli.dhcp import dhcp_app
+from trueup.cli.evidence import doctor, evidence
 from trueup.cli.fast import DEFAULT_STATE_DIR, duration_seconds, missing_state_dir
 from trueup.cli.fleet import fleet_app
+from trueup.cli.limitation import limitation_app
 from trueup.cli.management import management_app
 from trueup.cli.output import (
     api_result,
@@ -35,7 +36,6 @@ from trueup.cli.output import (
     print_drift,
     print_plan,
     print_status,
-    render_findings,
 )
 from trueup.cli.secret import secret_app
 from trueup.cli.server import server_app
@@ -71,6 +71,7 @@ app.add_typer(dhcp_app, name="dhcp")
 app.add_typer(backup_app, name="backup")
 app.add_typer(restore_app, name="restore")
 app.add_typer(secret_app, name="secret")
+app.add_typer(limitation_app, name="limitation")
 
 _DEBUG = {"on": False}
 
@@ -577,18 +578,7 @@ def ack(
     typer.echo(body.get("message", json.dumps(body)))
 
 
-@app.command()
-def evidence(
-    out: Annotated[Path, typer.Option("--out", help="where to write the tar.gz")],
-    state_dir: StateDirOpt = DEFAULT_DIR,
-) -> None:
-    """Collect the runbook's evidence bundle (status, drift, journal, audit, revisions)."""
-    client = _agent(state_dir)
-    if client is None:
-        _fail(f"no agent answers on {state_dir / 'agent.sock'}")
-    response = client.request("GET", "/v1/evidence")
-    out.write_bytes(response.content)
-    typer.echo(f"wrote {out} ({len(response.content)} bytes)")
+app.command()(evidence)  # trueup.cli.evidence: works with the agent stopped or hung
 
 
 # -- audit -----------------------------------------------------------------------
@@ -693,70 +683,7 @@ def preflight(
     raise typer.Exit(1 if blockers else 0)
 
 
-@app.command()
-def doctor(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") -> None:
-    """Run the runbook's safe checks; print findings, reason codes and corrective actions."""
-    from trueup.journal.state import StateDir
-    from trueup.startup.preflight import preflight as run_preflight
-    from trueup.subsystems.registry import default_subsystems
-
-    checks: list[dict[str, Any]] = []
-
-    def check(name: str, ok: bool, message: str) -> None:
-        checks.append({"check": name, "ok": ok, "message": message})
-
-    current = _status(state_dir)
-    versions = current["versions"]
-    check(
-        "versions",
-        not versions.get("control_plane") or versions["control_plane"] == versions["applied"],
-        f"applied {versions['applied']}, control plane {versions.get('control_plane') or '-'}",
-    )
-    check(
-        "management",
-        bool(current["management"]["ready"]),
-        "management ready"
-        if current["management"]["ready"]
-        else f"management NOT ready: missing {current['management'].get('missing_addresses')}",
-    )
-    diffs = [d for s in current["subsystems"].values() for d in s.get("differences", [])]
-    check("desired vs observed", not diffs, f"{len(diffs)} differing path(s)")
-    writer = current.get("journal", {}).get("writer")
-    check(
-        "concurrent operations",
-        not writer,
-        f"writer lock held by {writer}" if writer else "no write in progress",
-    )
-    problems = StateDir(state_dir).audit.verify()
-    check("audit log", not problems, str(problems[0]) if problems else "hash chain intact")
-    agent_pid = current.get("agent", {}).get("pid")
-    for finding in run_preflight(state_dir, default_subsystems(), agent_pid=agent_pid):
-        if finding.severity == "blocker":
-            check(finding.check, False, finding.message)
-    heartbeat = current.get("control_plane", {})
-    if heartbeat:
-        last = heartbeat.get("last_report_at")
-        when = (
-            datetime.fromtimestamp(float(last), UTC).isoformat(timespec="seconds")
-            if last
-            else "never"
-        )
-        check(
-            "control plane",
-            bool(heartbeat.get("connected")),
-            f"{heartbeat.get('url')}: last report {when}"
-            + (f"; {heartbeat['last_error']}" if heartbeat.get("last_error") else ""),
-        )
-    report = {"checks": checks, "reason_codes": current["reason_codes"]}
-    if output != "table":
-        emit(report, output)
-    else:
-        for c in checks:
-            typer.echo(f"{'ok  ' if c['ok'] else 'FAIL'} {c['check']}: {c['message']}")
-        typer.echo("")
-        typer.echo("reason codes:" if current["reason_codes"] else "reason codes: none")
-        typer.echo("\n".join(render_findings(current["reason_codes"])))
-    raise typer.Exit(0 if all(c["ok"] for c in checks) and not current["reason_codes"] else 1)
+app.command()(doctor)  # trueup.cli.evidence: the runbook's checks, --until-stable
 
 
 @agent_app.command("enroll")

@@ -3,6 +3,12 @@
 Standard library only (yaml is imported when yaml output is asked for): the
 typer commands in `trueup.cli.main` and the fast path in `trueup.cli.fast`
 print through the same functions, so both render the same bytes.
+
+Why this module is over 400 lines: the status table is one reading of the
+whole status document (versions, management, subsystems, drift with its
+attribution, healing, acknowledgements, limitations, confirmations), and the
+fast path imports this one module with the standard library only; split, the
+fast CLI would pay for a second import on every call.
 """
 
 from __future__ import annotations
@@ -230,6 +236,27 @@ def render_findings(findings: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def render_limitations(status: dict[str, Any]) -> list[str]:
+    """Known limitations in force and the differences they cover (accepted, not drift)."""
+    limitations = status.get("limitations") or []
+    if not limitations:
+        return []
+    covered: dict[str, list[str]] = {}
+    for sub in status.get("subsystems", {}).values():
+        for diff in sub.get("accepted", []):
+            covered.setdefault(str(diff.get("limitation")), []).append(str(diff.get("path")))
+    lines = ["", "known limitations (accepted differences, not drift):"]
+    for item in limitations:
+        paths = covered.get(str(item.get("id")), [])
+        lines.append(
+            f"  {item.get('id')} [{item.get('subsystem')}] {item.get('path')}: "
+            f"{item.get('reason')} (reviewed by {item.get('reviewed_by')}"
+            + (f", {item['ticket']}" if item.get("ticket") else "")
+            + f"; {len(paths)} accepted difference(s) now)"
+        )
+    return lines
+
+
 def render_status(status: dict[str, Any]) -> str:
     versions = status["versions"]
     mgmt = status["management"]
@@ -308,6 +335,7 @@ def render_status(status: dict[str, Any]) -> str:
             + (f"\n  problem:   {restore['problem']}" if restore.get("problem") else "")
             + f"\n  next:      {restore.get('next')}"
         )
+    lines.extend(render_limitations(status))
     findings = status.get("reason_codes", [])
     lines.append("")
     lines.append("reason codes:" if findings else "reason codes: none")

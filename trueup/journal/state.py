@@ -12,6 +12,8 @@ STATE_DIR/
   reconcile.json      reconcile history: breaker, back-off, failures
   lock                one writer at a time
   agent.sock          the agent's local API
+  agent.log           the agent's log (also agent.log.1), read by evidence and doctor
+  limitations.json    known limitations (trueup.journal.limitations)
 ```
 Every file is written atomically. `digest` fields let `doctor` detect edits
 made behind the agent's back.

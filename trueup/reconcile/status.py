@@ -17,6 +17,12 @@ control_plane{…}                            (when a control plane manages the 
 Facts come from the state directory and the system; the reason codes from
 `classify()`; the loop's healing state from its view
 (`trueup.reconcile.view.LoopView`); the rest from the agent's typed inputs.
+
+Why this module is over 400 lines: the document's shape is defined in this
+one place on purpose (agent, CLI without an agent, the control-plane report
+and evidence all read it), and each section — accepted differences under a
+known limitation, pending confirmations, refused writes — is built next to
+the others so that none can drift from the shape above.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Any
 from trueup.journal.atomic import StateFileError
 from trueup.journal.audit import now_iso
 from trueup.journal.confirm import read_pending
+from trueup.journal.limitations import accept_covered, active_limitations
 from trueup.journal.lock import lock_holder
 from trueup.journal.override import OVERRIDE_FILE, same_facts
 from trueup.journal.restore import restore_status
@@ -194,6 +201,8 @@ def build_status(
             differences = engine.differences(document, net, errors=unobservable)
             reports = _reports(engine, document, net)
             conditions = _conditions(engine, net, document)
+    limitations = active_limitations(state.root)
+    accepted = accept_covered(differences, limitations)
     fences = [fence.to_json() for fence in read_fences(state.root)]
     view = loop or LoopView()
     facts = ClassifierInput(
@@ -249,6 +258,7 @@ def build_status(
             "health": health.value,
             "reason": reason,
             "differences": [d.to_json() for d in diffs],
+            "accepted": accepted.get(sub.name, []),
             "policy": document.spec.convergence.policy_for(sub.name) if document else None,
         }
         entry.update(view.policies.get(sub.name, {}))
@@ -294,6 +304,7 @@ def build_status(
         "reason_codes": [f.model_dump(mode="json") for f in findings],
         "fences": fences,
         "restore": restore_status(state.root),
+        "limitations": limitations,
     }
     if loop is not None:
         status.update(loop.status_extra())

@@ -1,0 +1,275 @@
+"""`trueup evidence` and `trueup doctor` — the runbook from the console.
+
+Both work with the agent stopped or hung: they ask the agent first
+(with a short timeout) and otherwise read the state directory directly.
+
+* `evidence --out FILE` — the bundle (`trueup.backup.evidence`); the
+  manifest says where it came from and which parts are missing and why.
+* `doctor` — every safe check of the runbook, each finding with its code and
+  corrective action; exit 1 when any fails, including when no agent runs.
+  `doctor --until-stable 5m` waits until the stop conditions (desired equals
+  observed, versions aligned, no reconciliation error, an agent running) hold
+  for the whole window; exit 0 then, 1 at `--timeout`, naming what is not met.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+
+from trueup.agent.client import AgentClient, AgentUnavailable
+
+if TYPE_CHECKING:
+    from trueup.reconcile.doctor import AgentPresence
+    from trueup.reconcile.transaction import Engine
+
+__all__ = ["doctor", "evidence", "require_state_dir"]
+
+StateDirOpt = Annotated[
+    Path,
+    typer.Option("--state-dir", envvar="TRUEUP_STATE_DIR", help="The agent's state directory."),
+]
+OutputOpt = Annotated[str, typer.Option("-o", "--output", help="json | yaml | table")]
+DEFAULT_DIR = Path("/var/lib/trueup")
+EVIDENCE_TIMEOUT = 30.0  # the agent collects its bundle in a few seconds; a hung one gets this
+STATUS_TIMEOUT = 15.0
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    typer.echo(f"trueup: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def require_state_dir(state_dir: Path) -> None:
+    from trueup.cli.fast import missing_state_dir
+
+    missing = missing_state_dir(str(state_dir))
+    if missing is not None:
+        typer.echo(missing, err=True)
+        raise typer.Exit(1)
+    if not (state_dir / "state.json").exists() and not (state_dir / "applied.json").exists():
+        _fail(
+            f"{state_dir} is not a trueup state directory (no state.json); "
+            "pass --state-dir (or TRUEUP_STATE_DIR) of the agent"
+        )
+
+
+def _engine(state_dir: Path) -> Engine:
+    import trueup.subsystems.registry  # noqa: F401  (registers the document's sections)
+    from trueup.journal.state import StateDir
+    from trueup.reconcile.transaction import Engine
+
+    return Engine(StateDir(state_dir))
+
+
+def _presence(state_dir: Path, client: AgentClient | None) -> AgentPresence:
+    from trueup.journal.agentlock import agent_holder
+    from trueup.reconcile.doctor import AgentPresence
+
+    holder = agent_holder(state_dir)
+    pid = int(holder["pid"]) if holder and holder.get("pid") else None
+    return AgentPresence(running=pid is not None, answering=client is not None, pid=pid)
+
+
+# -- evidence ----------------------------------------------------------------------
+def evidence(
+    out: Annotated[Path, typer.Option("--out", help="where to write the tar.gz (0600)")],
+    state_dir: StateDirOpt = DEFAULT_DIR,
+) -> None:
+    """Collect the runbook's evidence bundle; works with the agent stopped or hung."""
+    require_state_dir(state_dir)
+    data: bytes | None = None
+    why: str
+    client = AgentClient.connect(state_dir)
+    if client is None:
+        why = f"no agent answered on {state_dir / 'agent.sock'} within its health timeout"
+    else:
+        client.timeout = EVIDENCE_TIMEOUT
+        try:
+            response = client.request("GET", "/v1/evidence")
+            if response.status_code == 200:
+                data = response.content
+            why = f"the agent answered {response.status_code}: {response.text[:200]}"
+        except AgentUnavailable as exc:
+            why = f"the agent stopped answering: {exc.reason}"
+    source = "agent"
+    if data is None:
+        from trueup.backup.evidence import collect_evidence
+
+        source = f"state directory {state_dir}, read by `trueup evidence` ({why})"
+        data = collect_evidence(
+            _engine(state_dir),
+            source=source,
+            missing={"live agent view": why},
+        )
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    typer.echo(f"wrote {out} ({len(data)} bytes) from the {source.split(',')[0]}")
+    for name, reason in _missing(data).items():
+        typer.echo(f"  missing {name}: {reason}")
+
+
+def _missing(data: bytes) -> dict[str, str]:
+    """The manifest's `missing` parts (what could not be collected, and why)."""
+    import io
+    import json
+    import tarfile
+
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            member = tar.extractfile("evidence/manifest.json")
+            manifest = json.loads(member.read()) if member is not None else {}
+    except (tarfile.TarError, KeyError, ValueError) as exc:
+        return {"manifest.json": f"unreadable: {exc}"}
+    return dict(manifest.get("missing") or {})
+
+
+# -- doctor ------------------------------------------------------------------------
+def _snapshot(state_dir: Path) -> tuple[dict[str, Any], AgentPresence, Engine]:
+    from trueup.reconcile.status import gather
+
+    client = AgentClient.connect(state_dir)
+    engine = _engine(state_dir)
+    status: dict[str, Any] | None = None
+    if client is not None:
+        client.timeout = STATUS_TIMEOUT
+        try:
+            response = client.request("GET", "/v1/status")
+            if response.status_code == 200:
+                status = dict(response.json())
+        except (AgentUnavailable, ValueError):
+            client = None
+    presence = _presence(state_dir, client)
+    if status is None:
+        from trueup.backup.evidence import recorded_control_plane_version
+
+        status = gather(engine, control_plane_version=recorded_control_plane_version(engine))
+    return status, presence, engine
+
+
+def _report(state_dir: Path) -> tuple[list[Any], dict[str, Any], AgentPresence]:
+    from trueup.reconcile.doctor import run_checks
+    from trueup.startup.preflight import preflight
+    from trueup.subsystems.registry import default_subsystems
+    from trueup.system.hostinfo import agent_log_lines
+
+    status, presence, engine = _snapshot(state_dir)
+    lines, where = agent_log_lines(state_dir, presence.pid)
+    blockers = [
+        (f.check, f.message)
+        for f in preflight(state_dir, default_subsystems(), agent_pid=presence.pid)
+        if f.severity == "blocker"
+    ]
+    findings = run_checks(
+        status,
+        presence,
+        log_lines=lines if where.get("source") else None,
+        log_source=where.get("source") or where.get("missing"),
+        tampered=engine.state.tampered_revisions(),
+        audit_problems=[str(p) for p in engine.state.audit.verify()],
+        blockers=blockers,
+    )
+    return findings, status, presence
+
+
+def _print_findings(findings: list[Any]) -> None:
+    for f in findings:
+        head = f"{'ok  ' if f.ok else 'FAIL'} {f.check}: {f.message}"
+        typer.echo(head)
+        if not f.ok:
+            typer.echo(
+                f"       {f.code}" + (f" [{f.subsystem}]" if f.subsystem else "") + f": {f.action}"
+            )
+            for path in f.paths[:10]:
+                typer.echo(f"       path: {path}")
+
+
+def doctor(
+    state_dir: StateDirOpt = DEFAULT_DIR,
+    output: OutputOpt = "table",
+    until_stable: Annotated[
+        str | None,
+        typer.Option(
+            "--until-stable",
+            help="wait until the stop conditions hold for this long (e.g. 5m)",
+        ),
+    ] = None,
+    timeout: Annotated[
+        str | None,
+        typer.Option(
+            help="with --until-stable: give up after this long (default twice the window plus 60s)"
+        ),
+    ] = None,
+) -> None:
+    """Run the runbook's safe checks: each finding with its code and corrective action.
+
+    Exit 0 when every check passes, 1 otherwise (also when no agent runs).
+    """
+    from trueup.cli.fast import duration_seconds
+
+    require_state_dir(state_dir)
+    if until_stable is not None:
+        window = duration_seconds(until_stable)
+        if window is None:
+            _fail(f"--until-stable: {until_stable!r}: expected a duration like 90s, 5m")
+        limit = duration_seconds(timeout) if timeout else 2 * window + 60
+        if limit is None:
+            _fail(f"--timeout: {timeout!r}: expected a duration like 90s, 15m")
+        raise typer.Exit(_until_stable(state_dir, window, limit))
+    findings, status, _ = _report(state_dir)
+    ok = all(f.ok for f in findings)
+    if output != "table":
+        from trueup.cli.output import emit
+
+        emit({"ok": ok, "findings": [f.to_json() for f in findings]}, output)
+    else:
+        _print_findings(findings)
+        from trueup.cli.output import render_limitations
+
+        for line in render_limitations(status):
+            typer.echo(line)
+        failed = [f for f in findings if not f.ok]
+        typer.echo(f"\n{len(failed)} problem(s)" if failed else "\nhealthy: every check passed")
+    raise typer.Exit(0 if ok else 1)
+
+
+def _until_stable(state_dir: Path, window: float, limit: float) -> int:
+    from trueup.reconcile.doctor import stop_conditions
+
+    start = time.monotonic()
+    stable_since: float | None = None
+    poll = max(0.5, min(5.0, window / 4))
+    tty = sys.stdout.isatty()
+    conditions: dict[str, tuple[bool, str]] = {}
+    typer.echo(f"waiting until the stop conditions hold for {window:g}s (timeout {limit:g}s)")
+    while True:
+        status, presence, _ = _snapshot(state_dir)
+        conditions = stop_conditions(status, presence)
+        now = time.monotonic()
+        if all(met for met, _ in conditions.values()):
+            stable_since = stable_since if stable_since is not None else now
+        else:
+            stable_since = None
+        quiet = 0.0 if stable_since is None else now - stable_since
+        unmet = [f"{name}: {seen}" for name, (met, seen) in conditions.items() if not met]
+        line = f"[{now - start:5.0f}s] stable for {quiet:.0f}s of {window:g}s" + (
+            f"; not met: {'; '.join(unmet)}" if unmet else "; all conditions met"
+        )
+        typer.echo(("\r" + line[:200].ljust(120)) if tty else line, nl=not tty)
+        if stable_since is not None and quiet >= window:
+            typer.echo(("\n" if tty else "") + f"stable: every stop condition held for {window:g}s")
+            return 0
+        if now - start >= limit:
+            if tty:
+                typer.echo("")  # end the progress line
+            typer.echo(f"not stable after {limit:g}s:", err=True)
+            for name, (met, seen) in conditions.items():
+                typer.echo(f"  {'met    ' if met else 'NOT MET'} {name}: {seen}", err=True)
+            return 1
+        time.sleep(poll)
