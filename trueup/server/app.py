@@ -40,6 +40,7 @@ from trueup.server.api.routes import (
     backups,
     devices,
     identity,
+    notifications,
     probes,
     revisions,
     secrets,
@@ -73,6 +74,16 @@ class Settings:
     backup_max_bytes: int = BACKUP_BODY_BYTES
     backup_keep: int = BACKUP_KEEP
     spool_dir: str = ""
+    # Notifications (docs/notifications.md): the first retry's delay (doubling up to
+    # notify_max_delay), attempts before the dead-letter list, how often the notifier
+    # looks for due deliveries and scans for stale heartbeats and escalations, and
+    # the webhook request timeout (seconds).
+    notify_base_delay: float = 5.0
+    notify_max_delay: float = 600.0
+    notify_max_attempts: int = 8
+    notify_poll_seconds: float = 1.0
+    notify_scan_seconds: float = 5.0
+    notify_timeout: float = 10.0
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -150,12 +161,22 @@ def create_app(settings: Settings) -> FastAPI:
         stale_intervals=settings.stale_intervals,
         auth_cache_seconds=settings.auth_cache_seconds,
         backup_keep=settings.backup_keep,
+        notify={
+            "base_delay": settings.notify_base_delay,
+            "max_delay": settings.notify_max_delay,
+            "max_attempts": settings.notify_max_attempts,
+            "poll_seconds": settings.notify_poll_seconds,
+            "scan_seconds": settings.notify_scan_seconds,
+            "timeout": settings.notify_timeout,
+            "lease_seconds": max(60.0, 3 * settings.notify_timeout),
+        },
     )
     ingest = ReportIngest(
         database,
         mode=settings.ingest_mode,
         stale_intervals=settings.stale_intervals,
         on_batch=metrics.ingested,
+        on_committed=plane.notifier.submit,
     )
     watcher = RevisionWatcher(plane.desired_revisions, settings.revision_poll_seconds)
     api = Api(
@@ -174,12 +195,14 @@ def create_app(settings: Settings) -> FastAPI:
         if settings.migrate:
             await run_in_threadpool(database.migrate)
         ingest.start()
+        plane.notifier.start()
         await watcher.start()
         try:
             yield
         finally:
             await watcher.stop()
             await run_in_threadpool(ingest.stop)
+            await run_in_threadpool(plane.notifier.stop)
             database.dispose()
 
     app = FastAPI(
@@ -195,7 +218,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(EdgeMiddleware, router=app.router, authenticate=api.authenticate)
     app.add_middleware(MeasureMiddleware, metrics=metrics)
     _add_error_handlers(app, metrics)
-    for area in (probes, devices, revisions, secrets, identity, agents, backups):
+    for area in (probes, devices, revisions, secrets, identity, agents, backups, notifications):
         area.register(app, api)
     _with_report_schemas(app)
     return app
