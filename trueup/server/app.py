@@ -77,13 +77,15 @@ class Settings:
     # Notifications (docs/notifications.md): the first retry's delay (doubling up to
     # notify_max_delay), attempts before the dead-letter list, how often the notifier
     # looks for due deliveries and scans for stale heartbeats and escalations, and
-    # the webhook request timeout (seconds).
+    # the webhook request timeout, and the lease on a delivery being sent: a delivery
+    # whose sender died is sent again once it runs out (never shorter than the timeout).
     notify_base_delay: float = 5.0
     notify_max_delay: float = 600.0
     notify_max_attempts: int = 8
     notify_poll_seconds: float = 1.0
     notify_scan_seconds: float = 5.0
     notify_timeout: float = 10.0
+    notify_lease_seconds: float = 60.0
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -168,7 +170,7 @@ def create_app(settings: Settings) -> FastAPI:
             "poll_seconds": settings.notify_poll_seconds,
             "scan_seconds": settings.notify_scan_seconds,
             "timeout": settings.notify_timeout,
-            "lease_seconds": max(60.0, 3 * settings.notify_timeout),
+            "lease_seconds": max(settings.notify_lease_seconds, settings.notify_timeout + 1.0),
         },
     )
     ingest = ReportIngest(
