@@ -111,9 +111,8 @@ def register(app: FastAPI, api: Api) -> None:
 
     @app.post(
         f"{base}/dead-letters/{{delivery_id}}/redeliver",
-        status_code=202,
         openapi_extra=role("operator"),
-        responses={202: {"description": "queued again (audited)"}, **answers(404)},
+        responses={200: {"description": "queued again (audited)"}, **answers(404)},
     )
     def redeliver(delivery_id: DELIVERY_ID, p: Principal = operator) -> dict[str, Any]:
         plane.redeliver_notification(p.tenant_id, delivery_id, p.actor)

@@ -7,8 +7,8 @@ another process skips it, and if the worker dies mid-flight the lease runs out
 and the delivery is sent again (at least once; receivers deduplicate on the
 event id). Between attempts the delay doubles from `base_delay` up to
 `max_delay`, each scaled by a random factor in [0.5, 1] (jitter).
-An admin may redeliver a dead delivery (its attempts start again) or discard
-it; both are audited.
+A dead (or discarded) delivery may be redelivered (its attempts start again);
+a dead or pending one may be discarded (no more attempts); both are audited.
 """
 
 from __future__ import annotations
@@ -177,6 +177,8 @@ class Deliveries:
                 values.update(state="dead", finished_at=now)
             else:
                 values["next_attempt_at"] = now + backoff(attempts, self.base_delay, self.max_delay)
+            if row["state"] != "pending":
+                return str(row["state"])  # discarded while it was being sent: it stays so
             conn.execute(
                 update(notify_deliveries)
                 .where(notify_deliveries.c.id == delivery_id)
@@ -250,7 +252,9 @@ class Deliveries:
             for r in rows
         ]
 
-    def _dead(self, conn: Connection, tenant_id: int, delivery_id: int) -> Any:
+    def _undelivered(
+        self, conn: Connection, tenant_id: int, delivery_id: int, states: tuple[str, ...]
+    ) -> Any:
         row = (
             conn.execute(
                 select(notify_deliveries).where(
@@ -265,14 +269,16 @@ class Deliveries:
         )
         if row is None:
             raise NotFound(f"delivery {delivery_id} not found")
-        if row["state"] != "dead":
-            raise Invalid([f"delivery {delivery_id} is {row['state']}, not in the dead letters"])
+        if row["state"] not in states:
+            raise Invalid(
+                [f"delivery {delivery_id} is {row['state']}; this needs one {' or '.join(states)}"]
+            )
         return row
 
     def redeliver(self, tenant_id: int, delivery_id: int, actor: str) -> None:
-        """Send a dead delivery again, with a fresh set of attempts (same event id)."""
+        """Send a dead (or discarded) delivery again, with fresh attempts (same event id)."""
         with self.store.write() as conn:
-            row = self._dead(conn, tenant_id, delivery_id)
+            row = self._undelivered(conn, tenant_id, delivery_id, ("dead", "discarded"))
             conn.execute(
                 update(notify_deliveries)
                 .where(notify_deliveries.c.id == delivery_id)
@@ -294,8 +300,9 @@ class Deliveries:
             )
 
     def discard(self, tenant_id: int, delivery_id: int, actor: str) -> None:
+        """Stop trying: a dead letter, or a pending delivery, becomes `discarded`."""
         with self.store.write() as conn:
-            row = self._dead(conn, tenant_id, delivery_id)
+            row = self._undelivered(conn, tenant_id, delivery_id, ("dead", "pending"))
             conn.execute(
                 update(notify_deliveries)
                 .where(notify_deliveries.c.id == delivery_id)

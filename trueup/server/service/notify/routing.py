@@ -24,7 +24,13 @@ from trueup.server.limits import URL_LENGTH
 from trueup.server.service.errors import Invalid, NotFound, check_name
 from trueup.server.service.notify.events import KINDS, SEVERITIES, Match, iso
 from trueup.server.service.store import Store, inserted_id
-from trueup.server.tables import notify_deliveries, notify_escalations, notify_rules, notify_targets
+from trueup.server.tables import (
+    notify_attempts,
+    notify_deliveries,
+    notify_escalations,
+    notify_rules,
+    notify_targets,
+)
 from trueup.server.tables import tenants as tenants_table
 
 __all__ = ["Routing", "tenant_box"]
@@ -137,7 +143,7 @@ class Routing:
         return int(row.id)
 
     def delete_target(self, tenant_id: int, name: str, actor: str) -> None:
-        """Delete a target no rule uses; its pending deliveries are discarded."""
+        """Delete a target no rule uses, with its deliveries and their log (the count is audited)."""
         with self.store.write() as conn:
             target_id = self._target_id(conn, tenant_id, name)
             used = conn.execute(
@@ -146,15 +152,14 @@ class Routing:
             rules = sorted(used)
             if rules:
                 raise Invalid([f"name: target {name!r} is used by rules {', '.join(rules)}"])
-            pending = conn.execute(
-                select(func.count())
-                .select_from(notify_deliveries)
-                .where(notify_deliveries.c.target_id == target_id)
-            ).scalar_one()
-            if pending:
-                raise Invalid(
-                    [f"name: target {name!r} has {pending} deliveries in its log; it is kept"]
-                )
+            logged = select(notify_deliveries.c.id).where(
+                notify_deliveries.c.target_id == target_id
+            )
+            dropped = conn.execute(select(func.count()).select_from(logged.subquery())).scalar_one()
+            conn.execute(delete(notify_attempts).where(notify_attempts.c.delivery_id.in_(logged)))
+            conn.execute(
+                delete(notify_deliveries).where(notify_deliveries.c.target_id == target_id)
+            )
             conn.execute(delete(notify_targets).where(notify_targets.c.id == target_id))
             self.store.audit(
                 conn,
@@ -162,6 +167,7 @@ class Routing:
                 actor=actor,
                 action="notify.target.delete",
                 target=f"notify-target:{name}",
+                detail={"deliveries_dropped": int(dropped)},
             )
 
     def create_rule(
