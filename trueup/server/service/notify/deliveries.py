@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, or_, select, update
 
+from trueup.server.keys import SecretRefused
 from trueup.server.service.errors import Invalid, NotFound
 from trueup.server.service.notify.events import iso
 from trueup.server.service.notify.routing import tenant_box
@@ -101,7 +102,16 @@ class Deliveries:
                 )
                 if taken.rowcount != 1:
                     continue  # another process took it
-                claimed.append(self._load(conn, delivery_id))
+                try:
+                    claimed.append(self._load(conn, delivery_id))
+                except SecretRefused as exc:  # never sent unsigned: straight to the dead letters
+                    conn.execute(
+                        update(notify_deliveries)
+                        .where(notify_deliveries.c.id == delivery_id)
+                        .values(
+                            state="dead", lease_until=None, last_error=str(exc), finished_at=now
+                        )
+                    )
         return claimed
 
     def _load(self, conn: Connection, delivery_id: int) -> Claimed:
