@@ -269,12 +269,14 @@ def test_failing_receiver_gets_retries_then_a_dead_letter_that_redelivers(
     report(server, tenant, "edge-d", CLEAN)
     second = wait_for(lambda: deliveries(server, tenant, "dead"), "a second dead letter")[0]
     assert second["kind"] == "healed"
-    denied = server.client.delete(
-        f"{BASE}/dead-letters/{second['id']}", headers=tenant.auth("operator")
+    denied = server.client.post(
+        f"{BASE}/dead-letters/{second['id']}/discard", headers=tenant.auth("operator")
     )
     assert denied.status_code == 403
-    gone = server.client.delete(f"{BASE}/dead-letters/{second['id']}", headers=tenant.auth("admin"))
-    assert gone.status_code == 204
+    gone = server.client.post(
+        f"{BASE}/dead-letters/{second['id']}/discard", headers=tenant.auth("admin")
+    )
+    assert gone.status_code == 200, gone.text
     assert deliveries(server, tenant, "dead") == []
     assert [d["state"] for d in deliveries(server, tenant, "discarded")] == ["discarded"]
     # Another tenant cannot see or touch it.
@@ -287,6 +289,13 @@ def test_failing_receiver_gets_retries_then_a_dead_letter_that_redelivers(
         e["action"] for e in server.plane.audit_entries(server.plane.tenant_id(tenant.name), 50)
     ]
     assert "notify.delivery.redeliver" in actions and "notify.delivery.discard" in actions
+    # Deleting the target keeps its delivery log.
+    for path in (f"{BASE}/rules/hook-rule", f"{BASE}/targets/hook"):
+        assert server.client.delete(path, headers=tenant.auth("admin")).status_code == 204
+    kept = deliveries(server, tenant)
+    assert len(kept) == 2 and {d["target"] for d in kept} == {d["target"] for d in kept[:1]}
+    assert kept[0]["target"].startswith("hook.deleted-")
+    assert sum(len(d["log"]) for d in kept) == 4 + 3
 
 
 @pytest.mark.parametrize("isolated_server", PARAMS, indirect=True)
@@ -396,6 +405,11 @@ def test_rules_and_targets_are_admin_managed_audited_and_secrets_never_returned(
         server.client.delete(f"{BASE}/targets/pager", headers=tenant.auth("admin")).status_code
         == 204
     )
+    assert server.client.get(f"{BASE}/targets", headers=tenant.auth("admin")).json() == {
+        "targets": []
+    }
+    again = server.client.post(f"{BASE}/targets", json=body, headers=tenant.auth("admin"))
+    assert again.status_code == 201, again.text
     actions = [
         e["action"] for e in server.plane.audit_entries(server.plane.tenant_id(tenant.name), 50)
     ]

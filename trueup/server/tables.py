@@ -266,6 +266,8 @@ notify_targets = Table(
     Column("nonce", LargeBinary, nullable=False),
     Column("ciphertext", LargeBinary, nullable=False),
     Column("created_at", Float, nullable=False),
+    # A deleted target keeps its row (and delivery log), renamed NAME.deleted-ID.
+    Column("deleted_at", Float, nullable=True),
     UniqueConstraint("tenant_id", "name", name="uq_notify_targets_tenant_name"),
 )
 

@@ -1,7 +1,8 @@
 """Notifications: webhook targets, routing rules, the delivery log and the dead letters.
 
 Admins manage targets and rules (audited); operators list them and the delivery
-log and may redeliver a dead delivery; discarding one is for admins. A target's
+log and may redeliver a dead delivery; discarding one is for admins. Nothing here
+deletes a delivery or its log: a deleted target's row stays, renamed. A target's
 signing secret is write-only: it is returned once, when the server generated it.
 """
 
@@ -119,12 +120,11 @@ def register(app: FastAPI, api: Api) -> None:
         plane.notifier.wake()
         return {"id": delivery_id, "state": "pending"}
 
-    @app.delete(
-        f"{base}/dead-letters/{{delivery_id}}",
-        status_code=204,
+    @app.post(
+        f"{base}/dead-letters/{{delivery_id}}/discard",
         openapi_extra=role("admin"),
-        responses={204: {"description": "discarded (audited)"}, **answers(404)},
+        responses={200: {"description": "discarded (audited); kept in the log"}, **answers(404)},
     )
-    def discard(delivery_id: DELIVERY_ID, p: Principal = admin) -> Response:
+    def discard(delivery_id: DELIVERY_ID, p: Principal = admin) -> dict[str, Any]:
         plane.discard_notification(p.tenant_id, delivery_id, p.actor)
-        return Response(status_code=204)
+        return {"id": delivery_id, "state": "discarded"}

@@ -33,6 +33,7 @@ def upgrade() -> None:
         sa.Column("nonce", sa.LargeBinary(), nullable=False),
         sa.Column("ciphertext", sa.LargeBinary(), nullable=False),
         sa.Column("created_at", sa.Float(), nullable=False),
+        sa.Column("deleted_at", sa.Float(), nullable=True),
         sa.UniqueConstraint("tenant_id", "name", name="uq_notify_targets_tenant_name"),
     )
     op.create_table(

@@ -16,16 +16,15 @@ import uuid
 from typing import Any
 from urllib.parse import urlsplit
 
-from sqlalchemy import Connection, and_, delete, func, select
+from sqlalchemy import Connection, and_, delete, select, update
 
 from trueup.model.reasons import ReasonCode
 from trueup.server.keys import SecretBox
-from trueup.server.limits import URL_LENGTH
+from trueup.server.limits import NAME_LENGTH, URL_LENGTH
 from trueup.server.service.errors import Invalid, NotFound, check_name
 from trueup.server.service.notify.events import KINDS, SEVERITIES, Match, iso
 from trueup.server.service.store import Store, inserted_id
 from trueup.server.tables import (
-    notify_attempts,
     notify_deliveries,
     notify_escalations,
     notify_rules,
@@ -83,6 +82,8 @@ class Routing:
     ) -> dict[str, Any]:
         """Add a webhook target. Without `secret` one is generated and returned, this once."""
         check_name("name", name)
+        if ".deleted-" in name:
+            raise Invalid([f"name: {name!r}: '.deleted-' marks deleted targets; choose another"])
         _check_url(url)
         generated = secret is None
         value = secret if secret is not None else pysecrets.token_urlsafe(32)
@@ -127,7 +128,12 @@ class Routing:
         with self.store.db.read() as conn:
             rows = conn.execute(
                 select(notify_targets)
-                .where(notify_targets.c.tenant_id == tenant_id)
+                .where(
+                    and_(
+                        notify_targets.c.tenant_id == tenant_id,
+                        notify_targets.c.deleted_at.is_(None),
+                    )
+                )
                 .order_by(notify_targets.c.name)
             ).mappings()
             return [_target_view(r) for r in rows]
@@ -135,7 +141,11 @@ class Routing:
     def _target_id(self, conn: Connection, tenant_id: int, name: str) -> int:
         row = conn.execute(
             select(notify_targets.c.id).where(
-                and_(notify_targets.c.tenant_id == tenant_id, notify_targets.c.name == name)
+                and_(
+                    notify_targets.c.tenant_id == tenant_id,
+                    notify_targets.c.name == name,
+                    notify_targets.c.deleted_at.is_(None),
+                )
             )
         ).one_or_none()
         if row is None:
@@ -143,7 +153,9 @@ class Routing:
         return int(row.id)
 
     def delete_target(self, tenant_id: int, name: str, actor: str) -> None:
-        """Delete a target no rule uses, with its deliveries and their log (the count is audited)."""
+        """Delete a target no rule uses. Its delivery log is kept: the row stays, renamed
+        `NAME.deleted-ID` (the name is free again), and its pending deliveries are discarded."""
+        now = time.time()
         with self.store.write() as conn:
             target_id = self._target_id(conn, tenant_id, name)
             used = conn.execute(
@@ -152,22 +164,29 @@ class Routing:
             rules = sorted(used)
             if rules:
                 raise Invalid([f"name: target {name!r} is used by rules {', '.join(rules)}"])
-            logged = select(notify_deliveries.c.id).where(
-                notify_deliveries.c.target_id == target_id
-            )
-            dropped = conn.execute(select(func.count()).select_from(logged.subquery())).scalar_one()
-            conn.execute(delete(notify_attempts).where(notify_attempts.c.delivery_id.in_(logged)))
+            suffix = f".deleted-{target_id}"
+            discarded = conn.execute(
+                update(notify_deliveries)
+                .where(
+                    and_(
+                        notify_deliveries.c.target_id == target_id,
+                        notify_deliveries.c.state == "pending",
+                    )
+                )
+                .values(state="discarded", finished_at=now, last_error="target deleted")
+            ).rowcount
             conn.execute(
-                delete(notify_deliveries).where(notify_deliveries.c.target_id == target_id)
+                update(notify_targets)
+                .where(notify_targets.c.id == target_id)
+                .values(name=name[: NAME_LENGTH - len(suffix)] + suffix, deleted_at=now)
             )
-            conn.execute(delete(notify_targets).where(notify_targets.c.id == target_id))
             self.store.audit(
                 conn,
                 tenant_id=tenant_id,
                 actor=actor,
                 action="notify.target.delete",
                 target=f"notify-target:{name}",
-                detail={"deliveries_dropped": int(dropped)},
+                detail={"pending_discarded": int(discarded)},
             )
 
     def create_rule(
