@@ -25,6 +25,7 @@ SECTIONS = [
     "scripts.bench_ha",
     "scripts.bench_proxy",
     "scripts.bench_vpn",
+    "scripts.bench_notify",
 ]
 
 

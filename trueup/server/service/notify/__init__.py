@@ -2,7 +2,8 @@
 
     events.py      conditions, event kinds and severities, a rule's match (pure)
     routing.py     Routing: targets (sealed secrets) and rules, audited
-    engine.py      Engine: device state -> events and deliveries; the scan; escalation
+    engine.py      Engine: device state -> events; the scan; escalation
+    emit.py        an event stored once, with a delivery per matching target
     deliveries.py  Deliveries: claim, record attempts, back-off, the dead-letter list
     worker.py      Notifier: the background thread that observes, scans and sends
 

@@ -17,34 +17,22 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
-from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, and_, delete, select, update
+from sqlalchemy import Connection, and_, bindparam, delete, select, update
 
-from trueup.server.service.notify.events import CONDITIONS, FAILED, KINDS, Match, conditions_of, iso
+from trueup.server.service.notify.emit import Device, device_of, emit
+from trueup.server.service.notify.events import FAILED, Match, conditions_of, iso
 from trueup.server.service.store import Store
 from trueup.server.tables import (
     device_state,
     devices,
-    notify_deliveries,
     notify_devices,
     notify_escalations,
-    notify_events,
     notify_rules,
-    tenants,
 )
 
 __all__ = ["Engine"]
-
-
-@dataclass(frozen=True)
-class _Device:
-    id: int
-    name: str
-    tenant_id: int
-    tenant: str
 
 
 class Engine:
@@ -52,101 +40,49 @@ class Engine:
         self.store = store
         self.stale_intervals = stale_intervals
 
-    # -- events ---------------------------------------------------------------------------
-
-    def _device(self, conn: Connection, device_id: int) -> _Device | None:
-        row = conn.execute(
-            select(
-                devices.c.id,
-                devices.c.name,
-                devices.c.tenant_id,
-                tenants.c.name.label("tenant_name"),
-            )
-            .join(tenants, tenants.c.id == devices.c.tenant_id)
-            .where(devices.c.id == device_id)
-        ).one_or_none()
-        return (
-            None
-            if row is None
-            else _Device(int(row.id), row.name, int(row.tenant_id), row.tenant_name)
-        )
-
-    def _emit(
-        self,
-        conn: Connection,
-        device: _Device,
-        kind: str,
-        now: float,
-        detail: dict[str, Any],
-        codes: list[str],
-        rule_id: int | None = None,
-    ) -> str | None:
-        """Store the event and a delivery per matching target; its id, or None if unmatched."""
-        severity = KINDS[kind]
-        query = select(notify_rules).where(notify_rules.c.tenant_id == device.tenant_id)
-        if rule_id is not None:
-            query = query.where(notify_rules.c.id == rule_id)
-        targets: dict[int, int] = {}
-        for rule in conn.execute(query.order_by(notify_rules.c.id)).mappings():
-            match = Match.from_json(json.loads(rule["match"]))
-            matched = (
-                match.device_matches(device.name)
-                if rule_id is not None
-                else match.matches(device.name, kind, severity, codes)
-            )
-            if matched:
-                targets.setdefault(int(rule["target_id"]), int(rule["id"]))
-        if not targets:
-            return None
-        event_id = str(uuid.uuid4())
-        payload = {
-            "id": event_id,
-            "kind": kind,
-            "severity": severity,
-            "tenant": device.tenant,
-            "device": device.name,
-            "at": iso(now),
-            "reason_codes": codes,
-            **detail,
-        }
-        conn.execute(
-            notify_events.insert().values(
-                id=event_id,
-                tenant_id=device.tenant_id,
-                device_id=device.id,
-                kind=kind,
-                severity=severity,
-                at=now,
-                payload=json.dumps(payload, sort_keys=True),
-            )
-        )
-        conn.execute(
-            notify_deliveries.insert(),
-            [
-                {
-                    "tenant_id": device.tenant_id,
-                    "event_id": event_id,
-                    "target_id": target_id,
-                    "rule_id": rule,
-                    "state": "pending",
-                    "attempts": 0,
-                    "next_attempt_at": now,
-                    "lease_until": None,
-                    "last_error": None,
-                    "created_at": now,
-                    "finished_at": None,
-                }
-                for target_id, rule in sorted(targets.items())
-            ],
-        )
-        return event_id
-
     # -- transitions ----------------------------------------------------------------------
 
     def observe(self, device_id: int, report: dict[str, Any], report_at: float) -> None:
         """One committed report (ingest's order): events for the conditions it opens/closes."""
+        self.observe_batch([(device_id, report, report_at)])
+
+    def observe_batch(self, items: list[tuple[int, dict[str, Any], float]]) -> None:
+        """Committed reports in ingest's order, in one transaction (one commit per batch).
+
+        A device whose reports change none of its conditions (the heartbeat case) only
+        has its report time moved, in one statement for the whole batch."""
+        by_device: dict[int, list[tuple[dict[str, Any], float]]] = {}
+        for device_id, report, report_at in items:
+            by_device.setdefault(device_id, []).append((report, report_at))
+        now = time.time()
         with self.store.write() as conn:
-            self._transition(conn, device_id, time.time(), report=report, report_at=report_at)
+            stored = {
+                int(row.device_id): row
+                for row in conn.execute(
+                    select(notify_devices)
+                    .where(notify_devices.c.device_id.in_(sorted(by_device)))
+                    .with_for_update()
+                )
+            }
+            quiet: list[dict[str, Any]] = []
+            for device_id in sorted(by_device):  # one lock order for every process
+                row, reports = stored.get(device_id), by_device[device_id]
+                if row is not None and all(
+                    conditions_of(report) == json.loads(row.conditions) for report, _ in reports
+                ):
+                    latest = max(at for _, at in reports)
+                    if row.report_at is None or latest > row.report_at:
+                        quiet.append({"b_device": device_id, "b_at": latest})
+                    continue
+                for report, report_at in reports:
+                    self._transition(conn, device_id, now, report=report, report_at=report_at)
+            if quiet:
+                conn.execute(
+                    update(notify_devices)
+                    .where(notify_devices.c.device_id == bindparam("b_device"))
+                    .values(report_at=bindparam("b_at")),
+                    quiet,
+                )
 
     def _transition(
         self,
@@ -183,7 +119,7 @@ class Engine:
             after.pop("heartbeat_stale", None)
         if row is not None and after == before and seen_at == row["report_at"]:
             return
-        device = self._device(conn, device_id)
+        device = device_of(conn, device_id)
         if device is None:
             return
         failed_since = row["failed_since"] if row else None
@@ -194,9 +130,9 @@ class Engine:
             failed_since = None
         common = {"conditions": sorted(after), "failed_since": iso(failed_since)}
         for kind in sorted(set(after) - set(before)):
-            self._emit(conn, device, kind, now, {**common, "subsystems": after[kind]}, codes)
+            emit(conn, device, kind, now, {**common, "subsystems": after[kind]}, codes)
         for kind in sorted(set(before) - set(after)):
-            self._emit(
+            emit(
                 conn,
                 device,
                 "healed",
@@ -219,13 +155,13 @@ class Engine:
             self._resolve_escalations(conn, device, now, codes)
 
     def _resolve_escalations(
-        self, conn: Connection, device: _Device, now: float, codes: list[str]
+        self, conn: Connection, device: Device, now: float, codes: list[str]
     ) -> None:
         fired = conn.execute(
             select(notify_escalations).where(notify_escalations.c.device_id == device.id)
         ).mappings()
         for esc in list(fired):
-            self._emit(
+            emit(
                 conn,
                 device,
                 "escalation_resolved",
@@ -363,7 +299,7 @@ class Engine:
         ).one_or_none()
         if fired is not None:
             return
-        device = self._device(conn, device_id)
+        device = device_of(conn, device_id)
         if device is None:
             return
         conditions = json.loads(state["conditions"])
@@ -375,7 +311,7 @@ class Engine:
                 fired_at=now,
             )
         )
-        self._emit(
+        emit(
             conn,
             device,
             "escalation",
@@ -390,6 +326,3 @@ class Engine:
             [],
             rule_id=rule_id,
         )
-
-
-assert set(FAILED) <= set(CONDITIONS)

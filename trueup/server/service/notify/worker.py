@@ -33,6 +33,11 @@ log = logging.getLogger("trueup.server.notify")
 
 SIGNATURE_HEADER = "X-Trueup-Signature"
 EVENT_HEADER = "X-Trueup-Event-Id"
+# Reports evaluated in one transaction; reports waiting beyond QUEUE_LIMIT are left
+# to the periodic scan (it compares the device's latest report, so only the final
+# state of a burst is judged then).
+OBSERVE_BATCH = 2000
+QUEUE_LIMIT = 100_000
 
 
 def sign(secret: bytes, timestamp: int, body: bytes) -> str:
@@ -70,14 +75,23 @@ class Notifier:
         self.scan_seconds = scan_seconds
         self.timeout = timeout
         self.senders = senders
-        self._reports: queue.Queue[tuple[int, dict[str, Any], float]] = queue.Queue()
+        self._reports: queue.Queue[tuple[int, dict[str, Any], float]] = queue.Queue(QUEUE_LIMIT)
+        self._overflowed = False
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def submit(self, device_id: int, report: dict[str, Any], received_at: float) -> None:
         """A report ingest has committed (called from the ingest thread; never blocks)."""
-        self._reports.put((device_id, report, received_at))
+        try:
+            self._reports.put_nowait((device_id, report, received_at))
+        except queue.Full:
+            # Far behind: the periodic scan evaluates the device's latest report instead.
+            if not self._overflowed:
+                log.warning("notifier: report queue full; the scan catches up")
+            self._overflowed = True
+        else:
+            self._overflowed = False
         self._wake.set()
 
     def wake(self) -> None:
@@ -120,14 +134,18 @@ class Notifier:
 
     def _observe_queued(self) -> None:
         while True:
-            try:
-                device_id, report, received_at = self._reports.get_nowait()
-            except queue.Empty:
+            batch: list[tuple[int, dict[str, Any], float]] = []
+            while len(batch) < OBSERVE_BATCH:
+                try:
+                    batch.append(self._reports.get_nowait())
+                except queue.Empty:
+                    break
+            if not batch:
                 return
             try:
-                self.engine.observe(device_id, report, received_at)
+                self.engine.observe_batch(batch)
             except Exception:  # the scan catches up from device_state
-                log.exception("notifier: report of device %s not evaluated", device_id)
+                log.exception("notifier: %d reports not evaluated", len(batch))
 
     def _send(self, client: httpx.Client, item: Claimed) -> None:
         headers = {
