@@ -302,6 +302,21 @@ def _digest(value: Any) -> str:
     return json_digest(value)
 
 
+def _restore_summary(record: Any) -> dict[str, Any] | None:
+    """A restore in the report: `pending` while it runs, `failed` when it rolled back or is
+    stuck on a problem, `completed`; the control plane's notifications read `state`."""
+    if not isinstance(record, dict) or not record.get("state"):
+        return None
+    phase = str(record["state"])
+    if phase == "rolled_back" or (record.get("pending") and record.get("problem")):
+        state = "failed"
+    elif record.get("pending"):
+        state = "pending"
+    else:
+        state = "completed"
+    return {"state": state, "phase": phase, "since": record.get("since")}
+
+
 def report_from_status(status: dict[str, Any]) -> dict[str, Any]:
     """Turn the agent's `/v1/status` document into a control-plane report.
 
@@ -335,7 +350,11 @@ def report_from_status(status: dict[str, Any]) -> dict[str, Any]:
             "subsystems": {name: len(diffs) for name, diffs in differences.items()},
         },
         "subsystems": {
-            name: {"health": sub.get("health", "pending"), "reason": sub.get("reason") or None}
+            name: {
+                "health": sub.get("health", "pending"),
+                "reason": sub.get("reason") or None,
+                **({"breaker": sub["breaker"]} if isinstance(sub.get("breaker"), str) else {}),
+            }
             for name, sub in subsystems.items()
         },
         "reason_codes": sorted({f["code"] for f in findings if isinstance(f, dict)}),
@@ -346,6 +365,9 @@ def report_from_status(status: dict[str, Any]) -> dict[str, Any]:
         },
         "management_ready": status.get("management", {}).get("ready"),
     }
+    restore = _restore_summary(status.get("restore"))
+    if restore is not None:
+        report["restore"] = restore
     # The same model the control plane validates with: a report it would refuse
     # fails here, in the agent's log, not as a 422 the agent cannot explain.
     return AgentReport.model_validate(report).model_dump(mode="json")
