@@ -493,3 +493,40 @@ def test_a_delivery_in_flight_when_the_server_dies_is_sent_again_after_restart(
         database.dispose()
         if pg_name:
             drop_pg_database(pg_name)
+
+
+def test_cli_manages_rules_and_targets_and_reads_the_log(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from trueup.cli.main import app as cli_app
+
+    url, key = f"sqlite:///{tmp_path}/server.db", tmp_path / "server.key"
+    database = Database(url)
+    database.migrate()
+    ControlPlane(database, load_or_create_server_key(key)).create_tenant("acme", "test")
+    database.dispose()
+    where = ["--tenant", "acme", "--db", url, "--key-file", str(key)]
+
+    def cli(*args: str) -> Any:
+        return CliRunner().invoke(cli_app, ["server", "notify", *args, *where])
+
+    made = cli("add-target", "pager", "https://hooks.example.net/x")
+    assert made.exit_code == 0, made.output
+    assert "signing secret (shown once): " in made.output
+    bad = cli("add-rule", "r1", "--target", "pager", "--kind", "nope")
+    assert bad.exit_code == 1 and "match.kinds: 'nope'" in bad.output
+    rule = cli(
+        "add-rule", "r1", "--target", "pager", "--device", "edge-*", "--escalate-after", "900"
+    )
+    assert rule.exit_code == 0, rule.output
+    listed = cli("rules", "-o", "json")
+    assert json.loads(listed.output)["rules"][0]["match"]["devices"] == ["edge-*"]
+    assert "900s" in cli("rules").output
+    targets = cli("targets", "-o", "json")
+    assert "secret" not in targets.output and "pager" in targets.output
+    assert cli("deliveries", "--state", "dead").exit_code == 0
+    assert cli("deliveries", "--state", "lost").exit_code == 1
+    assert cli("redeliver", "99").exit_code == 1
+    assert cli("remove", "target", "pager").exit_code == 1  # r1 uses it
+    assert cli("remove", "rule", "r1").exit_code == 0
+    assert cli("remove", "target", "pager").exit_code == 0
