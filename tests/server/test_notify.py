@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import select, update
 
 from tests.server.conftest import (
     BACKENDS,
@@ -33,6 +34,8 @@ from trueup.server.db import Database
 from trueup.server.keys import load_or_create_server_key
 from trueup.server.service import ControlPlane
 from trueup.server.service.notify import verify
+from trueup.server.service.notify.engine import MISSED_AFTER
+from trueup.server.tables import device_state, notify_devices
 from trueup.server.tokens import Role
 
 FAST = {
@@ -530,3 +533,41 @@ def test_cli_manages_rules_and_targets_and_reads_the_log(tmp_path: Path) -> None
     assert cli("remove", "target", "pager").exit_code == 1  # r1 uses it
     assert cli("remove", "rule", "r1").exit_code == 0
     assert cli("remove", "target", "pager").exit_code == 0
+
+
+@pytest.mark.parametrize("isolated_server", PARAMS, indirect=True)
+def test_the_scan_judges_a_report_the_notifier_never_saw(
+    isolated_server: Server, receivers: Callable[[], Receiver]
+) -> None:
+    """As after a crash between a report's commit and its evaluation."""
+    server = isolated_server
+    tenant = server.tenant("nm", devices=("edge-m",))
+    hook = receivers()
+    route(server, tenant, hook, match={"kinds": ["drift_detected"]})
+    report(server, tenant, "edge-m", CLEAN)
+    device_id = server.plane.device_id(server.plane.tenant_id(tenant.name), "edge-m")
+    wait_for(lambda: _judged_at(server, device_id), "the clean report to be judged")
+    # The drift report is committed, but the notifier forgets it had judged it.
+    report(server, tenant, "edge-m", DRIFT)
+    wait_for(lambda: hook.events("drift_detected"), "the drift event")
+    # ... and the report is older than the notifier's own turn (MISSED_AFTER): the
+    # periodic scan judges it.
+    with server.plane.db.write() as conn:
+        conn.execute(
+            update(notify_devices)
+            .where(notify_devices.c.device_id == device_id)
+            .values(conditions="{}", report_at=0.0)
+        )
+        conn.execute(
+            update(device_state)
+            .where(device_state.c.device_id == device_id)
+            .values(last_report_at=time.time() - MISSED_AFTER - 1)
+        )
+    wait_for(lambda: len(hook.events("drift_detected")) == 2, "the scan's drift event")
+
+
+def _judged_at(server: Server, device_id: int) -> float | None:
+    with server.plane.db.read() as conn:
+        return conn.execute(
+            select(notify_devices.c.report_at).where(notify_devices.c.device_id == device_id)
+        ).scalar()

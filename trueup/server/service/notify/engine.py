@@ -32,7 +32,9 @@ from trueup.server.tables import (
     notify_rules,
 )
 
-__all__ = ["Engine"]
+__all__ = ["MISSED_AFTER", "Engine"]
+
+MISSED_AFTER = 30.0
 
 
 class Engine:
@@ -214,7 +216,12 @@ class Engine:
             was_stale = row.conditions is not None and "heartbeat_stale" in json.loads(
                 row.conditions
             )
-            missed = row.report_at is None or row.report_at < row.last_report_at
+            # A report the notifier has not judged MISSED_AFTER seconds after it arrived
+            # (a crash, another process that died): the scan judges the latest one. A
+            # younger one is left to the notifier's queue, which sees every state.
+            missed = (
+                row.report_at is None or row.report_at < row.last_report_at
+            ) and row.last_report_at < now - MISSED_AFTER
             if not missed and stale == was_stale:
                 continue
             with self.store.write() as conn:
