@@ -26,6 +26,7 @@ SECTIONS = [
     "scripts.bench_proxy",
     "scripts.bench_vpn",
     "scripts.bench_dashboard",
+    "scripts.bench_notify",
 ]
 
 

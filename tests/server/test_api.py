@@ -420,8 +420,14 @@ def test_metrics_and_probes(server: Server) -> None:
 def test_no_route_deletes_audit_or_evidence(server: Server) -> None:
     tenant = server.tenant()
     spec = server.client.get("/openapi.json", headers=tenant.auth("viewer")).json()
-    # A device backup is the one thing a route deletes (admin, audited; test_backups.py).
-    deletable = {"/api/v1/devices/{device}/backups/{backup_id}"}
+    # A device backup is the one piece of evidence a route deletes (admin, audited;
+    # test_backups.py). Notification rules and targets are configuration (audited); a
+    # deleted target's delivery log is kept (test_notify.py).
+    deletable = {
+        "/api/v1/devices/{device}/backups/{backup_id}",
+        "/api/v1/notifications/rules/{name}",
+        "/api/v1/notifications/targets/{name}",
+    }
     for path, operations in spec["paths"].items():
         assert "delete" not in operations or path in deletable, path
         if "audit" in path or "reports" in path or "revisions" in path:

@@ -12,11 +12,15 @@ import hashlib
 import io
 import json
 import re
+import time
+import uuid
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from tests.server.conftest import Server, Tenant, document
+from trueup.server.tables import notify_deliveries, notify_events, notify_targets
 from trueup.server.tokens import Role
 
 WEAKER = {"viewer": None, "operator": "viewer", "admin": "operator"}
@@ -37,6 +41,8 @@ BODIES: dict[tuple[str, str], Any] = {
     ("post", "/api/v1/users/{user}/tokens"): {"label": "x"},
     ("post", "/api/v1/agent/report"): {"applied_version": 0},
     ("post", "/api/v1/agent/backups"): "an opaque archive",
+    ("post", "/api/v1/notifications/targets"): {"name": "hook-new", "url": "http://127.0.0.1:9/"},
+    ("post", "/api/v1/notifications/rules"): {"name": "rule-new", "target": "k2"},
 }
 
 
@@ -97,6 +103,7 @@ def test_every_route_refuses_the_wrong_callers(server: Server) -> None:
             actor="test",
         )["id"]
     )
+    values["delivery_id"] = str(_notification_fixtures(server, a, b))
     spec = server.client.get("/openapi.json", headers=a.auth("viewer")).json()
     matrix = operations(spec)
     assert len(matrix) >= 25
@@ -139,6 +146,46 @@ def test_every_route_refuses_the_wrong_callers(server: Server) -> None:
     assert refusals > 100
     _wrong_tenant_sees_nothing(server, a, b)
     _right_callers_pass(server, a, matrix, values)
+
+
+def _notification_fixtures(server: Server, a: Tenant, b: Tenant) -> int:
+    """Targets k1, k2 and rule k1 in tenant a (k2 in b too), and a dead delivery in a: its id."""
+    a_id, b_id = server.plane.tenant_id(a.name), server.plane.tenant_id(b.name)
+    for tenant_id, name in ((a_id, "k1"), (a_id, "k2"), (b_id, "k2")):
+        server.plane.create_notify_target(tenant_id, name, "http://127.0.0.1:9/", None, "test")
+    server.plane.create_notify_rule(a_id, "k1", "k1", {"kinds": ["fenced"]}, None, "test")
+    device_id = server.plane.device_id(a_id, "edge-a")
+    with server.plane.db.write() as conn:
+        target_id = conn.execute(
+            select(notify_targets.c.id).where(
+                notify_targets.c.tenant_id == a_id, notify_targets.c.name == "k1"
+            )
+        ).scalar_one()
+        event = str(uuid.uuid4())
+        conn.execute(
+            notify_events.insert().values(
+                id=event,
+                tenant_id=a_id,
+                device_id=device_id,
+                kind="fenced",
+                severity="warning",
+                at=time.time(),
+                payload="{}",
+            )
+        )
+        result = conn.execute(
+            notify_deliveries.insert().values(
+                tenant_id=a_id,
+                event_id=event,
+                target_id=target_id,
+                state="dead",
+                attempts=8,
+                next_attempt_at=time.time(),
+                created_at=time.time(),
+                finished_at=time.time(),
+            )
+        )
+        return int(result.inserted_primary_key[0])
 
 
 def _wrong_tenant_sees_nothing(server: Server, a: Tenant, b: Tenant) -> None:

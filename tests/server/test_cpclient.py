@@ -188,6 +188,29 @@ def test_report_from_status_carries_the_applied_revision_identity() -> None:
     assert parsed.override is not None and parsed.override.version == 5
     assert parsed.applied_digest == digest
 
+    # Breakers and a restore in progress travel too (notifications read them).
+    busy = report_from_status(
+        {
+            "versions": {"applied": 3},
+            "subsystems": {"dhcp": {"health": "failed", "breaker": "open"}},
+            "restore": {"state": "applying", "pending": True, "problem": None, "since": "x"},
+        }
+    )
+    assert busy["subsystems"]["dhcp"]["breaker"] == "open"
+    assert busy["restore"] == {
+        "state": "pending",
+        "phase": "applying",
+        "since": "x",
+        "pending": True,  # the record's own fields stay beside the summary (the dashboard's)
+        "id": None,
+        "mode": None,
+        "next": None,
+    }
+    stuck = report_from_status(
+        {"subsystems": {}, "restore": {"state": "rolled_back", "pending": False}}
+    )
+    assert stuck["restore"]["state"] == "failed"
+
     # A status document from an older agent has none of them.
     older = report_from_status({"versions": {"applied": 3}, "subsystems": {}})
     assert older["applied_digest"] is None

@@ -315,6 +315,23 @@ def _subsystem_report(sub: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _restore_summary(record: Any) -> dict[str, Any] | None:
+    """A restore in the report: `pending` while it runs, `failed` when it rolled back or is
+    stuck on a problem, `completed`; the control plane's notifications read `state`;
+    the dashboard reads `pending` (the record's own fields are kept beside it)."""
+    if not isinstance(record, dict) or not record.get("state"):
+        return None
+    phase = str(record["state"])
+    if phase == "rolled_back" or (record.get("pending") and record.get("problem")):
+        state = "failed"
+    elif record.get("pending"):
+        state = "pending"
+    else:
+        state = "completed"
+    summary = {k: record.get(k) for k in ("id", "since", "mode", "pending", "next")}
+    return {**summary, "state": state, "phase": phase}
+
+
 def report_from_status(status: dict[str, Any]) -> dict[str, Any]:
     """Turn the agent's `/v1/status` document into a control-plane report.
 
@@ -368,11 +385,9 @@ def report_from_status(status: dict[str, Any]) -> dict[str, Any]:
         },
         "management_ready": status.get("management", {}).get("ready"),
     }
-    restore = status.get("restore")
-    if isinstance(restore, dict):
-        report["restore"] = {
-            k: restore.get(k) for k in ("id", "state", "since", "mode", "pending", "next")
-        }
+    restore = _restore_summary(status.get("restore"))
+    if restore is not None:
+        report["restore"] = restore
     # The same model the control plane validates with: a report it would refuse
     # fails here, in the agent's log, not as a 422 the agent cannot explain.
     return AgentReport.model_validate(report).model_dump(mode="json")

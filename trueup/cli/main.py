@@ -39,6 +39,7 @@ from trueup.cli.output import (
 )
 from trueup.cli.secret import secret_app
 from trueup.cli.server import server_app
+from trueup.cli.server_notify import notify_app
 
 if TYPE_CHECKING:
     from trueup.model.document import DeviceState
@@ -65,6 +66,7 @@ audit_app = typer.Typer(help="The agent's hash-chained audit log.", no_args_is_h
 app.add_typer(agent_app, name="agent")
 app.add_typer(audit_app, name="audit")
 app.add_typer(server_app, name="server")
+server_app.add_typer(notify_app, name="notify")
 app.add_typer(fleet_app, name="fleet")
 app.add_typer(management_app, name="management")
 app.add_typer(dhcp_app, name="dhcp")

@@ -160,6 +160,12 @@ def run(
     spool_dir: str = typer.Option(
         "", "--spool-dir", help="where uploads are spooled (default: beside the key file)"
     ),
+    notify_retry_base: float = typer.Option(
+        5.0, "--notify-retry-base", min=0.01, help="first webhook retry delay, s (doubles)"
+    ),
+    notify_max_attempts: int = typer.Option(
+        8, "--notify-max-attempts", min=1, help="webhook attempts before the dead letters"
+    ),
     log_level: str = typer.Option("warning", "--log-level"),
 ) -> None:
     """Serve the control plane API."""
@@ -194,6 +200,8 @@ def run(
         backup_keep=backup_keep,
         backup_max_bytes=backup_max_mib * 1024 * 1024,
         spool_dir=spool_dir,
+        notify_base_delay=notify_retry_base,
+        notify_max_attempts=notify_max_attempts,
     )
     os.environ[SETTINGS_ENV] = settings.to_env()
     uvicorn.run(

@@ -41,6 +41,7 @@ from trueup.server.api.routes import (
     backups,
     devices,
     identity,
+    notifications,
     probes,
     revisions,
     secrets,
@@ -74,6 +75,18 @@ class Settings:
     backup_max_bytes: int = BACKUP_BODY_BYTES
     backup_keep: int = BACKUP_KEEP
     spool_dir: str = ""
+    # Notifications (docs/notifications.md): the first retry's delay (doubling up to
+    # notify_max_delay), attempts before the dead-letter list, how often the notifier
+    # looks for due deliveries and scans for stale heartbeats and escalations, and
+    # the webhook request timeout, and the lease on a delivery being sent: a delivery
+    # whose sender died is sent again once it runs out (never shorter than the timeout).
+    notify_base_delay: float = 5.0
+    notify_max_delay: float = 600.0
+    notify_max_attempts: int = 8
+    notify_poll_seconds: float = 1.0
+    notify_scan_seconds: float = 5.0
+    notify_timeout: float = 10.0
+    notify_lease_seconds: float = 60.0
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -151,12 +164,22 @@ def create_app(settings: Settings) -> FastAPI:
         stale_intervals=settings.stale_intervals,
         auth_cache_seconds=settings.auth_cache_seconds,
         backup_keep=settings.backup_keep,
+        notify={
+            "base_delay": settings.notify_base_delay,
+            "max_delay": settings.notify_max_delay,
+            "max_attempts": settings.notify_max_attempts,
+            "poll_seconds": settings.notify_poll_seconds,
+            "scan_seconds": settings.notify_scan_seconds,
+            "timeout": settings.notify_timeout,
+            "lease_seconds": max(settings.notify_lease_seconds, settings.notify_timeout + 1.0),
+        },
     )
     ingest = ReportIngest(
         database,
         mode=settings.ingest_mode,
         stale_intervals=settings.stale_intervals,
         on_batch=metrics.ingested,
+        on_committed=plane.notifier.submit,
     )
     watcher = RevisionWatcher(plane.desired_revisions, settings.revision_poll_seconds)
     api = Api(
@@ -175,12 +198,14 @@ def create_app(settings: Settings) -> FastAPI:
         if settings.migrate:
             await run_in_threadpool(database.migrate)
         ingest.start()
+        plane.notifier.start()
         await watcher.start()
         try:
             yield
         finally:
             await watcher.stop()
             await run_in_threadpool(ingest.stop)
+            await run_in_threadpool(plane.notifier.stop)
             database.dispose()
 
     app = FastAPI(
@@ -196,7 +221,17 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(EdgeMiddleware, router=app.router, authenticate=api.authenticate)
     app.add_middleware(MeasureMiddleware, metrics=metrics)
     _add_error_handlers(app, metrics)
-    for area in (probes, devices, revisions, secrets, identity, agents, backups, dashboard):
+    for area in (
+        probes,
+        devices,
+        revisions,
+        secrets,
+        identity,
+        agents,
+        backups,
+        notifications,
+        dashboard,
+    ):
         area.register(app, api)
     _with_report_schemas(app)
     return app

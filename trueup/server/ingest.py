@@ -117,6 +117,7 @@ class ReportIngest:
         max_batch: int = 2000,
         stale_intervals: int = 3,
         on_batch: Any = None,
+        on_committed: Any = None,
     ) -> None:
         if mode not in ("batch", "naive"):
             raise ValueError(f"ingest mode {mode!r}: use batch or naive")
@@ -125,6 +126,9 @@ class ReportIngest:
         self.max_batch = max_batch
         self.stale_intervals = stale_intervals
         self.on_batch = on_batch
+        # Called with each committed report (device id, payload, received_at), in order;
+        # the notifier's hook. It must not block, and its failure fails no report.
+        self.on_committed = on_committed
         self._queue: queue.Queue[PendingReport | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._in_flight = 0
@@ -248,6 +252,12 @@ class ReportIngest:
                 self.on_batch(len(batch))
             except Exception:  # a metrics failure never fails committed reports
                 log.exception("report ingest: on_batch failed")
+        if self.on_committed is not None:
+            try:
+                for item in batch:
+                    self.on_committed(item.device_id, item.payload, item.received_at)
+            except Exception:  # the notifier's scan catches up from device_state
+                log.exception("report ingest: on_committed failed")
 
     def _statements(self) -> None:
         """The batch's three statements, built once (a batch's fixed cost is mostly CPU)."""

@@ -56,6 +56,7 @@ __all__ = [
     "TEXT_LENGTH",
     "TOKEN_HASH_LENGTH",
     "TOKEN_LABEL_LENGTH",
+    "URL_LENGTH",
     "excerpt",
     "has_control_characters",
 ]
@@ -73,6 +74,7 @@ ACTOR_LENGTH = 512
 TARGET_LENGTH = 512
 TEXT_LENGTH = 10_000  # free text stored in a Text column: comments, ack reasons
 SECRET_VALUE_LENGTH = 65_536
+URL_LENGTH = 2048  # a webhook URL
 QUERY_LENGTH = 200  # free-form query parameters (filters)
 
 # Request bodies, checked before they are read (Content-Length) and while they are.

@@ -35,6 +35,7 @@ from trueup.server.limits import (
     TARGET_LENGTH,
     TOKEN_HASH_LENGTH,
     TOKEN_LABEL_LENGTH,
+    URL_LENGTH,
 )
 
 __all__ = [
@@ -47,6 +48,13 @@ __all__ = [
     "device_state",
     "devices",
     "metadata",
+    "notify_attempts",
+    "notify_deliveries",
+    "notify_devices",
+    "notify_escalations",
+    "notify_events",
+    "notify_rules",
+    "notify_targets",
     "revisions",
     "secrets",
     "tenants",
@@ -239,4 +247,108 @@ backup_chunks = Table(
     Column("backup_id", Integer, ForeignKey("backups.id"), primary_key=True),
     Column("seq", Integer, primary_key=True, autoincrement=False),
     Column("data", LargeBinary, nullable=False),
+)
+
+
+# Notifications (migration 0006, docs/notifications.md). Targets are webhooks whose
+# signing secret is sealed with the tenant's data key (like `secrets`); rules route a
+# tenant's events to one target each; events are stored once, deliveries once per
+# (event, target), attempts once per HTTP request.
+notify_targets = Table(
+    "notify_targets",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("tenant_id", Integer, ForeignKey("tenants.id"), nullable=False),
+    Column("name", String(NAME_LENGTH), nullable=False),
+    Column("url", String(URL_LENGTH), nullable=False),
+    # The secret's AEAD identity (associated data), nonce and ciphertext.
+    Column("secret_id", String(32), nullable=False),
+    Column("nonce", LargeBinary, nullable=False),
+    Column("ciphertext", LargeBinary, nullable=False),
+    Column("created_at", Float, nullable=False),
+    # A deleted target keeps its row (and delivery log), renamed NAME.deleted-ID.
+    Column("deleted_at", Float, nullable=True),
+    UniqueConstraint("tenant_id", "name", name="uq_notify_targets_tenant_name"),
+)
+
+notify_rules = Table(
+    "notify_rules",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("tenant_id", Integer, ForeignKey("tenants.id"), nullable=False),
+    Column("name", String(NAME_LENGTH), nullable=False),
+    Column("target_id", Integer, ForeignKey("notify_targets.id"), nullable=False),
+    # The match, as JSON: devices (globs), reason_codes, kinds, min_severity.
+    Column("match", Text, nullable=False),
+    # Escalation: seconds a device may stay failed before the rule escalates (None: never).
+    Column("escalate_after", Float, nullable=True),
+    Column("created_at", Float, nullable=False),
+    UniqueConstraint("tenant_id", "name", name="uq_notify_rules_tenant_name"),
+)
+
+# What the notifier last concluded about a device: its open conditions (JSON list),
+# since when it has been failed, and the report that told it (so an older one is ignored).
+notify_devices = Table(
+    "notify_devices",
+    metadata,
+    Column("device_id", Integer, ForeignKey("devices.id"), primary_key=True),
+    Column("conditions", Text, nullable=False),
+    Column("failed_since", Float, nullable=True),
+    Column("report_at", Float, nullable=True),
+)
+
+# One row per (rule, device) escalation episode that has fired and not yet resolved.
+notify_escalations = Table(
+    "notify_escalations",
+    metadata,
+    Column("rule_id", Integer, ForeignKey("notify_rules.id"), primary_key=True),
+    Column("device_id", Integer, ForeignKey("devices.id"), primary_key=True),
+    Column("failed_since", Float, nullable=False),
+    Column("fired_at", Float, nullable=False),
+)
+
+notify_events = Table(
+    "notify_events",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("tenant_id", Integer, ForeignKey("tenants.id"), nullable=False),
+    Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
+    Column("kind", String(KIND_LENGTH), nullable=False),
+    Column("severity", String(KIND_LENGTH), nullable=False),
+    Column("at", Float, nullable=False),
+    # The signed body sent to every target (JSON).
+    Column("payload", Text, nullable=False),
+)
+
+notify_deliveries = Table(
+    "notify_deliveries",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("tenant_id", Integer, ForeignKey("tenants.id"), nullable=False),
+    Column("event_id", String(36), ForeignKey("notify_events.id"), nullable=False),
+    Column("target_id", Integer, ForeignKey("notify_targets.id"), nullable=False),
+    Column("rule_id", Integer, nullable=True),
+    # pending | delivered | dead | discarded
+    Column("state", String(KIND_LENGTH), nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("next_attempt_at", Float, nullable=False),
+    # Set while a worker sends it; a delivery whose lease ran out (a crash) is sent again.
+    Column("lease_until", Float, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("finished_at", Float, nullable=True),
+    UniqueConstraint("event_id", "target_id", name="uq_notify_deliveries_event_target"),
+    Index("ix_notify_deliveries_due", "state", "next_attempt_at"),
+)
+
+notify_attempts = Table(
+    "notify_attempts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("delivery_id", Integer, ForeignKey("notify_deliveries.id"), nullable=False),
+    Column("at", Float, nullable=False),
+    Column("status_code", Integer, nullable=True),
+    Column("latency_ms", Float, nullable=False),
+    Column("error", Text, nullable=True),
+    Index("ix_notify_attempts_delivery", "delivery_id", "id"),
 )

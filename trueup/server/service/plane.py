@@ -17,6 +17,7 @@ from trueup.server.service.backups import DeviceBackups
 from trueup.server.service.enrollment import Enrollment
 from trueup.server.service.fleetview import Fleet
 from trueup.server.service.identity import Identity
+from trueup.server.service.notify import Deliveries, Engine, Notifier, Routing
 from trueup.server.service.revisions import DesiredRevisions
 from trueup.server.service.secrets import TenantSecrets
 from trueup.server.service.store import Store
@@ -35,6 +36,7 @@ class ControlPlane:
         stale_intervals: int = 3,
         auth_cache_seconds: float = 2.0,
         backup_keep: int = BACKUP_KEEP,
+        notify: dict[str, float] | None = None,
     ) -> None:
         self.db = database
         self.key = server_key
@@ -47,6 +49,24 @@ class ControlPlane:
         self.fleet_view = Fleet(store, stale_intervals=stale_intervals)
         self.audit_trail = AuditTrail(store)
         self.device_backups = DeviceBackups(store, keep=backup_keep)
+        # notifications: `notify` holds the Notifier's and Deliveries' tunables
+        tunables = dict(notify or {})
+        self.notify_routing = Routing(store)
+        self.notify_engine = Engine(store, stale_intervals=stale_intervals)
+        self.notify_deliveries = Deliveries(
+            store,
+            base_delay=tunables.get("base_delay", 5.0),
+            max_delay=tunables.get("max_delay", 600.0),
+            max_attempts=int(tunables.get("max_attempts", 8)),
+            lease_seconds=tunables.get("lease_seconds", 60.0),
+        )
+        self.notifier = Notifier(
+            self.notify_engine,
+            self.notify_deliveries,
+            poll_seconds=tunables.get("poll_seconds", 1.0),
+            scan_seconds=tunables.get("scan_seconds", 5.0),
+            timeout=tunables.get("timeout", 10.0),
+        )
 
         # identity: tenants, users, roles, user tokens
         self.tenant_id = self.identity.tenant_id
@@ -88,6 +108,16 @@ class ControlPlane:
         self.backup = self.device_backups.backup
         self.backup_content = self.device_backups.backup_content
         self.delete_backup = self.device_backups.delete_backup
+        # notifications
+        self.create_notify_target = self.notify_routing.create_target
+        self.notify_targets = self.notify_routing.targets
+        self.delete_notify_target = self.notify_routing.delete_target
+        self.create_notify_rule = self.notify_routing.create_rule
+        self.notify_rules = self.notify_routing.rules
+        self.delete_notify_rule = self.notify_routing.delete_rule
+        self.notify_delivery_log = self.notify_deliveries.deliveries
+        self.redeliver_notification = self.notify_deliveries.redeliver
+        self.discard_notification = self.notify_deliveries.discard
         # the audit log
         self.audit_entries = self.audit_trail.audit_entries
         self.verify_audit = self.audit_trail.verify_audit

@@ -1,0 +1,195 @@
+"""`trueup server notify …`: notification targets, rules, the delivery log and dead letters.
+
+The same operations as `/api/v1/notifications/…` (docs/notifications.md), run on
+the server's database directly like the other `trueup server` commands, audited
+with the actor `cli:<login>`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from trueup.cli.server import DbOption, KeyOption, OutputOption, _actor, _fail, _plane, _tenant
+
+__all__ = ["notify_app"]
+
+notify_app = typer.Typer(
+    help="Notifications: webhook targets, routing rules, deliveries, dead letters.",
+    no_args_is_help=True,
+)
+TenantOption = typer.Option(..., "--tenant")
+
+
+def _run(call: Any) -> Any:
+    from trueup.server.service import ServiceError
+
+    try:
+        return call()
+    except ServiceError as exc:
+        raise _fail(str(exc)) from None
+
+
+def _show(data: dict[str, Any], output: str, table: list[str]) -> None:
+    from trueup.cli.output import emit
+
+    if output == "table":
+        typer.echo("\n".join(table))
+    else:
+        emit(data, output)
+
+
+@notify_app.command("targets")
+def targets(
+    tenant: str = TenantOption,
+    output: str = OutputOption,
+    db: str = DbOption,
+    key_file: Path | None = KeyOption,
+) -> None:
+    """The tenant's webhook targets (never their secrets)."""
+    plane = _plane(db, key_file)
+    found = plane.notify_targets(_tenant(plane, tenant))
+    lines = [f"{'NAME':<24} URL"] + [f"{t['name']:<24} {t['url']}" for t in found]
+    _show({"targets": found}, output, lines)
+
+
+@notify_app.command("add-target")
+def add_target(
+    name: str = typer.Argument(...),
+    url: str = typer.Argument(..., help="http:// or https:// webhook URL"),
+    secret_file: Path | None = typer.Option(
+        None, "--secret-file", help="file holding the signing secret (default: generated)"
+    ),
+    tenant: str = TenantOption,
+    db: str = DbOption,
+    key_file: Path | None = KeyOption,
+) -> None:
+    """Add a webhook target; a generated secret is printed this once."""
+    secret = secret_file.read_text().strip() if secret_file else None
+    plane = _plane(db, key_file)
+    tenant_id = _tenant(plane, tenant)
+    made = _run(lambda: plane.create_notify_target(tenant_id, name, url, secret, _actor()))
+    typer.echo(f"target {name} -> {url}")
+    if "secret" in made:
+        typer.echo(f"signing secret (shown once): {made['secret']}")
+
+
+@notify_app.command("rules")
+def rules(
+    tenant: str = TenantOption,
+    output: str = OutputOption,
+    db: str = DbOption,
+    key_file: Path | None = KeyOption,
+) -> None:
+    """The tenant's routing rules."""
+    plane = _plane(db, key_file)
+    found = plane.notify_rules(_tenant(plane, tenant))
+    lines = [f"{'NAME':<20} {'TARGET':<20} {'ESCALATE':<9} MATCH"]
+    for r in found:
+        m = r["match"]
+        parts = [
+            f"devices={','.join(m['devices'])}" if m["devices"] else "",
+            f"codes={','.join(m['reason_codes'])}" if m["reason_codes"] else "",
+            f"kinds={','.join(m['kinds'])}" if m["kinds"] else "",
+            f"severity>={m['min_severity']}",
+        ]
+        escalate = f"{r['escalate_after']:g}s" if r["escalate_after"] else "-"
+        lines.append(
+            f"{r['name']:<20} {r['target']:<20} {escalate:<9} {' '.join(p for p in parts if p)}"
+        )
+    _show({"rules": found}, output, lines)
+
+
+@notify_app.command("add-rule")
+def add_rule(
+    name: str = typer.Argument(...),
+    target: str = typer.Option(..., "--target"),
+    device: list[str] = typer.Option([], "--device", help="device-name glob (repeatable)"),
+    reason: list[str] = typer.Option([], "--reason", help="reason code (repeatable)"),
+    kind: list[str] = typer.Option([], "--kind", help="event kind (repeatable)"),
+    min_severity: str = typer.Option("info", "--min-severity", help="info | warning | critical"),
+    escalate_after: float | None = typer.Option(
+        None, "--escalate-after", help="seconds a device may stay failed before escalating"
+    ),
+    tenant: str = TenantOption,
+    db: str = DbOption,
+    key_file: Path | None = KeyOption,
+) -> None:
+    """Route the events the match selects to a target (and escalate, with --escalate-after)."""
+    plane = _plane(db, key_file)
+    tenant_id = _tenant(plane, tenant)
+    match = {"devices": device, "reason_codes": reason, "kinds": kind, "min_severity": min_severity}
+    _run(lambda: plane.create_notify_rule(tenant_id, name, target, match, escalate_after, _actor()))
+    typer.echo(f"rule {name} -> {target}")
+
+
+@notify_app.command("remove")
+def remove(
+    what: str = typer.Argument(..., help="rule | target"),
+    name: str = typer.Argument(...),
+    tenant: str = TenantOption,
+    db: str = DbOption,
+    key_file: Path | None = KeyOption,
+) -> None:
+    """Delete a rule, or a target no rule uses (its delivery log is kept)."""
+    if what not in ("rule", "target"):
+        raise _fail(f"{what}: expected rule or target")
+    plane = _plane(db, key_file)
+    tenant_id = _tenant(plane, tenant)
+    delete = plane.delete_notify_rule if what == "rule" else plane.delete_notify_target
+    _run(lambda: delete(tenant_id, name, _actor()))
+    typer.echo(f"{what} {name} deleted")
+
+
+@notify_app.command("deliveries")
+def deliveries(
+    tenant: str = TenantOption,
+    state: str | None = typer.Option(
+        None, "--state", help="pending | delivered | dead | discarded"
+    ),
+    limit: int = typer.Option(50, "--limit", min=1, max=1000),
+    output: str = OutputOption,
+    db: str = DbOption,
+    key_file: Path | None = KeyOption,
+) -> None:
+    """The delivery log, newest first (`--state dead`: the dead letters)."""
+    plane = _plane(db, key_file)
+    tenant_id = _tenant(plane, tenant)
+    found = _run(lambda: plane.notify_delivery_log(tenant_id, state=state, limit=limit))
+    lines = [f"{'ID':>6} {'STATE':<10} {'KIND':<20} {'DEVICE':<20} {'TARGET':<16} TRIES LAST ERROR"]
+    for d in found:
+        lines.append(
+            f"{d['id']:>6} {d['state']:<10} {d['kind']:<20} {d['device']:<20} "
+            f"{d['target']:<16} {d['attempts']:>5} {d['last_error'] or '-'}"
+        )
+    _show({"deliveries": found}, output, lines)
+
+
+@notify_app.command("redeliver")
+def redeliver(
+    delivery: int = typer.Argument(..., help="delivery id"),
+    tenant: str = TenantOption,
+    db: str = DbOption,
+    key_file: Path | None = KeyOption,
+) -> None:
+    """Send a dead (or discarded) delivery again; the running server picks it up."""
+    plane = _plane(db, key_file)
+    tenant_id = _tenant(plane, tenant)
+    _run(lambda: plane.redeliver_notification(tenant_id, delivery, _actor()))
+    typer.echo(f"delivery {delivery} queued again")
+
+
+@notify_app.command("discard")
+def discard(
+    delivery: int = typer.Argument(..., help="delivery id"),
+    tenant: str = TenantOption,
+    db: str = DbOption,
+    key_file: Path | None = KeyOption,
+) -> None:
+    """Stop trying a dead or pending delivery (it stays in the log)."""
+    plane = _plane(db, key_file)
+    tenant_id = _tenant(plane, tenant)
+    _run(lambda: plane.discard_notification(tenant_id, delivery, _actor()))
+    typer.echo(f"delivery {delivery} discarded")

@@ -1,0 +1,130 @@
+"""Notifications: webhook targets, routing rules, the delivery log and the dead letters.
+
+Admins manage targets and rules (audited); operators list them and the delivery
+log and may redeliver a dead delivery; discarding one is for admins. Nothing here
+deletes a delivery or its log: a deleted target's row stays, renamed. A target's
+signing secret is write-only: it is returned once, when the server generated it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Path, Query, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from trueup.server.api.context import Api, role
+from trueup.server.api.responses import NAME_PARAM, answers
+from trueup.server.limits import MAX_INT32, NAME_LENGTH, SECRET_VALUE_LENGTH, URL_LENGTH
+from trueup.server.service import Principal
+
+__all__ = ["RuleCreate", "RuleMatch", "TargetCreate", "register"]
+
+DELIVERY_ID = Annotated[int, Path(ge=1, le=MAX_INT32, description="a delivery id")]
+_SHORT = Annotated[str, Field(min_length=1, max_length=NAME_LENGTH)]
+
+
+class TargetCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=NAME_LENGTH)
+    url: str = Field(max_length=URL_LENGTH)
+    # The HMAC key for X-Trueup-Signature; omitted, the server generates one.
+    secret: str | None = Field(None, min_length=16, max_length=SECRET_VALUE_LENGTH)
+
+
+class RuleMatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    devices: list[_SHORT] = Field([], max_length=100, description="device name globs")
+    reason_codes: list[_SHORT] = Field([], max_length=20)
+    kinds: list[_SHORT] = Field([], max_length=20)
+    min_severity: str = Field("info", max_length=20)
+
+
+class RuleCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=NAME_LENGTH)
+    target: str = Field(max_length=NAME_LENGTH)
+    match: RuleMatch = RuleMatch()
+    escalate_after: float | None = Field(None, gt=0, le=30 * 86400)
+
+
+def register(app: FastAPI, api: Api) -> None:
+    plane = api.plane
+    operator, admin = api.operator, api.admin
+    base = "/api/v1/notifications"
+
+    @app.get(f"{base}/targets", openapi_extra=role("operator"), responses=answers())
+    def list_targets(p: Principal = operator) -> dict[str, Any]:
+        return {"targets": plane.notify_targets(p.tenant_id)}
+
+    @app.post(f"{base}/targets", status_code=201, openapi_extra=role("admin"), responses=answers())
+    def create_target(body: TargetCreate, p: Principal = admin) -> dict[str, Any]:
+        return plane.create_notify_target(p.tenant_id, body.name, body.url, body.secret, p.actor)
+
+    @app.delete(
+        f"{base}/targets/{{name}}",
+        status_code=204,
+        openapi_extra=role("admin"),
+        responses={204: {"description": "deleted (audited)"}, **answers(404)},
+    )
+    def delete_target(name: NAME_PARAM, p: Principal = admin) -> Response:
+        plane.delete_notify_target(p.tenant_id, name, p.actor)
+        return Response(status_code=204)
+
+    @app.get(f"{base}/rules", openapi_extra=role("operator"), responses=answers())
+    def list_rules(p: Principal = operator) -> dict[str, Any]:
+        return {"rules": plane.notify_rules(p.tenant_id)}
+
+    @app.post(f"{base}/rules", status_code=201, openapi_extra=role("admin"), responses=answers(404))
+    def create_rule(body: RuleCreate, p: Principal = admin) -> dict[str, Any]:
+        return plane.create_notify_rule(
+            p.tenant_id,
+            body.name,
+            body.target,
+            body.match.model_dump(),
+            body.escalate_after,
+            p.actor,
+        )
+
+    @app.delete(
+        f"{base}/rules/{{name}}",
+        status_code=204,
+        openapi_extra=role("admin"),
+        responses={204: {"description": "deleted (audited)"}, **answers(404)},
+    )
+    def delete_rule(name: NAME_PARAM, p: Principal = admin) -> Response:
+        plane.delete_notify_rule(p.tenant_id, name, p.actor)
+        return Response(status_code=204)
+
+    @app.get(f"{base}/deliveries", openapi_extra=role("operator"), responses=answers())
+    def list_deliveries(
+        state: str | None = Query(None, max_length=20),
+        limit: int = Query(100, ge=1, le=1000),
+        p: Principal = operator,
+    ) -> dict[str, Any]:
+        return {"deliveries": plane.notify_delivery_log(p.tenant_id, state=state, limit=limit)}
+
+    @app.get(f"{base}/dead-letters", openapi_extra=role("operator"), responses=answers())
+    def list_dead_letters(
+        limit: int = Query(100, ge=1, le=1000), p: Principal = operator
+    ) -> dict[str, Any]:
+        return {"dead_letters": plane.notify_delivery_log(p.tenant_id, state="dead", limit=limit)}
+
+    @app.post(
+        f"{base}/dead-letters/{{delivery_id}}/redeliver",
+        openapi_extra=role("operator"),
+        responses={200: {"description": "queued again (audited)"}, **answers(404)},
+    )
+    def redeliver(delivery_id: DELIVERY_ID, p: Principal = operator) -> dict[str, Any]:
+        plane.redeliver_notification(p.tenant_id, delivery_id, p.actor)
+        plane.notifier.wake()
+        return {"id": delivery_id, "state": "pending"}
+
+    @app.post(
+        f"{base}/dead-letters/{{delivery_id}}/discard",
+        openapi_extra=role("admin"),
+        responses={200: {"description": "discarded (audited); kept in the log"}, **answers(404)},
+    )
+    def discard(delivery_id: DELIVERY_ID, p: Principal = admin) -> dict[str, Any]:
+        plane.discard_notification(p.tenant_id, delivery_id, p.actor)
+        return {"id": delivery_id, "state": "discarded"}

@@ -1,0 +1,18 @@
+"""Notifications: routing rules, signed webhooks, retries, the delivery log, escalation.
+
+    events.py      conditions, event kinds and severities, a rule's match (pure)
+    routing.py     Routing: targets (sealed secrets) and rules, audited
+    engine.py      Engine: device state -> events; the scan; escalation
+    emit.py        an event stored once, with a delivery per matching target
+    deliveries.py  Deliveries: claim, record attempts, back-off, the dead-letter list
+    worker.py      Notifier: the background thread that observes, scans and sends
+
+docs/notifications.md is the operator's description.
+"""
+
+from trueup.server.service.notify.deliveries import Deliveries
+from trueup.server.service.notify.engine import Engine
+from trueup.server.service.notify.routing import Routing
+from trueup.server.service.notify.worker import Notifier, sign, verify
+
+__all__ = ["Deliveries", "Engine", "Notifier", "Routing", "sign", "verify"]
