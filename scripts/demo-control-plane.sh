@@ -66,4 +66,9 @@ Control plane (SQLite, $DB) at $URL in namespace $OPNS, with 40 simulated device
   ip netns exec $OPNS curl -s -X PUT -H @$DEMO/admin-auth.header -H "If-Match: 1" \\
        -H "Content-Type: application/yaml" --data-binary @$DEMO/desired.yaml $URL/api/v1/devices/edge-01/desired
   $TRUEUP server audit verify --db $DB
+  $TRUEUP server notify --help                 # webhooks for drift, failures, escalation (docs/notifications.md)
+
+Dashboard: $URL/ — sign in with the token in $DEMO/admin-token (docs/dashboard.md).
+It listens inside namespace $OPNS; with a display, open it there:
+  ip netns exec $OPNS chromium --no-sandbox --user-data-dir=\$(mktemp -d) $URL/
 TXT
