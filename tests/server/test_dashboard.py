@@ -232,3 +232,39 @@ def test_reported_text_is_escaped(server: Server) -> None:
     page = browser(server, tenant, "viewer").get("/ui/devices/edge-01").text
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "<script>alert" not in page and "<img src=x" not in page and "<b>" not in page
+
+
+def test_the_device_page_shows_known_limitations_and_what_they_cover(server: Server) -> None:
+    tenant = server.tenant(devices=("edge-01",))
+    limitation = {
+        "id": "lim-1",
+        "subsystem": "links",
+        "path": "spec.interfaces[lan0].mtu",
+        "reason": "the <NIC> caps the MTU",
+        "reviewed_by": "net-team",
+        "ticket": "OPS-42",
+    }
+    answer = server.client.post(
+        "/api/v1/agent/report",
+        json={
+            "applied_version": 0,
+            "subsystems": {"links": {"health": "ok", "reason": None}},
+            "diff_summary": {
+                "paths": [],
+                "subsystems": {},
+                "accepted": ["spec.interfaces[lan0].mtu"],
+                "limitations": [limitation],
+            },
+        },
+        headers=tenant.device_auth("edge-01"),
+    )
+    assert answer.status_code == 200, answer.text
+    page = browser(server, tenant, "viewer").get("/ui/devices/edge-01").text
+    assert "<h2>Known limitations</h2>" in page
+    assert "lim-1" in page and "OPS-42" in page and "net-team" in page
+    assert "the &lt;NIC&gt; caps the MTU" in page
+    assert "accepted differences (not drift)" in page
+    # A device that reported none shows no such section.
+    other = server.tenant(devices=("edge-02",))
+    quiet = browser(server, other, "viewer").get("/ui/devices/edge-02").text
+    assert "Known limitations" not in quiet
