@@ -40,6 +40,7 @@ from trueup.server.api.routes import (
     agents,
     backups,
     devices,
+    evidence,
     identity,
     probes,
     revisions,
@@ -49,7 +50,13 @@ from trueup.server.api.watcher import RevisionWatcher
 from trueup.server.db import Database, is_unavailable
 from trueup.server.ingest import ReportIngest
 from trueup.server.keys import load_or_create_server_key
-from trueup.server.limits import BACKUP_BODY_BYTES, BACKUP_KEEP, excerpt
+from trueup.server.limits import (
+    BACKUP_BODY_BYTES,
+    BACKUP_KEEP,
+    EVIDENCE_BODY_BYTES,
+    EVIDENCE_KEEP,
+    excerpt,
+)
 from trueup.server.service import Conflict, ControlPlane, Invalid, NotFound
 
 __all__ = ["SETTINGS_ENV", "AgentReport", "Settings", "create_app", "create_app_from_env"]
@@ -73,6 +80,9 @@ class Settings:
     # and where uploads are spooled while they are hashed ("": beside the key file).
     backup_max_bytes: int = BACKUP_BODY_BYTES
     backup_keep: int = BACKUP_KEEP
+    # Device evidence bundles: the upload's body limit and how many each device keeps.
+    evidence_max_bytes: int = EVIDENCE_BODY_BYTES
+    evidence_keep: int = EVIDENCE_KEEP
     spool_dir: str = ""
 
     def to_env(self) -> str:
@@ -151,6 +161,7 @@ def create_app(settings: Settings) -> FastAPI:
         stale_intervals=settings.stale_intervals,
         auth_cache_seconds=settings.auth_cache_seconds,
         backup_keep=settings.backup_keep,
+        evidence_keep=settings.evidence_keep,
     )
     ingest = ReportIngest(
         database,
@@ -167,6 +178,7 @@ def create_app(settings: Settings) -> FastAPI:
         metrics=metrics,
         public_url=settings.public_url,
         backup_max_bytes=settings.backup_max_bytes,
+        evidence_max_bytes=settings.evidence_max_bytes,
         spool_dir=settings.spool_dir or str(Path(settings.key_file).resolve().parent),
     )
 
@@ -196,7 +208,17 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(EdgeMiddleware, router=app.router, authenticate=api.authenticate)
     app.add_middleware(MeasureMiddleware, metrics=metrics)
     _add_error_handlers(app, metrics)
-    for area in (probes, devices, revisions, secrets, identity, agents, backups, dashboard):
+    for area in (
+        probes,
+        devices,
+        revisions,
+        secrets,
+        identity,
+        agents,
+        backups,
+        evidence,
+        dashboard,
+    ):
         area.register(app, api)
     _with_report_schemas(app)
     return app
