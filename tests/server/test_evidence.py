@@ -140,3 +140,37 @@ def test_a_body_over_the_limit_is_413(isolated_server: Server) -> None:
     assert upload(server, tenant, "edge-01", b"x" * 8192).status_code == 413
     assert listed(server, tenant, "edge-01")["evidence"] == []
     assert upload(server, tenant, "edge-01", b"y" * 4096).status_code == 201
+
+
+def test_the_dashboard_lists_requests_and_downloads_uploaded_bundles(server: Server) -> None:
+    from tests.server.test_dashboard import browser, csrf_of
+
+    tenant = server.tenant("ev", devices=("edge-01",))
+    viewer = browser(server, tenant, "viewer")
+    page = viewer.get("/ui/devices/edge-01")
+    assert "Request fresh evidence" not in page.text and 'id="no-evidence"' in page.text
+    assert "/ui/devices/edge-01/evidence" in page.text  # the control plane's bundle stays
+    denied = viewer.post("/ui/devices/edge-01/evidence-requests", data={"csrf": csrf_of(page.text)})
+    assert denied.status_code == 403
+
+    operator = browser(server, tenant, "operator")
+    page = operator.get("/ui/devices/edge-01")
+    assert "Request fresh evidence" in page.text
+    forged = operator.post("/ui/devices/edge-01/evidence-requests", data={"csrf": "forged"})
+    assert forged.status_code == 403
+    asked = operator.post(
+        "/ui/devices/edge-01/evidence-requests",
+        data={"csrf": csrf_of(page.text)},
+        follow_redirects=False,
+    )
+    assert asked.status_code == 303
+    assert 'id="evidence-pending"' in operator.get("/ui/devices/edge-01").text
+
+    data = b"the router's bundle"
+    evidence_id = upload(server, tenant, "edge-01", data).json()["id"]
+    page = viewer.get("/ui/devices/edge-01")
+    assert sha(data) in page.text and 'id="evidence-pending"' not in page.text
+    got = viewer.get(f"/ui/devices/edge-01/evidence/{evidence_id}")
+    assert got.status_code == 200 and got.content == data
+    stranger = browser(server, server.tenant("ev", devices=("edge-01",)), "admin")
+    assert stranger.get(f"/ui/devices/edge-01/evidence/{evidence_id}").status_code == 404

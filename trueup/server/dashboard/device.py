@@ -260,6 +260,14 @@ def _ack_form(page: DevicePage, device: str) -> str:
     )
 
 
+def _evidence_section(page: DevicePage, device: str) -> str:
+    from trueup.server.dashboard.evidence import render_evidence_section
+
+    listed = page.extras.get("evidence") or {"evidence": [], "pending_requests": []}
+    may_request = _may(page.principal, Role.OPERATOR)
+    return render_evidence_section(device, listed, page.csrf if may_request else None)
+
+
 def _may(principal: Principal, role: Role) -> bool:
     return principal.role is not None and role_at_least(principal.role, role)
 
@@ -372,8 +380,7 @@ def render_device(page: DevicePage) -> str:
     return (
         f'<p><a href="/">← fleet</a></p><h1>{esc(device)}</h1>{banner}'
         f"{_summary(page)}"
-        f'<p><a class="button" href="/ui/devices/{quote(device)}/evidence" download>'
-        "Download evidence bundle</a></p>"
+        f"{_evidence_section(page, device)}"
         f"{_findings(page.report)}{_side_by_side(differences(page.report), page)}{desired_doc}"
         f"{_subsystems(page)}"
         f"<h2>Timeline</h2>{timeline_svg(events, page.now)}"

@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from trueup.model.decode import DecodeError, decode_yaml
 from trueup.server.api.context import Api, authorise
+from trueup.server.api.routes.evidence import evidence_response
 from trueup.server.dashboard import data
 from trueup.server.dashboard.device import DevicePage, render_device, revision_diff
 from trueup.server.dashboard.devicedata import evidence_parts, load_device_page
@@ -191,6 +192,44 @@ def register(app: FastAPI, api: Api) -> None:
             page = await run_in_threadpool(lambda: data.fleet_page(plane, principal.tenant_id, **f))
             body = fleet_page(page, status=f["status"], reason=f["reason"], search=f["search"])
             return _html(layout("Fleet", body, principal, session.csrf))
+
+        return await guarded(request, "viewer", work)
+
+    @app.post(
+        "/ui/devices/{device}/evidence-requests",
+        include_in_schema=False,
+        openapi_extra=_role("session"),
+    )
+    async def request_evidence(request: Request, device: str) -> Response:
+        async def work() -> Response:
+            principal, _session, _form = await posted(request, "operator")
+            await run_in_threadpool(
+                plane.request_evidence, principal.tenant_id, device, principal.actor
+            )
+            return RedirectResponse(
+                f"/ui/devices/{quote(device)}#evidence", status_code=303, headers=_HEADERS
+            )
+
+        return await guarded(request, "operator", work)
+
+    @app.get(
+        "/ui/devices/{device}/evidence/{evidence_id}",
+        include_in_schema=False,
+        openapi_extra=_role("session"),
+    )
+    async def download_evidence(request: Request, device: str, evidence_id: int) -> Response:
+        async def work() -> Response:
+            principal, _session = await caller(request)
+
+            def find() -> dict[str, Any]:
+                found = plane.evidence_bundle(principal.tenant_id, device, evidence_id)
+                plane.audit_evidence_download(
+                    principal.tenant_id, device, evidence_id, principal.actor
+                )
+                return found
+
+            found = await run_in_threadpool(find)
+            return evidence_response(plane, device, found)
 
         return await guarded(request, "viewer", work)
 
