@@ -37,6 +37,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("post", "/api/v1/users/{user}/tokens"): {"label": "x"},
     ("post", "/api/v1/agent/report"): {"applied_version": 0},
     ("post", "/api/v1/agent/backups"): "an opaque archive",
+    ("post", "/api/v1/agent/evidence"): "an opaque bundle",
 }
 
 
@@ -57,6 +58,8 @@ def call(
     extra = {"If-Match": values["if_match"]} if path.endswith("/desired") else {}
     if path == "/api/v1/agent/backups":
         extra = {"X-Trueup-Backup-Sha256": hashlib.sha256((content or "").encode()).hexdigest()}
+    if path == "/api/v1/agent/evidence":
+        extra = {"X-Trueup-Evidence-Sha256": hashlib.sha256((content or "").encode()).hexdigest()}
     response = server.client.request(
         method.upper(),
         url,
@@ -93,6 +96,17 @@ def test_every_route_refuses_the_wrong_callers(server: Server) -> None:
             server.plane.device_id(a_id, "edge-a"),
             io.BytesIO(archive),
             sha256=hashlib.sha256(archive).hexdigest(),
+            metadata={},
+            actor="test",
+        )["id"]
+    )
+    bundle = b"edge-a's evidence"
+    values["evidence_id"] = str(
+        server.plane.store_evidence(
+            a_id,
+            server.plane.device_id(a_id, "edge-a"),
+            io.BytesIO(bundle),
+            sha256=hashlib.sha256(bundle).hexdigest(),
             metadata={},
             actor="test",
         )["id"]

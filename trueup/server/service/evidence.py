@@ -19,12 +19,16 @@ from typing import Any, BinaryIO
 from sqlalchemy import Connection, and_, delete, select
 
 from trueup.server.limits import BACKUP_CHUNK_BYTES, EVIDENCE_KEEP
-from trueup.server.service.backups import BackupGone
 from trueup.server.service.errors import Invalid, NotFound
 from trueup.server.service.store import Store, inserted_id
 from trueup.server.tables import devices, evidence, evidence_chunks, evidence_requests
 
-__all__ = ["DeviceEvidence"]
+__all__ = ["DeviceEvidence", "EvidenceGone"]
+
+
+class EvidenceGone(Exception):
+    """The bundle lost a chunk while it was being downloaded (the download is cut short)."""
+
 
 _LISTED = (
     evidence.c.id,
@@ -297,6 +301,8 @@ class DeviceEvidence:
             if row is None:
                 return
             if row.seq != seq + 1:
-                raise BackupGone(f"evidence {evidence_id} lost chunk {seq + 1} during the download")
+                raise EvidenceGone(
+                    f"evidence {evidence_id} lost chunk {seq + 1} during the download"
+                )
             seq = int(row.seq)
             yield bytes(row.data)
