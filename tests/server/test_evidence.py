@@ -6,14 +6,27 @@ Every test runs on SQLite and PostgreSQL (the conftest's backends).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
-from tests.server.conftest import BACKENDS, Server, Tenant
+from tests.routers import base_document
+from tests.server.conftest import BACKENDS, Server, ServerProcess, Tenant
+from trueup.agent.cpclient import ControlPlaneClient
+from trueup.cli.main import app as cli_app
+from trueup.journal.state import StateDir
+from trueup.model.document import parse_document
+from trueup.reconcile.transaction import Change, Engine
+from trueup.server.db import Database
+from trueup.server.keys import load_or_create_server_key
 from trueup.server.limits import BACKUP_CHUNK_BYTES
+from trueup.server.service import ControlPlane
+from trueup.system.fake import FakeNetlink
 
 UPLOAD = "/api/v1/agent/evidence"
 
@@ -174,3 +187,41 @@ def test_the_dashboard_lists_requests_and_downloads_uploaded_bundles(server: Ser
     assert got.status_code == 200 and got.content == data
     stranger = browser(server, server.tenant("ev", devices=("edge-01",)), "admin")
     assert stranger.get(f"/ui/devices/edge-01/evidence/{evidence_id}").status_code == 404
+
+
+def test_trueup_evidence_upload_sends_the_bundle_to_the_agents_control_plane(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path}/server.db"
+    key_file = tmp_path / "server.key"
+    database = Database(url)
+    database.migrate()
+    plane = ControlPlane(database, load_or_create_server_key(key_file), auth_cache_seconds=0)
+    tenant_id = plane.create_tenant("acme", "test")
+    server = ServerProcess(url, key_file).start()
+    try:
+        bundle = plane.enroll(tenant_id, "edge-01", "test", url=server.url)
+        bundle_path = tmp_path / "bundle.json"
+        bundle_path.write_text(json.dumps(bundle))
+        token_file = tmp_path / "device.token"
+        client = ControlPlaneClient(None, token_file)
+        client.exchange_enrollment(bundle_path)
+        client.close()
+        state = StateDir(tmp_path / "state")
+        state.ensure()
+        kernel = FakeNetlink({"mgmt0": 1500, "lan0": 1500})
+        engine = Engine(state, netlink_factory=lambda: kernel)
+        assert engine.transact(Change(parse_document(base_document()), actor="test")).ok
+        out = tmp_path / "evidence.tar.gz"
+        args = ["evidence", "--out", str(out), "--state-dir", str(state.root), "--upload"]
+        not_enrolled = CliRunner().invoke(cli_app, [*args, "--token-file", str(token_file)])
+        assert not_enrolled.exit_code == 1 and "not enrolled" in not_enrolled.output
+        (state.root / "control-plane.json").write_text(json.dumps({"url": server.url}))
+        result = CliRunner().invoke(cli_app, [*args, "--token-file", str(token_file)])
+        assert result.exit_code == 0, result.output
+        assert "uploaded evidence" in result.output
+        [row] = plane.evidence_list(tenant_id, "edge-01")["evidence"]
+        assert row["sha256"] == sha(out.read_bytes()) and row["size"] == out.stat().st_size
+    finally:
+        server.stop()
+        database.dispose()
