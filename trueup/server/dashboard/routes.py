@@ -24,11 +24,9 @@ from starlette.concurrency import run_in_threadpool
 
 from trueup.model.decode import DecodeError, decode_yaml
 from trueup.server.api.context import Api, authorise
-from trueup.server.api.routes.evidence import evidence_response
-from trueup.server.dashboard import data
+from trueup.server.dashboard import data, evidenceroutes
 from trueup.server.dashboard.device import DevicePage, render_device, revision_diff
-from trueup.server.dashboard.devicedata import evidence_parts, load_device_page
-from trueup.server.dashboard.evidence import build_bundle
+from trueup.server.dashboard.devicedata import load_device_page
 from trueup.server.dashboard.html import esc, fleet_body, fleet_page, layout, login_page
 from trueup.server.dashboard.session import COOKIE, SESSION_SECONDS, Session, Sessions
 from trueup.server.limits import DOCUMENT_BYTES, TEXT_LENGTH
@@ -192,44 +190,6 @@ def register(app: FastAPI, api: Api) -> None:
             page = await run_in_threadpool(lambda: data.fleet_page(plane, principal.tenant_id, **f))
             body = fleet_page(page, status=f["status"], reason=f["reason"], search=f["search"])
             return _html(layout("Fleet", body, principal, session.csrf))
-
-        return await guarded(request, "viewer", work)
-
-    @app.post(
-        "/ui/devices/{device}/evidence-requests",
-        include_in_schema=False,
-        openapi_extra=_role("session"),
-    )
-    async def request_evidence(request: Request, device: str) -> Response:
-        async def work() -> Response:
-            principal, _session, _form = await posted(request, "operator")
-            await run_in_threadpool(
-                plane.request_evidence, principal.tenant_id, device, principal.actor
-            )
-            return RedirectResponse(
-                f"/ui/devices/{quote(device)}#evidence", status_code=303, headers=_HEADERS
-            )
-
-        return await guarded(request, "operator", work)
-
-    @app.get(
-        "/ui/devices/{device}/evidence/{evidence_id}",
-        include_in_schema=False,
-        openapi_extra=_role("session"),
-    )
-    async def download_evidence(request: Request, device: str, evidence_id: int) -> Response:
-        async def work() -> Response:
-            principal, _session = await caller(request)
-
-            def find() -> dict[str, Any]:
-                found = plane.evidence_bundle(principal.tenant_id, device, evidence_id)
-                plane.audit_evidence_download(
-                    principal.tenant_id, device, evidence_id, principal.actor
-                )
-                return found
-
-            found = await run_in_threadpool(find)
-            return evidence_response(plane, device, found)
 
         return await guarded(request, "viewer", work)
 
@@ -403,23 +363,13 @@ def register(app: FastAPI, api: Api) -> None:
 
         return await guarded(request, "operator", work)
 
-    @app.get(
-        "/ui/devices/{device}/evidence", include_in_schema=False, openapi_extra=_role("session")
+    evidenceroutes.register(
+        app,
+        plane,
+        caller=caller,
+        posted=posted,
+        guarded=guarded,
+        device_page=device_page,
+        session_role=_role("session"),
+        headers=_HEADERS,
     )
-    async def evidence(request: Request, device: str) -> Response:
-        async def work() -> Response:
-            principal, _session = await caller(request)
-
-            def build() -> bytes:
-                page = device_page(principal, "", device)
-                return build_bundle(device, evidence_parts(page), page.now)
-
-            content = await run_in_threadpool(build)
-            name = f"{device}-evidence-{data.iso(time.time()).replace(':', '')}.tar.gz"
-            return Response(
-                content,
-                media_type="application/gzip",
-                headers={**_HEADERS, "Content-Disposition": f'attachment; filename="{name}"'},
-            )
-
-        return await guarded(request, "viewer", work)
