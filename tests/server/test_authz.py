@@ -43,6 +43,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("post", "/api/v1/agent/backups"): "an opaque archive",
     ("post", "/api/v1/notifications/targets"): {"name": "hook-new", "url": "http://127.0.0.1:9/"},
     ("post", "/api/v1/notifications/rules"): {"name": "rule-new", "target": "k2"},
+    ("post", "/api/v1/agent/evidence"): "an opaque bundle",
 }
 
 
@@ -63,6 +64,8 @@ def call(
     extra = {"If-Match": values["if_match"]} if path.endswith("/desired") else {}
     if path == "/api/v1/agent/backups":
         extra = {"X-Trueup-Backup-Sha256": hashlib.sha256((content or "").encode()).hexdigest()}
+    if path == "/api/v1/agent/evidence":
+        extra = {"X-Trueup-Evidence-Sha256": hashlib.sha256((content or "").encode()).hexdigest()}
     response = server.client.request(
         method.upper(),
         url,
@@ -104,6 +107,17 @@ def test_every_route_refuses_the_wrong_callers(server: Server) -> None:
         )["id"]
     )
     values["delivery_id"] = str(_notification_fixtures(server, a, b))
+    bundle = b"edge-a's evidence"
+    values["evidence_id"] = str(
+        server.plane.store_evidence(
+            a_id,
+            server.plane.device_id(a_id, "edge-a"),
+            io.BytesIO(bundle),
+            sha256=hashlib.sha256(bundle).hexdigest(),
+            metadata={},
+            actor="test",
+        )["id"]
+    )
     spec = server.client.get("/openapi.json", headers=a.auth("viewer")).json()
     matrix = operations(spec)
     assert len(matrix) >= 25

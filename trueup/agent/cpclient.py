@@ -28,6 +28,7 @@ import json
 import logging
 import random
 import ssl
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -248,6 +249,38 @@ class ControlPlaneClient:
         unavailable control plane (network, 503, …) is retried `attempts` times with
         exponential backoff; a refusal (4xx) is raised at once (ControlPlaneRefused).
         """
+        return self._upload_file(
+            path, "/api/v1/agent/backups", "Backup", metadata, attempts=attempts, sleep=sleep
+        )
+
+    def upload_evidence(
+        self,
+        path: str | Path,
+        metadata: dict[str, Any] | None = None,
+        *,
+        attempts: int = 5,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> dict[str, Any]:
+        """Upload an evidence bundle (`trueup evidence`'s tar.gz), as `upload_backup` does."""
+        return self._upload_file(
+            path, "/api/v1/agent/evidence", "Evidence", metadata, attempts=attempts, sleep=sleep
+        )
+
+    def evidence_request(self) -> dict[str, Any] | None:
+        """The operators' pending request for a fresh evidence bundle, if any."""
+        pending = self._request("GET", "/api/v1/agent/evidence-request").json().get("pending")
+        return dict(pending) if isinstance(pending, dict) else None
+
+    def _upload_file(
+        self,
+        path: str | Path,
+        route: str,
+        kind: str,
+        metadata: dict[str, Any] | None,
+        *,
+        attempts: int,
+        sleep: Callable[[float], None],
+    ) -> dict[str, Any]:
         archive = Path(path)
         try:
             digest, size = _file_sha256(archive)
@@ -256,17 +289,17 @@ class ControlPlaneClient:
         headers = {
             "Content-Type": "application/octet-stream",
             "Content-Length": str(size),
-            "X-Trueup-Backup-Sha256": digest,
+            f"X-Trueup-{kind}-Sha256": digest,
         }
         if metadata:
-            headers["X-Trueup-Backup-Metadata"] = json.dumps(metadata, separators=(",", ":"))
+            headers[f"X-Trueup-{kind}-Metadata"] = json.dumps(metadata, separators=(",", ":"))
         backoff = _Backoff(1.0, 30.0)
         for attempt in range(1, attempts + 1):
             try:
                 with archive.open("rb") as body:
                     response = self._request(
                         "POST",
-                        "/api/v1/agent/backups",
+                        route,
                         content=_chunks(body),
                         headers=headers,
                         timeout=max(self.timeout, 60.0),
@@ -276,7 +309,7 @@ class ControlPlaneClient:
                 if attempt == attempts:
                     raise
                 delay = backoff.next_delay()
-                log.warning("backup upload: %s; retrying in %.1f s", exc, delay)
+                log.warning("%s upload: %s; retrying in %.1f s", kind.lower(), exc, delay)
                 sleep(delay)
         raise AssertionError("unreachable")
 
@@ -434,8 +467,10 @@ class SyncLoop:
         long_poll_seconds: float = 30.0,
         backoff_initial: float = 1.0,
         backoff_max: float = 60.0,
+        build_evidence: Callable[[Path], None] | None = None,
     ) -> None:
         self.client = client
+        self.build_evidence = build_evidence
         self.apply = apply
         self.snapshot = snapshot
         self.heartbeat_interval = heartbeat_interval
@@ -518,6 +553,30 @@ class SyncLoop:
             self.seen_version = version
             self._report_now.set()
 
+    def answer_evidence_request(self) -> dict[str, Any] | None:
+        """If an operator asked for fresh evidence, build a bundle and upload it.
+
+        Checked after every report (so at least every heartbeat); a failure is logged
+        and the request stays pending, to be answered after a later report.
+        """
+        if self.build_evidence is None:
+            return None
+        try:
+            pending = self.client.evidence_request()
+            if pending is None:
+                return None
+            with tempfile.TemporaryDirectory(prefix="trueup-evidence-") as tmp:
+                bundle = Path(tmp) / "evidence.tar.gz"
+                self.build_evidence(bundle)
+                return self.client.upload_evidence(
+                    bundle, {"source": "agent", "request_id": pending.get("id")}, attempts=1
+                )
+        except ControlPlaneError as exc:
+            log.warning("evidence request not answered: %s", exc)
+        except Exception as exc:  # building the bundle must not end the report loop
+            log.warning("evidence request not answered: %s: %s", type(exc).__name__, exc)
+        return None
+
     def _report(self) -> None:
         backoff = _Backoff(self.backoff_initial, self.backoff_max)
         while not self._stop.is_set():
@@ -536,4 +595,5 @@ class SyncLoop:
             self.last_report_at = time.time()
             self.reports_sent += 1
             backoff.reset()
+            self.answer_evidence_request()
             self._report_now.wait(self.heartbeat_interval)

@@ -8,6 +8,7 @@ unreachable the agent keeps enforcing its last accepted revision.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,12 @@ def _fetch_secrets(client: ControlPlaneClient, state_dir: Path, document: dict[s
             log.warning("secret %r not stored: %s", name, exc)
 
 
+def _write_private_bytes(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+
+
 def _start_sync(agent: Agent, url: str, token_file: Path, heartbeat: float) -> SyncLoop:
     state = agent.state
     client = ControlPlaneClient(url, token_file)
@@ -116,6 +123,7 @@ def _start_sync(agent: Agent, url: str, token_file: Path, heartbeat: float) -> S
         # Long-poll after the last revision applied from the control plane, never
         # after a number a local apply took.
         initial_version=int(state.applied().get("cp_version") or 0),
+        build_evidence=lambda path: _write_private_bytes(path, agent.evidence()),
     )
     sync.start()
     return sync

@@ -80,6 +80,20 @@ def _presence(state_dir: Path, client: AgentClient | None) -> AgentPresence:
 def evidence(
     out: Annotated[Path, typer.Option("--out", help="where to write the tar.gz (0600)")],
     state_dir: StateDirOpt = DEFAULT_DIR,
+    upload: Annotated[
+        bool, typer.Option("--upload", help="also upload it to the control plane")
+    ] = False,
+    control_plane: Annotated[
+        str | None,
+        typer.Option(
+            envvar="TRUEUP_CONTROL_PLANE",
+            help="control-plane URL (default: the one the agent last synced with)",
+        ),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(envvar="TRUEUP_TOKEN_FILE", help="the agent's device credential file"),
+    ] = None,
 ) -> None:
     """Collect the runbook's evidence bundle; works with the agent stopped or hung."""
     require_state_dir(state_dir)
@@ -113,6 +127,40 @@ def evidence(
     typer.echo(f"wrote {out} ({len(data)} bytes) from the {source.split(',')[0]}")
     for name, reason in _missing(data).items():
         typer.echo(f"  missing {name}: {reason}")
+    if upload:
+        _upload(out, state_dir, control_plane, token_file, source)
+
+
+def _upload(
+    out: Path, state_dir: Path, control_plane: str | None, token_file: Path | None, source: str
+) -> None:
+    """Upload the written bundle with the device's credential (the agent's control plane)."""
+    import json
+
+    from trueup.agent.cpclient import ControlPlaneClient, ControlPlaneError
+
+    if control_plane is None:
+        try:
+            recorded = json.loads((state_dir / "control-plane.json").read_text())
+            control_plane = str(recorded["url"])
+        except (OSError, ValueError, KeyError, TypeError):
+            _fail(
+                "trueup evidence --upload: the agent is not enrolled with a control plane "
+                f"({state_dir / 'control-plane.json'} names none); give --control-plane URL"
+            )
+    if token_file is None:
+        _fail("trueup evidence --upload: give --token-file F (the agent's device credential)")
+    client = ControlPlaneClient(control_plane, token_file)
+    try:
+        stored = client.upload_evidence(out, {"source": source.split(",")[0]})
+    except ControlPlaneError as exc:
+        _fail(f"trueup evidence --upload: the upload failed: {exc}")
+    finally:
+        client.close()
+    typer.echo(
+        f"uploaded evidence {stored['id']} of {stored['device']}: {stored['size']} bytes, "
+        f"sha256 {stored['sha256']}"
+    )
 
 
 def _missing(data: bytes) -> dict[str, str]:

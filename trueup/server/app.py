@@ -40,6 +40,7 @@ from trueup.server.api.routes import (
     agents,
     backups,
     devices,
+    evidence,
     identity,
     notifications,
     probes,
@@ -50,7 +51,13 @@ from trueup.server.api.watcher import RevisionWatcher
 from trueup.server.db import Database, is_unavailable
 from trueup.server.ingest import ReportIngest
 from trueup.server.keys import load_or_create_server_key
-from trueup.server.limits import BACKUP_BODY_BYTES, BACKUP_KEEP, excerpt
+from trueup.server.limits import (
+    BACKUP_BODY_BYTES,
+    BACKUP_KEEP,
+    EVIDENCE_BODY_BYTES,
+    EVIDENCE_KEEP,
+    excerpt,
+)
 from trueup.server.service import Conflict, ControlPlane, Invalid, NotFound
 
 __all__ = ["SETTINGS_ENV", "AgentReport", "Settings", "create_app", "create_app_from_env"]
@@ -74,6 +81,9 @@ class Settings:
     # and where uploads are spooled while they are hashed ("": beside the key file).
     backup_max_bytes: int = BACKUP_BODY_BYTES
     backup_keep: int = BACKUP_KEEP
+    # Device evidence bundles: the upload's body limit and how many each device keeps.
+    evidence_max_bytes: int = EVIDENCE_BODY_BYTES
+    evidence_keep: int = EVIDENCE_KEEP
     spool_dir: str = ""
     # Notifications (docs/notifications.md): the first retry's delay (doubling up to
     # notify_max_delay), attempts before the dead-letter list, how often the notifier
@@ -173,6 +183,7 @@ def create_app(settings: Settings) -> FastAPI:
             "timeout": settings.notify_timeout,
             "lease_seconds": max(settings.notify_lease_seconds, settings.notify_timeout + 1.0),
         },
+        evidence_keep=settings.evidence_keep,
     )
     ingest = ReportIngest(
         database,
@@ -190,6 +201,7 @@ def create_app(settings: Settings) -> FastAPI:
         metrics=metrics,
         public_url=settings.public_url,
         backup_max_bytes=settings.backup_max_bytes,
+        evidence_max_bytes=settings.evidence_max_bytes,
         spool_dir=settings.spool_dir or str(Path(settings.key_file).resolve().parent),
     )
 
@@ -230,6 +242,7 @@ def create_app(settings: Settings) -> FastAPI:
         agents,
         backups,
         notifications,
+        evidence,
         dashboard,
     ):
         area.register(app, api)

@@ -40,6 +40,8 @@ __all__ = [
     "DEVICE_NAME_LENGTH",
     "DIGEST_LENGTH",
     "DOCUMENT_BYTES",
+    "EVIDENCE_BODY_BYTES",
+    "EVIDENCE_KEEP",
     "EXCERPT_CHARS",
     "KIND_LENGTH",
     "MAX_DEPTH",
@@ -90,6 +92,11 @@ BACKUP_CHUNK_BYTES = 1024 * 1024
 BACKUP_KEEP = 10
 BACKUP_METADATA_LENGTH = 4096
 AGENT_VERSION_LENGTH = 64
+
+# Device evidence bundles (service/evidence.py): the upload's body limit (configurable,
+# Settings) and the per-device retention; chunks and metadata as for backups.
+EVIDENCE_BODY_BYTES = 64 * 1024 * 1024
+EVIDENCE_KEEP = 5
 
 assert len("device:") + NAME_LENGTH + 1 + DEVICE_NAME_LENGTH <= ACTOR_LENGTH
 assert len("user:") + 2 * NAME_LENGTH + 1 <= ACTOR_LENGTH

@@ -47,6 +47,9 @@ __all__ = [
     "device_reports",
     "device_state",
     "devices",
+    "evidence",
+    "evidence_chunks",
+    "evidence_requests",
     "metadata",
     "notify_attempts",
     "notify_deliveries",
@@ -351,4 +354,43 @@ notify_attempts = Table(
     Column("latency_ms", Float, nullable=False),
     Column("error", Text, nullable=True),
     Index("ix_notify_attempts_delivery", "delivery_id", "id"),
+)
+
+# Device evidence bundles (migration 0007): what `trueup evidence` builds on the router,
+# uploaded by the agent (on request, or by `trueup evidence --upload`), kept per device
+# (the newest EVIDENCE_KEEP), stored in chunks like the backups.
+evidence = Table(
+    "evidence",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("tenant_id", Integer, ForeignKey("tenants.id"), nullable=False),
+    Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
+    Column("uploaded_at", Float, nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("sha256", String(64), nullable=False),
+    Column("metadata", Text, nullable=False, key="meta"),
+    Index("ix_evidence_device", "device_id", "id"),
+)
+
+evidence_chunks = Table(
+    "evidence_chunks",
+    metadata,
+    Column("evidence_id", Integer, ForeignKey("evidence.id"), primary_key=True),
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("data", LargeBinary, nullable=False),
+)
+
+# An operator's request for a fresh bundle; answered (answered_at, evidence_id) by the
+# device's next upload.
+evidence_requests = Table(
+    "evidence_requests",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("tenant_id", Integer, ForeignKey("tenants.id"), nullable=False),
+    Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
+    Column("requested_at", Float, nullable=False),
+    Column("requested_by", String(ACTOR_LENGTH), nullable=False),
+    Column("answered_at", Float, nullable=True),
+    Column("evidence_id", Integer, nullable=True),
+    Index("ix_evidence_requests_device", "device_id", "id"),
 )

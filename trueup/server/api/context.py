@@ -27,7 +27,12 @@ from trueup.server.api.metrics import Metrics
 from trueup.server.api.watcher import RevisionWatcher
 from trueup.server.db import Database
 from trueup.server.ingest import ReportIngest
-from trueup.server.limits import BACKUP_BODY_BYTES, DEFAULT_BODY_BYTES, excerpt
+from trueup.server.limits import (
+    BACKUP_BODY_BYTES,
+    DEFAULT_BODY_BYTES,
+    EVIDENCE_BODY_BYTES,
+    excerpt,
+)
 from trueup.server.service import ControlPlane, Principal, Unauthorized
 from trueup.server.tokens import Role, TokenKind, role_at_least
 
@@ -126,6 +131,7 @@ class Api:
     # Device backups: the upload route's body limit, and where uploads are spooled
     # (None: the system's temporary directory).
     backup_max_bytes: int = BACKUP_BODY_BYTES
+    evidence_max_bytes: int = EVIDENCE_BODY_BYTES
     spool_dir: str | None = None
     # FastAPI dependencies giving the calling Principal (see the module docstring).
     viewer: Any = field(init=False)

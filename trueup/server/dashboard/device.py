@@ -13,6 +13,7 @@ import yaml
 
 from trueup.server.dashboard.data import iso, report_conditions
 from trueup.server.dashboard.html import badge, esc, short_digest
+from trueup.server.dashboard.limitations import limitations_section
 from trueup.server.dashboard.timeline import timeline_events, timeline_svg
 from trueup.server.service import Principal
 from trueup.server.tokens import Role, role_at_least
@@ -195,33 +196,6 @@ def _findings(report: dict[str, Any] | None) -> str:
     return f'<h2>Findings</h2><ul class="findings">{"".join(items)}</ul>'
 
 
-def _limitations(report: dict[str, Any] | None) -> str:
-    """Known limitations the agent reported: reviewed, permanent accepted differences
-    (`trueup limitation add`), and the paths they cover now."""
-    summary = (report or {}).get("diff_summary") or {}
-    limitations = [item for item in summary.get("limitations") or [] if isinstance(item, dict)]
-    accepted = [str(p) for p in summary.get("accepted") or []]
-    if not limitations and not accepted:
-        return ""
-    rows = "".join(
-        f"<tr><td>{esc(item.get('id'))}</td><td>{esc(item.get('subsystem'))}</td>"
-        f"<td><code>{esc(item.get('path'))}</code></td><td>{esc(item.get('reason'))}</td>"
-        f"<td>{esc(item.get('reviewed_by'))}</td><td>{esc(item.get('ticket') or '-')}</td></tr>"
-        for item in limitations
-    )
-    covered = "".join(f"<li><code>{esc(p)}</code></li>" for p in accepted[:50])
-    return (
-        '<h2>Known limitations</h2><table class="limitations"><thead><tr><th>id</th>'
-        "<th>subsystem</th><th>path</th><th>reason</th><th>reviewed by</th><th>ticket</th>"
-        f"</tr></thead><tbody>{rows}</tbody></table>"
-        + (
-            f'<p class="muted">accepted differences (not drift):</p><ul>{covered}</ul>'
-            if covered
-            else ""
-        )
-    )
-
-
 def _subsystems(page: DevicePage) -> str:
     report = page.report or {}
     subs = report.get("subsystems") or {}
@@ -285,6 +259,14 @@ def _ack_form(page: DevicePage, device: str) -> str:
         '<label>Reason <input name="reason" required placeholder="why this state is acceptable">'
         '</label><button type="submit">Acknowledge</button></form>'
     )
+
+
+def _evidence_section(page: DevicePage, device: str) -> str:
+    from trueup.server.dashboard.evidence import render_evidence_section
+
+    listed = page.extras.get("evidence") or {"evidence": [], "pending_requests": []}
+    may_request = _may(page.principal, Role.OPERATOR)
+    return render_evidence_section(device, listed, page.csrf if may_request else None)
 
 
 def _may(principal: Principal, role: Role) -> bool:
@@ -399,10 +381,9 @@ def render_device(page: DevicePage) -> str:
     return (
         f'<p><a href="/">← fleet</a></p><h1>{esc(device)}</h1>{banner}'
         f"{_summary(page)}"
-        f'<p><a class="button" href="/ui/devices/{quote(device)}/evidence" download>'
-        "Download evidence bundle</a></p>"
+        f"{_evidence_section(page, device)}"
         f"{_findings(page.report)}{_side_by_side(differences(page.report), page)}{desired_doc}"
-        f"{_limitations(page.report)}{_subsystems(page)}"
+        f"{limitations_section(page.report)}{_subsystems(page)}"
         f"<h2>Timeline</h2>{timeline_svg(events, page.now)}"
         f"{_ack_form(page, device)}{_apply_form(page, device)}{_revisions(page, device)}"
         f"{_audit(page)}"

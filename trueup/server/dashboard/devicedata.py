@@ -26,6 +26,7 @@ def load_device_page(
     desired = plane.desired(tenant, device)
     revisions = [r.summary() for r in plane.revisions(tenant, device)]
     revisions.sort(key=lambda r: r["version"], reverse=True)
+    extra.setdefault("extras", {})["evidence"] = plane.evidence_list(tenant, device)
     admin = principal.role is not None and role_at_least(principal.role, Role.ADMIN)
     return DevicePage(
         principal=principal,

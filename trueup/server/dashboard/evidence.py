@@ -12,10 +12,12 @@ import io
 import json
 import tarfile
 from typing import Any
+from urllib.parse import quote
 
 from trueup.server.dashboard.data import iso
+from trueup.server.dashboard.html import esc
 
-__all__ = ["MISSING", "build_bundle"]
+__all__ = ["MISSING", "build_bundle", "render_evidence_section"]
 
 FORMAT = "trueup-evidence/control-plane-1"
 
@@ -56,3 +58,43 @@ def build_bundle(device: str, parts: dict[str, Any], now: float) -> bytes:
             info.mode = 0o644
             tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
+
+
+def render_evidence_section(device: str, listed: dict[str, Any], csrf: str | None) -> str:
+    """The device page's evidence section: the bundles the router uploaded (full evidence,
+    built there by `trueup evidence`), the pending requests, the request button (`csrf`
+    given: the caller is an operator), and the control plane's own bundle as a fallback."""
+    base = f"/ui/devices/{quote(device)}/evidence"
+    rows = "".join(
+        f'<tr><td><time datetime="{iso(e["uploaded_at"])}">{iso(e["uploaded_at"])}</time></td>'
+        f"<td>{int(e['size'])} bytes</td><td><code>{esc(e['sha256'])}</code></td>"
+        f'<td><a href="{base}/{int(e["id"])}" download>download</a></td></tr>'
+        for e in listed.get("evidence") or []
+    )
+    out = '<h2 id="evidence">Evidence</h2>'
+    if rows:
+        out += (
+            '<table class="evidence-list"><thead><tr><th>Uploaded</th><th>Size</th>'
+            f"<th>sha256</th><th></th></tr></thead><tbody>{rows}</tbody></table>"
+        )
+    else:
+        out += '<p class="muted" id="no-evidence">No bundle uploaded by the router yet.</p>'
+    pending = listed.get("pending_requests") or []
+    if pending:
+        since = iso(pending[0]["requested_at"])
+        out += (
+            f'<p class="notice" id="evidence-pending">Fresh evidence requested at {since} '
+            f"by {esc(pending[0]['requested_by'])}; the agent uploads it after its next "
+            "report.</p>"
+        )
+    if csrf is not None:
+        out += (
+            f'<form method="post" action="{base}-requests" class="evidence-request-form">'
+            f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
+            '<button type="submit">Request fresh evidence</button></form>'
+        )
+    return out + (
+        f'<p><a class="button" href="{base}" download>Download the control plane\'s bundle</a> '
+        '<span class="muted">(what the control plane stores; the router-side parts are '
+        "listed as missing)</span></p>"
+    )

@@ -24,10 +24,9 @@ from starlette.concurrency import run_in_threadpool
 
 from trueup.model.decode import DecodeError, decode_yaml
 from trueup.server.api.context import Api, authorise
-from trueup.server.dashboard import data
+from trueup.server.dashboard import data, evidenceroutes
 from trueup.server.dashboard.device import DevicePage, render_device, revision_diff
-from trueup.server.dashboard.devicedata import evidence_parts, load_device_page
-from trueup.server.dashboard.evidence import build_bundle
+from trueup.server.dashboard.devicedata import load_device_page
 from trueup.server.dashboard.html import esc, fleet_body, fleet_page, layout, login_page
 from trueup.server.dashboard.session import COOKIE, SESSION_SECONDS, Session, Sessions
 from trueup.server.limits import DOCUMENT_BYTES, TEXT_LENGTH
@@ -364,23 +363,13 @@ def register(app: FastAPI, api: Api) -> None:
 
         return await guarded(request, "operator", work)
 
-    @app.get(
-        "/ui/devices/{device}/evidence", include_in_schema=False, openapi_extra=_role("session")
+    evidenceroutes.register(
+        app,
+        plane,
+        caller=caller,
+        posted=posted,
+        guarded=guarded,
+        device_page=device_page,
+        session_role=_role("session"),
+        headers=_HEADERS,
     )
-    async def evidence(request: Request, device: str) -> Response:
-        async def work() -> Response:
-            principal, _session = await caller(request)
-
-            def build() -> bytes:
-                page = device_page(principal, "", device)
-                return build_bundle(device, evidence_parts(page), page.now)
-
-            content = await run_in_threadpool(build)
-            name = f"{device}-evidence-{data.iso(time.time()).replace(':', '')}.tar.gz"
-            return Response(
-                content,
-                media_type="application/gzip",
-                headers={**_HEADERS, "Content-Disposition": f'attachment; filename="{name}"'},
-            )
-
-        return await guarded(request, "viewer", work)

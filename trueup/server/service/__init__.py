@@ -15,6 +15,7 @@ One unit per job, each over the shared `Store`; `ControlPlane` composes them::
     secrets.py      TenantSecrets: sealed per tenant, opened only for their device
     fleetview.py    Fleet: derived fleet state, reports, acknowledgements
     backups.py      DeviceBackups: archives agents upload, per-device retention, downloads
+    evidence.py     DeviceEvidence: evidence bundles agents upload, operator requests
     audittrail.py   AuditTrail: list a tenant's entries, verify the chain
     plane.py        ControlPlane: the units composed, one flat API
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from trueup.server.db import Database
 from trueup.server.keys import ServerKey
-from trueup.server.limits import BACKUP_KEEP
+from trueup.server.limits import BACKUP_KEEP, EVIDENCE_KEEP
 from trueup.server.service.audittrail import AuditTrail
 from trueup.server.service.auth import Authenticator
 from trueup.server.service.backups import DeviceBackups
 from trueup.server.service.enrollment import Enrollment
+from trueup.server.service.evidence import DeviceEvidence
 from trueup.server.service.fleetview import Fleet
 from trueup.server.service.identity import Identity
 from trueup.server.service.notify import Deliveries, Engine, Notifier, Routing
@@ -37,6 +38,7 @@ class ControlPlane:
         auth_cache_seconds: float = 2.0,
         backup_keep: int = BACKUP_KEEP,
         notify: dict[str, float] | None = None,
+        evidence_keep: int = EVIDENCE_KEEP,
     ) -> None:
         self.db = database
         self.key = server_key
@@ -67,6 +69,7 @@ class ControlPlane:
             scan_seconds=tunables.get("scan_seconds", 5.0),
             timeout=tunables.get("timeout", 10.0),
         )
+        self.device_evidence = DeviceEvidence(store, keep=evidence_keep)
 
         # identity: tenants, users, roles, user tokens
         self.tenant_id = self.identity.tenant_id
@@ -118,6 +121,14 @@ class ControlPlane:
         self.notify_delivery_log = self.notify_deliveries.deliveries
         self.redeliver_notification = self.notify_deliveries.redeliver
         self.discard_notification = self.notify_deliveries.discard
+        # device evidence bundles
+        self.store_evidence = self.device_evidence.store_evidence
+        self.request_evidence = self.device_evidence.request_evidence
+        self.pending_evidence_request = self.device_evidence.pending_request
+        self.evidence_list = self.device_evidence.evidence_list
+        self.evidence_bundle = self.device_evidence.evidence_bundle
+        self.evidence_content = self.device_evidence.evidence_content
+        self.audit_evidence_download = self.device_evidence.audit_download
         # the audit log
         self.audit_entries = self.audit_trail.audit_entries
         self.verify_audit = self.audit_trail.verify_audit
