@@ -193,9 +193,16 @@ def test_each_event_arrives_once_signed_and_tenants_stay_apart(
     report(server, b, "edge-b", DRIFT)
     report(server, a, "edge-a", CLEAN)
     report(server, a, "edge-a", CLEAN)
-    # A last transition: once its event has arrived, every earlier one has been sent.
     report(server, a, "edge-a", {"reason_codes": ["STATE_VERSION_SKEW"]})
-    wait_for(lambda: hook_a.events("version_skew"), "the version_skew event")
+    # Deliveries run concurrently: wait until every one of A's is recorded as delivered
+    # (the receiver answers before the notifier writes that down), and B's has arrived.
+    wait_for(
+        lambda: (
+            len(deliveries(server, a)) == 3
+            and all(d["state"] == "delivered" for d in deliveries(server, a))
+        ),
+        "A's three deliveries recorded as delivered",
+    )
     wait_for(lambda: hook_b.events("drift_detected"), "tenant B's drift event")
 
     got = hook_a.got()
