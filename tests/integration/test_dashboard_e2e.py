@@ -186,7 +186,7 @@ def test_dashboard_in_chromium(router_with_client: Router) -> None:
 
         # Evidence: a bundle whose manifest hashes check.
         with page.expect_download() as download:
-            page.click("text=Download evidence bundle")
+            page.click("text=Download the control plane")
         path = router.workdir / "evidence.tar.gz"
         download.value.save_as(str(path))
         evidence = _check_bundle(str(path))
