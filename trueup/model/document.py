@@ -17,6 +17,7 @@ every core section in view.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
@@ -44,6 +45,7 @@ __all__ = [
     "json_schema",
     "load_document",
     "parse_document",
+    "refuse_duplicates",
     "route_table_number",
 ]
 
@@ -379,6 +381,21 @@ class _PathError(ValueError):
         error = cls(*problems[0])
         error.problems = problems
         return error
+
+
+def refuse_duplicates(
+    keys: list[str], path: Callable[[int], str], say: Callable[[str, int], str]
+) -> None:
+    """Raise a path error for every key that repeats an earlier one: `path(index)` names
+    the repeat, `say(key, first_index)` says what it repeats. Section validators use it."""
+    seen: dict[str, int] = {}
+    problems = []
+    for index, key in enumerate(keys):
+        if key in seen:
+            problems.append((path(index), say(key, seen[key])))
+        seen.setdefault(key, index)
+    if problems:
+        raise _PathError.many(problems)
 
 
 def _format_loc(loc: tuple[int | str, ...]) -> str:

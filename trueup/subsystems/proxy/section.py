@@ -36,7 +36,7 @@ from pydantic import (
     model_validator,
 )
 
-from trueup.model.document import _PathError  # the document's path-carrying error
+from trueup.model.document import _PathError, refuse_duplicates  # path-carrying errors
 
 __all__ = [
     "Backend",
@@ -157,19 +157,11 @@ class Backend(BaseModel):
 
     @model_validator(mode="after")
     def _unique(self) -> Backend:
-        seen: dict[str, int] = {}
-        problems = []
-        for index, server in enumerate(self.servers):
-            if server.name in seen:
-                problems.append(
-                    (
-                        f"servers[{index}].name",
-                        f"duplicate server name {server.name} (also servers[{seen[server.name]}])",
-                    )
-                )
-            seen.setdefault(server.name, index)
-        if problems:
-            raise _PathError.many(problems)
+        refuse_duplicates(
+            [server.name for server in self.servers],
+            lambda i: f"servers[{i}].name",
+            lambda name, first: f"duplicate server name {name} (also servers[{first}])",
+        )
         return self
 
 

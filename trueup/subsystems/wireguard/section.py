@@ -28,7 +28,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from trueup.model.document import _PathError  # the document's path-carrying error
+from trueup.model.document import refuse_duplicates  # path-carrying errors
 
 __all__ = ["WgInterface", "WgPeerSection", "WireguardSection", "ref_name", "secret_name"]
 
@@ -165,19 +165,11 @@ class WgInterface(BaseModel):
 
     @model_validator(mode="after")
     def _unique_peers(self) -> WgInterface:
-        seen: dict[str, int] = {}
-        problems = []
-        for index, peer in enumerate(self.peers):
-            if peer.public_key in seen:
-                problems.append(
-                    (
-                        f"peers[{index}].public_key",
-                        f"the same peer as peers[{seen[peer.public_key]}]",
-                    )
-                )
-            seen.setdefault(peer.public_key, index)
-        if problems:
-            raise _PathError.many(problems)
+        refuse_duplicates(
+            [peer.public_key for peer in self.peers],
+            lambda i: f"peers[{i}].public_key",
+            lambda _key, first: f"the same peer as peers[{first}]",
+        )
         return self
 
 
@@ -192,19 +184,11 @@ class WireguardSection(BaseModel):
 
     @model_validator(mode="after")
     def _unique_names(self) -> WireguardSection:
-        seen: dict[str, int] = {}
-        problems = []
-        for index, interface in enumerate(self.interfaces):
-            if interface.name in seen:
-                problems.append(
-                    (
-                        f"interfaces[{index}].name",
-                        f"{interface.name} is also interfaces[{seen[interface.name]}]",
-                    )
-                )
-            seen.setdefault(interface.name, index)
-        if problems:
-            raise _PathError.many(problems)
+        refuse_duplicates(
+            [interface.name for interface in self.interfaces],
+            lambda i: f"interfaces[{i}].name",
+            lambda name, first: f"{name} is also interfaces[{first}]",
+        )
         return self
 
     def cross_check(self, spec: Any) -> list[tuple[str, str]]:
