@@ -3,9 +3,9 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
-APT_PKGS := iproute2 procps curl postgresql-client nftables kea-dhcp4-server kea-dhcp6-server kea-common knot knot-dnsutils udhcpc keepalived haproxy wireguard-tools wireguard-go chromium
+APT_PKGS := iproute2 procps curl postgresql-client nftables kea-dhcp4-server kea-dhcp6-server kea-common knot knot-dnsutils udhcpc keepalived haproxy wireguard-tools wireguard-go chromium podman runc catatonit mmdebstrap python3-pip-whl
 
-.PHONY: all demo demo-stop test bench lint unit integration system-deps clean
+.PHONY: all demo demo-stop test bench lint unit integration system-deps clean image
 
 all: test
 
@@ -35,6 +35,10 @@ demo: system-deps $(STAMP)
 
 demo-stop:
 	bash scripts/demo.sh stop
+
+# The control plane's OCI image, localhost/trueup-server:<version> (cached by its inputs' hash).
+image: system-deps $(STAMP)
+	$(BIN)/python -m scripts.build_image server
 
 bench: system-deps $(STAMP)
 	$(BIN)/python -m scripts.bench

@@ -1,0 +1,355 @@
+"""The shipped Kubernetes manifests, played by `podman kube play`, drive a real agent.
+
+deploy/kubernetes/trial (the base's control plane, PostgreSQL and example
+Secrets) is read as `kubectl apply -k` reads it; only object names change (a
+unique suffix) and the control plane's port is published on a free host port.
+The control plane answers /readyz; a tenant and a device are created inside its
+container (`podman exec … trueup server …`); an agent in a network namespace,
+wired to the host by a veth, enrolls against it and applies a revision that
+reaches its kernel. Both pods are then removed and played again: the tenant,
+token, device and revision are still there (the PostgreSQL and data volumes),
+the audit chain still verifies against the checkpoint on the data volume, and
+the agent applies the next revision.
+
+What podman 4.3 does differently from a cluster, and what this test does instead:
+a Service has no podman equivalent (no cluster DNS on podman's default network),
+so the control plane's pod gets a hostAlias naming the PostgreSQL Service's host
+name with that pod's address; a Secret read through `secretKeyRef` must be a
+podman secret holding a flat JSON map, so those are created with `podman secret
+create`; a PersistentVolumeClaim that exists already is not played twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.packaging import kube
+from tests.packaging.images import podman, postgres_image, server_image, unique, wait_until
+from tests.routers import Router, require_root, sh
+
+pytestmark = [pytest.mark.root, pytest.mark.timeout(900)]
+
+SERVER = "trueup-server"
+POSTGRES = "trueup-postgres"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        return int(s.getsockname()[1])
+
+
+def _free_slash30() -> tuple[str, str]:
+    """A /30 of 192.0.2.0/24 no host interface uses: (host address, agent address)."""
+    used = {
+        info["local"]
+        for link in json.loads(sh("ip", "-j", "-4", "addr").stdout or "[]")
+        for info in link.get("addr_info", [])
+    }
+    blocks = list(range(1, 63))
+    random.shuffle(blocks)
+    for block in blocks:
+        host, agent = f"192.0.2.{4 * block + 1}", f"192.0.2.{4 * block + 2}"
+        if not {host, agent} & used:
+            return host, agent
+    raise AssertionError("no free /30 left in 192.0.2.0/24 on this host")
+
+
+def _document(lan: str, mgmt: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "trueup/v1",
+        "kind": "DeviceState",
+        "metadata": {"device": "edge-01"},
+        "spec": {
+            "management": {"interface": "mgmt0", "addresses": [f"{mgmt}/30"]},
+            "interfaces": [{"name": "lan0", "mtu": 1400, "addresses": [lan]}],
+        },
+    }
+
+
+class Trial:
+    """The trial manifests under unique names, played and removed by exactly those names."""
+
+    def __init__(self, workdir: Path, host_ip: str) -> None:
+        self.suffix = unique("k").removeprefix("k-")
+        self.workdir = workdir
+        self.host_ip = host_ip
+        self.port = _free_port()
+        self.url = f"http://{host_ip}:{self.port}"
+        objects = kube.load(kube.MANIFESTS / "trial")
+        self.objects, self.names = kube.rename(objects, self.suffix)
+        self.server = kube.named(self.objects, "Deployment", self.names[SERVER])
+        self.postgres = kube.named(self.objects, "Deployment", self.names[POSTGRES])
+        self.secrets: list[str] = []
+        self.volumes: list[str] = []
+        self.pods: list[str] = []
+
+    def pod(self, deployment: dict[str, Any]) -> str:
+        return f"{deployment['metadata']['name']}-pod-0"
+
+    def container(self, deployment: dict[str, Any]) -> str:
+        return f"{self.pod(deployment)}-{kube.pod_spec(deployment)['containers'][0]['name']}"
+
+    def _play(self, name: str, objects: list[dict[str, Any]]) -> None:
+        path = self.workdir / f"{name}.yaml"
+        path.write_text(kube.dump(objects))
+        podman("kube", "play", str(path), timeout=300)
+
+    def create_secrets(self) -> None:
+        by_env = kube.env_secret_names(self.objects)
+        by_volume = kube.volume_secret_names(self.objects)
+        assert not by_env & by_volume, f"secrets read both ways: {by_env & by_volume}"
+        volume_secrets = []
+        for secret in kube.of_kind(self.objects, "Secret"):
+            name = secret["metadata"]["name"]
+            self.secrets.append(name)
+            if name in by_env:
+                podman("secret", "create", name, "-", input=kube.as_env_secret(secret))
+            else:
+                volume_secrets.append(kube.as_volume_secret(secret))
+        if volume_secrets:
+            self._play("secrets", volume_secrets)
+
+    def _claims(self, deployment: dict[str, Any]) -> list[dict[str, Any]]:
+        names = {
+            v["persistentVolumeClaim"]["claimName"]
+            for v in kube.pod_spec(deployment).get("volumes", [])
+            if "persistentVolumeClaim" in v
+        }
+        new = [
+            c
+            for c in kube.of_kind(self.objects, "PersistentVolumeClaim")
+            if c["metadata"]["name"] in names and c["metadata"]["name"] not in self.volumes
+        ]
+        self.volumes += [c["metadata"]["name"] for c in new]
+        return new
+
+    def play_postgres(self) -> str:
+        """Play PostgreSQL; wait until it accepts connections; return its pod's address."""
+        self.pods.append(self.pod(self.postgres))
+        self._play("postgres", [*self._claims(self.postgres), self.postgres])
+        ctr = self.container(self.postgres)
+        wait_until(
+            lambda: (
+                podman(
+                    "exec",
+                    ctr,
+                    "pg_isready",
+                    "-q",
+                    "-h",
+                    "127.0.0.1",
+                    "-U",
+                    "trueup",
+                    "-d",
+                    "trueup",
+                    check=False,
+                ).returncode
+                == 0
+            ),
+            what="PostgreSQL accepting connections",
+        )
+        infra = podman("pod", "inspect", self.pod(self.postgres)).stdout
+        infra_id = json.loads(infra)["InfraContainerID"]
+        networks = json.loads(podman("inspect", infra_id).stdout)[0]["NetworkSettings"]
+        addresses = [n["IPAddress"] for n in networks.get("Networks", {}).values()]
+        address = next((a for a in [*addresses, networks.get("IPAddress")] if a), None)
+        assert address, f"no address for pod {self.pod(self.postgres)}: {networks}"
+        return str(address)
+
+    def play_server(self, image: str, postgres_ip: str) -> float:
+        """Play the control plane; return seconds from `kube play` to /readyz 200."""
+        deployment = json.loads(json.dumps(self.server))
+        spec = kube.pod_spec(deployment)
+        # The Service's name resolves to the PostgreSQL pod (no cluster DNS here).
+        spec["hostAliases"] = [{"ip": postgres_ip, "hostnames": [POSTGRES]}]
+        container = spec["containers"][0]
+        assert container["image"].startswith("localhost/trueup-server:"), container["image"]
+        container["image"] = image  # this tree's build, not whatever carries the version tag
+        port = next(p for p in container["ports"] if p["name"] == "http")
+        port["hostPort"] = self.port
+        port["hostIP"] = self.host_ip
+        self.pods.append(self.pod(self.server))
+        started = time.monotonic()
+        self._play("server", [*self._claims(self.server), deployment])
+        wait_until(lambda: self.ready() == 200, what=f"{self.url}/readyz 200", timeout=240)
+        return time.monotonic() - started
+
+    def ready(self) -> int:
+        try:
+            return httpx.get(f"{self.url}/readyz", timeout=5).status_code
+        except httpx.HTTPError:
+            return 0
+
+    def remove_pods(self) -> None:
+        for pod in self.pods:
+            podman("pod", "rm", "--force", pod, check=False, timeout=120)
+        for pod in self.pods:
+            assert podman("pod", "exists", pod, check=False).returncode == 1, f"{pod} still there"
+        self.pods.clear()
+
+    def cli(self, *args: str, shell: str | None = None) -> str:
+        """`trueup server …` inside the control plane's container (its environment)."""
+        argv = ["sh", "-c", shell] if shell else ["trueup", "server", *args]
+        proc = podman("exec", self.container(self.server), *argv, check=False, timeout=120)
+        assert proc.returncode == 0, f"{argv} failed: {proc.stdout}{proc.stderr}"
+        return proc.stdout
+
+    def close(self) -> None:
+        self.remove_pods()
+        for volume in self.volumes:
+            podman("volume", "rm", "--force", volume, check=False)
+        for secret in self.secrets:
+            podman("secret", "rm", secret, check=False)
+
+
+@pytest.fixture
+def agent_router(tmp_path: Path) -> Iterator[tuple[Router, str, str]]:
+    """A router namespace whose mgmt0 is wired to the host: (router, host address, its address)."""
+    require_root()
+    router = Router(tmp_path / "router")
+    try:
+        host_ip, agent_ip = _free_slash30()
+        host_link = f"tk{router.name.split('-', 1)[1].replace('-', '')}"[:15]
+        router.ip("link", "set", "mgmt0p", "name", host_link)
+        router.ip("link", "set", host_link, "netns", "1")
+        sh("ip", "addr", "add", f"{host_ip}/30", "dev", host_link)
+        sh("ip", "link", "set", host_link, "up")
+        router.ip("link", "set", "mgmt0", "up")
+        router.ip("addr", "add", f"{agent_ip}/30", "dev", "mgmt0")
+        yield router, host_ip, agent_ip
+    finally:
+        router.close()
+        with contextlib.suppress(AssertionError):
+            sh("ip", "link", "del", host_link, check=False)
+
+
+@pytest.fixture
+def trial(tmp_path: Path, agent_router: tuple[Router, str, str]) -> Iterator[Trial]:
+    trial = Trial(tmp_path, agent_router[1])
+    try:
+        yield trial
+    finally:
+        trial.close()
+
+
+def _api(trial: Trial, token: str, path: str, **kwargs: Any) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}", **kwargs.pop("headers", {})}
+    return httpx.request(
+        kwargs.pop("method", "GET"), f"{trial.url}{path}", headers=headers, timeout=30, **kwargs
+    )
+
+
+def _device(trial: Trial, token: str) -> dict[str, Any]:
+    response = _api(trial, token, "/api/v1/devices")
+    assert response.status_code == 200, response.text
+    devices = {d["device"]: d for d in response.json()["devices"]}
+    return dict(devices.get("edge-01", {}))
+
+
+def _put(trial: Trial, token: str, expected: int, document: dict[str, Any]) -> int:
+    response = _api(
+        trial,
+        token,
+        "/api/v1/devices/edge-01/desired",
+        method="PUT",
+        json=document,
+        headers={"If-Match": str(expected)},
+    )
+    assert response.status_code == 201, response.text
+    return int(response.json()["version"])
+
+
+def test_manifests_played_by_podman_run_the_control_plane_for_an_agent(
+    trial: Trial, agent_router: tuple[Router, str, str]
+) -> None:
+    router, _host_ip, agent_ip = agent_router
+    image = server_image()
+    assert postgres_image() == "localhost/postgres:15-bookworm"
+
+    trial.create_secrets()
+    seconds = trial.play_server(image, trial.play_postgres())
+    print(f"control plane: kube play → /readyz 200 in {seconds:.1f} s")
+    user = podman("exec", trial.container(trial.server), "id", "-u").stdout.strip()
+    assert user == "10001"
+    # The root file system is read-only; the data volume is the container's to write.
+    assert podman("exec", trial.container(trial.server), "touch", "/opt/x", check=False).returncode
+    trial.cli(shell="touch /var/lib/trueup-server/.writable && rm /var/lib/trueup-server/.writable")
+
+    assert "tenant acme created" in trial.cli("tenant", "create", "acme")
+    token = trial.cli(
+        "token", "create", "--tenant", "acme", "--user", "ops", "--role", "operator"
+    ).split()[-1]
+    bundle = router.workdir / "bundle.json"
+    bundle.write_text(
+        trial.cli(
+            shell="trueup server device enroll --tenant acme --device edge-01 "
+            f"--url {trial.url} --out /tmp/bundle.json >&2 && cat /tmp/bundle.json"
+        )
+    )
+    token_file = router.workdir / "device.token"
+    fallback = router.write(
+        "fallback.yaml",
+        {
+            **_document("203.0.113.9/24", agent_ip),
+            "spec": {"management": {"interface": "mgmt0", "addresses": [f"{agent_ip}/30"]}},
+        },
+    )
+    enrolled = router.trueup(
+        "agent", "enroll", "--bundle", str(bundle), "--token-file", str(token_file), state=False
+    )
+    assert enrolled.returncode == 0, enrolled.stdout + enrolled.stderr
+    agent_args = (
+        "--management-fallback",
+        str(fallback),
+        "--control-plane",
+        trial.url,
+        "--token-file",
+        str(token_file),
+    )
+    env = {"TRUEUP_HEARTBEAT_SECONDS": "0.5"}
+    router.start_agent(*agent_args, env=env)
+
+    assert _put(trial, token, 0, _document("203.0.113.1/24", agent_ip)) == 1
+    router.wait_for(
+        lambda: router.addresses("lan0") == ["203.0.113.1/24"],
+        what="revision 1 on the kernel",
+        timeout=120,
+    )
+    assert router.link("lan0")["mtu"] == 1400
+    router.wait_for(
+        lambda: _device(trial, token).get("status") == "in_sync", what="in sync", timeout=120
+    )
+
+    # Both pods go; their volumes stay (as a cluster keeps claims) and are played again.
+    trial.remove_pods()
+    assert trial.ready() == 0
+    trial.play_server(image, trial.play_postgres())
+
+    view = _device(trial, token)  # the old token: users and tokens survived
+    assert view["desired_version"] == 1, view
+    verify = podman(
+        "exec", trial.container(trial.server), "trueup", "server", "audit", "verify", check=False
+    )
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+    assert _put(trial, token, 1, _document("203.0.113.2/24", agent_ip)) == 2
+    router.wait_for(
+        lambda: router.addresses("lan0") == ["203.0.113.2/24"],
+        what="revision 2 on the kernel, from the replayed control plane",
+        timeout=120,
+    )
+    router.wait_for(
+        lambda: _device(trial, token).get("applied_version") == 2,
+        what="the agent reports revision 2",
+        timeout=120,
+    )
