@@ -34,6 +34,11 @@ __all__ = ["fleet_app", "render_fleet_device", "render_fleet_table", "server_app
 
 DEFAULT_DB = "sqlite:///trueup-server.db"
 DEFAULT_LISTEN = "127.0.0.1:8443"
+# Every `server run` option can come from the environment (containers): TRUEUP_SERVER_<OPTION>.
+# The administrative commands read the database, key file, data directory and
+# create-key settings from the same variables.
+DATA_DIR_ENV = "TRUEUP_SERVER_DATA_DIR"
+CREATE_KEY_ENV = "TRUEUP_SERVER_CREATE_KEY"
 
 server_app = typer.Typer(help="The trueup control plane.", no_args_is_help=True)
 tenant_app = typer.Typer(help="Tenants.", no_args_is_help=True)
@@ -97,6 +102,22 @@ def _key_file(db: str, key_file: Path | None) -> Path:
     )
 
 
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise _fail(f"{name}={value}: expected true or false")
+
+
+def _env_data_dir() -> Path | None:
+    value = os.environ.get(DATA_DIR_ENV, "")
+    return Path(value) if value else None
+
+
 def _plane(db: str, key_file: Path | None, *, stale_intervals: int = 3) -> ControlPlane:
     """The control plane over this database. Commands call it before importing from
     trueup.server, so a missing `server` extra is reported in one line."""
@@ -107,7 +128,11 @@ def _plane(db: str, key_file: Path | None, *, stale_intervals: int = 3) -> Contr
 
     try:
         database = Database(db)
-        key = load_or_create_server_key(_key_file(db, key_file))
+        key = load_or_create_server_key(
+            _key_file(db, key_file),
+            create=_env_flag(CREATE_KEY_ENV, True),
+            data_dir=_env_data_dir(),
+        )
         database.migrate()
     except (DatabaseURLError, ValueError, OSError) as exc:
         raise _fail(str(exc)) from None
@@ -143,30 +168,83 @@ def certificate_fingerprint(cert_file: Path) -> str:
 @server_app.command("run")
 def run(
     db: str = DbOption,
-    listen: str = typer.Option(DEFAULT_LISTEN, "--listen", help="HOST:PORT"),
+    listen: str = typer.Option(
+        DEFAULT_LISTEN, "--listen", envvar="TRUEUP_SERVER_LISTEN", help="HOST:PORT"
+    ),
     key_file: Path | None = KeyOption,
-    public_url: str = typer.Option("", "--public-url", help="URL agents use (enrollment bundles)"),
-    tls_cert: Path | None = typer.Option(None, "--tls-cert", help="PEM certificate; enables TLS"),
-    tls_key: Path | None = typer.Option(None, "--tls-key", help="PEM private key"),
-    workers: int = typer.Option(1, "--workers", min=1, help="server processes (share the DB)"),
-    stale_intervals: int = typer.Option(3, "--stale-intervals", min=1),
-    ingest: str = typer.Option("batch", "--ingest", help="batch (default) or naive"),
+    data_dir: Path | None = typer.Option(
+        None,
+        "--data-dir",
+        envvar=DATA_DIR_ENV,
+        help="writable directory for the audit checkpoint and upload spool "
+        "(default: the key file's directory)",
+    ),
+    create_key: bool = typer.Option(
+        True,
+        "--create-key/--no-create-key",
+        envvar=CREATE_KEY_ENV,
+        help="create the key file when missing (off: a missing key is an error)",
+    ),
+    public_url: str = typer.Option(
+        "",
+        "--public-url",
+        envvar="TRUEUP_SERVER_PUBLIC_URL",
+        help="URL agents use (enrollment bundles)",
+    ),
+    tls_cert: Path | None = typer.Option(
+        None, "--tls-cert", envvar="TRUEUP_SERVER_TLS_CERT", help="PEM certificate; enables TLS"
+    ),
+    tls_key: Path | None = typer.Option(
+        None, "--tls-key", envvar="TRUEUP_SERVER_TLS_KEY", help="PEM private key"
+    ),
+    workers: int = typer.Option(
+        1,
+        "--workers",
+        min=1,
+        envvar="TRUEUP_SERVER_WORKERS",
+        help="server processes (share the DB)",
+    ),
+    stale_intervals: int = typer.Option(
+        3, "--stale-intervals", min=1, envvar="TRUEUP_SERVER_STALE_INTERVALS"
+    ),
+    ingest: str = typer.Option(
+        "batch", "--ingest", envvar="TRUEUP_SERVER_INGEST", help="batch (default) or naive"
+    ),
     backup_keep: int = typer.Option(
-        10, "--backup-keep", min=1, help="backups each device keeps (the newest)"
+        10,
+        "--backup-keep",
+        min=1,
+        envvar="TRUEUP_SERVER_BACKUP_KEEP",
+        help="backups each device keeps (the newest)",
     ),
     backup_max_mib: int = typer.Option(
-        256, "--backup-max-mib", min=1, help="largest backup upload, MiB"
+        256,
+        "--backup-max-mib",
+        min=1,
+        envvar="TRUEUP_SERVER_BACKUP_MAX_MIB",
+        help="largest backup upload, MiB",
     ),
     spool_dir: str = typer.Option(
-        "", "--spool-dir", help="where uploads are spooled (default: beside the key file)"
+        "",
+        "--spool-dir",
+        envvar="TRUEUP_SERVER_SPOOL_DIR",
+        help="where uploads are spooled (default: the data directory)",
     ),
     notify_retry_base: float = typer.Option(
-        5.0, "--notify-retry-base", min=0.01, help="first webhook retry delay, s (doubles)"
+        5.0,
+        "--notify-retry-base",
+        min=0.01,
+        envvar="TRUEUP_SERVER_NOTIFY_RETRY_BASE",
+        help="first webhook retry delay, s (doubles)",
     ),
     notify_max_attempts: int = typer.Option(
-        8, "--notify-max-attempts", min=1, help="webhook attempts before the dead letters"
+        8,
+        "--notify-max-attempts",
+        min=1,
+        envvar="TRUEUP_SERVER_NOTIFY_MAX_ATTEMPTS",
+        help="webhook attempts before the dead letters",
     ),
-    log_level: str = typer.Option("warning", "--log-level"),
+    log_level: str = typer.Option("warning", "--log-level", envvar="TRUEUP_SERVER_LOG_LEVEL"),
 ) -> None:
     """Serve the control plane API."""
     _require_server_extra()
@@ -183,16 +261,27 @@ def run(
         raise _fail("--tls-cert and --tls-key go together")
     if ingest not in ("batch", "naive"):
         raise _fail(f"--ingest {ingest}: use batch or naive")
+    if data_dir is not None and not data_dir.is_dir():
+        raise _fail(f"--data-dir {data_dir}: not a directory (create it, writable by the server)")
     try:
         key_path = _key_file(db, key_file)
+        writable = data_dir or key_path.resolve().parent
+        if not os.access(writable, os.W_OK) and (data_dir or key_path.exists()):
+            raise _fail(
+                f"{writable}: not writable; the audit checkpoint and upload spool live "
+                "there (a key on a read-only mount needs --data-dir or TRUEUP_SERVER_DATA_DIR "
+                "naming a writable directory)"
+            )
+        load_or_create_server_key(key_path, create=create_key, data_dir=data_dir)
         Database(db).migrate()
-        load_or_create_server_key(key_path)
     except (DatabaseURLError, ValueError, OSError) as exc:
         raise _fail(str(exc)) from None
     scheme = "https" if tls_cert else "http"
     settings = Settings(
         db_url=db,
         key_file=str(key_path),
+        data_dir=str(data_dir) if data_dir else "",
+        create_key=create_key,
         public_url=public_url or f"{scheme}://{host}:{port_text}",
         stale_intervals=stale_intervals,
         ingest_mode=ingest,

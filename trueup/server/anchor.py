@@ -1,7 +1,7 @@
 """The audit chain's anchor outside the database: a signed checkpoint file.
 
-The file lives next to the server key file (`<key file>.audit-checkpoint`,
-0600) and holds, per chain, the newest (seq, row hash, time) a server process
+The file lives in the server's data directory, by default the key file's own
+(`<key file name>.audit-checkpoint`, 0600), and holds, per chain, the newest (seq, row hash, time) a server process
 saw committed, with an HMAC under a key derived from the server key. Someone
 with write access to the database but not to the key's directory can delete
 the newest audit rows and rewind `audit_head`, but cannot move this file back:

@@ -71,6 +71,10 @@ log = logging.getLogger("trueup.server")
 class Settings:
     db_url: str
     key_file: str
+    # Writable directory for the audit checkpoint and the upload spool ("": the key
+    # file's directory); whether a missing key file is created or refused.
+    data_dir: str = ""
+    create_key: bool = True
     public_url: str = ""
     stale_intervals: int = 3
     ingest_mode: str = "batch"
@@ -170,7 +174,11 @@ def create_app(settings: Settings) -> FastAPI:
     database = Database(settings.db_url)
     plane = ControlPlane(
         database,
-        load_or_create_server_key(Path(settings.key_file)),
+        load_or_create_server_key(
+            Path(settings.key_file),
+            create=settings.create_key,
+            data_dir=Path(settings.data_dir) if settings.data_dir else None,
+        ),
         stale_intervals=settings.stale_intervals,
         auth_cache_seconds=settings.auth_cache_seconds,
         backup_keep=settings.backup_keep,
@@ -202,7 +210,9 @@ def create_app(settings: Settings) -> FastAPI:
         public_url=settings.public_url,
         backup_max_bytes=settings.backup_max_bytes,
         evidence_max_bytes=settings.evidence_max_bytes,
-        spool_dir=settings.spool_dir or str(Path(settings.key_file).resolve().parent),
+        spool_dir=settings.spool_dir
+        or settings.data_dir
+        or str(Path(settings.key_file).resolve().parent),
     )
 
     @asynccontextmanager

@@ -240,10 +240,11 @@ def user_seal_ok(server_key: ServerKey, row: Any) -> bool:
 
 
 def checkpoint_file(server_key: ServerKey) -> CheckpointFile | None:
-    """The checkpoint file next to the key file; None for a key that came from no file."""
-    if server_key.path is None:
+    """The checkpoint file in the server's data directory (by default beside the key
+    file); None for a key that came from no file."""
+    if server_key.path is None or server_key.data_dir is None:
         return None
-    path = server_key.path.with_name(server_key.path.name + SUFFIX)
+    path = server_key.data_dir / (server_key.path.name + SUFFIX)
     return CheckpointFile(path, server_key.derive("audit-checkpoint"))
 
 

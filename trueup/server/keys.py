@@ -19,7 +19,14 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-__all__ = ["SecretBox", "SecretRefused", "ServerKey", "load_or_create_server_key", "new_data_key"]
+__all__ = [
+    "MissingServerKey",
+    "SecretBox",
+    "SecretRefused",
+    "ServerKey",
+    "load_or_create_server_key",
+    "new_data_key",
+]
 
 _KEY_BYTES = 32
 
@@ -29,12 +36,15 @@ class SecretRefused(Exception):
 
 
 class ServerKey:
-    def __init__(self, key: bytes, path: Path | None = None) -> None:
+    def __init__(self, key: bytes, path: Path | None = None, data_dir: Path | None = None) -> None:
         if len(key) != _KEY_BYTES:
             raise ValueError("server key must be 32 bytes")
         self._key = key
-        # The key file, when the key came from one: the audit checkpoint file lives next to it.
+        # The key file, when the key came from one, and the writable directory that holds
+        # the audit checkpoint file: beside the key file unless the key is on a read-only
+        # mount (a Kubernetes or podman secret), when the server is given a data directory.
         self.path = path
+        self.data_dir = data_dir if data_dir is not None else (path.parent if path else None)
 
     def derive(self, purpose: str) -> bytes:
         return hmac.new(self._key, b"trueup:" + purpose.encode(), hashlib.sha256).digest()
@@ -82,8 +92,22 @@ def new_data_key() -> bytes:
     return AESGCM.generate_key(bit_length=256)
 
 
-def load_or_create_server_key(path: Path) -> ServerKey:
-    """Read the key file, creating it (0600, 32 random bytes) if it does not exist."""
+class MissingServerKey(ValueError):
+    """The key file does not exist and the server was told not to create one."""
+
+
+def load_or_create_server_key(
+    path: Path, *, create: bool = True, data_dir: Path | None = None
+) -> ServerKey:
+    """Read the key file, creating it (0600, 32 random bytes) if it does not exist and
+    `create` is true. `data_dir` is where the audit checkpoint lives (default: beside
+    the key file)."""
+    if not path.exists() and not create:
+        raise MissingServerKey(
+            f"server key {path}: no such file (creating it is turned off). Mount the key "
+            "(64 hex digits, e.g. from `openssl rand -hex 32`) at this path, or set "
+            "TRUEUP_SERVER_KEY_FILE to where it is"
+        )
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
@@ -106,4 +130,4 @@ def load_or_create_server_key(path: Path) -> ServerKey:
         raise ValueError(f"{path}: not a trueup server key (expected 64 hex digits)") from None
     if len(key) != _KEY_BYTES:
         raise ValueError(f"{path}: not a trueup server key (expected 64 hex digits)")
-    return ServerKey(key, path)
+    return ServerKey(key, path, data_dir)
