@@ -73,6 +73,15 @@ def rename(objects: list[Obj], suffix: str) -> tuple[list[Obj], dict[str, str]]:
         if obj["kind"] != "Deployment":
             continue
         spec = pod_spec(obj)
+        # podman 4.3 makes an emptyDir a named volume called after the pod's volume: unique too.
+        local = {
+            v["name"]: f"{v['name']}-{suffix}" for v in spec.get("volumes", []) if "emptyDir" in v
+        }
+        for volume in spec.get("volumes", []):
+            volume["name"] = local.get(volume["name"], volume["name"])
+        for container in spec["containers"]:
+            for mount in container.get("volumeMounts", []):
+                mount["name"] = local.get(mount["name"], mount["name"])
         for volume in spec.get("volumes", []):
             if "persistentVolumeClaim" in volume:
                 claim = volume["persistentVolumeClaim"]
@@ -120,15 +129,15 @@ def volume_secret_names(objects: list[Obj]) -> set[str]:
 
 
 def as_volume_secret(secret: Obj) -> Obj:
-    """The Secret with its values under `stringData`: podman 4.3 writes a volume's files from
-    `data` still base64-encoded, from `stringData` as they are (what a cluster mounts)."""
+    """The Secret as podman 4.3 mounts it: a volume's files hold `data` values verbatim (not
+    base64-decoded) and `stringData` is ignored, so the values go under `data` as they are."""
     values = secret_data(secret)
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {"name": secret["metadata"]["name"]},
         "type": secret.get("type", "Opaque"),
-        "stringData": {k: v.decode() for k, v in values.items()},
+        "data": {k: v.decode() for k, v in values.items()},
     }
 
 

@@ -22,6 +22,7 @@ create`; a PersistentVolumeClaim that exists already is not played twice.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import random
 import socket
@@ -92,6 +93,7 @@ class Trial:
         self.postgres = kube.named(self.objects, "Deployment", self.names[POSTGRES])
         self.secrets: list[str] = []
         self.volumes: list[str] = []
+        self.pod_volumes: list[str] = []
         self.pods: list[str] = []
 
     def pod(self, deployment: dict[str, Any]) -> str:
@@ -101,6 +103,14 @@ class Trial:
         return f"{self.pod(deployment)}-{kube.pod_spec(deployment)['containers'][0]['name']}"
 
     def _play(self, name: str, objects: list[dict[str, Any]]) -> None:
+        for deployment in kube.of_kind(objects, "Deployment"):
+            for container in kube.pod_spec(deployment)["containers"]:
+                for port in container.get("ports", []):
+                    # podman 4.3 publishes a containerPort without hostPort on the
+                    # host's same port: a free one on loopback instead.
+                    if "hostPort" not in port:
+                        port["hostPort"] = _free_port()
+                        port["hostIP"] = "127.0.0.1"
         path = self.workdir / f"{name}.yaml"
         path.write_text(kube.dump(objects))
         podman("kube", "play", str(path), timeout=300)
@@ -117,8 +127,15 @@ class Trial:
                 podman("secret", "create", name, "-", input=kube.as_env_secret(secret))
             else:
                 volume_secrets.append(kube.as_volume_secret(secret))
+                # podman 4.3 keeps a secret volume's files in a named volume of the same name.
+                self.pod_volumes.append(name)
         if volume_secrets:
             self._play("secrets", volume_secrets)
+
+    def _empty_dirs(self, deployment: dict[str, Any]) -> None:
+        for volume in kube.pod_spec(deployment).get("volumes", []):
+            if "emptyDir" in volume and volume["name"] not in self.pod_volumes:
+                self.pod_volumes.append(volume["name"])
 
     def _claims(self, deployment: dict[str, Any]) -> list[dict[str, Any]]:
         names = {
@@ -137,7 +154,8 @@ class Trial:
     def play_postgres(self) -> str:
         """Play PostgreSQL; wait until it accepts connections; return its pod's address."""
         self.pods.append(self.pod(self.postgres))
-        self._play("postgres", [*self._claims(self.postgres), self.postgres])
+        self._empty_dirs(self.postgres)
+        self._play("postgres", [*self._claims(self.postgres), copy.deepcopy(self.postgres)])
         ctr = self.container(self.postgres)
         wait_until(
             lambda: (
@@ -168,7 +186,7 @@ class Trial:
 
     def play_server(self, image: str, postgres_ip: str) -> float:
         """Play the control plane; return seconds from `kube play` to /readyz 200."""
-        deployment = json.loads(json.dumps(self.server))
+        deployment = copy.deepcopy(self.server)
         spec = kube.pod_spec(deployment)
         # The Service's name resolves to the PostgreSQL pod (no cluster DNS here).
         spec["hostAliases"] = [{"ip": postgres_ip, "hostnames": [POSTGRES]}]
@@ -179,9 +197,14 @@ class Trial:
         port["hostPort"] = self.port
         port["hostIP"] = self.host_ip
         self.pods.append(self.pod(self.server))
+        self._empty_dirs(self.server)
         started = time.monotonic()
         self._play("server", [*self._claims(self.server), deployment])
-        wait_until(lambda: self.ready() == 200, what=f"{self.url}/readyz 200", timeout=240)
+        try:
+            wait_until(lambda: self.ready() == 200, what=f"{self.url}/readyz 200", timeout=240)
+        except AssertionError as exc:
+            logs = podman("logs", "--tail", "30", self.container(self.server), check=False)
+            raise AssertionError(f"{exc}\ncontrol plane log:\n{logs.stdout}{logs.stderr}") from None
         return time.monotonic() - started
 
     def ready(self) -> int:
@@ -206,8 +229,9 @@ class Trial:
 
     def close(self) -> None:
         self.remove_pods()
-        for volume in self.volumes:
-            podman("volume", "rm", "--force", volume, check=False)
+        for volume in [*self.volumes, *self.pod_volumes]:
+            if podman("volume", "exists", volume, check=False).returncode == 0:
+                podman("volume", "rm", "--force", volume, check=False)
         for secret in self.secrets:
             podman("secret", "rm", secret, check=False)
 
