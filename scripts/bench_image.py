@@ -66,7 +66,7 @@ def _container(image: str, keydir: Path) -> float:
         "--volume",
         f"{keydir}:/run/secrets/trueup:ro",
         "--tmpfs",
-        "/var/lib/trueup-server:rw,uid=10001,gid=10001,mode=0700",
+        "/var/lib/trueup-server:rw,U,mode=0700",
         "--env",
         "TRUEUP_SERVER_DB=sqlite:////var/lib/trueup-server/server.db",
         "--env",

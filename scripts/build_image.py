@@ -296,10 +296,13 @@ def build_server_image(force: bool = False) -> str:
                 'chroot "$1" python3 -m venv --without-pip /opt/trueup',
                 'chroot "$1" /opt/trueup/bin/python /tmp/wheels/'
                 + pip
-                + "/pip install --quiet --no-index --no-cache-dir --disable-pip-version-check"
+                + "/pip install --quiet --no-index --no-cache-dir --disable-pip-version-check --no-compile"
                 " --find-links /tmp/wheels -c /tmp/wheels/constraints.txt 'trueup[server]'",
                 # Every module byte-compiled now: the root file system is read-only at run time.
-                'chroot "$1" python3 -m compileall -q -j 0 /usr/lib/python3.11 /opt/trueup >/dev/null || true',
+                # Unchecked hashes: the tarball clamps file times, which would make every
+                # timestamp-checked .pyc stale (and each start compile from source).
+                'chroot "$1" python3 -m compileall -f -q -j 0 --invalidation-mode unchecked-hash'
+                " /usr/lib/python3.11 /opt/trueup >/dev/null",
                 # The `essential` root has no useradd: the entries are written directly.
                 f'echo "trueup:x:{UID}:{UID}:trueup control plane:/var/lib/trueup-server:'
                 f'/usr/sbin/nologin" >> "$1/etc/passwd"',
