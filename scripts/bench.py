@@ -27,6 +27,7 @@ SECTIONS = [
     "scripts.bench_vpn",
     "scripts.bench_dashboard",
     "scripts.bench_notify",
+    "scripts.bench_image",
 ]
 
 
