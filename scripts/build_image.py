@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import hashlib
+import json
 import os
 import shlex
 import shutil
@@ -275,6 +276,22 @@ def _import(tarball: Path, names: list[str], changes: list[str]) -> None:
         podman("tag", names[0], name)
 
 
+def _prune(repo: str, keep: str, older_than: float = 6 * 3600) -> None:
+    """Remove this repository's `<version>-<hash>` images other than `keep` once they are
+    older than `older_than` seconds (never one a container uses: no --force), so rebuilds
+    after code changes do not fill the disk while a concurrent run's image stays."""
+    listing = podman("images", "--format", "json", repo, check=False)
+    if listing.returncode != 0:
+        return
+    now = time.time()
+    for entry in json.loads(listing.stdout or "[]"):
+        if now - float(entry.get("Created", now)) < older_than:
+            continue
+        for name in entry.get("Names") or []:
+            if name != keep and name.startswith(f"{repo}:") and "-" in name.rsplit(":", 1)[1]:
+                podman("rmi", name, check=False)
+
+
 def build_server_image(force: bool = False) -> str:
     """Build (or reuse) the control plane image; returns its inputs-specific name."""
     _require_tools()
@@ -333,6 +350,7 @@ def build_server_image(force: bool = False) -> str:
                 ],
             )
         print(f"built {name} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+        _prune(SERVER_REPO, name)
         return name
 
 
