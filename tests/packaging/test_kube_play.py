@@ -6,7 +6,8 @@ unique suffix) and the control plane's port is published on a free host port.
 The control plane answers /readyz; a tenant and a device are created inside its
 container (`podman exec … trueup server …`); an agent in a network namespace,
 wired to the host by a veth, enrolls against it and applies a revision that
-reaches its kernel. Both pods are then removed and played again: the tenant,
+reaches its kernel. With PostgreSQL's pod gone the control plane stays alive
+but answers /readyz 503; both pods are then removed and played again: the tenant,
 token, device and revision are still there (the PostgreSQL and data volumes),
 the audit chain still verifies against the checkpoint on the data volume, and
 the agent applies the next revision.
@@ -213,12 +214,14 @@ class Trial:
         except httpx.HTTPError:
             return 0
 
+    def remove_pod(self, pod: str) -> None:
+        podman("pod", "rm", "--force", pod, check=False, timeout=120)
+        assert podman("pod", "exists", pod, check=False).returncode == 1, f"{pod} still there"
+        self.pods.remove(pod)
+
     def remove_pods(self) -> None:
-        for pod in self.pods:
-            podman("pod", "rm", "--force", pod, check=False, timeout=120)
-        for pod in self.pods:
-            assert podman("pod", "exists", pod, check=False).returncode == 1, f"{pod} still there"
-        self.pods.clear()
+        for pod in list(self.pods):
+            self.remove_pod(pod)
 
     def cli(self, *args: str, shell: str | None = None) -> str:
         """`trueup server …` inside the control plane's container (its environment)."""
@@ -354,10 +357,16 @@ def test_manifests_played_by_podman_run_the_control_plane_for_an_agent(
         lambda: _device(trial, token).get("status") == "in_sync", what="in sync", timeout=120
     )
 
-    # Both pods go; their volumes stay (as a cluster keeps claims) and are played again.
+    # PostgreSQL goes: the control plane lives on (/healthz) but is not ready (/readyz 503),
+    # which is what takes it out of its Service.
+    trial.remove_pod(trial.pod(trial.postgres))
+    wait_until(lambda: trial.ready() == 503, what="/readyz 503 without PostgreSQL")
+    assert httpx.get(f"{trial.url}/healthz", timeout=30).status_code == 200
+    # Then the control plane's pod; both are played again on their volumes (claims stay).
     trial.remove_pods()
     assert trial.ready() == 0
-    trial.play_server(image, trial.play_postgres())
+    seconds = trial.play_server(image, trial.play_postgres())
+    print(f"control plane played again: /readyz 200 in {seconds:.1f} s")
 
     view = _device(trial, token)  # the old token: users and tokens survived
     assert view["desired_version"] == 1, view
