@@ -48,7 +48,8 @@ POSTGRES_REPO = "localhost/postgres"
 POSTGRES_TAG = "15-bookworm"
 INPUTS_LABEL = "org.trueup.inputs"
 UID = 10001
-SOURCE_URL = "https://github.com/trueup/trueup"
+# Where the source is published, for the org.opencontainers.image.source label (none by default).
+SOURCE_ENV = "TRUEUP_IMAGE_SOURCE"
 # Debian's pip wheel (python3-pip-whl, bookworm) installs the venv; the image keeps no pip.
 PIP_WHEEL_GLOB = "/usr/share/python-wheels/pip-*.whl"
 
@@ -266,6 +267,19 @@ def _wheelhouse(work: Path) -> Path:
     return wheels
 
 
+def _provenance() -> list[str]:
+    """Labels naming the commit the image was built from and, if set, where it is published."""
+    labels = []
+    head = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    )
+    if head.returncode == 0:
+        labels.append(f"LABEL org.opencontainers.image.revision={head.stdout.strip()}")
+    if os.environ.get(SOURCE_ENV):
+        labels.append(f"LABEL org.opencontainers.image.source={os.environ[SOURCE_ENV]}")
+    return labels
+
+
 def _import(tarball: Path, names: list[str], changes: list[str]) -> None:
     argv = ["import", "--quiet"]
     for change in changes:
@@ -344,7 +358,7 @@ def build_server_image(force: bool = False) -> str:
                     "STOPSIGNAL SIGTERM",
                     f"LABEL {INPUTS_LABEL}={digest}",
                     f"LABEL org.opencontainers.image.version={ver}",
-                    f"LABEL org.opencontainers.image.source={SOURCE_URL}",
+                    *_provenance(),
                     "LABEL org.opencontainers.image.title=trueup-server",
                     "LABEL org.opencontainers.image.base.name=debian:bookworm",
                 ],

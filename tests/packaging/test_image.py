@@ -67,6 +67,7 @@ def test_server_image_configuration() -> None:
     labels = config["Labels"]
     assert labels["org.opencontainers.image.version"] == build_image.version()
     assert labels[build_image.INPUTS_LABEL] == build_image.server_inputs()
+    assert len(labels["org.opencontainers.image.revision"]) == 40
     # Cached: asking again returns the same image, not a rebuild.
     image_id = json.loads(podman("image", "inspect", image).stdout)[0]["Id"]
     assert build_image.build_server_image() == image
