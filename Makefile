@@ -3,9 +3,9 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
-APT_PKGS := iproute2 procps curl postgresql-client nftables kea-dhcp4-server kea-dhcp6-server kea-common knot knot-dnsutils udhcpc keepalived haproxy wireguard-tools wireguard-go chromium
+APT_PKGS := iproute2 procps curl postgresql-client nftables kea-dhcp4-server kea-dhcp6-server kea-common knot knot-dnsutils udhcpc keepalived haproxy wireguard-tools wireguard-go chromium mmdebstrap podman runc
 
-.PHONY: all demo demo-stop test bench lint unit integration system-deps clean
+.PHONY: all demo demo-stop test bench lint unit integration system-deps clean package
 
 all: test
 
@@ -35,6 +35,11 @@ demo: system-deps $(STAMP)
 
 demo-stop:
 	bash scripts/demo.sh stop
+
+# dist/trueup-agent_<version>_<arch>.deb (PACKAGE_VERSION=... overrides pyproject's version)
+package: $(STAMP)
+	@bash scripts/install-system-deps.sh mmdebstrap dpkg-dev
+	$(BIN)/python -m scripts.build_deb
 
 bench: system-deps $(STAMP)
 	$(BIN)/python -m scripts.bench
