@@ -109,7 +109,8 @@ def _files_under(path: Path) -> Iterator[Path]:
 def _hash_files(paths: list[Path], extra: str) -> str:
     digest = hashlib.sha256(extra.encode())
     for path in paths:
-        digest.update(str(path.relative_to(REPO)).encode() + b"\0")
+        name = path.relative_to(REPO) if path.is_relative_to(REPO) else path.name
+        digest.update(str(name).encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
