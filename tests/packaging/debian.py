@@ -67,25 +67,32 @@ def wait_for(what: str, probe: Callable[[], Any], deadline: float = 180) -> Any:
     raise AssertionError(f"timed out after {deadline:.0f} s waiting for {what} (last: {last!r})")
 
 
-def build_packages(out: Path) -> dict[str, Path]:
-    """v1 and v2 from the source; v3 is v2 repacked without a module its agent needs."""
-    debs = {v: build_deb.build(v, out, CACHE) for v in (V1, V2)}
-    tree = out / "v3-tree"
+def repack(deb: Path, version: str, without_module: str, out: Path) -> Path:
+    """`deb` as package `version`, its environment lacking `without_module` (source and bytecode)."""
+    tree = out / f"{version}-tree"
     shutil.rmtree(tree, ignore_errors=True)
-    sh("dpkg-deb", "-R", str(debs[V2]), str(tree))
+    sh("dpkg-deb", "-R", str(deb), str(tree))
     site = next((tree / "opt/trueup/package/lib").glob("python3*/site-packages"))
-    module = site / f"{BROKEN_MODULE}.py"
+    module = site / f"{without_module}.py"
     assert module.exists(), module
     module.unlink()
     for pyc in module.parent.glob(f"__pycache__/{module.stem}.*.pyc"):
         pyc.unlink()
+    old = sh("dpkg-deb", "-f", str(deb), "Version").stdout.strip()
     control = tree / "DEBIAN" / "control"
-    control.write_text(control.read_text().replace(f"Version: {V2}", f"Version: {V3}"))
+    control.write_text(control.read_text().replace(f"Version: {old}", f"Version: {version}"))
     postinst = tree / "DEBIAN" / "postinst"
-    postinst.write_text(postinst.read_text().replace(f"VERSION='{V2}'", f"VERSION='{V3}'"))
-    debs[V3] = out / f"trueup-agent_{V3}_amd64.deb"
-    sh("dpkg-deb", "--root-owner-group", "-Znone", "--build", str(tree), str(debs[V3]))
+    postinst.write_text(postinst.read_text().replace(f"VERSION='{old}'", f"VERSION='{version}'"))
+    repacked = out / f"trueup-agent_{version}_amd64.deb"
+    sh("dpkg-deb", "--root-owner-group", "-Znone", "--build", str(tree), str(repacked))
     shutil.rmtree(tree)
+    return repacked
+
+
+def build_packages(out: Path) -> dict[str, Path]:
+    """v1 and v2 from the source; v3 is v2 without a module its agent and its preflight need."""
+    debs = {v: build_deb.build(v, out, CACHE) for v in (V1, V2)}
+    debs[V3] = repack(debs[V2], V3, BROKEN_MODULE, out)
     return debs
 
 

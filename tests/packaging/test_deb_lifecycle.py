@@ -136,15 +136,30 @@ def test_a_good_upgrade_replaces_the_agent_and_keeps_its_state(root: DebianRoot)
     assert "198.51.100.2/24" in root.run("ip", "-br", "addr", "show", "dev", "mgmt0").stdout
 
 
-def test_removal_keeps_state_and_configuration_and_purge_deletes_them(root: DebianRoot) -> None:
+def test_removal_keeps_state_and_configuration(root: DebianRoot) -> None:
+    applied = _applied(root)
     root.run("dpkg", "-r", "trueup-agent")
     assert root.unit()["ActiveState"] == "inactive"
-    assert root.exists("/var/lib/trueup/applied.json")
+    assert _applied(root) == applied
     assert root.exists("/etc/trueup/desired.yaml")
     assert not root.exists("/usr/bin/trueup")
     assert not root.exists("/opt/trueup/releases")
+
+
+def test_a_reinstall_resumes_on_the_same_state(root: DebianRoot) -> None:
+    applied = _applied(root)
+    root.run("dpkg", "-i", root.deb(V2))
+    unit = root.unit()
+    assert unit["ActiveState"] == "active", unit
+    assert root.run("systemctl", "is-enabled", UNIT).stdout.strip() == "enabled"
+    assert f"agent {V2} (pid {unit['MainPID']}" in root.versions()
+    assert _applied(root)["version"] == applied["version"]
+
+
+def test_purge_deletes_state_configuration_and_releases(root: DebianRoot) -> None:
     root.run("dpkg", "-P", "trueup-agent")
-    for path in ("/var/lib/trueup", "/etc/trueup", "/opt/trueup"):
+    assert root.unit()["ActiveState"] == "inactive"
+    for path in ("/var/lib/trueup", "/etc/trueup", "/opt/trueup", "/usr/bin/trueup"):
         assert not root.exists(path), path
     assert root.run("dpkg-query", "-W", "trueup-agent", check=False).returncode != 0
 
