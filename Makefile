@@ -38,7 +38,7 @@ demo-stop:
 
 # dist/trueup-agent_<version>_<arch>.deb (PACKAGE_VERSION=... overrides pyproject's version)
 package: $(STAMP)
-	@bash scripts/install-system-deps.sh mmdebstrap dpkg-dev
+	@bash scripts/install-system-deps.sh mmdebstrap
 	$(BIN)/python -m scripts.build_deb
 
 bench: system-deps $(STAMP)

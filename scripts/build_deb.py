@@ -21,7 +21,9 @@ built before is copied from the cache. `python -m scripts.build_deb
 from __future__ import annotations
 
 import argparse
+import email.utils
 import fcntl
+import gzip
 import hashlib
 import os
 import re
@@ -32,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 __all__ = ["BuildError", "build", "control_text", "inputs_digest", "package_version"]
@@ -48,9 +51,13 @@ _VERSION = re.compile(r"[0-9]+(\.[0-9]+)*(\+[a-z0-9]+(\.[a-z0-9]+)*)?")
 _PYPROJECT_VERSION = re.compile(r'^version = "([^"]*)"$', re.MULTILINE)
 _INIT_VERSION = re.compile(r'^__version__ = "([^"]*)"$', re.MULTILINE)
 
-DEPENDS = "python3 (>= 3.11~), python3 (<< 3.12), iproute2"
+# libc6: the compiled modules are manylinux2014 wheels (glibc 2.17 or later).
+DEPENDS = "python3 (>= 3.11~), python3 (<< 3.12), libc6 (>= 2.17), iproute2"
 RECOMMENDS = "nftables"
 SUGGESTS = "kea-dhcp4-server, kea-dhcp6-server, knot, haproxy, keepalived, wireguard-tools, udhcpc"
+
+
+MAINTAINER = "trueup maintainers <trueup@localhost>"
 
 
 class BuildError(Exception):
@@ -85,7 +92,7 @@ def control_text(version: str, arch: str, installed_kib: int) -> str:
         f"Package: {NAME}\n"
         f"Version: {version}\n"
         f"Architecture: {arch}\n"
-        "Maintainer: trueup maintainers <trueup@localhost>\n"
+        f"Maintainer: {MAINTAINER}\n"
         f"Installed-Size: {installed_kib}\n"
         f"Depends: {DEPENDS}\n"
         f"Recommends: {RECOMMENDS}\n"
@@ -97,6 +104,15 @@ def control_text(version: str, arch: str, installed_kib: int) -> str:
         " then links, addresses, routes, firewall, DHCP, DNS, HA, proxy and WireGuard.\n"
         " An upgrade checks the new release with `trueup preflight` before it\n"
         " replaces the running agent.\n"
+    )
+
+
+def changelog_text(version: str, when: float) -> str:
+    """The package's Debian changelog: one entry for this build."""
+    return (
+        f"{NAME} ({version}) unstable; urgency=medium\n\n"
+        f"  * trueup {version}.\n\n"
+        f" -- {MAINTAINER}  {email.utils.format_datetime(datetime.fromtimestamp(when, UTC))}\n"
     )
 
 
@@ -257,6 +273,8 @@ def _assemble(tree: Path, venv: Path, version: str, arch: str) -> None:
     shutil.copy2(DEB / "copyright", doc / "copyright")
     shutil.copy2(REPO / "docs" / "startup.md", doc / "startup.md")
     shutil.copy2(DEB / "desired.yaml.example", doc / "examples" / "desired.yaml")
+    changelog = changelog_text(version, time.time()).encode()
+    (doc / "changelog.gz").write_bytes(gzip.compress(changelog, compresslevel=9, mtime=0))
     control = tree / "DEBIAN"
     control.mkdir()
     for script in ("postinst", "prerm", "postrm"):

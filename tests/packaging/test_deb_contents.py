@@ -38,7 +38,7 @@ def test_the_control_fields(deb: Path) -> None:
     }
     assert field["Package"] == "trueup-agent" and field["Version"] == V1
     assert field["Architecture"] == "amd64"
-    assert field["Depends"] == "python3 (>= 3.11~), python3 (<< 3.12), iproute2"
+    assert field["Depends"] == "python3 (>= 3.11~), python3 (<< 3.12), libc6 (>= 2.17), iproute2"
     assert field["Recommends"] == "nftables"
     assert "wireguard-tools" in field["Suggests"] and "keepalived" in field["Suggests"]
 
@@ -49,6 +49,7 @@ def test_the_layout_and_modes(deb: Path) -> None:
     assert entries["/lib/systemd/system/trueup-agent.service"][0] == "-rw-r--r--"
     assert "/usr/share/doc/trueup-agent/examples/desired.yaml" in entries
     assert "/usr/share/doc/trueup-agent/copyright" in entries
+    assert "/usr/share/doc/trueup-agent/changelog.gz" in entries
     assert all(owner == "root/root" for _, owner in entries.values())
     # The agent never runs from a path dpkg owns: only the staging copy is shipped.
     assert not any(p.startswith(("/opt/trueup/releases", "/opt/trueup/current")) for p in entries)

@@ -61,7 +61,7 @@ def test_the_control_file_pins_bookworms_python_and_recommends_what_fits() -> No
     assert fields["Version"] == "0.1.0+t1"
     assert fields["Architecture"] == "amd64"
     assert fields["Installed-Size"] == "1234"
-    assert fields["Depends"] == "python3 (>= 3.11~), python3 (<< 3.12), iproute2"
+    assert fields["Depends"] == "python3 (>= 3.11~), python3 (<< 3.12), libc6 (>= 2.17), iproute2"
     assert fields["Recommends"] == "nftables"
     for suggested in ("kea-dhcp4-server", "knot", "haproxy", "keepalived", "wireguard-tools"):
         assert suggested in fields["Suggests"]
@@ -93,3 +93,11 @@ def test_main_reports_a_bad_version_and_builds_nothing(
         in capsys.readouterr().err
     )
     assert not (tmp_path / "dist").exists() and not (tmp_path / "c").exists()
+
+
+def test_the_changelog_entry_names_the_version() -> None:
+    text = build_deb.changelog_text("0.1.0+t1", 0)
+    assert text.startswith("trueup-agent (0.1.0+t1) unstable; urgency=medium\n")
+    assert text.endswith(
+        " -- trueup maintainers <trueup@localhost>  Thu, 01 Jan 1970 00:00:00 +0000\n"
+    )
