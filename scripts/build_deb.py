@@ -290,6 +290,15 @@ def _assemble(tree: Path, venv: Path, version: str, arch: str) -> None:
     (control / "control").write_text(control_text(version, arch, int(size.stdout.split()[0])))
 
 
+def prune_cache(debs: Path, keep: int = 12) -> None:
+    """Keep the `keep` most recently built packages in the cache (each input change adds one)."""
+    if not debs.is_dir():
+        return
+    entries = sorted(debs.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
+    for stale in entries[keep:]:
+        shutil.rmtree(stale, ignore_errors=True)
+
+
 def build(version: str, out: Path, cache: Path = DEFAULT_CACHE) -> Path:
     """Build (or take from the cache) the package; returns the path of the .deb in `out`."""
     arch = subprocess.run(
@@ -313,6 +322,7 @@ def build(version: str, out: Path, cache: Path = DEFAULT_CACHE) -> Path:
                 cached.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(built, cached.with_suffix(".partial"))
                 cached.with_suffix(".partial").rename(cached)
+            prune_cache(cache / "debs")
     target = out / filename
     shutil.copy2(cached, target)
     return target

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -101,3 +102,14 @@ def test_the_changelog_entry_names_the_version() -> None:
     assert text.endswith(
         " -- trueup maintainers <trueup@localhost>  Thu, 01 Jan 1970 00:00:00 +0000\n"
     )
+
+
+def test_the_package_cache_keeps_the_newest_builds(tmp_path: Path) -> None:
+    for age in range(5):
+        entry = tmp_path / f"digest{age}"
+        entry.mkdir()
+        (entry / "trueup-agent_0.1.0_amd64.deb").write_bytes(b"x")
+        os.utime(entry, (1000 - age, 1000 - age))
+    build_deb.prune_cache(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["digest0", "digest1"]
+    build_deb.prune_cache(tmp_path / "absent")  # nothing built yet: nothing to do
