@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 APT_PKGS := iproute2 procps curl postgresql-client nftables kea-dhcp4-server kea-dhcp6-server kea-common knot knot-dnsutils udhcpc keepalived haproxy wireguard-tools wireguard-go chromium podman runc catatonit mmdebstrap python3-pip-whl
 
-.PHONY: all demo demo-stop test bench lint unit integration system-deps clean image
+.PHONY: all demo demo-stop test bench lint unit integration system-deps clean image package
 
 all: test
 
@@ -39,6 +39,11 @@ demo-stop:
 # The control plane's OCI image, localhost/trueup-server:<version> (cached by its inputs' hash).
 image: system-deps $(STAMP)
 	$(BIN)/python -m scripts.build_image server
+
+# dist/trueup-agent_<version>_<arch>.deb (PACKAGE_VERSION=... overrides pyproject's version)
+package: $(STAMP)
+	@bash scripts/install-system-deps.sh mmdebstrap
+	$(BIN)/python -m scripts.build_deb
 
 bench: system-deps $(STAMP)
 	$(BIN)/python -m scripts.bench
