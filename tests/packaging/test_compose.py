@@ -193,7 +193,7 @@ def test_compose_file_runs_the_control_plane_and_postgres_for_an_agent(
     assert info["HostConfig"]["ReadonlyRootfs"] is True
     assert not info["EffectiveCaps"], info["EffectiveCaps"]
     assert "no-new-privileges" in " ".join(info["HostConfig"]["SecurityOpt"])
-    assert info["HostConfig"]["RestartPolicy"]["Name"] == "unless-stopped"
+    assert info["HostConfig"]["RestartPolicy"]["Name"] == "always"
     bindings = info["HostConfig"]["PortBindings"]["8443/tcp"]
     assert bindings == [{"HostIp": host_ip, "HostPort": str(edge.port)}], bindings
     # The key is the operator's file, read-only in the container; the volumes are named.
@@ -205,6 +205,18 @@ def test_compose_file_runs_the_control_plane_and_postgres_for_an_agent(
     assert podman("healthcheck", "run", edge.postgres, check=False).returncode == 0
 
     token = smoke.first_revision(edge, router, agent_ip)
+
+    # A control plane that starts before PostgreSQL answers (podman-compose 1.0.3 does not wait
+    # for depends_on's service_healthy) exits and is restarted until the database is back.
+    podman("stop", "--time", "10", edge.postgres)
+    wait_until(lambda: smoke.ready(edge.url) == 503, what="/readyz 503 without PostgreSQL")
+    podman("restart", edge.server)
+    wait_until(
+        lambda: edge.inspect(edge.server)["RestartCount"] >= 1,
+        what="the control plane restarted by its policy while PostgreSQL is down",
+    )
+    podman("start", edge.postgres)
+    wait_until(lambda: smoke.ready(edge.url) == 200, what="/readyz 200 with PostgreSQL back")
     # The documented way in: `podman-compose exec controlplane trueup server …`.
     out = edge.compose("exec", "-T", "controlplane", "trueup", "server", "tenant", "create", "beta")
     assert "tenant beta created" in out, out
