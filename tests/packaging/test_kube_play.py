@@ -22,11 +22,8 @@ create`; a PersistentVolumeClaim that exists already is not played twice.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
-import random
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,48 +32,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.packaging import kube
+from tests.packaging import kube, smoke
 from tests.packaging.images import podman, postgres_image, server_image, unique, wait_until
-from tests.routers import Router, require_root, sh
+from tests.routers import Router
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(900)]
 
 SERVER = "trueup-server"
 POSTGRES = "trueup-postgres"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("0.0.0.0", 0))
-        return int(s.getsockname()[1])
-
-
-def _free_slash30() -> tuple[str, str]:
-    """A /30 of 192.0.2.0/24 no host interface uses: (host address, agent address)."""
-    used = {
-        info["local"]
-        for link in json.loads(sh("ip", "-j", "-4", "addr").stdout or "[]")
-        for info in link.get("addr_info", [])
-    }
-    blocks = list(range(1, 63))
-    random.shuffle(blocks)
-    for block in blocks:
-        host, agent = f"192.0.2.{4 * block + 1}", f"192.0.2.{4 * block + 2}"
-        if not {host, agent} & used:
-            return host, agent
-    raise AssertionError("no free /30 left in 192.0.2.0/24 on this host")
-
-
-def _document(lan: str, mgmt: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "trueup/v1",
-        "kind": "DeviceState",
-        "metadata": {"device": "edge-01"},
-        "spec": {
-            "management": {"interface": "mgmt0", "addresses": [f"{mgmt}/30"]},
-            "interfaces": [{"name": "lan0", "mtu": 1400, "addresses": [lan]}],
-        },
-    }
 
 
 class Trial:
@@ -86,7 +49,7 @@ class Trial:
         self.suffix = unique("k").removeprefix("k-")
         self.workdir = workdir
         self.host_ip = host_ip
-        self.port = _free_port()
+        self.port = smoke.free_port()
         self.url = f"http://{host_ip}:{self.port}"
         objects = kube.load(kube.MANIFESTS / "trial")
         self.objects, self.names = kube.rename(objects, self.suffix)
@@ -110,7 +73,7 @@ class Trial:
                     # podman 4.3 publishes a containerPort without hostPort on the
                     # host's same port: a free one on loopback instead.
                     if "hostPort" not in port:
-                        port["hostPort"] = _free_port()
+                        port["hostPort"] = smoke.free_port()
                         port["hostIP"] = "127.0.0.1"
         path = self.workdir / f"{name}.yaml"
         path.write_text(kube.dump(objects))
@@ -209,10 +172,7 @@ class Trial:
         return time.monotonic() - started
 
     def ready(self) -> int:
-        try:
-            return httpx.get(f"{self.url}/readyz", timeout=5).status_code
-        except httpx.HTTPError:
-            return 0
+        return smoke.ready(self.url)
 
     def remove_pod(self, pod: str) -> None:
         podman("pod", "rm", "--force", pod, check=False, timeout=120)
@@ -240,60 +200,12 @@ class Trial:
 
 
 @pytest.fixture
-def agent_router(tmp_path: Path) -> Iterator[tuple[Router, str, str]]:
-    """A router namespace whose mgmt0 is wired to the host: (router, host address, its address)."""
-    require_root()
-    router = Router(tmp_path / "router")
-    try:
-        host_ip, agent_ip = _free_slash30()
-        host_link = f"tk{router.name.split('-', 1)[1].replace('-', '')}"[:15]
-        router.ip("link", "set", "mgmt0p", "name", host_link)
-        router.ip("link", "set", host_link, "netns", "1")
-        sh("ip", "addr", "add", f"{host_ip}/30", "dev", host_link)
-        sh("ip", "link", "set", host_link, "up")
-        router.ip("link", "set", "mgmt0", "up")
-        router.ip("addr", "add", f"{agent_ip}/30", "dev", "mgmt0")
-        yield router, host_ip, agent_ip
-    finally:
-        router.close()
-        with contextlib.suppress(AssertionError):
-            sh("ip", "link", "del", host_link, check=False)
-
-
-@pytest.fixture
 def trial(tmp_path: Path, agent_router: tuple[Router, str, str]) -> Iterator[Trial]:
     trial = Trial(tmp_path, agent_router[1])
     try:
         yield trial
     finally:
         trial.close()
-
-
-def _api(trial: Trial, token: str, path: str, **kwargs: Any) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {token}", **kwargs.pop("headers", {})}
-    return httpx.request(
-        kwargs.pop("method", "GET"), f"{trial.url}{path}", headers=headers, timeout=30, **kwargs
-    )
-
-
-def _device(trial: Trial, token: str) -> dict[str, Any]:
-    response = _api(trial, token, "/api/v1/devices")
-    assert response.status_code == 200, response.text
-    devices = {d["device"]: d for d in response.json()["devices"]}
-    return dict(devices.get("edge-01", {}))
-
-
-def _put(trial: Trial, token: str, expected: int, document: dict[str, Any]) -> int:
-    response = _api(
-        trial,
-        token,
-        "/api/v1/devices/edge-01/desired",
-        method="PUT",
-        json=document,
-        headers={"If-Match": str(expected)},
-    )
-    assert response.status_code == 201, response.text
-    return int(response.json()["version"])
 
 
 def test_manifests_played_by_podman_run_the_control_plane_for_an_agent(
@@ -312,50 +224,7 @@ def test_manifests_played_by_podman_run_the_control_plane_for_an_agent(
     assert podman("exec", trial.container(trial.server), "touch", "/opt/x", check=False).returncode
     trial.cli(shell="touch /var/lib/trueup-server/.writable && rm /var/lib/trueup-server/.writable")
 
-    assert "tenant acme created" in trial.cli("tenant", "create", "acme")
-    token = trial.cli(
-        "token", "create", "--tenant", "acme", "--user", "ops", "--role", "operator"
-    ).split()[-1]
-    bundle = router.workdir / "bundle.json"
-    bundle.write_text(
-        trial.cli(
-            shell="trueup server device enroll --tenant acme --device edge-01 "
-            f"--url {trial.url} --out /tmp/bundle.json >&2 && cat /tmp/bundle.json"
-        )
-    )
-    token_file = router.workdir / "device.token"
-    fallback = router.write(
-        "fallback.yaml",
-        {
-            **_document("203.0.113.9/24", agent_ip),
-            "spec": {"management": {"interface": "mgmt0", "addresses": [f"{agent_ip}/30"]}},
-        },
-    )
-    enrolled = router.trueup(
-        "agent", "enroll", "--bundle", str(bundle), "--token-file", str(token_file), state=False
-    )
-    assert enrolled.returncode == 0, enrolled.stdout + enrolled.stderr
-    agent_args = (
-        "--management-fallback",
-        str(fallback),
-        "--control-plane",
-        trial.url,
-        "--token-file",
-        str(token_file),
-    )
-    env = {"TRUEUP_HEARTBEAT_SECONDS": "0.5"}
-    router.start_agent(*agent_args, env=env)
-
-    assert _put(trial, token, 0, _document("203.0.113.1/24", agent_ip)) == 1
-    router.wait_for(
-        lambda: router.addresses("lan0") == ["203.0.113.1/24"],
-        what="revision 1 on the kernel",
-        timeout=120,
-    )
-    assert router.link("lan0")["mtu"] == 1400
-    router.wait_for(
-        lambda: _device(trial, token).get("status") == "in_sync", what="in sync", timeout=120
-    )
+    token = smoke.first_revision(trial, router, agent_ip)
 
     # PostgreSQL goes: the control plane lives on (/healthz) but is not ready (/readyz 503),
     # which is what takes it out of its Service.
@@ -368,21 +237,11 @@ def test_manifests_played_by_podman_run_the_control_plane_for_an_agent(
     seconds = trial.play_server(image, trial.play_postgres())
     print(f"control plane played again: /readyz 200 in {seconds:.1f} s")
 
-    view = _device(trial, token)  # the old token: users and tokens survived
+    view = smoke.device(trial.url, token)  # the old token: users and tokens survived
     assert view["desired_version"] == 1, view
     verify = podman(
         "exec", trial.container(trial.server), "trueup", "server", "audit", "verify", check=False
     )
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
-    assert _put(trial, token, 1, _document("203.0.113.2/24", agent_ip)) == 2
-    router.wait_for(
-        lambda: router.addresses("lan0") == ["203.0.113.2/24"],
-        what="revision 2 on the kernel, from the replayed control plane",
-        timeout=120,
-    )
-    router.wait_for(
-        lambda: _device(trial, token).get("applied_version") == 2,
-        what="the agent reports revision 2",
-        timeout=120,
-    )
+    smoke.next_revision(trial, router, agent_ip, token, 2)
