@@ -153,3 +153,57 @@ def test_server_runs_from_the_environment_with_the_checkpoint_in_the_data_direct
         assert verified.returncode == 0, verified.stdout + verified.stderr
     finally:
         key.parent.chmod(0o755)
+
+
+def test_the_database_url_can_come_from_a_file(tmp_path: Path) -> None:
+    """TRUEUP_SERVER_DB_FILE: the URL (which may hold a password) from a mounted Secret,
+    not from the container's configuration; --db and TRUEUP_SERVER_DB still win."""
+    key = tmp_path / "server.key"
+    key.write_text("cd" * 32 + "\n")
+    url_file = tmp_path / "db-url"
+    url_file.write_text(f"sqlite:///{tmp_path}/from-file.db\n")
+    base = {
+        "TRUEUP_SERVER_DB": None,
+        "TRUEUP_SERVER_KEY_FILE": str(key),
+        "TRUEUP_SERVER_CREATE_KEY": "false",
+        # Wide enough that the error box does not wrap the path.
+        "COLUMNS": "400",
+    }
+    runner = CliRunner()
+    created = runner.invoke(
+        server_app,
+        ["tenant", "create", "acme"],
+        env=base | {"TRUEUP_SERVER_DB_FILE": str(url_file)},
+    )
+    assert created.exit_code == 0, created.output
+    assert (tmp_path / "from-file.db").exists()
+    # The environment's URL wins over the file's.
+    from_env = runner.invoke(
+        server_app,
+        ["tenant", "create", "beta"],
+        env=base
+        | {
+            "TRUEUP_SERVER_DB_FILE": str(url_file),
+            "TRUEUP_SERVER_DB": f"sqlite:///{tmp_path}/from-env.db",
+        },
+    )
+    assert from_env.exit_code == 0, from_env.output
+    assert (tmp_path / "from-env.db").exists()
+    listed = runner.invoke(
+        server_app,
+        ["fleet", "list", "--tenant", "beta"],
+        env=base | {"TRUEUP_SERVER_DB_FILE": str(url_file)},
+    )
+    assert listed.exit_code == 1 and "trueup server tenant create beta" in listed.output
+    # A missing or empty file is an error naming it; no database appears.
+    for content, reason in ((None, "No such file or directory"), ("\n", "empty")):
+        bad = tmp_path / "bad-url"
+        if content is not None:
+            bad.write_text(content)
+        refused = runner.invoke(
+            server_app, ["migrate"], env=base | {"TRUEUP_SERVER_DB_FILE": str(bad)}
+        )
+        assert refused.exit_code == 2, refused.output
+        assert f"TRUEUP_SERVER_DB_FILE={bad}" in refused.output, refused.output
+        assert reason in refused.output, refused.output
+    assert not (tmp_path / "trueup-server.db").exists() and not Path("trueup-server.db").exists()
