@@ -122,6 +122,8 @@ def test_server_runs_from_the_environment(tmp_path: Path, containers: list[str])
     keydir.mkdir(mode=0o755)
     (keydir / "server.key").write_text(secrets.token_hex(32) + "\n")
     (keydir / "server.key").chmod(0o644)
+    (keydir / "db-url").write_text("sqlite:////var/lib/trueup-server/server.db\n")
+    (keydir / "db-url").chmod(0o644)
     port = _free_port()
     name = unique("tu-image")
     containers.append(name)
@@ -137,8 +139,9 @@ def test_server_runs_from_the_environment(tmp_path: Path, containers: list[str])
         f"{keydir}:/run/secrets/trueup:ro",
         "--tmpfs",
         "/var/lib/trueup-server:rw,U,mode=0700",
+        # The database URL from a file on the key's mount: it stays out of `podman inspect`.
         "--env",
-        "TRUEUP_SERVER_DB=sqlite:////var/lib/trueup-server/server.db",
+        "TRUEUP_SERVER_DB_FILE=/run/secrets/trueup/db-url",
         server_image(),
     )
 
@@ -157,6 +160,8 @@ def test_server_runs_from_the_environment(tmp_path: Path, containers: list[str])
     assert listed.returncode == 0
     checkpoint = podman("exec", name, "ls", "/var/lib/trueup-server").stdout
     assert "server.db" in checkpoint, checkpoint
+    inspected = podman("inspect", name).stdout
+    assert "server.db" not in inspected and "TRUEUP_SERVER_DB=" not in inspected
     # An operator reading `podman logs` sees where the server listens.
     logs = podman("logs", name)
     assert "Uvicorn running on http://0.0.0.0:8443" in logs.stdout + logs.stderr, logs
