@@ -65,13 +65,20 @@ def test_a_read_only_key_needs_a_writable_data_directory(tmp_path: Path) -> None
     key = read_only_key(tmp_path)
     db = f"sqlite:///{tmp_path}/server.db"
     try:
-        no_data_dir = CliRunner().invoke(
-            server_app, ["run", "--db", db, "--key-file", str(key), "--listen", "127.0.0.1:1"]
+        # The key's directory read-only as a Secret mount is: root ignores a 0555 mode,
+        # so as root the directory is bind-mounted read-only in a mount namespace.
+        argv = [*CLI, "run", "--db", db, "--key-file", str(key)]
+        argv += ["--listen", f"127.0.0.1:{free_port()}"]
+        if os.geteuid() == 0:
+            mount = f'mount --bind -o ro {key.parent} {key.parent} && exec "$@"'
+            argv = ["unshare", "--mount", "sh", "-c", mount, "sh", *argv]
+        # A timeout, not a hang, should the check ever let the server start.
+        no_data_dir = subprocess.run(
+            argv, env=env_only(), capture_output=True, text=True, timeout=120
         )
-        assert no_data_dir.exit_code == 1
-        assert (
-            "not writable" in no_data_dir.output and "TRUEUP_SERVER_DATA_DIR" in no_data_dir.output
-        )
+        assert no_data_dir.returncode == 1, no_data_dir.stderr
+        assert "not writable" in no_data_dir.stderr, no_data_dir.stderr
+        assert "TRUEUP_SERVER_DATA_DIR" in no_data_dir.stderr, no_data_dir.stderr
         not_a_dir = CliRunner().invoke(
             server_app,
             ["run", "--db", db, "--key-file", str(key), "--data-dir", str(tmp_path / "nope")],

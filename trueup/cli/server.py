@@ -157,12 +157,12 @@ def _plane(db: str, key_file: Path | None, *, stale_intervals: int = 3) -> Contr
     from trueup.server.keys import load_or_create_server_key
     from trueup.server.service import ControlPlane
 
+    # The environment is checked before anything is opened: bad input changes nothing.
+    create = _env_flag(CREATE_KEY_ENV, True)
     try:
         database = Database(db)
         key = load_or_create_server_key(
-            _key_file(db, key_file),
-            create=_env_flag(CREATE_KEY_ENV, True),
-            data_dir=_env_data_dir(),
+            _key_file(db, key_file), create=create, data_dir=_env_data_dir()
         )
         database.migrate()
     except (DatabaseURLError, ValueError, OSError) as exc:
