@@ -73,6 +73,8 @@ SERVER_ENV = {
     "TRUEUP_SERVER_KEY_FILE": "/run/secrets/trueup/server.key",
     "TRUEUP_SERVER_DATA_DIR": "/var/lib/trueup-server",
     "TRUEUP_SERVER_CREATE_KEY": "false",
+    # uvicorn's start-up lines and errors reach `podman logs` (warning, the CLI's default, is silent).
+    "TRUEUP_SERVER_LOG_LEVEL": "info",
     "HOME": "/var/lib/trueup-server",
 }
 

@@ -16,9 +16,11 @@ import secrets
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from scripts import build_image
 from tests.packaging.images import podman, postgres_image, server_image, unique, wait_until
@@ -62,6 +64,8 @@ def test_server_image_configuration() -> None:
     assert env["TRUEUP_SERVER_KEY_FILE"] == "/run/secrets/trueup/server.key"
     assert env["TRUEUP_SERVER_DATA_DIR"] == "/var/lib/trueup-server"
     assert env["TRUEUP_SERVER_CREATE_KEY"] == "false"
+    # Start-up lines and errors reach `podman logs`: the CLI's default (warning) says nothing.
+    assert env["TRUEUP_SERVER_LOG_LEVEL"] == "info"
     assert env["PATH"].startswith("/opt/trueup/bin:")
     assert config["WorkingDir"] == "/var/lib/trueup-server"
     labels = config["Labels"]
@@ -118,6 +122,8 @@ def test_server_runs_from_the_environment(tmp_path: Path, containers: list[str])
     keydir.mkdir(mode=0o755)
     (keydir / "server.key").write_text(secrets.token_hex(32) + "\n")
     (keydir / "server.key").chmod(0o644)
+    (keydir / "db-url").write_text("sqlite:////var/lib/trueup-server/server.db\n")
+    (keydir / "db-url").chmod(0o644)
     port = _free_port()
     name = unique("tu-image")
     containers.append(name)
@@ -133,8 +139,9 @@ def test_server_runs_from_the_environment(tmp_path: Path, containers: list[str])
         f"{keydir}:/run/secrets/trueup:ro",
         "--tmpfs",
         "/var/lib/trueup-server:rw,U,mode=0700",
+        # The database URL from a file on the key's mount: it stays out of `podman inspect`.
         "--env",
-        "TRUEUP_SERVER_DB=sqlite:////var/lib/trueup-server/server.db",
+        "TRUEUP_SERVER_DB_FILE=/run/secrets/trueup/db-url",
         server_image(),
     )
 
@@ -153,6 +160,17 @@ def test_server_runs_from_the_environment(tmp_path: Path, containers: list[str])
     assert listed.returncode == 0
     checkpoint = podman("exec", name, "ls", "/var/lib/trueup-server").stdout
     assert "server.db" in checkpoint, checkpoint
+    inspected = podman("inspect", name).stdout
+    assert "server.db" not in inspected and "TRUEUP_SERVER_DB=" not in inspected
+    # An operator reading `podman logs` sees where the server listens.
+    logs = podman("logs", name)
+    assert "Uvicorn running on http://0.0.0.0:8443" in logs.stdout + logs.stderr, logs
+    # SIGTERM to PID 1 ends the server cleanly (a SIGKILL after the grace time would be 137).
+    podman("stop", "--time", "60", name, timeout=120)
+    state = json.loads(podman("inspect", name).stdout)[0]["State"]
+    assert state["ExitCode"] == 0, state
+    logs = podman("logs", name)
+    assert "Finished server process" in logs.stdout + logs.stderr, logs
 
 
 def test_postgres_image_environment_contract(containers: list[str]) -> None:
@@ -210,3 +228,84 @@ def test_postgres_image_environment_contract(containers: list[str]) -> None:
     # Without a password the entry point refuses to start, saying which variable is missing.
     code, out = _run(image)
     assert code != 0 and "POSTGRES_PASSWORD" in out, out
+
+
+def _manifest_container() -> dict[str, Any]:
+    docs = yaml.safe_load_all((build_image.REPO / "deploy/kubernetes/base/server.yaml").read_text())
+    deployment = next(d for d in docs if d and d["kind"] == "Deployment")
+    container: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def _mebibytes(quantity: str) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return float(quantity[: -len(suffix)]) * factor
+    raise AssertionError(f"memory quantity {quantity!r}: expected Ki, Mi or Gi")
+
+
+def _working_set_mib(name: str) -> float:
+    """The container's working set as the kubelet counts it: memory in use less inactive
+    file cache (cgroup v2 or v1)."""
+    script = (
+        "if [ -f /sys/fs/cgroup/memory.current ]; then "
+        "cat /sys/fs/cgroup/memory.current; grep '^inactive_file ' /sys/fs/cgroup/memory.stat; "
+        "else cat /sys/fs/cgroup/memory/memory.usage_in_bytes; "
+        "grep '^total_inactive_file ' /sys/fs/cgroup/memory/memory.stat; fi"
+    )
+    out = podman("exec", name, "/bin/sh", "-c", script).stdout.split()
+    return (int(out[0]) - int(out[2])) / 2**20
+
+
+def _serve(name: str, port: int, options: list[str], env: dict[str, str]) -> None:
+    argv = ["run", "--detach", "--name", name, "--read-only"]
+    argv += ["--publish", f"127.0.0.1:{port}:8443", *options]
+    for key, value in env.items():
+        argv += ["--env", f"{key}={value}"]
+    podman(*argv, server_image())
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(ready, what=f"/readyz of {name}")
+
+
+def test_manifest_memory_request_covers_the_running_server(
+    tmp_path: Path, containers: list[str]
+) -> None:
+    """The Deployment's memory request is at least what the server uses idle with the
+    manifest's workers, and its limit leaves room to grow."""
+    container = _manifest_container()
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    resources = container["resources"]
+    keydir = tmp_path / "key"
+    keydir.mkdir(mode=0o755)
+    (keydir / "server.key").write_text(secrets.token_hex(32) + "\n")
+    (keydir / "server.key").chmod(0o644)
+    name = unique("tu-image-mem")
+    containers.append(name)
+    _serve(
+        name,
+        _free_port(),
+        [
+            "--volume",
+            f"{keydir}:/run/secrets/trueup:ro",
+            "--tmpfs",
+            "/var/lib/trueup-server:rw,U,mode=0700",
+        ],
+        {
+            "TRUEUP_SERVER_DB": "sqlite:////var/lib/trueup-server/server.db",
+            "TRUEUP_SERVER_WORKERS": env["TRUEUP_SERVER_WORKERS"],
+        },
+    )
+    podman("exec", name, "trueup", "server", "tenant", "create", "acme")
+    used = _working_set_mib(name)
+    request = _mebibytes(resources["requests"]["memory"])
+    limit = _mebibytes(resources["limits"]["memory"])
+    print(f"{env['TRUEUP_SERVER_WORKERS']} workers: {used:.0f} MiB in use")
+    assert request >= used, f"memory request {request:.0f} MiB < {used:.0f} MiB in use"
+    assert limit >= 2 * used, f"memory limit {limit:.0f} MiB < twice {used:.0f} MiB in use"

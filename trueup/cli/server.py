@@ -57,8 +57,39 @@ server_app.add_typer(device_app, name="device")
 server_app.add_typer(audit_app, name="audit")
 server_app.add_typer(fleet_app, name="fleet")
 
+# The database URL (it may hold a password) can come from a file instead, e.g. a mounted
+# Secret, so that it is not in the container's configuration (`podman inspect`).
+DB_FILE_ENV = "TRUEUP_SERVER_DB_FILE"
+
+
+def _db_url(ctx: typer.Context, value: str) -> str:
+    """--db, else TRUEUP_SERVER_DB, else the first line of the file TRUEUP_SERVER_DB_FILE names."""
+    path = os.environ.get(DB_FILE_ENV, "")
+    source = ctx.get_parameter_source("db")
+    if not path or (source is not None and source.name != "DEFAULT"):
+        return value
+    try:
+        url = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise typer.BadParameter(
+            f"{DB_FILE_ENV}={path}: {reason}; expected a file holding the database URL",
+            param_hint="'--db'",
+        ) from None
+    if not url:
+        raise typer.BadParameter(
+            f"{DB_FILE_ENV}={path}: empty; expected the database URL (postgresql://…)",
+            param_hint="'--db'",
+        )
+    return url
+
+
 DbOption = typer.Option(
-    DEFAULT_DB, "--db", envvar="TRUEUP_SERVER_DB", help="sqlite:///PATH or postgresql://…"
+    DEFAULT_DB,
+    "--db",
+    envvar="TRUEUP_SERVER_DB",
+    callback=_db_url,
+    help=f"sqlite:///PATH or postgresql://… (or a file holding it: {DB_FILE_ENV})",
 )
 KeyOption = typer.Option(
     None,
@@ -126,6 +157,7 @@ def _plane(db: str, key_file: Path | None, *, stale_intervals: int = 3) -> Contr
     from trueup.server.keys import load_or_create_server_key
     from trueup.server.service import ControlPlane
 
+    # The environment is checked before anything is opened: bad input changes nothing.
     create = _env_flag(CREATE_KEY_ENV, True)
     try:
         database = Database(db)
