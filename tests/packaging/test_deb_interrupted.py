@@ -2,7 +2,8 @@
 killed after it switched /opt/trueup/current but before the agent was restarted (power loss,
 a killed dpkg) and then `dpkg --configure -a`; a reinstall of the same version; a downgrade;
 `/usr/bin/trueup` as a program called `trueup` (help, bash completion, arguments with spaces,
-PYTHON* variables and the working directory kept out). The steps run in order on one container.
+PYTHON* variables and the working directory kept out); more agent options (a control plane)
+from /etc/trueup/agent.env. The steps run in order on one container.
 """
 
 from __future__ import annotations
@@ -119,3 +120,17 @@ def test_the_trueup_command_as_an_operator_runs_it(root: DebianRoot) -> None:
         "PATH=/tmp/evil:$PATH trueup --version",
     )  # fmt: skip
     assert injected.stdout.startswith(f"trueup {V1}"), injected.stdout
+
+
+def test_agent_options_come_from_etc_trueup_agent_env(root: DebianRoot) -> None:
+    # A control plane that does not answer (TEST-NET-1): the agent runs on, management first.
+    options = "--control-plane http://192.0.2.1:9 --token-file /etc/trueup/device.token"
+    root.run("sh", "-c", f"echo 'TRUEUP_AGENT_OPTIONS=\"{options}\"' > /etc/trueup/agent.env")
+    root.run("sh", "-c", "umask 077 && echo not-a-real-credential > /etc/trueup/device.token")
+    before = root.unit()
+    root.run("systemctl", "restart", "trueup-agent.service")
+    after = root.unit()
+    assert after["ActiveState"] == "active" and after["MainPID"] != before["MainPID"], after
+    argv = root.read(f"/proc/{after['MainPID']}/cmdline").split("\0")
+    assert argv[-5:] == [*options.split(), ""], argv
+    assert root.run("stat", "-c", "%a", "/etc/trueup/device.token").stdout.strip() == "600"
