@@ -265,6 +265,9 @@ def _assemble(tree: Path, venv: Path, version: str, arch: str) -> None:
     usr_bin = tree / "usr" / "bin"
     usr_bin.mkdir(parents=True)
     shutil.copy2(DEB / "trueup", usr_bin / "trueup")
+    completions = tree / "usr" / "share" / "bash-completion" / "completions"
+    completions.mkdir(parents=True)
+    shutil.copy2(DEB / "trueup.bash-completion", completions / "trueup")
     unit_dir = tree / "lib" / "systemd" / "system"
     unit_dir.mkdir(parents=True)
     shutil.copy2(PACKAGING / "trueup-agent.service", unit_dir / "trueup-agent.service")

@@ -49,6 +49,7 @@ def test_the_layout_and_modes(deb: Path) -> None:
     assert entries["/lib/systemd/system/trueup-agent.service"][0] == "-rw-r--r--"
     assert "/usr/share/doc/trueup-agent/examples/desired.yaml" in entries
     assert "/usr/share/doc/trueup-agent/copyright" in entries
+    assert entries["/usr/share/bash-completion/completions/trueup"][0] == "-rw-r--r--"
     assert "/usr/share/doc/trueup-agent/changelog.gz" in entries
     assert all(owner == "root/root" for _, owner in entries.values())
     # The agent never runs from a path dpkg owns: only the staging copy is shipped.
@@ -76,6 +77,9 @@ def test_the_maintainer_scripts_and_unit(deb: Path, tmp_path: Path) -> None:
     unit = (tmp_path / "tree/lib/systemd/system/trueup-agent.service").read_text()
     assert "Type=notify" in unit and "WatchdogSec=30" in unit
     assert "ExecStart=/usr/bin/trueup agent run --state-dir /var/lib/trueup" in unit
+    assert "EnvironmentFile=-/etc/trueup/agent.env" in unit
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert exec_start.endswith(" $TRUEUP_AGENT_OPTIONS"), exec_start
     env_python = tmp_path / "tree/opt/trueup/package/bin/python3"
     assert env_python.is_symlink() and str(env_python.readlink()) == "/usr/bin/python3"
 

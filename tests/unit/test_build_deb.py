@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,3 +115,62 @@ def test_the_package_cache_keeps_the_newest_builds(tmp_path: Path) -> None:
     build_deb.prune_cache(tmp_path, keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["digest0", "digest1"]
     build_deb.prune_cache(tmp_path / "absent")  # nothing built yet: nothing to do
+
+
+def _wrapper(tmp_path: Path) -> Path:
+    """packaging/deb/trueup with its release at tmp_path/release, whose python is this one."""
+    python = tmp_path / "release" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    text = (build_deb.DEB / "trueup").read_text()
+    assert "release=/opt/trueup/current\n" in text
+    wrapper = tmp_path / "trueup"
+    wrapper.write_text(
+        text.replace("release=/opt/trueup/current\n", f"release={python.parent.parent}\n")
+    )
+    return wrapper
+
+
+def test_the_wrapper_runs_a_program_called_trueup(tmp_path: Path) -> None:
+    wrapper = _wrapper(tmp_path)
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "TERM": "dumb"}
+    usage = subprocess.run(["sh", str(wrapper), "--help"], capture_output=True, text=True, env=env)
+    assert "Usage: trueup [OPTIONS] COMMAND" in usage.stdout, usage.stdout + usage.stderr
+    completed = subprocess.run(
+        ["sh", str(wrapper)],
+        capture_output=True,
+        text=True,
+        env={
+            **env,
+            "_TRUEUP_COMPLETE": "complete_bash",
+            "COMP_WORDS": "trueup pre",
+            "COMP_CWORD": "1",
+        },
+    )
+    assert completed.stdout.split() == ["preflight"], completed.stdout + completed.stderr
+
+
+def test_the_wrapper_keeps_arguments_whole_and_the_environment_out(tmp_path: Path) -> None:
+    wrapper = _wrapper(tmp_path)
+    document = tmp_path / "my document.yaml"
+    document.write_text((build_deb.DEB / "desired.yaml.example").read_text())
+    evil = tmp_path / "evil"
+    (evil / "trueup" / "cli").mkdir(parents=True)
+    for name in ("trueup/__init__.py", "trueup/cli/__init__.py", "startup.py"):
+        (evil / name).write_text("raise SystemExit(99)\n")
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "PYTHONPATH": str(evil),
+        "PYTHONSTARTUP": str(evil / "startup.py"),
+        "PYTHONHOME": str(evil),
+    }
+    result = subprocess.run(
+        ["sh", str(wrapper), "validate", str(document)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=evil,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
