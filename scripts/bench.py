@@ -28,6 +28,7 @@ SECTIONS = [
     "scripts.bench_dashboard",
     "scripts.bench_notify",
     "scripts.bench_image",
+    "scripts.bench_package",
 ]
 
 
