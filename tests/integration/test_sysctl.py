@@ -21,7 +21,10 @@ def _read(router: Router, path: str) -> str:
 def test_sysctl_applied_observed_healed_by_its_periodic_watch_and_refused_atomically(
     router: Router,
 ) -> None:
-    assert _read(router, FORWARD) == "0"  # a new namespace starts with forwarding off
+    # A new namespace inherits the host's IPv4 forwarding (net.core.devconf_inherit_init_net
+    # = 0), which container networking turns on: start from off explicitly.
+    router.run("sh", "-c", f"echo 0 > {FORWARD}")
+    assert _read(router, FORWARD) == "0"
     document = base_document(
         routes=[], sysctl={"net.ipv4.ip_forward": 1, "net.ipv6.conf.all.forwarding": 1}
     )
