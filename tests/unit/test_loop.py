@@ -23,6 +23,7 @@ from trueup.system.netlink import NetlinkError
 
 LAN = "203.0.113.1/24"
 ADDRESSES = "spec.interfaces[lan0].addresses"
+ITEM = f"{ADDRESSES}[{LAN}]"
 
 
 class Clock:
@@ -234,7 +235,7 @@ def test_competing_writer_is_contested_and_no_longer_healed(rig: Rig) -> None:
         rig.loop.run_pass()  # heals
         rig.loop.run_pass()  # sees it back in sync
         rig.clock.advance(1)
-    assert rig.policies()["contested"] == [ADDRESSES]
+    assert rig.policies()["contested"] == [ITEM]  # the one address, not the list
     assert not rig.has_address()  # the third return was not healed
     rig.clock.advance(120)
     report = rig.loop.run_pass()
@@ -242,9 +243,9 @@ def test_competing_writer_is_contested_and_no_longer_healed(rig: Rig) -> None:
     assert "contested" in report.held["addresses"]
     assert not rig.has_address()
     assert "someone else is writing" in rig.policies()["reason"]
-    assert rig.audit("contested")[0]["details"]["path"] == ADDRESSES
+    assert rig.audit("contested")[0]["details"]["path"] == ITEM
     # it survives a restart of the agent
-    assert rig.new_loop().status_inputs()["policies"]["addresses"]["contested"] == [ADDRESSES]
+    assert rig.new_loop().status_inputs()["policies"]["addresses"]["contested"] == [ITEM]
 
 
 def test_ack_stops_healing_until_it_expires_by_itself(rig: Rig) -> None:

@@ -154,5 +154,8 @@ def wire(
         sync = _start_sync(agent, control_plane, token_file, heartbeat)
         agent.sync = sync
         agent.on_stop.append(sync.stop)
+        if agent.loop is not None:
+            # A writer fighting management is reported upstream at once, not at the heartbeat.
+            agent.loop.on_fought.append(sync.request_report)
 
     agent.on_steady.append(start)

@@ -13,16 +13,26 @@ those kinds that did arrive are shown as `"match": "related"`; when none
 arrived the record says which look found the drift (a resync, a request).
 
 The same matching names the writer of a path for flap detection
-(`writers`): only notifications from a port other than the kernel's count.
+(`writers`), item by item: a list path (an interface's addresses) is split
+into one path per missing or extra item (`item_paths`), so one contested
+address never stops the others on its interface from being healed. Only
+notifications another writer sent count (`outside_writer`): a port other
+than the kernel's, or an IPv6 address notification — which the kernel sends
+with port 0 whoever asked — for a permanent address the kernel had no
+reason to touch (no DAD failure, no link change around it). Those are
+named for what is known: "an unidentified writer (netlink port 0)", never
+"kernel".
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trueup.model.digests import canonical_json
 from trueup.subsystems.base import Difference, Scope, Subsystem
 from trueup.system.events import NetlinkEvent, iso_time
 
@@ -34,12 +44,17 @@ __all__ = [
     "attribute",
     "event_kinds",
     "identifiers",
+    "item_paths",
+    "outside_writer",
     "writers",
 ]
 
 MAX_ATTRIBUTION = 20  # notifications kept per drift record
 MAX_RELATED = 5  # related (unmatched) notifications shown when nothing matched
 ALL_KINDS = frozenset({"link", "address", "route"})
+# A port-0 address notification this close to a change of its link is the kernel's doing.
+LINK_GRACE = 2.0
+UNIDENTIFIED = "an unidentified writer (netlink port 0: IPv6 address notifications name no sender)"
 
 
 def event_kinds(subsystem: Subsystem) -> set[str]:
@@ -155,21 +170,112 @@ def _subjects(event: NetlinkEvent) -> set[str | None]:
     return {event.ifname, event.destination, event.address, event.detail.get("path")}
 
 
+def _label(item: Any) -> str:
+    return item if isinstance(item, str) else canonical_json(item).decode()
+
+
+def _items(diffs: Iterable[Difference]) -> list[tuple[str, Any, str, str | None]]:
+    """(path, observed, parent path, item label or None) for `item_paths` and `writers`."""
+    out: list[tuple[str, Any, str, str | None]] = []
+    for diff in diffs:
+        if not diff.missing and not diff.extra:
+            out.append((diff.path, diff.observed, diff.path, None))
+            continue
+        for marker, items in (("absent", diff.missing), ("present", diff.extra)):
+            for item in items:
+                label = _label(item)
+                out.append((f"{diff.path}[{label}]", marker, diff.path, label))
+    return out
+
+
+def item_paths(diffs: Iterable[Difference]) -> dict[str, Any]:
+    """Differing paths for flap detection: one per missing or extra item of a list.
+
+    `spec.interfaces[lan0].addresses` missing `2001:db8::1/64` becomes
+    `spec.interfaces[lan0].addresses[2001:db8::1/64]` → `"absent"` (an extra
+    item: `"present"`); any other difference keeps its path and observed value.
+    """
+    return {path: observed for path, observed, _parent, _label in _items(diffs)}
+
+
+def _is_prefix(text: str) -> bool:
+    try:
+        ipaddress.ip_interface(text)
+    except ValueError:
+        return False
+    return True
+
+
+def outside_writer(event: NetlinkEvent, events: Sequence[NetlinkEvent] = ()) -> str | None:
+    """Who other than the kernel sent `event`, or None when it is the kernel's own.
+
+    A port other than 0 is a writer (its command name when still running).
+    Port 0 is the kernel's — except for IPv6 addresses: the kernel announces
+    every IPv6 address change with port 0, whoever asked for it. A permanent
+    one (only a writer assigns those) that did not fail DAD, with no change
+    of its link within `LINK_GRACE` seconds in `events` (a link going down
+    flushes its IPv6 addresses), was removed or added by someone: an
+    unidentified writer.
+    """
+    if event.sender_port:
+        return event.sender or f"netlink port {event.sender_port}"
+    if event.sender_port is None or event.kind != "address" or not event.address:
+        return None
+    if ":" not in event.address:
+        return None
+    flags = event.detail.get("address_flags") or []
+    if "permanent" not in flags or "dadfailed" in flags:
+        return None
+    for other in events:
+        if (
+            other.kind == "link"
+            and other.ifname == event.ifname
+            and abs(other.received_at - event.received_at) <= LINK_GRACE
+        ):
+            return None
+    return UNIDENTIFIED
+
+
+def _names(parent: str, item: str | None, event: NetlinkEvent, scope: Scope) -> bool:
+    """Whether `event` is about `parent` (or its item): an address item, that address only."""
+    if item is not None and _is_prefix(item):
+        return event.address is not None and (
+            event.address == item or event.address.split("/")[0] == item.split("/")[0]
+        )
+    probe = Difference("", parent, None, None)
+    return bool(identifiers([probe], scope) & _subjects(event))
+
+
 def writers(
     diffs: Sequence[Difference],
     scope: Scope,
     kinds: set[str],
     events: Iterable[tuple[int, NetlinkEvent]],
 ) -> dict[str, str]:
-    """Per differing path, the last writer other than the kernel whose notification names it."""
-    candidates = [e for _, e in events if e.kind in kinds and e.sender_port]
+    """Per differing item path (`item_paths`), the last writer other than the kernel naming it."""
+    seen = [e for _, e in events]
+    candidates = []
+    for event in seen:
+        if event.kind not in kinds:
+            continue
+        who = outside_writer(event, seen)
+        if who is not None:
+            candidates.append((event, who))
     out: dict[str, str] = {}
-    for diff in diffs:
-        wanted = identifiers([diff], scope)
-        for event in candidates:
-            if wanted & _subjects(event):
-                who = event.sender or f"netlink port {event.sender_port}"
-                out[diff.path] = f"{event.message} from {who} (port {event.sender_port})"
+    for path, _observed, parent, item in _items(diffs):
+        for event, who in candidates:
+            if _names(parent, item, event, scope):
+                out[path] = f"{event.message} from {who} (port {event.sender_port})"
+    return out
+
+
+def event_json(event: NetlinkEvent, events: Sequence[NetlinkEvent] = ()) -> dict[str, Any]:
+    """`event.to_json()`, naming an unidentified writer instead of "kernel" (`outside_writer`)."""
+    out = event.to_json()
+    if event.sender_port == 0:
+        who = outside_writer(event, events)
+        if who is not None:
+            out["sender"] = who
     return out
 
 
@@ -191,6 +297,8 @@ def attribute(
     horizon = record.since - window
     newest = record.seen_events
     related: list[dict[str, Any]] = []
+    events = list(events)
+    context = [e for _, e in events]
     for seq, event in events:
         if seq <= record.seen_events:
             continue
@@ -198,9 +306,9 @@ def attribute(
         if event.kind not in kinds or event.received_at < horizon:
             continue
         if wanted & _subjects(event) or (event.address and event.address.split("/")[0] in wanted):
-            record.attribution.append(event.to_json())
+            record.attribution.append(event_json(event, context))
         else:
-            related.append({**event.to_json(), "match": "related"})
+            related.append({**event_json(event, context), "match": "related"})
     record.seen_events = newest
     if not record.attribution and related:
         record.attribution.extend(related[-MAX_RELATED:])

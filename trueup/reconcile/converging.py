@@ -30,6 +30,13 @@ log = logging.getLogger("trueup.reconcile")
 __all__ = ["Converging"]
 
 
+def _paths_text(paths: list[str]) -> str:
+    """The differing paths, for a failure that has no evidence of another writer."""
+    if not paths:
+        return "the plan is not empty"
+    return ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+
+
 class Converging:
     """Steps and their checks for one transaction; the engine supplies state and subsystems."""
 
@@ -153,6 +160,7 @@ class Converging:
         """
         journal = self.state.journal
         candidates = [n for n in names if n not in skipped and n not in failed and n not in waiting]
+        still: dict[str, list[str]] = {}  # subsystem → the paths that still differ
         for round_ in range(_VERIFY_ROUNDS + 1):
             differing = []
             for name in list(candidates):
@@ -166,8 +174,10 @@ class Converging:
                     if change.mode == "atomic":
                         return
                     continue
-                if sub.plan(targets[name], observed, scope).changes:
+                left = sub.plan(targets[name], observed, scope)
+                if left.changes:
                     differing.append(name)
+                    still[name] = sorted({step.path for step in left.steps})
             if not differing:
                 return
             if round_ == _VERIFY_ROUNDS:
@@ -192,7 +202,7 @@ class Converging:
         for name in differing:
             failed[name] = (
                 "verification: observed state still differs from the document after "
-                f"{_VERIFY_ROUNDS} rounds; something else is changing it"
+                f"{_VERIFY_ROUNDS} rounds: {_paths_text(still.get(name, []))}"
             )
             journal.record(txn, "failed", subsystem=name, error=failed[name])
 
@@ -279,7 +289,8 @@ class Converging:
                 return
         raise StepError(
             plan.steps[0],
-            f"still differs after {_CONVERGE_PASSES} passes; something else is changing it",
+            f"still differs after {_CONVERGE_PASSES} passes: "
+            + _paths_text(sorted({step.path for step in plan.steps})),
         )
 
     def _rollback(

@@ -11,7 +11,12 @@ forced by `trueup reconcile`) and the governor does not hold it. A
 subsystem whose dependency differs and will not be healed now *waits*
 (`waiting on addresses: …`); so does one whose dependency fails inside the
 transaction. Waiting is not failing: the breaker, back-off and retry
-budget do not count it.
+budget do not count it. Nor is a heal that failed because a link it needs
+changed state while it ran (a link up/down storm): it waits on `links`.
+
+A failure blames another writer only with evidence (`evidence`: the
+notifications' senders naming the paths); otherwise it says what still
+differs.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trueup.model.document import DeviceState
-from trueup.reconcile.attribution import DriftRecord
+from trueup.reconcile.attribution import DriftRecord, item_paths
 from trueup.reconcile.healing import Governor
 from trueup.reconcile.management_tier import audit_restored, converge_management
 from trueup.reconcile.transaction import Change, DamagedState, Engine, Refused, StorageError
@@ -39,6 +44,15 @@ RETRY_AFTER_REFUSAL = 0.1
 RETRY_AFTER_STORAGE_ERROR = 2.0
 
 AuditLines = list[tuple[str, dict[str, Any]]]
+# Who else wrote a subsystem's differing paths (path → writer), and why a failed heal
+# was the effect of a link changing state while it ran (or None); both from the loop.
+Evidence = Callable[[str, list[Difference]], dict[str, str]]
+Disturbance = Callable[[str], str | None]
+
+
+def _covered(path: str, pinned: Collection[str]) -> bool:
+    """Whether `path` (or the list it is an item of) is contested."""
+    return path in pinned or any(path.startswith(p + "[") for p in pinned)
 
 
 @dataclass
@@ -86,6 +100,9 @@ class Healer:
         self.governor = governor
         self.clock = clock
         self.counters = counters  # the loop's: heals_ok, heals_failed
+        self.evidence: Evidence | None = None
+        self.disturbance: Disturbance | None = None
+        self._disturbed: dict[str, str] = {}  # this heal's failures caused by a link change
 
     def held(self, name: str, document: DeviceState, now: float, forced: bool) -> str | None:
         """Why `name` may not be healed now, or None."""
@@ -144,10 +161,11 @@ class Healer:
                 continue
             pinned = frozenset() if forced else frozenset(self.governor.contested(name))
             contested[name] = pinned
-            differing_contested = pinned & {d.path for d in diffs}
+            items = set(item_paths(diffs))
+            differing_contested = {p for p in items if _covered(p, pinned)}
             if differing_contested:
                 unsettled[name] = "contested: " + ", ".join(sorted(differing_contested))
-                if differing_contested == {d.path for d in diffs}:
+                if differing_contested == items:
                     report.held[name] = "only contested paths differ: " + ", ".join(
                         sorted(differing_contested)
                     )
@@ -156,6 +174,7 @@ class Healer:
         if not healable:
             return None
         attempted: list[str] = []
+        self._disturbed = {}
 
         def audit_lines(
             txn: str,
@@ -198,8 +217,10 @@ class Healer:
         if result.txn:
             report.txns.append(result.txn)
         for name in healable:
-            if name in result.failed:
-                report.failed[name] = result.failed[name]
+            if name in self._disturbed:
+                report.held[name] = report.waiting[name] = self._disturbed[name]
+            elif name in result.failed:
+                report.failed[name] = self._blame(name, result.failed[name], differences)
             elif name in result.waiting:
                 report.held[name] = report.waiting[name] = result.waiting[name]
             elif name in result.healed:
@@ -261,10 +282,23 @@ class Healer:
                 continue
             attempted.append(name)
             paths = sorted({d.path for d in differences.get(name, [])})
-            self.governor.record_attempt(name, now)
             if name in failed:
-                lines += self._failed(name, failed[name], paths, txn, version, now)
+                disturbed = self.disturbance(name) if self.disturbance is not None else None
+                if disturbed is not None:
+                    # The link went while the heal ran: not the heal's failure.
+                    self._disturbed[name] = disturbed
+                    lines.append(
+                        (
+                            "reconcile",
+                            {"subsystem": name, "outcome": "waiting", "why": disturbed, "txn": txn},
+                        )
+                    )
+                    continue
+                self.governor.record_attempt(name, now)
+                error = self._blame(name, failed[name], differences)
+                lines += self._failed(name, error, paths, txn, version, now)
                 continue
+            self.governor.record_attempt(name, now)
             self.governor.record_success(name, now)
             self.counters["heals_ok"] += 1
             record = drift.get(name)
@@ -287,6 +321,16 @@ class Healer:
                 ("reconcile", {"subsystem": name, "outcome": "waiting", "why": why, "txn": txn})
             )
         return lines
+
+    def _blame(self, name: str, error: str, differences: Mapping[str, list[Difference]]) -> str:
+        """`error`, naming another writer when notifications show one wrote these paths."""
+        if self.evidence is None or "something else is changing it" in error:
+            return error
+        seen = self.evidence(name, list(differences.get(name, [])))
+        if not seen:
+            return error
+        who = "; ".join(f"{path}: {writer}" for path, writer in sorted(seen.items())[:3])
+        return f"{error}; something else is changing it ({who})"
 
     def _failed(
         self, name: str, error: str, paths: list[str], txn: str, version: int, now: float

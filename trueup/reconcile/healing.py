@@ -14,9 +14,17 @@ Per subsystem:
   no healing, `STATE_RECONCILIATION_FAILED`, until a new apply, an explicit
   `trueup reconcile`, or the cool-down (then one half-open attempt decides);
 * **flap detection** — a path that returns to the *same* undesired value
-  `flap_threshold` times within `flap_window` is *contested*: someone else
-  is writing it, and it is no longer healed (detection goes on);
+  `flap_threshold` times within `flap_window`, each time by a writer other
+  than the kernel, is *contested*: someone else is writing it, and it is no
+  longer healed (detection goes on). A contested path clears by itself once
+  no writer touched it for `flap_window`;
 * **acknowledgements** — healing (never detection) stops until they expire.
+
+Management is never held (promise 1): its paths are never contested — a
+writer fighting them is recorded as *fought* and reported while trueup keeps
+restoring them —, acknowledgements and the retry budget do not apply to it,
+its breaker never opens and its back-off never exceeds
+`MANAGEMENT_BACKOFF_CAP` (one second).
 
 Breaker state, acknowledgements and contested paths are persisted by the
 loop (`reconcile.json`) through `to_json()` / `load()`.
@@ -33,7 +41,17 @@ from typing import Any
 from trueup.model.digests import canonical_json
 from trueup.system.events import iso_time
 
-__all__ = ["Governor", "HealingOptions", "SubsystemHealing", "value_key"]
+__all__ = [
+    "MANAGEMENT",
+    "MANAGEMENT_BACKOFF_CAP",
+    "Governor",
+    "HealingOptions",
+    "SubsystemHealing",
+    "value_key",
+]
+
+MANAGEMENT = "management"  # the subsystem that is never held
+MANAGEMENT_BACKOFF_CAP = 1.0  # seconds: the longest wait before restoring management again
 
 
 def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
@@ -94,6 +112,7 @@ class SubsystemHealing:
     failing_paths: list[str] = field(default_factory=list)
     attempts: list[float] = field(default_factory=list)  # within the retry window
     contested: dict[str, dict[str, Any]] = field(default_factory=dict)
+    fought: dict[str, dict[str, Any]] = field(default_factory=dict)  # management only
     last_heal_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -109,6 +128,7 @@ class SubsystemHealing:
             "failing_paths": self.failing_paths,
             "attempts": self.attempts,
             "contested": self.contested,
+            "fought": self.fought,
             "last_heal_at": self.last_heal_at,
         }
 
@@ -157,11 +177,19 @@ class Governor:
 
     # -- decisions ----------------------------------------------------------
     def blocked(self, name: str, now: float) -> str | None:
-        """Why healing `name` must wait now, or None when it may run."""
+        """Why healing `name` must wait now, or None when it may run.
+
+        Management waits only for its short back-off: acknowledgements, the
+        breaker and the retry budget never stop it from being restored.
+        """
+        heal = self.of(name)
+        if name == MANAGEMENT:
+            if heal.next_attempt_at is not None and now < heal.next_attempt_at:
+                return f"backing off {heal.backoff_seconds:g}s (until {iso_time(heal.next_attempt_at)})"
+            return None
         ack = self.acks.get(name)
         if ack is not None and now < float(ack["until"]):
             return f"acknowledged until {ack['until_at']}: {ack['reason']}"
-        heal = self.of(name)
         if heal.breaker == "open":
             if heal.open_until is not None and now >= heal.open_until:
                 heal.breaker = "half-open"  # the cool-down is over: one attempt decides
@@ -215,12 +243,16 @@ class Governor:
         heal.failing_paths = sorted(paths)
         if heal.failing_since is None:
             heal.failing_since = now
-        nominal = min(
-            self.options.backoff_cap, self.options.backoff_base * 2 ** (heal.failures - 1)
-        )
+        cap = self.options.backoff_cap
+        if name == MANAGEMENT:
+            cap = min(cap, MANAGEMENT_BACKOFF_CAP)
+        nominal = min(cap, self.options.backoff_base * 2 ** (heal.failures - 1))
         jitter = 1.0 + self.rng.uniform(-self.options.jitter, self.options.jitter)
         heal.backoff_seconds = round(nominal, 3)
-        heal.next_attempt_at = now + min(self.options.backoff_cap, nominal * jitter)
+        heal.next_attempt_at = now + min(cap, nominal * jitter)
+        self.dirty = True
+        if name == MANAGEMENT:
+            return False  # never opens: management is always restored again
         opened = False
         if heal.breaker == "half-open" or (
             heal.breaker == "closed" and heal.failures >= self.options.breaker_threshold
@@ -245,6 +277,23 @@ class Governor:
         self.dirty = True
         return True
 
+    def link_returned(self, name: str, now: float) -> bool:
+        """A managed link came (back) up: what `name` failed against may be gone.
+
+        The back-off ends, and an open breaker half-opens at once: one attempt
+        decides (a failure opens it again for a full cool-down). Failures
+        caused by a link going away (a link up/down storm) must not leave the
+        kernel mixed for a whole cool-down once the link is back.
+        """
+        heal = self.of(name)
+        if heal.breaker == "open":
+            heal.breaker = "half-open"
+            heal.open_until = now
+            heal.next_attempt_at = None
+            self.dirty = True
+            return True
+        return self.retry_now(name)
+
     def reset(self, names: Iterable[str]) -> None:
         """A new apply or an explicit reconcile: breaker closed, back-off and flaps forgotten."""
         for name in names:
@@ -261,12 +310,18 @@ class Governor:
         now: float,
         written: Mapping[str, str] | None = None,
     ) -> list[tuple[str, dict[str, Any]]]:
-        """Record this pass's differing paths (path → observed value); return newly contested.
+        """Record this pass's differing paths (path → observed value); return what is new.
 
         Only a change that a writer outside the kernel made counts as a flip:
-        `written` maps a path to who wrote it (from the netlink notification's
+        `written` maps a path to who wrote it (from the notification's
         sender). A route the kernel flushed because its address went is drift,
         but it is not somebody else writing that route.
+
+        Returns newly contested paths (`"kind": "contested"`) and, for
+        management, newly fought ones (`"kind": "fought"`): management is
+        never contested, only reported while it keeps being restored. A
+        contested or fought path another writer touches again stays so for
+        another `flap_window` (`expire_contested`).
         """
         window_start = now - self.options.flap_window
         newly: list[tuple[str, dict[str, Any]]] = []
@@ -282,26 +337,75 @@ class Governor:
             history.last = current
             if written is not None and path not in written:
                 continue
+            writer = (written or {}).get(path)
             flips = [t for t in history.flips.get(current, []) if t > window_start] + [now]
             history.flips[current] = flips
-            if len(flips) >= self.options.flap_threshold and path not in heal.contested:
-                record = {
-                    "value": observed,
-                    "flips": len(flips),
-                    "since": iso_time(now),
-                    "writer": (written or {}).get(path),
-                    "reason": (
-                        f"returned to the same undesired value {len(flips)} times in "
-                        f"{now - flips[0]:.1f}s: someone else is writing {path}"
-                        + (f" ({written[path]})" if written and path in written else "")
-                        + "; "
-                        "trueup stopped healing it (detection continues)"
-                    ),
-                }
-                heal.contested[path] = record
-                newly.append((path, record))
+            marked = heal.fought if name == MANAGEMENT else heal.contested
+            if path in marked:
+                marked[path].update(
+                    flips=int(marked[path].get("flips", 0)) + 1,
+                    last_written_at=now,
+                    last_at=iso_time(now),
+                    writer=writer or marked[path].get("writer"),
+                )
                 self.dirty = True
+                continue
+            if len(flips) < self.options.flap_threshold:
+                continue
+            seen = (
+                f"returned to the same undesired value {len(flips)} times in "
+                f"{now - flips[0]:.1f}s: someone else is writing {path}"
+                + (f" ({writer})" if writer else "")
+            )
+            record = {
+                "value": observed,
+                "flips": len(flips),
+                "since": iso_time(now),
+                "last_at": iso_time(now),
+                "last_written_at": now,
+                "writer": writer,
+            }
+            if name == MANAGEMENT:
+                record["reason"] = (
+                    f"{seen}; trueup keeps restoring it (management is never left to "
+                    "another writer): find and stop that writer"
+                )
+                heal.fought[path] = record
+                newly.append((path, {**record, "kind": "fought"}))
+            else:
+                record["reason"] = (
+                    f"{seen}; trueup stopped healing it (detection continues) until no "
+                    f"writer touched it for {self.options.flap_window:g}s"
+                )
+                heal.contested[path] = record
+                newly.append((path, {**record, "kind": "contested"}))
+            self.dirty = True
         return newly
+
+    def expire_contested(self, now: float) -> list[tuple[str, str, dict[str, Any]]]:
+        """Contested and fought paths no writer touched for `flap_window`: cleared.
+
+        Returns (subsystem, path, record) for each; healing of a cleared
+        contested path resumes, and its flap count starts over.
+        """
+        cleared: list[tuple[str, str, dict[str, Any]]] = []
+        for name, heal in self.subsystems.items():
+            for marked in (heal.contested, heal.fought):
+                for path, record in list(marked.items()):
+                    if now < self._quiet_at(record):
+                        continue
+                    del marked[path]
+                    self._paths.pop((name, path), None)
+                    cleared.append((name, path, record))
+        if cleared:
+            self.dirty = True
+        return cleared
+
+    def _quiet_at(self, record: Mapping[str, Any]) -> float:
+        last = record.get("last_written_at")
+        if not isinstance(last, int | float):
+            return float("inf")  # from an older agent: cleared by an apply or a reconcile
+        return float(last) + self.options.flap_window
 
     def contested(self, name: str) -> dict[str, dict[str, Any]]:
         return self.of(name).contested
@@ -340,4 +444,8 @@ class Governor:
                 moments.append(heal.open_until)
             if len(heal.attempts) >= self.options.retry_budget and heal.attempts:
                 moments.append(heal.attempts[0] + self.options.retry_window)
+            for record in (*heal.contested.values(), *heal.fought.values()):
+                quiet = self._quiet_at(record)
+                if quiet != float("inf"):
+                    moments.append(quiet)
         return min(moments) if moments else None

@@ -59,11 +59,12 @@ from trueup.reconcile.attribution import (
     EventLog,
     attribute,
     event_kinds,
+    item_paths,
     writers,
 )
 from trueup.reconcile.confirmwait import ConfirmWait
 from trueup.reconcile.healer import Healer, PassReport
-from trueup.reconcile.healing import Governor, HealingOptions
+from trueup.reconcile.healing import MANAGEMENT, Governor, HealingOptions
 from trueup.reconcile.transaction import Change, Engine, Origin
 from trueup.reconcile.view import LoopActivity, LoopView, build_view
 from trueup.subsystems.base import Difference, Scope, Subsystem
@@ -136,6 +137,13 @@ class ReconcileLoop:
         # applied document's key), kept while its last pass found it in sync.
         self._in_sync: dict[str, tuple[object, int, Any]] = {}
         self.healer = Healer(engine, self.governor, clock, self.counters)
+        self.healer.evidence = self._evidence
+        self.healer.disturbance = self._disturbance
+        self._pass_context: tuple[Scope, int] | None = None  # the running pass's scope, first event
+        self._heal_seq = 0  # the last event before the running heal began
+        # Called (without arguments, on the loop's thread) when a writer is found fighting
+        # management: the agent sends a report to the control plane at once.
+        self.on_fought: list[Callable[[], None]] = []
         self.confirmation = ConfirmWait(
             engine, clock=clock, lock=self._lock, on_converged=self._start_over
         )
@@ -345,8 +353,9 @@ class ReconcileLoop:
         }
         if not appeared & (scope.interfaces | {scope.management_interface}):
             return
+        now = self.clock()
         for sub in self.engine.subsystems:
-            if "link" in sub.watch_kinds and self.governor.retry_now(sub.name):
+            if "link" in sub.watch_kinds and self.governor.link_returned(sub.name, now):
                 log.info("%s: a managed link appeared; retrying without waiting", sub.name)
 
     def _ticking(self) -> list[str]:
@@ -382,6 +391,7 @@ class ReconcileLoop:
             self._retry_soon = False
             self._retry_after = None
             self._expire_acks(now)
+            self._expire_contested(now)
             if not self._applying and self.confirmation.check(now):
                 self._retry_soon = True
             if self._applying or (force is None and lock_holder(self.state.root / "lock")):
@@ -419,6 +429,8 @@ class ReconcileLoop:
                     self._record_drift(sub, diffs, scope, now, detected_by, since_seq)
                     report.drift[sub.name] = [d.path for d in diffs]
             self._retry_for_new_links(since_seq, scope)
+            self._pass_context = (scope, since_seq)
+            self._heal_seq = self._events.last_seq
             retry_in = self.healer.heal(
                 document,
                 differences,
@@ -455,17 +467,29 @@ class ReconcileLoop:
         """Flap bookkeeping for what differs, and the drift record with its attribution."""
         name = sub.name
         kinds = event_kinds(sub)
-        differing = {d.path: d.observed for d in diffs}
+        differing = item_paths(diffs)
         written = writers(diffs, scope, kinds, self._events.after(since_seq))
-        for path, contested in self.governor.observe(name, differing, now, written):
-            log.warning("%s: %s", name, contested["reason"])
+        fought = False
+        for path, marked in self.governor.observe(name, differing, now, written):
+            kind = marked.pop("kind")
+            fought = fought or kind == "fought"
+            if kind == "fought":
+                log.error("%s: %s", name, marked["reason"])
+            else:
+                log.warning("%s: %s", name, marked["reason"])
             self.state.audit.append(
-                "contested",
+                "management_fought" if kind == "fought" else "contested",
                 ACTOR,
                 subsystem=name,
                 path=path,
-                **{k: v for k, v in contested.items() if k != "value"},
+                **{k: v for k, v in marked.items() if k not in ("value", "last_written_at")},
             )
+        if fought:
+            for callback in self.on_fought:
+                try:
+                    callback()
+                except Exception:  # a report that cannot go out must not stop the pass
+                    log.exception("management fight not reported upstream")
         if not diffs:
             # In sync again, whoever fixed it: failures against it are over.
             self.governor.record_resolved(name)
@@ -476,6 +500,50 @@ class ReconcileLoop:
         record.paths = [d.path for d in diffs]
         events = self._events.after(record.seen_events)
         attribute(record, diffs, scope, kinds, events, self.options.attribution_window)
+
+    def _evidence(self, name: str, diffs: list[Difference]) -> dict[str, str]:
+        """Who other than the kernel wrote `diffs` since the running pass began (path → who)."""
+        sub = self.engine.by_name.get(name)
+        if sub is None or self._pass_context is None:
+            return {}
+        scope, since_seq = self._pass_context
+        return writers(diffs, scope, event_kinds(sub), self._events.after(since_seq))
+
+    def _disturbance(self, name: str) -> str | None:
+        """Why `name`'s failed heal was a link's doing: a managed link changed while it ran.
+
+        Only for subsystems that depend on links (addresses, routes): a route
+        cannot be added through a link that just went down. They wait on
+        `links`; the breaker does not count it, and the link's return retries.
+        """
+        sub = self.engine.by_name.get(name)
+        if sub is None or "links" not in sub.depends_on or self._pass_context is None:
+            return None
+        scope = self._pass_context[0]
+        managed = scope.interfaces | {scope.management_interface}
+        for _seq, event in self._events.after(self._heal_seq):
+            if event.kind == "link" and event.ifname in managed:
+                state = event.detail.get("admin_state") or event.message
+                return f"waiting on links: {event.ifname} changed ({event.message}, {state}) during the heal"
+        return None
+
+    def _expire_contested(self, now: float) -> None:
+        """Contested (and fought) paths no writer touched for the flap window: healed again."""
+        for name, path, record in self.governor.expire_contested(now):
+            log.warning(
+                "%s: %s: no writer seen for %gs; healing resumes",
+                name,
+                path,
+                self.options.flap_window,
+            )
+            self.state.audit.append(
+                "contested_cleared",
+                ACTOR,
+                subsystem=name,
+                path=path,
+                writer=record.get("writer"),
+                quiet_seconds=self.options.flap_window,
+            )
 
     def _expire_acks(self, now: float) -> None:
         for name, ack in self.governor.expire_acks(now):
@@ -592,6 +660,12 @@ class ReconcileLoop:
     ) -> dict[str, Any]:
         if seconds <= 0:
             return {"ok": False, "message": "--for must be a positive duration"}
+        if subsystem == MANAGEMENT:
+            return {
+                "ok": False,
+                "message": "management cannot be acknowledged: trueup always restores the "
+                "management address and route (use `trueup management set` to change them)",
+            }
         with self._lock:
             ack = self.governor.acknowledge(subsystem, self.clock(), seconds, reason, actor)
             self.state.audit.append(

@@ -162,6 +162,7 @@ def converge_management(
         if plan.steps:
             raise StepError(
                 plan.steps[0],
-                f"still differs after {_PASSES} passes; something else is changing it",
+                f"still differs after {_PASSES} passes: "
+                + ", ".join(sorted({step.path for step in plan.steps})),
             )
     return done

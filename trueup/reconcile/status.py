@@ -42,11 +42,11 @@ from trueup.journal.override import OVERRIDE_FILE, same_facts
 from trueup.journal.restore import restore_status
 from trueup.model.document import DeviceState, DocumentError
 from trueup.model.health import SubsystemHealth
-from trueup.model.reasons import ReasonCode
+from trueup.model.reasons import Finding, ReasonCode
 from trueup.reconcile.classify import ClassifierInput, classify
 from trueup.reconcile.management_tier import management_facts_of
 from trueup.reconcile.transaction import Engine
-from trueup.reconcile.view import LoopView
+from trueup.reconcile.view import LoopView, fought_finding_inputs
 from trueup.subsystems.base import Difference
 from trueup.subsystems.registry import scope_for
 from trueup.system.fence import read_fences
@@ -225,6 +225,8 @@ def build_status(
         management_override=override,
     )
     findings = classify(facts)
+    fought = fought_finding_inputs(view.policies)
+    findings += _fought_findings(fought)
     management_diffs = differences.get("management", [])
     missing_mgmt = [v for d in management_diffs if d.path.endswith(".addresses") for v in d.missing]
     mgmt_state_bad = any(d.path.endswith(".state") for d in management_diffs)
@@ -272,6 +274,9 @@ def build_status(
         "addresses": document.spec.management.addresses if document else [],
         "missing_addresses": missing_mgmt,
         "override": override,
+        # Another writer keeps changing management (path → writer, flips, since):
+        # trueup keeps restoring it; find and stop that writer.
+        "fought": fought,
     }
     if management is not None:
         # The agent knows more (phase, listeners); the document's addresses stay.
@@ -323,6 +328,28 @@ def build_status(
     if control_plane is not None:
         status["control_plane"] = dict(control_plane)
     return status
+
+
+def _fought_findings(fought: Mapping[str, Mapping[str, Any]]) -> list[Finding]:
+    """A loud `STATE_DRIFT_DETECTED` while another writer keeps changing management."""
+    if not fought:
+        return []
+    writers = sorted({str(r.get("writer")) for r in fought.values() if r.get("writer")})
+    flips = sum(int(r.get("flips", 0)) for r in fought.values())
+    return [
+        Finding.of(
+            ReasonCode.DRIFT_DETECTED,
+            subsystem="management",
+            paths=sorted(fought),
+            since=min(str(r.get("since")) for r in fought.values()),
+            detail=(
+                f"another writer keeps changing the management tier ({flips} times; "
+                + (", ".join(writers) if writers else "writer unidentified")
+                + "): trueup keeps restoring it; find and stop that writer"
+            ),
+            evidence={"fought": {p: dict(r) for p, r in fought.items()}},
+        )
+    ]
 
 
 def _reports(engine: Engine, document: DeviceState, net: Sources) -> dict[str, dict[str, Any]]:

@@ -29,11 +29,24 @@ log = logging.getLogger("trueup.reconcile")
 
 
 def _pinned(desired: Facts, observed: Facts, contested: Collection[str]) -> Facts:
-    """Desired facts with contested paths pinned to what is observed (left alone)."""
+    """Desired facts with contested paths pinned to what is observed (left alone).
+
+    A contested item of a list (`spec.interfaces[lan0].addresses[2001:db8::1/64]`,
+    `trueup.reconcile.attribution.item_paths`) pins that item only: the
+    other items of the list are still converged.
+    """
     target = {k: v for k, v in desired.items() if k not in contested}
     for path in contested:
         if path in observed:
             target[path] = observed[path]
+            continue
+        parent, _, rest = path.rpartition("[")
+        if not rest.endswith("]") or not isinstance(target.get(parent), list):
+            continue
+        label = rest[:-1]
+        have = [v for v in observed.get(parent) or [] if isinstance(v, str)]
+        want = [v for v in target[parent] if v != label]
+        target[parent] = sorted([*want, label]) if label in have else want
     return target
 
 

@@ -24,7 +24,14 @@ from trueup.reconcile.attribution import DriftBook
 from trueup.reconcile.healing import Governor, HealingOptions, SubsystemHealing
 from trueup.system.events import iso_time
 
-__all__ = ["LoopActivity", "LoopView", "build_view", "failure_entry", "policy_entry"]
+__all__ = [
+    "LoopActivity",
+    "LoopView",
+    "build_view",
+    "failure_entry",
+    "fought_finding_inputs",
+    "policy_entry",
+]
 
 
 def _iso(seconds: float | None) -> str | None:
@@ -102,11 +109,26 @@ def policy_entry(
             "window_seconds": options.retry_window,
         },
         "contested": sorted(heal.contested),
-        "contested_detail": heal.contested,
+        "contested_detail": _shown(heal.contested),
+        "fought": _shown(heal.fought),
         "acknowledged_until": ack["until_at"] if ack else None,
         "acknowledgement": ack,
         "last_heal_at": _iso(heal.last_heal_at),
     }
+
+
+def _shown(marked: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Contested or fought paths as status shows them (internal clock values left out)."""
+    return {
+        path: {k: v for k, v in record.items() if k != "last_written_at"}
+        for path, record in marked.items()
+    }
+
+
+def fought_finding_inputs(policies: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Management paths another writer keeps changing (path → record), from `policies`."""
+    entry = policies.get("management") or {}
+    return dict(entry.get("fought") or {})
 
 
 def failure_entry(heal: SubsystemHealing) -> dict[str, Any] | None:
@@ -163,6 +185,8 @@ def build_view(
             entry["last_drift"] = drift.last[name]
         if heal.contested and not heal.failures and heal.breaker == "closed":
             entry["reason"] = "; ".join(c["reason"] for c in heal.contested.values())
+        if heal.fought:
+            entry["reason"] = "; ".join(c["reason"] for c in heal.fought.values())
         if name in waiting and drifting:
             entry["waiting"] = waiting[name]
             entry.setdefault("reason", waiting[name])

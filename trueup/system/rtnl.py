@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,15 @@ MESSAGE_NAMES = {
 # Attributes used (linux/if_link.h, if_addr.h, rtnetlink.h).
 IFLA_IFNAME, IFLA_MTU, IFLA_OPERSTATE, IFLA_LINKINFO, IFLA_INFO_KIND = 3, 4, 16, 18, 1
 IFA_ADDRESS, IFA_LOCAL, IFA_PROTO = 1, 2, 11
+IFA_FLAGS = 8
+# ifa_flags bits (linux/if_addr.h) that tell who removed an address, by name
+ADDRESS_FLAGS = {
+    0x01: "secondary",
+    0x08: "dadfailed",
+    0x20: "deprecated",
+    0x40: "tentative",
+    0x80: "permanent",
+}
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_MULTIPATH, RTA_TABLE, RTA_VIA = (
     1,
     4,
@@ -326,7 +336,8 @@ def decode(msg_type: int, chunk: bytes, names: Mapping[int, str]) -> Record | No
 def detail(msg_type: int, chunk: bytes) -> dict[str, Any]:
     """What a notification tells beyond its record, for the audit trail (JSON values).
 
-    Links: the operational state; addresses: the scope and, when the kernel
+    Links: the operational state; addresses: the scope, the flags
+    (`address_flags`: permanent, tentative, dadfailed, …) and, when the kernel
     sends it, the address protocol; routes: the scope. Empty if malformed.
     """
     try:
@@ -338,11 +349,14 @@ def detail(msg_type: int, chunk: bytes) -> dict[str, Any]:
                 operstate = OPERSTATES[code] if code < len(OPERSTATES) else str(code)
             return {"operstate": operstate}
         if msg_type in (RTM_NEWADDR, RTM_DELADDR):
-            scope = _IFADDRMSG.unpack_from(chunk, _HEADER)[3]
+            _family, _len, flags, scope, _index = _IFADDRMSG.unpack_from(chunk, _HEADER)
             out: dict[str, Any] = {"scope": scope}
             attrs = _attrs(chunk, _HEADER + _IFADDRMSG.size)
             if IFA_PROTO in attrs:
                 out["address_protocol"] = attrs[IFA_PROTO][0]
+            if len(attrs.get(IFA_FLAGS, b"")) >= 4:
+                flags = int.from_bytes(attrs[IFA_FLAGS][:4], sys.byteorder)
+            out["address_flags"] = [name for bit, name in ADDRESS_FLAGS.items() if flags & bit]
             return out
         if msg_type in (RTM_NEWROUTE, RTM_DELROUTE):
             return {"scope": _RTMSG.unpack_from(chunk, _HEADER)[6]}
