@@ -148,6 +148,11 @@ def test_writers_names_only_writers_other_than_the_kernel(
     assert writers(diffs, SCOPE, {"address"}, events.after(seq)) == {
         ADDRESSES: "RTM_DELADDR from nm (port 99)"
     }
+    # a real difference names the missing address: the writer is of that address alone
+    item = Difference("addresses", ADDRESSES, [LAN, "203.0.113.9/24"], [], missing=[LAN])
+    assert writers([item], SCOPE, {"address"}, events.after(seq)) == {
+        f"{ADDRESSES}[{LAN}]": "RTM_DELADDR from nm (port 99)"
+    }
     assert writers(diffs, SCOPE, {"route"}, events.after(seq)) == {}  # wrong kind
 
 

@@ -237,11 +237,17 @@ def outside_writer(event: NetlinkEvent, events: Sequence[NetlinkEvent] = ()) -> 
 
 
 def _names(parent: str, item: str | None, event: NetlinkEvent, scope: Scope) -> bool:
-    """Whether `event` is about `parent` (or its item): an address item, that address only."""
+    """Whether `event` is about `parent` (or its item): an address item, that address only.
+
+    An address notification names addresses only: the routes and the state
+    that go with an address are the kernel's doing, not another write.
+    """
     if item is not None and _is_prefix(item):
         return event.address is not None and (
             event.address == item or event.address.split("/")[0] == item.split("/")[0]
         )
+    if event.kind == "address" and not parent.endswith("addresses"):
+        return False  # an address going takes its routes with it: the kernel's doing
     probe = Difference("", parent, None, None)
     return bool(identifiers([probe], scope) & _subjects(event))
 

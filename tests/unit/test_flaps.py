@@ -1,0 +1,262 @@
+"""Flap detection, management fights, writer attribution and link storms, over the fakes.
+
+FakeNetlink and a fake clock (the `system/` seam): no root, no waiting.
+"""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.unit.test_loop import LAN, Rig
+from trueup.reconcile.attribution import UNIDENTIFIED, item_paths, outside_writer, writers
+from trueup.reconcile.healing import MANAGEMENT_BACKOFF_CAP, Governor, HealingOptions
+from trueup.reconcile.transacting import _pinned
+from trueup.subsystems.base import Difference, Scope
+from trueup.system.events import NetlinkEvent
+from trueup.system.netlink import NetlinkError
+
+MGMT = "198.51.100.2/24"
+MGMT_ITEM = f"spec.management.addresses[{MGMT}]"
+V6 = "2001:db8:1::1/64"
+LAN_ADDRESSES = "spec.interfaces[lan0].addresses"
+
+
+def _event(
+    message: str,
+    at: float,
+    *,
+    ifname: str = "lan0",
+    address: str | None = None,
+    port: int = 0,
+    flags: tuple[str, ...] = ("permanent",),
+    kind: str = "address",
+) -> NetlinkEvent:
+    detail: dict[str, Any] = {"address_flags": list(flags)} if kind == "address" else {}
+    return NetlinkEvent(
+        kind,
+        message,
+        at,
+        ifname=ifname,
+        address=address,
+        sender_port=port,
+        sender="ip" if port else None,
+        detail=detail,
+    )
+
+
+def _delete(rig: Rig, ifname: str, prefix: str, port: int = 4242) -> None:
+    rig.net.del_address(ifname, prefix)
+    rig.events.emit(_event("RTM_DELADDR", rig.clock(), ifname=ifname, address=prefix, port=port))
+
+
+def _has(rig: Rig, ifname: str, prefix: str) -> bool:
+    return any(a.ifname == ifname and a.prefix == prefix for a in rig.net.addrs)
+
+
+def _policy(rig: Rig, name: str) -> dict[str, Any]:
+    entry: dict[str, Any] = rig.loop.status_inputs()["policies"][name]
+    return entry
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Rig:
+    rig = Rig(tmp_path, HealingOptions(jitter=0.0, flap_threshold=3, flap_window=60))
+    document = {"interfaces": [{"name": "lan0", "mtu": 1400, "addresses": [LAN, V6]}]}
+    assert rig.apply(**document)["ok"]
+    return rig
+
+
+# -- attribution -------------------------------------------------------------
+def test_ipv6_port_zero_deletion_of_a_permanent_address_is_an_unidentified_writer() -> None:
+    deleted = _event("RTM_DELADDR", 100.0, address=V6)
+    assert outside_writer(deleted) == UNIDENTIFIED
+    assert "kernel" not in UNIDENTIFIED and "port 0" in UNIDENTIFIED
+    # the kernel's own: a link change around it, a failed DAD, an IPv4 or non-permanent one
+    link_down = _event("RTM_NEWLINK", 100.5, kind="link", port=77)
+    assert outside_writer(deleted, [link_down, deleted]) is None
+    assert (
+        outside_writer(_event("RTM_DELADDR", 100.0, address=V6, flags=("permanent", "dadfailed")))
+        is None
+    )
+    assert outside_writer(_event("RTM_DELADDR", 100.0, address=V6, flags=())) is None
+    assert outside_writer(_event("RTM_DELADDR", 100.0, address=LAN)) is None
+    assert outside_writer(_event("RTM_DELADDR", 100.0, address=LAN, port=77)) == "ip"
+
+
+def test_writers_name_the_one_address_not_the_interface() -> None:
+    scope = Scope(interfaces=frozenset({"lan0"}), management_interface="mgmt0")
+    diff = Difference("addresses", LAN_ADDRESSES, [LAN, V6], [LAN], missing=[V6])
+    assert item_paths([diff]) == {f"{LAN_ADDRESSES}[{V6}]": "absent"}
+    events = [
+        (1, _event("RTM_NEWLINK", 10.0, kind="link", port=99)),  # names lan0, not the address
+        (2, _event("RTM_DELADDR", 20.0, address=V6)),
+    ]
+    found = writers([diff], scope, {"address", "link"}, events)
+    assert list(found) == [f"{LAN_ADDRESSES}[{V6}]"]
+    assert UNIDENTIFIED in found[f"{LAN_ADDRESSES}[{V6}]"]
+    # a link writer alone never makes the address "written"
+    assert writers([diff], scope, {"address", "link"}, events[:1]) == {}
+
+
+def test_a_contested_item_pins_only_itself() -> None:
+    desired = {LAN_ADDRESSES: sorted([LAN, V6]), "other": 1}
+    observed = {LAN_ADDRESSES: [LAN], "other": 2}
+    target = _pinned(desired, observed, [f"{LAN_ADDRESSES}[{V6}]"])
+    assert target == {LAN_ADDRESSES: [LAN], "other": 1}
+    # an extra contested item stays; the missing one is still added
+    target = _pinned(
+        {LAN_ADDRESSES: [LAN]},
+        {LAN_ADDRESSES: ["203.0.113.9/24"]},
+        [f"{LAN_ADDRESSES}[203.0.113.9/24]"],
+    )
+    assert target == {LAN_ADDRESSES: sorted([LAN, "203.0.113.9/24"])}
+
+
+# -- the governor: management is never held ------------------------------------
+def test_management_breaker_never_opens_and_backoff_stays_short() -> None:
+    governor = Governor(HealingOptions(breaker_threshold=2, retry_budget=2, jitter=0.2))
+    for t in range(20):
+        assert governor.record_failure("management", float(t), "boom", ["p"]) is False
+        governor.record_attempt("management", float(t))
+        heal = governor.of("management")
+        assert heal.breaker == "closed"
+        assert heal.next_attempt_at is not None
+        assert heal.next_attempt_at - t <= MANAGEMENT_BACKOFF_CAP
+    governor.acknowledge("management", 0.0, 3600, "ignored", "test")
+    assert governor.blocked("management", 20.0 + MANAGEMENT_BACKOFF_CAP) is None
+
+
+def test_management_is_fought_never_contested() -> None:
+    governor = Governor(HealingOptions(flap_threshold=3, flap_window=60))
+    writer = {MGMT_ITEM: "RTM_DELADDR from ip (port 7)"}
+    newly = []
+    for t in range(6):
+        newly += governor.observe("management", {MGMT_ITEM: "absent"}, float(2 * t), writer)
+        governor.observe("management", {}, float(2 * t + 1), {})
+    assert governor.contested("management") == {}
+    assert [(path, record["kind"]) for path, record in newly] == [(MGMT_ITEM, "fought")]
+    fought = governor.of("management").fought[MGMT_ITEM]
+    assert fought["flips"] == 6 and "keeps restoring" in fought["reason"]
+    # quiet for the flap window: no longer reported
+    assert governor.expire_contested(10.0 + 59) == []
+    assert [p for _, p, _ in governor.expire_contested(10.0 + 60)] == [MGMT_ITEM]
+
+
+# -- the loop ----------------------------------------------------------------
+def test_a_writer_fighting_management_is_restored_every_time_and_reported(rig: Rig) -> None:
+    reports: list[int] = []
+    rig.loop.on_fought.append(lambda: reports.append(1))
+    for _ in range(8):
+        _delete(rig, "mgmt0", MGMT)
+        rig.loop.run_pass()
+        assert _has(rig, "mgmt0", MGMT)  # restored, every time
+        rig.loop.run_pass()
+        rig.clock.advance(0.1)
+    policy = _policy(rig, "management")
+    assert policy["contested"] == []
+    assert MGMT_ITEM in policy["fought"] and "keeps restoring" in policy["reason"]
+    assert reports == [1]  # reported upstream once, when the fight was found
+    assert [r["details"]["path"] for r in rig.audit("management_fought")] == [MGMT_ITEM]
+    assert rig.audit("contested") == []
+    refused = rig.loop.acknowledge("management", 3600, "quiet please", actor="test")
+    assert not refused["ok"] and "always restores" in refused["message"]
+
+
+def test_a_contested_address_does_not_stop_healing_of_its_neighbours(rig: Rig) -> None:
+    item = f"{LAN_ADDRESSES}[{V6}]"
+    for _ in range(3):
+        _delete(rig, "lan0", V6, port=0)  # IPv6: the kernel names no sender
+        rig.loop.run_pass()
+        rig.loop.run_pass()
+        rig.clock.advance(1)
+    assert _policy(rig, "addresses")["contested"] == [item]
+    writer = rig.audit("contested")[0]["details"]["writer"]
+    assert UNIDENTIFIED in writer and "kernel" not in writer
+    assert not _has(rig, "lan0", V6)
+    _delete(rig, "lan0", LAN)  # another address on the same interface
+    report = rig.loop.run_pass()
+    assert report.healed["addresses"]
+    assert _has(rig, "lan0", LAN)
+    assert not _has(rig, "lan0", V6)  # still left alone
+
+
+def test_a_contested_path_clears_once_its_writer_is_quiet_for_the_flap_window(rig: Rig) -> None:
+    item = f"{LAN_ADDRESSES}[{LAN}]"
+    for _ in range(3):
+        _delete(rig, "lan0", LAN)
+        rig.loop.run_pass()
+        rig.loop.run_pass()
+        rig.clock.advance(1)
+    assert _policy(rig, "addresses")["contested"] == [item]
+    rig.clock.advance(30)
+    rig.loop.run_pass()
+    assert not _has(rig, "lan0", LAN)
+    assert rig.loop.governor.next_due(rig.clock()) is not None  # the loop wakes for it
+    rig.clock.advance(31)
+    report = rig.loop.run_pass()
+    assert report.healed["addresses"]
+    assert _has(rig, "lan0", LAN)
+    assert _policy(rig, "addresses")["contested"] == []
+    assert [r["details"]["path"] for r in rig.audit("contested_cleared")] == [item]
+
+
+def test_a_route_heal_failing_while_its_link_changes_waits_and_does_not_count(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path, HealingOptions(jitter=0.0, breaker_threshold=2))
+    document = {"interfaces": [{"name": "lan0", "mtu": 1400, "addresses": [LAN]}]}
+    assert rig.apply(**document)["ok"]
+    error = NetlinkError("add address", "Network is unreachable", errno.ENETUNREACH)
+
+    def link_goes_down_while_healing(*_args: Any) -> None:
+        rig.events.emit(_event("RTM_NEWLINK", rig.clock(), kind="link", port=99))
+        raise error
+
+    rig.net.fail_on["add address"] = error
+    original = rig.net.add_address
+    rig.net.add_address = link_goes_down_while_healing  # type: ignore[method-assign]
+    for _ in range(4):
+        rig.net.del_address("lan0", LAN)
+        report = rig.loop.run_pass()
+        assert "addresses" not in report.failed
+        assert "changed" in report.waiting["addresses"]
+    assert _policy(rig, "addresses")["breaker"] == "closed"
+    assert _policy(rig, "addresses")["consecutive_failures"] == 0
+    rig.net.add_address = original  # type: ignore[method-assign]
+    del rig.net.fail_on["add address"]
+    assert rig.loop.run_pass().healed["addresses"]
+
+
+def test_an_open_breaker_half_opens_when_a_managed_link_returns(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, HealingOptions(jitter=0.0, breaker_threshold=1, breaker_cooldown=600))
+    assert rig.apply()["ok"]
+    rig.net.fail_on["add address"] = NetlinkError("add address", "busy", errno.EBUSY)
+    rig.net.del_address("lan0", LAN)
+    assert "addresses" in rig.loop.run_pass().failed
+    assert _policy(rig, "addresses")["breaker"] == "open"
+    del rig.net.fail_on["add address"]
+    assert "circuit breaker open" in rig.loop.run_pass().held["addresses"]
+    rig.events.emit(_event("RTM_NEWLINK", rig.clock(), kind="link", port=99))
+    report = rig.loop.run_pass()  # well within the cool-down
+    assert report.healed["addresses"]
+    assert _has(rig, "lan0", LAN)
+    assert _policy(rig, "addresses")["breaker"] == "closed"
+
+
+def test_a_failure_without_evidence_names_paths_and_no_other_writer(rig: Rig) -> None:
+    healer = rig.loop.healer
+    diff = Difference("addresses", LAN_ADDRESSES, [LAN], [], missing=[LAN])
+    error = f"still differs after 3 passes: {LAN_ADDRESSES}"
+    rig.loop._pass_context = (
+        Scope(interfaces=frozenset({"lan0"}), management_interface="mgmt0"),
+        0,
+    )
+    assert healer._blame("addresses", error, {"addresses": [diff]}) == error
+    rig.events.emit(_event("RTM_DELADDR", rig.clock(), address=LAN, port=4242))
+    blamed = healer._blame("addresses", error, {"addresses": [diff]})
+    assert blamed.startswith(error) and "something else is changing it" in blamed
+    assert "RTM_DELADDR from ip" in blamed
