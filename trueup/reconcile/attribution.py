@@ -209,7 +209,8 @@ def _is_prefix(text: str) -> bool:
 def outside_writer(event: NetlinkEvent, events: Sequence[NetlinkEvent] = ()) -> str | None:
     """Who other than the kernel sent `event`, or None when it is the kernel's own.
 
-    A port other than 0 is a writer (its command name when still running).
+    A port other than 0 is a writer (its command name when still running),
+    unless it is one of this agent's own sockets (`event.own`).
     Port 0 is the kernel's — except for IPv6 addresses: the kernel announces
     every IPv6 address change with port 0, whoever asked for it. A permanent
     one (only a writer assigns those) that did not fail DAD, with no change
@@ -217,6 +218,8 @@ def outside_writer(event: NetlinkEvent, events: Sequence[NetlinkEvent] = ()) -> 
     flushes its IPv6 addresses), was removed or added by someone: an
     unidentified writer.
     """
+    if event.own:
+        return None  # trueup's own write (one of this agent's netlink sockets)
     if event.sender_port:
         return event.sender or f"netlink port {event.sender_port}"
     if event.sender_port is None or event.kind != "address" or not event.address:

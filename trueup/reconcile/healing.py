@@ -280,12 +280,17 @@ class Governor:
     def link_returned(self, name: str, now: float) -> bool:
         """A managed link came (back) up: what `name` failed against may be gone.
 
-        The back-off ends, and an open breaker half-opens at once: one attempt
-        decides (a failure opens it again for a full cool-down). Failures
-        caused by a link going away (a link up/down storm) must not leave the
-        kernel mixed for a whole cool-down once the link is back.
+        The back-off ends, the retry budget starts over (what was spent was
+        spent on the link's absence: the kernel flushing addresses and routes
+        with their link is not a writer to fight), and an open breaker
+        half-opens at once: one attempt decides (a failure opens it again for
+        a full cool-down). A link up/down storm must not leave the kernel
+        mixed for a whole retry window or cool-down once the link is back.
         """
         heal = self.of(name)
+        if heal.attempts:
+            heal.attempts = []
+            self.dirty = True
         if heal.breaker == "open":
             heal.breaker = "half-open"
             heal.open_until = now

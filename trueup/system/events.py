@@ -97,6 +97,7 @@ class NetlinkEvent:
     protocol: str | None = None  # route protocol (static, kernel, boot, dhcp, …)
     sender_port: int | None = None  # nlmsg_pid: 0 = the kernel, else usually the writer's PID
     sender: str | None = None  # the writer's command name, when it was still running
+    own: bool = False  # sent from one of this agent's own netlink sockets: trueup's change
     detail: dict[str, Any] = field(default_factory=dict)
     record: Record | None = None  # the object as the codec decoded it (not in to_json)
 
@@ -113,6 +114,8 @@ class NetlinkEvent:
         if self.sender_port is not None:
             out["sender_port"] = self.sender_port
             out["sender"] = self.sender or ("kernel" if self.sender_port == 0 else "unknown")
+            if self.own:
+                out["sender"] = "trueup (this agent)"
         out.update(self.detail)
         return out
 
@@ -192,6 +195,7 @@ def event_from_message(
         "received_at": received_at,
         "sender_port": port,
         "sender": sender_of(port),
+        "own": rtnl.is_own_port(port),
         "record": record,
     }
     detail = rtnl.detail(msg_type, message)

@@ -177,6 +177,7 @@ class KernelNetlink:
         self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
         self._sock.bind((0, 0))
+        rtnl.note_own_port(self._sock)
         self._seq = 0
         self._index: dict[str, int] = {}
 

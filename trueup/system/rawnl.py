@@ -26,6 +26,8 @@ import socket
 import struct
 from collections.abc import Iterator
 
+from trueup.system.rtnl import note_own_port
+
 __all__ = [
     "RawNetlink",
     "add_address_request",
@@ -181,6 +183,7 @@ class RawNetlink:
         except OSError:
             self._sock.close()
             raise
+        note_own_port(self._sock)
         self._seq = 0
 
     def __enter__(self) -> RawNetlink:
