@@ -260,3 +260,20 @@ def test_a_failure_without_evidence_names_paths_and_no_other_writer(rig: Rig) ->
     blamed = healer._blame("addresses", error, {"addresses": [diff]})
     assert blamed.startswith(error) and "something else is changing it" in blamed
     assert "RTM_DELADDR from ip" in blamed
+
+
+def test_trueups_own_writes_are_never_another_writer() -> None:
+    own = NetlinkEvent(
+        "route", "RTM_NEWROUTE", 1.0, destination="192.0.2.0/24", sender_port=4321, own=True
+    )
+    assert outside_writer(own) is None
+    assert own.to_json()["sender"] == "trueup (this agent)"
+
+
+def test_a_returning_link_restarts_the_retry_budget() -> None:
+    governor = Governor(HealingOptions(retry_budget=2, retry_window=600))
+    governor.record_attempt("routes", 0.0)
+    governor.record_attempt("routes", 1.0)
+    assert "retry budget" in (governor.blocked("routes", 2.0) or "")
+    governor.link_returned("routes", 2.0)
+    assert governor.blocked("routes", 2.0) is None
