@@ -192,7 +192,7 @@ def test_unhealable_drift_backs_off_opens_the_breaker_and_a_new_apply_closes_it(
 
 def test_competing_writer_is_contested_healing_stops_detection_continues(router: Router) -> None:
     _start(router, base_document(routes=[]), TRUEUP_FLAP_THRESHOLD="3")
-    path = "spec.interfaces[lan0].addresses"
+    path = f"spec.interfaces[lan0].addresses[{LAN}]"  # the address, not the interface's list
     writer = router.spawn(
         "sh", "-c", f"while true; do ip addr del {LAN} dev lan0 2>/dev/null; sleep 0.2; done"
     )
@@ -208,7 +208,7 @@ def test_competing_writer_is_contested_healing_stops_detection_continues(router:
     assert LAN not in router.addresses("lan0")  # no longer healed
     status = _status(router)
     assert "someone else is writing" in status["subsystems"]["addresses"]["reason"]
-    assert _drift_finding(router, "addresses", path) is not None  # still detected
+    assert _drift_finding(router, "addresses", "spec.interfaces[lan0].addresses") is not None
     # an explicit reconcile of the subsystem clears the mark and heals
     healed = router.trueup("reconcile", "--subsystem", "addresses")
     assert healed.returncode == 0, healed.stderr

@@ -53,8 +53,12 @@ def test_a_late_management_link_becomes_ready_and_readiness_follows_facts(
     assert body["ready"] is True  # from facts, whatever phase 1's outcome was
 
     # Losing an address makes it not ready with the reason; healing makes it ready.
-    acked = router.trueup("ack", "management", "--for", "1h", "--reason", "test")
-    assert acked.returncode == 0, acked.stderr
+    # Management is never acknowledged: `notify` lets the test see it lost before it heals.
+    refused = router.trueup("ack", "management", "--for", "1h", "--reason", "test")
+    assert refused.returncode != 0 and "always restores" in refused.stderr
+    notify = base_document(convergence={"default": "auto", "subsystems": {"management": "notify"}})
+    applied = router.trueup("apply", str(router.write("v2.yaml", notify)))
+    assert applied.returncode == 0, applied.stderr
     router.ip("addr", "del", "198.51.100.2/24", "dev", "mgmt0")
     health = router.api("/v1/health/management")
     assert health["ready"] is False and "missing 198.51.100.2/24" in health["reason"]
