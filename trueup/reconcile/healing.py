@@ -28,6 +28,11 @@ its breaker never opens and its back-off never exceeds
 
 Breaker state, acknowledgements and contested paths are persisted by the
 loop (`reconcile.json`) through `to_json()` / `load()`.
+
+Why this module is over 400 lines: the five bounds and management's
+exemptions from them read and write one per-subsystem record
+(`SubsystemHealing`), persisted as one; each decision (`blocked`) weighs
+all of them at once. Split, the record and its rules would live apart.
 """
 
 from __future__ import annotations
