@@ -6,6 +6,7 @@ FakeNetlink and a fake clock (the `system/` seam): no root, no waiting.
 from __future__ import annotations
 
 import errno
+import json
 from pathlib import Path
 from typing import Any
 
@@ -277,3 +278,38 @@ def test_a_returning_link_restarts_the_retry_budget() -> None:
     assert "retry budget" in (governor.blocked("routes", 2.0) or "")
     governor.link_returned("routes", 2.0)
     assert governor.blocked("routes", 2.0) is None
+
+
+def test_an_interrupted_heal_is_reported_after_recovery(tmp_path: Path) -> None:
+    from tests.routers import base_document
+    from trueup.journal.state import StateDir
+    from trueup.model.document import parse_document
+    from trueup.model.reasons import ReasonCode
+    from trueup.reconcile.status import gather
+    from trueup.reconcile.transaction import Engine
+    from trueup.system.fake import FakeNetlink
+
+    kernel = FakeNetlink({"mgmt0": 1500, "lan0": 1500})
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    engine = Engine(state, netlink_factory=lambda: kernel)
+    engine.apply_document(parse_document(base_document()))
+    scope_json = json.loads(json.dumps(state.journal.transactions()[0].begin["scope"]))
+    with engine.sources() as net:
+        current = engine.observe(net, Scope.from_json(scope_json))
+    # A heal killed mid-way: a `reconcile` begin, no terminal record.
+    state.journal.begin(
+        kind="reconcile",
+        version=1,
+        subsystems=["addresses"],
+        scope=scope_json,
+        before=current,
+        previous_applied=state.applied(),
+    )
+    assert engine.recover() is not None
+    findings = gather(engine)["reason_codes"]
+    assert [f["code"] for f in findings] == [ReasonCode.APPLY_NOT_COMPLETED.value]
+    assert findings[0]["detail"].startswith("heal ") and "interrupted" in findings[0]["detail"]
+    # the next apply starts over
+    engine.apply_document(parse_document(base_document(routes=[])))
+    assert gather(engine)["reason_codes"] == []

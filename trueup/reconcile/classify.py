@@ -82,7 +82,8 @@ def classify(facts: ClassifierInput) -> list[Finding]:
                 subsystem=",".join(last.get("applied", [])) or None,
                 since=last.get("began_at"),
                 detail=(
-                    f"transaction {last['txn']} (version {last.get('version')}) was interrupted "
+                    f"{'heal' if last.get('kind') == 'reconcile' else 'transaction'} "
+                    f"{last['txn']} (version {last.get('version')}) was interrupted "
                     "and rolled back to its before-images at recovery; the system holds "
                     f"version {applied_version}"
                     + (f"; the rollback was incomplete: {'; '.join(errors)}" if errors else "")

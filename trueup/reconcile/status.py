@@ -174,6 +174,14 @@ def build_status(
     # Reconcile passes converge to the applied version; they do not clear what
     # the last apply (or its crash recovery) left to report.
     last_apply = next((t for t in reversed(transactions) if t.kind != "reconcile"), None)
+    # …but a heal interrupted after the last apply (a crash mid-`reconcile`, closed by
+    # recovery) is reported as not completed until the next apply, like an apply.
+    for txn in reversed(transactions):
+        if txn is last_apply:
+            break
+        if txn.kind == "reconcile" and not txn.is_open and txn.summary()["recovered"]:
+            last_apply = txn
+            break
     holder = lock_holder(state.root / "lock")
     # An open transaction is "running" only while its own writer holds the lock;
     # while recovery rolls it back it is still reported as not completed.
