@@ -313,3 +313,21 @@ def test_an_interrupted_heal_is_reported_after_recovery(tmp_path: Path) -> None:
     # the next apply starts over
     engine.apply_document(parse_document(base_document(routes=[])))
     assert gather(engine)["reason_codes"] == []
+
+
+def test_a_recovered_heal_is_reported_but_is_not_drift() -> None:
+    from trueup.reconcile.status import drift_report
+
+    finding = {
+        "code": "STATE_APPLY_NOT_COMPLETED",
+        "evidence": {"transaction": {"kind": "reconcile", "recovered": True}},
+    }
+    status = {
+        "subsystems": {},
+        "reason_codes": [finding],
+        "observed_at": "t",
+        "versions": {"applied": 1},
+    }
+    assert drift_report(status)["in_sync"] is True
+    finding["evidence"]["transaction"]["kind"] = "apply"
+    assert drift_report(status)["in_sync"] is False

@@ -175,13 +175,15 @@ def build_status(
     # the last apply (or its crash recovery) left to report.
     last_apply = next((t for t in reversed(transactions) if t.kind != "reconcile"), None)
     # …but a heal interrupted after the last apply (a crash mid-`reconcile`, closed by
-    # recovery) is reported as not completed until the next apply, like an apply.
+    # recovery) is reported as not completed until the next apply or heal ends.
     for txn in reversed(transactions):
         if txn is last_apply:
             break
-        if txn.kind == "reconcile" and not txn.is_open and txn.summary()["recovered"]:
+        if txn.kind != "reconcile" or txn.is_open:
+            continue
+        if txn.summary()["recovered"]:
             last_apply = txn
-            break
+        break  # the latest closed heal decides
     holder = lock_holder(state.root / "lock")
     # An open transaction is "running" only while its own writer holds the lock;
     # while recovery rolls it back it is still reported as not completed.
@@ -434,9 +436,25 @@ def _lay_startup_verdicts(
         entry.update(verdict)
 
 
+def _recovered_heal(finding: Mapping[str, Any]) -> bool:
+    """A heal interrupted and closed by recovery: history for status, not drift.
+
+    Recovery converged it to the committed revision; what differs now (if
+    anything) is reported by its own differences.
+    """
+    if finding.get("code") != ReasonCode.APPLY_NOT_COMPLETED:
+        return False
+    txn = (finding.get("evidence") or {}).get("transaction") or {}
+    return bool(txn.get("kind") == "reconcile" and txn.get("recovered"))
+
+
 def drift_report(status: dict[str, Any]) -> dict[str, Any]:
     differences = [d for sub in status["subsystems"].values() for d in sub.get("differences", [])]
-    drift = [f for f in status["reason_codes"] if f["code"] != ReasonCode.CONCURRENT_MODIFICATION]
+    drift = [
+        f
+        for f in status["reason_codes"]
+        if f["code"] != ReasonCode.CONCURRENT_MODIFICATION and not _recovered_heal(f)
+    ]
     return {
         "in_sync": not differences and not drift,
         "observed_at": status["observed_at"],
