@@ -331,3 +331,11 @@ def test_a_recovered_heal_is_reported_but_is_not_drift() -> None:
     assert drift_report(status)["in_sync"] is True
     finding["evidence"]["transaction"]["kind"] = "apply"
     assert drift_report(status)["in_sync"] is False
+
+
+def test_a_contested_item_of_a_list_of_objects_pins_only_itself() -> None:
+    rule_a, rule_b, rule_x = {"n": 1}, {"n": 2}, {"n": 9}
+    path = "spec.firewall.rules"
+    contested = f'{path}[{{"n":9}}]'
+    target = _pinned({path: [rule_a, rule_b]}, {path: [rule_a, rule_x]}, [contested])
+    assert target == {path: [rule_a, rule_b, rule_x]}  # the extra one stays, the rest converge

@@ -44,6 +44,7 @@ __all__ = [
     "attribute",
     "event_kinds",
     "identifiers",
+    "item_label",
     "item_paths",
     "outside_writer",
     "writers",
@@ -170,7 +171,8 @@ def _subjects(event: NetlinkEvent) -> set[str | None]:
     return {event.ifname, event.destination, event.address, event.detail.get("path")}
 
 
-def _label(item: Any) -> str:
+def item_label(item: Any) -> str:
+    """How an item of a list is named in its item path (`item_paths`)."""
     return item if isinstance(item, str) else canonical_json(item).decode()
 
 
@@ -183,7 +185,7 @@ def _items(diffs: Iterable[Difference]) -> list[tuple[str, Any, str, str | None]
             continue
         for marker, items in (("absent", diff.missing), ("present", diff.extra)):
             for item in items:
-                label = _label(item)
+                label = item_label(item)
                 out.append((f"{diff.path}[{label}]", marker, diff.path, label))
     return out
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from trueup.model.document import DeviceState, document_digest
+from trueup.reconcile.attribution import item_label
 from trueup.reconcile.changes import (
     ApplyResult,
     Change,
@@ -44,9 +45,11 @@ def _pinned(desired: Facts, observed: Facts, contested: Collection[str]) -> Fact
         if not rest.endswith("]") or not isinstance(target.get(parent), list):
             continue
         label = rest[:-1]
-        have = [v for v in observed.get(parent) or [] if isinstance(v, str)]
-        want = [v for v in target[parent] if v != label]
-        target[parent] = sorted([*want, label]) if label in have else want
+        have = [v for v in observed.get(parent) or [] if item_label(v) == label]
+        want = [v for v in target[parent] if item_label(v) != label]
+        target[parent] = [*want, *have[:1]]
+        if all(isinstance(v, str) for v in target[parent]):
+            target[parent] = sorted(target[parent])
     return target
 
 
