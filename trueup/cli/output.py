@@ -313,6 +313,8 @@ def render_status(status: dict[str, Any]) -> str:
             extra.append(f"acked until {sub['acknowledged_until']}")
         if sub.get("contested"):
             extra.append(f"contested {', '.join(sub['contested'])}")
+        if sub.get("fought"):
+            extra.append(f"FOUGHT by another writer, still restored: {', '.join(sub['fought'])}")
         reason = sub.get("reason") or ""
         if extra:
             reason = (reason + " (" + "; ".join(extra) + ")").strip()
