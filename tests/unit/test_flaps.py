@@ -320,7 +320,10 @@ def test_a_recovered_heal_is_reported_but_is_not_drift() -> None:
 
     finding = {
         "code": "STATE_APPLY_NOT_COMPLETED",
-        "evidence": {"transaction": {"kind": "reconcile", "recovered": True}},
+        "evidence": {
+            "transaction": {"kind": "reconcile", "recovered": True},
+            "recovery_complete": True,
+        },
     }
     status = {
         "subsystems": {},
@@ -329,7 +332,8 @@ def test_a_recovered_heal_is_reported_but_is_not_drift() -> None:
         "versions": {"applied": 1},
     }
     assert drift_report(status)["in_sync"] is True
-    finding["evidence"]["transaction"]["kind"] = "apply"
+    # a recovery that could not converge everything back is drift
+    finding["evidence"]["recovery_complete"] = False
     assert drift_report(status)["in_sync"] is False
 
 

@@ -5,7 +5,8 @@ version sources, the differences and the reconcile history say, and returns
 findings. The mapping:
 
 * open transaction past its deadline, or not held by a live writer, or the
-  last transaction was closed by crash recovery  → STATE_APPLY_NOT_COMPLETED
+  last transaction (an interrupted heal included) was closed by crash
+  recovery                                       → STATE_APPLY_NOT_COMPLETED
 * last committed transaction had failed subsystems → STATE_PARTIAL_UPDATE
 * writes refused since the last commit                   → STATE_CONCURRENT_MODIFICATION
 * reconcile errors / breaker open                       → STATE_RECONCILIATION_FAILED
@@ -76,19 +77,26 @@ def classify(facts: ClassifierInput) -> list[Finding]:
             if r.get("type") == "rolled_back"
             for e in r.get("errors", [])
         ]
+        if last.get("kind") == "reconcile":
+            what = (
+                f"heal {last['txn']} (towards version {last.get('version')}) was interrupted; "
+                f"recovery converged the system to version {applied_version}"
+            )
+        else:
+            what = (
+                f"transaction {last['txn']} (version {last.get('version')}) was interrupted "
+                "and rolled back at recovery; the system holds "
+                f"version {applied_version}"
+            )
         findings.append(
             Finding.of(
                 ReasonCode.APPLY_NOT_COMPLETED,
                 subsystem=",".join(last.get("applied", [])) or None,
                 since=last.get("began_at"),
-                detail=(
-                    f"{'heal' if last.get('kind') == 'reconcile' else 'transaction'} "
-                    f"{last['txn']} (version {last.get('version')}) was interrupted "
-                    "and rolled back to its before-images at recovery; the system holds "
-                    f"version {applied_version}"
-                    + (f"; the rollback was incomplete: {'; '.join(errors)}" if errors else "")
-                ),
-                evidence={"transaction": last},
+                detail=what
+                + (f"; the rollback was incomplete: {'; '.join(errors)}" if errors else ""),
+                # Complete: every subsystem was converged back (drift does not count it).
+                evidence={"transaction": last, "recovery_complete": not errors},
             )
         )
 

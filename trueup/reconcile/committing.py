@@ -199,10 +199,6 @@ class Committing(Converging):
         scope = Scope.from_json(begin["scope"])
         previous = begin.get("previous_applied") or {"version": 0}
         recorded = set(begin.get("all_subsystems") or begin.get("subsystems") or [])
-        # Tier order, whatever order the journal holds: management, network (links,
-        # addresses), services, then optional ones (proxies) — never before what they
-        # depend on, each within its own deadline.
-        names = [sub.name for sub in ordered(self.by_name.values()) if sub.name in recorded]
         journal.record(open_txn.txn, "recovering", to_version=previous.get("version", 0))
         target = self._committed_document(previous)
         errors: list[str] = []
@@ -210,14 +206,22 @@ class Committing(Converging):
             if target is not None:
                 # Forward to the last committed revision: never to a before-image
                 # that may hold drift, never away from its management addresses.
-                target_scope = _union_scope(scope_for(target), scope)
-                for name in names:
+                # Its scope widened by the transaction's: what either manages (the
+                # firewall's table, sysctl names, WireGuard interfaces, …) is put back.
+                target_scope = scope_for(target).union(scope)
+                for name in self._recovery_names(target, target_scope, recorded):
                     sub = self.by_name[name]
                     try:
+                        sub.prepare(target)
+                        desired = sub.desired(target, target_scope)
+                        if sub.releases_unmanaged:
+                            # A key the committed revision does not manage is left as it
+                            # was before the transaction (a sysctl it set is put back).
+                            desired = {**begin.get("before", {}).get(name, {}), **desired}
                         self._converge_bounded(
                             net,
                             sub,
-                            sub.desired(target, target_scope),
+                            desired,
                             target_scope,
                             None,
                             target.spec.convergence.deadline_for(name),
@@ -252,6 +256,22 @@ class Committing(Converging):
         )
         return open_txn
 
+    def _recovery_names(
+        self, target: DeviceState, target_scope: Scope, recorded: set[str]
+    ) -> list[str]:
+        """What recovery converges to `target`: every subsystem the interrupted transaction
+        could change or the committed revision manages.
+
+        Tier order, whatever order the journal holds: management, network (links,
+        addresses, firewall, sysctl), services, then optional ones (proxies,
+        WireGuard) — never before what they depend on, each within its own deadline.
+        """
+        return [
+            sub.name
+            for sub in ordered(self.by_name.values())
+            if sub.name in recorded or sub.configured(target) or target_scope.keys_for(sub.name)
+        ]
+
     def _committed_document(self, applied: dict[str, Any]) -> DeviceState | None:
         version = int(applied.get("version", 0))
         if not version:
@@ -281,20 +301,3 @@ class Committing(Converging):
             details.setdefault("txn", last.txn)
             details["written_after_restart"] = True
             self.state.audit.append(str(entry.get("event", last.kind)), actor, **details)
-
-
-def _union_scope(target: Scope, txn: Scope) -> Scope:
-    """The committed revision's scope widened by what the interrupted transaction managed."""
-    return Scope(
-        interfaces=target.interfaces | txn.interfaces,
-        tables=target.tables | txn.tables,
-        management_interface=target.management_interface,
-        management_owned=target.management_owned
-        | (
-            txn.management_owned
-            if txn.management_interface == target.management_interface
-            else frozenset()
-        ),
-        management_default_routes=target.management_default_routes | txn.management_default_routes,
-        virtual_addresses=target.virtual_addresses | txn.virtual_addresses,
-    )

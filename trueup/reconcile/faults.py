@@ -2,7 +2,9 @@
 
 At the named point the process kills itself with SIGKILL (or sleeps, to hold
 the writer lock). Points: `begin`, `step:SUBSYSTEM` (after the first step of
-a subsystem), `applied:SUBSYSTEM`, `before-commit`, `rollback:SUBSYSTEM`.
+a subsystem), `applied:SUBSYSTEM`, `before-commit`, `after-commit`,
+`rollback:SUBSYSTEM`, `recovery:SUBSYSTEM` (after crash recovery converged
+it); the engine's points also fire as `KIND/POINT` (`apply/step:links`).
 Unset in production, where `hit()` is one dictionary lookup.
 """
 

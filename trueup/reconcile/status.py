@@ -28,7 +28,7 @@ the others so that none can drift from the shape above.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -36,6 +36,7 @@ from typing import Any
 from trueup.journal.atomic import StateFileError
 from trueup.journal.audit import now_iso
 from trueup.journal.confirm import read_pending
+from trueup.journal.journal import Transaction
 from trueup.journal.limitations import accept_covered, active_limitations
 from trueup.journal.lock import lock_holder
 from trueup.journal.override import OVERRIDE_FILE, same_facts
@@ -171,19 +172,7 @@ def build_status(
     transactions = journal.transactions()
     open_txn = next((t for t in reversed(transactions) if t.is_open), None)
     last = transactions[-1] if transactions else None
-    # Reconcile passes converge to the applied version; they do not clear what
-    # the last apply (or its crash recovery) left to report.
-    last_apply = next((t for t in reversed(transactions) if t.kind != "reconcile"), None)
-    # …but a heal interrupted after the last apply (a crash mid-`reconcile`, closed by
-    # recovery) is reported as not completed until the next apply or heal ends.
-    for txn in reversed(transactions):
-        if txn is last_apply:
-            break
-        if txn.kind != "reconcile" or txn.is_open:
-            continue
-        if txn.summary()["recovered"]:
-            last_apply = txn
-        break  # the latest closed heal decides
+    last_apply = last_reported_transaction(transactions)
     holder = lock_holder(state.root / "lock")
     # An open transaction is "running" only while its own writer holds the lock;
     # while recovery rolls it back it is still reported as not completed.
@@ -436,24 +425,34 @@ def _lay_startup_verdicts(
         entry.update(verdict)
 
 
-def _recovered_heal(finding: Mapping[str, Any]) -> bool:
-    """A heal interrupted and closed by recovery: history for status, not drift.
+def last_reported_transaction(transactions: Sequence[Transaction]) -> Transaction | None:
+    """The transaction whose outcome status reports: the last one but ordinary heals.
 
-    Recovery converged it to the committed revision; what differs now (if
-    anything) is reported by its own differences.
+    Heals converge to the applied version; they do not clear what the last
+    apply (or its crash recovery) left to report. A heal a crash interrupted
+    is reported itself (recovery closed it), until a later heal commits.
     """
-    if finding.get("code") != ReasonCode.APPLY_NOT_COMPLETED:
-        return False
-    txn = (finding.get("evidence") or {}).get("transaction") or {}
-    return bool(txn.get("kind") == "reconcile" and txn.get("recovered"))
+    healed_since = False
+    for transaction in reversed(transactions):
+        if transaction.kind != "reconcile":
+            return transaction
+        terminal = transaction.terminal or {}
+        if terminal.get("recovered") and not healed_since:
+            return transaction
+        if terminal.get("type") == "commit":
+            healed_since = True
+    return None
 
 
 def drift_report(status: dict[str, Any]) -> dict[str, Any]:
     differences = [d for sub in status["subsystems"].values() for d in sub.get("differences", [])]
+    # A refused write, or a crash recovery that converged everything back, leaves the
+    # system in sync with the applied version: status reports them, drift does not.
     drift = [
         f
         for f in status["reason_codes"]
-        if f["code"] != ReasonCode.CONCURRENT_MODIFICATION and not _recovered_heal(f)
+        if f["code"] != ReasonCode.CONCURRENT_MODIFICATION
+        and not f.get("evidence", {}).get("recovery_complete")
     ]
     return {
         "in_sync": not differences and not drift,

@@ -25,14 +25,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
 from trueup.model.document import DeviceState
 from trueup.model.health import SubsystemHealth, Tier
-from trueup.model.virtual import is_virtual
+from trueup.subsystems.scope import Scope
 from trueup.system.events import NetlinkEvent
 from trueup.system.sources import Sources
 from trueup.system.watches import Watch
@@ -59,72 +59,6 @@ class StepError(RuntimeError):
     def __init__(self, step: Step, message: str) -> None:
         self.step = step
         super().__init__(f"{step.describe()}: {message}")
-
-
-@dataclass(frozen=True)
-class Scope:
-    """What a transaction may observe and change.
-
-    `management_owned` lists management addresses trueup itself assigned (the
-    previous and the new document's): only those are ever removed from the
-    management interface, so the management address survives everything but
-    an edit of `spec.management`. `exact` is set for rollbacks, which restore
-    a before-image precisely. `virtual_addresses` are the HA virtual
-    addresses (`spec.ha.vips`) of the previous and the new document: they
-    belong to the HA role, so the `addresses` and `management` subsystems
-    neither observe nor remove them.
-    """
-
-    interfaces: frozenset[str] = frozenset()
-    tables: frozenset[int] = frozenset({254})
-    management_interface: str = ""
-    management_owned: frozenset[str] = frozenset()
-    management_default_routes: frozenset[tuple[int, str, int]] = frozenset()
-    exact: bool = False
-    # Per subsystem, the keys it manages beyond interfaces and tables (sysctl names, …).
-    owned: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    virtual_addresses: frozenset[str] = frozenset()
-
-    def is_virtual(self, prefix: str) -> bool:
-        """Whether `prefix` (`A/LEN` as netlink reports it) is an HA virtual address."""
-        return is_virtual(prefix, self.virtual_addresses)
-
-    def for_rollback(self) -> Scope:
-        return replace(self, exact=True)
-
-    def keys_for(self, subsystem: str) -> frozenset[str]:
-        return frozenset(k for name, keys in self.owned if name == subsystem for k in keys)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "interfaces": sorted(self.interfaces),
-            "tables": sorted(self.tables),
-            "management_interface": self.management_interface,
-            "management_owned": sorted(self.management_owned),
-            "management_default_routes": sorted(list(k) for k in self.management_default_routes),
-            "exact": self.exact,
-            "owned": {name: list(keys) for name, keys in self.owned},
-            "virtual_addresses": sorted(self.virtual_addresses),
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Scope:
-        return cls(
-            interfaces=frozenset(data["interfaces"]),
-            tables=frozenset(data["tables"]),
-            management_interface=data["management_interface"],
-            management_owned=frozenset(data["management_owned"]),
-            management_default_routes=frozenset(
-                (int(t), str(to), int(m)) for t, to, m in data["management_default_routes"]
-            ),
-            exact=bool(data.get("exact", False)),
-            owned=tuple(
-                (str(name), tuple(str(k) for k in keys))
-                for name, keys in sorted(dict(data.get("owned", {})).items())
-            ),
-            # Journals written before HA existed have none.
-            virtual_addresses=frozenset(str(a) for a in data.get("virtual_addresses", [])),
-        )
 
 
 @dataclass(frozen=True)
@@ -241,6 +175,9 @@ class Subsystem(ABC):
     depends_on: ClassVar[tuple[str, ...]] = ()
     # Whether a fact present only in observed state (a foreign route) is drift.
     observed_only_matters: ClassVar[bool] = False
+    # Whether a key the document stops managing is left as it is (a sysctl name) rather
+    # than removed: crash recovery then restores it from the transaction's before-image.
+    releases_unmanaged: ClassVar[bool] = False
     # Whether a step can hang (a daemon, a socket): such subsystems converge on a
     # worker thread that is abandoned at the deadline. Netlink ones run inline.
     may_block: ClassVar[bool] = True

@@ -68,6 +68,7 @@ class SysctlSubsystem(Subsystem):
     tier = Tier.NETWORK
     section = ("sysctl", SysctlSection)
     watches = (every(10.0),)
+    releases_unmanaged = True  # a name dropped from the document keeps its value
 
     @classmethod
     def scope_keys(cls, document: DeviceState) -> frozenset[str]:
