@@ -5,8 +5,9 @@ name the router and an address of the pool: the shortest way to a lease)
 without pause, each from a new hardware address, and a packet socket on the
 same interface records every DHCP answer that arrives. While the fence is
 held, Kea is killed (SIGKILL of its verified pid: the agent's supervisor
-starts it again) five times and the agent is started once with Kea dead;
-each Kea process is sent packets from its start on. Not one OFFER or ACK may
+starts it again) five times, three revisions reconfigure it (other
+lifetimes, Kea's HA hook added, removed again) and the agent is started once
+with Kea dead; each Kea process is sent packets from its start on. Not one OFFER or ACK may
 arrive and Kea may hold no lease. Once the fence is lifted, a new client
 gets a lease.
 
@@ -38,7 +39,7 @@ from typing import IO, Any
 
 import pytest
 
-from tests.integration.test_dhcp import DhcpRouter, dhcp_document, wait_until
+from tests.integration.test_dhcp import HA, DhcpRouter, dhcp_document, wait_until
 from tests.routers import REPO, Router, require_root, sh
 from trueup.system.kealeases import KeaSocketError, kea_command, leases_from_memfile
 
@@ -272,6 +273,16 @@ def test_a_flood_gets_no_offer_while_fenced_through_kea_kills_and_an_agent_start
                 WAIT,
             )
             flooder.wait_sent(PER_KEA, f"packets to Kea after kill {kill + 1}")
+        # Reconfigurations while fenced: other lifetimes, Kea's HA hook added, and removed.
+        for name, document in (
+            ("lifetimes.yaml", dhcp_document(lifetimes={"valid": 1800})),
+            ("ha.yaml", dhcp_document(ha=HA)),
+            ("plain.yaml", dhcp_document()),
+        ):
+            applied = router.trueup("apply", str(router.write(name, document)), timeout=WAIT)
+            assert applied.returncode == 0, applied.stdout + applied.stderr
+            flooder.wait_sent(PER_KEA, f"packets after applying {name}")
+        assert dhcp.kea_pid() == pid  # set over the socket, not by a restart
         # The agent stops (Kea goes on running, fenced), Kea dies, and a new agent starts it.
         router.stop_agents()
         os.kill(pid, signal.SIGKILL)
