@@ -11,7 +11,9 @@ returns the JSON object Kea reads (`{"Dhcp4": {...}}`). trueup always sets:
   is what Kea gets at apply and at every start;
 * socket retries (`service-sockets-max-retries`/`-retry-wait-time`) so an
   interface whose address comes late is bound when it comes;
-* logging to stdout (the supervisor appends it to the daemon's log).
+* logging to stdout (the supervisor appends it to the daemon's log);
+* for DHCPv6, `data-directory` in the run directory: Kea keeps its server
+  DUID there (`kea-dhcp6-serverid`), stable across restarts.
 
 `interfaces` is the subset of `section.interfaces` present on the system
 now: Kea refuses a configuration naming an interface that does not exist,
@@ -218,6 +220,10 @@ def compile_config(
         body["renew-timer"] = lifetimes.renew
     if lifetimes.rebind is not None:
         body["rebind-timer"] = lifetimes.rebind
+    if family == 6:
+        # The server's DUID file (kea-dhcp6-serverid) goes beside its leases, in
+        # the run directory, not in a package's /var/lib/kea, which may not exist.
+        body["data-directory"] = str(paths.run_dir)
     if family == 6 and lifetimes.preferred is not None:
         body["preferred-lifetime"] = lifetimes.preferred
     if section.options:
