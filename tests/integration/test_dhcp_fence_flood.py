@@ -42,6 +42,7 @@ import pytest
 
 from tests.integration.test_dhcp import HA, DhcpRouter, dhcp_document, wait_until
 from tests.routers import REPO, Router, require_root, sh
+from trueup.subsystems.dhcp.keaconfig import has_fence, with_fence
 from trueup.system.daemon import verified_pid
 from trueup.system.kea import kea_paths
 from trueup.system.kealeases import KeaSocketError, kea_command, leases_from_memfile
@@ -444,3 +445,30 @@ def test_a_solicit_flood_gets_no_advertise_while_fenced_through_kea_kills_and_an
     while_fenced = [a for a in answers if a["at"] < lift_started]
     assert while_fenced == [], f"{len(while_fenced)} answer(s) while fenced: {while_fenced[:5]}"
     assert any(a["type"] == ADVERTISE for a in answers)
+
+
+def test_a_fence_class_removed_through_kea_s_socket_is_set_again(
+    fenced_router: DhcpRouter,
+) -> None:
+    dhcp = fenced_router
+    router = dhcp.router
+    config = router.write("doc.yaml", dhcp_document())
+    held = router.trueup("dhcp", "fence", "hold", "--reason", "full restore running")
+    assert held.returncode == 0, held.stdout + held.stderr
+    router.start_agent("--config", str(config))
+    wait_until(lambda: answering(dhcp, None), "Kea answering", WAIT)
+    running = kea_command(dhcp.socket, "config-get", None, timeout=10.0)["arguments"]
+    assert has_fence(running)
+    # Someone sets Kea's configuration without the fence class, through its socket.
+    answer = kea_command(dhcp.socket, "config-set", with_fence(running, False), timeout=10.0)
+    assert answer["result"] == 0, answer
+    assert not has_fence(kea_command(dhcp.socket, "config-get", None, timeout=10.0)["arguments"])
+
+    def fenced_again() -> bool:
+        got = kea_command(dhcp.socket, "config-get", None, timeout=10.0)
+        return bool(has_fence(got.get("arguments")))
+
+    wait_until(fenced_again, "the fence class set again", WAIT)
+    wait_until(lambda: router.trueup("drift").returncode == 0, "no drift", WAIT)
+    assert dhcp.udhcpc() is None
+    assert list(leases_from_memfile(4, dhcp.leases)) == []

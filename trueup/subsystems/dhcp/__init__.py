@@ -204,6 +204,9 @@ class DhcpSubsystem(Subsystem):
                 status = sources.daemons.status(name)
                 if status.pid is None:
                     raise StepError(step, f"{name} is not running")
+                # enforce may set Kea's configuration again (the fence class): the
+                # verification asks Kea, not this work's earlier answer.
+                sources.memo.pop(_memo_key(paths), None)
                 enforce(paths, sources.state_dir, status.pid)
             else:
                 raise ValueError(f"unknown dhcp step {step.action}")
