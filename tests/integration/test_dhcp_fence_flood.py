@@ -9,7 +9,9 @@ starts it again) five times, three revisions reconfigure it (other
 lifetimes, Kea's HA hook added, removed again) and the agent is started once
 with Kea dead; each Kea process is sent packets from its start on. Not one OFFER or ACK may
 arrive and Kea may hold no lease. Once the fence is lifted, a new client
-gets a lease.
+gets a lease. The same for DHCPv6: SOLICITs get no ADVERTISE while fenced,
+and one right after the lift. And a fence class removed through Kea's
+socket by someone else is set again by the agent.
 
 Run as a script (`python THIS flood IFACE RESULT`), this file is the flooder:
 it runs until its stdin closes, keeps its progress (packets sent) in
