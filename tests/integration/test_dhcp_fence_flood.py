@@ -413,6 +413,9 @@ def test_a_solicit_flood_gets_no_advertise_while_fenced_through_kea_kills_and_an
         flooder.wait_sent(20, "the flood to start")
         router.start_agent("--config", str(config), wait_started=False)
         pid = wait_until(lambda: answering(dhcp, None, 6), "Kea answering", WAIT)
+        # Kea keeps its server DUID in its run directory, the same across its restarts.
+        serverid = router.state_dir / "run" / "kea-dhcp6" / "kea-dhcp6-serverid"
+        duid = serverid.read_text()
         flooder.wait_sent(PER_KEA, "packets to the first Kea")
         for kill in range(KILLS):
             os.kill(pid, signal.SIGKILL)
@@ -441,6 +444,7 @@ def test_a_solicit_flood_gets_no_advertise_while_fenced_through_kea_kills_and_an
     finally:
         flooder.kill()
 
+    assert serverid.read_text() == duid
     assert result["sent"]["solicit"] >= DISCOVERS, result["sent"]
     assert result["sent"]["errors"] == 0, result["sent"]
     answers = [a for a in result["answers"] if a["type"] in ANSWERS[6]]
