@@ -105,7 +105,9 @@ def enforce(paths: KeaPaths, state_dir: Path, pid: int, *, wait: float = 15.0) -
         kea_call(paths, "dhcp-disable")  # at once: the configuration follows
     running = kea_call(paths, "config-get", timeout=5.0)
     if has_fence(running) != fenced:
-        changed = with_fence(running, fenced)
+        # Only the server's own body: newer Keas answer with keys that are not configuration.
+        body = {key: value for key, value in running.items() if key in ("Dhcp4", "Dhcp6")}
+        changed = with_fence(body, fenced)
         kea_call(paths, "config-set", changed)
         kea_call(paths, "config-write", {"filename": str(paths.config)})
     # After a config-set too: a reconfiguration must not leave a fenced Kea enabled.
