@@ -8,8 +8,8 @@ Two layers, so that a fenced Kea never answers a client at any moment:
   (the supervisor's before-start hook compiles it with the fence as the
   record says at that moment), every `config-set`, and its rollback. A Kea
   started, restarted after a crash, reconfigured, or switched to another HA
-  state by its own HA hook (which sends itself `dhcp-enable`) drops the
-  first packet it receives.
+  state by its own HA hook (which enables its service itself on some state
+  changes) drops the first packet it receives.
 * `dhcp-disable`, sent as soon as the socket answers. Kea 2.2 does not report
   whether allocation is disabled, and a restarted Kea starts enabled, so
   trueup records what it asserted for *which* Kea process (`allocator.json`:
@@ -66,7 +66,8 @@ def _record(paths: KeaPaths) -> dict[str, object]:
 def allocation_state(
     paths: KeaPaths, state_dir: Path, pid: int | None, running: dict[str, Any] | None = None
 ) -> str:
-    """`follows-fence`, or what is wrong: `serving while fenced` / `disabled without a fence`.
+    """`follows-fence`, or what is wrong: `serving while fenced`, `dropping without a
+    fence` (the fence class), `disabled without a fence` (`dhcp-disable`).
 
     `running` is Kea's configuration (`config-get`) when it answered: its fence
     class must be there exactly while the fence is held.
