@@ -226,3 +226,118 @@ def test_cli_fence_lift_with_no_fence_fails_and_changes_nothing(tmp_path: Path) 
     assert f"no Kea runs from {tmp_path}" in held.output
     lifted = CliRunner().invoke(dhcp_app, ["fence", "lift", "--state-dir", str(tmp_path)])
     assert lifted.exit_code == 0 and "fence lifted (was held by" in lifted.output
+
+
+def test_the_fence_class_is_added_removed_and_left_out_of_digests(tmp_path: Path) -> None:
+    from trueup.subsystems.dhcp.keaconfig import (
+        FENCE_CLASS,
+        digest,
+        has_fence,
+        unfenced,
+        with_fence,
+    )
+
+    section = document().spec.section("dhcp", DhcpSection)
+    assert section is not None
+    config = compile_config(section, 4, kea_paths(tmp_path, 4), ["lan0"])
+    assert not has_fence(config) and "client-classes" not in config["Dhcp4"]
+    fenced = with_fence(config, True)
+    assert has_fence(fenced) and not has_fence(config)  # a copy: the original is unchanged
+    assert fenced["Dhcp4"]["client-classes"] == [FENCE_CLASS]
+    assert fenced["Dhcp4"]["client-classes"][0]["name"] == "DROP"  # Kea drops DROP's packets
+    assert with_fence(fenced, True) == fenced  # never twice
+    assert with_fence(fenced, False) == config
+    assert digest(unfenced(fenced["Dhcp4"])) == digest(unfenced(config["Dhcp4"]))
+    # As config-get answers: the class with Kea's defaults, beside a class of someone else's.
+    other = {"name": "phones", "test": "substring(option[60].hex,0,4) == 'SIP/'"}
+    served = {**fenced["Dhcp4"], "client-classes": [{**FENCE_CLASS, "next-server": "0.0.0.0"}]}
+    served["client-classes"].append(other)
+    assert has_fence({"Dhcp4": served})
+    assert unfenced(served)["client-classes"] == [other]
+    assert with_fence({"Dhcp4": served}, False)["Dhcp4"]["client-classes"] == [other]
+    # A DROP class with another test is not trueup's fence.
+    assert not has_fence({"Dhcp4": {"client-classes": [{"name": "DROP", "test": "member('x')"}]}})
+
+
+def test_allocation_follows_the_fence_in_kea_s_configuration(tmp_path: Path) -> None:
+    import os
+
+    from trueup.subsystems.dhcp.allocator import CONSISTENT, allocation_state
+    from trueup.subsystems.dhcp.keaconfig import with_fence
+
+    paths = kea_paths(tmp_path / "kea-dhcp4", 4)
+    plain: dict[str, Any] = {"Dhcp4": {"subnet4": []}}
+    pid = os.getpid()
+    assert allocation_state(paths, tmp_path, pid, plain) == CONSISTENT
+    assert allocation_state(paths, tmp_path, pid, with_fence(plain, True)) == (
+        "dropping without a fence"
+    )
+    hold_fence(tmp_path, "dhcp", "restore", "full restore running")
+    assert allocation_state(paths, tmp_path, pid, plain) == "serving while fenced"
+    # The class alone is not enough: dhcp-disable must be recorded for this very process.
+    assert allocation_state(paths, tmp_path, pid, with_fence(plain, True)) == (
+        "serving while fenced"
+    )
+
+
+def test_enforce_disables_first_when_holding_and_enables_last_when_lifting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    import trueup.subsystems.dhcp.allocator as allocator
+    from trueup.subsystems.dhcp.keaconfig import has_fence, with_fence
+
+    kea: dict[str, Any] = {"config": {"Dhcp4": {"subnet4": []}}}
+    calls: list[str] = []
+
+    def kea_call(paths: Any, command: str, arguments: Any = None, **_: Any) -> dict[str, Any]:
+        calls.append(command)
+        if command == "config-get":
+            return dict(kea["config"])
+        if command == "config-set":
+            kea["config"] = arguments
+        return {}
+
+    monkeypatch.setattr(allocator, "kea_call", kea_call)
+    paths = kea_paths(tmp_path / "kea-dhcp4", 4)
+    paths.run_dir.mkdir()
+    pid = os.getpid()
+    hold_fence(tmp_path, "dhcp", "restore", "full restore running")
+    assert allocator.enforce(paths, tmp_path, pid) == "disabled"
+    assert calls == [
+        "status-get", "dhcp-disable", "config-get", "config-set", "config-write", "dhcp-disable"
+    ]  # fmt: skip
+    assert has_fence(kea["config"])
+    assert allocator.allocation_state(paths, tmp_path, pid, kea["config"]) == "follows-fence"
+    calls.clear()
+    assert allocator.enforce(paths, tmp_path, pid) == "disabled"  # already fenced: no config-set
+    assert calls == ["status-get", "dhcp-disable", "config-get", "dhcp-disable"]
+    lift_fence(tmp_path, "dhcp")
+    calls.clear()
+    assert allocator.enforce(paths, tmp_path, pid) == "enabled"
+    assert calls == ["status-get", "config-get", "config-set", "config-write", "dhcp-enable"]
+    assert kea["config"] == with_fence({"Dhcp4": {"subnet4": []}}, False)
+
+
+def test_kea_starts_from_a_fenced_file_while_the_fence_is_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    import trueup.subsystems.dhcp as dhcp
+    from trueup.subsystems.dhcp.keaconfig import has_fence
+
+    monkeypatch.setattr(dhcp, "make_socket_dir", lambda paths: None)
+    section = document().spec.section("dhcp", DhcpSection)
+    assert section is not None
+    paths = kea_paths(tmp_path / "kea-dhcp4", 4)
+    paths.run_dir.mkdir()
+    config = compile_config(section, 4, paths, ["lan0"])
+    spec = DhcpSubsystem()._spec(sources(tmp_path), paths, config)
+    assert spec.before_start is not None
+    spec.before_start()
+    assert not has_fence(json.loads(paths.config.read_text()))
+    hold_fence(tmp_path, "dhcp", "restore", "full restore running")
+    spec.before_start()  # a restart after a crash: the fence is read at every start
+    assert has_fence(json.loads(paths.config.read_text()))

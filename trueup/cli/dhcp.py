@@ -5,8 +5,9 @@ when Kea runs, else from its memfile (`trueup.system.kealeases`). It never
 starts, stops or reconfigures Kea and works with the agent stopped.
 
 `fence hold` writes the `dhcp` fence (durably, before anything else) and then
-tells a running Kea to stop allocating (`dhcp-disable`); `fence lift` removes
-it and re-enables allocation. Both are audited (`fence_held`, `fence_lifted`).
+tells a running Kea to stop allocating (`dhcp-disable`, and its configuration
+set again with the fence class that drops every packet); `fence lift` removes
+it, removes the class and re-enables allocation. Both are audited (`fence_held`, `fence_lifted`).
 The agent re-asserts the fence at every Kea (re)start, whatever the CLI did.
 """
 

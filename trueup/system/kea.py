@@ -19,6 +19,7 @@ kea-leases4.csv        the memfile lease file (Kea's: trueup only ever reads it)
 kea-dhcp4.pid          the supervisor's pid record
 kea-dhcp4.kea-dhcp4.pid  Kea's own pid file (removed before a start when it names no live Kea of ours)
 allocator.json         whether trueup disabled allocation for this Kea process (the fence)
+kea-dhcp6-serverid     DHCPv6 only: the server's DUID (Kea's data-directory is the run directory)
 ```
 """
 

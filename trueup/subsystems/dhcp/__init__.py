@@ -19,10 +19,15 @@ Facts, per family N used by the document:
 
 A configuration set by someone else through the socket (or written to the
 file) hashes to a digest trueup never set: `foreign:sha256:…` — drift.
+Digests leave out the fence class (`keaconfig.unfenced`): whether Kea carries
+it is the `allocation` fact, so holding or lifting the fence is not a change
+of configuration.
 
-Steps: `start` (write the config, start Kea, re-assert the fence), `configure`
-(`config-test`, `config-set`, `config-write`; on failure the previous
-configuration is set back), `allocator` (dhcp-disable / dhcp-enable), `stop`.
+Steps: `start` (write the config, with the fence class while the fence is
+held, start Kea, re-assert the fence), `configure` (`config-test`,
+`config-set`, `config-write`, fenced as the record says; on failure the
+previous configuration is set back, fenced as the record says), `allocator`
+(the fence class and dhcp-disable / dhcp-enable), `stop`.
 """
 
 from __future__ import annotations
@@ -35,7 +40,13 @@ from trueup.model.document import DeviceState
 from trueup.model.health import SubsystemHealth, Tier
 from trueup.subsystems.base import Facts, Plan, Scope, Sources, Step, StepError, Subsystem
 from trueup.subsystems.dhcp.allocator import CONSISTENT, allocation_state, enforce, wait_for_socket
-from trueup.subsystems.dhcp.keaconfig import compile_config, digest, has_ha
+from trueup.subsystems.dhcp.keaconfig import (
+    compile_config,
+    digest,
+    has_ha,
+    unfenced,
+    with_fence,
+)
 from trueup.subsystems.dhcp.section import DhcpSection
 from trueup.system.atomicfile import write_atomic
 from trueup.system.daemon import DaemonError, DaemonSpec
@@ -136,17 +147,16 @@ class DhcpSubsystem(Subsystem):
                 running = {}
             body = _body(running, family)
             if body is not None:
-                entry = applied.get("kea", {}).get(digest(body))
-                facts[_path(family, "config")] = (
-                    entry["desired"] if entry else f"foreign:{digest(body)}"
-                )
+                key = digest(unfenced(body))
+                entry = applied.get("kea", {}).get(key)
+                facts[_path(family, "config")] = entry["desired"] if entry else f"foreign:{key}"
                 facts[_path(family, "ha")] = has_ha(running)
                 interfaces = set(body.get("interfaces-config", {}).get("interfaces", []))
                 waiting = set(entry.get("declared", [])) - present if entry else set()
                 facts[_path(family, "interfaces")] = sorted(interfaces | waiting)
             facts[_path(family, "file")] = _file_fact(paths, applied, family)
             facts[_path(family, "allocation")] = allocation_state(
-                paths, sources.state_dir, status.pid
+                paths, sources.state_dir, status.pid, running if body is not None else None
             )
         return facts
 
@@ -194,6 +204,9 @@ class DhcpSubsystem(Subsystem):
                 status = sources.daemons.status(name)
                 if status.pid is None:
                     raise StepError(step, f"{name} is not running")
+                # enforce may set Kea's configuration again (the fence class): the
+                # verification asks Kea, not this work's earlier answer.
+                sources.memo.pop(_memo_key(paths), None)
                 enforce(paths, sources.state_dir, status.pid)
             else:
                 raise ValueError(f"unknown dhcp step {step.action}")
@@ -232,7 +245,10 @@ class DhcpSubsystem(Subsystem):
         def before_start() -> None:
             # Every start begins from trueup's configuration: whatever the file holds
             # (an old HA configuration, an edit) is replaced, never the lease file.
-            text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+            # While the fence is held, Kea starts dropping: no packet is answered
+            # before `dhcp-disable` can be sent.
+            held = read_fence(state_dir, "dhcp") is not None
+            text = json.dumps(with_fence(config, held), indent=2, sort_keys=True) + "\n"
             write_atomic(paths.config, text.encode(), 0o600)
             make_socket_dir(paths)
             # A killed Kea's pid file naming a zombie or a reused pid would make
@@ -254,11 +270,11 @@ class DhcpSubsystem(Subsystem):
         config, section, interfaces = self._compiled(sources, step, paths)
         status = sources.daemons.ensure(self._spec(sources, paths, config))
         wait_for_socket(paths)
-        if (
-            status.pid is not None
-            and allocation_state(paths, sources.state_dir, status.pid) != CONSISTENT
-        ):
-            enforce(paths, sources.state_dir, status.pid)
+        if status.pid is not None:
+            running = _config_get(sources, paths, status.pid)
+            if allocation_state(paths, sources.state_dir, status.pid, running) != CONSISTENT:
+                sources.memo.pop(_memo_key(paths), None)
+                enforce(paths, sources.state_dir, status.pid)
         self._remember(sources, paths, step, section, interfaces, status.pid)
 
     def _configure(self, sources: Sources, step: Step, paths: KeaPaths) -> None:
@@ -267,16 +283,20 @@ class DhcpSubsystem(Subsystem):
         # The before-image: what this piece of work observed Kea holding (asked once).
         previous = _config_get(sources, paths, pid)
         sources.memo.pop(_memo_key(paths), None)
-        kea_call(paths, "config-test", config)
-        kea_call(paths, "config-set", config)
+        # A reconfiguration never lets a fenced Kea answer: the fence is in what is set.
+        held = read_fence(sources.state_dir, "dhcp") is not None
+        fenced = with_fence(config, held)
+        kea_call(paths, "config-test", fenced)
+        kea_call(paths, "config-set", fenced)
         try:
             kea_call(paths, "config-write", {"filename": str(paths.config)})
         except KeaError:
-            kea_call(paths, "config-set", previous)  # the before-image, as it was
+            # The before-image, as it was — fenced as the record says now.
+            kea_call(paths, "config-set", with_fence(previous, held))
             raise
         status = sources.daemons.ensure(self._spec(sources, paths, config))
-        if status.pid is not None and read_fence(sources.state_dir, "dhcp") is not None:
-            # A reconfiguration must never let a fenced Kea allocate: assert it again.
+        if status.pid is not None and (held or read_fence(sources.state_dir, "dhcp") is not None):
+            # Kea re-enables allocation on some reconfigurations: assert it again.
             enforce(paths, sources.state_dir, status.pid)
         # Kea confirmed the configuration twice: config-set accepted it, and config-write
         # wrote what it now runs (the same serialisation config-get answers with). That
@@ -311,8 +331,9 @@ class DhcpSubsystem(Subsystem):
             if body is None:
                 continue
             table = applied.setdefault(kind, {})
-            table.pop(digest(body), None)
-            table[digest(body)] = entry
+            key = digest(unfenced(body))
+            table.pop(key, None)
+            table[key] = entry
             while len(table) > _KEEP:
                 table.pop(next(iter(table)))
         # A cache of what trueup set (lost, the next observation shows a foreign digest
@@ -374,5 +395,6 @@ def _file_fact(paths: KeaPaths, applied: dict[str, Any], family: int) -> str | N
     body = _body(_read_json(paths.config), family)
     if body is None:
         return None
-    entry = applied.get("file", {}).get(digest(body))
-    return str(entry["desired"]) if entry else f"foreign:{digest(body)}"
+    key = digest(unfenced(body))
+    entry = applied.get("file", {}).get(key)
+    return str(entry["desired"]) if entry else f"foreign:{key}"

@@ -1,11 +1,26 @@
-"""The allocator fence as Kea sees it: `dhcp-disable` while the `dhcp` fence is held.
+"""The allocator fence as Kea sees it: a configuration that drops every packet, and `dhcp-disable`.
 
-Kea 2.2 does not report whether allocation is disabled, and a restarted Kea
-starts enabled. So trueup records what it asserted for *which* Kea process
-(`allocator.json`: pid, kernel start time, state) and compares that with the
-fence record: a new pid means nothing was asserted yet. The supervisor calls
-`enforce` after every (re)start, the subsystem whenever the record and the
-fence disagree, and the CLI right after holding or lifting the fence.
+Two layers, so that a fenced Kea never answers a client at any moment:
+
+* the configuration. While the `dhcp` fence is held, every configuration
+  trueup gives Kea carries the fence class (`keaconfig.FENCE_CLASS`, Kea's
+  special class `DROP` matching every packet): the file Kea *starts* from
+  (the supervisor's before-start hook compiles it with the fence as the
+  record says at that moment), every `config-set`, and its rollback. A Kea
+  started, restarted after a crash, reconfigured, or switched to another HA
+  state by its own HA hook (which enables its service itself on some state
+  changes) drops the first packet it receives.
+* `dhcp-disable`, sent as soon as the socket answers. Kea 2.2 does not report
+  whether allocation is disabled, and a restarted Kea starts enabled, so
+  trueup records what it asserted for *which* Kea process (`allocator.json`:
+  pid, kernel start time, state).
+
+`allocation_state` compares both with the fence record (a new pid means
+nothing was asserted yet); `enforce` makes Kea follow the record: the
+supervisor calls it after every (re)start, the subsystem whenever they
+disagree, and the CLI and the restore right after holding or lifting the
+fence. Holding disables first and then sets the fence class; lifting removes
+the class and then enables, so a client is answered again at once.
 """
 
 from __future__ import annotations
@@ -13,7 +28,9 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
+from trueup.subsystems.dhcp.keaconfig import has_fence, with_fence
 from trueup.system.atomicfile import write_atomic
 from trueup.system.daemon import proc_start_time
 from trueup.system.fence import read_fence
@@ -46,9 +63,22 @@ def _record(paths: KeaPaths) -> dict[str, object]:
     return data if isinstance(data, dict) else {}
 
 
-def allocation_state(paths: KeaPaths, state_dir: Path, pid: int | None) -> str:
-    """`follows-fence`, or what is wrong: `serving while fenced` / `disabled without a fence`."""
+def allocation_state(
+    paths: KeaPaths, state_dir: Path, pid: int | None, running: dict[str, Any] | None = None
+) -> str:
+    """`follows-fence`, or what is wrong: `serving while fenced`, `dropping without a
+    fence` (the fence class), `disabled without a fence` (`dhcp-disable`).
+
+    `running` is Kea's configuration (`config-get`) when it answered: its fence
+    class must be there exactly while the fence is held.
+    """
     fenced = read_fence(state_dir, "dhcp") is not None
+    if running is not None:
+        dropping = has_fence(running)
+        if fenced and not dropping:
+            return "serving while fenced"
+        if dropping and not fenced:
+            return "dropping without a fence"
     record = _record(paths)
     disabled = (
         pid is not None
@@ -64,10 +94,24 @@ def allocation_state(paths: KeaPaths, state_dir: Path, pid: int | None) -> str:
 
 
 def enforce(paths: KeaPaths, state_dir: Path, pid: int, *, wait: float = 15.0) -> str:
-    """Make Kea's allocation follow the fence: `dhcp-disable` while held, else `dhcp-enable`."""
+    """Make Kea follow the fence: the fence class and `dhcp-disable` while held, else neither.
+
+    A configuration that disagrees is set (`config-set`, `config-write`) from
+    what Kea runs, with the fence class added or removed and nothing else changed.
+    """
     wait_for_socket(paths, wait)
     fenced = read_fence(state_dir, "dhcp") is not None
     state = "disabled" if fenced else "enabled"
+    if fenced:
+        kea_call(paths, "dhcp-disable")  # at once: the configuration follows
+    running = kea_call(paths, "config-get", timeout=5.0)
+    if has_fence(running) != fenced:
+        # Only the server's own body: newer Keas answer with keys that are not configuration.
+        body = {key: value for key, value in running.items() if key in ("Dhcp4", "Dhcp6")}
+        changed = with_fence(body, fenced)
+        kea_call(paths, "config-set", changed)
+        kea_call(paths, "config-write", {"filename": str(paths.config)})
+    # After a config-set too: a reconfiguration must not leave a fenced Kea enabled.
     kea_call(paths, "dhcp-disable" if fenced else "dhcp-enable")
     record = {"pid": pid, "start_time": proc_start_time(pid), "state": state}
     write_atomic(paths.allocator, json.dumps(record).encode(), 0o600)

@@ -11,17 +11,28 @@ returns the JSON object Kea reads (`{"Dhcp4": {...}}`). trueup always sets:
   is what Kea gets at apply and at every start;
 * socket retries (`service-sockets-max-retries`/`-retry-wait-time`) so an
   interface whose address comes late is bound when it comes;
-* logging to stdout (the supervisor appends it to the daemon's log).
+* logging to stdout (the supervisor appends it to the daemon's log);
+* for DHCPv6, `data-directory` in the run directory: Kea keeps its server
+  DUID there (`kea-dhcp6-serverid`), stable across restarts.
 
 `interfaces` is the subset of `section.interfaces` present on the system
 now: Kea refuses a configuration naming an interface that does not exist,
 so the others are added by a re-configuration when their link appears.
 
 `digest(config)` is the canonical hash trueup compares.
+
+The allocator fence lives in the configuration itself: `with_fence(config,
+True)` adds Kea's special client class `DROP` with a test that is always true
+(`FENCE_CLASS`), so Kea drops every packet it receives — before any lease
+is looked up or allocated — from the first packet after it starts.
+`with_fence(config, False)` removes it again. The fence class is not part of
+what the document asks for: `unfenced(body)` is what digests are computed
+from, and whether the class is there is the `allocation` fact of its own.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from typing import Any
@@ -29,7 +40,20 @@ from typing import Any
 from trueup.subsystems.dhcp.section import DhcpSection, OptionValue, Subnet
 from trueup.system.kea import HOOKS_DIR, KeaPaths
 
-__all__ = ["compile_config", "digest", "has_ha"]
+__all__ = [
+    "FENCE_CLASS",
+    "compile_config",
+    "digest",
+    "has_fence",
+    "has_ha",
+    "unfenced",
+    "with_fence",
+]
+
+# Kea drops every packet classified `DROP`, right after parsing it and before any
+# lease is touched; the test is a constant, so every packet is classified.
+FENCE_TEST = "'trueup-fence' == 'trueup-fence'"
+FENCE_CLASS: dict[str, Any] = {"name": "DROP", "test": FENCE_TEST}
 
 
 def digest(config: Any) -> str:
@@ -91,6 +115,54 @@ def has_ha(config: dict[str, Any]) -> bool:
     return False
 
 
+def _is_fence(entry: Any) -> bool:
+    return (
+        isinstance(entry, dict) and entry.get("name") == "DROP" and entry.get("test") == FENCE_TEST
+    )
+
+
+def _bodies(config: Any) -> list[dict[str, Any]]:
+    if not isinstance(config, dict):
+        return []
+    return [
+        body for key, body in config.items() if key in ("Dhcp4", "Dhcp6") and isinstance(body, dict)
+    ]
+
+
+def has_fence(config: Any) -> bool:
+    """Whether a Kea configuration (`{"DhcpN": ...}`) carries trueup's fence class."""
+    return any(
+        any(_is_fence(entry) for entry in body.get("client-classes") or [])
+        for body in _bodies(config)
+    )
+
+
+def unfenced(body: Any) -> Any:
+    """A `DhcpN` body without the fence class (what digests are computed from)."""
+    if not isinstance(body, dict):
+        return body
+    out = dict(body)
+    classes = [entry for entry in out.get("client-classes") or [] if not _is_fence(entry)]
+    if classes:
+        out["client-classes"] = classes
+    else:
+        out.pop("client-classes", None)
+    return out
+
+
+def with_fence(config: dict[str, Any], held: bool) -> dict[str, Any]:
+    """`config` with the fence class first in every body (`held`), or with none."""
+    out = copy.deepcopy(config)
+    for key, body in list(out.items()):
+        if key not in ("Dhcp4", "Dhcp6") or not isinstance(body, dict):
+            continue
+        body = unfenced(body)
+        if held:
+            body["client-classes"] = [dict(FENCE_CLASS), *body.get("client-classes", [])]
+        out[key] = body
+    return out
+
+
 def compile_config(
     section: DhcpSection, family: int, paths: KeaPaths, interfaces: list[str]
 ) -> dict[str, Any]:
@@ -148,6 +220,10 @@ def compile_config(
         body["renew-timer"] = lifetimes.renew
     if lifetimes.rebind is not None:
         body["rebind-timer"] = lifetimes.rebind
+    if family == 6:
+        # The server's DUID file (kea-dhcp6-serverid) goes beside its leases, in
+        # the run directory, not in a package's /var/lib/kea, which may not exist.
+        body["data-directory"] = str(paths.run_dir)
     if family == 6 and lifetimes.preferred is not None:
         body["preferred-lifetime"] = lifetimes.preferred
     if section.options:
