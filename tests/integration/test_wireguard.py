@@ -334,3 +334,77 @@ def test_a_hanging_resolver_fails_wireguard_alone_at_its_deadline(tmp_path: Path
         assert status == 200 and body["ready"] is True
     finally:
         _close(router, ifname)
+
+
+def _dump_peers(router: Router, ifname: str) -> dict[str, list[str]]:
+    """`wg show IF dump` per peer: [preshared, endpoint, allowed-ips, …, keepalive]."""
+    lines = router.run("wg", "show", ifname, "dump").stdout.splitlines()[1:]
+    return {cols[0]: cols[1:] for cols in (line.split("\t") for line in lines)}
+
+
+def test_keepalive_preshared_key_allowed_ips_and_peers_can_be_removed(tmp_path: Path) -> None:
+    require_root()
+    router = Router(tmp_path, client=True)
+    ifname = f"wg{secrets.token_hex(3)}r"
+    try:
+        key, _public = _genkey()
+        _key2, peer2 = _genkey()
+        _key1, peer1 = _genkey()
+        psk = sh("wg", "genpsk").stdout.strip()
+        _set_secret(router, "wg-key", key)
+        _set_secret(router, "wg-psk", psk)
+        document = _document(
+            ifname,
+            "203.0.113.1/24",
+            ("192.0.2.129/25", "2001:db8:100::1/64"),
+            peer1,
+            "203.0.113.2:51820",
+            ("192.0.2.130/25", "2001:db8:100::2/64"),
+            5,
+        )
+        interface = document["spec"]["wireguard"]["interfaces"][0]
+        interface["peers"][0]["preshared_key"] = {"secret_ref": "wg-psk"}
+        interface["peers"].append({"public_key": peer2, "allowed_ips": ["192.0.2.64/26"]})
+        config = router.write("desired.yaml", document)
+        router.start_agent("--config", str(config))
+        router.wait_for(
+            lambda: router.api("/v1/health/services")["subsystems"]["wireguard"]["health"] == "ok",
+            what="wireguard ok",
+            timeout=60,
+        )
+        live = _dump_peers(router, ifname)[peer1]
+        assert live[0] != "(none)" and live[-1] == "5", live
+
+        def apply(what: str) -> dict[str, list[str]]:
+            done = router.trueup("apply", str(router.write(f"{what}.yaml", document)))
+            assert done.returncode == 0, (what, done.stdout + done.stderr)
+            drift = router.trueup("drift")
+            assert drift.returncode == 0, (what, drift.stdout + drift.stderr)
+            return _dump_peers(router, ifname)
+
+        peer = interface["peers"][0]
+        peer["persistent_keepalive"] = 0
+        assert apply("keepalive-off")[peer1][-1] == "off"
+        del peer["preshared_key"]
+        live = apply("no-psk")[peer1]
+        assert live[0] == "(none)" and live[-1] == "off", live
+        peer["allowed_ips"] = []
+        live = apply("no-allowed-ips")[peer1]
+        assert live[2] == "(none)" and live[0] == "(none)", live
+        assert _dump_peers(router, ifname)[peer2][2] == "192.0.2.64/26"
+
+        # A keepalive set by hand on a peer the document gives none: healed.
+        heals = len(_heals(router))
+        router.run("wg", "set", ifname, "peer", peer1, "persistent-keepalive", "25")
+        router.wait_for(
+            lambda: len(_heals(router)) > heals and _dump_peers(router, ifname)[peer1][-1] == "off",
+            what="the hand-set keepalive healed",
+            timeout=60,
+        )
+        assert _heals(router)[-1]["outcome"] == "healed"
+
+        # A peer removed from the document goes from the interface.
+        interface["peers"] = [interface["peers"][1]]
+        assert sorted(apply("one-peer")) == [peer2]
+    finally:
+        _close(router, ifname)

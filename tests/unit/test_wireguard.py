@@ -29,7 +29,7 @@ from trueup.system.secretstore import (
     write_secret,
 )
 from trueup.system.sources import Sources
-from trueup.system.wireguard import PeerConf, parse_dump, render_conf
+from trueup.system.wireguard import NO_PRESHARED_KEY, PeerConf, parse_dump, render_conf
 
 PRIVATE = "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk="
 PSK = "FpCyhws9cxwWoV4xELtfJvjJN+zQVRPISllRWgeopVE="
@@ -220,6 +220,13 @@ def test_render_conf() -> None:
         "AllowedIPs = 192.0.2.128/25",
         "PersistentKeepalive = 25",
     ]
+    # `wg syncconf` keeps what a file omits: no preshared key and no keepalive are stated.
+    bare = render_conf(PRIVATE, None, [PeerConf(PEER, None, None, (), 0)])
+    assert bare.splitlines()[-3:] == [
+        f"PublicKey = {PEER}",
+        f"PresharedKey = {NO_PRESHARED_KEY}",
+        "PersistentKeepalive = 0",
+    ]
 
 
 # -- facts, plans, steps ----------------------------------------------------------
@@ -297,6 +304,48 @@ def test_drift_peer_removed_key_rotated_daemon_killed(tmp_path: Path) -> None:
     assert f"{P}.running" in world.drift(doc)
     assert world.converge(doc) == ["create", "configure", "set-link"]
     assert world.drift(doc) == []
+
+
+def test_keepalive_preshared_key_allowed_ips_and_peers_can_be_removed(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.secrets()
+    peers = [
+        {
+            "public_key": PEER,
+            "endpoint": "203.0.113.7:51820",
+            "allowed_ips": ["192.0.2.128/25"],
+            "persistent_keepalive": 5,
+            "preshared_key": "secret:wg0-psk",
+        },
+        {"public_key": PEER2, "allowed_ips": ["192.0.2.64/26"]},
+    ]
+
+    def doc(**changes: Any) -> Any:
+        first = {**peers[0], **changes}
+        interface = {"name": "wg0", "private_key": "secret:wg0-key", "peers": [first, peers[1]]}
+        return document(interfaces=[interface])
+
+    world.converge(doc())
+    live = world.wg.interfaces["wg0"].peers
+    assert (live[PEER].keepalive, live[PEER].preshared) == (5, PSK)
+    for changes, field_, value in (
+        ({"persistent_keepalive": 0}, "keepalive", 0),
+        ({"persistent_keepalive": 0, "preshared_key": None}, "preshared", None),
+        ({"persistent_keepalive": 0, "preshared_key": None, "allowed_ips": []}, "allowed_ips", []),
+    ):
+        assert world.converge(doc(**changes)) == ["configure"]
+        assert getattr(world.wg.interfaces["wg0"].peers[PEER], field_) == value
+        assert world.drift(doc(**changes)) == []
+    # A keepalive set by hand on a peer that has none: drift, healed.
+    last = doc(persistent_keepalive=0, preshared_key=None, allowed_ips=[])
+    world.wg.run(["wg", "set", "wg0", "peer", PEER, "persistent-keepalive", "25"])
+    assert world.drift(last) == [f"{P}.peers[{PEER}]"]
+    assert world.converge(last) == ["configure"]
+    assert world.wg.interfaces["wg0"].peers[PEER].keepalive == 0
+    # A peer removed from the document goes from the interface.
+    interface = {"name": "wg0", "private_key": "secret:wg0-key", "peers": [peers[1]]}
+    assert world.converge(document(interfaces=[interface])) == ["configure"]
+    assert sorted(world.wg.interfaces["wg0"].peers) == [PEER2]
 
 
 def test_roaming_is_accepted_while_the_session_is_fresh(tmp_path: Path) -> None:
