@@ -627,3 +627,85 @@ def test_a_stored_secret_that_is_not_a_key_never_reaches_the_wg_file() -> None:
         render_conf(PRIVATE, None, [peer])
     assert "hunter2" not in str(caught.value)
     assert "PrivateKey = " + PRIVATE in render_conf(PRIVATE, None, [])
+
+
+@pytest.mark.parametrize("mode", ["best-effort", "atomic"])
+def test_a_hanging_lookup_does_not_hold_back_the_network_tier(tmp_path: Path, mode: str) -> None:
+    """Preparation runs beside the transaction: addresses converge while the lookup hangs."""
+    from trueup.journal.state import StateDir
+    from trueup.reconcile.transaction import Engine
+    from trueup.subsystems.registry import default_subsystems, ordered
+
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    kernel = FakeNetlink({"mgmt0": 1500, "lan0": 1500})
+    daemons = FakeDaemons(tmp_path / "state" / "run")
+    wg = FakeWg(daemons, kernel)
+    asked, answer = threading.Event(), threading.Event()
+
+    def hanging(host: str, port: int, timeout: float) -> list[str]:
+        asked.set()
+        answer.wait(30)
+        return [f"203.0.113.7:{port}"]
+
+    wireguard = WireguardSubsystem(hanging, refresh=False)
+    subsystems = ordered([*(s for s in default_subsystems() if s.name != "wireguard"), wireguard])
+    engine = Engine(state, subsystems, netlink_factory=lambda: kernel, runner=wg, daemons=daemons)
+    write_secret(state.root, "wg0-key", PRIVATE)
+    write_secret(state.root, "wg0-psk", PSK)
+    section = document().spec.section("wireguard").model_dump(mode="json")
+    section["interfaces"][0]["private_key"] = "secret:wg0-key"
+    section["interfaces"][0]["peers"][0]["preshared_key"] = "secret:wg0-psk"
+    doc = parse_document(base_document(routes=[], wireguard=section), "t")
+    results: list[Any] = []
+    worker = threading.Thread(target=lambda: results.append(engine.apply_document(doc, mode=mode)))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while "203.0.113.1/24" not in {a.prefix for a in kernel.addrs if a.ifname == "lan0"}:
+            assert time.monotonic() < deadline, "lan0's address never came"
+            time.sleep(0.01)
+        # The address is there while the lookup still hangs: WireGuard waits alone.
+        assert asked.is_set() and not answer.is_set() and worker.is_alive() and not results
+        assert "wg0" not in wg.interfaces
+    finally:
+        answer.set()
+        worker.join(30)
+    (result,) = results
+    assert result.ok, result.failed
+    assert wg.interfaces["wg0"].peers[PEER].endpoint == "203.0.113.7:51820"
+
+
+def test_a_lookup_past_its_deadline_fails_wireguard_alone(tmp_path: Path) -> None:
+    from trueup.journal.state import StateDir
+    from trueup.reconcile.transaction import Engine
+    from trueup.subsystems.registry import default_subsystems, ordered
+
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    kernel = FakeNetlink({"mgmt0": 1500, "lan0": 1500})
+    daemons = FakeDaemons(tmp_path / "state" / "run")
+    wg = FakeWg(daemons, kernel)
+    answer = threading.Event()
+
+    def hanging(host: str, port: int, timeout: float) -> list[str]:
+        answer.wait(30)
+        raise ResolveError(f"{host}: no answer")
+
+    wireguard = WireguardSubsystem(hanging, refresh=False)
+    subsystems = ordered([*(s for s in default_subsystems() if s.name != "wireguard"), wireguard])
+    engine = Engine(state, subsystems, netlink_factory=lambda: kernel, runner=wg, daemons=daemons)
+    section = document().spec.section("wireguard").model_dump(mode="json")
+    doc = parse_document(
+        base_document(routes=[], wireguard=section, convergence={"deadlines": {"wireguard": 1}}),
+        "t",
+    )
+    try:
+        result = engine.apply_document(doc, mode="best-effort")
+    finally:
+        answer.set()
+    assert result.failed == {"wireguard": "deadline of 1s exceeded while preparing"}
+    assert "203.0.113.1/24" in {a.prefix for a in kernel.addrs if a.ifname == "lan0"}
+    assert "wg0" not in wg.interfaces
+    journal = (state.root / "journal.jsonl").read_text()
+    assert "deadline of 1s exceeded while preparing" in journal

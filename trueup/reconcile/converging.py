@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -97,10 +98,21 @@ class Converging:
         waiting: dict[str, str],
         touched: list[str],
         healed: dict[str, list[str]],
+        turn: Callable[[str], bool] | None = None,
     ) -> None:
-        """Converge every subsystem with a plan, in order; dependents of a failure wait."""
+        """Converge every subsystem with a plan, in order; dependents of a failure wait.
+
+        `turn(name)`, when given, is called as a subsystem's turn comes (it
+        joins a preparation still running and may replace the plan); False:
+        the subsystem failed there and is not converged.
+        """
         journal = self.state.journal
-        for name, plan in plans.items():
+        for name in list(plans):
+            if turn is not None and not turn(name):
+                if change.mode == "atomic":
+                    break
+                continue
+            plan = plans[name]
             if not plan.changes:
                 continue
             subsystem = self.by_name[name]
