@@ -81,7 +81,12 @@ class Converging:
         )
         return StorageError(
             f"{self.state.root}: a state write failed ({exc}); {done}"
-            + ("" if closed else " and the transaction is closed by the next write")
+            + (
+                ""
+                if closed
+                else " and the transaction stays open until the directory takes writes again "
+                "(the agent then closes it by itself; without an agent, the next write does)"
+            )
             + (f" (with errors: {'; '.join(errors)})" if errors else "")
             + ". Free space or make the directory writable, then retry"
         )
