@@ -709,3 +709,39 @@ def test_a_lookup_past_its_deadline_fails_wireguard_alone(tmp_path: Path) -> Non
     assert "wg0" not in wg.interfaces
     journal = (state.root / "journal.jsonl").read_text()
     assert "deadline of 1s exceeded while preparing" in journal
+
+
+def test_a_failed_apply_leaves_no_preshared_key_the_committed_revision_lacks(
+    tmp_path: Path,
+) -> None:
+    from trueup.journal.state import StateDir
+    from trueup.reconcile.transaction import Engine
+    from trueup.subsystems.registry import default_subsystems, ordered
+
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    kernel = FakeNetlink({"mgmt0": 1500, "lan0": 1500})
+    daemons = FakeDaemons(tmp_path / "state" / "run")
+    wg = FakeWg(daemons, kernel)
+    wireguard = WireguardSubsystem(resolver({}), refresh=False)
+    subsystems = ordered([*(s for s in default_subsystems() if s.name != "wireguard"), wireguard])
+    engine = Engine(state, subsystems, netlink_factory=lambda: kernel, runner=wg, daemons=daemons)
+    write_secret(state.root, "wg0-key", PRIVATE)
+    write_secret(state.root, "wg0-psk", PSK)
+    peer = {"public_key": PEER, "allowed_ips": ["192.0.2.128/25"]}
+    wg0 = {"name": "wg0", "private_key": "secret:wg0-key", "peers": [peer]}
+    first = parse_document(base_document(routes=[], wireguard={"interfaces": [wg0]}), "t")
+    assert engine.apply_document(first).ok
+    assert wg.interfaces["wg0"].peers[PEER].preshared is None
+    # The next revision gives wg0's peer a preshared key, and wg1 a key that is not stored:
+    # wg1 fails after wg0 was configured, and the atomic apply is rolled back.
+    with_psk = {**wg0, "peers": [{**peer, "preshared_key": "secret:wg0-psk"}]}
+    wg1 = {"name": "wg1", "private_key": "secret:missing"}
+    second = parse_document(
+        base_document(routes=[], wireguard={"interfaces": [with_psk, wg1]}), "t"
+    )
+    result = engine.apply_document(second)
+    assert not result.ok and result.outcome == "rolled_back", result
+    assert any(f"PresharedKey = {PSK}" in text for text in wg.conf_seen)
+    assert wg.interfaces["wg0"].peers[PEER].preshared is None
+    assert engine.state.applied()["version"] == 1
