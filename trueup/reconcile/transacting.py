@@ -111,11 +111,13 @@ class Transacting(Committing, Checking, Overriding):
             }
             # A preparation still running (a lookup that hangs) is joined at its
             # subsystem's turn in `_execute`: earlier tiers converge meanwhile.
+            late = preparation.running() & set(names) if preparation is not None else set()
             if preparation is not None:
                 skipped.update(
-                    (n, e) for n, e in preparation.finished_failures().items() if n in names
+                    (n, e)
+                    for n, e in preparation.finished_failures().items()
+                    if n in names and n not in late
                 )
-            late = preparation.running() & set(names) if preparation is not None else set()
             active = [n for n in names if n not in skipped]
             plans = {
                 n: (
