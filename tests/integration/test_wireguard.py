@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.routers import Router, base_document, require_root, sh
+from tests.routers import REPO, TRUEUP, Router, base_document, require_root, sh
 from trueup.system.daemon import verified_pid
 
 pytestmark = pytest.mark.root
@@ -330,6 +330,173 @@ def test_a_hanging_resolver_fails_wireguard_alone_at_its_deadline(tmp_path: Path
             assert services[name]["health"] == "ok", (name, services[name])
         assert router.addresses("lan0") == ["203.0.113.1/24"]
         assert router.addresses("mgmt0") == ["198.51.100.2/24"]
+        status, body = router.from_client(f"{MGMT_URL}/v1/health/management")
+        assert status == 200 and body["ready"] is True
+    finally:
+        _close(router, ifname)
+
+
+def _dump_peers(router: Router, ifname: str) -> dict[str, list[str]]:
+    """`wg show IF dump` per peer: [preshared, endpoint, allowed-ips, …, keepalive]."""
+    lines = router.run("wg", "show", ifname, "dump").stdout.splitlines()[1:]
+    return {cols[0]: cols[1:] for cols in (line.split("\t") for line in lines)}
+
+
+def test_keepalive_preshared_key_allowed_ips_and_peers_can_be_removed(tmp_path: Path) -> None:
+    require_root()
+    router = Router(tmp_path, client=True)
+    ifname = f"wg{secrets.token_hex(3)}r"
+    try:
+        key, _public = _genkey()
+        _key2, peer2 = _genkey()
+        _key1, peer1 = _genkey()
+        psk = sh("wg", "genpsk").stdout.strip()
+        _set_secret(router, "wg-key", key)
+        _set_secret(router, "wg-psk", psk)
+        document = _document(
+            ifname,
+            "203.0.113.1/24",
+            ("192.0.2.129/25", "2001:db8:100::1/64"),
+            peer1,
+            "203.0.113.2:51820",
+            ("192.0.2.130/25", "2001:db8:100::2/64"),
+            5,
+        )
+        interface = document["spec"]["wireguard"]["interfaces"][0]
+        interface["peers"][0]["preshared_key"] = {"secret_ref": "wg-psk"}
+        interface["peers"].append({"public_key": peer2, "allowed_ips": ["192.0.2.64/26"]})
+        config = router.write("desired.yaml", document)
+        router.start_agent("--config", str(config))
+        router.wait_for(
+            lambda: router.api("/v1/health/services")["subsystems"]["wireguard"]["health"] == "ok",
+            what="wireguard ok",
+            timeout=60,
+        )
+        live = _dump_peers(router, ifname)[peer1]
+        assert live[0] != "(none)" and live[-1] == "5", live
+
+        def apply(what: str) -> dict[str, list[str]]:
+            done = router.trueup("apply", str(router.write(f"{what}.yaml", document)))
+            assert done.returncode == 0, (what, done.stdout + done.stderr)
+            drift = router.trueup("drift")
+            assert drift.returncode == 0, (what, drift.stdout + drift.stderr)
+            return _dump_peers(router, ifname)
+
+        peer = interface["peers"][0]
+        peer["persistent_keepalive"] = 0
+        assert apply("keepalive-off")[peer1][-1] == "off"
+        del peer["preshared_key"]
+        live = apply("no-psk")[peer1]
+        assert live[0] == "(none)" and live[-1] == "off", live
+        peer["allowed_ips"] = []
+        live = apply("no-allowed-ips")[peer1]
+        assert live[2] == "(none)" and live[0] == "(none)", live
+        assert _dump_peers(router, ifname)[peer2][2] == "192.0.2.64/26"
+
+        # A keepalive set by hand on a peer the document gives none: healed.
+        heals = len(_heals(router))
+        router.run("wg", "set", ifname, "peer", peer1, "persistent-keepalive", "25")
+        router.wait_for(
+            lambda: len(_heals(router)) > heals and _dump_peers(router, ifname)[peer1][-1] == "off",
+            what="the hand-set keepalive healed",
+            timeout=60,
+        )
+        assert _heals(router)[-1]["outcome"] == "healed"
+
+        # A peer removed from the document goes from the interface.
+        interface["peers"] = [interface["peers"][1]]
+        assert sorted(apply("one-peer")) == [peer2]
+    finally:
+        _close(router, ifname)
+
+
+def test_a_hanging_lookup_never_delays_the_network_tier_at_start_or_on_apply(
+    tmp_path: Path,
+) -> None:
+    """`resolve_timeout: 20` and a resolver that swallows queries: lan0's addresses come while
+    WireGuard is still preparing (event order, not a duration), at start and on apply."""
+    require_root()
+    router = Router(tmp_path, client=True)
+    ifname = f"wg{secrets.token_hex(3)}p"
+    try:
+        etc = Path("/etc/netns") / router.name
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "resolv.conf").write_text("nameserver 127.0.0.53\noptions timeout:30 attempts:3\n")
+        (etc / "hosts").write_text("127.0.0.1 localhost\n")
+        router.spawn(
+            sys.executable,
+            "-c",
+            "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
+            "s.bind(('127.0.0.53',53))\nwhile True: s.recvfrom(512)\n",
+        )
+        key, public = _genkey()
+        _set_secret(router, "wg-key", key)
+        document = _document(
+            ifname,
+            "203.0.113.1/24",
+            ("192.0.2.129/25", "2001:db8:100::1/64"),
+            public,
+            "never.wg.test:51820",
+            ("192.0.2.130/25", "2001:db8:100::2/64"),
+            convergence={"deadlines": {"wireguard": 40}},
+        )
+        document["spec"]["wireguard"]["resolve_timeout"] = "20s"
+
+        def wireguard() -> dict[str, Any]:
+            return dict(
+                router.api("/v1/health/services").get("subsystems", {}).get("wireguard", {})
+            )
+
+        # At start.
+        config = router.write("desired.yaml", document)
+        router.start_agent("--config", str(config), wait_ready=False, wait_started=False)
+        router.wait_for(
+            lambda: "203.0.113.1/24" in router.addresses("lan0"),
+            what="lan0's address at start",
+            timeout=60,
+        )
+        assert not router.started()
+        assert wireguard().get("health") == "pending", wireguard()
+        router.wait_for(router.started, what="startup done", timeout=120)
+        assert wireguard()["health"] == "failed"
+        assert "never.wg.test" in wireguard()["reason"], wireguard()
+
+        # On apply: a new address on lan0, and the name still hangs.
+        document["spec"]["interfaces"][0]["addresses"].append("203.0.113.5/24")
+        config = router.write("second.yaml", document)
+        applying = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                router.name,
+                *TRUEUP,
+                "apply",
+                str(config),
+                "--mode",
+                "best-effort",
+                "--state-dir",
+                str(router.state_dir),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        try:
+            router.wait_for(
+                lambda: "203.0.113.5/24" in router.addresses("lan0"),
+                what="the new address on apply",
+                timeout=60,
+            )
+            assert applying.poll() is None, applying.communicate()[0]
+            out, _ = applying.communicate(timeout=120)
+        finally:
+            if applying.poll() is None:
+                applying.kill()
+                applying.wait()
+        assert "wireguard" in out and "never.wg.test" in out, out
+        assert router.addresses("lan0") == ["203.0.113.1/24", "203.0.113.5/24"]
         status, body = router.from_client(f"{MGMT_URL}/v1/health/management")
         assert status == 200 and body["ready"] is True
     finally:

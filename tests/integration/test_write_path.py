@@ -244,3 +244,117 @@ def test_a_hung_agent_is_never_bypassed_by_a_local_write(router: Router) -> None
         proc.send_signal(signal.SIGCONT)
     applied = _apply(router, "v2.yaml", base_document(routes=[]))
     assert applied.returncode == 0, applied.stderr
+
+
+def _journal_open(state_dir: Path) -> dict[str, Any] | None:
+    """The last transaction's begin when it has no terminal record (read from the file)."""
+    opened: dict[str, dict[str, Any]] = {}
+    for line in (state_dir / "journal.jsonl").read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("type") == "begin":
+            opened[record["txn"]] = record
+        elif record.get("type") in ("commit", "rolled_back"):
+            opened.pop(record["txn"], None)
+    return list(opened.values())[-1] if opened else None
+
+
+@pytest.mark.parametrize("fault", ["full", "read-only"])
+def test_a_transaction_a_storage_fault_left_open_is_closed_when_writes_return(
+    router: Router, small_state: Path, tmp_path: Path, fault: str, request: Any
+) -> None:
+    router.state_dir = small_state / "state"
+    router.state_dir.mkdir(mode=0o700)
+    assert _apply(router, "v1.yaml", base_document(routes=[])).returncode == 0
+    journal = router.state_dir / "journal.jsonl"
+    if fault == "read-only":
+        # A file system cannot be remounted read-only while a file on it is open for
+        # writing (the writer lock is, all through the transaction): the journal gets a
+        # mount of its own, a bind mount of a copy, which is made read-only instead — in
+        # the agent's mount namespace (`ip netns exec` gives each process its own copy).
+        copy = tmp_path / "journal.jsonl"
+        copy.write_bytes(journal.read_bytes())
+        sh("mount", "--bind", str(copy), str(journal))
+        request.addfinalizer(lambda: sh("umount", str(journal), check=False))
+    go = tmp_path / "go"
+    # The apply stops right after its `begin` until `go` exists: the state directory
+    # is then filled (or its journal made read-only) under it.
+    agent = router.start_agent(env={**FAST, "TRUEUP_FAULT": f"apply/begin:wait={go}"})
+    in_agent = ("nsenter", f"--mount=/proc/{agent.pid}/ns/mnt", "--")
+    before = router.snapshot()
+    applying = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            router.name,
+            *TRUEUP,
+            "apply",
+            str(router.write("v2.yaml", base_document())),
+            "--state-dir",
+            str(router.state_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    filler: Path | None = None
+    remounted = False
+    try:
+        router.wait_for(
+            lambda: (_journal_open(router.state_dir) or {}).get("kind") == "apply",
+            what="the apply's begin journaled",
+            timeout=60,
+        )
+        if fault == "full":
+            filler = _fill(small_state)
+        else:
+            sh(*in_agent, "mount", "-o", "remount,bind,ro", str(journal))
+            remounted = True
+        go.touch()
+        out, _ = applying.communicate(timeout=120)
+        assert applying.returncode == 1, out
+        words = "No space left on device" if fault == "full" else "Read-only file system"
+        assert words in out and "Traceback" not in out, out
+        assert "stays open" in out, out
+        assert router.snapshot() == before
+        txn = _journal_open(router.state_dir)
+        assert txn is not None
+        status = router.api("/v1/status")
+        assert status["journal"]["open"] is not None, status["journal"]
+        codes = [f["code"] for f in status["reason_codes"]]
+        assert "STATE_APPLY_NOT_COMPLETED" in codes, codes
+    finally:
+        if applying.poll() is None:
+            applying.kill()
+            applying.wait()
+        if filler is not None:
+            filler.unlink()
+        if remounted:
+            sh(*in_agent, "mount", "-o", "remount,bind,rw", str(journal))
+    # Space is back (or the directory writable): the agent closes the transaction by
+    # itself, no write needed.
+    router.wait_for(
+        lambda: _journal_open(router.state_dir) is None,
+        what="the interrupted transaction closed by the agent",
+        timeout=60,
+    )
+    records = [
+        json.loads(line)
+        for line in (router.state_dir / "journal.jsonl").read_text().splitlines()
+        if txn["txn"] in line
+    ]
+    assert records[-1]["type"] == "rolled_back" and records[-1]["recovered"] is True
+    router.wait_for(
+        lambda: router.api("/v1/status")["journal"]["open"] is None, what="status: no open txn"
+    )
+    assert router.api("/v1/status")["versions"]["applied"] == 1
+    assert router.snapshot() == before
+    doctor = router.trueup("doctor")
+    assert "no write in progress" in doctor.stdout, doctor.stdout
+    applied = _apply(router, "v2.yaml", base_document())
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert "192.0.2.0/24 via 203.0.113.254" in router.routes("main")

@@ -29,7 +29,7 @@ from trueup.system.secretstore import (
     write_secret,
 )
 from trueup.system.sources import Sources
-from trueup.system.wireguard import PeerConf, parse_dump, render_conf
+from trueup.system.wireguard import NO_PRESHARED_KEY, PeerConf, parse_dump, render_conf
 
 PRIVATE = "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk="
 PSK = "FpCyhws9cxwWoV4xELtfJvjJN+zQVRPISllRWgeopVE="
@@ -220,6 +220,13 @@ def test_render_conf() -> None:
         "AllowedIPs = 192.0.2.128/25",
         "PersistentKeepalive = 25",
     ]
+    # `wg syncconf` keeps what a file omits: no preshared key and no keepalive are stated.
+    bare = render_conf(PRIVATE, None, [PeerConf(PEER, None, None, (), 0)])
+    assert bare.splitlines()[-3:] == [
+        f"PublicKey = {PEER}",
+        f"PresharedKey = {NO_PRESHARED_KEY}",
+        "PersistentKeepalive = 0",
+    ]
 
 
 # -- facts, plans, steps ----------------------------------------------------------
@@ -297,6 +304,48 @@ def test_drift_peer_removed_key_rotated_daemon_killed(tmp_path: Path) -> None:
     assert f"{P}.running" in world.drift(doc)
     assert world.converge(doc) == ["create", "configure", "set-link"]
     assert world.drift(doc) == []
+
+
+def test_keepalive_preshared_key_allowed_ips_and_peers_can_be_removed(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.secrets()
+    peers = [
+        {
+            "public_key": PEER,
+            "endpoint": "203.0.113.7:51820",
+            "allowed_ips": ["192.0.2.128/25"],
+            "persistent_keepalive": 5,
+            "preshared_key": "secret:wg0-psk",
+        },
+        {"public_key": PEER2, "allowed_ips": ["192.0.2.64/26"]},
+    ]
+
+    def doc(**changes: Any) -> Any:
+        first = {**peers[0], **changes}
+        interface = {"name": "wg0", "private_key": "secret:wg0-key", "peers": [first, peers[1]]}
+        return document(interfaces=[interface])
+
+    world.converge(doc())
+    live = world.wg.interfaces["wg0"].peers
+    assert (live[PEER].keepalive, live[PEER].preshared) == (5, PSK)
+    for changes, field_, value in (
+        ({"persistent_keepalive": 0}, "keepalive", 0),
+        ({"persistent_keepalive": 0, "preshared_key": None}, "preshared", None),
+        ({"persistent_keepalive": 0, "preshared_key": None, "allowed_ips": []}, "allowed_ips", []),
+    ):
+        assert world.converge(doc(**changes)) == ["configure"]
+        assert getattr(world.wg.interfaces["wg0"].peers[PEER], field_) == value
+        assert world.drift(doc(**changes)) == []
+    # A keepalive set by hand on a peer that has none: drift, healed.
+    last = doc(persistent_keepalive=0, preshared_key=None, allowed_ips=[])
+    world.wg.run(["wg", "set", "wg0", "peer", PEER, "persistent-keepalive", "25"])
+    assert world.drift(last) == [f"{P}.peers[{PEER}]"]
+    assert world.converge(last) == ["configure"]
+    assert world.wg.interfaces["wg0"].peers[PEER].keepalive == 0
+    # A peer removed from the document goes from the interface.
+    interface = {"name": "wg0", "private_key": "secret:wg0-key", "peers": [peers[1]]}
+    assert world.converge(document(interfaces=[interface])) == ["configure"]
+    assert sorted(world.wg.interfaces["wg0"].peers) == [PEER2]
 
 
 def test_roaming_is_accepted_while_the_session_is_fresh(tmp_path: Path) -> None:
@@ -578,3 +627,121 @@ def test_a_stored_secret_that_is_not_a_key_never_reaches_the_wg_file() -> None:
         render_conf(PRIVATE, None, [peer])
     assert "hunter2" not in str(caught.value)
     assert "PrivateKey = " + PRIVATE in render_conf(PRIVATE, None, [])
+
+
+@pytest.mark.parametrize("mode", ["best-effort", "atomic"])
+def test_a_hanging_lookup_does_not_hold_back_the_network_tier(tmp_path: Path, mode: str) -> None:
+    """Preparation runs beside the transaction: addresses converge while the lookup hangs."""
+    from trueup.journal.state import StateDir
+    from trueup.reconcile.transaction import Engine
+    from trueup.subsystems.registry import default_subsystems, ordered
+
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    kernel = FakeNetlink({"mgmt0": 1500, "lan0": 1500})
+    daemons = FakeDaemons(tmp_path / "state" / "run")
+    wg = FakeWg(daemons, kernel)
+    asked, answer = threading.Event(), threading.Event()
+
+    def hanging(host: str, port: int, timeout: float) -> list[str]:
+        asked.set()
+        answer.wait(30)
+        return [f"203.0.113.7:{port}"]
+
+    wireguard = WireguardSubsystem(hanging, refresh=False)
+    subsystems = ordered([*(s for s in default_subsystems() if s.name != "wireguard"), wireguard])
+    engine = Engine(state, subsystems, netlink_factory=lambda: kernel, runner=wg, daemons=daemons)
+    write_secret(state.root, "wg0-key", PRIVATE)
+    write_secret(state.root, "wg0-psk", PSK)
+    section = document().spec.section("wireguard").model_dump(mode="json")
+    section["interfaces"][0]["private_key"] = "secret:wg0-key"
+    section["interfaces"][0]["peers"][0]["preshared_key"] = "secret:wg0-psk"
+    doc = parse_document(base_document(routes=[], wireguard=section), "t")
+    results: list[Any] = []
+    worker = threading.Thread(target=lambda: results.append(engine.apply_document(doc, mode=mode)))
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while "203.0.113.1/24" not in {a.prefix for a in kernel.addrs if a.ifname == "lan0"}:
+            assert time.monotonic() < deadline, "lan0's address never came"
+            time.sleep(0.01)
+        # The address is there while the lookup still hangs: WireGuard waits alone.
+        assert asked.is_set() and not answer.is_set() and worker.is_alive() and not results
+        assert "wg0" not in wg.interfaces
+    finally:
+        answer.set()
+        worker.join(30)
+    (result,) = results
+    assert result.ok, result.failed
+    assert wg.interfaces["wg0"].peers[PEER].endpoint == "203.0.113.7:51820"
+
+
+def test_a_lookup_past_its_deadline_fails_wireguard_alone(tmp_path: Path) -> None:
+    from trueup.journal.state import StateDir
+    from trueup.reconcile.transaction import Engine
+    from trueup.subsystems.registry import default_subsystems, ordered
+
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    kernel = FakeNetlink({"mgmt0": 1500, "lan0": 1500})
+    daemons = FakeDaemons(tmp_path / "state" / "run")
+    wg = FakeWg(daemons, kernel)
+    answer = threading.Event()
+
+    def hanging(host: str, port: int, timeout: float) -> list[str]:
+        answer.wait(30)
+        raise ResolveError(f"{host}: no answer")
+
+    wireguard = WireguardSubsystem(hanging, refresh=False)
+    subsystems = ordered([*(s for s in default_subsystems() if s.name != "wireguard"), wireguard])
+    engine = Engine(state, subsystems, netlink_factory=lambda: kernel, runner=wg, daemons=daemons)
+    section = document().spec.section("wireguard").model_dump(mode="json")
+    doc = parse_document(
+        base_document(routes=[], wireguard=section, convergence={"deadlines": {"wireguard": 1}}),
+        "t",
+    )
+    try:
+        result = engine.apply_document(doc, mode="best-effort")
+    finally:
+        answer.set()
+    assert result.failed == {"wireguard": "deadline of 1s exceeded while preparing"}
+    assert "203.0.113.1/24" in {a.prefix for a in kernel.addrs if a.ifname == "lan0"}
+    assert "wg0" not in wg.interfaces
+    journal = (state.root / "journal.jsonl").read_text()
+    assert "deadline of 1s exceeded while preparing" in journal
+
+
+def test_a_failed_apply_leaves_no_preshared_key_the_committed_revision_lacks(
+    tmp_path: Path,
+) -> None:
+    from trueup.journal.state import StateDir
+    from trueup.reconcile.transaction import Engine
+    from trueup.subsystems.registry import default_subsystems, ordered
+
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    kernel = FakeNetlink({"mgmt0": 1500, "lan0": 1500})
+    daemons = FakeDaemons(tmp_path / "state" / "run")
+    wg = FakeWg(daemons, kernel)
+    wireguard = WireguardSubsystem(resolver({}), refresh=False)
+    subsystems = ordered([*(s for s in default_subsystems() if s.name != "wireguard"), wireguard])
+    engine = Engine(state, subsystems, netlink_factory=lambda: kernel, runner=wg, daemons=daemons)
+    write_secret(state.root, "wg0-key", PRIVATE)
+    write_secret(state.root, "wg0-psk", PSK)
+    peer = {"public_key": PEER, "allowed_ips": ["192.0.2.128/25"]}
+    wg0 = {"name": "wg0", "private_key": "secret:wg0-key", "peers": [peer]}
+    first = parse_document(base_document(routes=[], wireguard={"interfaces": [wg0]}), "t")
+    assert engine.apply_document(first).ok
+    assert wg.interfaces["wg0"].peers[PEER].preshared is None
+    # The next revision gives wg0's peer a preshared key, and wg1 a key that is not stored:
+    # wg1 fails after wg0 was configured, and the atomic apply is rolled back.
+    with_psk = {**wg0, "peers": [{**peer, "preshared_key": "secret:wg0-psk"}]}
+    wg1 = {"name": "wg1", "private_key": "secret:missing"}
+    second = parse_document(
+        base_document(routes=[], wireguard={"interfaces": [with_psk, wg1]}), "t"
+    )
+    result = engine.apply_document(second)
+    assert not result.ok and result.outcome == "rolled_back", result
+    assert any(f"PresharedKey = {PSK}" in text for text in wg.conf_seen)
+    assert wg.interfaces["wg0"].peers[PEER].preshared is None
+    assert engine.state.applied()["version"] == 1

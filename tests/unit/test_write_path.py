@@ -345,3 +345,45 @@ def test_the_committed_revision_is_kept_as_its_file_would_parse(engine: Engine) 
     assert kept is not None and record is not None
     assert kept == parse_document(record["document"])
     assert engine.applied_revision() is kept  # no second parse while the file is unchanged
+
+
+def test_a_transaction_left_open_by_a_full_disk_is_closed_by_the_loop_once_space_returns(
+    engine: Engine, kernel: FakeNetlink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trueup.journal import journal as journal_module
+    from trueup.reconcile.loop import ReconcileLoop
+
+    assert engine.apply_document(_doc(routes=[])).ok
+    before = _kernel_image(kernel)
+    real_append = journal_module.append_line
+    begun: list[str] = []
+
+    def full_after_begin(path: Path, line: str) -> None:
+        if begun:
+            raise OSError(errno.ENOSPC, f"{path}: No space left on device")
+        real_append(path, line)
+        if '"type":"begin"' in line:
+            begun.append(line)
+
+    monkeypatch.setattr(journal_module, "append_line", full_after_begin)
+    monkeypatch.setattr(StateDir, "set_applied", lambda self, record: full_after_begin(Path(), ""))
+    with pytest.raises(StorageError) as failed:
+        engine.apply_document(_doc())
+    assert "stays open until the directory takes writes again" in str(failed.value)
+    assert _kernel_image(kernel) == before
+    assert engine.state.journal.open_transaction() is not None
+    codes = [f["code"] for f in gather(engine)["reason_codes"]]
+    assert ReasonCode.APPLY_NOT_COMPLETED.value in codes
+
+    loop = ReconcileLoop(engine, clock=lambda: 1000.0)
+    loop.run_pass()  # still full: it stays open, and a retry is due soon
+    assert engine.state.journal.open_transaction() is not None
+    assert loop._retry_after is not None and loop._retry_after <= 1000.0 + 2.0
+    monkeypatch.undo()
+    loop.run_pass()  # space is back: no write needed, the loop closes it
+    assert engine.state.journal.open_transaction() is None
+    last = engine.state.journal.last()
+    assert last is not None and last.terminal is not None
+    assert last.terminal["type"] == "rolled_back" and last.terminal["recovered"] is True
+    assert engine.state.applied()["version"] == 1
+    assert _kernel_image(kernel) == before

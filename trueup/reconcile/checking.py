@@ -30,7 +30,70 @@ def _prepares(subsystem: Subsystem) -> bool:
     return type(subsystem).prepare is not Subsystem.prepare
 
 
-__all__ = ["Checking"]
+__all__ = ["Checking", "Preparation"]
+
+
+class Preparation:
+    """Preparations running in parallel on daemon threads, each joined when its turn comes.
+
+    `wait(name)` blocks until the subsystem's preparation ends or its
+    deadline (counted from the start) passes, and answers the failure, or
+    None when it is prepared (or needs no preparation).
+    """
+
+    def __init__(
+        self, document: DeviceState, subsystems: list[Subsystem], deadlines: dict[str, float]
+    ) -> None:
+        self._started = time.monotonic()
+        self._deadlines = deadlines
+        self._results: dict[str, str | None] = {}
+        self._threads: dict[str, threading.Thread] = {}
+        for sub in subsystems:
+            thread = threading.Thread(
+                target=self._work, args=(sub, document), name=f"prepare-{sub.name}", daemon=True
+            )
+            thread.start()
+            self._threads[sub.name] = thread
+
+    def _work(self, sub: Subsystem, document: DeviceState) -> None:
+        try:
+            sub.prepare(document)
+            self._results[sub.name] = None
+        except Exception as exc:  # reported per subsystem, never raised
+            self._results[sub.name] = f"preparation failed: {exc}"
+
+    def running(self) -> set[str]:
+        """The subsystems whose preparation has not ended yet."""
+        return {name for name, thread in self._threads.items() if thread.is_alive()}
+
+    def finished_failures(self) -> dict[str, str]:
+        """The preparations that have ended and failed."""
+        return {
+            name: str(self._results[name])
+            for name, thread in self._threads.items()
+            if not thread.is_alive() and self._results.get(name)
+        }
+
+    def settle_if_alone(self, names: list[str]) -> None:
+        """Wait for every preparation now when each of `names` prepares.
+
+        Nothing else in the transaction could converge meanwhile, so the wait
+        happens before the writer lock is taken: a retry of a subsystem whose
+        lookup hangs never holds an operator's write back.
+        """
+        if names and all(n in self._threads for n in names):
+            for name in names:
+                self.wait(name)
+
+    def wait(self, name: str) -> str | None:
+        thread = self._threads.get(name)
+        if thread is None:
+            return None
+        seconds = self._deadlines[name]
+        thread.join(max(0.0, seconds - (time.monotonic() - self._started)))
+        if thread.is_alive():
+            return f"deadline of {seconds:g}s exceeded while preparing"
+        return self._results.get(name)
 
 
 class Checking:
@@ -48,36 +111,19 @@ class Checking:
             self, code: ReasonCode, message: str, actor: str, **evidence: Any
         ) -> Refused: ...
 
-    def _prepare(self, change: Change, names: list[str]) -> dict[str, str]:
-        """Prepare the subsystems that need it, in parallel, each within its deadline."""
+    def _prepare(self, change: Change, names: list[str]) -> Preparation:
+        """Start preparing the subsystems that need it, in parallel, each within its deadline.
+
+        Nothing waits here: the transaction joins a subsystem's preparation
+        only when that subsystem's turn comes (`Preparation.wait`), so a
+        lookup that hangs in a later tier never delays an earlier one.
+        """
         subsystems = [self.by_name[n] for n in names if _prepares(self.by_name[n])]
-        if not subsystems:
-            return {}
-        results: dict[str, str | None] = {}
-
-        def work(sub: Subsystem) -> None:
-            try:
-                sub.prepare(change.document)
-                results[sub.name] = None
-            except Exception as exc:  # reported per subsystem, never raised
-                results[sub.name] = f"preparation failed: {exc}"
-
-        started = time.monotonic()
-        threads = {}
-        for sub in subsystems:
-            thread = threading.Thread(target=work, args=(sub,), name=f"prepare-{sub.name}")
-            thread.daemon = True
-            thread.start()
-            threads[sub.name] = thread
-        failures: dict[str, str] = {}
-        for name, thread in threads.items():
-            seconds = self._deadline(change, name)
-            thread.join(max(0.0, seconds - (time.monotonic() - started)))
-            if thread.is_alive():
-                failures[name] = f"deadline of {seconds:g}s exceeded while preparing"
-            elif results.get(name):
-                failures[name] = str(results[name])
-        return failures
+        return Preparation(
+            change.document,
+            subsystems,
+            {s.name: self._deadline(change, s.name) for s in subsystems},
+        )
 
     def _deadline(self, change: Change, name: str) -> float:
         if change.deadlines is not None and name in change.deadlines:

@@ -178,13 +178,16 @@ class Committing(Converging):
 
     # -- crash recovery -------------------------------------------------------
 
-    def recover(self, actor: str = "local") -> Transaction | None:
+    def recover(
+        self, actor: str = "local", *, wait: float = 30.0, quiet: bool = False
+    ) -> Transaction | None:
         """Recover an open transaction left by a crash (takes the lock when not held).
 
-        Refused with `DamagedState` while a file recovery depends on is damaged.
+        Refused with `DamagedState` while a file recovery depends on is damaged;
+        `quiet`: a busy lock is refused without an audit line (the loop retries).
         """
         self.refuse_if_damaged()
-        with self.writer("recovery", actor, wait=30.0):
+        with self.writer("recovery", actor, wait=wait, quiet=quiet):
             return self._recover_locked(actor)
 
     def _recover_locked(self, actor: str) -> Transaction | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -87,7 +88,12 @@ class Converging:
         )
         return StorageError(
             f"{self.state.root}: a state write failed ({exc}); {done}"
-            + ("" if closed else " and the transaction is closed by the next write")
+            + (
+                ""
+                if closed
+                else " and the transaction stays open until the directory takes writes again "
+                "(the agent then closes it by itself; without an agent, the next write does)"
+            )
             + (f" (with errors: {'; '.join(errors)})" if errors else "")
             + ". Free space or make the directory writable, then retry"
         )
@@ -104,10 +110,21 @@ class Converging:
         waiting: dict[str, str],
         touched: list[str],
         healed: dict[str, list[str]],
+        turn: Callable[[str], bool] | None = None,
     ) -> None:
-        """Converge every subsystem with a plan, in order; dependents of a failure wait."""
+        """Converge every subsystem with a plan, in order; dependents of a failure wait.
+
+        `turn(name)`, when given, is called as a subsystem's turn comes (it
+        joins a preparation still running and may replace the plan); False:
+        the subsystem failed there and is not converged.
+        """
         journal = self.state.journal
-        for name, plan in plans.items():
+        for name in list(plans):
+            if turn is not None and not turn(name):
+                if change.mode == "atomic":
+                    break
+                continue
+            plan = plans[name]
             if not plan.changes:
                 continue
             subsystem = self.by_name[name]

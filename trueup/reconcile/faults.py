@@ -1,10 +1,12 @@
-"""Test-only fault points: `TRUEUP_FAULT=POINT[:sleep=SECONDS]`.
+"""Test-only fault points: `TRUEUP_FAULT=POINT[:sleep=SECONDS|:wait=PATH]`.
 
 At the named point the process kills itself with SIGKILL (or sleeps, to hold
-the writer lock). Points: `begin`, `step:SUBSYSTEM` (after the first step of
-a subsystem), `applied:SUBSYSTEM`, `before-commit`, `after-commit`,
-`rollback:SUBSYSTEM`, `recovery:SUBSYSTEM` (after crash recovery converged
-it); the engine's points also fire as `KIND/POINT` (`apply/step:links`).
+the writer lock; or waits until PATH exists, at most five minutes, so a test
+can change the world — fill the state directory — at exactly that point).
+Points: `begin`, `step:SUBSYSTEM` (after the first step of a subsystem),
+`applied:SUBSYSTEM`, `before-commit`, `after-commit`, `rollback:SUBSYSTEM`,
+`recovery:SUBSYSTEM` (after crash recovery converged it); the engine's points
+also fire as `KIND/POINT` (`apply/step:links`).
 Unset in production, where `hit()` is one dictionary lookup.
 """
 
@@ -23,9 +25,14 @@ def hit(point: str) -> None:
         return
     for entry in spec.split(","):
         name, _, action = entry.partition(":sleep=")
+        name, _, wait_for = name.partition(":wait=")
         if name != point:
             continue
-        if action:
+        if wait_for:
+            deadline = time.monotonic() + 300.0
+            while not os.path.exists(wait_for) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        elif action:
             time.sleep(float(action))
         else:
             os.kill(os.getpid(), signal.SIGKILL)

@@ -65,7 +65,14 @@ from trueup.reconcile.attribution import (
 from trueup.reconcile.confirmwait import ConfirmWait
 from trueup.reconcile.healer import Healer, PassReport
 from trueup.reconcile.healing import MANAGEMENT, Governor, HealingOptions
-from trueup.reconcile.transaction import Change, Engine, Origin
+from trueup.reconcile.transaction import (
+    Change,
+    DamagedState,
+    Engine,
+    Origin,
+    Refused,
+    StorageError,
+)
 from trueup.reconcile.view import LoopActivity, LoopView, build_view
 from trueup.subsystems.base import Difference, Scope, Subsystem
 from trueup.subsystems.registry import scope_for
@@ -78,6 +85,10 @@ log = logging.getLogger("trueup.reconcile")
 RECONCILE_FILE = "reconcile.json"
 ACTOR = "reconciler"
 RETRY_SOON = 0.1  # after a pass skipped for a writer, or a deferred rollback
+# Closing a transaction a full or read-only state directory left open: retried
+# after 0.5 s, doubling up to 2 s, until the directory takes writes again.
+CLOSE_RETRY_FIRST = 0.5
+CLOSE_RETRY_CAP = 2.0
 PROOF_WAIT = 0.1  # longest wait for the rest of a change being reported (`_record_proven_drift`)
 
 
@@ -132,6 +143,7 @@ class ReconcileLoop:
         self._retry_soon = False
         self._tick_due = False
         self._retry_after: float | None = None
+        self._close_delay = CLOSE_RETRY_FIRST
         self._document_cache: tuple[Any, DeviceState | None] = (None, None)
         # subsystem → (its observation mark, the event seq its pass started at, the
         # applied document's key), kept while its last pass found it in sync.
@@ -400,6 +412,7 @@ class ReconcileLoop:
                 report.skipped = "a writer holds the device"
                 self._refresh_view()
                 return report
+            self._close_interrupted(now)
             document = self._document()
             self._last_pass_at = now
             if not triggered_by_events and names is None:
@@ -441,11 +454,42 @@ class ReconcileLoop:
                 force=force or [],
             )
             if retry_in is not None:
-                self._retry_after = self.clock() + retry_in
+                due = self.clock() + retry_in
+                self._retry_after = min(due, self._retry_after or due)
             self._waiting = dict(report.waiting)
             self._persist()
             self._refresh_view()
             return report
+
+    def _close_interrupted(self, now: float) -> None:
+        """Close a transaction a storage fault left open, as soon as the directory takes writes.
+
+        A full or read-only state directory can refuse the very record that
+        would close a transaction (`_storage_failure`): it stays open, and
+        `STATE_APPLY_NOT_COMPLETED` is reported from it. Each pass — and a
+        timer with back-off while it stays open — tries the recovery again
+        (converge to the committed revision, close it `rolled_back`), so it is
+        closed without waiting for the next write.
+        """
+        try:
+            if self.state.journal.open_transaction() is None:
+                self._close_delay = CLOSE_RETRY_FIRST
+                return
+            recovered = self.engine.recover(actor=ACTOR, wait=0.0, quiet=True)
+        except DamagedState:
+            return  # reported as damage; recovery waits for the repair
+        except Refused:
+            self._retry_soon = True  # a writer took the lock meanwhile: it recovers, or we do
+            return
+        except (OSError, StorageError, StateFileError) as exc:
+            log.warning("an interrupted transaction stays open: %s", exc)
+            self._retry_after = now + self._close_delay
+            self._close_delay = min(CLOSE_RETRY_CAP, self._close_delay * 2)
+            return
+        self._close_delay = CLOSE_RETRY_FIRST
+        if recovered is not None:
+            log.warning("closed transaction %s left open by a storage fault", recovered.txn)
+            self._start_over()
 
     def _note_sync(self, sub: Subsystem, diffs: list[Difference], observed: Any) -> None:
         """In sync at an exact state: notifications from here on may prove drift."""

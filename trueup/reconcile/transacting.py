@@ -19,10 +19,10 @@ from trueup.reconcile.changes import (
     Change,
     StorageError,
 )
-from trueup.reconcile.checking import Checking
+from trueup.reconcile.checking import Checking, Preparation
 from trueup.reconcile.committing import Committing
 from trueup.reconcile.overriding import Overriding
-from trueup.subsystems.base import Facts, Scope
+from trueup.subsystems.base import Facts, Plan, Scope
 from trueup.subsystems.registry import scope_for
 from trueup.system.sources import Sources
 
@@ -74,16 +74,24 @@ class Transacting(Committing, Checking, Overriding):
         def applied_document(self) -> DeviceState | None: ...
 
     def _transact_locked(
-        self, change: Change, names: list[str], skipped: dict[str, str]
+        self,
+        change: Change,
+        names: list[str],
+        skipped: dict[str, str],
+        preparation: Preparation | None = None,
     ) -> ApplyResult:
         self._current_kind = change.kind
         try:
-            return self._transact_checked(change, names, skipped)
+            return self._transact_checked(change, names, skipped, preparation)
         finally:
             self._current_kind = None
 
     def _transact_checked(
-        self, change: Change, names: list[str], skipped: dict[str, str]
+        self,
+        change: Change,
+        names: list[str],
+        skipped: dict[str, str],
+        preparation: Preparation | None,
     ) -> ApplyResult:
         state = self.state
         applied = state.applied()
@@ -117,8 +125,46 @@ class Transacting(Committing, Checking, Overriding):
                 )
                 for n in names
             }
+            # A preparation still running (a lookup that hangs) is joined at its
+            # subsystem's turn in `_execute`: earlier tiers converge meanwhile.
+            late = preparation.running() & set(names) if preparation is not None else set()
+            if preparation is not None:
+                skipped.update(
+                    (n, e)
+                    for n, e in preparation.finished_failures().items()
+                    if n in names and n not in late
+                )
             active = [n for n in names if n not in skipped]
-            plans = {n: self.by_name[n].plan(targets[n], before[n], scope) for n in active}
+            plans = {
+                n: (
+                    Plan(n, [], [])
+                    if n in late
+                    else self.by_name[n].plan(targets[n], before[n], scope)
+                )
+                for n in active
+            }
+
+            def settle(name: str) -> bool:
+                """Join `name`'s preparation if it was still running; False when it failed."""
+                if name not in late:
+                    return True
+                late.discard(name)
+                error = preparation.wait(name) if preparation is not None else None
+                if error:
+                    skipped[name] = error
+                    plans.pop(name, None)
+                    return False
+                sub = self.by_name[name]
+                targets[name] = _pinned(
+                    sub.desired(document, scope), before[name], change.contested.get(name, ())
+                )
+                plans[name] = sub.plan(targets[name], before[name], scope)
+                return True
+
+            if late and not any(p.changes for p in plans.values()):
+                # Nothing earlier to converge: waiting holds nothing back.
+                for name in [n for n in active if n in late]:
+                    settle(name)
             unchanged = (
                 not skipped
                 and not any(p.changes for p in plans.values())
@@ -138,7 +184,7 @@ class Transacting(Committing, Checking, Overriding):
                     mode=change.mode,
                     digest=digest,
                     actor=change.actor,
-                    subsystems=[n for n, p in plans.items() if p.changes],
+                    subsystems=[n for n, p in plans.items() if p.changes or n in late],
                     all_subsystems=names,
                     scope=scope.to_json(),
                     before=before,
@@ -165,8 +211,16 @@ class Transacting(Committing, Checking, Overriding):
                     failed[name] = reason
                     journal.record(txn, "failed", subsystem=name, error=reason)
                 healed: dict[str, list[str]] = {}
+
+                def turn(name: str) -> bool:
+                    if settle(name):
+                        return True
+                    failed[name] = skipped[name]
+                    journal.record(txn, "failed", subsystem=name, error=skipped[name])
+                    return False
+
                 self._execute(
-                    net, change, txn, plans, targets, scope, failed, waiting, touched, healed
+                    net, change, txn, plans, targets, scope, failed, waiting, touched, healed, turn
                 )
                 if not (failed and change.mode == "atomic"):
                     self._verify(

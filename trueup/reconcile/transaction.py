@@ -6,9 +6,11 @@ rollback, startup (phase 3) and crash recovery. Nothing else writes.
 
 One transaction, in order:
 
-1. preparation (`Subsystem.prepare`) of the subsystems it may change, in
-   parallel, each within its deadline; a subsystem that fails or hangs is
-   recorded as failed and the others go on;
+1. preparation (`Subsystem.prepare`) of the subsystems it may change starts,
+   in parallel, each within its deadline; the transaction waits for a
+   subsystem's preparation only when that subsystem's turn comes (step 5),
+   so a hanging lookup in a later tier never delays an earlier one; a
+   subsystem that fails or hangs is recorded as failed and the others go on;
 2. the writer lock (reentrant within a thread; another writer is refused
    with `STATE_CONCURRENT_MODIFICATION`), then recovery of any transaction a
    crash left open;
@@ -438,7 +440,9 @@ class Engine(Transacting):
             change = replace(change, mode="best-effort")
         names = self._names(change.only)
         skipped = dict(change.skipped)
-        skipped.update(self._prepare(change, [n for n in names if n not in skipped]))
+        # Preparation runs beside the transaction: each subsystem's is joined at its turn.
+        preparation = self._prepare(change, [n for n in names if n not in skipped])
+        preparation.settle_if_alone([n for n in names if n not in skipped])
         quiet = change.kind == "reconcile"
         with self.writer(change.kind, change.actor, change.lock_wait, quiet=quiet):
             try:
@@ -448,7 +452,7 @@ class Engine(Transacting):
                     f"{self.state.root}: recovering an open transaction needs a write that "
                     f"failed ({exc}); nothing else was changed"
                 ) from exc
-            return self._transact_locked(change, names, skipped)
+            return self._transact_locked(change, names, skipped, preparation)
 
     def _names(self, only: Collection[str] | None) -> list[str]:
         return [s.name for s in self.subsystems if only is None or s.name in only]

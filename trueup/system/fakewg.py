@@ -2,7 +2,10 @@
 
 It keeps each interface's private key, listen port and peers in memory and
 answers `wg show NAME dump`, `wg setconf|syncconf NAME FILE` (reading the
-file while the command runs, as `wg` does), `wg set NAME peer KEY remove`
+file while the command runs, as `wg` does; `syncconf` keeps a live peer's
+preshared key and keepalive when the file omits them, as `wg` does, and the
+all-zero preshared key is none), `wg set NAME peer KEY remove`,
+`wg set NAME peer KEY persistent-keepalive N`
 and `wg pubkey` (a made-up derivation: `pub(KEY)`). An interface exists when
 its `wireguard-go` daemon runs in the `FakeDaemons` given (its TUN device is
 then added to the `FakeNetlink` given), or after `ip link add` when `kernel`
@@ -97,14 +100,17 @@ class FakeWg:
         if argv[1] in ("setconf", "syncconf"):
             text = Path(argv[3]).read_text()
             self.conf_seen.append(text)
-            self._load(interface, text)
+            self._load(interface, text, keep=argv[1] == "syncconf")
             return ok
         if argv[1] == "set" and argv[3] == "peer" and argv[5] == "remove":
             interface.peers.pop(argv[4], None)
             return ok
+        if argv[1] == "set" and argv[3] == "peer" and argv[5] == "persistent-keepalive":
+            interface.peers.setdefault(argv[4], FakePeer()).keepalive = int(argv[6])
+            return ok
         return Completed(key, 1, "", "fake wg: unsupported\n")
 
-    def _load(self, interface: FakeInterface, text: str) -> None:
+    def _load(self, interface: FakeInterface, text: str, *, keep: bool = False) -> None:
         peers: dict[str, FakePeer] = {}
         current: FakePeer | None = None
         for line in text.splitlines():
@@ -119,9 +125,11 @@ class FakeWg:
             elif field_ == "PublicKey":
                 old = interface.peers.get(value)
                 current = FakePeer(latest_handshake=old.latest_handshake if old else 0)
+                if keep and old is not None:
+                    current.preshared, current.keepalive = old.preshared, old.keepalive
                 peers[value] = current
             elif current is not None and field_ == "PresharedKey":
-                current.preshared = value
+                current.preshared = None if value.rstrip("=").strip("A") == "" else value
             elif current is not None and field_ == "Endpoint":
                 current.endpoint = value
             elif current is not None and field_ == "AllowedIPs":

@@ -40,6 +40,7 @@ from trueup.system.secretstore import secret_digest
 
 __all__ = [
     "DAEMON_PREFIX",
+    "NO_PRESHARED_KEY",
     "PeerConf",
     "WgControl",
     "WgDump",
@@ -56,6 +57,8 @@ _TIMEOUT = 10.0
 _NONE = "(none)"
 # A WireGuard key as wg(8) writes it: 32 bytes in base64 (44 characters, one '=').
 _KEY = re.compile(r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw480]=\Z")
+# The all-zero preshared key: WireGuard's "no preshared key" (`wg show` prints "(none)").
+NO_PRESHARED_KEY = "A" * 43 + "="
 
 
 class WgError(RuntimeError):
@@ -146,6 +149,13 @@ class PeerConf:
 def render_conf(private_key: str, listen_port: int | None, peers: list[PeerConf]) -> str:
     """The `wg syncconf` file (wg(8) format).
 
+    `wg syncconf` keeps a live peer's preshared key and keepalive when the
+    file omits them (only AllowedIPs is replaced as a whole, an omitted line
+    leaving none), so every peer states both: no preshared key is the
+    all-zero key and no keepalive is `PersistentKeepalive = 0`. A value
+    removed from the document is removed from the interface, and a failed
+    apply rolled back to a revision without a preshared key leaves none.
+
     Every key is checked to be a WireGuard key first: a stored secret holding
     anything else (a newline and a second section, say) never reaches the file,
     and the error never repeats the value."""
@@ -166,14 +176,12 @@ def render_conf(private_key: str, listen_port: int | None, peers: list[PeerConf]
         lines.append(f"ListenPort = {listen_port}")
     for peer in peers:
         lines += ["", "[Peer]", f"PublicKey = {peer.public_key}"]
-        if peer.preshared_key:
-            lines.append(f"PresharedKey = {peer.preshared_key}")
+        lines.append(f"PresharedKey = {peer.preshared_key or NO_PRESHARED_KEY}")
         if peer.endpoint:
             lines.append(f"Endpoint = {peer.endpoint}")
         if peer.allowed_ips:
             lines.append(f"AllowedIPs = {', '.join(peer.allowed_ips)}")
-        if peer.keepalive:
-            lines.append(f"PersistentKeepalive = {peer.keepalive}")
+        lines.append(f"PersistentKeepalive = {peer.keepalive}")
     return "\n".join(lines) + "\n"
 
 
