@@ -155,7 +155,7 @@ def kill_keepalived(router: Router, sig: int) -> None:
     else:
         for pid in pids:
             os.kill(pid, sig)
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 60
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.02)
 

@@ -124,7 +124,7 @@ class ProxyRouter:
         if pid is None:
             return
         os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while self.haproxy_pid() is not None and time.monotonic() < deadline:
             time.sleep(0.05)
         if not wait_listeners:

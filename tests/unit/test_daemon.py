@@ -16,7 +16,7 @@ from trueup.system.daemon import DaemonSpec, DaemonSupervisor, verified_pid
 SLEEP = ("/bin/sleep", "3600")
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+def wait_until(predicate: Callable[[], bool], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
