@@ -28,8 +28,20 @@ Rules:
   `/proc/PID/cmdline` equals the recorded argv and `/proc/PID/stat`'s start
   time equals the recorded one: a recycled pid is never trusted, never
   signalled.
-* Signals go to that one verified pid — never a process group, never a name
-  pattern.
+* Signals go to that one verified pid — never a name pattern. The one
+  exception is what an instance leaves behind: a daemon runs in a session of
+  its own (its pid is the session id), and the processes still in that
+  session once the recorded pid is gone (keepalived's VRRP child survives a
+  SIGKILL of its parent; HAProxy workers outlive their master for a moment)
+  are that instance's. Before every (re)start and after every stop they are
+  ended (SIGTERM, SIGKILL after the spec's timeout) and waited for, so a new
+  instance never meets the old one ("daemon is already running"). The kernel
+  does not hand out a pid while a session of that id has members, so a
+  session id is never confused with a recycled pid.
+* A start is finished only when the new instance answers (`DaemonSpec.ready`,
+  polled until `ready_timeout`): `ensure` raises `DaemonError` when it exits
+  first or does not answer in time, with the daemon's own last log lines as
+  the cause — a heal that restarted it is then a failure, never `healed`.
 * A daemon that re-executes itself on a reload with words added to its argv
   (HAProxy's master: `-sf PIDS -x SOCKET`; `DaemonSpec.reexec`) is verified
   by its program name and start time instead of its whole cmdline.
@@ -70,13 +82,19 @@ __all__ = [
     "DaemonStatus",
     "DaemonSupervisor",
     "Daemons",
+    "log_tail",
     "proc_start_time",
+    "session_members",
     "verified_pid",
 ]
 
 log = logging.getLogger("trueup.daemon")
 
 BACKOFF_FIRST = 1.0
+# How many of a daemon's own last log lines name why it failed.
+TAIL_LINES = 6
+# How long leftovers get after SIGKILL before the start goes ahead regardless.
+KILL_WAIT = 5.0
 BACKOFF_MAX = 30.0
 # A daemon that ran this long before exiting is restarted after the first back-off again.
 STABLE_AFTER = 60.0
@@ -105,6 +123,11 @@ class DaemonSpec:
     # its argv (HAProxy's master: `-sf PIDS -x SOCKET`), and its cmdline reads
     # empty while it does: it is verified by its program name and start time.
     reexec: bool = False
+    # Whether the instance with this pid answers (its socket, its VRRP child): `ensure`
+    # returns only once it does. None: running is enough.
+    ready: Callable[[int], bool] | None = field(default=None, compare=False)
+    # How long `ensure` waits for `ready` (generous: a loaded machine starts slowly).
+    ready_timeout: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -185,6 +208,55 @@ def proc_start_time(pid: int) -> int | None:
         return None
 
 
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split()
+
+
+def session_members(session: int, started: int | None, proc: Path = Path("/proc")) -> list[int]:
+    """Live processes of session `session` (other than a zombie) started no earlier than `started`."""
+    if session <= 1:
+        return []
+    members: list[int] = []
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return members
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            stat = (proc / name / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        try:
+            state, sid, begun = fields[0], int(fields[3]), int(fields[19])
+        except (IndexError, ValueError):
+            continue
+        if sid != session or state in ("Z", "X"):
+            continue
+        if started is not None and begun < started:
+            continue
+        members.append(int(name))
+    return sorted(members)
+
+
+def log_tail(path: Path, offset: int = 0, lines: int = TAIL_LINES) -> str:
+    """The last `lines` non-empty lines written to `path` after `offset`, joined by ` | `."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            text = handle.read()[-65536:].decode(errors="replace")
+    except OSError:
+        return ""
+    kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+    return " | ".join(kept)[-800:]
+
+
 def _cmdline(pid: int) -> tuple[str, ...] | None:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -239,10 +311,69 @@ class _Daemon:
         self.lock = threading.RLock()
         self.wake = threading.Event()
         self.monitor: threading.Thread | None = None
+        # The pid that answered `spec.ready` (None: not yet, or no instance).
+        self.ready_pid: int | None = None
+        # Where this instance's output starts in the log (its own last lines name a failure).
+        self.log_offset = 0
 
     @property
     def record_path(self) -> Path:
         return self.directory / f"{self.spec.name}.pid"
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / f"{self.spec.name}.log"
+
+    def tail(self) -> str:
+        return log_tail(self.log_path, self.log_offset)
+
+    def previous(self) -> tuple[int, int | None] | None:
+        """The last instance's pid and start time: the pid record's, else this process's own."""
+        record = self.read_record() or {}
+        try:
+            return int(str(record["pid"])), int(str(record["start_time"]))
+        except (KeyError, TypeError, ValueError):
+            pass
+        return (self.pid, self._started) if self.pid is not None else None
+
+    def leftovers(self) -> list[int]:
+        """Processes still in the last instance's session (its recorded pid is its session id)."""
+        previous = self.previous()
+        if previous is None:
+            return []
+        pid, started = previous
+        fields = _stat_fields(pid)
+        if (
+            fields is not None
+            and len(fields) > 19
+            and fields[0] not in ("Z", "X")
+            and fields[19] != str(started)
+        ):
+            return []  # a recycled pid: while it lives, no old session of that id can
+        # Called when the instance is not running (before a start) or has been
+        # stopped: whatever is still in its session is what it left.
+        return [p for p in session_members(pid, started) if p != os.getpid()]
+
+    def reap_leftovers(self) -> list[int]:
+        """End what the last instance left in its session (SIGTERM, then SIGKILL); wait for it."""
+        found = self.leftovers()
+        if not found:
+            return []
+        previous = self.previous()
+        started = previous[1] if previous else None
+        log.warning(
+            "%s: the last instance left processes %s in its session; ending them before a start",
+            self.spec.name,
+            ", ".join(map(str, found)),
+        )
+        _signal_all(found, signal.SIGTERM)
+        if not _wait_gone(found, started, self.spec.stop_timeout):
+            _signal_all(found, signal.SIGKILL)
+            if not _wait_gone(found, started, KILL_WAIT):
+                raise DaemonError(
+                    f"{self.spec.name}: processes {found} of the last instance do not exit"
+                )
+        return found
 
     def read_record(self) -> dict[str, Any] | None:
         try:
@@ -299,12 +430,15 @@ class _Daemon:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.directory.parent, 0o700)
         os.chmod(self.directory, 0o700)
+        # The old instance (and what it left in its session) is gone before a new one starts.
+        self.reap_leftovers()
         if spec.before_start is not None:
             spec.before_start()
         env = dict(os.environ)
         env.update(dict(spec.env))
-        logfile = self.directory / f"{spec.name}.log"
-        with open(logfile, "ab") as out:
+        self.ready_pid = None
+        with open(self.log_path, "ab") as out:
+            self.log_offset = out.tell()
             try:
                 child = subprocess.Popen(
                     list(spec.argv),
@@ -375,10 +509,70 @@ class _Daemon:
         if not self.wait_exit(self.spec.stop_timeout):
             self.signal(signal.SIGKILL)
             self.wait_exit(5.0)
+        # What it left in its session goes with it (the record still names the session).
+        with contextlib.suppress(DaemonError):
+            self.reap_leftovers()
         self.pid = None
         self.child = None
+        self.ready_pid = None
         with contextlib.suppress(FileNotFoundError):
             self.record_path.unlink()
+
+    def await_ready(self) -> None:
+        """Until `spec.ready` holds for the current instance; DaemonError when it exits first."""
+        spec, pid, child = self.spec, self.pid, self.child
+        if spec.ready is None or pid is None or self.ready_pid == pid:
+            return
+        deadline = time.monotonic() + spec.ready_timeout
+        while True:
+            exited = child.poll() if child is not None else None
+            if exited is None and child is None and not self.alive():
+                exited = -1
+            if exited is not None:
+                cause = self.tail() or "no output"
+                status = "" if exited == -1 else f" with status {exited}"
+                raise DaemonError(f"{spec.name} (pid {pid}) exited at once{status}: {cause}")
+            try:
+                answered = spec.ready(pid)
+            except Exception as exc:  # a probe that fails is an instance not answering yet
+                log.debug("%s: ready probe: %s", spec.name, exc)
+                answered = False
+            if answered:
+                self.ready_pid = pid
+                return
+            if time.monotonic() > deadline:
+                cause = self.tail() or "no output"
+                raise DaemonError(
+                    f"{spec.name} (pid {pid}) did not answer within {spec.ready_timeout:g}s: "
+                    f"{cause}"
+                )
+            time.sleep(0.02)
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def _wait_gone(pids: list[int], started: int | None, timeout: float) -> bool:
+    """Until none of `pids` is alive (a zombie counts as gone); True when none is."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for pid in pids:
+            fields = _stat_fields(pid)
+            if fields is None or fields[0] in ("Z", "X"):
+                continue
+            begun = int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
+            if started is not None and begun is not None and begun < started:
+                continue  # a recycled pid, not the one signalled
+            alive.append(pid)
+        if not alive:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
 
 
 class DaemonSupervisor:
@@ -443,7 +637,15 @@ class DaemonSupervisor:
                 daemon.last_error = ""
             daemon.wanted = True
             self._monitor(daemon)
-            return daemon.status()
+        # Outside the lock: status and the monitor are not held up by a slow start.
+        try:
+            daemon.await_ready()
+        except DaemonError as exc:
+            with daemon.lock:
+                daemon.last_error = str(exc)
+            log.warning("%s", exc)
+            raise
+        return daemon.status()
 
     def stop(self, name: str) -> None:
         daemon = self._daemon(None, name)
@@ -521,7 +723,10 @@ class DaemonSupervisor:
                         daemon.last_exit,
                         backoff,
                     )
-                    daemon.last_error = f"exited with status {daemon.last_exit}"
+                    tail = daemon.tail()
+                    daemon.last_error = f"exited with status {daemon.last_exit}" + (
+                        f": {tail}" if tail else ""
+                    )
                 daemon.pid = None
                 if ran >= STABLE_AFTER:
                     backoff = BACKOFF_FIRST
