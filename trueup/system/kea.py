@@ -36,6 +36,7 @@ __all__ = [
     "HOOKS_DIR",
     "KeaError",
     "KeaPaths",
+    "answers",
     "clear_stale_pidfile",
     "daemon_name",
     "kea_call",
@@ -153,6 +154,15 @@ def clear_stale_pidfile(paths: KeaPaths, proc: Path = Path("/proc")) -> str | No
         return None
     paths.pidfile.unlink(missing_ok=True)
     return f"{paths.pidfile}: removed, {reason}"
+
+
+def answers(paths: KeaPaths) -> bool:
+    """Whether Kea answers `status-get` on its control socket (the supervisor's readiness probe)."""
+    try:
+        kea_call(paths, "status-get", timeout=2.0)
+    except KeaError:
+        return False
+    return True
 
 
 def kea_call(

@@ -49,6 +49,7 @@ from trueup.system.kea import (
     kea_paths,
     make_socket_dir,
 )
+from trueup.system.kea import answers as kea_answers
 from trueup.system.watches import every, rtnetlink
 
 __all__ = ["DhcpSection", "DhcpSubsystem"]
@@ -248,6 +249,8 @@ class DhcpSubsystem(Subsystem):
             env=paths.env,
             before_start=before_start,
             after_start=after_start,
+            # Started means it answers: one that exits at once fails with its last lines.
+            ready=lambda _: kea_answers(paths),
         )
 
     def _start(self, sources: Sources, step: Step, paths: KeaPaths) -> None:

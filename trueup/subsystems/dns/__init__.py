@@ -244,7 +244,10 @@ class DnsSubsystem(Subsystem):
             _update_state(paths, lambda s: s.update(dynamic={}))
 
         _update_state(paths, record)
-        spec = DaemonSpec(DAEMON, paths.argv, before_start=before_start)
+        # Started means knotc reaches it: one that exits at once fails with its last lines.
+        spec = DaemonSpec(
+            DAEMON, paths.argv, before_start=before_start, ready=lambda _: knot.ready()
+        )
         if step.action == "configure":
             sources.daemons.ensure(spec)
             sources.daemons.restart(DAEMON)
