@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trueup.system.atomicfile import write_atomic
+from trueup.system.sockets import remove_socket_dir
 
 __all__ = [
     "DaemonError",
@@ -128,6 +129,9 @@ class DaemonSpec:
     ready: Callable[[int], bool] | None = field(default=None, compare=False)
     # How long `ensure` waits for `ready` (generous: a loaded machine starts slowly).
     ready_timeout: float = 30.0
+    # Where its sockets are when not in its run directory (`trueup.system.sockets`):
+    # removed once it is stopped, and when the agent exits while it does not run.
+    sockets: Path | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -327,6 +331,17 @@ class _Daemon:
     def tail(self) -> str:
         return log_tail(self.log_path, self.log_offset)
 
+    def socket_dir(self) -> Path | None:
+        """Its moved socket directory: the spec's, else the one its pid record names."""
+        if self.spec.sockets is not None:
+            return self.spec.sockets
+        named = (self.read_record() or {}).get("sockets")
+        return Path(named) if isinstance(named, str) and named else None
+
+    def remove_sockets(self, directory: Path | None) -> None:
+        if directory is not None and remove_socket_dir(directory, self.directory):
+            log.info("%s: removed its socket directory %s", self.spec.name, directory)
+
     def previous(self) -> tuple[int, int | None] | None:
         """The last instance's pid and start time: the pid record's, else this process's own."""
         record = self.read_record() or {}
@@ -461,13 +476,15 @@ class _Daemon:
             time.sleep(0.001)
         self.pid, self.child, self.adopted, self._started = child.pid, child, False, started
         self.since = time.time()
-        record = {
+        record: dict[str, Any] = {
             "pid": child.pid,
             "argv": list(spec.argv),
             "start_time": started,
             "since": self.since,
             "reexec": spec.reexec,
         }
+        if spec.sockets is not None and spec.sockets != self.directory:
+            record["sockets"] = str(spec.sockets)
         write_atomic(self.record_path, json.dumps(record).encode(), 0o600)
         log.info("started %s (pid %d)", spec.name, child.pid)
         if spec.after_start is not None:
@@ -653,7 +670,9 @@ class DaemonSupervisor:
             daemon.wanted = False
             self._recorded(daemon)
             daemon.wake.set()
+            sockets = daemon.socket_dir()
             daemon.terminate()
+            daemon.remove_sockets(sockets)
 
     def restart(self, name: str) -> DaemonStatus:
         daemon = self._daemon(None, name)
@@ -683,11 +702,20 @@ class DaemonSupervisor:
             return True
 
     def close(self) -> None:
-        """Stop supervising (the daemons keep running, for the next agent to adopt)."""
+        """Stop supervising (the daemons keep running, for the next agent to adopt).
+
+        The moved socket directory of a daemon that does not run is removed; a
+        running daemon keeps its own (the next agent reaches it there).
+        """
         self._closed.set()
         with self._lock:
-            for daemon in self._daemons.values():
-                daemon.wake.set()
+            daemons = list(self._daemons.values())
+        for daemon in daemons:
+            daemon.wake.set()
+            with daemon.lock:
+                self._recorded(daemon)
+                if not daemon.alive():
+                    daemon.remove_sockets(daemon.socket_dir())
 
     # -- supervision --------------------------------------------------------
     def _monitor(self, daemon: _Daemon) -> None:

@@ -251,6 +251,7 @@ class DhcpSubsystem(Subsystem):
             after_start=after_start,
             # Started means it answers: one that exits at once fails with its last lines.
             ready=lambda _: kea_answers(paths),
+            sockets=paths.socket.parent,
         )
 
     def _start(self, sources: Sources, step: Step, paths: KeaPaths) -> None:

@@ -51,6 +51,7 @@ from trueup.system.haproxy import (
     remove_quietly,
     render_config,
 )
+from trueup.system.sockets import make_socket_dir
 from trueup.system.watches import STATE_DIR, every, files, rtnetlink
 
 __all__ = ["ProxySection", "ProxySubsystem"]
@@ -268,7 +269,10 @@ def _reload(sources: Sources, step: Step, paths: HaproxyPaths) -> None:
         paths.argv,
         stop_timeout=35.0,
         reexec=True,
+        # Every (re)start: the sockets' directory when they are moved out of run/.
+        before_start=lambda: make_socket_dir(paths.master.parent, paths.run_dir),
         ready=lambda pid: _answers(paths.master, "show proc"),
+        sockets=paths.master.parent,
     )
     if not sources.daemons.running(DAEMON):
         sources.daemons.ensure(spec)
