@@ -365,3 +365,57 @@ def test_a_hand_edit_and_a_dead_haproxy_are_seen_and_healed(proxy_router: ProxyR
     )
     router.wait_for(lambda: rig.get(WEB_URL) == 200, what="web served again", timeout=30)
     router.wait_for(lambda: rig.health().get("health") == "ok", what="proxy ok", timeout=30)
+
+
+# Holds a TCP port without SO_REUSEPORT, as another service on the router would.
+PORT_TAKER = """
+import socket, sys, time
+s = socket.socket()
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(1)
+time.sleep(3600)
+"""
+
+
+def test_a_haproxy_that_exits_at_once_is_a_failure_with_its_own_last_lines(
+    proxy_router: ProxyRouter,
+) -> None:
+    rig, router = proxy_router, proxy_router.router
+    config = router.write("proxy.yaml", proxy_document(proxy("web", "198.51.100.2:8080")))
+    router.start_agent("--config", str(config))
+    router.wait_for(lambda: rig.health().get("health") == "ok", what="proxy ok")
+    router.stop_agents()
+    rig.kill_haproxy()
+    taker = router.spawn(sys.executable, "-c", PORT_TAKER, "8080")
+    router.wait_for(
+        lambda: router.run("ss", "-Hltn", "sport = :8080").stdout.strip() != "",
+        what="another process listens on 8080",
+    )
+
+    # The agent starts HAProxy, which cannot bind and exits at once: a failure naming
+    # HAProxy's own words, in status and in the audit, never a heal.
+    router.start_agent("--config", str(config))
+
+    def audited() -> list[dict[str, Any]]:
+        lines = (router.state_dir / "audit.jsonl").read_text().splitlines()
+        return [r for r in map(json.loads, lines) if r["details"].get("subsystem") == "proxy"]
+
+    router.wait_for(
+        lambda: any(
+            r["details"].get("outcome") == "failed"
+            and "cannot bind socket" in r["details"].get("error", "")
+            for r in audited()
+        ),
+        what="a failed proxy heal naming HAProxy's bind error",
+    )
+    failed = next(r for r in audited() if r["details"].get("outcome") == "failed")
+    assert "exited at once" in failed["details"]["error"], failed
+    assert not any(r["details"].get("outcome") == "healed" for r in audited())
+    health = rig.health()
+    assert health["health"] != "ok" and "cannot bind socket" in json.dumps(health), health
+
+    # The port is free again: the next start (the supervisor's or a heal) serves.
+    taker.kill()
+    taker.wait()
+    router.wait_for(lambda: rig.get(WEB_URL) == 200, what="web served once the port is free")
+    router.wait_for(lambda: rig.health().get("health") == "ok", what="proxy ok again")
