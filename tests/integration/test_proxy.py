@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +26,17 @@ import pytest
 from tests.routers import Router, base_document, require_root, sh
 from trueup.model.catalog import SUBSYSTEMS, load
 from trueup.model.health import Tier
+from trueup.subsystems.proxy.section import ProxySection
 from trueup.system.daemon import verified_pid
-from trueup.system.haproxy import haproxy_paths, parse_proc, parse_stat, query
+from trueup.system.haproxy import (
+    HaproxyError,
+    haproxy_paths,
+    parse_proc,
+    parse_stat,
+    query,
+    render_config,
+)
+from trueup.system.sockets import RUNTIME_ROOT, remove_socket_dir
 
 pytestmark = pytest.mark.root
 
@@ -419,3 +430,100 @@ def test_a_haproxy_that_exits_at_once_is_a_failure_with_its_own_last_lines(
     taker.wait()
     router.wait_for(lambda: rig.get(WEB_URL) == 200, what="web served once the port is free")
     router.wait_for(lambda: rig.health().get("health") == "ok", what="proxy ok again")
+
+
+def _answers(path: Path, command: str) -> bool:
+    try:
+        query(path, command, 2.0)
+    except HaproxyError:
+        return False
+    return True
+
+
+def test_haproxy_starts_with_every_run_directory_length_from_60_to_110(tmp_path: Path) -> None:
+    """The sockets trueup renders are always within HAProxy's own limit (97 characters)."""
+    require_root()
+    router = Router(tmp_path)  # one namespace for every length; HAProxy listens on its lo
+    base = Path(tempfile.mkdtemp(prefix="tu-hx-", dir="/tmp"))
+    section = ProxySection.model_validate([proxy("web", "127.0.0.1:8080")]).canonical()
+    log = tmp_path / "haproxy.log"
+    try:
+        for length in range(60, 111):
+            run = base / ("r" * (length - len(str(base)) - 1))
+            assert len(str(run)) == length
+            run.mkdir(mode=0o700)
+            paths = haproxy_paths(run, create=True)
+            text, _ = render_config(paths, section, None)
+            paths.config.write_text(text)
+            with open(log, "w") as out:
+                started = subprocess.Popen(
+                    ["ip", "netns", "exec", router.name, *paths.argv],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            try:
+                deadline = time.monotonic() + 90
+                while not (
+                    _answers(paths.master, "show proc") and _answers(paths.stats, "show stat")
+                ):
+                    assert started.poll() is None, f"{length}: HAProxy exited: {log.read_text()}"
+                    assert time.monotonic() < deadline, f"{length}: no answer: {log.read_text()}"
+                    time.sleep(0.02)
+            finally:
+                started.terminate()
+                started.wait(timeout=60)
+            assert remove_socket_dir(paths.master.parent, run) == (paths.master.parent != run)
+        moved = [d for d in RUNTIME_ROOT.glob("haproxy-*") if _owner(d).startswith(str(base))]
+        assert moved == [], "socket directories left behind"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        router.close()
+
+
+def _owner(directory: Path) -> str:
+    try:
+        return (directory / "owner").read_text()
+    except OSError:
+        return ""
+
+
+@pytest.fixture
+def long_proxy_router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyRouter]:
+    """A router whose HAProxy run directory is 87 characters: too long for HAProxy's
+    sockets (97 with `/master.sock`), short enough for the kernel's."""
+    require_root()
+    base = Path(tempfile.mkdtemp(prefix="tu-hl-", dir="/tmp"))
+    pad = 87 - len(str(base)) - len("/w/state/run/haproxy") - 1
+    workdir = base / ("w" * pad) / "w"
+    workdir.mkdir(parents=True)
+    router = Router(workdir, client=True)
+    assert len(str(router.state_dir / "run" / "haproxy")) == 87
+    rig: ProxyRouter | None = None
+    try:
+        rig = ProxyRouter(router)
+        yield rig
+    finally:
+        if rig is not None:
+            rig.close()
+        router.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_run_directory_of_87_characters_serves_and_leaves_no_socket_directory_behind(
+    long_proxy_router: ProxyRouter,
+) -> None:
+    rig, router = long_proxy_router, long_proxy_router.router
+    config = router.write("proxy.yaml", proxy_document(proxy("web", "198.51.100.2:8080")))
+    router.start_agent("--config", str(config))
+    router.wait_for(lambda: rig.get(WEB_URL) == 200, what="web served")
+    moved = rig.paths.master.parent
+    assert moved.parent == RUNTIME_ROOT and moved.is_dir()
+    assert len(str(rig.paths.master)) <= 97 and len(str(rig.paths.stats)) <= 97
+    # The proxies removed: HAProxy stops, and its socket directory goes with it.
+    without = proxy_document()
+    del without["spec"]["proxies"]
+    done = applied(router, "none.yaml", without)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert rig.haproxy_pid() is None
+    router.stop_agents()
+    assert not moved.exists(), list(moved.iterdir())

@@ -64,6 +64,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import select
 import signal
 import subprocess
@@ -249,16 +250,21 @@ def session_members(session: int, started: int | None, proc: Path = Path("/proc"
     return sorted(members)
 
 
+_CAUSE = re.compile(r"alert|error|fatal|fail|cannot|can't|refus|denied|already", re.IGNORECASE)
+
+
 def log_tail(path: Path, offset: int = 0, lines: int = TAIL_LINES) -> str:
-    """The last `lines` non-empty lines written to `path` after `offset`, joined by ` | `."""
+    """The daemon's own last words after `offset`, joined by ` | `: the last `lines` lines
+    that name a problem (alert, error, cannot, …), else its last `lines` lines."""
     try:
         with open(path, "rb") as handle:
             handle.seek(offset)
             text = handle.read()[-65536:].decode(errors="replace")
     except OSError:
         return ""
-    kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
-    return " | ".join(kept)[-800:]
+    every = [line.strip() for line in text.splitlines() if line.strip()][-50:]
+    causes = [line for line in every if _CAUSE.search(line)]
+    return " | ".join((causes or every)[-lines:])[-800:]
 
 
 def _cmdline(pid: int) -> tuple[str, ...] | None:
