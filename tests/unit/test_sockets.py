@@ -88,14 +88,16 @@ def test_sweep_removes_the_directories_of_gone_owners_only(tmp_path: Path) -> No
     assert kept.exists() and not dropped.exists()
 
 
-def test_sweep_removes_an_old_layout_directory_only_when_its_sockets_are_dead_and_quiet(
+def test_sweep_removes_an_old_layout_directory_only_when_no_socket_lives_and_it_is_quiet(
     tmp_path: Path,
 ) -> None:
     root = tmp_path / "rt"
     root.mkdir()
-    dead, live = root / "haproxy-dead", root / "haproxy-live"
+    dead, live, empty = root / "haproxy-dead", root / "haproxy-live", root / "haproxy-empty"
     dead.mkdir()
     live.mkdir()
+    empty.mkdir()
+    (root / "40-1.pid").write_text("{}")  # not a directory: the agent lock's, never touched
     listening = socket.socket(socket.AF_UNIX)
     listening.bind(str(live / "stats.sock"))
     listening.listen(1)
@@ -105,8 +107,9 @@ def test_sweep_removes_an_old_layout_directory_only_when_its_sockets_are_dead_an
     try:
         assert sweep(root) == []  # both changed just now
         later = os.lstat(dead).st_mtime + 3600
-        assert sweep(root, now=later) == ["haproxy-dead"]
-        assert live.exists() and not dead.exists()
+        assert sorted(sweep(root, now=later)) == ["haproxy-dead", "haproxy-empty"]
+        assert live.exists() and not dead.exists() and not empty.exists()
+        assert (root / "40-1.pid").exists()
     finally:
         listening.close()
 

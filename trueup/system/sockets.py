@@ -55,8 +55,8 @@ SUN_PATH_MAX = 107
 # HAProxy 2.6: "stats socket … too long (max 97)", and the master CLI alike.
 HAPROXY_MAX = 97
 OWNER = "owner"
-# A directory of an older layout (no owner file) is removed only when every
-# socket in it is dead and nothing changed in it for this long.
+# A directory of an older layout (no owner file) is removed only when it holds
+# nothing but dead sockets (or nothing) and nothing changed in it for this long.
 LEGACY_QUIET = 600.0
 
 
@@ -165,8 +165,8 @@ def sweep(root: Path = RUNTIME_ROOT, now: float | None = None) -> list[str]:
 
     An owner that still exists keeps its directory (its daemon may run while
     no agent does). A directory without an owner file (an older layout) is
-    removed only when it holds sockets nobody listens on and nothing else,
-    and was left alone for `LEGACY_QUIET` seconds.
+    removed only when it is empty or holds sockets nobody listens on and
+    nothing else, and was left alone for `LEGACY_QUIET` seconds.
     """
     removed: list[str] = []
     try:
@@ -204,7 +204,7 @@ def _legacy_stale(directory: Path, now: float) -> bool:
         return False
     sockets = [e.path for e in inside if stat.S_ISSOCK(e.stat(follow_symlinks=False).st_mode)]
     others = [e for e in inside if e.path not in sockets and not e.name.endswith(".lock")]
-    return bool(sockets) and not others and all(_dead(path) for path in sockets)
+    return not others and all(_dead(path) for path in sockets)
 
 
 @contextlib.contextmanager
