@@ -52,10 +52,12 @@ Rules:
 * The supervisor never stops daemons when the agent exits: DHCP keeps
   serving while the agent restarts, and the next agent adopts it.
 
-Why this module is over 400 lines: the public interface (spec, status, the
+Why this module is over 600 lines: the public interface (spec, status, the
 `Daemons` protocol), the pid record and its verification, one daemon's
-process handling and the supervisor's restart loop share one record format
-and one lock discipline; apart, each would have to re-state them.
+process handling (its session's leftovers, its readiness, its socket
+directory) and the supervisor's restart loop share one record format and one
+lock discipline; apart, each would have to re-state them. What reads the
+kernel's view of processes alone is `trueup.system.processes`.
 """
 
 from __future__ import annotations
@@ -64,7 +66,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import select
 import signal
 import subprocess
@@ -76,6 +77,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trueup.system.atomicfile import write_atomic
+from trueup.system.processes import (
+    log_tail,
+    session_members,
+    signal_all,
+    stat_fields,
+    wait_gone,
+)
 from trueup.system.sockets import remove_socket_dir
 
 __all__ = [
@@ -84,17 +92,13 @@ __all__ = [
     "DaemonStatus",
     "DaemonSupervisor",
     "Daemons",
-    "log_tail",
     "proc_start_time",
-    "session_members",
     "verified_pid",
 ]
 
 log = logging.getLogger("trueup.daemon")
 
 BACKOFF_FIRST = 1.0
-# How many of a daemon's own last log lines name why it failed.
-TAIL_LINES = 6
 # How long leftovers get after SIGKILL before the start goes ahead regardless.
 KILL_WAIT = 5.0
 BACKOFF_MAX = 30.0
@@ -213,60 +217,6 @@ def proc_start_time(pid: int) -> int | None:
         return None
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rfind(")") + 2 :].split()
-
-
-def session_members(session: int, started: int | None, proc: Path = Path("/proc")) -> list[int]:
-    """Live processes of session `session` (other than a zombie) started no earlier than `started`."""
-    if session <= 1:
-        return []
-    members: list[int] = []
-    try:
-        names = os.listdir(proc)
-    except OSError:
-        return members
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            stat = (proc / name / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        try:
-            state, sid, begun = fields[0], int(fields[3]), int(fields[19])
-        except (IndexError, ValueError):
-            continue
-        if sid != session or state in ("Z", "X"):
-            continue
-        if started is not None and begun < started:
-            continue
-        members.append(int(name))
-    return sorted(members)
-
-
-_CAUSE = re.compile(r"alert|error|fatal|fail|cannot|can't|refus|denied|already", re.IGNORECASE)
-
-
-def log_tail(path: Path, offset: int = 0, lines: int = TAIL_LINES) -> str:
-    """The daemon's own last words after `offset`, joined by ` | `: the last `lines` lines
-    that name a problem (alert, error, cannot, …), else its last `lines` lines."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            text = handle.read()[-65536:].decode(errors="replace")
-    except OSError:
-        return ""
-    every = [line.strip() for line in text.splitlines() if line.strip()][-50:]
-    causes = [line for line in every if _CAUSE.search(line)]
-    return " | ".join((causes or every)[-lines:])[-800:]
-
-
 def _cmdline(pid: int) -> tuple[str, ...] | None:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -357,44 +307,45 @@ class _Daemon:
             pass
         return (self.pid, self._started) if self.pid is not None else None
 
-    def leftovers(self) -> list[int]:
-        """Processes still in the last instance's session (its recorded pid is its session id)."""
+    def leftovers(self) -> dict[int, int]:
+        """Processes still in the last instance's session (its recorded pid is its session id):
+        pid → start time."""
         previous = self.previous()
         if previous is None:
-            return []
+            return {}
         pid, started = previous
-        fields = _stat_fields(pid)
+        fields = stat_fields(pid)
         if (
             fields is not None
             and len(fields) > 19
             and fields[0] not in ("Z", "X")
             and fields[19] != str(started)
         ):
-            return []  # a recycled pid: while it lives, no old session of that id can
+            return {}  # a recycled pid: while it lives, no old session of that id can
         # Called when the instance is not running (before a start) or has been
         # stopped: whatever is still in its session is what it left.
-        return [p for p in session_members(pid, started) if p != os.getpid()]
+        members = session_members(pid, started)
+        members.pop(os.getpid(), None)
+        return members
 
     def reap_leftovers(self) -> list[int]:
         """End what the last instance left in its session (SIGTERM, then SIGKILL); wait for it."""
         found = self.leftovers()
         if not found:
             return []
-        previous = self.previous()
-        started = previous[1] if previous else None
         log.warning(
             "%s: the last instance left processes %s in its session; ending them before a start",
             self.spec.name,
             ", ".join(map(str, found)),
         )
-        _signal_all(found, signal.SIGTERM)
-        if not _wait_gone(found, started, self.spec.stop_timeout):
-            _signal_all(found, signal.SIGKILL)
-            if not _wait_gone(found, started, KILL_WAIT):
+        signal_all(found, signal.SIGTERM)
+        if not wait_gone(found, self.spec.stop_timeout):
+            signal_all(found, signal.SIGKILL)
+            if not wait_gone(found, KILL_WAIT):
                 raise DaemonError(
-                    f"{self.spec.name}: processes {found} of the last instance do not exit"
+                    f"{self.spec.name}: processes {sorted(found)} of the last instance do not exit"
                 )
-        return found
+        return sorted(found)
 
     def read_record(self) -> dict[str, Any] | None:
         try:
@@ -570,32 +521,6 @@ class _Daemon:
                     f"{cause}"
                 )
             time.sleep(0.02)
-
-
-def _signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-
-
-def _wait_gone(pids: list[int], started: int | None, timeout: float) -> bool:
-    """Until none of `pids` is alive (a zombie counts as gone); True when none is."""
-    deadline = time.monotonic() + timeout
-    while True:
-        alive = []
-        for pid in pids:
-            fields = _stat_fields(pid)
-            if fields is None or fields[0] in ("Z", "X"):
-                continue
-            begun = int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else None
-            if started is not None and begun is not None and begun < started:
-                continue  # a recycled pid, not the one signalled
-            alive.append(pid)
-        if not alive:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
 
 
 class DaemonSupervisor:
