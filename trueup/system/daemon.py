@@ -52,7 +52,7 @@ Rules:
 * The supervisor never stops daemons when the agent exits: DHCP keeps
   serving while the agent restarts, and the next agent adopts it.
 
-Why this module is over 600 lines: the public interface (spec, status, the
+Why this module is over 400 lines: the public interface (spec, status, the
 `Daemons` protocol), the pid record and its verification, one daemon's
 process handling (its session's leftovers, its readiness, its socket
 directory) and the supervisor's restart loop share one record format and one
