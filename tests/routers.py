@@ -21,6 +21,10 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+# The least time `Router.wait_for` waits for an event before it fails: a loaded 2-core
+# machine (another suite beside this one) can be many times slower than an idle one, and
+# a wait returns as soon as the event happens, so passing runs are no slower for it.
+WAIT_FLOOR = 90.0
 TRUEUP = [sys.executable, "-m", "trueup.cli"]
 _counter = itertools.count()
 
@@ -284,10 +288,11 @@ class Router:
         predicate: Any,
         *,
         what: str,
-        timeout: float = 20.0,
+        timeout: float = WAIT_FLOOR,
         proc: subprocess.Popen[str] | None = None,
     ) -> None:
-        deadline = time.monotonic() + timeout
+        """Until `predicate()` holds; a `timeout` below `WAIT_FLOOR` is raised to it."""
+        deadline = time.monotonic() + max(timeout, WAIT_FLOOR)
         while time.monotonic() < deadline:
             if predicate():
                 return

@@ -52,7 +52,7 @@ def dhcp_document(**dhcp: Any) -> dict[str, Any]:
     return document
 
 
-def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 90.0) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

@@ -155,7 +155,7 @@ def kill_keepalived(router: Router, sig: int) -> None:
     else:
         for pid in pids:
             os.kill(pid, sig)
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 60
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.02)
 
@@ -300,3 +300,80 @@ def test_a_saved_bind_on_a_former_vip_serves_on_the_wildcard_and_never_binds_the
         assert not keepalived_pids(router)
     finally:
         router.close()
+
+
+def _instances(router: Router) -> list[int]:
+    """Every keepalived process running this router's configuration (parents and children)."""
+    config = f"--use-file={keepalived_paths(router.state_dir / 'run' / 'keepalived').config}"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            words = entry.joinpath("cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if config.encode() in words and _alive(int(entry.name)):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def _ha_heals(router: Router) -> list[dict[str, Any]]:
+    lines = (router.state_dir / "audit.jsonl").read_text().splitlines()
+    return [
+        r["details"]
+        for r in map(json.loads, lines)
+        if r["event"] == "reconcile" and r["details"].get("subsystem") == "ha"
+    ]
+
+
+@pytest.fixture
+def lone_router(tmp_path: Path) -> Iterator[Router]:
+    require_root()
+    router = Router(tmp_path)
+    try:
+        yield router
+    finally:
+        router.stop_agents(signal.SIGKILL)
+        kill_keepalived(router, signal.SIGKILL)
+        for pid in _instances(router):  # by this router's own configuration path
+            os.kill(pid, signal.SIGKILL)
+        router.close()
+
+
+def test_a_killed_keepalived_parent_is_replaced_by_exactly_one_instance(
+    lone_router: Router,
+) -> None:
+    router = lone_router
+    start(router, ha_document("203.0.113.1", "primary"))
+    router.wait_for(lambda: holds(router), what="the lone primary holds the VIP")
+    router.wait_for(lambda: len(keepalived_pids(router)) == 2, what="keepalived and its child")
+    parent, child = keepalived_pids(router)
+    assert _instances(router) == sorted((parent, child))
+    before = len(_ha_heals(router))
+
+    # The parent alone is killed: its VRRP child keeps running, in the parent's session.
+    os.kill(parent, signal.SIGKILL)
+    router.wait_for(
+        lambda: len(keepalived_pids(router)) == 2 and keepalived_pids(router)[0] != parent,
+        what="a new keepalived with its VRRP child",
+    )
+    assert not _alive(child), "the new keepalived started beside the old VRRP child"
+    new_parent, new_child = keepalived_pids(router)
+    assert _instances(router) == sorted((new_parent, new_child))
+    router.wait_for(lambda: holds(router), what="the VIP held again")
+
+    def ha() -> dict[str, Any]:
+        return dict(router.api("/v1/status")["subsystems"]["ha"])
+
+    router.wait_for(lambda: ha()["health"] == "ok", what="ha ok")
+    router.wait_for(
+        lambda: ha().get("system", {}).get("state") == "MASTER", what="the primary reports MASTER"
+    )
+    assert "left processes" in router.agent_log() and str(child) in router.agent_log()
+    # One restart, never a string of starts that exit at once: at most one heal (the
+    # supervisor may have restarted it first), no failure, and still one instance.
+    after = _ha_heals(router)[before:]
+    assert [h["outcome"] for h in after] in ([], ["healed"]), after
+    assert "already running" not in router.agent_log()
+    assert _instances(router) == sorted((new_parent, new_child))

@@ -46,9 +46,7 @@ def test_a_late_management_link_becomes_ready_and_readiness_follows_facts(
 
     time.sleep(2)  # the link appears two seconds after the agent started
     sh("ip", "-n", parking, "link", "set", "mgmt0", "netns", router.name)
-    appeared = time.monotonic()
     router.wait_for(lambda: _health(router)[0] == 200, what="ready from the client")
-    assert time.monotonic() - appeared < 5  # the goal is 1 s; the bound is generous
     _, body = _health(router)
     assert body["ready"] is True  # from facts, whatever phase 1's outcome was
 

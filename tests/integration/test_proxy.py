@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +26,17 @@ import pytest
 from tests.routers import Router, base_document, require_root, sh
 from trueup.model.catalog import SUBSYSTEMS, load
 from trueup.model.health import Tier
+from trueup.subsystems.proxy.section import ProxySection
 from trueup.system.daemon import verified_pid
-from trueup.system.haproxy import haproxy_paths, parse_proc, parse_stat, query
+from trueup.system.haproxy import (
+    HaproxyError,
+    haproxy_paths,
+    parse_proc,
+    parse_stat,
+    query,
+    render_config,
+)
+from trueup.system.sockets import RUNTIME_ROOT, remove_socket_dir
 
 pytestmark = pytest.mark.root
 
@@ -124,7 +135,7 @@ class ProxyRouter:
         if pid is None:
             return
         os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while self.haproxy_pid() is not None and time.monotonic() < deadline:
             time.sleep(0.05)
         if not wait_listeners:
@@ -365,3 +376,154 @@ def test_a_hand_edit_and_a_dead_haproxy_are_seen_and_healed(proxy_router: ProxyR
     )
     router.wait_for(lambda: rig.get(WEB_URL) == 200, what="web served again", timeout=30)
     router.wait_for(lambda: rig.health().get("health") == "ok", what="proxy ok", timeout=30)
+
+
+# Holds a TCP port without SO_REUSEPORT, as another service on the router would.
+PORT_TAKER = """
+import socket, sys, time
+s = socket.socket()
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(1)
+time.sleep(3600)
+"""
+
+
+def test_a_haproxy_that_exits_at_once_is_a_failure_with_its_own_last_lines(
+    proxy_router: ProxyRouter,
+) -> None:
+    rig, router = proxy_router, proxy_router.router
+    config = router.write("proxy.yaml", proxy_document(proxy("web", "198.51.100.2:8080")))
+    router.start_agent("--config", str(config))
+    router.wait_for(lambda: rig.health().get("health") == "ok", what="proxy ok")
+    router.stop_agents()
+    rig.kill_haproxy()
+    taker = router.spawn(sys.executable, "-c", PORT_TAKER, "8080")
+    router.wait_for(
+        lambda: router.run("ss", "-Hltn", "sport = :8080").stdout.strip() != "",
+        what="another process listens on 8080",
+    )
+
+    # The agent starts HAProxy, which cannot bind and exits at once: a failure naming
+    # HAProxy's own words, in status and in the audit, never a heal.
+    router.start_agent("--config", str(config))
+
+    def audited() -> list[dict[str, Any]]:
+        lines = (router.state_dir / "audit.jsonl").read_text().splitlines()
+        return [r for r in map(json.loads, lines) if r["details"].get("subsystem") == "proxy"]
+
+    router.wait_for(
+        lambda: any(
+            r["details"].get("outcome") == "failed"
+            and "cannot bind socket" in r["details"].get("error", "")
+            for r in audited()
+        ),
+        what="a failed proxy heal naming HAProxy's bind error",
+    )
+    failed = next(r for r in audited() if r["details"].get("outcome") == "failed")
+    assert "exited at once" in failed["details"]["error"], failed
+    assert not any(r["details"].get("outcome") == "healed" for r in audited())
+    health = rig.health()
+    assert health["health"] != "ok" and "cannot bind socket" in json.dumps(health), health
+
+    # The port is free again: the next start (the supervisor's or a heal) serves.
+    taker.kill()
+    taker.wait()
+    router.wait_for(lambda: rig.get(WEB_URL) == 200, what="web served once the port is free")
+    router.wait_for(lambda: rig.health().get("health") == "ok", what="proxy ok again")
+
+
+def _answers(path: Path, command: str) -> bool:
+    try:
+        query(path, command, 2.0)
+    except HaproxyError:
+        return False
+    return True
+
+
+def test_haproxy_starts_with_every_run_directory_length_from_60_to_110(tmp_path: Path) -> None:
+    """The sockets trueup renders are always within HAProxy's own limit (97 characters)."""
+    require_root()
+    router = Router(tmp_path)  # one namespace for every length; HAProxy listens on its lo
+    base = Path(tempfile.mkdtemp(prefix="tu-hx-", dir="/tmp"))
+    section = ProxySection.model_validate([proxy("web", "127.0.0.1:8080")]).canonical()
+    log = tmp_path / "haproxy.log"
+    try:
+        for length in range(60, 111):
+            run = base / ("r" * (length - len(str(base)) - 1))
+            assert len(str(run)) == length
+            run.mkdir(mode=0o700)
+            paths = haproxy_paths(run, create=True)
+            text, _ = render_config(paths, section, None)
+            paths.config.write_text(text)
+            with open(log, "w") as out:
+                started = subprocess.Popen(
+                    ["ip", "netns", "exec", router.name, *paths.argv],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            try:
+                deadline = time.monotonic() + 90
+                while not (
+                    _answers(paths.master, "show proc") and _answers(paths.stats, "show stat")
+                ):
+                    assert started.poll() is None, f"{length}: HAProxy exited: {log.read_text()}"
+                    assert time.monotonic() < deadline, f"{length}: no answer: {log.read_text()}"
+                    time.sleep(0.02)
+            finally:
+                started.terminate()
+                started.wait(timeout=60)
+            assert remove_socket_dir(paths.master.parent, run) == (paths.master.parent != run)
+        moved = [d for d in RUNTIME_ROOT.glob("haproxy-*") if _owner(d).startswith(str(base))]
+        assert moved == [], "socket directories left behind"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        router.close()
+
+
+def _owner(directory: Path) -> str:
+    try:
+        return (directory / "owner").read_text()
+    except OSError:
+        return ""
+
+
+@pytest.fixture
+def long_proxy_router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyRouter]:
+    """A router whose HAProxy run directory is 87 characters: too long for HAProxy's
+    sockets (97 with `/master.sock`), short enough for the kernel's."""
+    require_root()
+    base = Path(tempfile.mkdtemp(prefix="tu-hl-", dir="/tmp"))
+    pad = 87 - len(str(base)) - len("/w/state/run/haproxy") - 1
+    workdir = base / ("w" * pad) / "w"
+    workdir.mkdir(parents=True)
+    router = Router(workdir, client=True)
+    assert len(str(router.state_dir / "run" / "haproxy")) == 87
+    rig: ProxyRouter | None = None
+    try:
+        rig = ProxyRouter(router)
+        yield rig
+    finally:
+        if rig is not None:
+            rig.close()
+        router.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_run_directory_of_87_characters_serves_and_leaves_no_socket_directory_behind(
+    long_proxy_router: ProxyRouter,
+) -> None:
+    rig, router = long_proxy_router, long_proxy_router.router
+    config = router.write("proxy.yaml", proxy_document(proxy("web", "198.51.100.2:8080")))
+    router.start_agent("--config", str(config))
+    router.wait_for(lambda: rig.get(WEB_URL) == 200, what="web served")
+    moved = rig.paths.master.parent
+    assert moved.parent == RUNTIME_ROOT and moved.is_dir()
+    assert len(str(rig.paths.master)) <= 97 and len(str(rig.paths.stats)) <= 97
+    # The proxies removed: HAProxy stops, and its socket directory goes with it.
+    without = proxy_document()
+    del without["spec"]["proxies"]
+    done = applied(router, "none.yaml", without)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert rig.haproxy_pid() is None
+    router.stop_agents()
+    assert not moved.exists(), list(moved.iterdir())

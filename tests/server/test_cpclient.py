@@ -28,7 +28,7 @@ from trueup.server.service import ControlPlane
 from trueup.server.tokens import Role
 
 
-def wait_until(predicate, timeout: float = 15.0) -> None:
+def wait_until(predicate, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

@@ -330,7 +330,7 @@ def reports_held(server: Server) -> Iterator[None]:
 
 
 def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 90
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.01)

@@ -128,7 +128,7 @@ def receivers() -> Iterator[Callable[[], Receiver]]:
         receiver.stop()
 
 
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 90.0) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = condition()

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from trueup.system.daemon import DaemonSpec, DaemonSupervisor, verified_pid
+from trueup.system.daemon import DaemonError, DaemonSpec, DaemonSupervisor, verified_pid
 
 SLEEP = ("/bin/sleep", "3600")
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+def wait_until(predicate: Callable[[], bool], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -134,3 +134,90 @@ def test_a_self_re_executing_daemon_is_verified_by_program_and_start_time() -> N
     assert verified_pid({**recorded, "reexec": True}) == pid
     assert verified_pid({**recorded, "reexec": True, "start_time": 1}) is None
     assert verified_pid({**recorded, "reexec": True, "argv": ["other", "-W"]}) is None
+
+
+# A parent that leaves a child in its session, as keepalived leaves its VRRP child.
+FORKING = ("/bin/sh", "-c", "/bin/sleep 3600 & wait")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(word) for word in text.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :].split()[0] != "Z"
+
+
+def test_a_restart_ends_what_the_killed_instance_left_in_its_session(
+    tmp_path: Path, supervisors: list[DaemonSupervisor]
+) -> None:
+    daemons = supervisor(tmp_path, supervisors)
+    first = daemons.ensure(DaemonSpec("forker", FORKING))
+    assert first.pid is not None
+    wait_until(lambda: bool(_children(first.pid)))  # type: ignore[arg-type]
+    (orphan,) = _children(first.pid)
+    try:
+        os.kill(first.pid, signal.SIGKILL)  # the child survives its parent
+        wait_until(lambda: daemons.status("forker").restarts >= 1 and daemons.running("forker"))
+        assert not _alive(orphan), "the new instance started beside the old one's child"
+        now = daemons.status("forker").pid
+        assert now is not None and now != first.pid
+        wait_until(lambda: bool(_children(now)))
+        daemons.stop("forker")
+        # A stop takes the instance's whole session with it.
+        assert not _alive(now)
+        assert not any(_alive(c) for c in _children(now))
+    finally:
+        if _alive(orphan):
+            os.kill(orphan, signal.SIGKILL)
+
+
+def test_a_daemon_that_exits_at_once_fails_with_its_own_last_lines(
+    tmp_path: Path, supervisors: list[DaemonSupervisor]
+) -> None:
+    daemons = supervisor(tmp_path, supervisors)
+    failing = DaemonSpec(
+        "quitter",
+        ("/bin/sh", "-c", "echo starting; echo 'cannot bind socket 203.0.113.1:80' >&2; exit 3"),
+        ready=lambda pid: False,
+    )
+    with pytest.raises(DaemonError) as caught:
+        daemons.ensure(failing)
+    assert "exited at once with status 3" in str(caught.value)
+    assert "cannot bind socket 203.0.113.1:80" in str(caught.value)
+    assert "cannot bind socket 203.0.113.1:80" in daemons.status("quitter").last_error
+    daemons.stop("quitter")
+
+
+def test_ensure_returns_once_the_instance_answers(
+    tmp_path: Path, supervisors: list[DaemonSupervisor]
+) -> None:
+    marker = tmp_path / "answering"
+    spec = DaemonSpec(
+        "slow",
+        ("/bin/sh", "-c", f"sleep 0.3; : > {marker}; exec /bin/sleep 3600"),
+        ready=lambda pid: marker.exists(),
+    )
+    status = supervisor(tmp_path, supervisors).ensure(spec)
+    assert marker.exists() and status.running
+
+
+def test_an_instance_that_never_answers_is_a_failure_naming_the_bound(
+    tmp_path: Path, supervisors: list[DaemonSupervisor]
+) -> None:
+    daemons = supervisor(tmp_path, supervisors)
+    spec = DaemonSpec(
+        "mute", ("/bin/sh", "-c", "echo listening nowhere; exec /bin/sleep 3600"),
+        ready=lambda pid: False, ready_timeout=0.5,
+    )  # fmt: skip
+    with pytest.raises(DaemonError, match=r"did not answer within 0.5s: listening nowhere"):
+        daemons.ensure(spec)
+    daemons.stop("mute")

@@ -159,7 +159,12 @@ def exchange(
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             sock.settimeout(timeout)
-            sock.connect(socket_path)
+            address, directory = _unix_address(socket_path)
+            try:
+                sock.connect(address)
+            finally:
+                if directory is not None:
+                    os.close(directory)
             sock.sendall(request)
             return _read_response(sock)
         finally:
@@ -170,6 +175,15 @@ def exchange(
         raise _TransportError(exc.strerror or str(exc)) from None
     except ValueError as exc:
         raise _TransportError(f"malformed response: {exc}") from None
+
+
+def _unix_address(path: str) -> tuple[str, int | None]:
+    """`path`, or when it is too long for sun_path (107 bytes) the same socket through its
+    directory's descriptor (`/proc/self/fd/N/agent.sock`; close N after connecting)."""
+    if len(os.fsencode(path)) <= 107:
+        return path, None
+    directory = os.open(os.path.dirname(path) or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    return f"/proc/self/fd/{directory}/{os.path.basename(path)}", directory
 
 
 def _socket_path(state_dir: str | os.PathLike[str]) -> str:

@@ -31,6 +31,7 @@ from typing import Any
 
 from trueup.journal.management import api_bind_address
 from trueup.system.rawnl import IFF_UP, RawNetlink
+from trueup.system.sockets import unix_address
 
 __all__ = [
     "EarlyResponder",
@@ -115,7 +116,9 @@ def bind_unix(path: Path) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)
     try:
-        sock.bind(str(path))
+        # A state directory too long for sun_path (107 bytes) is bound through its descriptor.
+        with unix_address(path) as address:
+            sock.bind(address)
         sock.listen(64)
     except OSError:
         sock.close()

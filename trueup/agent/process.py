@@ -44,11 +44,25 @@ from trueup.reconcile.status import AgentInfo, build_status, drift_report
 from trueup.reconcile.transaction import Change, Engine, NeedsConfirmation, Origin, Refused
 from trueup.startup.orchestrator import Orchestrator
 from trueup.subsystems.base import Subsystem
+from trueup.system.daemon import DaemonSupervisor
 from trueup.system.notify import Notifier, watchdog_interval
+from trueup.system.sockets import sweep
 
 __all__ = ["Agent", "create_api_token"]
 
 log = logging.getLogger("trueup.agent")
+
+
+def _sweep_sockets() -> None:
+    """Daemon socket directories under /run/trueup whose state directory is gone."""
+    try:
+        removed = sweep()
+    except OSError as exc:
+        log.warning("socket directories not swept: %s", exc)
+        return
+    if removed:
+        log.info("removed %d socket directories of gone state directories", len(removed))
+
 
 TOKENS_FILE = "api-tokens.json"
 
@@ -613,8 +627,12 @@ class Agent:
         notify_task = asyncio.create_task(self._notify_loop())
         worker = threading.Thread(target=self._after_management, name="trueup-startup", daemon=True)
         worker.start()
+        threading.Thread(target=_sweep_sockets, name="trueup-sweep", daemon=True).start()
         await asyncio.gather(unix_task, tcp_task, return_exceptions=True)
         notify_task.cancel()
+        if isinstance(self.engine.daemons, DaemonSupervisor):
+            # Daemons keep running; the socket directories of those that do not are removed.
+            await asyncio.to_thread(self.engine.daemons.close)
         self.notifier.send("STOPPING=1")
         return 0
 

@@ -28,8 +28,20 @@ Rules:
   `/proc/PID/cmdline` equals the recorded argv and `/proc/PID/stat`'s start
   time equals the recorded one: a recycled pid is never trusted, never
   signalled.
-* Signals go to that one verified pid — never a process group, never a name
-  pattern.
+* Signals go to that one verified pid — never a name pattern. The one
+  exception is what an instance leaves behind: a daemon runs in a session of
+  its own (its pid is the session id), and the processes still in that
+  session once the recorded pid is gone (keepalived's VRRP child survives a
+  SIGKILL of its parent; HAProxy workers outlive their master for a moment)
+  are that instance's. Before every (re)start and after every stop they are
+  ended (SIGTERM, SIGKILL after the spec's timeout) and waited for, so a new
+  instance never meets the old one ("daemon is already running"). The kernel
+  does not hand out a pid while a session of that id has members, so a
+  session id is never confused with a recycled pid.
+* A start is finished only when the new instance answers (`DaemonSpec.ready`,
+  polled until `ready_timeout`): `ensure` raises `DaemonError` when it exits
+  first or does not answer in time, with the daemon's own last log lines as
+  the cause — a heal that restarted it is then a failure, never `healed`.
 * A daemon that re-executes itself on a reload with words added to its argv
   (HAProxy's master: `-sf PIDS -x SOCKET`; `DaemonSpec.reexec`) is verified
   by its program name and start time instead of its whole cmdline.
@@ -42,8 +54,10 @@ Rules:
 
 Why this module is over 400 lines: the public interface (spec, status, the
 `Daemons` protocol), the pid record and its verification, one daemon's
-process handling and the supervisor's restart loop share one record format
-and one lock discipline; apart, each would have to re-state them.
+process handling (its session's leftovers, its readiness, its socket
+directory) and the supervisor's restart loop share one record format and one
+lock discipline; apart, each would have to re-state them. What reads the
+kernel's view of processes alone is `trueup.system.processes`.
 """
 
 from __future__ import annotations
@@ -63,6 +77,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trueup.system.atomicfile import write_atomic
+from trueup.system.processes import (
+    log_tail,
+    session_members,
+    signal_all,
+    stat_fields,
+    wait_gone,
+)
+from trueup.system.sockets import remove_socket_dir
 
 __all__ = [
     "DaemonError",
@@ -77,6 +99,8 @@ __all__ = [
 log = logging.getLogger("trueup.daemon")
 
 BACKOFF_FIRST = 1.0
+# How long leftovers get after SIGKILL before the start goes ahead regardless.
+KILL_WAIT = 5.0
 BACKOFF_MAX = 30.0
 # A daemon that ran this long before exiting is restarted after the first back-off again.
 STABLE_AFTER = 60.0
@@ -105,6 +129,14 @@ class DaemonSpec:
     # its argv (HAProxy's master: `-sf PIDS -x SOCKET`), and its cmdline reads
     # empty while it does: it is verified by its program name and start time.
     reexec: bool = False
+    # Whether the instance with this pid answers (its socket, its VRRP child): `ensure`
+    # returns only once it does. None: running is enough.
+    ready: Callable[[int], bool] | None = field(default=None, compare=False)
+    # How long `ensure` waits for `ready` (generous: a loaded machine starts slowly).
+    ready_timeout: float = 30.0
+    # Where its sockets are when not in its run directory (`trueup.system.sockets`):
+    # removed once it is stopped, and when the agent exits while it does not run.
+    sockets: Path | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -239,10 +271,81 @@ class _Daemon:
         self.lock = threading.RLock()
         self.wake = threading.Event()
         self.monitor: threading.Thread | None = None
+        # The pid that answered `spec.ready` (None: not yet, or no instance).
+        self.ready_pid: int | None = None
+        # Where this instance's output starts in the log (its own last lines name a failure).
+        self.log_offset = 0
 
     @property
     def record_path(self) -> Path:
         return self.directory / f"{self.spec.name}.pid"
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / f"{self.spec.name}.log"
+
+    def tail(self) -> str:
+        return log_tail(self.log_path, self.log_offset)
+
+    def socket_dir(self) -> Path | None:
+        """Its moved socket directory: the spec's, else the one its pid record names."""
+        if self.spec.sockets is not None:
+            return self.spec.sockets
+        named = (self.read_record() or {}).get("sockets")
+        return Path(named) if isinstance(named, str) and named else None
+
+    def remove_sockets(self, directory: Path | None) -> None:
+        if directory is not None and remove_socket_dir(directory, self.directory):
+            log.info("%s: removed its socket directory %s", self.spec.name, directory)
+
+    def previous(self) -> tuple[int, int | None] | None:
+        """The last instance's pid and start time: the pid record's, else this process's own."""
+        record = self.read_record() or {}
+        try:
+            return int(str(record["pid"])), int(str(record["start_time"]))
+        except (KeyError, TypeError, ValueError):
+            pass
+        return (self.pid, self._started) if self.pid is not None else None
+
+    def leftovers(self) -> dict[int, int]:
+        """Processes still in the last instance's session (its recorded pid is its session id):
+        pid → start time."""
+        previous = self.previous()
+        if previous is None:
+            return {}
+        pid, started = previous
+        fields = stat_fields(pid)
+        if (
+            fields is not None
+            and len(fields) > 19
+            and fields[0] not in ("Z", "X")
+            and fields[19] != str(started)
+        ):
+            return {}  # a recycled pid: while it lives, no old session of that id can
+        # Called when the instance is not running (before a start) or has been
+        # stopped: whatever is still in its session is what it left.
+        members = session_members(pid, started)
+        members.pop(os.getpid(), None)
+        return members
+
+    def reap_leftovers(self) -> list[int]:
+        """End what the last instance left in its session (SIGTERM, then SIGKILL); wait for it."""
+        found = self.leftovers()
+        if not found:
+            return []
+        log.warning(
+            "%s: the last instance left processes %s in its session; ending them before a start",
+            self.spec.name,
+            ", ".join(map(str, found)),
+        )
+        signal_all(found, signal.SIGTERM)
+        if not wait_gone(found, self.spec.stop_timeout):
+            signal_all(found, signal.SIGKILL)
+            if not wait_gone(found, KILL_WAIT):
+                raise DaemonError(
+                    f"{self.spec.name}: processes {sorted(found)} of the last instance do not exit"
+                )
+        return sorted(found)
 
     def read_record(self) -> dict[str, Any] | None:
         try:
@@ -299,12 +402,15 @@ class _Daemon:
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.directory.parent, 0o700)
         os.chmod(self.directory, 0o700)
+        # The old instance (and what it left in its session) is gone before a new one starts.
+        self.reap_leftovers()
         if spec.before_start is not None:
             spec.before_start()
         env = dict(os.environ)
         env.update(dict(spec.env))
-        logfile = self.directory / f"{spec.name}.log"
-        with open(logfile, "ab") as out:
+        self.ready_pid = None
+        with open(self.log_path, "ab") as out:
+            self.log_offset = out.tell()
             try:
                 child = subprocess.Popen(
                     list(spec.argv),
@@ -327,13 +433,15 @@ class _Daemon:
             time.sleep(0.001)
         self.pid, self.child, self.adopted, self._started = child.pid, child, False, started
         self.since = time.time()
-        record = {
+        record: dict[str, Any] = {
             "pid": child.pid,
             "argv": list(spec.argv),
             "start_time": started,
             "since": self.since,
             "reexec": spec.reexec,
         }
+        if spec.sockets is not None and spec.sockets != self.directory:
+            record["sockets"] = str(spec.sockets)
         write_atomic(self.record_path, json.dumps(record).encode(), 0o600)
         log.info("started %s (pid %d)", spec.name, child.pid)
         if spec.after_start is not None:
@@ -375,10 +483,44 @@ class _Daemon:
         if not self.wait_exit(self.spec.stop_timeout):
             self.signal(signal.SIGKILL)
             self.wait_exit(5.0)
+        # What it left in its session goes with it (the record still names the session).
+        with contextlib.suppress(DaemonError):
+            self.reap_leftovers()
         self.pid = None
         self.child = None
+        self.ready_pid = None
         with contextlib.suppress(FileNotFoundError):
             self.record_path.unlink()
+
+    def await_ready(self) -> None:
+        """Until `spec.ready` holds for the current instance; DaemonError when it exits first."""
+        spec, pid, child = self.spec, self.pid, self.child
+        if spec.ready is None or pid is None or self.ready_pid == pid:
+            return
+        deadline = time.monotonic() + spec.ready_timeout
+        while True:
+            exited = child.poll() if child is not None else None
+            if exited is None and child is None and not self.alive():
+                exited = -1
+            if exited is not None:
+                cause = self.tail() or "no output"
+                status = "" if exited == -1 else f" with status {exited}"
+                raise DaemonError(f"{spec.name} (pid {pid}) exited at once{status}: {cause}")
+            try:
+                answered = spec.ready(pid)
+            except Exception as exc:  # a probe that fails is an instance not answering yet
+                log.debug("%s: ready probe: %s", spec.name, exc)
+                answered = False
+            if answered:
+                self.ready_pid = pid
+                return
+            if time.monotonic() > deadline:
+                cause = self.tail() or "no output"
+                raise DaemonError(
+                    f"{spec.name} (pid {pid}) did not answer within {spec.ready_timeout:g}s: "
+                    f"{cause}"
+                )
+            time.sleep(0.02)
 
 
 class DaemonSupervisor:
@@ -443,7 +585,15 @@ class DaemonSupervisor:
                 daemon.last_error = ""
             daemon.wanted = True
             self._monitor(daemon)
-            return daemon.status()
+        # Outside the lock: status and the monitor are not held up by a slow start.
+        try:
+            daemon.await_ready()
+        except DaemonError as exc:
+            with daemon.lock:
+                daemon.last_error = str(exc)
+            log.warning("%s", exc)
+            raise
+        return daemon.status()
 
     def stop(self, name: str) -> None:
         daemon = self._daemon(None, name)
@@ -451,7 +601,9 @@ class DaemonSupervisor:
             daemon.wanted = False
             self._recorded(daemon)
             daemon.wake.set()
+            sockets = daemon.socket_dir()
             daemon.terminate()
+            daemon.remove_sockets(sockets)
 
     def restart(self, name: str) -> DaemonStatus:
         daemon = self._daemon(None, name)
@@ -481,11 +633,20 @@ class DaemonSupervisor:
             return True
 
     def close(self) -> None:
-        """Stop supervising (the daemons keep running, for the next agent to adopt)."""
+        """Stop supervising (the daemons keep running, for the next agent to adopt).
+
+        The moved socket directory of a daemon that does not run is removed; a
+        running daemon keeps its own (the next agent reaches it there).
+        """
         self._closed.set()
         with self._lock:
-            for daemon in self._daemons.values():
-                daemon.wake.set()
+            daemons = list(self._daemons.values())
+        for daemon in daemons:
+            daemon.wake.set()
+            with daemon.lock:
+                self._recorded(daemon)
+                if not daemon.alive():
+                    daemon.remove_sockets(daemon.socket_dir())
 
     # -- supervision --------------------------------------------------------
     def _monitor(self, daemon: _Daemon) -> None:
@@ -521,7 +682,10 @@ class DaemonSupervisor:
                         daemon.last_exit,
                         backoff,
                     )
-                    daemon.last_error = f"exited with status {daemon.last_exit}"
+                    tail = daemon.tail()
+                    daemon.last_error = f"exited with status {daemon.last_exit}" + (
+                        f": {tail}" if tail else ""
+                    )
                 daemon.pid = None
                 if ran >= STABLE_AFTER:
                     backoff = BACKOFF_FIRST

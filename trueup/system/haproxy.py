@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import re
 import socket
 from collections.abc import Iterable
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from trueup.system.runner import Runner
+from trueup.system.sockets import HAPROXY_MAX, socket_dir
 
 __all__ = [
     "DAEMON",
@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 DAEMON = "haproxy"
-_SOCKET_MAX = 100
+SOCKETS = ("master.sock", "stats.sock")
 _TIMEOUT = 5.0
 
 
@@ -82,15 +82,15 @@ class HaproxyPaths:
         return ("haproxy", "-W", "-db", "-f", str(self.config), "-S", str(self.master))
 
 
-def haproxy_paths(run_dir: Path) -> HaproxyPaths:
-    """Where HAProxy's files are, given the daemon's run directory (short sockets under /run)."""
-    sockets = run_dir
-    if len(str(run_dir / "master.sock")) > _SOCKET_MAX:
-        digest = hashlib.sha256(str(run_dir).encode()).hexdigest()[:12]
-        sockets = Path("/run/trueup") / f"haproxy-{digest}"
-        sockets.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(sockets.parent, 0o700)
-        os.chmod(sockets, 0o700)
+def haproxy_paths(run_dir: Path, *, create: bool = False) -> HaproxyPaths:
+    """Where HAProxy's files are, given the daemon's run directory.
+
+    Its sockets stay in the run directory while their paths are within
+    HAProxy's own limit (97 characters, below the kernel's 107); otherwise they
+    are in `/run/trueup/haproxy-DIGEST` (`trueup.system.sockets`), made by a
+    start (`create`, or `make_socket_dir`) and removed when HAProxy is stopped.
+    """
+    sockets = socket_dir(run_dir, SOCKETS, HAPROXY_MAX, prefix="haproxy-", create=create)
     return HaproxyPaths(
         run_dir=run_dir,
         config=run_dir / "haproxy.cfg",

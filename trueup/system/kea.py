@@ -25,18 +25,18 @@ kea-dhcp6-serverid     DHCPv6 only: the server's DUID (Kea's data-directory is t
 
 from __future__ import annotations
 
-import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trueup.system.kealeases import KeaSocketError, kea_command
+from trueup.system.sockets import SUN_PATH_MAX, socket_dir
 
 __all__ = [
     "HOOKS_DIR",
     "KeaError",
     "KeaPaths",
+    "answers",
     "clear_stale_pidfile",
     "daemon_name",
     "kea_call",
@@ -45,8 +45,6 @@ __all__ = [
 ]
 
 HOOKS_DIR = Path("/usr/lib/x86_64-linux-gnu/kea/hooks")
-# sun_path holds 108 bytes; longer run directories get their socket under /run.
-_SOCKET_MAX = 100
 
 
 class KeaError(RuntimeError):
@@ -87,10 +85,10 @@ class KeaPaths:
 
 def kea_paths(run_dir: Path, family: int) -> KeaPaths:
     """Where Kea's files are for `family`, given the daemon's run directory."""
-    socket = run_dir / f"kea{family}.sock"
-    if len(str(socket)) > _SOCKET_MAX:
-        digest = hashlib.sha256(str(run_dir).encode()).hexdigest()[:12]
-        socket = Path("/run/trueup") / digest / f"kea{family}.sock"
+    # Kea takes a socket path up to the kernel's 107 bytes; a longer one moves to
+    # /run/trueup/DIGEST (made before a start: `make_socket_dir`).
+    name = f"kea{family}.sock"
+    socket = socket_dir(run_dir, (name,), SUN_PATH_MAX, prefix="", create=False) / name
     return KeaPaths(
         family=family,
         run_dir=run_dir,
@@ -103,11 +101,7 @@ def kea_paths(run_dir: Path, family: int) -> KeaPaths:
 
 def make_socket_dir(paths: KeaPaths) -> None:
     """Create the socket's directory, root only, when it is not the run directory (before a start)."""
-    directory = paths.socket.parent
-    if directory != paths.run_dir:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(directory.parent, 0o700)
-        os.chmod(directory, 0o700)
+    socket_dir(paths.run_dir, (paths.socket.name,), SUN_PATH_MAX, prefix="")
 
 
 def _stale_reason(pid: int, argv: tuple[str, ...], proc: Path) -> str | None:
@@ -154,6 +148,15 @@ def clear_stale_pidfile(paths: KeaPaths, proc: Path = Path("/proc")) -> str | No
         return None
     paths.pidfile.unlink(missing_ok=True)
     return f"{paths.pidfile}: removed, {reason}"
+
+
+def answers(paths: KeaPaths) -> bool:
+    """Whether Kea answers `status-get` on its control socket (the supervisor's readiness probe)."""
+    try:
+        kea_call(paths, "status-get", timeout=2.0)
+    except KeaError:
+        return False
+    return True
 
 
 def kea_call(

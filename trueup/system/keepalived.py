@@ -32,6 +32,7 @@ __all__ = [
     "keepalived_paths",
     "read_config",
     "render_config",
+    "vrrp_running",
     "write_config",
 ]
 
@@ -179,6 +180,22 @@ def write_config(paths: KeepalivedPaths, config: str) -> None:
     """The configuration (0600 in the 0700 run directory)."""
     paths.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     write_atomic(paths.config, config.encode(), 0o600)
+
+
+def vrrp_running(paths: KeepalivedPaths, parent: int) -> bool:
+    """Whether keepalived `parent` runs its VRRP child: the pid file names a live child of it.
+
+    The supervisor's readiness probe: a keepalived that exits at once (a
+    configuration it accepts in `--config-test` but not at start, another
+    instance's pid files) never gets there.
+    """
+    try:
+        child = int(paths.pid_file("vrrp").read_text().split()[0])
+        stat = Path(f"/proc/{child}/stat").read_text()
+    except (OSError, ValueError, IndexError):
+        return False
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return len(fields) > 1 and fields[0] not in ("Z", "X") and fields[1] == str(parent)
 
 
 def read_config(paths: KeepalivedPaths) -> str | None:

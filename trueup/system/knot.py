@@ -30,8 +30,6 @@ absolute and lower-case.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import os
 import shlex
 import time
 from collections.abc import Iterable
@@ -39,12 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trueup.system.runner import Runner
+from trueup.system.sockets import SUN_PATH_MAX, socket_dir
 
 __all__ = ["DAEMON", "KnotControl", "KnotError", "KnotPaths", "knot_paths", "render_config"]
 
 DAEMON = "knot"
-# sun_path holds 108 bytes; longer run directories get their socket under /run.
-_SOCKET_MAX = 100
 _TIMEOUT = 10.0
 
 
@@ -69,16 +66,15 @@ class KnotPaths:
         return self.zones / f"{zone}zone"
 
 
-def knot_paths(run_dir: Path) -> KnotPaths:
-    """Where Knot's files are, given the daemon's run directory."""
-    socket = run_dir / "knot.sock"
-    if len(str(socket)) > _SOCKET_MAX:
-        digest = hashlib.sha256(str(run_dir).encode()).hexdigest()[:12]
-        short = Path("/run/trueup") / f"knot-{digest}"
-        short.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(short.parent, 0o700)
-        os.chmod(short, 0o700)
-        socket = short / "knot.sock"
+def knot_paths(run_dir: Path, *, create: bool = False) -> KnotPaths:
+    """Where Knot's files are, given the daemon's run directory.
+
+    The control socket stays in it while the path fits the kernel's 107
+    bytes (Knot takes that much); otherwise it is in `/run/trueup/knot-DIGEST`,
+    made by a start (`create`, or `make_socket_dir`) and removed when Knot is stopped.
+    """
+    socket = socket_dir(run_dir, ("knot.sock",), SUN_PATH_MAX, prefix="knot-", create=create)
+    socket = socket / "knot.sock"
     return KnotPaths(
         run_dir=run_dir,
         config=run_dir / "knot.conf",

@@ -60,6 +60,7 @@ from trueup.system.kea import (
     kea_paths,
     make_socket_dir,
 )
+from trueup.system.kea import answers as kea_answers
 from trueup.system.watches import every, rtnetlink
 
 __all__ = ["DhcpSection", "DhcpSubsystem"]
@@ -264,6 +265,9 @@ class DhcpSubsystem(Subsystem):
             env=paths.env,
             before_start=before_start,
             after_start=after_start,
+            # Started means it answers: one that exits at once fails with its last lines.
+            ready=lambda _: kea_answers(paths),
+            sockets=paths.socket.parent,
         )
 
     def _start(self, sources: Sources, step: Step, paths: KeaPaths) -> None:

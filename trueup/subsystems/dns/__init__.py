@@ -58,6 +58,7 @@ from trueup.system.daemon import DaemonError, DaemonSpec
 from trueup.system.kea import daemon_name, kea_paths
 from trueup.system.kealeases import Lease, read_leases
 from trueup.system.knot import DAEMON, KnotControl, KnotError, KnotPaths, knot_paths, render_config
+from trueup.system.sockets import make_socket_dir
 from trueup.system.watches import every
 
 __all__ = ["DnsSection", "DnsSubsystem"]
@@ -238,13 +239,21 @@ class DnsSubsystem(Subsystem):
             # Every start begins from trueup's files: the config, and zone files
             # holding the static records trueup last set.
             write_atomic(paths.config, config.encode(), 0o600)
+            make_socket_dir(paths.socket.parent, paths.run_dir)  # when moved out of run/
             current = _state(paths).get("static", static)
             for zone in step.args["zones"]:
                 _write_zone_file(paths, zone, current.get(zone, []))
             _update_state(paths, lambda s: s.update(dynamic={}))
 
         _update_state(paths, record)
-        spec = DaemonSpec(DAEMON, paths.argv, before_start=before_start)
+        # Started means knotc reaches it: one that exits at once fails with its last lines.
+        spec = DaemonSpec(
+            DAEMON,
+            paths.argv,
+            before_start=before_start,
+            ready=lambda _: knot.ready(),
+            sockets=paths.socket.parent,
+        )
         if step.action == "configure":
             sources.daemons.ensure(spec)
             sources.daemons.restart(DAEMON)

@@ -50,6 +50,7 @@ from trueup.system.keepalived import (
     keepalived_paths,
     read_config,
     render_config,
+    vrrp_running,
     write_config,
 )
 from trueup.system.watches import every
@@ -194,11 +195,19 @@ class HaSubsystem(Subsystem):
             write_config(paths, config)
 
         _update_record(paths, lambda r: r.update(config_written=time.time()))
+        # Started means its VRRP child runs: a keepalived that exits at once is a
+        # failed step with its own last lines (the supervisor's DaemonError), not a heal.
+        spec = DaemonSpec(
+            DAEMON,
+            paths.argv,
+            before_start=before_start,
+            ready=lambda pid: vrrp_running(paths, pid),
+        )
         if step.action == "start" or not sources.daemons.running(DAEMON):
-            sources.daemons.ensure(DaemonSpec(DAEMON, paths.argv, before_start=before_start))
+            sources.daemons.ensure(spec)
             return
         write_config(paths, config)
-        sources.daemons.ensure(DaemonSpec(DAEMON, paths.argv, before_start=before_start))
+        sources.daemons.ensure(spec)
         if not sources.daemons.signal(DAEMON, signal.SIGHUP):
             raise StepError(step, "keepalived is not running; cannot reload it")
 

@@ -51,6 +51,7 @@ from trueup.system.haproxy import (
     remove_quietly,
     render_config,
 )
+from trueup.system.sockets import make_socket_dir
 from trueup.system.watches import STATE_DIR, every, files, rtnetlink
 
 __all__ = ["ProxySection", "ProxySubsystem"]
@@ -261,7 +262,18 @@ def _reload(sources: Sources, step: Step, paths: HaproxyPaths) -> None:
     digest = _file_digest(paths)
     if digest is None:
         raise StepError(step, f"{paths.config} is missing")
-    spec = DaemonSpec(DAEMON, paths.argv, stop_timeout=35.0, reexec=True)
+    # Started means the master answers on its CLI: one that exits at once (a port
+    # another process holds) fails the step with HAProxy's own last lines.
+    spec = DaemonSpec(
+        DAEMON,
+        paths.argv,
+        stop_timeout=35.0,
+        reexec=True,
+        # Every (re)start: the sockets' directory when they are moved out of run/.
+        before_start=lambda: make_socket_dir(paths.master.parent, paths.run_dir),
+        ready=lambda pid: _answers(paths.master, "show proc"),
+        sockets=paths.master.parent,
+    )
     if not sources.daemons.running(DAEMON):
         sources.daemons.ensure(spec)
         try:
@@ -307,6 +319,14 @@ def _wait_serving(step: Step, paths: HaproxyPaths) -> None:
             if time.monotonic() > deadline:
                 raise StepError(step, f"HAProxy's worker does not answer: {exc}") from exc
             time.sleep(0.02)
+
+
+def _answers(path: Path, command: str) -> bool:
+    try:
+        query(path, command, _REPORT_TIMEOUT)
+    except HaproxyError:
+        return False
+    return True
 
 
 def wait_for(path: Path, command: str, timeout: float) -> str:

@@ -1,0 +1,115 @@
+"""Processes by what the kernel says of them: sessions, liveness, a daemon's own last words.
+
+Who uses this: the daemon supervisor (`trueup.system.daemon`), which ends
+what a killed instance left in its session before it starts a new one, and
+names a daemon that exits at once by its own last log lines.
+
+```python
+left = session_members(recorded_pid, recorded_start_time)   # the old instance's session
+signal_all(left, signal.SIGTERM)                                # pid → start time
+wait_gone(left, timeout=10.0)
+log_tail(Path("run/haproxy/haproxy.log"), offset)          # "[ALERT] … cannot bind socket …"
+```
+
+Every reading is from `/proc/PID/stat` (fields after the last `)`: the
+command name may hold spaces and parentheses). A zombie counts as gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from pathlib import Path
+
+__all__ = ["TAIL_LINES", "log_tail", "session_members", "signal_all", "stat_fields", "wait_gone"]
+
+# How many of a daemon's own last log lines name why it failed.
+TAIL_LINES = 6
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split()
+
+
+def session_members(
+    session: int, started: int | None, proc: Path = Path("/proc")
+) -> dict[int, int]:
+    """Live processes of session `session` started no earlier than `started`: pid → start time.
+
+    The start time goes with each pid so that a pid reused after it exits is
+    never taken for it (`signal_all`, `wait_gone`)."""
+    members: dict[int, int] = {}
+    if session <= 1:
+        return members
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return members
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            stat = (proc / name / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        try:
+            state, sid, begun = fields[0], int(fields[3]), int(fields[19])
+        except (IndexError, ValueError):
+            continue
+        if sid != session or state in ("Z", "X"):
+            continue
+        if started is not None and begun < started:
+            continue
+        members[int(name)] = begun
+    return dict(sorted(members.items()))
+
+
+_CAUSE = re.compile(r"alert|error|fatal|fail|cannot|can't|refus|denied|already", re.IGNORECASE)
+
+
+def log_tail(path: Path, offset: int = 0, lines: int = TAIL_LINES) -> str:
+    """The daemon's own last words after `offset`, joined by ` | `: the last `lines` lines
+    that name a problem (alert, error, cannot, …), else its last `lines` lines."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            text = handle.read()[-65536:].decode(errors="replace")
+    except OSError:
+        return ""
+    every = [line.strip() for line in text.splitlines() if line.strip()][-50:]
+    causes = [line for line in every if _CAUSE.search(line)]
+    return " | ".join((causes or every)[-lines:])[-800:]
+
+
+def _alive(pid: int, begun: int) -> bool:
+    """Whether `pid` still is the process that started at `begun` (and not a zombie)."""
+    fields = stat_fields(pid)
+    if fields is None or len(fields) < 20 or fields[0] in ("Z", "X"):
+        return False
+    return fields[19] == str(begun)
+
+
+def signal_all(members: dict[int, int], sig: int) -> None:
+    """`sig` to each pid that still is the process of its start time."""
+    for pid, begun in members.items():
+        if _alive(pid, begun):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+
+def wait_gone(members: dict[int, int], timeout: float) -> bool:
+    """Until none of `members` (pid → start time) is alive; True when none is."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if not any(_alive(pid, begun) for pid, begun in members.items()):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
