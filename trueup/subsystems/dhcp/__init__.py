@@ -28,6 +28,10 @@ held, start Kea, re-assert the fence), `configure` (`config-test`,
 `config-set`, `config-write`, fenced as the record says; on failure the
 previous configuration is set back, fenced as the record says), `allocator`
 (the fence class and dhcp-disable / dhcp-enable), `stop`.
+
+Why this module is over 400 lines: the four facts, the four steps and the
+supervisor's daemon specification share one reading of the fence record and
+of Kea's running configuration; split apart, each half would re-derive it.
 """
 
 from __future__ import annotations
