@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trueup.system.atomicfile import write_atomic
+from trueup.system.safefile import UnsafeFile, ensure_dir, open_file, read_file, unsafe_entries
 
 __all__ = [
     "DaemonError",
@@ -246,8 +247,8 @@ class _Daemon:
 
     def read_record(self) -> dict[str, Any] | None:
         try:
-            data = json.loads(self.record_path.read_text())
-        except (OSError, ValueError):
+            data = json.loads(read_file(self.record_path, 1 << 16))
+        except (OSError, ValueError):  # missing, unreadable, or not a regular file of ours
             return None
         return data if isinstance(data, dict) else None
 
@@ -296,15 +297,29 @@ class _Daemon:
 
     def spawn(self) -> None:
         spec = self.spec
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.directory.parent, 0o700)
-        os.chmod(self.directory, 0o700)
+        try:
+            ensure_dir(self.directory, levels=2)  # neither run/ nor run/NAME a link out
+            os.chmod(self.directory.parent, 0o700)
+            os.chmod(self.directory, 0o700)
+        except UnsafeFile as exc:
+            raise DaemonError(f"{spec.name}: cannot start: {exc}") from exc
+        # The daemon opens its own files (pid, lease, lock files) and follows links:
+        # it is not started while anything in its directory is not a file of ours.
+        unsafe = unsafe_entries(self.directory)
+        if unsafe:
+            path, problem = unsafe[0]
+            more = f" (and {len(unsafe) - 1} more)" if len(unsafe) > 1 else ""
+            raise DaemonError(f"{spec.name}: cannot start: {UnsafeFile(path, problem)}{more}")
         if spec.before_start is not None:
             spec.before_start()
         env = dict(os.environ)
         env.update(dict(spec.env))
         logfile = self.directory / f"{spec.name}.log"
-        with open(logfile, "ab") as out:
+        try:
+            log_fd = open_file(logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        except OSError as exc:
+            raise DaemonError(f"{spec.name}: cannot start: its log {exc}") from exc
+        with os.fdopen(log_fd, "ab") as out:
             try:
                 child = subprocess.Popen(
                     list(spec.argv),
@@ -391,8 +406,7 @@ class DaemonSupervisor:
         self._closed = threading.Event()
 
     def run_dir(self, name: str) -> Path:
-        directory = self.run_root / name
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        directory = ensure_dir(self.run_root / name, levels=2)
         os.chmod(self.run_root, 0o700)
         os.chmod(directory, 0o700)
         return directory
