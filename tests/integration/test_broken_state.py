@@ -31,6 +31,8 @@ from typing import Any
 import pytest
 
 from tests.routers import REPO, Router, base_document, require_root, sh
+from trueup.journal.damage import StateCheck
+from trueup.journal.state import StateDir
 
 pytestmark = pytest.mark.root
 
@@ -453,6 +455,8 @@ def proxy_template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     for leftover in ("lock", "agent.sock", "agent.pid"):
         (router.state_dir / leftover).unlink(missing_ok=True)
     assert (router.state_dir / "run" / "haproxy" / "haproxy.cfg").is_file()
+    # What the agent and HAProxy left is all regular files, directories and sockets of ours.
+    assert StateCheck(StateDir(router.state_dir)).damaged(deep=True) == []
     yield workdir
 
 

@@ -269,3 +269,15 @@ def test_a_management_record_over_the_read_limit_is_refused_at_write(
     assert not (state / "management.json").exists()
     write_management(state, {**facts, "addresses": addresses[:20]})
     assert read_management(state) is not None
+
+
+def test_a_daemons_control_socket_is_no_damage(tmp_path: Path) -> None:
+    import socket
+
+    directory = tmp_path / "run" / "haproxy"
+    directory.mkdir(parents=True)
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(directory / "master.sock"))
+        assert unsafe_entries(tmp_path / "run") == []
+        os.mkfifo(directory / "fifo")
+        assert [p for p, _ in unsafe_entries(tmp_path / "run")] == [str(directory / "fifo")]

@@ -90,7 +90,7 @@ _FILES = frozenset(
         "audit.head",
         "audit.torn",
         "limitations.json",
-        ".limitations.lock",
+        "limitations.lock",
     }
 )
 _DIRECTORIES = frozenset({"revisions", "fences", "restore", "run", "secrets"})

@@ -81,6 +81,10 @@ def refusal(path: Path | str, st: os.stat_result, *, directory: bool = False) ->
         return f"a symbolic link to {target}, not a {'directory' if directory else 'file'}"
     if not want(st.st_mode):
         return f"{_kind(st.st_mode)}, not a {'directory' if directory else 'regular file'}"
+    return _foreign(st)
+
+
+def _foreign(st: os.stat_result) -> str | None:
     if st.st_uid != os.geteuid():
         return f"owned by uid {st.st_uid}, not by the agent (uid {os.geteuid()})"
     return None
@@ -211,9 +215,11 @@ def unsafe_entries(
                 st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
-            if stat.S_ISDIR(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+            if stat.S_ISSOCK(st.st_mode):  # a daemon's control socket: only the owner counts
+                problem = _foreign(st)
+            elif stat.S_ISDIR(st.st_mode):
                 problem = refusal(entry.path, st, directory=True)
-                if problem is None and stat.S_ISDIR(st.st_mode) and level + 1 < depth:
+                if problem is None and level + 1 < depth:
                     pending.append((Path(entry.path), level + 1))
             else:
                 problem = refusal(entry.path, st)
