@@ -423,6 +423,8 @@ OTHERS = [
     "run/haproxy/haproxy.cfg",
     "run/haproxy/state.json",
 ]
+# Directories linked out of the state directory (to a victim directory).
+LINKED_DIRECTORIES = ["run/haproxy", "fences", "secrets"]
 PROXY = {
     "name": "web",
     "bind": "198.51.100.2:8080",
@@ -481,7 +483,14 @@ def _plant(state: Path, victims: Path, name: str, kind: str) -> Path | None:
         path.mkdir()
         (path / "inside").write_text("kept\n")
         return None
-    victim = victims / name.replace("/", "_")
+    if name in LINKED_DIRECTORIES:
+        folder = victims / name.replace("/", "_")
+        folder.mkdir()
+        (folder / "inside").write_bytes(os.urandom(16))
+        path.symlink_to(folder)
+        return folder / "inside"
+    victim = victims / name.replace("/", "_") / "shadow"  # alone in its directory
+    victim.parent.mkdir()
     victim.write_bytes(b"root:$6$host-secret:19000:0:99999:7:::\n" + os.urandom(16).hex().encode())
     victim.chmod(0o640)
     path.symlink_to(victim)
@@ -512,8 +521,9 @@ def _get(router: Router, path: str) -> tuple[int, Any]:
         ("symlink", OTHERS),
         ("directory", BLOCKING),
         ("directory", OTHERS),
+        ("symlink", LINKED_DIRECTORIES),
     ],
-    ids=["link-blocking", "link-others", "dir-blocking", "dir-others"],
+    ids=["link-blocking", "link-others", "dir-blocking", "dir-others", "linked-dirs"],
 )
 def test_a_link_or_directory_in_place_of_a_state_file_is_refused_and_named(
     router_with_client: Router, proxy_template: Path, kind: str, names: list[str]
@@ -595,3 +605,4 @@ def test_a_link_or_directory_in_place_of_a_state_file_is_refused_and_named(
         else:
             assert path.is_symlink(), name
             assert _digest(victim) == before[name], f"{victim} changed through {name}"
+            assert sorted(victim.parent.iterdir()) == [victim], f"written through {name}"
