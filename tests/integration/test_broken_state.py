@@ -3,7 +3,9 @@
 Every state file is damaged in turn (truncated, garbled, a non-UTF-8 byte)
 with the management address absent: the agent brings management up, a client
 in another namespace reaches `/v1/health/management`, and status names the
-damaged file. The same with a read-only and with a full state directory. A
+damaged file. The same with a read-only and with a full state directory, and
+with a symbolic link (to a victim file outside, which must not change) or a
+directory in place of every state and run file. A
 second agent on the same directory is refused and the first keeps serving.
 `trueup management set` puts the management address on the kernel with the
 agent stopped, or with a writer hung on the lock, and the next agent start
@@ -12,8 +14,12 @@ adopts it.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -25,6 +31,8 @@ from typing import Any
 import pytest
 
 from tests.routers import REPO, Router, base_document, require_root, sh
+from trueup.journal.damage import StateCheck
+from trueup.journal.state import StateDir
 
 pytestmark = pytest.mark.root
 
@@ -394,3 +402,206 @@ def test_management_set_works_without_the_agent_and_the_next_start_adopts_it(
     status = router.api("/v1/status")
     assert status["management"]["override"] is None
     assert not [f for f in status["reason_codes"] if f["subsystem"] == "management"]
+
+
+# -- 4. a link, a directory or a FIFO in place of a state or run file -------------------------
+# What stands in place of each file: the names in one group are independent (none stops the
+# others from being used), so one agent start covers the group. The first group blocks
+# writes (no apply, so no daemon starts); the second does not, and the agent starts HAProxy,
+# whose run directory holds the rest.
+BLOCKING = ["lock", "journal.jsonl", "audit.jsonl", "applied.json", "pending-confirm.json"]
+OTHERS = [
+    "agent.pid",
+    "agent.log",
+    "management.json",
+    "audit.head",
+    "fences/dhcp.json",
+    "secrets/web-key",
+    "run/haproxy/haproxy.log",
+    "run/haproxy/haproxy.pid",
+    "run/haproxy/haproxy.cfg",
+    "run/haproxy/state.json",
+]
+# Directories linked out of the state directory (to a victim directory).
+LINKED_DIRECTORIES = ["run/haproxy", "fences", "secrets"]
+PROXY = {
+    "name": "web",
+    "bind": "198.51.100.2:8080",
+    "mode": "http",
+    "backend": {"servers": [{"name": "app1", "address": "203.0.113.10:8080"}]},
+}
+
+
+@pytest.fixture(scope="module")
+def proxy_template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A committed revision with a proxy (so `run/haproxy/` exists), a secret and a token."""
+    require_root()
+    workdir = tmp_path_factory.mktemp("ptpl")
+    router = Router(workdir)
+    try:
+        secret = workdir / "web-key.txt"
+        secret.write_text("not-really-a-key\n")
+        stored = router.trueup("secret", "set", "web-key", "--from-file", str(secret))
+        assert stored.returncode == 0, stored.stderr
+        document = base_document(interfaces=LAN, proxies=[PROXY])
+        applied = router.trueup("apply", str(router.write("v1.yaml", document)))
+        assert applied.returncode == 0, applied.stderr
+        token = router.trueup("agent", "token", "--name", "test")
+        assert token.returncode == 0, token.stderr
+        (workdir / "token").write_text(token.stdout.strip())
+        (workdir / "config.yaml").write_text((workdir / "v1.yaml").read_text())
+    finally:
+        router.close()
+    _stop_haproxy(router.state_dir)
+    for leftover in ("lock", "agent.sock", "agent.pid"):
+        (router.state_dir / leftover).unlink(missing_ok=True)
+    assert (router.state_dir / "run" / "haproxy" / "haproxy.cfg").is_file()
+    # What the agent and HAProxy left is all regular files, directories and sockets of ours.
+    assert StateCheck(StateDir(router.state_dir)).damaged(deep=True) == []
+    yield workdir
+
+
+def _stop_haproxy(state_dir: Path) -> None:
+    """Stop the HAProxy a router's agent left running, by the pid it recorded."""
+    record = state_dir / "run" / "haproxy" / "haproxy.pid"
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        pid = int(json.loads(record.read_text())["pid"])
+        if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"haproxy"):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _plant(state: Path, victims: Path, name: str, kind: str) -> Path | None:
+    """Put a link to a victim file (returned) or a directory in place of `state/name`."""
+    path = state / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+    if kind == "directory":
+        path.mkdir()
+        (path / "inside").write_text("kept\n")
+        return None
+    if name in LINKED_DIRECTORIES:
+        folder = victims / name.replace("/", "_")
+        folder.mkdir()
+        (folder / "inside").write_bytes(os.urandom(16))
+        path.symlink_to(folder)
+        return folder / "inside"
+    victim = victims / name.replace("/", "_") / "shadow"  # alone in its directory
+    victim.parent.mkdir()
+    victim.write_bytes(b"root:$6$host-secret:19000:0:99999:7:::\n" + os.urandom(16).hex().encode())
+    victim.chmod(0o640)
+    path.symlink_to(victim)
+    return victim
+
+
+def _digest(path: Path) -> tuple[str, int, int]:
+    st = path.stat()
+    return hashlib.sha256(path.read_bytes()).hexdigest(), st.st_size, st.st_mode
+
+
+def _get(router: Router, path: str) -> tuple[int, Any]:
+    import httpx
+
+    transport = httpx.HTTPTransport(uds=str(router.state_dir / "agent.sock"))
+    try:
+        with httpx.Client(transport=transport, base_url="http://agent", timeout=30) as client:
+            response = client.get(path)
+            return response.status_code, response.json()
+    except (httpx.TransportError, ValueError):
+        return 0, {}
+
+
+@pytest.mark.parametrize(
+    ("kind", "names"),
+    [
+        ("symlink", BLOCKING),
+        ("symlink", OTHERS),
+        ("directory", BLOCKING),
+        ("directory", OTHERS),
+        ("symlink", LINKED_DIRECTORIES),
+    ],
+    ids=["link-blocking", "link-others", "dir-blocking", "dir-others", "linked-dirs"],
+)
+def test_a_link_or_directory_in_place_of_a_state_file_is_refused_and_named(
+    router_with_client: Router, proxy_template: Path, kind: str, names: list[str]
+) -> None:
+    router = router_with_client
+    if router.state_dir.exists():
+        shutil.rmtree(router.state_dir)
+    shutil.copytree(
+        proxy_template / "state",
+        router.state_dir,
+        symlinks=True,
+        ignore=shutil.ignore_patterns("*.sock"),  # the template's HAProxy is gone
+    )
+    token = (proxy_template / "token").read_text()
+    victims = router.workdir / "victims"
+    victims.mkdir()
+    planted = {name: _plant(router.state_dir, victims, name, kind) for name in names}
+    before = {name: _digest(v) for name, v in planted.items() if v is not None}
+    assert router.addresses("mgmt0") == []
+
+    config = router.workdir / "config.yaml"
+    shutil.copy(proxy_template / "config.yaml", config)
+    proc = router.start_agent("--config", str(config), wait_ready=False, wait_started=False)
+    try:
+        router.wait_for(
+            lambda: _health_from_client(router) == 200,
+            what="management answering from the client",
+            timeout=90,
+            proc=proc,
+        )
+        assert router.addresses("mgmt0") == ["198.51.100.2/24"]
+
+        def named() -> set[str]:
+            code, status = _get(router, "/v1/status")
+            assert code in (0, 200, 503), (code, status)  # never a 500
+            damaged = status.get("state_directory", {}).get("damaged", []) if code else []
+            return {d["path"] for d in damaged}
+
+        wanted = {str(router.state_dir / name) for name in names}
+        router.wait_for(
+            lambda: wanted <= named(),
+            what=f"status naming every {kind} ({sorted(wanted - named())} missing)",
+            timeout=90,
+            proc=proc,
+        )
+        router.wait_for(router.started, what="startup phases done", timeout=120, proc=proc)
+        for path in ("/v1/status", "/v1/health/services", "/v1/health/management"):
+            code, body = _get(router, path)
+            assert code in (200, 503), (path, code, body)
+        code, status = router.from_client(f"{MGMT_URL}/v1/status", token)
+        assert code == 200, status
+        problems = {d["path"]: d for d in status["state_directory"]["damaged"]}
+        for path in wanted:
+            expected = "symbolic link" if kind == "symlink" else "directory"
+            assert expected in problems[path]["problem"], problems[path]
+        _, services = _get(router, "/v1/health/services")
+        assert wanted <= {d["path"] for d in services["state_directory"]["damaged"]}
+        if names is BLOCKING:
+            assert status["state_directory"]["writes_refused"] is True
+        doctor = router.trueup("doctor", timeout=120)
+        assert "Traceback" not in doctor.stderr, doctor.stderr
+        for path in wanted:
+            assert path in doctor.stdout, doctor.stdout
+        assert proc.poll() is None
+    finally:
+        router.stop_agents()
+        _stop_haproxy(router.state_dir)
+    preflight = router.trueup("preflight", timeout=120)
+    assert "Traceback" not in preflight.stderr, preflight.stderr
+    assert preflight.returncode == 1
+    for path in wanted:
+        assert path in preflight.stdout, preflight.stdout
+    # Nothing outside the state directory changed, and nothing planted was replaced.
+    for name, victim in planted.items():
+        path = router.state_dir / name
+        if victim is None:
+            assert path.is_dir() and not path.is_symlink(), name
+            assert (path / "inside").read_text() == "kept\n", name
+        else:
+            assert path.is_symlink(), name
+            assert _digest(victim) == before[name], f"{victim} changed through {name}"
+            assert sorted(victim.parent.iterdir()) == [victim], f"written through {name}"

@@ -349,3 +349,64 @@ def test_phase_1_brings_the_override_up_first(engine: Engine, kernel: FakeNetlin
     assert orchestrator.management_from.kind == "override"
     assert orchestrator.management_from.base == "management.json (revision 2)"
     assert [a.prefix for a in kernel.addrs if a.ifname == "mgmt0"] == ["198.51.100.3/24"]
+
+
+# -- a link, a directory or a FIFO where a state or run file belongs ------------------------
+UNSAFE = [
+    ("applied.json", "writes"),
+    ("state.json", "writes"),
+    ("pending-confirm.json", "writes"),
+    ("journal.jsonl", "writes"),
+    ("audit.jsonl", "writes"),
+    ("lock", "writes"),
+    ("reconcile.json", "heals"),
+    ("management.json", "none"),
+    ("agent.pid", "none"),
+    ("agent.log", "none"),
+    ("audit.head", "none"),
+    ("fences/dhcp.json", "none"),
+    ("secrets/wg-key", "none"),
+    ("run/kea-dhcp4/kea-dhcp4.pid", "none"),
+    ("run/kea-dhcp4/kea-leases4.csv", "none"),
+]
+
+
+def _put(path: Path, kind: str, victim: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    if kind == "symlink":
+        path.symlink_to(victim)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        os.mkfifo(path)
+
+
+@pytest.mark.parametrize("kind", ["symlink", "directory", "fifo"])
+@pytest.mark.parametrize(("name", "blocks"), UNSAFE)
+def test_anything_but_a_file_of_ours_is_named_and_status_still_answers(
+    engine: Engine, tmp_path: Path, name: str, blocks: str, kind: str
+) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"host file\n")
+    path = engine.state.root / name
+    _put(path, kind, victim)
+    damaged = {d.path: d for d in StateCheck(engine.state).damaged(deep=True)}
+    assert str(path) in damaged, sorted(damaged)
+    expected = {"symlink": "symbolic link", "directory": "a directory", "fifo": "a FIFO"}[kind]
+    assert expected in damaged[str(path)].problem
+    assert damaged[str(path)].blocks == blocks
+    status = gather(engine)  # never raises: the API answers it
+    assert str(path) in [d["path"] for d in status["state_directory"]["damaged"]]
+    assert status["state_directory"]["writes_refused"] is (blocks == "writes")
+    if blocks == "writes":
+        with pytest.raises(DamagedState):
+            engine.apply_document(parse_document(base_document()))
+    assert victim.read_bytes() == b"host file\n"
+    # Moved aside, it drops out at once.
+    if kind == "directory":
+        path.rmdir()
+    else:
+        path.unlink()
+    assert str(path) not in {d.path for d in StateCheck(engine.state).damaged()}

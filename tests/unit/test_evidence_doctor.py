@@ -302,3 +302,14 @@ def test_the_log_comes_from_journald_under_systemd_else_from_the_state_directory
     (tmp_path / "agent.log.1").unlink()
     lines, where = agent_log_lines(tmp_path, None, 2, empty)
     assert lines == [] and "does not exist" in where["missing"]
+
+
+def test_evidence_never_copies_a_host_file_through_a_link(engine: Engine, tmp_path: Path) -> None:
+    victim = tmp_path / "shadow"
+    victim.write_text(f"root:{PLANTED}:19000:0:99999:7:::\n")
+    (engine.state.root / "config.json").symlink_to(victim)
+    (engine.state.root / "agent.log").symlink_to(victim)
+    data = collect_evidence(engine, source="state directory")
+    files = _bundle(data)
+    assert PLANTED.encode() not in b"".join(files.values())
+    assert b"symbolic link" in files["state/config.json"]

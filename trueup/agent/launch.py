@@ -7,7 +7,6 @@ typer `agent run` command when the console entry was bypassed (no handover).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
@@ -20,6 +19,7 @@ from trueup.agent.wiring import wire
 from trueup.subsystems.base import Subsystem
 from trueup.subsystems.registry import default_subsystems, load_plugin, ordered
 from trueup.system.hostinfo import AGENT_LOG
+from trueup.system.safefile import open_file
 
 __all__ = ["run_agent"]
 
@@ -43,16 +43,20 @@ class _AppendHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             line = self.format(record) + "\n"
-            with contextlib.suppress(FileNotFoundError):
-                if self.path.stat().st_size > self.max_bytes:
-                    os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            fd = open_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            if os.fstat(fd).st_size > self.max_bytes:
+                os.close(fd)
+                os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+                fd = open_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             try:
                 os.write(fd, line.encode("utf-8", "replace"))
             finally:
                 os.close(fd)
         except OSError:
-            pass  # the log file is a convenience; stderr (journald) still has the line
+            # The log file is a convenience; stderr (journald) still has the line.
+            # One that is not a regular file of ours is never written through
+            # (trueup.system.safefile) and is named by trueup.journal.damage.
+            pass
 
 
 def _log_to_state_dir(options: AgentOptions) -> None:

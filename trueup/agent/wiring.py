@@ -18,6 +18,7 @@ from trueup.model.document import document_digest, parse_document
 from trueup.model.reasons import ReasonCode
 from trueup.reconcile.loop import ReconcileLoop
 from trueup.reconcile.transaction import CONTROL_PLANE_FILE, Refused, StorageError
+from trueup.system.safefile import open_file
 from trueup.system.secretstore import SecretError, secret_references, write_secret
 
 __all__ = ["CONTROL_PLANE_FILE", "already_applied", "wire"]
@@ -84,7 +85,7 @@ def _fetch_secrets(client: ControlPlaneClient, state_dir: Path, document: dict[s
 
 
 def _write_private_bytes(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
 

@@ -38,6 +38,7 @@ from trueup.model.digests import canonical_json
 from trueup.system.kea import kea_paths
 from trueup.system.kealeases import KeaSocketError, lease_files, leases_from_memfile
 from trueup.system.knot import knot_paths
+from trueup.system.safefile import read_file
 
 __all__ = ["AUDIT_EXCERPT_BYTES", "BackupError", "create_backup"]
 
@@ -66,8 +67,7 @@ def _consistent(state: StateDir, wait: float) -> Iterator[bool]:
 
 
 def _read(path: Path) -> bytes:
-    with open(path, "rb") as handle:
-        return handle.read()
+    return read_file(path)  # never through a link: a host file never goes into an archive
 
 
 def create_backup(

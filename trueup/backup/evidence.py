@@ -58,6 +58,7 @@ from trueup.reconcile.status import drift_report, gather, refusals_since_last_wr
 from trueup.reconcile.transaction import Engine
 from trueup.subsystems.registry import scope_for
 from trueup.system.hostinfo import agent_log_lines, daemon_versions, kernel, systemd_unit
+from trueup.system.safefile import read_file
 from trueup.system.secretstore import list_secrets, read_secret
 
 __all__ = ["REDACTED", "collect_evidence", "recorded_control_plane_version"]
@@ -343,9 +344,13 @@ def _state_files(bundle: _Bundle, engine: Engine) -> None:
     names += [f"revisions/{v:08d}.json" for v in engine.state.revision_versions()[-5:]]
     for name in names:
         path = root / name
-        if not path.is_file():
+        try:
+            data = read_file(path)  # never through a link: a host file stays out of the bundle
+        except FileNotFoundError:
             continue
-        data = path.read_bytes()
+        except OSError as exc:  # a link, a directory, …: named, never followed
+            bundle.text(f"state/{name}", f"not included: {exc}\n")
+            continue
         try:
             bundle.json(f"state/{name}", json.loads(data))
         except ValueError:

@@ -15,18 +15,20 @@ killed in the middle of one runs it again from the start on resume:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from trueup.backup.reader import open_component
 from trueup.system.atomicfile import fsync_dir
 from trueup.system.daemon import Daemons
 from trueup.system.kealeases import lease_files
+from trueup.system.safefile import ensure_dir, open_file
 
 __all__ = ["file_sha256", "lease_family", "put_back_leases", "replace_leases", "stage_components"]
 
@@ -41,9 +43,16 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _new_private(tmp: Path) -> BinaryIO:
+    """A fresh 0600 temp file, never opened through a link (`trueup.system.safefile`)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # left by a crash; unlink never follows a link
+    return os.fdopen(open_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb")
+
+
 def _fsynced_copy(source: Path, target: Path) -> None:
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    with source.open("rb") as src, tmp.open("wb") as dst:
+    with os.fdopen(open_file(source, os.O_RDONLY), "rb") as src, _new_private(tmp) as dst:
         shutil.copyfileobj(src, dst, _CHUNK)
         dst.flush()
         os.fsync(dst.fileno())
@@ -60,7 +69,7 @@ def stage_components(archive: Path, entries: list[str], staged: Path) -> dict[st
         target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
         digest = hashlib.sha256()
-        with open_component(archive, entry) as stream, tmp.open("wb") as out_file:
+        with open_component(archive, entry) as stream, _new_private(tmp) as out_file:
             for chunk in iter(lambda: stream.read(_CHUNK), b""):
                 digest.update(chunk)
                 out_file.write(chunk)
@@ -99,8 +108,7 @@ def replace_leases(
         name = f"kea-dhcp{family}"
         daemons.stop(name)
         done.append(f"{name} stopped")
-        run = daemons.run_dir(name)
-        run.mkdir(mode=0o700, parents=True, exist_ok=True)
+        run = ensure_dir(daemons.run_dir(name))  # refused when not a directory of ours
         target = run / f"kea-leases{family}.csv"
         mine = progress.setdefault(entry, {})
         if mine.get("replaced"):

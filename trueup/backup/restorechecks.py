@@ -19,6 +19,7 @@ from trueup.reconcile.transaction import Engine
 from trueup.system.daemon import verified_pid
 from trueup.system.kea import KeaError, kea_paths
 from trueup.system.kealeases import KeaSocketError, read_leases
+from trueup.system.safefile import read_file
 
 __all__ = ["assert_allocator", "differences", "verify"]
 
@@ -79,7 +80,7 @@ def assert_allocator(engine: Engine) -> None:
     for family in (4, 6):
         run = engine.state.root / "run" / f"kea-dhcp{family}"
         try:
-            pid = verified_pid(json.loads((run / f"kea-dhcp{family}.pid").read_text()))
+            pid = verified_pid(json.loads(read_file(run / f"kea-dhcp{family}.pid")))
         except (OSError, ValueError):
             continue
         if pid is None:

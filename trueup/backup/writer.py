@@ -34,6 +34,7 @@ from typing import Any
 from trueup import __version__
 from trueup.backup.format import MANIFEST, Entry, Manifest, component_of, unsafe_name
 from trueup.system.atomicfile import fsync_dir
+from trueup.system.safefile import open_file
 
 __all__ = ["ArchiveWriter"]
 
@@ -94,7 +95,7 @@ class ArchiveWriter:
 
     def add_file(self, path: str, source: Path, generation: str) -> Entry:
         """Stage a copy of `source` (a snapshot: later changes to it are not in the archive)."""
-        with open(source, "rb") as handle:
+        with os.fdopen(open_file(source, os.O_RDONLY), "rb") as handle:  # never through a link
             return self.add_stream(path, iter(lambda: handle.read(_CHUNK), b""), generation)
 
     @property

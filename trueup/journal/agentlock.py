@@ -20,6 +20,11 @@ device and inode; when the state directory does not exist and cannot be
 created, the lock itself is `/run/trueup/` keyed by its path. Recording is
 best effort; the lock is not.
 
+`agent.pid` is opened without following links and only when it is a regular
+file of ours (`trueup.system.safefile`): a symbolic link or a directory in its
+place is left as it is (nothing is written through it), the pid goes to
+`/run/trueup/` and `notes` says why.
+
 Standard library only: it runs before anything heavy is imported.
 """
 
@@ -32,6 +37,9 @@ import os
 import time
 from pathlib import Path
 from typing import Any
+
+from trueup.system.atomicfile import write_atomic
+from trueup.system.safefile import UnsafeFile, ensure_dir, open_file, read_file
 
 __all__ = ["PID_FILE", "RUN_DIR", "AgentLock", "AgentRunning", "agent_holder", "take_agent_lock"]
 
@@ -108,7 +116,7 @@ def _run_key(root: Path) -> str:
 
 def _read_record(path: Path) -> dict[str, Any] | None:
     try:
-        value = json.loads(path.read_bytes().decode("utf-8") or "null")
+        value = json.loads(read_file(path, 1 << 16).decode("utf-8") or "null")
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) and isinstance(value.get("pid"), int) else None
@@ -166,14 +174,8 @@ def take_agent_lock(root: str | Path, *, run_dir: Path = RUN_DIR) -> AgentLock:
         except OSError as exc:
             # No directory to lock: meet other agents in /run/trueup, keyed by the path.
             notes.append(f"{root}: {exc.strerror}; locked {run_dir} instead")
-            run_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
-            fds.append(
-                os.open(
-                    run_dir / f"{_run_key(root)}.lock",
-                    os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                    0o600,
-                )
-            )
+            ensure_dir(run_dir, 0o755)
+            fds.append(open_file(run_dir / f"{_run_key(root)}.lock", os.O_RDWR | os.O_CREAT))
         _lock(fds[-1], root, run_dir)
         record = _pid_file(root, fds, notes, run_dir)
     except BaseException:
@@ -202,7 +204,10 @@ def _pid_file(root: Path, fds: list[int], notes: list[str], run_dir: Path) -> Pa
     # directory's file system from being remounted read-only while we run.
     for flags in (os.O_RDONLY | os.O_CREAT, os.O_RDONLY):
         try:
-            fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+            fd = open_file(path, flags, 0o644)
+            break
+        except UnsafeFile as exc:
+            problem = exc.problem + "; left as it is"
             break
         except OSError as exc:
             problem = exc.strerror or str(exc)
@@ -210,7 +215,7 @@ def _pid_file(root: Path, fds: list[int], notes: list[str], run_dir: Path) -> Pa
         fds.append(fd)
         _lock(fd, root, run_dir)
         try:
-            writer = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+            writer = open_file(path, os.O_WRONLY | os.O_TRUNC, 0o644)
             try:
                 if os.write(writer, body) != len(body):
                     raise OSError(28, "short write")
@@ -224,10 +229,8 @@ def _pid_file(root: Path, fds: list[int], notes: list[str], run_dir: Path) -> Pa
     notes.append(f"{path}: {problem}; the pid is recorded in {run_dir}")
     record = run_dir / f"{_run_key(root)}.pid"
     try:
-        run_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
-        tmp = record.with_name(f".{record.name}.{os.getpid()}")
-        tmp.write_bytes(body)
-        os.replace(tmp, record)
+        ensure_dir(run_dir, 0o755)
+        write_atomic(record, body, 0o644, durable=False)
     except OSError as exc:
         notes.append(f"{record}: {exc.strerror}; the pid is not recorded")
         return None

@@ -2,6 +2,10 @@
 
 Every failure leaves nothing behind (no temp file, no open descriptor, no
 half-written line) and is raised as an `OSError` that names the path.
+
+Every state file is opened without following links and only when it is a
+regular file of ours (`trueup.system.safefile`): `read_json` reports anything
+else as a damaged file (`StateFileError`), writes refuse it (`UnsafeFile`).
 """
 
 from __future__ import annotations
@@ -13,14 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from trueup.system.atomicfile import fsync_dir, path_error, write_all, write_atomic
+from trueup.system.safefile import UnsafeFile, open_file, read_file
 
 __all__ = [
     "StateFileError",
+    "UnsafeFile",
     "append_line",
     "file_identity",
     "fsync_dir",
     "path_error",
     "read_json",
+    "read_state_bytes",
     "write_all",
     "write_atomic",
     "write_json",
@@ -57,12 +64,12 @@ def write_json(path: Path, value: Any, *, durable: bool = True) -> None:
 def read_json(path: Path, default: Any = None) -> Any:
     """The file's JSON value; `default` when it does not exist.
 
-    Raises `StateFileError` (naming the path) when it is not valid UTF-8 or
-    not valid JSON.
+    Raises `StateFileError` (naming the path) when it is not valid UTF-8,
+    not valid JSON, or not a regular file of ours (a symbolic link, a
+    directory, a FIFO: never followed).
     """
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    data = read_state_bytes(path)
+    if data is None:
         return default
     try:
         text = data.decode("utf-8")
@@ -83,6 +90,20 @@ def read_json(path: Path, default: Any = None) -> Any:
         ) from None
 
 
+def read_state_bytes(path: Path) -> bytes | None:
+    """A state file's bytes; None when it does not exist.
+
+    Raises `StateFileError` when it is not a regular file of ours, and the
+    `OSError` of the read otherwise (unreadable).
+    """
+    try:
+        return read_file(path)
+    except FileNotFoundError:
+        return None
+    except UnsafeFile as exc:
+        raise StateFileError(path, f"{exc.problem} (refused: never followed)") from None
+
+
 def append_line(path: Path, line: str) -> None:
     """Append one line and fsync it before returning (write-ahead).
 
@@ -90,9 +111,11 @@ def append_line(path: Path, line: str) -> None:
     new line stays whole. A failed write is cut off again: no partial line.
     """
     data = (line.rstrip("\n") + "\n").encode()
-    new = not path.exists()
+    new = not os.path.lexists(path)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = open_file(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+    except UnsafeFile:
+        raise
     except OSError as exc:
         raise path_error(path, exc) from exc
     try:
@@ -118,7 +141,7 @@ def append_line(path: Path, line: str) -> None:
 def file_identity(path: Path) -> tuple[int, int, int, int] | None:
     """What tells a file's content apart without reading it; None when it cannot be seen."""
     try:
-        st = path.stat()
+        st = path.lstat()
     except OSError:
         return None
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)

@@ -46,8 +46,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from trueup.journal.atomic import append_line, fsync_dir, path_error, write_all, write_json
+from trueup.journal.atomic import (
+    UnsafeFile,
+    append_line,
+    fsync_dir,
+    path_error,
+    read_state_bytes,
+    write_all,
+    write_json,
+)
 from trueup.model.digests import canonical_json, sha256_hex
+from trueup.system.safefile import open_file
 
 __all__ = ["AuditLog", "AuditProblem", "now_iso"]
 
@@ -242,7 +251,9 @@ class AuditLog:
     def append(self, event: str, actor: str = "local", **details: Any) -> dict[str, Any]:
         with self._lock:
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+                fd = open_file(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+            except UnsafeFile:
+                raise
             except OSError as exc:
                 raise path_error(self.path, exc) from exc
             try:
@@ -355,11 +366,13 @@ class AuditLog:
         what a crash right after an append can leave.
         """
         try:
-            data = self.head_path.read_bytes()
-        except FileNotFoundError:
-            return None, None  # older state directories have none yet
+            data = read_state_bytes(self.head_path)
+        except ValueError as exc:  # not a regular file of ours
+            return None, str(exc)
         except OSError as exc:
             return None, f"{self.head_path}: {exc.strerror}"
+        if data is None:
+            return None, None  # older state directories have none yet
         if not data.strip(b"\x00 \t\r\n"):
             return None, None
         try:
@@ -403,9 +416,9 @@ class AuditLog:
     def tail(self, max_bytes: int = 256 * 1024) -> list[dict[str, Any]]:
         """The last records (whole lines within the last `max_bytes`), oldest first."""
         try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
-            return []
+            fd = open_file(self.path, os.O_RDONLY)
+        except (FileNotFoundError, UnsafeFile):
+            return []  # an unsafe log is reported by verify() and trueup.journal.damage
         try:
             size = os.fstat(fd).st_size
             start = max(0, size - max_bytes)
@@ -426,10 +439,11 @@ class AuditLog:
     def _read(self) -> tuple[bytes | None, tuple[int, str] | None, str | None]:
         """The log's bytes (None when missing), its anchor and why the anchor is invalid.
 
-        Read under a shared flock, so no append is half-way through.
+        Read under a shared flock, so no append is half-way through. Raises
+        `UnsafeFile` when the log is not a regular file of ours.
         """
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = open_file(self.path, os.O_RDONLY)
         except FileNotFoundError:
             fd = -1
         try:
@@ -464,7 +478,10 @@ class AuditLog:
 
     def records(self) -> list[dict[str, Any]]:
         """Every line, oldest first; a line that is no record is `{"unparseable": text}`."""
-        data, _, _ = self._read()
+        try:
+            data, _, _ = self._read()
+        except UnsafeFile:
+            return []
         if data is None:
             return []
         return [
@@ -476,7 +493,10 @@ class AuditLog:
 
     def verify(self) -> list[AuditProblem]:
         """Every line whose chain breaks; the first names where tampering starts."""
-        data, anchor, anchor_error = self._read()
+        try:
+            data, anchor, anchor_error = self._read()
+        except UnsafeFile as exc:
+            return [AuditProblem(0, exc.problem)]
         lines = self._lines(data or b"")
         problems: list[AuditProblem] = []
         prev = GENESIS

@@ -18,11 +18,24 @@ Each finding names the file, the problem and what it blocks:
 
 Management never depends on any of them: phase 1 takes the first readable of
 several copies of the management facts (see `trueup.startup.sources`).
+
+Anything in the state directory that is not what the agent keeps there — a
+symbolic link, a directory where a file belongs (or a file where a directory
+belongs), a FIFO, a device, a file of another user — is damage too, anywhere
+in the tree (`run/` included): it is never followed, read or written through
+(`trueup.system.safefile`). The JSON records above block what they always
+block; `lock`, `journal.jsonl`, `audit.jsonl` and the `revisions/` directory
+block writes (no transaction could be locked, journaled or audited); the
+rest block nothing more than what fails by itself.
+
+Why this module is over 400 lines: it is the one list of every state file and
+what its damage forbids; one check per file, each next to its table row.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +50,7 @@ from trueup.journal.override import OVERRIDE_FILE, read_override
 from trueup.journal.state import STATE_SCHEMA, StateDir
 from trueup.model.digests import json_digest
 from trueup.model.records import Pending
+from trueup.system.safefile import refusal, unsafe_entries
 
 __all__ = ["Blocks", "Damage", "StateCheck"]
 
@@ -48,6 +62,46 @@ RECONCILE_FILE = "reconcile.json"
 CONFIG_FILE = "config.json"
 TOKENS_FILE = "api-tokens.json"
 _LOW_SPACE = 64 * 1024
+
+# What the agent keeps at the top of the state directory, by kind. Files with a
+# check of their own (the JSON records) are left to it; the rest are checked
+# here for what they are, and `_BLOCKING` says what an unusable one refuses.
+_CHECKED = frozenset(
+    {
+        "state.json",
+        "applied.json",
+        CONTROL_PLANE_FILE,
+        PENDING_FILE,
+        "journal.jsonl",
+        RECONCILE_FILE,
+        OVERRIDE_FILE,
+        MANAGEMENT_FILE,
+        CONFIG_FILE,
+        TOKENS_FILE,
+    }
+)
+_FILES = frozenset(
+    {
+        "lock",
+        "agent.pid",
+        "agent.log",
+        "agent.log.1",
+        "audit.jsonl",
+        "audit.head",
+        "audit.torn",
+        "limitations.json",
+        "limitations.lock",
+    }
+)
+_DIRECTORIES = frozenset({"revisions", "fences", "restore", "run", "secrets"})
+_SOCKETS = frozenset({"agent.sock"})
+_BLOCKING: dict[str, Blocks] = {
+    "lock": "writes",
+    "audit.jsonl": "writes",
+    "revisions": "writes",
+}
+# A directory under run/ with one of these endings stands where a file belongs.
+_FILE_ENDINGS = (".pid", ".log", ".conf", ".cfg", ".json", ".csv", ".new", ".check")
 
 _CONSEQUENCE: dict[str, str] = {
     "writes": "applies, rollbacks, heals and recovery are refused until it is repaired; "
@@ -86,7 +140,7 @@ _Signature = tuple[int, int, int] | None
 
 def _signature(path: Path) -> _Signature:
     try:
-        st = path.stat()
+        st = path.lstat()  # a link is checked as a link, never through
     except OSError:
         return None
     return (st.st_ino, st.st_size, st.st_mtime_ns)
@@ -124,6 +178,7 @@ class StateCheck:
             return []
         found: list[Damage] = []
         found += self._storage()
+        found += self._unsafe()
         found += self._file(root / "state.json", self._state_json)
         applied, applied_damage = self._applied()
         found += applied_damage
@@ -168,7 +223,7 @@ class StateCheck:
         for version in revisions:
             if version != applied:
                 found += self._revision(version, "none")
-        return found + audit + noted
+        return _one_per_path(found + audit + noted)
 
     def blocking(self, blocks: Blocks) -> list[Damage]:
         """The damaged files that forbid `blocks` (writes, or heals)."""
@@ -191,6 +246,54 @@ class StateCheck:
         with self._lock:
             self._cache[cache_key] = (signature, result)
         return result
+
+    # -- what is not a file (or directory) of ours -------------------------------------
+    def _unsafe(self) -> list[Damage]:
+        """Links, FIFOs, devices, others' files, and the wrong kind where a known name is."""
+        root = self.state.root
+        found: list[Damage] = []
+        try:
+            entries = list(os.scandir(root))
+        except OSError:
+            return []
+        for entry in entries:
+            name = entry.name
+            if name in _CHECKED:
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if name in _DIRECTORIES:
+                problem = refusal(entry.path, st, directory=True)
+            elif name in _SOCKETS:
+                problem = None if stat.S_ISSOCK(st.st_mode) else refusal(entry.path, st)
+            elif name in _FILES or not (stat.S_ISDIR(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
+                problem = refusal(entry.path, st)
+            else:
+                problem = refusal(entry.path, st, directory=True)
+            if problem is not None:
+                found.append(Damage(entry.path, _refused(problem), _BLOCKING.get(name, "none")))
+            elif name in _DIRECTORIES:
+                found += self._unsafe_below(Path(entry.path), name)
+        return found
+
+    def _unsafe_below(self, directory: Path, name: str) -> list[Damage]:
+        blocks = _BLOCKING.get(name, "none")
+        found = [
+            Damage(path, _refused(problem), blocks) for path, problem in unsafe_entries(directory)
+        ]
+        # A directory where a file belongs: every entry of fences/, secrets/ and
+        # revisions/ (but `superseded/`, `restore/staged/`) is a file, and so is
+        # any entry under run/ named like one.
+        for path in _directories_below(directory, 2 if name == "run" else 1):
+            leaf = path.name
+            if (
+                (name in ("fences", "secrets") or (name == "revisions" and leaf != "superseded"))
+                and path.parent == directory
+            ) or (name == "run" and path.parent != directory and leaf.endswith(_FILE_ENDINGS)):
+                found.append(Damage(str(path), _refused("a directory, not a regular file"), blocks))
+        return found
 
     # -- one function per file ------------------------------------------------------
     def _storage(self) -> list[Damage]:
@@ -300,6 +403,8 @@ class StateCheck:
         problems = self.state.journal.problems()
         if not problems:
             return []
+        if refusal(path, path.lstat()) is not None:  # no transaction can be recorded
+            return [Damage(str(path), problems[0], "writes")]
         more = f" (and {len(problems) - 2} more)" if len(problems) > 2 else ""
         return [Damage(str(path), "; ".join(problems[:2]) + more)]
 
@@ -359,6 +464,41 @@ class StateCheck:
                 "/v1/health/* still answer)",
             )
         ]
+
+
+_STRENGTH: dict[Blocks, int] = {"writes": 2, "heals": 1, "none": 0}
+
+
+def _one_per_path(found: list[Damage]) -> list[Damage]:
+    """The findings in order, one per path: the one that blocks the most."""
+    best: dict[str, Damage] = {}
+    for damage in found:
+        kept = best.get(damage.path)
+        if kept is None or _STRENGTH[damage.blocks] > _STRENGTH[kept.blocks]:
+            best[damage.path] = damage
+    return [d for d in found if best[d.path] is d]
+
+
+def _refused(problem: str) -> str:
+    return f"{problem}: never followed, read or written through; move it aside"
+
+
+def _directories_below(directory: Path, depth: int) -> list[Path]:
+    """Real directories (not links) below `directory`, `depth` levels down."""
+    out: list[Path] = []
+    level = [directory]
+    for _ in range(depth):
+        below: list[Path] = []
+        for folder in level:
+            try:
+                below += [
+                    Path(e.path) for e in os.scandir(folder) if e.is_dir(follow_symlinks=False)
+                ]
+            except OSError:
+                continue
+        out += below
+        level = below
+    return out
 
 
 def _json_dict(path: Path, blocks: Blocks) -> list[Damage]:

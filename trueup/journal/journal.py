@@ -17,11 +17,12 @@ import secrets
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Unpack
+from typing import Any, BinaryIO, Unpack
 
-from trueup.journal.atomic import append_line, write_atomic
+from trueup.journal.atomic import UnsafeFile, append_line, write_atomic
 from trueup.journal.audit import now_iso
 from trueup.model.records import BeginFields
+from trueup.system.safefile import open_file, unsafe_entry
 
 __all__ = ["TERMINAL", "Journal", "Transaction"]
 
@@ -129,9 +130,14 @@ class Journal:
     def _records(self) -> list[dict[str, Any]]:
         """Every whole record, parsed once per process: later calls read only what was appended."""
         try:
-            stat = self.path.stat()
-        except FileNotFoundError:
-            return []
+            fd = open_file(self.path, os.O_RDONLY)
+        except (FileNotFoundError, UnsafeFile):
+            return []  # an unsafe journal is named by problems() and refuses every begin
+        with os.fdopen(fd, "rb") as handle:
+            return self._parse_from(handle)
+
+    def _parse_from(self, handle: BinaryIO) -> list[dict[str, Any]]:
+        stat = os.fstat(handle.fileno())
         key = self.path.resolve()
         with _CACHE_LOCK:
             cached = _CACHE.get(key)
@@ -139,9 +145,8 @@ class Journal:
                 cached = _Parsed(stat.st_ino)
                 _CACHE[key] = cached
             if cached.offset < stat.st_size:
-                with self.path.open("rb") as handle:
-                    handle.seek(cached.offset)
-                    chunk = handle.read()
+                handle.seek(cached.offset)
+                chunk = handle.read()
                 end = chunk.rfind(b"\n") + 1  # a torn last line waits for its newline
                 for line in chunk[:end].split(b"\n")[:-1]:
                     cached.lines += 1
@@ -156,6 +161,9 @@ class Journal:
 
     def problems(self) -> list[str]:
         """Lines that are not journal records, and a torn last line: each ignored, with why."""
+        unsafe = unsafe_entry(self.path)
+        if unsafe is not None:
+            return [f"{unsafe}: refused (never followed); no transaction can be recorded"]
         self._records()
         key = self.path.resolve()
         with _CACHE_LOCK:
@@ -167,7 +175,7 @@ class Journal:
             offset = cached.offset if cached else 0
             lines = cached.lines if cached else 0
         try:
-            size = self.path.stat().st_size
+            size = self.path.lstat().st_size
         except FileNotFoundError:
             return found
         if size > offset:
@@ -209,7 +217,7 @@ class Journal:
     def _maybe_compact(self) -> None:
         """Keep the journal bounded: rewrite it with the last transactions only."""
         try:
-            if self.path.stat().st_size < _COMPACT_BYTES:
+            if self.path.lstat().st_size < _COMPACT_BYTES:
                 return
         except FileNotFoundError:
             return

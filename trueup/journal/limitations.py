@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import fcntl
 import fnmatch
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -35,6 +36,7 @@ from typing import Any
 from trueup.journal.atomic import read_json, write_json
 from trueup.journal.audit import AuditLog
 from trueup.subsystems.base import Difference
+from trueup.system.safefile import open_file
 
 __all__ = [
     "LIMITATIONS_FILE",
@@ -69,7 +71,8 @@ def _read(root: Path) -> dict[str, Any]:
 @contextmanager
 def _locked(root: Path) -> Iterator[dict[str, Any]]:
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with open(root / _LOCK_FILE, "a+") as handle:
+    fd = open_file(root / _LOCK_FILE, os.O_RDWR | os.O_CREAT)  # never through a link
+    with os.fdopen(fd, "a+") as handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         data = _read(root)
         yield data

@@ -3,7 +3,10 @@
 Held for the duration of an apply, rollback, confirm or reconcile pass. A
 second writer does not wait: it is refused at once, so the caller can report
 `STATE_CONCURRENT_MODIFICATION` and change nothing. The holder's PID and
-purpose are written into the file for `status`.
+purpose are written into the file for `status`. The file is opened without
+following links and only when it is a regular file of ours
+(`trueup.system.safefile`): a symbolic link or a directory in its place is
+refused with `LockError` naming it, and nothing is truncated through it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
+
+from trueup.system.safefile import UnsafeFile, open_file
 
 __all__ = ["LockBusy", "LockError", "WriterLock", "lock_holder"]
 
@@ -44,15 +49,15 @@ class LockError(OSError):
 def lock_holder(path: Path) -> dict[str, object] | None:
     """Who holds the lock now, or None when nobody does."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
+        fd = open_file(path, os.O_RDONLY)
+    except (FileNotFoundError, UnsafeFile):
+        return None  # an unsafe lock file is reported by trueup.journal.damage
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             try:
-                data = json.loads(path.read_text() or "{}")
+                data = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
                 return dict(data) if isinstance(data, dict) else {}
             except (ValueError, OSError):
                 return {}
@@ -92,7 +97,9 @@ class WriterLock:
     def _take(self) -> int:
         """Open and flock the lock file; on any failure nothing stays open or held."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            fd = open_file(self.path, os.O_RDWR | os.O_CREAT)
+        except UnsafeFile as exc:
+            raise LockError(exc.errno, f"cannot take the writer lock: {exc.strerror}") from exc
         except OSError as exc:
             raise LockError(
                 exc.errno, f"cannot open the writer lock {self.path}: {exc.strerror}"

@@ -24,7 +24,7 @@ never raises. It is a corruption check, not a signature: crc32 because this
 module is imported on the fast path, where hashlib's OpenSSL load would cost
 more than the rest of the file handling.
 
-Stdlib only (besides `trueup.system.atomicfile`): it is imported before
+Stdlib only (besides `trueup.system.atomicfile` and `trueup.system.safefile`): it is imported before
 pydantic and the rest of the agent.
 """
 
@@ -39,6 +39,7 @@ from typing import Any
 
 from trueup.journal.override import OVERRIDE_FILE, override_facts, read_override
 from trueup.system.atomicfile import write_atomic
+from trueup.system.safefile import read_file
 
 __all__ = [
     "MANAGEMENT_FILE",
@@ -53,7 +54,12 @@ __all__ = [
 MANAGEMENT_FILE = "management.json"
 MANAGEMENT_SCHEMA = 1
 _FIELDS = ("interface", "addresses", "gateway", "api", "version", "digest")
-_MAX_BYTES = 64 * 1024
+# Any record a valid document gives fits: documents are bounded at 1 MiB
+# (`trueup.model.limits.DOCUMENT_BYTES`), and their management section, written
+# with indentation, at less than 8 times that. `write_management` refuses more,
+# so what is written is always read back.
+_MAX_BYTES = 8 << 20
+_REVISION_BYTES = 32 << 20  # an accepted revision: a document and its metadata
 
 
 def management_facts(
@@ -102,14 +108,18 @@ def write_management(root: Path, facts: dict[str, Any]) -> None:
     record["schema"] = MANAGEMENT_SCHEMA
     record["checksum"] = _checksum(record)
     data = (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()
+    if len(data) > _MAX_BYTES:
+        raise ValueError(
+            f"management facts: {len(data)} bytes, over the {_MAX_BYTES} bytes the fast "
+            f"path reads back from {MANAGEMENT_FILE}"
+        )
     write_atomic(Path(root) / MANAGEMENT_FILE, data)
 
 
 def read_management(root: Path) -> dict[str, Any] | None:
     """The facts in `root/management.json`; None when missing, unreadable or not to be trusted."""
     try:
-        with open(Path(root) / MANAGEMENT_FILE, "rb") as handle:
-            data = handle.read(_MAX_BYTES + 1)
+        data = read_file(Path(root) / MANAGEMENT_FILE, _MAX_BYTES)  # never through a link
         if len(data) > _MAX_BYTES:
             return None
         record = json.loads(data.decode("utf-8"))
@@ -191,8 +201,7 @@ def _problem(facts: dict[str, Any]) -> str | None:
 # -- which facts to come up with, before the model is imported --------------------
 def _json_file(path: Path) -> Any:
     try:
-        with open(path, "rb") as handle:
-            return json.loads(handle.read(1 << 22).decode("utf-8"))
+        return json.loads(read_file(path, _REVISION_BYTES).decode("utf-8"))
     except (OSError, ValueError):
         return None
 

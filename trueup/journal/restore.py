@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from trueup.system.atomicfile import path_error, write_atomic
+from trueup.system.safefile import UnsafeFile, ensure_dir, read_file
 
 __all__ = [
     "PENDING",
@@ -70,9 +71,11 @@ def read_record(state_dir: Path) -> dict[str, Any] | None:
     """The restore record, or None. A damaged record is returned as state `damaged` (fail closed)."""
     path = record_path(state_dir)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_file(path).decode("utf-8", errors="replace")  # never through a link
     except FileNotFoundError:
         return None
+    except UnsafeFile as exc:
+        return {"state": "damaged", "problem": str(exc)}
     except OSError as exc:
         return {"state": "damaged", "problem": f"{path}: unreadable: {exc}"}
     try:
@@ -108,7 +111,9 @@ def write_record(
     record["next"] = next_step(record)
     path = record_path(state_dir)
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        ensure_dir(path.parent)
+    except UnsafeFile:
+        raise
     except OSError as exc:
         raise path_error(path.parent, exc) from exc
     write_atomic(path, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode(), 0o600)

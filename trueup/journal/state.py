@@ -15,7 +15,9 @@ STATE_DIR/
   agent.log           the agent's log (also agent.log.1), read by evidence and doctor
   limitations.json    known limitations (trueup.journal.limitations)
 ```
-Every file is written atomically. `digest` fields let `doctor` detect edits
+Every file is written atomically, and none is opened through a symbolic link
+or used unless it is a regular file of ours (`trueup.system.safefile`;
+`trueup.journal.damage` names anything else). `digest` fields let `doctor` detect edits
 made behind the agent's back.
 """
 
@@ -33,6 +35,7 @@ from trueup.journal.journal import Journal
 from trueup.journal.lock import WriterLock
 from trueup.model.digests import json_digest
 from trueup.model.records import Applied
+from trueup.system.safefile import ensure_dir
 
 __all__ = ["STATE_SCHEMA", "StateDir", "StateDirError"]
 
@@ -77,7 +80,7 @@ class StateDir:
         schema and `OSError` when the directory cannot be written.
         """
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        (self.root / "revisions").mkdir(exist_ok=True, mode=0o700)
+        ensure_dir(self.root / "revisions")  # never a link out of the state directory
         try:
             meta = read_json(self.root / "state.json")
         except StateFileError:
@@ -169,7 +172,7 @@ class StateDir:
             existing = None
         if isinstance(existing, dict) and existing.get("digest") not in (None, digest):
             aside = self.root / "revisions" / "superseded"
-            aside.mkdir(exist_ok=True, mode=0o700)
+            ensure_dir(aside, levels=2)
             identity = existing.get("applied_digest") or existing.get("digest", "")
             old = str(identity).removeprefix("sha256:")[:12]
             os.replace(path, aside / f"{version:08d}-{old}.json")

@@ -5,6 +5,11 @@ The one implementation of an atomic write: the state directory
 (`trueup.system.sources.HostFiles`) both use it. Every failure leaves nothing
 behind (no temp file, no open descriptor) and is raised as an `OSError` that
 names the path.
+
+Nothing is written through a link: the temp file is created with
+`O_CREAT|O_EXCL|O_NOFOLLOW`, and a target that is not a regular file of ours
+(a symbolic link, a directory, a FIFO: `trueup.system.safefile`) is refused
+with `UnsafeFile` and left as it is, as evidence.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import errno
 import os
 from pathlib import Path
 
-__all__ = ["fsync_dir", "path_error", "write_all", "write_atomic"]
+from trueup.system.safefile import UnsafeFile, open_dir, unsafe_entry
+
+__all__ = ["UnsafeFile", "fsync_dir", "path_error", "write_all", "write_atomic"]
 
 
 def path_error(path: Path | str, exc: OSError) -> OSError:
@@ -36,7 +43,9 @@ def write_all(fd: int, data: bytes) -> None:
 
 def fsync_dir(directory: Path) -> None:
     try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        fd = open_dir(directory)
+    except UnsafeFile:
+        raise
     except OSError as exc:
         raise path_error(directory, exc) from exc
     try:
@@ -54,9 +63,14 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o600, *, durable: bool = 
     may hold its old content or be empty. Only for files that may lag (caches,
     the audit anchor), never for state that must survive.
     """
+    problem = unsafe_entry(path)
+    if problem is not None:
+        raise UnsafeFile(path, problem)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
+        os.unlink(tmp)  # left by a crash of a process with our pid; unlink never follows
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     except OSError as exc:
         raise path_error(path, exc) from exc
     try:

@@ -84,6 +84,7 @@ from trueup.system.processes import (
     stat_fields,
     wait_gone,
 )
+from trueup.system.safefile import UnsafeFile, ensure_dir, open_file, read_file, unsafe_entries
 from trueup.system.sockets import remove_socket_dir
 
 __all__ = [
@@ -349,8 +350,8 @@ class _Daemon:
 
     def read_record(self) -> dict[str, Any] | None:
         try:
-            data = json.loads(self.record_path.read_text())
-        except (OSError, ValueError):
+            data = json.loads(read_file(self.record_path, 1 << 16))
+        except (OSError, ValueError):  # missing, unreadable, or not a regular file of ours
             return None
         return data if isinstance(data, dict) else None
 
@@ -399,9 +400,19 @@ class _Daemon:
 
     def spawn(self) -> None:
         spec = self.spec
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(self.directory.parent, 0o700)
-        os.chmod(self.directory, 0o700)
+        try:
+            ensure_dir(self.directory, levels=2)  # neither run/ nor run/NAME a link out
+            os.chmod(self.directory.parent, 0o700)
+            os.chmod(self.directory, 0o700)
+        except UnsafeFile as exc:
+            raise DaemonError(f"{spec.name}: cannot start: {exc}") from exc
+        # The daemon opens its own files (pid, lease, lock files) and follows links:
+        # it is not started while anything in its directory is not a file of ours.
+        unsafe = unsafe_entries(self.directory)
+        if unsafe:
+            path, problem = unsafe[0]
+            more = f" (and {len(unsafe) - 1} more)" if len(unsafe) > 1 else ""
+            raise DaemonError(f"{spec.name}: cannot start: {UnsafeFile(path, problem)}{more}")
         # The old instance (and what it left in its session) is gone before a new one starts.
         self.reap_leftovers()
         if spec.before_start is not None:
@@ -409,7 +420,11 @@ class _Daemon:
         env = dict(os.environ)
         env.update(dict(spec.env))
         self.ready_pid = None
-        with open(self.log_path, "ab") as out:
+        try:
+            log_fd = open_file(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        except OSError as exc:
+            raise DaemonError(f"{spec.name}: cannot start: its log {exc}") from exc
+        with os.fdopen(log_fd, "ab") as out:
             self.log_offset = out.tell()
             try:
                 child = subprocess.Popen(
@@ -533,8 +548,7 @@ class DaemonSupervisor:
         self._closed = threading.Event()
 
     def run_dir(self, name: str) -> Path:
-        directory = self.run_root / name
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        directory = ensure_dir(self.run_root / name, levels=2)
         os.chmod(self.run_root, 0o700)
         os.chmod(directory, 0o700)
         return directory

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trueup.system.atomicfile import fsync_dir, path_error, write_atomic
+from trueup.system.safefile import UnsafeFile, ensure_dir, read_file, unsafe_entry
 
 __all__ = ["Fence", "fence_path", "hold_fence", "lift_fence", "read_fence", "read_fences"]
 
@@ -49,7 +50,9 @@ def read_fence(state_dir: Path, subsystem: str) -> Fence | None:
     """The fence on `subsystem`, or None. An unreadable record counts as held (fail closed)."""
     path = fence_path(state_dir, subsystem)
     try:
-        text = path.read_text(encoding="utf-8")
+        # Never through a link (trueup.system.safefile); anything but a regular
+        # file of ours reads as unreadable: the fence counts as held.
+        text = read_file(path, 1 << 16)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -85,7 +88,9 @@ def hold_fence(state_dir: Path, subsystem: str, owner: str, reason: str) -> Fenc
     fence = Fence(subsystem, owner, reason, since)
     path = fence_path(state_dir, subsystem)
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        ensure_dir(path.parent)
+    except UnsafeFile:
+        raise
     except OSError as exc:
         raise path_error(path.parent, exc) from exc
     write_atomic(path, (json.dumps(fence.to_json(), sort_keys=True) + "\n").encode(), 0o600)
@@ -96,6 +101,9 @@ def lift_fence(state_dir: Path, subsystem: str) -> Fence | None:
     """Remove the fence durably; the fence that was held, or None."""
     existing = read_fence(state_dir, subsystem)
     path = fence_path(state_dir, subsystem)
+    problem = unsafe_entry(path.parent, directory=True)
+    if problem is not None:
+        raise UnsafeFile(path.parent, problem)
     try:
         path.unlink()
     except FileNotFoundError:

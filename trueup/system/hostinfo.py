@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trueup.system.runner import Runner, SubprocessRunner
+from trueup.system.safefile import UnsafeFile, open_file
 
 __all__ = [
     "AGENT_LOG",
@@ -75,7 +76,8 @@ def systemd_unit(pid: int | None) -> str | None:
 
 
 def _tail(path: Path, lines: int) -> list[str]:
-    with open(path, encoding="utf-8", errors="replace") as handle:
+    # Never through a link, never a FIFO (that would block): trueup.system.safefile.
+    with os.fdopen(open_file(path, os.O_RDONLY), encoding="utf-8", errors="replace") as handle:
         return [line.rstrip("\n") for line in deque(handle, maxlen=lines)]
 
 
@@ -109,6 +111,8 @@ def agent_log_lines(
             if len(found) < lines and older.exists():
                 found = _tail(older, lines - len(found)) + found
             return found, {"source": str(path)}
+        except UnsafeFile as exc:
+            tried.append(str(exc))
         except OSError as exc:
             tried.append(f"{path}: {os.strerror(exc.errno or 0)}")
     else:

@@ -35,10 +35,13 @@ over its socket: released ones not at all, declined ones with `state`
 from __future__ import annotations
 
 import json
+import os
 import socket
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from trueup.system.safefile import open_file
 
 __all__ = [
     "PAGE_SIZE",
@@ -223,7 +226,9 @@ def _rows(paths: Iterable[Path]) -> Iterator[tuple[int, dict[str, int], str]]:
     """(row number across files, header index, line) for every data row."""
     number = 0
     for path in paths:
-        with open(path, encoding="utf-8", errors="replace") as handle:
+        # Never through a link (trueup.system.safefile): a host file is no lease file.
+        fd = open_file(path, os.O_RDONLY)
+        with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
             header: dict[str, int] | None = None
             for line in handle:
                 line = line.rstrip("\r\n")

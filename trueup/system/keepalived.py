@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trueup.system.atomicfile import write_atomic
+from trueup.system.safefile import UnsafeFile, ensure_dir, read_file
 
 __all__ = [
     "DAEMON",
@@ -178,7 +179,7 @@ def instances_for(vips: list[tuple[str, int, list[str]]], peers: list[str]) -> l
 
 def write_config(paths: KeepalivedPaths, config: str) -> None:
     """The configuration (0600 in the 0700 run directory)."""
-    paths.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ensure_dir(paths.run_dir)
     write_atomic(paths.config, config.encode(), 0o600)
 
 
@@ -200,8 +201,8 @@ def vrrp_running(paths: KeepalivedPaths, parent: int) -> bool:
 
 def read_config(paths: KeepalivedPaths) -> str | None:
     try:
-        return paths.config.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
+        return read_file(paths.config).decode("utf-8", errors="replace")
+    except (FileNotFoundError, UnsafeFile):  # the write names what is there
         return None
 
 

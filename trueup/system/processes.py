@@ -23,6 +23,8 @@ import re
 import time
 from pathlib import Path
 
+from trueup.system.safefile import open_file
+
 __all__ = ["TAIL_LINES", "log_tail", "session_members", "signal_all", "stat_fields", "wait_gone"]
 
 # How many of a daemon's own last log lines name why it failed.
@@ -78,7 +80,8 @@ def log_tail(path: Path, offset: int = 0, lines: int = TAIL_LINES) -> str:
     """The daemon's own last words after `offset`, joined by ` | `: the last `lines` lines
     that name a problem (alert, error, cannot, …), else its last `lines` lines."""
     try:
-        with open(path, "rb") as handle:
+        # never through a link planted in the run directory (it would show another file's lines)
+        with os.fdopen(open_file(path, os.O_RDONLY), "rb") as handle:
             handle.seek(offset)
             text = handle.read()[-65536:].decode(errors="replace")
     except OSError:

@@ -22,12 +22,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from trueup.system.atomicfile import path_error, write_atomic
+from trueup.system.safefile import UnsafeFile, ensure_dir, open_file, unsafe_entry
 
 __all__ = [
     "MAX_BYTES",
@@ -66,18 +66,21 @@ def secret_path(state_dir: Path, name: str) -> Path:
 def read_secret(state_dir: Path, name: str) -> str | None:
     """The secret's value (surrounding whitespace removed), or None when it is not stored."""
     path = secret_path(state_dir, name)
+    problem = unsafe_entry(path.parent, directory=True)
+    if problem is not None:
+        raise SecretError(f"secret {name!r}: {path.parent}: {problem}; refused")
     try:
-        # O_NOFOLLOW: a symlink planted in the store (say to /etc/shadow) is refused,
-        # not read; O_NONBLOCK: a planted FIFO does not hang the agent.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        # A symlink planted in the store (say to /etc/shadow) is refused, not
+        # read; a planted FIFO does not hang the agent (trueup.system.safefile).
+        fd = open_file(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
+    except UnsafeFile as exc:
+        raise SecretError(f"secret {name!r}: {exc}") from exc
     except OSError as exc:
         raise SecretError(f"secret {name!r}: {path} is not a readable regular file") from exc
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise SecretError(f"secret {name!r}: {path} is not a regular file")
         if info.st_size > MAX_BYTES + 1:
             raise SecretError(f"secret {name!r}: {path} is over {MAX_BYTES} bytes")
         data = os.read(fd, MAX_BYTES + 2)
@@ -96,8 +99,7 @@ def write_secret(state_dir: Path, name: str, value: str) -> Path:
         raise SecretError(f"secret {name!r}: the value is empty")
     if len(data) > MAX_BYTES:
         raise SecretError(f"secret {name!r}: the value is over {MAX_BYTES} bytes")
-    directory = path.parent
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    directory = ensure_dir(path.parent)
     os.chmod(directory, 0o700)
     write_atomic(path, data + b"\n", 0o600)
     return path

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trueup.system.events import EventCallback, EventSource, KernelEventSource, NetlinkEvent
+from trueup.system.safefile import ensure_dir
 
 __all__ = [
     "STATE_DIR",
@@ -294,7 +295,7 @@ def event_source_for(
                 continue
             path = str(state_dir) + path[len(STATE_DIR) :]
             try:
-                Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                ensure_dir(Path(path).parent)  # never a link out of the state directory
             except OSError as exc:  # a damaged state directory: the periodic look remains
                 log.warning("cannot watch %s: %s", path, exc)
                 continue

@@ -36,6 +36,7 @@ from pathlib import Path
 from trueup.system.atomicfile import write_atomic
 from trueup.system.daemon import DaemonSpec
 from trueup.system.runner import Runner
+from trueup.system.safefile import ensure_dir
 from trueup.system.secretstore import secret_digest
 
 __all__ = [
@@ -200,7 +201,7 @@ class WgControl:
 
     def syncconf(self, ifname: str, run_dir: Path, conf: str) -> None:
         """Replace the interface's key, port and peers with `conf` (which holds keys)."""
-        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        ensure_dir(run_dir)
         os.chmod(run_dir, 0o700)
         path = run_dir / f"{ifname}.conf"
         write_atomic(path, conf.encode(), 0o600, durable=False)

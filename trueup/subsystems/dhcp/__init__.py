@@ -65,6 +65,7 @@ from trueup.system.kea import (
     make_socket_dir,
 )
 from trueup.system.kea import answers as kea_answers
+from trueup.system.safefile import ensure_dir, read_file
 from trueup.system.watches import every, rtnetlink
 
 __all__ = ["DhcpSection", "DhcpSubsystem"]
@@ -224,7 +225,7 @@ class DhcpSubsystem(Subsystem):
         if section is None:
             stored = paths.run_dir / "sections" / f"{wanted.split(':')[-1]}.json"
             try:
-                section = DhcpSection.model_validate(json.loads(stored.read_text()))
+                section = DhcpSection.model_validate(json.loads(read_file(stored)))
             except (OSError, ValueError) as exc:
                 raise StepError(step, f"no configuration known for {wanted}: {exc}") from exc
             self._sections[wanted] = section
@@ -240,7 +241,7 @@ class DhcpSubsystem(Subsystem):
         # Kept for a rollback after an agent restart (the section, not Kea's leases).
         stored = paths.run_dir / "sections" / f"{str(step.args['digest']).split(':')[-1]}.json"
         if not stored.exists():
-            stored.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            ensure_dir(stored.parent)
             write_atomic(stored, section.model_dump_json(by_alias=True).encode(), 0o600)
         return config, section, interfaces
 
@@ -389,7 +390,7 @@ def _config_get(sources: Sources, paths: KeaPaths, pid: int | None) -> dict[str,
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_file(path))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

@@ -35,6 +35,7 @@ from trueup.system.atomicfile import write_atomic
 from trueup.system.daemon import proc_start_time
 from trueup.system.fence import read_fence
 from trueup.system.kea import KeaError, KeaPaths, kea_call
+from trueup.system.safefile import read_file
 
 __all__ = ["CONSISTENT", "allocation_state", "enforce", "wait_for_socket"]
 
@@ -57,7 +58,7 @@ def wait_for_socket(paths: KeaPaths, timeout: float = 15.0) -> None:
 
 def _record(paths: KeaPaths) -> dict[str, object]:
     try:
-        data = json.loads(paths.allocator.read_text())
+        data = json.loads(read_file(paths.allocator))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

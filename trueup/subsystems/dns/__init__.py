@@ -58,6 +58,7 @@ from trueup.system.daemon import DaemonError, DaemonSpec
 from trueup.system.kea import daemon_name, kea_paths
 from trueup.system.kealeases import Lease, read_leases
 from trueup.system.knot import DAEMON, KnotControl, KnotError, KnotPaths, knot_paths, render_config
+from trueup.system.safefile import UnsafeFile, ensure_dir, read_file
 from trueup.system.sockets import make_socket_dir
 from trueup.system.watches import every
 
@@ -229,7 +230,7 @@ class DnsSubsystem(Subsystem):
         static: dict[str, list[str]] = {z: list(r) for z, r in step.args["static"].items()}
         config = render_config(paths, step.args["listen"], step.args["zones"])
         for directory in (paths.zones, paths.db):
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            ensure_dir(directory)
 
         def record(state: dict[str, Any]) -> None:
             state["static"] = static
@@ -355,7 +356,7 @@ def _expected(
 
 def _state(paths: KnotPaths) -> dict[str, Any]:
     try:
-        data = json.loads(paths.state.read_text())
+        data = json.loads(read_file(paths.state))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -364,19 +365,19 @@ def _state(paths: KnotPaths) -> dict[str, Any]:
 def _update_state(paths: KnotPaths, change: Any) -> None:
     state = _state(paths)
     change(state)
-    paths.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ensure_dir(paths.run_dir)
     write_atomic(paths.state, json.dumps(state, sort_keys=True).encode(), 0o600)
 
 
 def _zone_file(paths: KnotPaths, zone: str) -> list[str] | None:
     try:
-        return parse_zone_file(paths.zone_file(zone).read_text(encoding="utf-8", errors="replace"))
-    except FileNotFoundError:
+        return parse_zone_file(read_file(paths.zone_file(zone)).decode("utf-8", errors="replace"))
+    except (FileNotFoundError, UnsafeFile):  # the write names what is there
         return None
 
 
 def _write_zone_file(paths: KnotPaths, zone: str, records: list[str]) -> None:
     # The daemon's files are the agent's alone (0600 in a 0700 directory).
     text = render_zone_file(zone, records, serial=int(time.time()))
-    paths.zones.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ensure_dir(paths.zones)
     write_atomic(paths.zone_file(zone), text.encode(), 0o600)

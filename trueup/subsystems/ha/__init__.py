@@ -53,6 +53,7 @@ from trueup.system.keepalived import (
     vrrp_running,
     write_config,
 )
+from trueup.system.safefile import ensure_dir, read_file
 from trueup.system.watches import every
 
 __all__ = ["HaSection", "HaSubsystem"]
@@ -180,7 +181,7 @@ class HaSubsystem(Subsystem):
         config = known
         # Checked from a scratch copy first: a refused configuration never replaces
         # the one keepalived runs.
-        paths.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        ensure_dir(paths.run_dir)
         scratch = paths.run_dir / "keepalived.conf.check"
         write_atomic(scratch, config.encode(), 0o600)
         try:
@@ -294,7 +295,7 @@ def _configured_addresses(config: str | None) -> set[str]:
 
 def _record(paths: KeepalivedPaths) -> dict[str, Any]:
     try:
-        data = json.loads(paths.record.read_text())
+        data = json.loads(read_file(paths.record))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -303,5 +304,5 @@ def _record(paths: KeepalivedPaths) -> dict[str, Any]:
 def _update_record(paths: KeepalivedPaths, change: Any) -> None:
     record = _record(paths)
     change(record)
-    paths.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ensure_dir(paths.run_dir)
     write_atomic(paths.record, json.dumps(record, sort_keys=True).encode(), 0o600)

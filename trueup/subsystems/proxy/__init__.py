@@ -51,6 +51,7 @@ from trueup.system.haproxy import (
     remove_quietly,
     render_config,
 )
+from trueup.system.safefile import UnsafeFile, ensure_dir, read_file
 from trueup.system.sockets import make_socket_dir
 from trueup.system.watches import STATE_DIR, every, files, rtnetlink
 
@@ -245,7 +246,7 @@ def _write_config(
     sources: Sources, step: Step, paths: HaproxyPaths, proxies: list[dict[str, Any]]
 ) -> None:
     text, omitted = render_config(paths, proxies, _present(sources))
-    paths.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ensure_dir(paths.run_dir)
     write_atomic(paths.candidate, text.encode(), 0o600)
     problem = check_config(sources.runner, paths.candidate)
     if problem is not None:
@@ -344,7 +345,8 @@ def wait_for(path: Path, command: str, timeout: float) -> str:
 def _alerts(paths: HaproxyPaths) -> str:
     """HAProxy's last alerts in its log (why it did not start: a port already taken, …)."""
     try:
-        lines = (paths.run_dir / f"{DAEMON}.log").read_text(errors="replace").splitlines()
+        log_file = paths.run_dir / f"{DAEMON}.log"
+        lines = read_file(log_file).decode("utf-8", errors="replace").splitlines()
     except OSError:
         return ""
     return "; ".join(line.split(" : ", 1)[-1] for line in lines[-50:] if "ALERT" in line)[-600:]
@@ -352,8 +354,8 @@ def _alerts(paths: HaproxyPaths) -> str:
 
 def _file_digest(paths: HaproxyPaths) -> str | None:
     try:
-        return digest_text(paths.config.read_text(encoding="utf-8", errors="replace"))
-    except FileNotFoundError:
+        return digest_text(read_file(paths.config).decode("utf-8", errors="replace"))
+    except (FileNotFoundError, UnsafeFile):  # rewritten, or the write names what is there
         return None
 
 
@@ -368,12 +370,12 @@ def _observed_config(paths: HaproxyPaths, state: dict[str, Any]) -> Any:
 
 def _state(paths: HaproxyPaths) -> dict[str, Any]:
     try:
-        data = json.loads(paths.state.read_text())
+        data = json.loads(read_file(paths.state))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
 
 
 def _write_state(paths: HaproxyPaths, state: dict[str, Any]) -> None:
-    paths.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ensure_dir(paths.run_dir)
     write_atomic(paths.state, json.dumps(state, sort_keys=True).encode(), 0o600)

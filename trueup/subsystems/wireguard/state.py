@@ -15,6 +15,7 @@ from typing import Any
 
 from trueup.subsystems.base import Facts, Sources, Step, StepError
 from trueup.system.atomicfile import write_atomic
+from trueup.system.safefile import ensure_dir, read_file
 from trueup.system.secretstore import (
     SECRETS_DIR,
     SecretError,
@@ -135,7 +136,7 @@ def record_path(sources: Sources, name: str) -> Path:
 
 def read_record(sources: Sources, name: str) -> dict[str, Any]:
     try:
-        data = json.loads(record_path(sources, name).read_text())
+        data = json.loads(read_file(record_path(sources, name)))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -145,5 +146,5 @@ def update_record(sources: Sources, name: str, changes: dict[str, Any]) -> None:
     record = read_record(sources, name)
     record.update(changes)
     path = record_path(sources, name)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ensure_dir(path.parent)
     write_atomic(path, json.dumps(record, sort_keys=True).encode(), 0o600)
