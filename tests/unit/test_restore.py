@@ -288,3 +288,38 @@ def test_an_archive_changed_before_staging_stops_with_the_fence_held_until_put_b
     done = resume(_engine(engine.state, kernel))
     assert done is not None and done["state"] == "completed" and "problem" not in done
     assert read_fence(engine.state.root, "dhcp") is None
+
+
+def test_a_busy_writer_is_a_refusal_with_a_next_step_and_the_restore_resumes(
+    setup: tuple[Engine, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer holding the device past the wait is a 409 with its next step, never a
+    500: the record keeps its state, and `restore apply` again finishes it."""
+    import threading
+
+    from trueup.backup import restore
+
+    engine, archive = setup
+    monkeypatch.setattr(restore, "WRITER_WAIT", 0.2)
+    taken, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with engine.state.writer_lock("apply", 0.0):
+            taken.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert taken.wait(10)
+        with pytest.raises(RestoreRefused, match="run trueup restore apply again"):
+            start_restore(engine, archive, "config-only", {}, LINKS, actor="test")
+        pending = read_record(engine.state.root)
+        assert pending is not None and pending["state"] == "applying", pending
+        assert read_fence(engine.state.root, "dhcp") is not None
+    finally:
+        release.set()
+        holder.join()
+    record = start_restore(engine, archive, "config-only", {}, LINKS, actor="test")
+    assert record["state"] == "completed", record
+    assert read_fence(engine.state.root, "dhcp") is None

@@ -67,6 +67,10 @@ VERIFY_SECONDS = 30.0
 _ONE_AT_A_TIME = threading.Lock()
 
 
+# How long a restore step waits for the writer lock (a heal pass holds it briefly).
+WRITER_WAIT = 30.0
+
+
 class RestoreRefused(Exception):
     """A restore that was not started (or resumed): nothing was changed. `problems` name entries."""
 
@@ -182,7 +186,27 @@ def _save(engine: Engine, record: dict[str, Any]) -> None:
 
 
 def run(engine: Engine, actor: str, *, resumed: bool) -> dict[str, Any]:
-    """Drive the pending restore forward until it ends or waits for a reboot."""
+    """Drive the pending restore forward until it ends or waits for a reboot.
+
+    A writer lock still busy after `WRITER_WAIT` (a heal or an apply running
+    long) is a refusal with its next step, never an error: the record stays in
+    its state and `trueup restore apply` (or the agent's next start) resumes it.
+    """
+    try:
+        return _run(engine, actor, resumed=resumed)
+    except Refused as exc:
+        record = read_record(engine.state.root)
+        if record is None:
+            raise RestoreRefused(str(exc)) from exc
+        record["problem"] = (
+            f"waiting for the writer lock: {exc}; the restore stays {record['state']!r} — "
+            "run trueup restore apply again to resume it"
+        )
+        _save(engine, record)
+        raise RestoreRefused(record["problem"]) from exc
+
+
+def _run(engine: Engine, actor: str, *, resumed: bool) -> dict[str, Any]:
     root = engine.state.root
     record = read_record(root)
     if record is None or record.get("state") in (*TERMINAL, "damaged"):
@@ -289,7 +313,7 @@ def _apply(engine: Engine, record: dict[str, Any], actor: str) -> None:
     except (OSError, ValueError, DocumentError) as exc:
         _roll_back(engine, record, actor, f"the staged revision is unreadable: {exc}")
         return
-    with engine.writer("restore", actor):
+    with engine.writer("restore", actor, wait=WRITER_WAIT):
         if record["mode"] == "full":
             for line in replace_leases(
                 engine.daemons, staged, record, lambda: _save(engine, record)
@@ -320,7 +344,7 @@ def _roll_back(engine: Engine, record: dict[str, Any], actor: str, problem: str)
     """The restore failed: leases back (full), the previous revision converged, fence decided."""
     root = engine.state.root
     record["problem"] = problem
-    with engine.writer("restore", actor):
+    with engine.writer("restore", actor, wait=WRITER_WAIT):
         put_back_leases(engine.daemons, record)
         previous = record.get("previous") or {}
         back = engine.state.applied()
