@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from trueup.journal.override import OVERRIDE_FILE, override_facts, read_override
+from trueup.model.limits import DOCUMENT_BYTES
 from trueup.system.atomicfile import write_atomic
 
 __all__ = [
@@ -53,7 +54,10 @@ __all__ = [
 MANAGEMENT_FILE = "management.json"
 MANAGEMENT_SCHEMA = 1
 _FIELDS = ("interface", "addresses", "gateway", "api", "version", "digest")
-_MAX_BYTES = 64 * 1024
+# The largest file read back: what the `spec.management` of any document trueup accepts
+# (at most `DOCUMENT_BYTES`) can become, written with indentation; a write above it is
+# refused, so every file trueup writes is read back.
+_MAX_BYTES = 4 * DOCUMENT_BYTES
 
 
 def management_facts(
@@ -102,6 +106,10 @@ def write_management(root: Path, facts: dict[str, Any]) -> None:
     record["schema"] = MANAGEMENT_SCHEMA
     record["checksum"] = _checksum(record)
     data = (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()
+    if len(data) > _MAX_BYTES:
+        raise ValueError(
+            f"management facts: {len(data)} bytes, more than the {_MAX_BYTES} read back"
+        )
     write_atomic(Path(root) / MANAGEMENT_FILE, data)
 
 
