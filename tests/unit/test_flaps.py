@@ -368,3 +368,25 @@ def test_trueups_own_ipv6_address_writes_are_never_another_writer() -> None:
     # someone deleting it right after is another writer, and ends the claim
     assert outside_writer(_v6_notification("RTM_DELADDR", prefix)) == UNIDENTIFIED
     assert outside_writer(_v6_notification("RTM_NEWADDR", prefix)) == UNIDENTIFIED
+
+
+def test_management_contested_by_an_older_agent_is_restored_after_an_upgrade(rig: Rig) -> None:
+    """A `reconcile.json` from before management was exempt names its paths contested."""
+    old = {
+        "value": "absent",
+        "flips": 3,
+        "since": "2026-11-01T00:00:00Z",
+        "writer": "RTM_DELADDR from ip (port 7)",
+        "reason": "someone else is writing it; trueup stopped healing it",
+    }
+    saved = rig.loop.governor.to_json()
+    saved["subsystems"].setdefault("management", {})["contested"] = {
+        "spec.management.addresses": old
+    }
+    rig.state.write("reconcile.json", saved)
+    loop = rig.new_loop()
+    assert loop.governor.contested("management") == {}
+    assert "spec.management.addresses" in loop.governor.of("management").fought
+    _delete(rig, "mgmt0", MGMT)
+    loop.run_pass()
+    assert _has(rig, "mgmt0", MGMT)
