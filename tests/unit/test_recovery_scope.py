@@ -7,6 +7,7 @@ SIGKILL leaves it.
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import fields
 from pathlib import Path
@@ -51,8 +52,8 @@ SIDES: dict[str, tuple[Any, Any]] = {
 def _covers(merged: Any, part: Any) -> bool:
     if isinstance(part, frozenset):
         return part <= merged
-    if isinstance(part, bool):
-        return merged or not part
+    if isinstance(part, bool):  # exact: never widened (see the test below)
+        return True
     if isinstance(part, tuple):  # owned: every subsystem's keys
         keys = {name: set(k) for name, k in merged}
         return all(set(k) <= keys.get(name, set()) for name, k in part)
@@ -73,6 +74,9 @@ def test_every_scope_field_is_merged_by_the_union() -> None:
     assert merged.keys_for("wireguard") == {"wg0"}
     # The union survives the journal's JSON.
     assert Scope.from_json(merged.to_json()) == merged
+    # Exactness is this scope's: a journaled scope never makes a recovery remove what
+    # trueup did not assign (a foreign address on the management interface).
+    assert merged.exact is False and theirs.union(mine).exact is True
 
 
 def test_management_addresses_on_another_interface_are_not_owned() -> None:
@@ -280,3 +284,21 @@ def test_a_hanging_preparation_is_bounded_by_its_deadline_in_recovery(
     history = engine.state.journal.transactions()[-1].summary()["history"]
     (rolled_back,) = [r for r in history if r["type"] == "rolled_back"]
     assert any("firewall" in e and "deadline" in e for e in rolled_back["errors"]), rolled_back
+
+
+def test_recovery_never_removes_a_foreign_management_address_whatever_the_journal_says(
+    engine: Engine, kernel: FakeNetlink
+) -> None:
+    assert engine.apply_document(_doc()).ok
+    kernel.add_address("mgmt0", "192.0.2.77/24")  # the console's, not trueup's
+    changed = base_document(routes=[])
+    changed["spec"]["interfaces"][0]["mtu"] = 1300
+    txn = _crash_during(engine, parse_document(changed))
+    # A journal whose scope says exact (a rollback's), hand-edited or from another version.
+    records = [json.loads(line) for line in engine.state.journal.path.read_text().splitlines()]
+    for record in records:
+        if record.get("txn") == txn and record.get("type") == "begin":
+            record["scope"]["exact"] = True
+    engine.state.journal.path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert engine.recover() is not None
+    assert "192.0.2.77/24" in {a.prefix for a in kernel.addrs if a.ifname == "mgmt0"}
