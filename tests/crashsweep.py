@@ -59,7 +59,8 @@ HELD_PORT = 51830  # bound by a helper: WireGuard cannot listen on it, so an app
 
 PROBE = r"""
 import socket, sys, time
-# TCP to the management address: connected or refused means the address answers.
+# TCP to the management address: connected, refused or reset means the address answers
+# (a reset: the agent was killed with this connection in its listen queue).
 log = open(sys.argv[1], "w", buffering=1)
 while True:
     s = socket.socket()
@@ -67,7 +68,7 @@ while True:
     try:
         s.connect(("198.51.100.2", 7443))
         state = "up"
-    except ConnectionRefusedError:
+    except (ConnectionRefusedError, ConnectionResetError):
         state = "up"
     except OSError as exc:
         state = "down " + type(exc).__name__

@@ -40,7 +40,7 @@ while True:
     try:
         s.connect(("198.51.100.2", 7443))
         state = "up"
-    except ConnectionRefusedError:
+    except (ConnectionRefusedError, ConnectionResetError):  # a TCP answer: the address is up
         state = "up"
     except OSError as exc:
         state = "down " + type(exc).__name__

@@ -5,13 +5,20 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from trueup.system.daemon import DaemonError, DaemonSpec, DaemonSupervisor, verified_pid
+from trueup.system.daemon import (
+    DaemonError,
+    DaemonSpec,
+    DaemonSupervisor,
+    proc_start_time,
+    verified_pid,
+)
 
 SLEEP = ("/bin/sleep", "3600")
 
@@ -118,8 +125,6 @@ def test_another_argv_replaces_the_instance(
 
 
 def test_a_self_re_executing_daemon_is_verified_by_program_and_start_time() -> None:
-    from trueup.system.daemon import proc_start_time
-
     pid = os.getpid()
     cmdline = tuple(
         part.decode() for part in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if part
@@ -178,6 +183,41 @@ def test_a_restart_ends_what_the_killed_instance_left_in_its_session(
     finally:
         if _alive(orphan):
             os.kill(orphan, signal.SIGKILL)
+
+
+def test_a_session_the_record_names_is_not_ended_when_its_members_are_not_the_instances(
+    tmp_path: Path, supervisors: list[DaemonSupervisor]
+) -> None:
+    """The recorded pid was reused by a process that made a session and double-forked:
+    what is left in that session is someone else's daemon, never signalled."""
+    foreign = subprocess.Popen(
+        ["/bin/sh", "-c", "/bin/sleep 3600 & exit 0"], start_new_session=True
+    )
+    started = proc_start_time(foreign.pid)
+    foreign.wait(timeout=60)
+    stranger = 0
+    deadline = time.monotonic() + 60
+    while not stranger:  # the sleep the leader left in its session
+        assert time.monotonic() < deadline
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    stat = (entry / "stat").read_text()
+                except OSError:
+                    continue
+                if int(stat[stat.rfind(")") + 2 :].split()[3]) == foreign.pid:
+                    stranger = int(entry.name)
+    try:
+        directory = tmp_path / "run" / "sleeper"
+        directory.mkdir(parents=True, mode=0o700)
+        record = {"pid": foreign.pid, "argv": list(SLEEP), "start_time": started}
+        (directory / "sleeper.pid").write_text(json.dumps(record))
+        status = supervisor(tmp_path, supervisors).ensure(DaemonSpec("sleeper", SLEEP))
+        assert status.running
+        assert _alive(stranger), "a process that is not the instance's was ended"
+    finally:
+        if _alive(stranger):
+            os.kill(stranger, signal.SIGKILL)
 
 
 def test_a_daemon_that_exits_at_once_fails_with_its_own_last_lines(

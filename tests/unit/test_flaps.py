@@ -17,7 +17,8 @@ from trueup.reconcile.attribution import UNIDENTIFIED, item_paths, outside_write
 from trueup.reconcile.healing import MANAGEMENT_BACKOFF_CAP, Governor, HealingOptions
 from trueup.reconcile.transacting import _pinned
 from trueup.subsystems.base import Difference, Scope
-from trueup.system.events import NetlinkEvent
+from trueup.system import rawnl, rtnl
+from trueup.system.events import NetlinkEvent, event_from_message
 from trueup.system.netlink import NetlinkError
 
 MGMT = "198.51.100.2/24"
@@ -343,3 +344,49 @@ def test_a_contested_item_of_a_list_of_objects_pins_only_itself() -> None:
     contested = f'{path}[{{"n":9}}]'
     target = _pinned({path: [rule_a, rule_b]}, {path: [rule_a, rule_x]}, [contested])
     assert target == {path: [rule_a, rule_b, rule_x]}  # the extra one stays, the rest converge
+
+
+def _v6_notification(message: str, prefix: str = V6) -> NetlinkEvent:
+    """An IPv6 address notification as the kernel sends it: port 0, a permanent address."""
+    encoded = rawnl.add_address_request(1, 2, prefix)
+    encoded = encoded[:18] + bytes([0x80]) + encoded[19:]  # ifa_flags: IFA_F_PERMANENT
+    kind = rawnl.RTM_NEWADDR if message == "RTM_NEWADDR" else rawnl.RTM_NEWADDR + 1
+    event = event_from_message(kind, encoded, 0, 100.0, {2: "lan0"})
+    assert event is not None and event.message == message
+    return event
+
+
+def test_trueups_own_ipv6_address_writes_are_never_another_writer() -> None:
+    """The kernel names no sender for IPv6 address changes: trueup's own are known as its own."""
+    prefix = "2001:db8:7::1/64"
+    assert outside_writer(_v6_notification("RTM_NEWADDR", prefix)) == UNIDENTIFIED
+    rtnl.note_own_address_write("RTM_NEWADDR", prefix)
+    added = _v6_notification("RTM_NEWADDR", prefix)
+    assert added.own and outside_writer(added) is None
+    # DAD completing announces it again: still trueup's own add
+    assert outside_writer(_v6_notification("RTM_NEWADDR", prefix)) is None
+    # someone deleting it right after is another writer, and ends the claim
+    assert outside_writer(_v6_notification("RTM_DELADDR", prefix)) == UNIDENTIFIED
+    assert outside_writer(_v6_notification("RTM_NEWADDR", prefix)) == UNIDENTIFIED
+
+
+def test_management_contested_by_an_older_agent_is_restored_after_an_upgrade(rig: Rig) -> None:
+    """A `reconcile.json` from before management was exempt names its paths contested."""
+    old = {
+        "value": "absent",
+        "flips": 3,
+        "since": "2026-11-01T00:00:00Z",
+        "writer": "RTM_DELADDR from ip (port 7)",
+        "reason": "someone else is writing it; trueup stopped healing it",
+    }
+    saved = rig.loop.governor.to_json()
+    saved["subsystems"].setdefault("management", {})["contested"] = {
+        "spec.management.addresses": old
+    }
+    rig.state.write("reconcile.json", saved)
+    loop = rig.new_loop()
+    assert loop.governor.contested("management") == {}
+    assert "spec.management.addresses" in loop.governor.of("management").fought
+    _delete(rig, "mgmt0", MGMT)
+    loop.run_pass()
+    assert _has(rig, "mgmt0", MGMT)

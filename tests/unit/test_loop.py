@@ -423,3 +423,34 @@ def test_a_guarded_apply_that_committed_before_a_crash_can_still_be_confirmed(ri
     assert read_pending(rig.state)["state"] == "pending"
     answer = loop.confirm(actor="test")
     assert answer["ok"] and answer["version"] == 2
+
+
+def test_a_failing_recovery_of_an_open_transaction_does_not_stop_the_pass(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    applied = rig.engine.applied_document()
+    assert applied is not None
+    rig.engine.state.journal.begin(
+        kind="apply",
+        version=2,
+        subsystems=["addresses"],
+        all_subsystems=["addresses"],
+        scope={
+            "interfaces": ["lan0"],
+            "tables": [254],
+            "management_interface": "mgmt0",
+            "management_owned": [],
+            "management_default_routes": [],
+        },
+        before={},
+        previous_applied=rig.engine.state.applied(),
+    )
+
+    def broken(**_: Any) -> None:
+        raise RuntimeError("a preparation nobody expected to raise")
+
+    monkeypatch.setattr(rig.engine, "recover", broken)
+    rig.delete_address()
+    report = rig.loop.run_pass()  # the timer's recovery fails; the pass still heals
+    assert report.skipped is None and not report.failed, report
+    assert rig.has_address()  # the heal recovered and converged it (no exception escaped)

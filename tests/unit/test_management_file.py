@@ -86,6 +86,20 @@ def test_missing_unreadable_or_not_a_file_reads_as_none(tmp_path: Path) -> None:
 def test_oversized_file_reads_as_none(tmp_path: Path) -> None:
     (tmp_path / MANAGEMENT_FILE).write_bytes(b" " * (1 << 20))
     assert read_management(tmp_path) is None
+    (tmp_path / MANAGEMENT_FILE).write_bytes(b" " * (5 << 20))
+    assert read_management(tmp_path) is None
+
+
+def test_management_of_thousands_of_addresses_is_read_back(tmp_path: Path) -> None:
+    addresses = [f"2001:db8:{i // 256:x}:{i % 256:x}::2/64" for i in range(3000)]
+    facts = {**FACTS, "addresses": addresses}
+    write_management(tmp_path, facts)
+    assert (tmp_path / MANAGEMENT_FILE).stat().st_size > 64 * 1024
+    assert read_management(tmp_path) == facts
+    # What could not be read back is never written.
+    with pytest.raises(ValueError, match="read back"):
+        write_management(tmp_path, {**FACTS, "addresses": addresses * 120})
+    assert read_management(tmp_path) == facts
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,8 @@ SIGKILL leaves it.
 
 from __future__ import annotations
 
+import json
+import threading
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from trueup.subsystems.base import Scope
 from trueup.subsystems.firewall import FirewallSubsystem
 from trueup.subsystems.registry import default_subsystems, scope_for
 from trueup.system.fake import FakeFiles, FakeNetlink, FakeNftables
+from trueup.system.resolve import ResolveError
 
 FORWARD = "/proc/sys/net/ipv4/ip_forward"
 
@@ -49,8 +52,8 @@ SIDES: dict[str, tuple[Any, Any]] = {
 def _covers(merged: Any, part: Any) -> bool:
     if isinstance(part, frozenset):
         return part <= merged
-    if isinstance(part, bool):
-        return merged or not part
+    if isinstance(part, bool):  # exact: never widened (see the test below)
+        return True
     if isinstance(part, tuple):  # owned: every subsystem's keys
         keys = {name: set(k) for name, k in merged}
         return all(set(k) <= keys.get(name, set()) for name, k in part)
@@ -71,6 +74,9 @@ def test_every_scope_field_is_merged_by_the_union() -> None:
     assert merged.keys_for("wireguard") == {"wg0"}
     # The union survives the journal's JSON.
     assert Scope.from_json(merged.to_json()) == merged
+    # Exactness is this scope's: a journaled scope never makes a recovery remove what
+    # trueup did not assign (a foreign address on the management interface).
+    assert merged.exact is False and theirs.union(mine).exact is True
 
 
 def test_management_addresses_on_another_interface_are_not_owned() -> None:
@@ -210,3 +216,89 @@ def test_an_interrupted_heal_is_reported_until_a_heal_commits(
     assert healed.ok and healed.outcome == "committed"
     assert last_reported_transaction(engine.state.journal.transactions()) is not None
     assert gather(engine)["reason_codes"] == []
+
+
+class _PreparingFirewall(FirewallSubsystem):
+    """A firewall whose preparation can be made to fail (an unanswered lookup) or hang."""
+
+    failure: Exception | None = None
+    hold: threading.Event | None = None
+
+    def prepare(self, document: DeviceState) -> None:
+        if self.hold is not None:
+            self.hold.wait(60.0)
+        if self.failure is not None:
+            raise self.failure
+        super().prepare(document)
+
+
+def _engine_with(
+    tmp_path: Path, files: FakeFiles, nft: FakeNftables, kernel: FakeNetlink
+) -> tuple[Engine, _PreparingFirewall]:
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    firewall = _PreparingFirewall(nft)
+    subsystems = [firewall if s.name == "firewall" else s for s in default_subsystems()]
+    engine = Engine(state, subsystems, netlink_factory=lambda: kernel, files=files, nft=nft)
+    return engine, firewall
+
+
+def _crash_mtu_change(engine: Engine, kernel: FakeNetlink, **spec: Any) -> None:
+    assert engine.apply_document(_doc(firewall=RULES, **spec)).ok
+    mtu = base_document(routes=[], firewall=RULES, **spec)
+    mtu["spec"]["interfaces"][0]["mtu"] = 1300
+    changed = parse_document(mtu)
+    _crash_during(engine, changed)
+    _apply_partly(engine, changed, {"links"})
+    assert kernel.link_state["lan0"].mtu == 1300
+
+
+def test_a_preparation_that_raises_fails_its_subsystem_and_recovery_still_closes(
+    tmp_path: Path, files: FakeFiles, nft: FakeNftables, kernel: FakeNetlink
+) -> None:
+    engine, firewall = _engine_with(tmp_path, files, nft, kernel)
+    _crash_mtu_change(engine, kernel)
+    # A lookup that does not answer raises a RuntimeError (`ResolveError`), not a step error.
+    firewall.failure = ResolveError("cannot resolve peer.example.test: no answer")
+    closed = engine.recover()
+    assert closed is not None
+    assert kernel.link_state["lan0"].mtu == 1400
+    assert engine.state.journal.open_transaction() is None
+    history = engine.state.journal.transactions()[-1].summary()["history"]
+    (rolled_back,) = [r for r in history if r["type"] == "rolled_back"]
+    assert any("firewall" in e and "no answer" in e for e in rolled_back["errors"]), rolled_back
+
+
+def test_a_hanging_preparation_is_bounded_by_its_deadline_in_recovery(
+    tmp_path: Path, files: FakeFiles, nft: FakeNftables, kernel: FakeNetlink
+) -> None:
+    engine, firewall = _engine_with(tmp_path, files, nft, kernel)
+    _crash_mtu_change(engine, kernel, convergence={"deadlines": {"firewall": 0.5}})
+    firewall.hold = threading.Event()
+    try:
+        closed = engine.recover()
+    finally:
+        firewall.hold.set()
+    assert closed is not None
+    assert kernel.link_state["lan0"].mtu == 1400
+    history = engine.state.journal.transactions()[-1].summary()["history"]
+    (rolled_back,) = [r for r in history if r["type"] == "rolled_back"]
+    assert any("firewall" in e and "deadline" in e for e in rolled_back["errors"]), rolled_back
+
+
+def test_recovery_never_removes_a_foreign_management_address_whatever_the_journal_says(
+    engine: Engine, kernel: FakeNetlink
+) -> None:
+    assert engine.apply_document(_doc()).ok
+    kernel.add_address("mgmt0", "192.0.2.77/24")  # the console's, not trueup's
+    changed = base_document(routes=[])
+    changed["spec"]["interfaces"][0]["mtu"] = 1300
+    txn = _crash_during(engine, parse_document(changed))
+    # A journal whose scope says exact (a rollback's), hand-edited or from another version.
+    records = [json.loads(line) for line in engine.state.journal.path.read_text().splitlines()]
+    for record in records:
+        if record.get("txn") == txn and record.get("type") == "begin":
+            record["scope"]["exact"] = True
+    engine.state.journal.path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert engine.recover() is not None
+    assert "192.0.2.77/24" in {a.prefix for a in kernel.addrs if a.ifname == "mgmt0"}

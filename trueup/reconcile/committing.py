@@ -23,6 +23,7 @@ from trueup.reconcile.changes import (
     _STEP_ERRORS,
     Change,
 )
+from trueup.reconcile.checking import Preparation, _prepares
 from trueup.reconcile.converging import Converging
 from trueup.subsystems.base import Scope
 from trueup.subsystems.registry import ordered, scope_for
@@ -212,10 +213,25 @@ class Committing(Converging):
                 # Its scope widened by the transaction's: what either manages (the
                 # firewall's table, sysctl names, WireGuard interfaces, …) is put back.
                 target_scope = scope_for(target).union(scope)
-                for name in self._recovery_names(target, target_scope, recorded):
+                names = self._recovery_names(target, target_scope, recorded)
+                # Preparation (a lookup, nft's canonical form) runs beside recovery, each
+                # joined at its turn within its deadline: one that hangs or raises fails
+                # its own subsystem, never the earlier tiers nor the recovery itself.
+                preparation = Preparation(
+                    target,
+                    [self.by_name[n] for n in names if _prepares(self.by_name[n])],
+                    {n: target.spec.convergence.deadline_for(n) for n in names},
+                )
+                for name in names:
                     sub = self.by_name[name]
+                    prepared = preparation.wait(name)
+                    if prepared is not None:
+                        error = f"{name}: {prepared}"
+                        errors.append(error)
+                        journal.record(open_txn.txn, "recovered", subsystem=name, error=error)
+                        faults.hit(f"recovery:{name}")
+                        continue
                     try:
-                        sub.prepare(target)
                         desired = sub.desired(target, target_scope)
                         if sub.releases_unmanaged:
                             # A key the committed revision does not manage is left as it

@@ -174,6 +174,21 @@ class Governor:
             for name, entry in dict(data.get("subsystems", {})).items()
         }
         self.acks = {name: dict(ack) for name, ack in dict(data.get("acks", {})).items()}
+        management = self.subsystems.get(MANAGEMENT)
+        if management is not None and management.contested:
+            # Saved by a trueup that still contested management: fought now, and restored.
+            for path, record in management.contested.items():
+                management.fought.setdefault(
+                    path,
+                    {
+                        **record,
+                        "reason": f"{record.get('writer') or 'another writer'} kept changing "
+                        f"{path}; trueup keeps restoring it (management is never left to "
+                        "another writer): find and stop that writer",
+                    },
+                )
+            management.contested = {}
+            self.dirty = True
 
     def of(self, name: str) -> SubsystemHealing:
         if name not in self.subsystems:

@@ -486,6 +486,11 @@ class ReconcileLoop:
             self._retry_after = now + self._close_delay
             self._close_delay = min(CLOSE_RETRY_CAP, self._close_delay * 2)
             return
+        except Exception:  # the pass goes on: management is restored whatever recovery does
+            log.exception("an interrupted transaction stays open: its recovery failed")
+            self._retry_after = now + self._close_delay
+            self._close_delay = min(CLOSE_RETRY_CAP, self._close_delay * 2)
+            return
         self._close_delay = CLOSE_RETRY_FIRST
         if recovered is not None:
             log.warning("closed transaction %s left open by a storage fault", recovered.txn)

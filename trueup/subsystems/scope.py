@@ -47,8 +47,9 @@ class Scope:
         Crash recovery converges the committed revision's scope widened by the
         interrupted transaction's, so what either manages (an nft table, a
         sysctl name, a WireGuard interface) is observed and put back. The
-        management interface stays this scope's; `other`'s management
-        addresses are owned only when they are on that same interface.
+        management interface and exactness stay this scope's; `other`'s
+        management addresses are owned only when they are on that same
+        interface.
         Every field has its rule in `_MERGES`: a field without one is refused
         here (and by the unit test), never silently dropped.
         """
@@ -124,7 +125,9 @@ _MERGES: dict[str, Callable[[Scope, Scope], Any]] = {
     "management_default_routes": lambda a, b: (
         a.management_default_routes | b.management_default_routes
     ),
-    "exact": lambda a, b: a.exact or b.exact,
+    # Exactness is never widened: a journaled scope that says exact (a rollback's) must
+    # not make recovery remove what trueup did not assign (the management interface's).
+    "exact": lambda a, b: a.exact,
     "owned": lambda a, b: _union_owned(a.owned, b.owned),
     "virtual_addresses": lambda a, b: a.virtual_addresses | b.virtual_addresses,
 }

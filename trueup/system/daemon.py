@@ -35,9 +35,11 @@ Rules:
   SIGKILL of its parent; HAProxy workers outlive their master for a moment)
   are that instance's. Before every (re)start and after every stop they are
   ended (SIGTERM, SIGKILL after the spec's timeout) and waited for, so a new
-  instance never meets the old one ("daemon is already running"). The kernel
-  does not hand out a pid while a session of that id has members, so a
-  session id is never confused with a recycled pid.
+  instance never meets the old one ("daemon is already running"). A member
+  counts only when its environment carries the instance's mark
+  (`INSTANCE_ENV`, a random value in the pid record, inherited by all it
+  forks): the recorded pid may have been reused by a process that made a
+  session of its own and double-forked, and what it left is not ours.
 * A start is finished only when the new instance answers (`DaemonSpec.ready`,
   polled until `ready_timeout`): `ensure` raises `DaemonError` when it exits
   first or does not answer in time, with the daemon's own last log lines as
@@ -66,6 +68,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import select
 import signal
 import subprocess
@@ -100,6 +103,9 @@ __all__ = [
 log = logging.getLogger("trueup.daemon")
 
 BACKOFF_FIRST = 1.0
+# The environment variable marking an instance and everything it forks (its value is in
+# the pid record): a leftover is signalled only when it carries its instance's mark.
+INSTANCE_ENV = "TRUEUP_DAEMON_INSTANCE"
 # How long leftovers get after SIGKILL before the start goes ahead regardless.
 KILL_WAIT = 5.0
 BACKOFF_MAX = 30.0
@@ -299,14 +305,19 @@ class _Daemon:
         if directory is not None and remove_socket_dir(directory, self.directory):
             log.info("%s: removed its socket directory %s", self.spec.name, directory)
 
-    def previous(self) -> tuple[int, int | None] | None:
-        """The last instance's pid and start time: the pid record's, else this process's own."""
+    def previous(self) -> tuple[int, int | None, str] | None:
+        """The last instance's pid, start time and instance mark: the pid record's, else
+        this process's own."""
         record = self.read_record() or {}
         try:
-            return int(str(record["pid"])), int(str(record["start_time"]))
+            return (
+                int(str(record["pid"])),
+                int(str(record["start_time"])),
+                str(record.get("instance") or ""),
+            )
         except (KeyError, TypeError, ValueError):
             pass
-        return (self.pid, self._started) if self.pid is not None else None
+        return (self.pid, self._started, self.instance) if self.pid is not None else None
 
     def leftovers(self) -> dict[int, int]:
         """Processes still in the last instance's session (its recorded pid is its session id):
@@ -314,7 +325,9 @@ class _Daemon:
         previous = self.previous()
         if previous is None:
             return {}
-        pid, started = previous
+        pid, started, instance = previous
+        if not instance:
+            return {}  # nothing proves a member is that instance's: none is signalled
         fields = stat_fields(pid)
         if (
             fields is not None
@@ -325,7 +338,9 @@ class _Daemon:
             return {}  # a recycled pid: while it lives, no old session of that id can
         # Called when the instance is not running (before a start) or has been
         # stopped: whatever is still in its session is what it left.
-        members = session_members(pid, started)
+        # Only members carrying the instance's mark in their environment: the session
+        # id may be a reused pid's whose own leftovers (a double-forked daemon) are not ours.
+        members = session_members(pid, started, marker=f"{INSTANCE_ENV}={instance}")
         members.pop(os.getpid(), None)
         return members
 
@@ -383,6 +398,7 @@ class _Daemon:
         return verified_pid(record) == self.pid
 
     _started: int | None = None
+    instance = ""  # the mark in the environment of this instance and all it forks
 
     def adopt(self) -> bool:
         """Take over the instance the pid record names, when it verifiably is ours."""
@@ -394,6 +410,7 @@ class _Daemon:
             return False
         self.pid, self.child, self.adopted = pid, None, True
         self._started = int(str(record["start_time"]))
+        self.instance = str(record.get("instance") or "")
         self.since = float(str(record.get("since", time.time())))
         log.info("adopted %s (pid %d)", self.spec.name, pid)
         return True
@@ -419,6 +436,9 @@ class _Daemon:
             spec.before_start()
         env = dict(os.environ)
         env.update(dict(spec.env))
+        # Inherited by whatever the instance forks: what it leaves is known by it.
+        self.instance = secrets.token_hex(8)
+        env[INSTANCE_ENV] = self.instance
         self.ready_pid = None
         try:
             log_fd = open_file(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
@@ -454,6 +474,7 @@ class _Daemon:
             "start_time": started,
             "since": self.since,
             "reexec": spec.reexec,
+            "instance": self.instance,
         }
         if spec.sockets is not None and spec.sockets != self.directory:
             record["sockets"] = str(spec.sockets)

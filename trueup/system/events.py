@@ -206,6 +206,8 @@ def event_from_message(
             **common,
         )
     if isinstance(record, AddrInfo):
+        if port == 0 and rtnl.is_own_address_write(name, record.prefix):
+            common["own"] = True  # an IPv6 address this process just wrote
         return NetlinkEvent(ifname=record.ifname, address=record.prefix, detail=detail, **common)
     assert isinstance(record, RouteInfo)
     detail = {"route_type": record.route_type, **detail}

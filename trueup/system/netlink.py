@@ -303,6 +303,7 @@ class KernelNetlink:
 
     def add_address(self, ifname: str, prefix: str) -> None:
         """Add an address; one already present counts as added."""
+        rtnl.note_own_address_write("RTM_NEWADDR", prefix)
         with _tolerate(errno.EEXIST):
             self._request(
                 f"add address {prefix} on {ifname}",
@@ -313,6 +314,7 @@ class KernelNetlink:
 
     def del_address(self, ifname: str, prefix: str) -> None:
         """Remove an address; one already gone counts as removed."""
+        rtnl.note_own_address_write("RTM_DELADDR", prefix)
         with _tolerate(errno.EADDRNOTAVAIL, errno.ENODEV):
             self._request(
                 f"delete address {prefix} on {ifname}",

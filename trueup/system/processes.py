@@ -40,11 +40,12 @@ def stat_fields(pid: int) -> list[str] | None:
 
 
 def session_members(
-    session: int, started: int | None, proc: Path = Path("/proc")
+    session: int, started: int | None, proc: Path = Path("/proc"), marker: str | None = None
 ) -> dict[int, int]:
     """Live processes of session `session` started no earlier than `started`: pid → start time.
 
-    The start time goes with each pid so that a pid reused after it exits is
+    With `marker` (`NAME=VALUE`), only those whose environment holds it. The
+    start time goes with each pid so that a pid reused after it exits is
     never taken for it (`signal_all`, `wait_gone`)."""
     members: dict[int, int] = {}
     if session <= 1:
@@ -69,8 +70,19 @@ def session_members(
             continue
         if started is not None and begun < started:
             continue
+        if marker is not None and not _carries(proc / name, marker):
+            continue
         members[int(name)] = begun
     return dict(sorted(members.items()))
+
+
+def _carries(directory: Path, marker: str) -> bool:
+    """Whether the process's environment (as it started) holds `marker` (`NAME=VALUE`)."""
+    try:
+        environ = (directory / "environ").read_bytes()
+    except OSError:
+        return False
+    return marker.encode() in environ.split(b"\0")
 
 
 _CAUSE = re.compile(r"alert|error|fatal|fail|cannot|can't|refus|denied|already", re.IGNORECASE)

@@ -26,7 +26,7 @@ import socket
 import struct
 from collections.abc import Iterator
 
-from trueup.system.rtnl import note_own_port
+from trueup.system.rtnl import note_own_address_write, note_own_port
 
 __all__ = [
     "RawNetlink",
@@ -248,6 +248,7 @@ class RawNetlink:
     def add_address(self, index: int, prefix: str) -> None:
         """Raises OSError (EEXIST when it is already there)."""
         seq = self._next()
+        note_own_address_write("RTM_NEWADDR", prefix)
         self._ack(add_address_request(seq, index, prefix), seq)
 
     def add_default_route(self, index: int, gateway: str, metric: int) -> None:
