@@ -97,7 +97,7 @@ def test_management_of_thousands_of_addresses_is_read_back(tmp_path: Path) -> No
     assert (tmp_path / MANAGEMENT_FILE).stat().st_size > 64 * 1024
     assert read_management(tmp_path) == facts
     # What could not be read back is never written.
-    with pytest.raises(ValueError, match="read back"):
+    with pytest.raises(ValueError, match="reads back"):
         write_management(tmp_path, {**FACTS, "addresses": addresses * 120})
     assert read_management(tmp_path) == facts
 
