@@ -88,6 +88,31 @@ def test_ipv6_port_zero_deletion_of_a_permanent_address_is_an_unidentified_write
     assert outside_writer(_event("RTM_DELADDR", 100.0, address=LAN, port=77)) == "ip"
 
 
+def test_the_kernels_own_ipv6_announcements_blame_nobody() -> None:
+    # A link-local address (addrconf's) and the end of DAD (the same address announced
+    # again, after a `tentative` announcement) are the kernel's, however long after the link.
+    link_local = _event("RTM_NEWADDR", 100.0, address="fe80::1/64")
+    assert outside_writer(link_local) is None
+    assert outside_writer(_event("RTM_DELADDR", 100.0, address="fe80::1/64")) is None
+    tentative = _event("RTM_NEWADDR", 100.0, address=V6, flags=("permanent", "tentative"))
+    done = _event("RTM_NEWADDR", 103.0, address=V6)
+    assert outside_writer(done, [tentative, done]) is None
+    # A deletion in between: the next announcement is a new address again.
+    deleted = _event("RTM_DELADDR", 101.0, address=V6)
+    assert outside_writer(done, [tentative, deleted, done]) == UNIDENTIFIED
+    assert outside_writer(deleted, [tentative, deleted, done]) == UNIDENTIFIED
+
+
+def test_a_writer_is_named_with_its_port_once() -> None:
+    scope = Scope(interfaces=frozenset({"lan0"}), management_interface="mgmt0")
+    diff = Difference("addresses", LAN_ADDRESSES, [LAN, V6], [LAN], missing=[V6])
+    found = writers([diff], scope, {"address"}, [(1, _event("RTM_DELADDR", 20.0, address=V6))])
+    assert found[f"{LAN_ADDRESSES}[{V6}]"] == f"RTM_DELADDR from {UNIDENTIFIED}"
+    named = _event("RTM_DELADDR", 20.0, address=V6, port=77)
+    found = writers([diff], scope, {"address"}, [(1, named)])
+    assert found[f"{LAN_ADDRESSES}[{V6}]"] == "RTM_DELADDR from ip (port 77)"
+
+
 def test_writers_name_the_one_address_not_the_interface() -> None:
     scope = Scope(interfaces=frozenset({"lan0"}), management_interface="mgmt0")
     diff = Difference("addresses", LAN_ADDRESSES, [LAN, V6], [LAN], missing=[V6])
