@@ -16,6 +16,7 @@ from pathlib import Path
 from trueup.agent.fastboot import AgentOptions, Handover
 from trueup.agent.process import Agent
 from trueup.agent.wiring import wire
+from trueup.reconcile import faults
 from trueup.subsystems.base import Subsystem
 from trueup.subsystems.registry import default_subsystems, load_plugin, ordered
 from trueup.system.hostinfo import AGENT_LOG
@@ -90,6 +91,10 @@ def run_agent(options: AgentOptions, handover: Handover | None = None) -> int:
             return 1
     handover = handover or Handover()
     _log_to_state_dir(options)
+    for problem in faults.problems(
+        os.environ.get("TRUEUP_FAULT", ""), (s.name for s in subsystems)
+    ):
+        log.error("TRUEUP_FAULT: %s", problem)
     agent = Agent(
         options.state_dir,
         config_path=str(options.config) if options.config else None,
