@@ -368,3 +368,13 @@ def test_a_contested_item_of_a_list_of_objects_pins_only_itself() -> None:
     contested = f'{path}[{{"n":9}}]'
     target = _pinned({path: [rule_a, rule_b]}, {path: [rule_a, rule_x]}, [contested])
     assert target == {path: [rule_a, rule_b, rule_x]}  # the extra one stays, the rest converge
+
+
+def test_a_fought_management_finding_never_advises_ack_or_reconcile() -> None:
+    from trueup.reconcile.status import _fought_findings
+
+    record = {"flips": 5, "since": "2026-01-01T00:00:00.000Z", "writer": "RTM_DELADDR from ip"}
+    (finding,) = _fought_findings({MGMT_ITEM: record})
+    assert finding.subsystem == "management" and finding.paths == [MGMT_ITEM]
+    assert "trueup ack" not in finding.action and "trueup reconcile" not in finding.action
+    assert "keeps restoring" in finding.action
