@@ -378,3 +378,27 @@ def test_a_fought_management_finding_never_advises_ack_or_reconcile() -> None:
     assert finding.subsystem == "management" and finding.paths == [MGMT_ITEM]
     assert "trueup ack" not in finding.action and "trueup reconcile" not in finding.action
     assert "keeps restoring" in finding.action
+
+
+def test_a_mistyped_knob_keeps_its_default_and_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    env = {
+        "TRUEUP_FLAP_THRESHOLD": "abc",
+        "TRUEUP_RESYNC_SECONDS": "0",
+        "TRUEUP_RETRY_BUDGET": "0.5",
+        "TRUEUP_BREAKER_COOLDOWN": "-1",
+        "TRUEUP_FLAP_WINDOW": "nan",
+        "TRUEUP_BACKOFF_JITTER": "0",
+        "TRUEUP_BREAKER_THRESHOLD": "7",
+    }
+    with caplog.at_level("ERROR", logger="trueup.reconcile"):
+        options = HealingOptions.from_env(env)
+    d = HealingOptions()
+    assert options.flap_threshold == d.flap_threshold
+    assert options.resync_seconds == d.resync_seconds
+    assert options.retry_budget == d.retry_budget
+    assert options.breaker_cooldown == d.breaker_cooldown
+    assert options.flap_window == d.flap_window
+    assert options.jitter == 0.0 and options.breaker_threshold == 7
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    for name in ("FLAP_THRESHOLD", "RESYNC_SECONDS", "RETRY_BUDGET", "BREAKER_COOLDOWN"):
+        assert f"TRUEUP_{name}=" in logged, logged
