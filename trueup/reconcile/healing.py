@@ -80,7 +80,7 @@ def _env_float(env: Mapping[str, str], name: str, default: float, *, zero: bool 
     if math.isfinite(number) and (number > 0 or (zero and number == 0)):
         return number
     least = "0 or more" if zero else "above 0"
-    log.error("%s=%r: not a number %s; the default %s is used", name, value, least, default)
+    log.error("%s=%r: not a number %s; the default %g is used", name, value, least, default)
     return default
 
 
@@ -90,7 +90,7 @@ def _env_count(env: Mapping[str, str], name: str, default: int) -> int:
     if number >= 1 and number == int(number):
         return int(number)
     log.error(
-        "%s=%r: not a whole number, 1 or more; the default %s is used", name, env[name], default
+        "%s=%r: not a whole number, 1 or more; the default %d is used", name, env[name], default
     )
     return default
 
