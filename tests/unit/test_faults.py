@@ -1,4 +1,4 @@
-"""The test-only fault points: a mistyped point or a bad action is named, never a crash."""
+"""Test-only knobs (fault points, the heartbeat): a mistyped value is named, never a crash."""
 
 from __future__ import annotations
 
@@ -38,3 +38,10 @@ def test_a_mistyped_point_and_a_bad_action_are_named() -> None:
 def test_a_bad_sleep_never_raises_at_its_point(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRUEUP_FAULT", "begin:sleep=abc")
     faults.hit("begin")  # ignored there (logged when the agent starts), not a ValueError
+
+
+def test_a_mistyped_heartbeat_keeps_the_default() -> None:
+    from trueup.agent.launch import _heartbeat
+
+    assert _heartbeat("") == 30.0 and _heartbeat("5") == 5.0
+    assert _heartbeat("abc") == 30.0 and _heartbeat("0") == 30.0 and _heartbeat("nan") == 30.0

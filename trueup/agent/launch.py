@@ -75,6 +75,20 @@ def _log_to_state_dir(options: AgentOptions) -> None:
     logging.getLogger().addHandler(handler)
 
 
+def _heartbeat(value: str, default: float = 30.0) -> float:
+    """`TRUEUP_HEARTBEAT_SECONDS`: seconds above 0; anything else is logged and the default holds."""
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if seconds > 0 and seconds != float("inf"):
+        return seconds
+    log.error("TRUEUP_HEARTBEAT_SECONDS=%r: not a number above 0; %g is used", value, default)
+    return default
+
+
 def run_agent(options: AgentOptions, handover: Handover | None = None) -> int:
     """Build, wire and run the agent; its exit code (1 for a plugin that does not load)."""
     logging.basicConfig(
@@ -117,6 +131,6 @@ def run_agent(options: AgentOptions, handover: Handover | None = None) -> int:
         agent,
         control_plane=options.control_plane,
         token_file=options.token_file,
-        heartbeat=float(os.environ.get("TRUEUP_HEARTBEAT_SECONDS", "30")),
+        heartbeat=_heartbeat(os.environ.get("TRUEUP_HEARTBEAT_SECONDS", "")),
     )
     return agent.run()
