@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -253,6 +254,17 @@ def test_phase_1_brings_management_up_from_the_first_readable_source(
     damaged = {d.file for d in engine.check.damaged()}
     assert {Path(name).name for name in broken} <= damaged
     assert orchestrator.phases["load"].state == "done"
+
+
+def test_a_damaged_file_is_logged_with_what_it_blocks_in_words(
+    engine: Engine, kernel: FakeNetlink, caplog: pytest.LogCaptureFixture
+) -> None:
+    _garble(engine.state.root / "applied.json")
+    caplog.set_level(logging.ERROR, logger="trueup.startup")
+    Orchestrator(engine).load()
+    (line,) = [r.getMessage() for r in caplog.records if "damaged state" in r.getMessage()]
+    assert "applied.json" in line and "are refused until it is repaired" in line, line
+    assert not line.endswith(("(none)", "(writes)", "(heals)")), line
 
 
 def test_a_read_only_audit_log_never_fails_phase_1(

@@ -134,6 +134,16 @@ def test_foreign_config_and_an_unfenced_allocator_plan_their_steps() -> None:
     assert [s.action for s in subsystem.plan(desired, observed, Scope()).steps] == ["configure"]
 
 
+def test_a_plan_with_nothing_to_do_says_whether_dhcp_is_asked_for() -> None:
+    subsystem = DhcpSubsystem()
+    desired = subsystem.desired(document(), Scope())
+    assert subsystem.plan(desired, dict(desired), Scope()).noop_reasons == [
+        "Kea runs the document's configuration"
+    ]
+    none = subsystem.desired(parse_document(base_document()), Scope())
+    assert subsystem.plan(none, {}, Scope()).noop_reasons == ["no DHCP is asked for"]
+
+
 def test_fenced_and_pending_conditions(tmp_path: Path) -> None:
     subsystem = DhcpSubsystem()
     doc = document()

@@ -89,6 +89,31 @@ def test_ipv6_port_zero_deletion_of_a_permanent_address_is_an_unidentified_write
     assert outside_writer(_event("RTM_DELADDR", 100.0, address=LAN, port=77)) == "ip"
 
 
+def test_the_kernels_own_ipv6_announcements_blame_nobody() -> None:
+    # A link-local address (addrconf's) and the end of DAD (the same address announced
+    # again, after a `tentative` announcement) are the kernel's, however long after the link.
+    link_local = _event("RTM_NEWADDR", 100.0, address="fe80::1/64")
+    assert outside_writer(link_local) is None
+    assert outside_writer(_event("RTM_DELADDR", 100.0, address="fe80::1/64")) is None
+    tentative = _event("RTM_NEWADDR", 100.0, address=V6, flags=("permanent", "tentative"))
+    done = _event("RTM_NEWADDR", 103.0, address=V6)
+    assert outside_writer(done, [tentative, done]) is None
+    # A deletion in between: the next announcement is a new address again.
+    deleted = _event("RTM_DELADDR", 101.0, address=V6)
+    assert outside_writer(done, [tentative, deleted, done]) == UNIDENTIFIED
+    assert outside_writer(deleted, [tentative, deleted, done]) == UNIDENTIFIED
+
+
+def test_a_writer_is_named_with_its_port_once() -> None:
+    scope = Scope(interfaces=frozenset({"lan0"}), management_interface="mgmt0")
+    diff = Difference("addresses", LAN_ADDRESSES, [LAN, V6], [LAN], missing=[V6])
+    found = writers([diff], scope, {"address"}, [(1, _event("RTM_DELADDR", 20.0, address=V6))])
+    assert found[f"{LAN_ADDRESSES}[{V6}]"] == f"RTM_DELADDR from {UNIDENTIFIED}"
+    named = _event("RTM_DELADDR", 20.0, address=V6, port=77)
+    found = writers([diff], scope, {"address"}, [(1, named)])
+    assert found[f"{LAN_ADDRESSES}[{V6}]"] == "RTM_DELADDR from ip (port 77)"
+
+
 def test_writers_name_the_one_address_not_the_interface() -> None:
     scope = Scope(interfaces=frozenset({"lan0"}), management_interface="mgmt0")
     diff = Difference("addresses", LAN_ADDRESSES, [LAN, V6], [LAN], missing=[V6])
@@ -390,3 +415,37 @@ def test_management_contested_by_an_older_agent_is_restored_after_an_upgrade(rig
     _delete(rig, "mgmt0", MGMT)
     loop.run_pass()
     assert _has(rig, "mgmt0", MGMT)
+
+
+def test_a_fought_management_finding_never_advises_ack_or_reconcile() -> None:
+    from trueup.reconcile.status import _fought_findings
+
+    record = {"flips": 5, "since": "2026-01-01T00:00:00.000Z", "writer": "RTM_DELADDR from ip"}
+    (finding,) = _fought_findings({MGMT_ITEM: record})
+    assert finding.subsystem == "management" and finding.paths == [MGMT_ITEM]
+    assert "trueup ack" not in finding.action and "trueup reconcile" not in finding.action
+    assert "keeps restoring" in finding.action
+
+
+def test_a_mistyped_knob_keeps_its_default_and_is_named(caplog: pytest.LogCaptureFixture) -> None:
+    env = {
+        "TRUEUP_FLAP_THRESHOLD": "abc",
+        "TRUEUP_RESYNC_SECONDS": "0",
+        "TRUEUP_RETRY_BUDGET": "0.5",
+        "TRUEUP_BREAKER_COOLDOWN": "-1",
+        "TRUEUP_FLAP_WINDOW": "nan",
+        "TRUEUP_BACKOFF_JITTER": "0",
+        "TRUEUP_BREAKER_THRESHOLD": "7",
+    }
+    with caplog.at_level("ERROR", logger="trueup.reconcile"):
+        options = HealingOptions.from_env(env)
+    d = HealingOptions()
+    assert options.flap_threshold == d.flap_threshold
+    assert options.resync_seconds == d.resync_seconds
+    assert options.retry_budget == d.retry_budget
+    assert options.breaker_cooldown == d.breaker_cooldown
+    assert options.flap_window == d.flap_window
+    assert options.jitter == 0.0 and options.breaker_threshold == 7
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    for name in ("FLAP_THRESHOLD", "RESYNC_SECONDS", "RETRY_BUDGET", "BREAKER_COOLDOWN"):
+        assert f"TRUEUP_{name}=" in logged, logged

@@ -16,6 +16,7 @@ from pathlib import Path
 from trueup.agent.fastboot import AgentOptions, Handover
 from trueup.agent.process import Agent
 from trueup.agent.wiring import wire
+from trueup.reconcile import faults
 from trueup.subsystems.base import Subsystem
 from trueup.subsystems.registry import default_subsystems, load_plugin, ordered
 from trueup.system.hostinfo import AGENT_LOG
@@ -74,6 +75,20 @@ def _log_to_state_dir(options: AgentOptions) -> None:
     logging.getLogger().addHandler(handler)
 
 
+def _heartbeat(value: str, default: float = 30.0) -> float:
+    """`TRUEUP_HEARTBEAT_SECONDS`: seconds above 0; anything else is logged and the default holds."""
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if seconds > 0 and seconds != float("inf"):
+        return seconds
+    log.error("TRUEUP_HEARTBEAT_SECONDS=%r: not a number above 0; %g is used", value, default)
+    return default
+
+
 def run_agent(options: AgentOptions, handover: Handover | None = None) -> int:
     """Build, wire and run the agent; its exit code (1 for a plugin that does not load)."""
     logging.basicConfig(
@@ -90,6 +105,10 @@ def run_agent(options: AgentOptions, handover: Handover | None = None) -> int:
             return 1
     handover = handover or Handover()
     _log_to_state_dir(options)
+    for problem in faults.problems(
+        os.environ.get("TRUEUP_FAULT", ""), (s.name for s in subsystems)
+    ):
+        log.error("TRUEUP_FAULT: %s", problem)
     agent = Agent(
         options.state_dir,
         config_path=str(options.config) if options.config else None,
@@ -112,6 +131,6 @@ def run_agent(options: AgentOptions, handover: Handover | None = None) -> int:
         agent,
         control_plane=options.control_plane,
         token_file=options.token_file,
-        heartbeat=float(os.environ.get("TRUEUP_HEARTBEAT_SECONDS", "30")),
+        heartbeat=_heartbeat(os.environ.get("TRUEUP_HEARTBEAT_SECONDS", "")),
     )
     return agent.run()

@@ -19,9 +19,9 @@ address never stops the others on its interface from being healed. Only
 notifications another writer sent count (`outside_writer`): a port other
 than the kernel's, or an IPv6 address notification — which the kernel sends
 with port 0 whoever asked — for a permanent address the kernel had no
-reason to touch (no DAD failure, no link change around it). Those are
-named for what is known: "an unidentified writer (netlink port 0)", never
-"kernel".
+reason to touch (no DAD failure or completion, not link-local, no link
+change around it). Those are named for what is known: "an unidentified
+writer (netlink port 0)", never "kernel".
 """
 
 from __future__ import annotations
@@ -215,10 +215,12 @@ def outside_writer(event: NetlinkEvent, events: Sequence[NetlinkEvent] = ()) -> 
     unless it is one of this agent's own sockets (`event.own`).
     Port 0 is the kernel's — except for IPv6 addresses: the kernel announces
     every IPv6 address change with port 0, whoever asked for it. A permanent
-    one (only a writer assigns those) that did not fail DAD, with no change
-    of its link within `LINK_GRACE` seconds in `events` (a link going down
-    flushes its IPv6 addresses), was removed or added by someone: an
-    unidentified writer.
+    one (only a writer assigns those) that did not fail DAD, is not
+    link-local (the kernel's addrconf makes those) and is not the kernel
+    announcing the end of its DAD (an earlier `tentative` announcement in
+    `events`), with no change of its link within `LINK_GRACE` seconds in
+    `events` (a link going down flushes its IPv6 addresses), was removed or
+    added by someone: an unidentified writer.
     """
     if event.own:
         return None  # trueup's own write (one of this agent's netlink sockets)
@@ -231,6 +233,10 @@ def outside_writer(event: NetlinkEvent, events: Sequence[NetlinkEvent] = ()) -> 
     flags = event.detail.get("address_flags") or []
     if "permanent" not in flags or "dadfailed" in flags:
         return None
+    if _link_local(event.address):
+        return None  # the kernel's addrconf makes, re-announces and flushes these itself
+    if event.message == "RTM_NEWADDR" and _dad_completed(event, events):
+        return None  # the kernel announcing the end of duplicate address detection
     for other in events:
         if (
             other.kind == "link"
@@ -239,6 +245,29 @@ def outside_writer(event: NetlinkEvent, events: Sequence[NetlinkEvent] = ()) -> 
         ):
             return None
     return UNIDENTIFIED
+
+
+def _link_local(address: str) -> bool:
+    try:
+        return ipaddress.ip_interface(address).ip.is_link_local
+    except ValueError:
+        return False
+
+
+def _dad_completed(event: NetlinkEvent, events: Sequence[NetlinkEvent]) -> bool:
+    """Whether `event` re-announces an address last announced `tentative` (DAD is over)."""
+    earlier = [
+        other
+        for other in events
+        if other is not event
+        and other.kind == "address"
+        and other.ifname == event.ifname
+        and other.address == event.address
+        and other.received_at <= event.received_at
+    ]
+    if not earlier or earlier[-1].message != "RTM_NEWADDR":
+        return False
+    return "tentative" in (earlier[-1].detail.get("address_flags") or [])
 
 
 def _names(parent: str, item: str | None, event: NetlinkEvent, scope: Scope) -> bool:
@@ -276,7 +305,8 @@ def writers(
     for path, _observed, parent, item in _items(diffs):
         for event, who in candidates:
             if _names(parent, item, event, scope):
-                out[path] = f"{event.message} from {who} (port {event.sender_port})"
+                port = f"port {event.sender_port}"
+                out[path] = f"{event.message} from {who}" + ("" if port in who else f" ({port})")
     return out
 
 

@@ -37,6 +37,8 @@ all of them at once. Split, the record and its rules would live apart.
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import random
 from collections.abc import Iterable, Mapping
@@ -59,9 +61,38 @@ MANAGEMENT = "management"  # the subsystem that is never held
 MANAGEMENT_BACKOFF_CAP = 1.0  # seconds: the longest wait before restoring management again
 
 
-def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
+log = logging.getLogger("trueup.reconcile")
+
+
+def _env_float(env: Mapping[str, str], name: str, default: float, *, zero: bool = False) -> float:
+    """A knob's value: a number above 0 (or 0 itself when `zero`), else its default.
+
+    A mistyped knob never stops the reconcile loop (detection cannot be
+    switched off): it is logged, naming the variable, and the default holds.
+    """
     value = env.get(name)
-    return float(value) if value not in (None, "") else default
+    if value in (None, ""):
+        return default
+    try:
+        number = float(str(value))
+    except ValueError:
+        number = math.nan
+    if math.isfinite(number) and (number > 0 or (zero and number == 0)):
+        return number
+    least = "0 or more" if zero else "above 0"
+    log.error("%s=%r: not a number %s; the default %g is used", name, value, least, default)
+    return default
+
+
+def _env_count(env: Mapping[str, str], name: str, default: int) -> int:
+    """A knob that counts (a threshold, a budget): a whole number, 1 or more, else its default."""
+    number = _env_float(env, name, float(default))
+    if number >= 1 and number == int(number):
+        return int(number)
+    log.error(
+        "%s=%r: not a whole number, 1 or more; the default %d is used", name, env[name], default
+    )
+    return default
 
 
 @dataclass(frozen=True)
@@ -88,12 +119,12 @@ class HealingOptions:
             resync_seconds=_env_float(env, "TRUEUP_RESYNC_SECONDS", d.resync_seconds),
             backoff_base=_env_float(env, "TRUEUP_BACKOFF_BASE", d.backoff_base),
             backoff_cap=_env_float(env, "TRUEUP_BACKOFF_CAP", d.backoff_cap),
-            jitter=_env_float(env, "TRUEUP_BACKOFF_JITTER", d.jitter),
-            breaker_threshold=int(_env_float(env, "TRUEUP_BREAKER_THRESHOLD", d.breaker_threshold)),
+            jitter=_env_float(env, "TRUEUP_BACKOFF_JITTER", d.jitter, zero=True),
+            breaker_threshold=_env_count(env, "TRUEUP_BREAKER_THRESHOLD", d.breaker_threshold),
             breaker_cooldown=_env_float(env, "TRUEUP_BREAKER_COOLDOWN", d.breaker_cooldown),
-            retry_budget=int(_env_float(env, "TRUEUP_RETRY_BUDGET", d.retry_budget)),
+            retry_budget=_env_count(env, "TRUEUP_RETRY_BUDGET", d.retry_budget),
             retry_window=_env_float(env, "TRUEUP_RETRY_WINDOW", d.retry_window),
-            flap_threshold=int(_env_float(env, "TRUEUP_FLAP_THRESHOLD", d.flap_threshold)),
+            flap_threshold=_env_count(env, "TRUEUP_FLAP_THRESHOLD", d.flap_threshold),
             flap_window=_env_float(env, "TRUEUP_FLAP_WINDOW", d.flap_window),
             attribution_window=_env_float(env, "TRUEUP_ATTRIBUTION_WINDOW", d.attribution_window),
         )

@@ -329,6 +329,15 @@ def build_status(
     return status
 
 
+# Not the drift action: management cannot be acknowledged and needs no reconcile.
+FOUGHT_ACTION = (
+    "trueup keeps restoring the management address and route whatever the writer does "
+    "(management is never acknowledged or contested). Find the writer named in the "
+    "detail and stop it; to change management itself, apply a document or use "
+    "`trueup management set`."
+)
+
+
 def _fought_findings(fought: Mapping[str, Mapping[str, Any]]) -> list[Finding]:
     """A loud `STATE_DRIFT_DETECTED` while another writer keeps changing management."""
     if not fought:
@@ -336,8 +345,9 @@ def _fought_findings(fought: Mapping[str, Mapping[str, Any]]) -> list[Finding]:
     writers = sorted({str(r.get("writer")) for r in fought.values() if r.get("writer")})
     flips = sum(int(r.get("flips", 0)) for r in fought.values())
     return [
-        Finding.of(
-            ReasonCode.DRIFT_DETECTED,
+        Finding(
+            code=ReasonCode.DRIFT_DETECTED,
+            action=FOUGHT_ACTION,
             subsystem="management",
             paths=sorted(fought),
             since=min(str(r.get("since")) for r in fought.values()),

@@ -153,7 +153,7 @@ class Orchestrator:
             log.warning("management source skipped: %s", why)
         damaged = self.engine.check.damaged()
         for damage in damaged:
-            log.error("damaged state: %s (%s)", damage.sentence(), damage.blocks)
+            log.error("damaged state: %s — %s", damage.sentence(), damage.to_json()["consequence"])
         detail = f"management from {found.source}"
         if damaged:
             detail += "; damaged: " + ", ".join(d.file for d in damaged)

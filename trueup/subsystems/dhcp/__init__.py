@@ -192,7 +192,9 @@ class DhcpSubsystem(Subsystem):
                 steps.append(
                     Step(self.name, "allocator", _path(family, "allocation"), {"family": family})
                 )
-        return Plan(self.name, steps, [] if steps else ["Kea runs the document's configuration"])
+        asked = any(desired.get(_path(family, "running")) for family in FAMILIES)
+        quiet = "Kea runs the document's configuration" if asked else "no DHCP is asked for"
+        return Plan(self.name, steps, [] if steps else [quiet])
 
     # -- steps ------------------------------------------------------------------
     def execute(self, sources: Sources, step: Step) -> None:
