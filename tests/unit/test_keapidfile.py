@@ -75,3 +75,26 @@ def test_before_start_removes_a_real_zombie_s_pid_file_and_kills_nothing(tmp_pat
         assert paths.config.exists()
     finally:
         child.wait()
+
+
+def test_knot_s_pid_file_naming_a_zombie_is_removed_and_a_live_knot_s_kept(
+    tmp_path: Path,
+) -> None:
+    """Knot refuses to start ("server PID found, already running") while its pid file names
+    a killed Knot's zombie: the start removes it, and never a live Knot's."""
+    from trueup.system.knot import clear_stale_pidfile as clear_knot
+    from trueup.system.knot import knot_paths
+
+    run = tmp_path / "run" / "knot"
+    run.mkdir(parents=True)
+    paths = knot_paths(run)
+    assert paths.pidfile == run / "knotd.pid"
+    proc = tmp_path / "proc"
+    _proc(proc, 5001, "Z", paths.argv)
+    _proc(proc, 5002, "S", ("/usr/sbin/knotd", *paths.argv[1:]))
+    paths.pidfile.write_text("5001\n")
+    removed = clear_knot(paths, proc)
+    assert removed is not None and "zombie" in removed and not paths.pidfile.exists()
+    paths.pidfile.write_text("5002\n")
+    assert clear_knot(paths, proc) is None
+    assert paths.pidfile.read_text() == "5002\n"

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from trueup.system.kealeases import KeaSocketError, kea_command
+from trueup.system.processes import clear_stale_pidfile as clear_pidfile
 from trueup.system.sockets import SUN_PATH_MAX, socket_dir
 
 __all__ = [
@@ -104,50 +105,10 @@ def make_socket_dir(paths: KeaPaths) -> None:
     socket_dir(paths.run_dir, (paths.socket.name,), SUN_PATH_MAX, prefix="")
 
 
-def _stale_reason(pid: int, argv: tuple[str, ...], proc: Path) -> str | None:
-    """Why `pid` is not a live Kea running `argv`, or None when it is one."""
-    try:
-        stat = (proc / str(pid) / "stat").read_text()
-        raw = (proc / str(pid) / "cmdline").read_bytes()
-    except OSError:
-        return f"process {pid} is gone"
-    # The command name may hold spaces and parentheses: the state follows the last ')'.
-    fields = stat[stat.rfind(")") + 2 :].split()
-    if not fields or fields[0] in ("Z", "X"):
-        return f"process {pid} is a zombie (not reaped)"
-    cmdline = tuple(part.decode(errors="replace") for part in raw.split(b"\0") if part)
-    ours = (
-        len(cmdline) == len(argv)
-        and Path(cmdline[0]).name == Path(argv[0]).name
-        and cmdline[1:] == argv[1:]
-    )
-    if not ours:
-        return f"process {pid} is not this Kea ({' '.join(cmdline)[:80] or 'no command line'})"
-    return None
-
-
 def clear_stale_pidfile(paths: KeaPaths, proc: Path = Path("/proc")) -> str | None:
-    """Before a start: remove Kea's own pid file when it names no live Kea of ours.
-
-    Kea refuses to start while its pid file names a process that `kill(pid, 0)`
-    finds — a zombie of a killed Kea, or an unrelated process that reused the
-    pid. The file is removed then (what was removed and why is returned); a pid
-    file of a live Kea with this configuration is left alone, and nothing is
-    ever killed.
-    """
-    try:
-        text = paths.pidfile.read_text().strip()
-    except FileNotFoundError:
-        return None
-    try:
-        pid = int(text)
-        reason = _stale_reason(pid, paths.argv, proc) if pid > 1 else f"pid {pid} is invalid"
-    except ValueError:
-        reason = f"{text[:20]!r} is not a pid"
-    if reason is None:
-        return None
-    paths.pidfile.unlink(missing_ok=True)
-    return f"{paths.pidfile}: removed, {reason}"
+    """Before a start: remove Kea's own pid file when it names no live Kea of ours
+    (`processes.clear_stale_pidfile`: a zombie, a reused pid or garbage)."""
+    return clear_pidfile(paths.pidfile, paths.argv, "Kea", proc)
 
 
 def answers(paths: KeaPaths) -> bool:

@@ -36,10 +36,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from trueup.system.processes import clear_stale_pidfile as clear_pidfile
 from trueup.system.runner import Runner
 from trueup.system.sockets import SUN_PATH_MAX, socket_dir
 
-__all__ = ["DAEMON", "KnotControl", "KnotError", "KnotPaths", "knot_paths", "render_config"]
+__all__ = [
+    "DAEMON",
+    "KnotControl",
+    "KnotError",
+    "KnotPaths",
+    "clear_stale_pidfile",
+    "knot_paths",
+    "render_config",
+]
 
 DAEMON = "knot"
 _TIMEOUT = 10.0
@@ -62,8 +71,22 @@ class KnotPaths:
     def argv(self) -> tuple[str, ...]:
         return ("knotd", "-c", str(self.config))
 
+    @property
+    def pidfile(self) -> Path:
+        """Knot's own pid file (`knot.pid` is the supervisor's record)."""
+        return self.run_dir / "knotd.pid"
+
     def zone_file(self, zone: str) -> Path:
         return self.zones / f"{zone}zone"
+
+
+def clear_stale_pidfile(paths: KnotPaths, proc: Path = Path("/proc")) -> str | None:
+    """Before a start: remove Knot's own pid file when it names no live Knot of ours.
+
+    Knot refuses to start ("server PID found, already running") while the pid
+    in it answers `kill(pid, 0)` — a killed Knot's zombie not yet reaped does.
+    """
+    return clear_pidfile(paths.pidfile, paths.argv, "Knot", proc)
 
 
 def knot_paths(run_dir: Path, *, create: bool = False) -> KnotPaths:
@@ -180,7 +203,7 @@ def render_config(paths: KnotPaths, listen: Iterable[str], zones: Iterable[str])
         "server:",
         f'    rundir: "{paths.run_dir}"',
         # Not knot.pid: that name is the supervisor's pid record.
-        f'    pidfile: "{paths.run_dir / "knotd.pid"}"',
+        f'    pidfile: "{paths.pidfile}"',
         f"    listen: [ {addresses} ]",
         "control:",
         f'    listen: "{paths.socket}"',

@@ -23,9 +23,17 @@ import re
 import time
 from pathlib import Path
 
-from trueup.system.safefile import open_file
+from trueup.system.safefile import open_file, read_file
 
-__all__ = ["TAIL_LINES", "log_tail", "session_members", "signal_all", "stat_fields", "wait_gone"]
+__all__ = [
+    "TAIL_LINES",
+    "clear_stale_pidfile",
+    "log_tail",
+    "session_members",
+    "signal_all",
+    "stat_fields",
+    "wait_gone",
+]
 
 # How many of a daemon's own last log lines name why it failed.
 TAIL_LINES = 6
@@ -128,3 +136,51 @@ def wait_gone(members: dict[int, int], timeout: float) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.02)
+
+
+def _stale_reason(pid: int, argv: tuple[str, ...], what: str, proc: Path) -> str | None:
+    """Why `pid` is not a live `what` running `argv`, or None when it is one."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+        raw = (proc / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return f"process {pid} is gone"
+    # The command name may hold spaces and parentheses: the state follows the last ')'.
+    fields = stat[stat.rfind(")") + 2 :].split()
+    if not fields or fields[0] in ("Z", "X"):
+        return f"process {pid} is a zombie (not reaped)"
+    cmdline = tuple(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+    ours = (
+        len(cmdline) == len(argv)
+        and Path(cmdline[0]).name == Path(argv[0]).name
+        and cmdline[1:] == argv[1:]
+    )
+    if not ours:
+        return f"process {pid} is not this {what} ({' '.join(cmdline)[:80] or 'no command line'})"
+    return None
+
+
+def clear_stale_pidfile(
+    pidfile: Path, argv: tuple[str, ...], what: str, proc: Path = Path("/proc")
+) -> str | None:
+    """Before a start: remove a daemon's own pid file when it names no live `what` of ours.
+
+    Kea and Knot refuse to start while their pid file names a process that
+    `kill(pid, 0)` finds — a zombie of a killed instance not yet reaped, or an
+    unrelated process that reused the pid. The file is removed then (what was
+    removed and why is returned); the pid file of a live daemon running `argv`
+    is left alone, and nothing is ever killed.
+    """
+    try:
+        text = read_file(pidfile, 64).decode(errors="replace").strip()
+    except FileNotFoundError:
+        return None
+    try:
+        pid = int(text)
+        reason = _stale_reason(pid, argv, what, proc) if pid > 1 else f"pid {pid} is invalid"
+    except ValueError:
+        reason = f"{text[:20]!r} is not a pid"
+    if reason is None:
+        return None
+    pidfile.unlink(missing_ok=True)
+    return f"{pidfile}: removed, {reason}"

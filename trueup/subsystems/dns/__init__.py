@@ -57,7 +57,15 @@ from trueup.system.atomicfile import write_atomic
 from trueup.system.daemon import DaemonError, DaemonSpec
 from trueup.system.kea import daemon_name, kea_paths
 from trueup.system.kealeases import Lease, read_leases
-from trueup.system.knot import DAEMON, KnotControl, KnotError, KnotPaths, knot_paths, render_config
+from trueup.system.knot import (
+    DAEMON,
+    KnotControl,
+    KnotError,
+    KnotPaths,
+    clear_stale_pidfile,
+    knot_paths,
+    render_config,
+)
 from trueup.system.safefile import UnsafeFile, ensure_dir, read_file
 from trueup.system.sockets import make_socket_dir
 from trueup.system.watches import every
@@ -241,6 +249,9 @@ class DnsSubsystem(Subsystem):
             # holding the static records trueup last set.
             write_atomic(paths.config, config.encode(), 0o600)
             make_socket_dir(paths.socket.parent, paths.run_dir)  # when moved out of run/
+            # A killed Knot's pid file naming its zombie (or a reused pid) would make
+            # this start fail ("already running").
+            clear_stale_pidfile(paths)
             current = _state(paths).get("static", static)
             for zone in step.args["zones"]:
                 _write_zone_file(paths, zone, current.get(zone, []))
