@@ -233,7 +233,7 @@ def run(quick: bool) -> str:
         config = work / "desired.yaml"
         config.write_text(yaml.safe_dump(_document("auto")))
         cli = ["ip", "netns", "exec", ns, PYTHON, "-m", "trueup.cli"]
-        sh(*cli, "apply", str(config), "--state-dir", str(state))
+        sh(*cli, "apply", str(config), "--init", "--state-dir", str(state))
         log = (work / "agent.log").open("w")
         agent = subprocess.Popen(
             [*cli, "agent", "run", "--state-dir", str(state)],
