@@ -146,6 +146,7 @@ def _from_empty(quick: bool) -> str:
                         *cli,
                         "apply",
                         str(doc_path),
+                        "--init",
                         "--state-dir",
                         f"{tmp}/state-c{n}",
                     ],
@@ -190,6 +191,7 @@ def _from_empty(quick: bool) -> str:
                     "trueup.cli",
                     "apply",
                     str(doc_path),
+                    "--init",
                     "--state-dir",
                     f"{tmp}/state-rss",
                 ).stdout.strip()
@@ -284,7 +286,7 @@ def _cli_apply(
     cpu = _children_cpu()
     seconds, proc = _timed(
         ["ip", "netns", "exec", ns, PYTHON, "-m", "trueup.cli", "apply", str(doc),
-         "--state-dir", str(state)],
+         "--init", "--state-dir", str(state)],
         env=env(), timeout=CLI_TIMEOUT,
     )  # fmt: skip
     return seconds, _children_cpu() - cpu, proc

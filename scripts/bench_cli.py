@@ -154,7 +154,7 @@ def run(quick: bool) -> str:
         config = work / "desired.yaml"
         config.write_text(yaml.safe_dump(_document()))
         inside = ["ip", "netns", "exec", ns]
-        sh(*inside, TRUEUP, "apply", str(config), "--state-dir", str(state))
+        sh(*inside, TRUEUP, "apply", str(config), "--init", "--state-dir", str(state))
         log = (work / "agent.log").open("w")
         agent = subprocess.Popen(
             [*inside, TRUEUP, "agent", "run", "--state-dir", str(state)],

@@ -99,6 +99,8 @@ def _run(backend: str, url: str, tmp: Path, size: int) -> dict[str, float]:
         )
         tenant_id = plane.create_tenant("bench", "bench")
         hook = f"http://127.0.0.1:{sink.server_address[1]}/hook"
+        # The receiver is on loopback: an internal receiver the tenant allowlists.
+        plane.set_notify_allowlist(tenant_id, ["127.0.0.1/32"], "bench")
         plane.create_notify_target(tenant_id, "sink", hook, secrets.token_hex(16), "bench")
         plane.create_notify_rule(tenant_id, "all", "sink", {}, None, "bench")
         ids = _fleet(db, tenant_id, size)

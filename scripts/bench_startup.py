@@ -370,7 +370,7 @@ def run_client(quick: bool) -> str:
         )
         apply = ["ip", "netns", "exec", router, PYTHON, "-m", "trueup.cli", "apply"]
         applied = subprocess.run(
-            [*apply, str(document), "--state-dir", str(state)],
+            [*apply, str(document), "--init", "--state-dir", str(state)],
             capture_output=True,
             text=True,
             env=env(),

@@ -173,10 +173,6 @@ spec:
 YAML
 
 mkdir -p -m 700 "$DEMO/agent"
-TOKEN=$("$TRUEUP" agent token --name demo --state-dir "$DEMO/agent")
-(umask 077; echo "$TOKEN" > "$DEMO/api-token"
- echo "Authorization: Bearer $TOKEN" > "$DEMO/api-auth.header")
-unset TOKEN
 
 CP_ARGS=()
 if bash "$ROOT/scripts/demo-control-plane.sh" "$DEMO" "$CP_PORT"; then
@@ -207,6 +203,11 @@ for _ in $(seq 150); do
        | grep -q '"applied": [1-9]'; then break; fi
   sleep 0.1
 done
+# After the agent's first start: `agent run` made $DEMO/agent a state directory.
+TOKEN=$("$TRUEUP" agent token --name demo --state-dir "$DEMO/agent")
+(umask 077; echo "$TOKEN" > "$DEMO/api-token"
+ echo "Authorization: Bearer $TOKEN" > "$DEMO/api-auth.header")
+unset TOKEN
 
 R="ip netns exec $NS $TRUEUP"
 S="--state-dir $DEMO/agent"

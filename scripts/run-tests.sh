@@ -7,7 +7,8 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "trueup tests: the integration suite needs root (network namespaces); run as root" >&2
   exit 1
 fi
-# Two workers, a test file each at a time: the real-kernel and real-daemon tests
-# spend most of their time waiting for agents and namespaces, and every test
-# has its own namespaces, ports, databases and state directories.
-exec .venv/bin/pytest -q -p no:cacheprovider -n "${TRUEUP_TEST_WORKERS:-2}" --dist loadfile tests "$@"
+# Three workers, a test file each at a time: the real-kernel and real-daemon tests
+# spend most of their time waiting for agents, daemons and namespaces (more
+# workers than cores), and every test has its own namespaces, ports, databases
+# and state directories.
+exec .venv/bin/pytest -q -p no:cacheprovider -n "${TRUEUP_TEST_WORKERS:-3}" --dist loadfile --durations=25 tests "$@"

@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from trueup.journal.state import StateDir
+
 REPO = Path(__file__).resolve().parent.parent
 # The least time `Router.wait_for` waits for an event before it fails: a loaded 2-core
 # machine (another suite beside this one) can be many times slower than an idle one, and
@@ -77,8 +79,10 @@ class Router:
         self.name = f"tu-{os.getpid()}-{next(_counter)}"
         self.workdir = workdir
         self.state_dir = workdir / "state"
-        # As an installed device has it: the CLI refuses a state directory that does not exist.
+        # As an installed device has it after its agent's first start: the CLI refuses a
+        # directory that is not a state directory yet (its device: the first applied document's).
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        StateDir(self.state_dir).ensure()
         self.agents: list[subprocess.Popen[str]] = []
         self.helpers: list[subprocess.Popen[str]] = []
         self.client: str | None = None

@@ -9,6 +9,7 @@ next successful apply answers, `--version` naming the agent.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -79,7 +80,9 @@ def test_the_cli_with_a_running_agent(router: Router) -> None:
     acked = router.trueup("ack", "addresses", "--for", "10m", "--reason", "maintenance")
     assert acked.returncode == 0, acked.stderr
     table = router.trueup("status").stdout
-    assert "acknowledged:" in table and ": maintenance (withdraw: trueup ack addresses" in table
+    assert "acknowledged:" in table and "addresses: healing paused until " in table
+    assert f"by cli:{os.getuid()}: maintenance; drift is still detected" in table, table
+    assert "(withdraw: trueup ack addresses --clear)" in table
     cleared = router.trueup("ack", "addresses", "--clear")
     assert cleared.returncode == 0 and "withdrawn" in cleared.stdout, cleared.stderr
     status = json.loads(router.trueup("status", "-o", "json").stdout)
@@ -118,3 +121,51 @@ def test_demo_stop_finds_a_restarted_agent_by_its_state_directory_lock(router: R
     assert proc.wait(timeout=15) is not None
     assert stop_agent(router.state_dir) == []  # nothing holds it any more
     router.agents.clear()
+
+
+def test_a_healed_drift_stays_in_text_status_and_drift_naming_ip_and_trueups_heal(
+    router: Router,
+) -> None:
+    import subprocess
+
+    path = router.write("desired.yaml", base_document())
+    assert router.trueup("apply", str(path)).returncode == 0
+    router.start_agent(env={"TRUEUP_RESYNC_SECONDS": "1"})
+
+    def healed_by(other_than: str | None = None) -> str | None:
+        entry = router.api("/v1/status")["subsystems"]["addresses"]
+        txn = ((entry.get("last_drift") or {}).get("healed_by") or {}).get("txn")
+        return str(txn) if txn and txn != other_than else None
+
+    # `ip` stays running between its commands, so the agent can name it from its port.
+    ip = subprocess.Popen(
+        ["ip", "-n", router.name, "-batch", "-"], stdin=subprocess.PIPE, text=True
+    )
+    assert ip.stdin is not None
+    try:
+        ip.stdin.write(f"addr del {LAN} dev lan0\n")
+        ip.stdin.flush()
+        router.wait_for(lambda: healed_by() is not None, what="the first heal")
+        first = healed_by()
+        # Again: the new drift record also shows the first heal's own write before it.
+        ip.stdin.write(f"addr del {LAN} dev lan0\n")
+        ip.stdin.flush()
+        router.wait_for(lambda: healed_by(first) is not None, what="the second heal")
+        second = healed_by(first)
+    finally:
+        ip.stdin.close()
+        ip.wait(timeout=30)
+    assert LAN in router.addresses("lan0")
+
+    status = router.trueup("status")
+    drift = router.trueup("drift")
+    assert status.returncode == 0 and drift.returncode == 0, status.stderr + drift.stderr
+    assert drift.stdout.startswith("in sync with version 1")
+    for shown in (status.stdout, drift.stdout):
+        section = shown.split("last drift (ended):", 1)[1]
+        line = next(x for x in section.splitlines() if x.startswith("  addresses: healed "))
+        assert f"by trueup heal {second}" in line, shown
+        assert "path:       spec.interfaces[lan0].addresses" in section
+        assert f"changed by: RTM_DELADDR lan0 {LAN} from ip (netlink port " in section, shown
+        assert f"changed by: RTM_NEWADDR lan0 {LAN} from trueup heal {first} " in section, shown
+        assert "unknown" not in section, shown

@@ -152,6 +152,21 @@ def test_dashboard_in_chromium(router_with_client: Router) -> None:
         assert "closed" in page.inner_text('tr[data-subsystem="addresses"]')  # the breaker
         screenshot(page, "device-drift")
 
+        # The agent's own version, as `trueup --version` names it, on the page and in the API.
+        named = router.trueup(
+            "--version", env={"TRUEUP_STATE_DIR": str(router.state_dir)}, state=False
+        )
+        running = re.search(r"^agent (\S+) \(pid", named.stdout, re.M)
+        assert running is not None, named.stdout
+        assert page.inner_text("#agent-version") == running.group(1)
+        assert "trueup/v1" in page.inner_text("#agent-supports")
+        status, shown = router.from_client(f"{URL}/api/v1/devices/edge-01", viewer)
+        assert status == 200, shown
+        assert shown["agent"]["version"] == running.group(1)
+        assert shown["agent"]["api_versions"] == ["trueup/v1"]
+        assert {"management", "interfaces", "routes"} <= set(shown["agent"]["sections"])
+        assert shown["agent"]["unsupported"] == []
+
         # Acknowledge for an hour: the expiry is shown, in ISO 8601 UTC.
         page.select_option("form.ack-form select[name=subsystem]", "addresses")
         page.select_option("form.ack-form select[name=for_seconds]", "3600")
@@ -194,6 +209,14 @@ def test_dashboard_in_chromium(router_with_client: Router) -> None:
         # (revision 2 has been applied since, which removed the extra address: history has it)
         assert any("STATE_DRIFT_DETECTED" in r["reason_codes"] for r in evidence["reports"])
         assert "agent-log" in evidence["manifest"]["missing"]
+
+        # A filter value the dashboard does not know is named, with the valid ones; no table.
+        answer = page.goto("/?status=drifting")
+        assert answer is not None and answer.status == 422
+        error = page.locator("#filter-error").inner_text()
+        assert "'drifting'" in error and "heartbeat_stale" in error and "in_sync" in error
+        assert page.locator("#fleet-body").count() == 0
+        screenshot(page, "fleet-unknown-filter")
 
         # Tenant isolation: searching for, or opening, the other tenant's device finds nothing.
         page.goto("/?q=edge-secret")

@@ -295,3 +295,56 @@ def test_kea_that_cannot_start_never_keeps_management_away(dhcp_router: DhcpRout
     assert services["dhcp"]["health"] == "failed", services["dhcp"]
     assert "kea-dhcp4" in services["dhcp"]["reason"]
     assert dhcp_router.kea_pid() is None
+
+
+def notify_document(**dhcp: Any) -> dict[str, Any]:
+    document = dhcp_document(**dhcp)
+    document["spec"]["convergence"] = {"subsystems": {"dhcp": "notify"}}
+    return document
+
+
+def test_a_kea_that_cannot_open_its_lease_file_fails_in_its_own_words(
+    dhcp_router: DhcpRouter,
+) -> None:
+    router = dhcp_router.router
+    router.start_agent("--config", str(router.write("doc.yaml", notify_document())))
+    pid = wait_until(dhcp_router.kea_pid, "Kea started by the agent")
+    dhcp_router.leases.unlink()
+    dhcp_router.leases.mkdir()  # Kea cannot open its lease database any more
+    os.kill(pid, signal.SIGKILL)  # the supervisor starts it again; it exits at once
+
+    def failed_reason() -> str:
+        dhcp = status_of(router)["subsystems"]["dhcp"]
+        return str(dhcp["reason"]) if dhcp["health"] == "failed" else ""
+
+    reason = wait_until(lambda: "Unable to open database" in failed_reason() and failed_reason(),
+                        "DHCP failed with Kea's own cause")  # fmt: skip
+    assert "kea-dhcp4" in reason
+    text = router.trueup("status")
+    (row,) = [line for line in text.stdout.splitlines() if line.startswith("dhcp ")]
+    assert "failed" in row and "Unable to open database" in row, text.stdout
+    dhcp_router.leases.rmdir()
+
+
+def test_under_notify_a_hand_change_through_kea_s_socket_shows_what_differs(
+    dhcp_router: DhcpRouter,
+) -> None:
+    router = dhcp_router.router
+    router.start_agent("--config", str(router.write("doc.yaml", notify_document())))
+    wait_until(dhcp_router.kea_pid, "Kea started by the agent")
+    router.wait_for(lambda: router.trueup("drift").returncode == 0, what="in sync")
+    config = kea_command(dhcp_router.socket, "config-get")["arguments"]
+    config["Dhcp4"]["subnet4"][0]["pools"][0]["pool"] = "203.0.113.100-203.0.113.200"
+    config["Dhcp4"]["valid-lifetime"] = 60
+    assert kea_command(dhcp_router.socket, "config-set", config)["result"] == 0
+    router.wait_for(lambda: router.trueup("drift").returncode == 2, what="the drift seen")
+    drift = router.trueup("drift")
+    lines = drift.stdout.splitlines()
+    assert (
+        "  dhcp: spec.dhcp.subnets[0].pools[0]: desired 203.0.113.100-203.0.113.150 "
+        "observed 203.0.113.100-203.0.113.200" in lines
+    ), drift.stdout
+    assert "  dhcp: spec.dhcp.lifetimes.valid: desired 3600 observed 60" in lines, drift.stdout
+    # Notify: seen and reported, never set back.
+    running = kea_command(dhcp_router.socket, "config-get")["arguments"]["Dhcp4"]
+    assert running["subnet4"][0]["pools"][0]["pool"] == "203.0.113.100-203.0.113.200"

@@ -247,3 +247,20 @@ def _netns(pid: int) -> str:
 
 def _netns_of(router: Router) -> str:
     return router.run("readlink", "/proc/self/ns/net").stdout.strip()
+
+
+def test_a_verdict_changed_by_hand_shows_both_rule_texts(router: Router) -> None:
+    applied = router.trueup("apply", str(router.write("v1.yaml", _document())))
+    assert applied.returncode == 0, applied.stderr
+    listing = json.loads(_nft(router, "-j", "-a", "list", "chain", "inet", "trueup", "web"))
+    (handle,) = [o["rule"]["handle"] for o in listing["nftables"] if "rule" in o]
+    _nft(
+        router, "replace", "rule", "inet", "trueup", "web", "handle", str(handle),
+        "tcp", "dport", "{ 80, 443 }", "drop", "comment", '"web"',
+    )  # fmt: skip
+    drift = router.trueup("drift")
+    assert drift.returncode == 2, drift.stdout + drift.stderr
+    (line,) = [ln for ln in drift.stdout.splitlines() if ln.startswith("  firewall: ")]
+    assert 'desired tcp dport { 80, 443 } accept comment "web"' in line, line
+    assert 'observed tcp dport { 80, 443 } drop comment "web"' in line, line
+    assert "want tcp dport { 80, 443 } accept" in drift.stdout  # the finding says it too

@@ -85,3 +85,35 @@ def test_sigkill_at_each_journal_step_rolls_back_on_restart(router: Router, poin
     assert router.addresses("lan0") == ["2001:db8:1::2/64", "203.0.113.2/24"]
     assert router.addresses("mgmt0") == ["198.51.100.2/24", "198.51.100.3/24"]
     assert json.loads(router.trueup("status", "-o", "json").stdout)["versions"]["applied"] == 2
+
+
+def test_an_interrupted_apply_is_cleared_by_applying_the_same_document_again(
+    router: Router,
+) -> None:
+    v1 = router.write("v1.yaml", base_document())
+    assert router.trueup("apply", str(v1)).returncode == 0
+    old = router.snapshot()
+    router.ip("addr", "del", "203.0.113.1/24", "dev", "lan0")  # drift, then its re-apply dies
+    killed = router.trueup("apply", str(v1), env={"TRUEUP_FAULT": "step:addresses"})
+    assert killed.returncode in (-9, 137), (killed.returncode, killed.stderr)
+
+    # Before recovery has run: nothing says it was rolled back.
+    status = json.loads(router.trueup("status", "-o", "json").stdout)
+    (finding,) = [f for f in status["reason_codes"] if f["code"] == "STATE_APPLY_NOT_COMPLETED"]
+    assert "was not completed" in finding["detail"], finding
+    assert "rolled back" not in finding["detail"] + finding["action"], finding
+    assert "Recovery will roll it back to version 1" in finding["action"], finding
+    assert "was not completed" in router.trueup("status").stdout
+
+    # The corrective action it prints: apply the same document. Recovery runs first, then
+    # the apply finds nothing to change — and says the code is cleared.
+    again = router.trueup("apply", str(v1))
+    assert again.returncode == 0, again.stderr
+    assert "version 1: unchanged" in again.stdout, again.stdout
+    assert "STATE_APPLY_NOT_COMPLETED cleared" in again.stdout, again.stdout
+    assert "STATE_APPLY_NOT_COMPLETED" not in _codes(router)
+    assert router.snapshot() == old
+    router.start_agent()
+    assert "STATE_APPLY_NOT_COMPLETED" not in [
+        f["code"] for f in router.api("/v1/status")["reason_codes"]
+    ]

@@ -267,3 +267,36 @@ def test_an_archive_from_a_router_with_other_interface_names_needs_map(
     assert "completed" in mapped.stdout
     assert router.link("lan0")["mtu"] == 1400
     assert "203.0.113.1/24" in router.addresses("lan0")
+
+
+def test_a_config_only_restore_leaves_no_local_override_anywhere(
+    router: Router, tmp_path: Path
+) -> None:
+    from trueup.journal.state import StateDir
+    from trueup.reconcile.changes import CONTROL_PLANE_FILE
+
+    desired = router.write("desired.yaml", base_document())
+    assert router.trueup("apply", str(desired)).returncode == 0
+    archive = tmp_path / "edge-01.tar"
+    made = router.trueup("backup", "create", "--out", str(archive))
+    assert made.returncode == 0, made.stdout + made.stderr
+    # Managed by a control plane (as the agent records it when it syncs with one).
+    StateDir(router.state_dir).write(
+        CONTROL_PLANE_FILE, {"url": "https://cp.example.invalid", "version": 1}
+    )
+    router.start_agent()
+    lab = router.write("lab.yaml", base_document(routes=[]))
+    overridden = router.trueup("apply", str(lab), "--override", "lab test")
+    assert overridden.returncode == 0, overridden.stdout + overridden.stderr
+    assert router.api("/v1/status")["versions"]["override"]["reason"] == "lab test"
+
+    result = router.trueup("restore", "apply", str(archive), "--mode", "config-only", "-o", "json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout)["state"] == "completed", result.stdout
+    applied = json.loads((router.state_dir / "applied.json").read_text())
+    assert applied["origin"] == "restore" and applied.get("override") is None, applied
+    status = json.loads(router.trueup("status", "-o", "json").stdout)
+    assert status["versions"]["override"] is None and status["versions"]["origin"] == "restore"
+    text = router.trueup("status").stdout
+    assert "lab test" not in text and "local override" not in text, text
+    assert router.routes("main") != []  # the restored revision's routes are back

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.routers import REPO, TRUEUP, Router, base_document, sh
+from trueup.journal.state import StateDir
 
 pytestmark = pytest.mark.root
 
@@ -173,6 +174,7 @@ def test_full_and_read_only_state_directory_then_normal_service(
 ) -> None:
     router.state_dir = small_state / "state"
     router.state_dir.mkdir(mode=0o700)
+    StateDir(router.state_dir).ensure()  # as Router makes its own
     assert _apply(router, "v1.yaml", base_document(routes=[])).returncode == 0
     router.start_agent(env=FAST)
     before = router.snapshot()
@@ -267,6 +269,7 @@ def test_a_transaction_a_storage_fault_left_open_is_closed_when_writes_return(
 ) -> None:
     router.state_dir = small_state / "state"
     router.state_dir.mkdir(mode=0o700)
+    StateDir(router.state_dir).ensure()  # as Router makes its own
     assert _apply(router, "v1.yaml", base_document(routes=[])).returncode == 0
     journal = router.state_dir / "journal.jsonl"
     if fault == "read-only":

@@ -1,9 +1,9 @@
 """Shared by the Debian package tests: the packages under test and a Debian root in podman.
 
 The packages are built by `scripts.build_deb` (cached by the hash of their inputs); the
-test root is a bookworm tarball from mmdebstrap with systemd, python3, iproute2 and nftables
-(cached by the hash of its package list), imported as a podman image of a unique name and
-booted with systemd as PID 1. Every container and image is removed by its exact name.
+test root is a bookworm tarball from mmdebstrap with systemd, python3, iproute2, nftables
+and kea-dhcp4-server (cached by the hash of its package list), imported as a podman image
+of a unique name and booted with systemd as PID 1. Every container and image is removed by its exact name.
 """
 
 from __future__ import annotations
@@ -24,7 +24,17 @@ from scripts import build_deb
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("TRUEUP_BUILD_CACHE", "/var/cache/trueup-build"))
 CONTAINERS_CONF = str(REPO / "packaging" / "containers.conf")
-ROOT_PACKAGES = ("systemd", "systemd-sysv", "dbus", "python3", "iproute2", "nftables", "procps")
+# kea-dhcp4-server: the agent's Kea must outlive `systemctl restart` of the agent (KillMode).
+ROOT_PACKAGES = (
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "python3",
+    "iproute2",
+    "nftables",
+    "procps",
+    "kea-dhcp4-server",
+)
 V1, V2, V3 = "0.1.0+t1", "0.1.0+t2", "0.1.0+t3"
 UNIT = "trueup-agent.service"
 # The module the broken release lacks: the agent and `trueup preflight` both import it.

@@ -175,8 +175,21 @@ class Trial:
         return smoke.ready(self.url)
 
     def remove_pod(self, pod: str) -> None:
-        podman("pod", "rm", "--force", pod, check=False, timeout=120)
-        assert podman("pod", "exists", pod, check=False).returncode == 1, f"{pod} still there"
+        """Remove `pod`, asking again while it exists: on a loaded machine one
+        `pod rm --force` can give up on a container still stopping."""
+        errors: list[str] = []
+
+        def gone() -> bool:
+            if podman("pod", "exists", pod, check=False).returncode == 1:
+                return True
+            removed = podman("pod", "rm", "--force", "--time", "10", pod, check=False, timeout=120)
+            errors.append(removed.stderr.strip()[-300:])
+            return podman("pod", "exists", pod, check=False).returncode == 1
+
+        try:
+            wait_until(gone, what=f"{pod} removed", timeout=300, interval=1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; podman said: {errors[-1:]}") from None
         self.pods.remove(pod)
 
     def remove_pods(self) -> None:

@@ -172,8 +172,14 @@ class ServerProcess:
     """A real `uvicorn` control-plane process on 127.0.0.1."""
 
     def __init__(
-        self, db_url: str, key_file: Path, port: int | None = None, **settings: Any
+        self,
+        db_url: str,
+        key_file: Path,
+        port: int | None = None,
+        log_path: Path | None = None,
+        **settings: Any,
     ) -> None:
+        self.log_path = log_path  # the process's stderr is appended here (default: inherited)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.settings = Settings(
@@ -183,6 +189,7 @@ class ServerProcess:
 
     def start(self) -> ServerProcess:
         env = {**os.environ, SETTINGS_ENV: self.settings.to_env()}
+        log = None if self.log_path is None else self.log_path.open("ab")
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -202,8 +209,11 @@ class ServerProcess:
                 "httptools",
             ],
             env=env,
+            stderr=log,
         )
-        deadline = time.monotonic() + 20
+        if log is not None:
+            log.close()  # the child holds its own descriptor
+        deadline = time.monotonic() + 180  # generous: a loaded host imports slowly
         while time.monotonic() < deadline:
             assert self.process.poll() is None, "server process exited during start-up"
             try:

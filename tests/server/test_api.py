@@ -6,11 +6,13 @@ import json
 import threading
 import time
 
+import pytest
 from sqlalchemy import select
 
 from tests.server.conftest import Server, document
 from trueup.agent.cpclient import report_from_status
 from trueup.model.document import document_digest, parse_document
+from trueup.server.service import Invalid
 from trueup.server.tables import device_reports, tokens
 
 
@@ -368,8 +370,19 @@ def test_acknowledgements_are_recorded(server: Server) -> None:
     )
     assert bad.status_code == 422
     assert bad.json()["problems"] == [
-        "for_seconds: must be between 1 second and 30 days",
-        "reason: say why this state is acceptable for now",
+        "body.for_seconds: expected a number of seconds, more than 0 and at most 2592000 "
+        "(30 days); got -1",
+        "body.reason: expected a reason: text of 1-10000 characters, not blank, without "
+        "control characters but tab and newline; got ' '",
+    ]
+    # The service holds the same rules for callers that do not pass the API's models.
+    tenant_id = server.plane.tenant_id(tenant.name)
+    with pytest.raises(Invalid) as refused:
+        server.plane.acknowledge(tenant_id, "edge-01", "<script>", 0, "why\x00", "test")
+    assert [p.split(":")[0] for p in refused.value.problems] == [
+        "subsystem",
+        "for_seconds",
+        "reason",
     ]
 
 
@@ -405,7 +418,11 @@ def test_device_and_user_creation_validate_names(server: Server) -> None:
     bad = server.client.post(
         "/api/v1/devices", json={"name": "bad name/.."}, headers=tenant.auth("operator")
     )
-    assert bad.status_code == 422 and bad.json()["problems"][0].startswith("name:")
+    assert bad.status_code == 422
+    assert bad.json()["problems"] == [
+        "body.name: expected a device name (letters, digits, '_', '.', '-', starting with a "
+        "letter or digit; 1-253 characters); got 'bad name/..'"
+    ]
 
 
 def test_metrics_and_probes(server: Server) -> None:

@@ -41,7 +41,11 @@ BODIES: dict[tuple[str, str], Any] = {
     ("post", "/api/v1/users/{user}/tokens"): {"label": "x"},
     ("post", "/api/v1/agent/report"): {"applied_version": 0},
     ("post", "/api/v1/agent/backups"): "an opaque archive",
-    ("post", "/api/v1/notifications/targets"): {"name": "hook-new", "url": "http://127.0.0.1:9/"},
+    ("post", "/api/v1/notifications/targets"): {
+        "name": "hook-new",
+        "url": "https://hooks.example.net/new",
+    },
+    ("put", "/api/v1/notifications/allowlist"): {"entries": ["127.0.0.1/32"]},
     ("post", "/api/v1/notifications/rules"): {"name": "rule-new", "target": "k2"},
     ("post", "/api/v1/agent/evidence"): "an opaque bundle",
 }
@@ -165,6 +169,8 @@ def test_every_route_refuses_the_wrong_callers(server: Server) -> None:
 def _notification_fixtures(server: Server, a: Tenant, b: Tenant) -> int:
     """Targets k1, k2 and rule k1 in tenant a (k2 in b too), and a dead delivery in a: its id."""
     a_id, b_id = server.plane.tenant_id(a.name), server.plane.tenant_id(b.name)
+    for tenant_id in (a_id, b_id):  # a redelivery goes to 127.0.0.1:9: never elsewhere
+        server.plane.set_notify_allowlist(tenant_id, ["127.0.0.1/32"], "test")
     for tenant_id, name in ((a_id, "k1"), (a_id, "k2"), (b_id, "k2")):
         server.plane.create_notify_target(tenant_id, name, "http://127.0.0.1:9/", None, "test")
     server.plane.create_notify_rule(a_id, "k1", "k1", {"kinds": ["fenced"]}, None, "test")

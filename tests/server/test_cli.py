@@ -112,7 +112,7 @@ def test_server_run_with_tls_enrollment_pins_the_certificate(tmp_path: Path) -> 
         env=os.environ.copy(),
     )
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 120
         while True:
             try:
                 if httpx.get(url + "/healthz", verify=False, timeout=1).status_code == 200:

@@ -8,6 +8,7 @@ import re
 
 import yaml
 from fastapi.testclient import TestClient
+from httpx import Response
 
 from tests.server.conftest import Server, Tenant, document
 from trueup.server.dashboard.data import report_conditions
@@ -15,13 +16,28 @@ from trueup.server.dashboard.session import COOKIE
 from trueup.server.dashboard.timeline import timeline_events, timeline_svg
 
 
+def login_csrf_of(html: str) -> str:
+    match = re.search(r'name="login_csrf" value="([^"]+)"', html)
+    assert match is not None, "the sign-in form carries no pre-session token"
+    return match.group(1)
+
+
+def sign_in(client: TestClient, token: str, **headers: str) -> Response:
+    """Open the sign-in page (its pre-session token) and post `token` with it."""
+    field = login_csrf_of(client.get("/ui/login").text)
+    return client.post(
+        "/ui/login",
+        data={"token": token, "login_csrf": field},
+        headers=headers,
+        follow_redirects=False,
+    )
+
+
 def browser(server: Server, tenant: Tenant | None = None, role: str = "operator") -> TestClient:
     """A client with a cookie jar of its own, logged in with the tenant's `role` token."""
     client = TestClient(server.client.app)
     if tenant is not None:
-        answer = client.post(
-            "/ui/login", data={"token": tenant.tokens[role]}, follow_redirects=False
-        )
+        answer = sign_in(client, tenant.tokens[role])
         assert answer.status_code == 303, answer.text
     return client
 
@@ -38,11 +54,9 @@ def test_pages_need_a_session_and_login_sets_a_strict_httponly_cookie(server: Se
     for path in ("/", "/ui/devices/edge-01", "/ui/devices/edge-01/evidence"):
         answer = client.get(path, follow_redirects=False)
         assert answer.status_code == 303 and answer.headers["location"] == "/ui/login", path
-    refused = client.post("/ui/login", data={"token": "not-a-token"})
+    refused = sign_in(client, "not-a-token")
     assert refused.status_code == 401 and "unknown, revoked or expired" in refused.text
-    answer = client.post(
-        "/ui/login", data={"token": tenant.tokens["viewer"]}, follow_redirects=False
-    )
+    answer = sign_in(client, tenant.tokens["viewer"])
     cookie = answer.headers["set-cookie"].lower()
     assert "httponly" in cookie and "samesite=strict" in cookie
     assert tenant.tokens["viewer"] not in answer.headers["set-cookie"]
@@ -70,7 +84,7 @@ def test_a_revoked_token_ends_its_sessions(server: Server) -> None:
     tenant_id = server.plane.tenant_id(tenant.name)
     token_id, token = server.plane.create_token(tenant_id, "viewer-user", "test")
     client = TestClient(server.client.app)
-    client.post("/ui/login", data={"token": token})
+    assert sign_in(client, token).status_code == 303
     assert client.get("/", follow_redirects=False).status_code == 200
     server.plane.revoke_token(tenant_id, token_id, "test")
     assert client.get("/", follow_redirects=False).status_code == 303

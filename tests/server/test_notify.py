@@ -146,6 +146,14 @@ def report(server: Server, tenant: Tenant, device: str, body: dict[str, Any]) ->
     assert response.status_code == 200, response.text
 
 
+def allow_loopback(server: Server, tenant: Tenant) -> None:
+    """The receivers here listen on 127.0.0.1: an internal receiver, allowlisted."""
+    response = server.client.put(
+        f"{BASE}/allowlist", json={"entries": ["127.0.0.0/8"]}, headers=tenant.auth("admin")
+    )
+    assert response.status_code == 200, response.text
+
+
 def route(
     server: Server,
     tenant: Tenant,
@@ -155,6 +163,7 @@ def route(
     escalate_after: float | None = None,
     name: str = "hook",
 ) -> None:
+    allow_loopback(server, tenant)
     response = server.client.post(
         f"{BASE}/targets",
         json={"name": name, "url": receiver.url, "secret": SECRET},
@@ -377,8 +386,15 @@ def test_rules_and_targets_are_admin_managed_audited_and_secrets_never_returned(
     assert len(created.json()["secret"]) >= 32  # generated, returned this once
     listed = server.client.get(f"{BASE}/targets", headers=tenant.auth("operator")).json()
     assert listed["targets"] == [
-        {"name": "pager", "url": body["url"], "created_at": created.json()["created_at"]}
+        {
+            "name": "pager",
+            "url": body["url"],
+            "auth_header": None,
+            "problem": None,
+            "created_at": created.json()["created_at"],
+        }
     ]
+    assert listed["allowlist"] == []
     assert server.client.get(f"{BASE}/targets", headers=tenant.auth("viewer")).status_code == 403
     bad = server.client.post(
         f"{BASE}/rules",
@@ -416,7 +432,8 @@ def test_rules_and_targets_are_admin_managed_audited_and_secrets_never_returned(
         == 204
     )
     assert server.client.get(f"{BASE}/targets", headers=tenant.auth("admin")).json() == {
-        "targets": []
+        "targets": [],
+        "allowlist": [],
     }
     again = server.client.post(f"{BASE}/targets", json=body, headers=tenant.auth("admin"))
     assert again.status_code == 201, again.text
@@ -468,6 +485,8 @@ def test_a_delivery_in_flight_when_the_server_dies_is_sent_again_after_restart(
             headers={"Authorization": f"Bearer {bundle['token']}"},
         ).json()["credential"]
         device = {"Authorization": f"Bearer {credential}"}
+        allow = {"entries": ["127.0.0.1/32"]}
+        assert httpx.put(f"{first.url}{BASE}/allowlist", json=allow, headers=admin).is_success
         target = {"name": "hook", "url": hook.url, "secret": SECRET}
         assert httpx.post(f"{first.url}{BASE}/targets", json=target, headers=admin).is_success
         rule = {"name": "all", "target": "hook"}

@@ -173,6 +173,42 @@ def test_truncation_is_named(archive: Path, state: StateDir) -> None:
     assert any(p.code == "truncated" for p in result.problems)
 
 
+def test_truncated_inside_the_lease_member_still_restores_config_only(
+    archive: Path, state: StateDir
+) -> None:
+    """A copy cut short inside the lease member (the last): every config entry before it
+    verified, so config-only is eligible; full is refused naming the lease member."""
+    data = archive.read_bytes()
+    at = data.rfind(b"host1")
+    assert at > data.find(b"kea-leases4.csv", data.find(b"}\n"))
+    archive.write_bytes(data[:at])
+    result = analyze(archive, state, LINKS)
+    assert result.eligible == {"config-only": True, "full": False}, result.problems
+    lease = f"{LEASES}/kea-leases4.csv"
+    assert [(p.entry, p.code) for p in result.problems] == [(lease, "truncated")]
+    assert [p.entry for p in result.refusals("full")] == [lease]
+    assert result.refusals("config-only") == []
+    assert result.to_json()["components"]["config"]["eligible"] is True
+
+
+def test_truncated_inside_the_lease_member_header_still_restores_config_only(
+    archive: Path, state: StateDir
+) -> None:
+    """Cut short inside the lease member's tar header (before its data): the lease member
+    is truncated, named; config-only stays eligible."""
+    import tarfile
+
+    with tarfile.open(archive) as tar:
+        lease_member = tar.getmembers()[-1]
+    lease = f"{LEASES}/kea-leases4.csv"
+    assert lease_member.name == lease
+    data = archive.read_bytes()
+    archive.write_bytes(data[: lease_member.offset + 100])
+    result = analyze(archive, state, LINKS)
+    assert result.eligible == {"config-only": True, "full": False}, result.problems
+    assert [(p.entry, p.code) for p in result.problems] == [(lease, "truncated")]
+
+
 def test_truncated_end_marker_refuses_everything(archive: Path, state: StateDir) -> None:
     data = archive.read_bytes()
     end = data.rstrip(b"\0")

@@ -54,6 +54,25 @@ def test_open_transaction_without_writer_or_overdue() -> None:
     ) == ["STATE_APPLY_NOT_COMPLETED"]
 
 
+def test_an_open_transaction_is_told_in_the_tense_of_what_has_happened() -> None:
+    txn = {"txn": "t", "version": 4, "applied": ["links"], "failed": {}}
+    texts = {}
+    for name, extra in {
+        "gone": {},
+        "recovering": {"open_transaction_recovering": True},
+        "running": {"open_transaction_live": True, "open_transaction_overdue": True},
+    }.items():
+        (finding,) = classify(ClassifierInput(applied=APPLIED, open_transaction=txn, **extra))
+        texts[name] = finding.detail + " " + finding.action
+        # Nothing is rolled back yet: never "was rolled back", "rolled back at recovery".
+        assert "was rolled back" not in texts[name] and "back at recovery" not in texts[name]
+    assert "was not completed" in texts["gone"]
+    assert "Recovery will roll it back to version 3" in texts["gone"]
+    assert "recovery is rolling it back to version 3 now" in texts["recovering"]
+    assert "still running past its deadline" in texts["running"]
+    assert "not rolled back while it runs" in texts["running"]
+
+
 def test_recovered_transaction_is_reported_with_rollback_errors() -> None:
     last = {
         "txn": "t",

@@ -34,6 +34,7 @@ from tests.routers import REPO, base_document
 from trueup.agent.client import AgentClient, AgentUnavailable
 from trueup.cli import entry, fast, helptext
 from trueup.cli.output import REFUSAL_EXIT_CODES
+from trueup.journal.state import StateDir
 from trueup.reconcile.status import drift_report
 
 FINDING = {
@@ -172,6 +173,7 @@ class FakeAgent:
                 fake.errors.append(traceback.format_exc())
 
         state_dir.mkdir(parents=True, exist_ok=True)
+        StateDir(state_dir).ensure()  # the agent's: it made the directory
         self.server = Server(str(state_dir / "agent.sock"), Handler)
         self.thread = threading.Thread(
             target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
@@ -465,6 +467,28 @@ def test_plan_renders_as_typer_renders_it(
     assert typer_body["metadata"]["device"] == "edge-01"
 
 
+def test_plan_for_another_device_is_refused_as_typer_refuses_it(
+    agent: FakeAgent,
+    short_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    marker = agent.state_dir / "state.json"
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "device": "edge-01"}))
+    other = base_document()
+    other["metadata"]["device"] = "edge-02"
+    document = short_dir / "other.yaml"
+    document.write_text(yaml.safe_dump(other))
+    argv = ["plan", str(document), "--state-dir", str(agent.state_dir)]
+    assert fast.run(argv) is None  # handed over: the fast path cannot plan it
+    assert agent.calls("/v1/plan") == []
+    code, _out, err = typer_path(argv, capsys, monkeypatch)
+    assert code == 1 and "belongs to device edge-01; the document is for edge-02" in err
+    own = short_dir / "own.yaml"
+    own.write_text(yaml.safe_dump(base_document()))
+    assert fast.run(["plan", str(own), "--state-dir", str(agent.state_dir)]) is not None
+
+
 @pytest.mark.parametrize(
     "answer",
     [
@@ -525,6 +549,7 @@ def test_ack_answers_and_asks_as_typer_does(
             "subsystem": ["addresses"],
             "seconds": ["5400.0"],
             "reason": ["maintenance: lan0 & wan"],
+            "actor": [f"cli:{os.getuid()}"],
         }
     )
 

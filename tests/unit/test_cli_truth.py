@@ -116,7 +116,7 @@ def test_status_without_an_agent_says_so_and_what_it_means(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     state = tmp_path / "state"
-    state.mkdir()
+    StateDir(state).ensure()
     code, out, err = console(["status", "--state-dir", str(state)], capsys)
     assert code == 0, err
     first = out.splitlines()[0]
@@ -132,7 +132,7 @@ def test_status_with_an_agent_that_does_not_answer_says_so(
 ) -> None:
     """An agent holds the state directory (its pid record) but its socket does not answer."""
     state = tmp_path / "state"
-    state.mkdir()
+    StateDir(state).ensure()
     (state / "agent.pid").write_text(json.dumps({"pid": os.getpid(), "started_at": "t0"}))
     code, out, err = console(["status", "--state-dir", str(state)], capsys)
     assert code == 0, err
@@ -230,7 +230,8 @@ def test_the_status_table_shows_drift_attribution_healing_and_acknowledgements()
     assert "breaker open, 3 consecutive failure(s), back-off 8s" in text
     assert "next attempt at 2026-11-30T10:00:09.000Z" in text
     assert "acknowledged:" in text
-    assert "addresses until 2026-11-30T12:00:00.000Z by api: maintenance" in text
+    assert "addresses: healing paused until 2026-11-30T12:00:00.000Z" in text
+    assert " by api: maintenance; drift is still detected" in text
     assert "trueup ack addresses --clear" in text
     assert "pending confirmation: version 4 rolls back at 2026-11-30T10:05:00+00:00" in text
 
@@ -412,7 +413,10 @@ def test_ack_clear_withdraws_through_the_agent(
     assert code == 0, err
     assert out == "addresses: acknowledgement withdrawn\n"
     (call,) = agent.calls("/v1/ack")
-    assert call["method"] == "DELETE" and call["query"] == {"subsystem": ["addresses"]}
+    assert call["method"] == "DELETE" and call["query"] == {
+        "subsystem": ["addresses"],
+        "actor": [f"cli:{os.getuid()}"],
+    }
     code, _, err = console([*argv, "--for", "1h"], capsys)
     assert code == 1 and "--clear takes no --for or --reason" in err
     code, _, err = console(["ack", "addresses", "--state-dir", str(agent.state_dir)], capsys)

@@ -149,7 +149,7 @@ def test_fenced_and_pending_conditions(tmp_path: Path) -> None:
     doc = document()
     assert subsystem.condition(sources(tmp_path), doc) is None
     waiting = subsystem.condition(sources(tmp_path, links={}), doc)
-    assert waiting == (SubsystemHealth.PENDING, "waiting for interface(s) lan0")
+    assert waiting == (SubsystemHealth.PENDING, "waiting on link lan0")
     hold_fence(tmp_path, "dhcp", "restore", "full restore running")
     fenced = subsystem.condition(sources(tmp_path), doc)
     assert fenced == (SubsystemHealth.FENCED, "fenced by restore: full restore running")
@@ -191,8 +191,10 @@ def test_cli_leases_without_dhcp_says_so_and_fails(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from trueup.cli.dhcp import dhcp_app
+    from trueup.journal.state import StateDir
 
     state = tmp_path / "state"
+    StateDir(state).ensure()
     (state / "run" / "kea-dhcp6").mkdir(parents=True)  # an empty run directory is not DHCP
     result = CliRunner().invoke(dhcp_app, ["leases", "--state-dir", str(state)])
     assert result.exit_code == 1
@@ -205,7 +207,9 @@ def test_cli_leases_lists_expiry_in_utc(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from trueup.cli.dhcp import dhcp_app
+    from trueup.journal.state import StateDir
 
+    StateDir(tmp_path).ensure()
     run = tmp_path / "run" / "kea-dhcp4"
     run.mkdir(parents=True)
     (run / "kea-leases4.csv").write_text(
@@ -223,12 +227,15 @@ def test_cli_fence_lift_with_no_fence_fails_and_changes_nothing(tmp_path: Path) 
     from typer.testing import CliRunner
 
     from trueup.cli.dhcp import dhcp_app
+    from trueup.journal.state import StateDir
 
+    StateDir(tmp_path).ensure()
+    before = sorted(tmp_path.iterdir())
     result = CliRunner().invoke(dhcp_app, ["fence", "lift", "--state-dir", str(tmp_path)])
     assert result.exit_code == 1
     assert f"no dhcp fence is held in {tmp_path}" in result.output
     assert "nothing was lifted" in result.output
-    assert list(tmp_path.iterdir()) == []  # no audit line, no fence directory
+    assert sorted(tmp_path.iterdir()) == before  # no audit line, no fence directory
     held = CliRunner().invoke(
         dhcp_app, ["fence", "hold", "--reason", "restore", "--state-dir", str(tmp_path)]
     )
@@ -351,3 +358,29 @@ def test_kea_starts_from_a_fenced_file_while_the_fence_is_held(
     hold_fence(tmp_path, "dhcp", "restore", "full restore running")
     spec.before_start()  # a restart after a crash: the fence is read at every start
     assert has_fence(json.loads(paths.config.read_text()))
+
+
+def test_cli_leases_sort_addresses_by_value(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from trueup.cli.dhcp import dhcp_app
+    from trueup.journal.state import StateDir
+
+    StateDir(tmp_path).ensure()
+    run = tmp_path / "run" / "kea-dhcp4"
+    run.mkdir(parents=True)
+    header = (
+        "address,hwaddr,client_id,valid_lifetime,expire,subnet_id,fqdn_fwd,fqdn_rev,"
+        "hostname,state,user_context,pool_id\n"
+    )
+    rows = "".join(
+        f"203.0.113.{host},02:00:00:00:00:{host:02x},,3600,1796055420,1,0,0,h{host},0,,0\n"
+        for host in (100, 20, 3)
+    )
+    (run / "kea-leases4.csv").write_text(header + rows)
+    result = CliRunner().invoke(dhcp_app, ["leases", "--state-dir", str(tmp_path), "-o", "json"])
+    assert result.exit_code == 0, result.output
+    addresses = [lease["address"] for lease in json.loads(result.output)["leases"]]
+    assert addresses == ["203.0.113.3", "203.0.113.20", "203.0.113.100"]

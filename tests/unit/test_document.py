@@ -155,3 +155,81 @@ def test_api_bind_management_means_the_configured_management_address() -> None:
     assert parse_document(document).spec.api_bind_address() is None
     document["spec"]["management"]["api"] = {"port": 7443, "bind": "vip"}
     assert any(p.startswith("spec.management.api.bind") for p in _problems(document))
+
+
+def _dhcp(subnet: dict[str, Any]) -> dict[str, Any]:
+    return {"interfaces": ["lan0"], "subnets": [{"id": 1, "subnet": "203.0.113.0/24", **subnet}]}
+
+
+def test_a_reversed_pool_does_not_hide_a_reservation_outside_its_subnet() -> None:
+    document = base_document(
+        dhcp=_dhcp(
+            {
+                "pools": ["203.0.113.200-203.0.113.100"],
+                "reservations": [{"hw-address": "02:00:00:00:00:aa", "ip-address": "192.0.2.9"}],
+            }
+        )
+    )
+    problems = _problems(document)
+    assert any(p.startswith("spec.dhcp.subnets[0].pools[0]: ") for p in problems), problems
+    assert (
+        "spec.dhcp.subnets[0].reservations[0].ip-address: 192.0.2.9 is not inside 203.0.113.0/24"
+        in problems
+    ), problems
+
+
+def test_cross_field_checks_run_beside_a_field_that_failed() -> None:
+    document = base_document()
+    spec = document["spec"]
+    spec["interfaces"][0]["addresses"].append("not-a-prefix")
+    spec["routes"] += [
+        {"to": "192.0.2.0/24", "via": "203.0.113.254"},  # the same route again
+        {"to": "198.51.100.0/24", "via": "203.0.113.254", "table": "nowhere"},
+    ]
+    spec["tables"]["main2"] = 254
+    problems = _problems(document)
+    assert any(p.startswith("spec.interfaces[0].addresses[2]: ") for p in problems), problems
+    assert any(p.startswith("spec.routes[2]: duplicate route to 192.0.2.0/24") for p in problems)
+    assert any(p.startswith("spec.routes[3].table: unknown table 'nowhere'") for p in problems)
+    assert "spec.tables.main2: 254 is the main table; use table: main" in problems
+
+
+def test_a_reservation_reports_its_address_and_its_identifier_together() -> None:
+    document = base_document(
+        dhcp=_dhcp({"reservations": [{"ip-address": "203.0.113.300", "hostname": "printer"}]})
+    )
+    problems = _problems(document)
+    assert (
+        "spec.dhcp.subnets[0].reservations[0].ip-address: '203.0.113.300' is not an IPv4/IPv6 "
+        "address" in problems
+    ), problems
+    assert (
+        "spec.dhcp.subnets[0].reservations[0]: a reservation needs exactly one of hw-address or "
+        "duid" in problems
+    ), problems
+
+
+def test_a_long_message_is_never_cut() -> None:
+    document = base_document(
+        ha={
+            "role": "primary",
+            "vips": [{"interface": "lan0", "vrid": 7, "addresses": ["203.0.113.9/24"]}],
+        }
+    )
+    document["spec"]["management"]["api"] = {"bind": "203.0.113.9"}
+    problems = _problems(document)
+    assert (
+        "spec.management.api.bind: 203.0.113.9 is an HA virtual address "
+        "(spec.ha.vips[0].addresses[0]); the API never binds a virtual address (bind the "
+        "management address, 'management', or leave it out for the wildcard)"
+    ) in problems, problems
+    assert not any("more characters" in p for p in problems)
+
+
+def test_only_quoted_input_is_cut_and_says_so() -> None:
+    document = base_document()
+    document["spec"]["routes"][0]["table"] = "t" * 5000
+    problems = _problems(document)
+    (problem,) = [p for p in problems if p.startswith("spec.routes[0].table: ")]
+    assert "(input excerpt, " in problem and len(problem) < 300
+    assert problem.endswith("; name it in tables"), problem

@@ -294,7 +294,18 @@ def test_trueups_own_writes_are_never_another_writer() -> None:
         "route", "RTM_NEWROUTE", 1.0, destination="192.0.2.0/24", sender_port=4321, own=True
     )
     assert outside_writer(own) is None
-    assert own.to_json()["sender"] == "trueup (this agent)"
+    assert own.to_json()["sender"] == "trueup (this agent, outside a transaction)"
+    named = NetlinkEvent(
+        "route",
+        "RTM_NEWROUTE",
+        1.0,
+        destination="192.0.2.0/24",
+        sender_port=4321,
+        own=True,
+        writer="trueup heal 20261130T100000Z-abc123",
+    )
+    assert outside_writer(named) is None
+    assert named.to_json()["sender"] == "trueup heal 20261130T100000Z-abc123"
 
 
 def test_a_returning_link_restarts_the_retry_budget() -> None:

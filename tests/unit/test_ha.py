@@ -357,8 +357,8 @@ def test_a_role_change_never_activates_a_fenced_allocator(
 
     for module in (dhcp, allocator):
         monkeypatch.setattr(module, "kea_call", kea_call)
-    monkeypatch.setattr(dhcp, "wait_for_socket", lambda paths, timeout=15.0: None)
-    monkeypatch.setattr(allocator, "wait_for_socket", lambda paths, timeout=15.0: None)
+    monkeypatch.setattr(dhcp, "wait_for_socket", lambda paths, timeout=15.0, pid=None: None)
+    monkeypatch.setattr(allocator, "wait_for_socket", lambda paths, timeout=15.0, pid=None: None)
     state = StateDir(tmp_path / "state")
     state.ensure()
     daemons = FakeDaemons(tmp_path / "run")

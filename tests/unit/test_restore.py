@@ -27,7 +27,7 @@ from trueup.system.netlink import NetlinkError
 ORDER = ["analyzed", "fenced", "staged", "awaiting_restart", "applying", "verifying", "completed"]
 
 
-class Killed(Exception):
+class Killed(BaseException):  # a SIGKILL: nothing may catch it as an error
     """Stands for the SIGKILL `TRUEUP_FAULT` sends (the integration tests send the real one)."""
 
 
@@ -311,11 +311,14 @@ def test_a_busy_writer_is_a_refusal_with_a_next_step_and_the_restore_resumes(
     holder = threading.Thread(target=hold)
     holder.start()
     try:
-        assert taken.wait(10)
-        with pytest.raises(RestoreRefused, match="run trueup restore apply again"):
+        assert taken.wait(120)
+        with pytest.raises(RestoreRefused, match="retries it by itself") as refused:
             start_restore(engine, archive, "config-only", {}, LINKS, actor="test")
+        assert "writer" in str(refused.value) and "trueup restore apply" in str(refused.value)
         pending = read_record(engine.state.root)
-        assert pending is not None and pending["state"] == "applying", pending
+        # Never `applying` with nothing applying it: the writer is taken before it is written.
+        assert pending is not None and pending["state"] == "awaiting_restart", pending
+        assert "writer" in pending["problem"]
         assert read_fence(engine.state.root, "dhcp") is not None
     finally:
         release.set()
@@ -323,3 +326,246 @@ def test_a_busy_writer_is_a_refusal_with_a_next_step_and_the_restore_resumes(
     record = start_restore(engine, archive, "config-only", {}, LINKS, actor="test")
     assert record["state"] == "completed", record
     assert read_fence(engine.state.root, "dhcp") is None
+
+
+def test_missing_links_are_waited_for_reported_and_the_restore_goes_on_when_they_appear(
+    setup: tuple[Engine, Path], kernel: FakeNetlink
+) -> None:
+    engine, archive = setup
+    lan0 = kernel.link_state.pop("lan0")  # a link that comes late after a boot
+    before = engine.state.applied()
+    record = start_restore(engine, archive, "config-only", {}, LINKS, link_wait=0.0)
+    assert record["state"] == "awaiting_restart", record
+    assert record["waiting"]["links"] == ["lan0"] and record["waiting"]["since"]
+    assert "waiting for links lan0 (since" in record["problem"]
+    assert "waiting for links lan0" in record["next"]
+    status = gather(engine)["restore"]
+    assert status["pending"] is True and status["waiting"]["links"] == ["lan0"]
+    assert "waiting for links lan0" in render_status(gather(engine))
+    assert engine.state.applied()["digest"] == before["digest"], "nothing applied meanwhile"
+    assert read_fence(engine.state.root, "dhcp") is not None
+    again = resume(_engine(engine.state, kernel), link_wait=0.0)  # still missing: still waiting
+    assert again is not None and again["state"] == "awaiting_restart"
+    assert again["waiting"]["since"] == record["waiting"]["since"], "the wait keeps its start"
+    kernel.link_state["lan0"] = lan0
+    done = resume(_engine(engine.state, kernel), link_wait=0.0)
+    assert done is not None and done["state"] == "completed", done
+    assert "waiting" not in done and "problem" not in done
+    assert [h["state"] for h in done["history"] if "at" in h] == ORDER
+    assert read_fence(engine.state.root, "dhcp") is None
+
+
+def test_links_that_never_appear_end_the_wait_rolled_back_with_the_fence_lifted(
+    setup: tuple[Engine, Path], kernel: FakeNetlink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trueup.backup import restore
+
+    engine, archive = setup
+    monkeypatch.setattr(restore, "LINK_WAIT", 0.3)
+    del kernel.link_state["lan0"]
+    before = engine.state.applied()
+    record = start_restore(engine, archive, "config-only", {}, LINKS, link_wait=5.0)
+    assert record["state"] == "rolled_back", record
+    assert "lan0 did not appear within 0.3 s" in record["problem"]
+    assert engine.state.applied()["digest"] == before["digest"]
+    assert read_fence(engine.state.root, "dhcp") is None, "nothing was applied: the fence goes"
+    assert record["fence_held"] is False
+
+
+def test_a_rollback_that_keeps_the_fence_names_the_command_that_lifts_it() -> None:
+    from trueup.journal.restore import next_step
+
+    shown = next_step({"state": "rolled_back", "fence_held": True, "id": "abc"})
+    assert "trueup dhcp fence lift --reason 'restore abc rolled back'" in shown
+
+
+def test_the_fence_is_enforced_on_kea_before_it_is_recorded(
+    setup: tuple[Engine, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trueup.backup import restore
+
+    engine, archive = setup
+    seen: list[bool] = []
+
+    def fence_kea(engine: Engine) -> None:
+        seen.append(read_fence(engine.state.root, "dhcp") is not None)
+
+    monkeypatch.setattr(restore, "fence_kea", fence_kea)
+    record = start_restore(engine, archive, "config-only", {}, LINKS)
+    assert record["state"] == "completed"
+    assert seen == [False], "Kea is told before the fence record (and `fenced`) is written"
+
+
+def test_a_kea_that_does_not_take_the_fence_is_a_refusal_without_a_fence_record(
+    setup: tuple[Engine, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trueup.backup import restore
+    from trueup.system.kea import KeaError
+
+    engine, archive = setup
+
+    def fence_kea(engine: Engine) -> None:
+        raise KeaError("kea-dhcp4 (pid 4242) did not take the fence: no answer")
+
+    monkeypatch.setattr(restore, "fence_kea", fence_kea)
+    with pytest.raises(RestoreRefused, match="did not take the fence"):
+        start_restore(engine, archive, "config-only", {}, LINKS)
+    record = read_record(engine.state.root)
+    assert record is not None and record["state"] == "analyzed"
+    assert "did not take the fence" in record["problem"] and "by itself" in record["problem"]
+    assert read_fence(engine.state.root, "dhcp") is None, "never recorded while Kea may serve"
+    monkeypatch.undo()
+    done = resume(engine)
+    assert done is not None and done["state"] == "completed"
+
+
+def test_any_failure_of_a_step_is_a_refusal_with_a_next_step_never_an_error(
+    setup: tuple[Engine, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trueup.backup import restore
+
+    engine, archive = setup
+
+    def broken(*_args: object) -> None:
+        raise RuntimeError("the staging disk went away")
+
+    monkeypatch.setattr(restore, "_stage", broken)
+    with pytest.raises(RestoreRefused, match="staging disk went away"):
+        start_restore(engine, archive, "config-only", {}, LINKS)
+    record = read_record(engine.state.root)
+    assert record is not None and record["state"] == "fenced"
+    assert "retries it by itself" in record["problem"]
+
+
+def test_a_copy_cut_short_inside_its_lease_member_restores_config_only_and_refuses_full(
+    setup: tuple[Engine, Path],
+) -> None:
+    engine, archive = setup
+    data = archive.read_bytes()
+    archive.write_bytes(data[: data.rfind(b"host1")])
+    before = _sha(_leases(engine))
+    with pytest.raises(RestoreRefused, match=f"{LEASES}/kea-leases4.csv"):
+        start_restore(engine, archive, "full", {}, LINKS)
+    assert read_record(engine.state.root) is None
+    record = start_restore(engine, archive, "config-only", {}, LINKS)
+    assert record["state"] == "completed", record
+    assert _sha(_leases(engine)) == before
+    document = engine.applied_revision()
+    assert document is not None and document.canonical()["spec"]["interfaces"][0]["mtu"] == 1300
+
+
+class _Agent:
+    """What `RestoreKeeper` uses of the agent: its engine, state directory and stop hooks."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.state = engine.state
+        self.on_stop: list[object] = []
+
+
+def test_the_agent_retries_a_refused_restore_by_itself_once_the_writer_is_free(
+    setup: tuple[Engine, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+    import time
+
+    from trueup.agent import restoring
+    from trueup.agent.restoring import RestoreKeeper, restore_apply
+    from trueup.backup import restore
+
+    engine, archive = setup
+    monkeypatch.setattr(restoring, "_links", lambda: LINKS)
+    monkeypatch.setattr(restore, "WRITER_WAIT", 0.2)
+    monkeypatch.setattr(RestoreKeeper, "FIRST", 0.1)
+    agent = _Agent(engine)
+    keeper = RestoreKeeper.start_for(agent)  # type: ignore[arg-type]
+    taken, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with engine.state.writer_lock("apply", 0.0):
+            taken.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert taken.wait(120)
+        with pytest.raises(RestoreRefused, match="writer"):
+            restore_apply(agent, str(archive), "config-only", {}, reboot=False, actor="t")  # type: ignore[arg-type]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the keeper tries again and records its next try
+            record = read_record(engine.state.root)
+            if record is not None and record.get("retry"):
+                break
+            time.sleep(0.02)
+        assert record is not None and record["state"] == "awaiting_restart"
+        assert record["retry"]["attempts"] >= 1 and "retries by itself" in record["next"]
+    finally:
+        release.set()
+        holder.join()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        record = read_record(engine.state.root)
+        if record is not None and record["state"] == "completed":
+            break
+        time.sleep(0.05)
+    keeper.stop()
+    assert record is not None and record["state"] == "completed", record
+    assert "retry" not in record
+    assert read_fence(engine.state.root, "dhcp") is None
+
+
+def test_the_cli_prints_a_non_json_answer_instead_of_crashing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from trueup.agent import client as agent_client
+    from trueup.agent.client import Response
+    from trueup.cli.main import app
+
+    class Broken:
+        timeout = 30.0
+
+        def request(self, method: str, path: str, **_kwargs: object) -> Response:
+            assert (method, path) == ("POST", "/v1/restore/apply")
+            return Response(500, {}, b"Internal Server Error")
+
+    monkeypatch.setattr(agent_client.AgentClient, "connect", staticmethod(lambda _d: Broken()))
+    state = tmp_path / "state"
+    StateDir(state).ensure()
+    archive = tmp_path / "edge-01.tar"
+    archive.write_bytes(b"")
+    result = CliRunner().invoke(
+        app,
+        ["restore", "apply", str(archive), "--mode", "config-only", "--state-dir", str(state)],
+    )
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "HTTP 500" in result.output and "Internal Server Error" in result.output
+
+
+def test_a_config_only_restore_clears_the_local_override_it_replaces(
+    setup: tuple[Engine, Path],
+) -> None:
+    from trueup.agent.cpclient import report_from_status
+    from trueup.reconcile.transaction import CONTROL_PLANE_FILE
+
+    engine, archive = setup
+    engine.state.write(CONTROL_PLANE_FILE, {"url": "https://cp.invalid", "version": 3})
+    document = engine.applied_revision()
+    assert document is not None
+    changed = document.canonical()
+    changed["metadata"].pop("version", None)
+    changed["spec"]["interfaces"][0]["mtu"] = 1350
+    assert engine.apply_document(parse_document(changed), override="lab test").ok
+    assert engine.state.applied()["override"]["reason"] == "lab test"
+
+    record = start_restore(engine, archive, "config-only", {}, LINKS, actor="test")
+    assert record["state"] == "completed", record
+    applied = engine.state.applied()
+    assert applied["origin"] == "restore" and applied["override"] is None
+    status = gather(engine, control_plane_version=3)
+    assert status["versions"]["override"] is None
+    assert "local override" not in render_status(status)
+    assert report_from_status(status)["override"] is None

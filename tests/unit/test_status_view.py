@@ -77,6 +77,8 @@ def test_a_quiet_subsystem_is_active_with_a_closed_breaker() -> None:
             "passes": 3,
             "events": 7,
         },
+        "drift_history": [],
+        "acknowledgements_ended": [],
     }
 
 
@@ -176,6 +178,8 @@ def test_the_agent_s_inputs_each_land_in_their_section(engine: Engine) -> None:
         *STATUS_KEYS,
         "pending_confirmation",
         "reconcile_loop",
+        "drift_history",
+        "acknowledgements_ended",
         "agent",
         "control_plane",
     ]

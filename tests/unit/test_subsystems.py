@@ -67,7 +67,7 @@ CASES: list[tuple[str, Subsystem, dict[str, Any], dict[str, Any], list[str], Sco
         SCOPE,
     ),
     (
-        "missing link is a clear failure",
+        "a missing link is waited for (require-link waits)",
         LinksSubsystem(),
         {"spec.interfaces[lan0].state": "up"},
         {"spec.interfaces[lan0].state": "absent"},

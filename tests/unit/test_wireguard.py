@@ -3,6 +3,7 @@ roaming, endpoint resolution, the secret store and `trueup secret`."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.routers import base_document
+from trueup.journal.state import StateDir
 from trueup.model.document import DocumentError, parse_document
 from trueup.subsystems.base import StepError
 from trueup.subsystems.registry import scope_for
@@ -462,6 +464,7 @@ def test_secret_store_files_and_references(tmp_path: Path) -> None:
 def test_cli_secret_set_from_stdin_and_list(tmp_path: Path) -> None:
     from trueup.cli.main import app
 
+    StateDir(tmp_path).ensure()
     runner = CliRunner()
     done = runner.invoke(
         app, ["secret", "set", "wg0-key", "--state-dir", str(tmp_path)], input=PRIVATE + "\n"
@@ -504,6 +507,32 @@ def test_control_plane_sync_stores_only_referenced_secrets(tmp_path: Path) -> No
     assert plain.calls == 0  # no reference, no request
     _fetch_secrets(Client(fail=True), tmp_path / "x", raw)  # type: ignore[arg-type]
     assert list_secrets(tmp_path / "x") == []  # logged, never raised
+
+
+def test_a_secret_the_control_plane_refuses_is_logged_with_its_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from trueup.agent.wiring import _fetch_secrets
+
+    reason = "secret 'wg0-key': the stored row is version 2 but the audit log's newest is 3"
+
+    class Client:
+        def secrets(self) -> dict[str, Any]:
+            return {"secrets": {}, "refused": [{"name": "wg0-key", "error": reason}]}
+
+    raw = base_document(
+        wireguard={"interfaces": [{"name": "wg0", "private_key": {"secret_ref": "wg0-key"},
+                                   "peers": [{"public_key": PEER}]}]}
+    )  # fmt: skip
+    with caplog.at_level(logging.ERROR, logger="trueup"):
+        _fetch_secrets(Client(), tmp_path, raw)  # type: ignore[arg-type]
+    assert list_secrets(tmp_path) == []
+    assert any(
+        r.levelno == logging.ERROR
+        and "refused secret 'wg0-key'" in r.getMessage()
+        and reason in r.getMessage()
+        for r in caplog.records
+    ), caplog.records
 
 
 def test_apply_and_rollback_through_the_engine_journal_without_keys(tmp_path: Path) -> None:
@@ -598,6 +627,7 @@ def test_a_directory_or_huge_secret_file_is_refused(tmp_path: Path) -> None:
 def test_cli_secret_set_refuses_a_huge_value_without_storing_it(tmp_path: Path) -> None:
     from trueup.cli.main import app
 
+    StateDir(tmp_path).ensure()
     done = CliRunner().invoke(
         app, ["secret", "set", "k", "--state-dir", str(tmp_path)], input="x" * (MAX_BYTES * 3)
     )
@@ -661,7 +691,7 @@ def test_a_hanging_lookup_does_not_hold_back_the_network_tier(tmp_path: Path, mo
     worker = threading.Thread(target=lambda: results.append(engine.apply_document(doc, mode=mode)))
     worker.start()
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while "203.0.113.1/24" not in {a.prefix for a in kernel.addrs if a.ifname == "lan0"}:
             assert time.monotonic() < deadline, "lan0's address never came"
             time.sleep(0.01)

@@ -387,3 +387,70 @@ def test_a_transaction_left_open_by_a_full_disk_is_closed_by_the_loop_once_space
     assert last.terminal["type"] == "rolled_back" and last.terminal["recovered"] is True
     assert engine.state.applied()["version"] == 1
     assert _kernel_image(kernel) == before
+
+
+# -- what recovery leaves reported, and what answers it -------------------------------------
+def test_apply_not_completed_speaks_in_the_tense_of_what_happened_and_an_unchanged_apply_clears_it(
+    engine: Engine, kernel: FakeNetlink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Crash(BaseException):
+        pass
+
+    def crash_at_begin(kind: str, point: str) -> None:
+        if point == "begin":
+            raise Crash
+
+    assert engine.apply_document(_doc()).ok
+    monkeypatch.setattr(Engine, "_hit", staticmethod(crash_at_begin))
+    with pytest.raises(Crash):
+        engine.apply_document(_doc(routes=[]))
+    monkeypatch.undo()
+
+    def not_completed() -> list[dict[str, Any]]:
+        codes = gather(engine)["reason_codes"]
+        return [f for f in codes if f["code"] == ReasonCode.APPLY_NOT_COMPLETED.value]
+
+    # Before recovery: nothing is rolled back yet, and the text says so.
+    (before,) = not_completed()
+    assert "was not completed" in before["detail"] and "rolled back" not in before["detail"]
+    assert (
+        "rolled back" not in before["action"] and "Recovery will roll it back" in before["action"]
+    )
+
+    restarted = Engine(engine.state, netlink_factory=lambda: kernel)
+    assert restarted.recover(actor="startup") is not None
+    (after,) = not_completed()
+    assert "rolled back at recovery" in after["detail"]
+    assert after["action"].startswith("Recovery rolled the interrupted transaction back")
+
+    # The corrective action: re-apply the document the system holds. Unchanged, and cleared.
+    again = restarted.apply_document(_doc())
+    assert again.ok and again.outcome == "unchanged"
+    assert again.cleared and again.cleared[0].startswith("STATE_APPLY_NOT_COMPLETED cleared")
+    assert again.to_json()["cleared"] == again.cleared
+    assert not_completed() == []
+    settled = [r for r in engine.state.audit.records() if r["details"].get("settles")]
+    assert len(settled) == 1 and settled[0]["details"]["outcome"] == "unchanged"
+    assert engine.state.applied()["version"] == 1
+    # Nothing left to clear: the next unchanged apply writes no transaction.
+    count = len(engine.state.journal.transactions())
+    assert restarted.apply_document(_doc()).cleared == []
+    assert len(engine.state.journal.transactions()) == count
+
+
+def test_a_restored_revision_replaces_a_local_override_even_with_the_same_document(
+    engine: Engine,
+) -> None:
+    state = engine.state
+    assert engine.transact(Change(_doc().with_version(1), origin="control-plane")).ok
+    state.write(CONTROL_PLANE_FILE, {"url": "https://cp.invalid", "version": 1})
+    local = _doc(routes=[])
+    assert engine.apply_document(local, actor="cli:0", override="lab test").ok
+    assert state.applied()["override"]["reason"] == "lab test"
+    restored = engine.transact(
+        Change(local, kind="restore", origin="restore", actor="test", replaces_override=True)
+    )
+    assert restored.ok and restored.outcome == "committed"
+    applied = state.applied()
+    assert applied["origin"] == "restore" and applied["override"] is None
+    assert gather(engine, control_plane_version=1)["versions"]["override"] is None

@@ -10,6 +10,7 @@ socket is protected by its file mode (0600, root).
 from __future__ import annotations
 
 import hmac
+import logging
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Body, FastAPI, Header, HTTPException, Request
@@ -24,6 +25,8 @@ from trueup.journal.limitations import (
     list_limitations,
     withdraw_limitation,
 )
+from trueup.journal.lock import LockBusy
+from trueup.journal.restore import read_record
 from trueup.model.digests import token_hash
 from trueup.model.document import DeviceState, DocumentError, parse_document
 from trueup.model.reasons import ReasonCode
@@ -33,6 +36,8 @@ if TYPE_CHECKING:
     from trueup.agent.process import Agent
 
 __all__ = ["create_app", "hash_token"]
+
+log = logging.getLogger("trueup.agent")
 
 _PUBLIC = {"/v1/health/management", "/v1/health/services"}
 
@@ -204,17 +209,17 @@ def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
         return JSONResponse(status_code=200 if result["ok"] else 500, content=result)
 
     @app.post("/v1/ack")
-    def ack(subsystem: str, seconds: float, reason: str) -> JSONResponse:
+    def ack(subsystem: str, seconds: float, reason: str, actor: str = "api") -> JSONResponse:
         try:
-            return JSONResponse(content=agent.acknowledge(subsystem, seconds, reason))
+            return JSONResponse(content=agent.acknowledge(subsystem, seconds, reason, actor))
         except KeyError as exc:
             raise HTTPException(404, f"unknown subsystem {exc.args[0]!r}") from None
 
     @app.delete("/v1/ack")
-    def clear_ack(subsystem: str) -> JSONResponse:
+    def clear_ack(subsystem: str, actor: str = "api") -> JSONResponse:
         """Withdraw an acknowledgement before it expires (audited `ack_cleared`)."""
         try:
-            return JSONResponse(content=agent.clear_acknowledgement(subsystem))
+            return JSONResponse(content=agent.clear_acknowledgement(subsystem, actor))
         except KeyError as exc:
             raise HTTPException(404, f"unknown subsystem {exc.args[0]!r}") from None
 
@@ -271,7 +276,14 @@ def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
         archive, mappings = body.get("archive"), body.get("mappings") or {}
         if not isinstance(archive, str) or not isinstance(mappings, dict):
             raise HTTPException(422, "body: {archive: PATH, mappings: {OLD: NEW}}")
-        return JSONResponse(content=restore_analyze(agent, archive, mappings))
+        try:
+            return JSONResponse(content=restore_analyze(agent, archive, mappings))
+        except Exception as exc:  # the analysis names problems; anything else is a 409 too
+            log.exception("restore analyze of %s failed", archive)
+            return JSONResponse(
+                status_code=409,
+                content={"message": f"{archive}: cannot be analysed: {exc}", "problems": []},
+            )
 
     @app.post("/v1/restore/apply")
     def restore_apply_route(body: dict[str, Any] = Body(...)) -> JSONResponse:
@@ -291,10 +303,28 @@ def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
                 actor=str(body.get("actor") or "api"),
             )
         except RestoreRefused as exc:
-            return JSONResponse(
-                status_code=409, content={"message": str(exc), "problems": exc.problems}
-            )
+            return _restore_refusal(str(exc), exc.problems)
+        except Refused as exc:
+            return _restore_refusal(str(exc), [])
+        except LockBusy as exc:
+            return _restore_refusal(f"{exc}; the agent retries by itself", [])
+        except Exception as exc:  # never a 500: a refusal with its next step
+            log.exception("restore apply of %s failed", archive)
+            return _restore_refusal(f"the restore could not go on: {type(exc).__name__}: {exc}", [])
         return JSONResponse(content=record)
+
+    def _restore_refusal(message: str, problems: list[dict[str, Any]]) -> JSONResponse:
+        """409: what refused, the record (when one is pending) and the next step."""
+        pending = read_record(agent.state.root)
+        content: dict[str, Any] = {"message": message, "problems": problems}
+        if pending is not None and pending.get("state") not in ("completed", "rolled_back"):
+            content["restore"] = pending
+            content["next"] = pending.get("next")
+        else:
+            content["next"] = (
+                "nothing was changed: `trueup restore analyze ARCHIVE` names every problem"
+            )
+        return JSONResponse(status_code=409, content=content)
 
     @app.get("/metrics")
     def metrics() -> PlainTextResponse:

@@ -38,7 +38,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from trueup import __version__
 from trueup.model.digests import json_digest, sha256_digest
+from trueup.model.document import SUPPORTED_API_VERSIONS, supported_sections
 from trueup.model.report import AgentReport
 from trueup.system.atomicfile import write_atomic
 
@@ -64,9 +66,20 @@ class ControlPlaneUnavailable(ControlPlaneError):
 
 
 class ControlPlaneRefused(ControlPlaneError):
-    def __init__(self, status_code: int, detail: str) -> None:
+    def __init__(self, status_code: int, detail: str, *, retry_after: float | None = None) -> None:
         self.status_code = status_code
+        # 429: the control plane's Retry-After (seconds), when it sent one.
+        self.retry_after = retry_after
         super().__init__(f"control plane refused the request ({status_code}): {detail}")
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("Retry-After", "")
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds <= 3600 else None
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -164,7 +177,9 @@ class ControlPlaneClient:
         if response.status_code >= 500:
             raise ControlPlaneUnavailable(f"{self.url}{path}: {response.status_code}")
         if response.status_code >= 400:
-            raise ControlPlaneRefused(response.status_code, _detail(response))
+            raise ControlPlaneRefused(
+                response.status_code, _detail(response), retry_after=_retry_after(response)
+            )
         return response
 
     def close(self) -> None:
@@ -365,6 +380,118 @@ def _restore_summary(record: Any) -> dict[str, Any] | None:
     return {**summary, "state": state, "phase": phase}
 
 
+def _agent_identity(status: dict[str, Any]) -> dict[str, Any]:
+    """The agent's version and what documents it understands (the report's identity fields)."""
+    agent = status.get("agent")
+    version = agent.get("version") if isinstance(agent, dict) else None
+    return {
+        "agent_version": version if isinstance(version, str) and version else __version__,
+        "supported_api_versions": list(SUPPORTED_API_VERSIONS),
+        "supported_sections": supported_sections(),
+    }
+
+
+REPORTED_DRIFT = 20  # drift records a report carries (ongoing first, then the newest ended)
+REPORTED_PATHS = 50  # paths per drift record
+REPORTED_ATTRIBUTION = 5  # notifications per drift record (the newest)
+
+
+def _writer(event: dict[str, Any]) -> str | None:
+    """Who an attribution entry names as the writer, in words (None: nobody known)."""
+    sender = event.get("sender")
+    if not sender or sender == "kernel" or str(sender).startswith("trueup"):
+        return None  # the kernel's own, or this agent's write (the heal itself)
+    return f"{event.get('message') or 'a change'} from {sender}"
+
+
+def _drift_record(name: str, record: dict[str, Any]) -> dict[str, Any]:
+    attribution = [a for a in record.get("attribution") or [] if isinstance(a, dict)]
+    changed_by = sorted({w for w in map(_writer, attribution) if w})
+    paths = [str(p) for p in record.get("paths") or []]
+    return {
+        "subsystem": name,
+        "paths": paths[:REPORTED_PATHS],
+        "paths_total": len(paths),
+        "since": record.get("since"),
+        "healed_at": record.get("ended_at"),
+        "detected_by": record.get("detected_by"),
+        "changed_by": changed_by[:REPORTED_ATTRIBUTION],
+        "attribution": attribution[-REPORTED_ATTRIBUTION:],
+        "healed_by": record.get("healed_by"),
+    }
+
+
+# What the report model (`trueup.model.report.AckReport`) takes of each text: an
+# acknowledgement's reason and actor are whatever `trueup ack` (or an API client) gave,
+# unbounded; one longer than the model takes would fail every report until it is gone.
+_ACK_TEXT = {"by": 200, "reason": 10_000, "until": 64, "at": 64, "ended_at": 64}
+
+
+def _bounded_ack(ack: dict[str, Any]) -> dict[str, Any]:
+    for key, limit in _ACK_TEXT.items():
+        value = ack.get(key)
+        if value is not None and not isinstance(value, str):
+            value = str(value)
+        if isinstance(value, str) and len(value) > limit:
+            value = value[: limit - 1] + "…"
+        ack[key] = value
+    return ack
+
+
+def drift_and_acks(status: dict[str, Any]) -> dict[str, Any]:
+    """The report's drift history and the router's own acknowledgements.
+
+    `drift_history`: drift going on now (`healed_at` None) and recently ended
+    drift, newest first, each with its paths, who changed it (`changed_by`, from
+    the notifications that explain it: `attribution`) and who put it back
+    (`healed_by`: trueup's heal and its transaction; None when something else
+    did). `acknowledgements`: `trueup ack` holds on healing, active and
+    recently ended (`state`: active, expired or withdrawn). Bounded in size.
+    """
+    history = [
+        _drift_record(str(r.get("subsystem")), r)
+        for r in status.get("drift_history") or []
+        if isinstance(r, dict)
+    ]
+    if not history:
+        # An older status without the history: what each subsystem shows.
+        for name, sub in (status.get("subsystems") or {}).items():
+            for key in ("drift", "last_drift"):
+                if isinstance(sub.get(key), dict):
+                    history.append(_drift_record(name, {"ended_at": None, **sub[key]}))
+    acknowledgements: list[dict[str, Any]] = []
+    for name, sub in sorted((status.get("subsystems") or {}).items()):
+        ack = sub.get("acknowledgement")
+        if isinstance(ack, dict):
+            acknowledgements.append(
+                _bounded_ack(
+                    {
+                        "subsystem": name,
+                        "until": ack.get("until_at"),
+                        "by": ack.get("actor"),
+                        "reason": ack.get("reason"),
+                        "at": ack.get("at"),
+                        "state": "active",
+                    }
+                )
+            )
+    for ended in status.get("acknowledgements_ended") or []:
+        if isinstance(ended, dict):
+            acknowledgements.append(
+                _bounded_ack(
+                    {
+                        **{k: ended.get(k) for k in ("subsystem", "until", "by", "reason", "at")},
+                        "state": ended.get("ended") or "expired",
+                        "ended_at": ended.get("ended_at"),
+                    }
+                )
+            )
+    return {
+        "drift_history": history[:REPORTED_DRIFT],
+        "acknowledgements": acknowledgements[:REPORTED_DRIFT],
+    }
+
+
 def report_from_status(status: dict[str, Any]) -> dict[str, Any]:
     """Turn the agent's `/v1/status` document into a control-plane report.
 
@@ -372,6 +499,10 @@ def report_from_status(status: dict[str, Any]) -> dict[str, Any]:
     of the applied document), `applied_origin` and `override` (a local apply
     overriding the control plane's revision). Status documents of older agents
     lack them; they are then None, and the control plane compares numbers only.
+
+    Every report also says what this agent is: `agent_version` (status' `agent.version`,
+    else this package's), `supported_api_versions` and `supported_sections` (so the
+    control plane can tell when a desired revision uses something the agent lacks).
     """
     subsystems = status.get("subsystems", {})
     differences = {
@@ -417,10 +548,12 @@ def report_from_status(status: dict[str, Any]) -> dict[str, Any]:
             "last": journal.get("last"),
         },
         "management_ready": status.get("management", {}).get("ready"),
+        **_agent_identity(status),
     }
     restore = _restore_summary(status.get("restore"))
     if restore is not None:
         report["restore"] = restore
+    report.update(drift_and_acks(status))
     # The same model the control plane validates with: a report it would refuse
     # fails here, in the agent's log, not as a 422 the agent cannot explain.
     return AgentReport.model_validate(report).model_dump(mode="json")
@@ -445,6 +578,55 @@ class _Backoff:
         self.attempt = 0
 
 
+class ReportPacer:
+    """When the next report is due: coalesced changes, the heartbeat, a 429's back-off.
+
+    A change asked for (`request`) is reported at once when the last report is
+    at least `min_interval` old, else when it becomes so: at most one report
+    per `min_interval`, and every change asked for meanwhile goes with that
+    one (a report carries the state as it is when it is built, never an event
+    of its own). Without a change the heartbeat is due `heartbeat` seconds
+    after the last report. A refusal with 429 holds every report until its
+    Retry-After has passed (at least `min_interval`); the change stays asked
+    for, so the report after the back-off carries the latest state. Pure
+    bookkeeping on a clock the caller gives: the unit tests drive it by hand.
+    """
+
+    def __init__(self, *, heartbeat: float, min_interval: float = 1.0) -> None:
+        self.heartbeat = heartbeat
+        self.min_interval = min_interval
+        self.last_sent: float | None = None
+        self.requested = True  # the first report goes out at once
+        self.hold_until: float | None = None
+
+    def request(self) -> None:
+        self.requested = True
+
+    def due_at(self) -> float:
+        """The clock time at which the next report is due (0 when it is due now)."""
+        if self.last_sent is None:
+            earliest = 0.0
+        else:
+            wanted = self.min_interval if self.requested else self.heartbeat
+            earliest = self.last_sent + wanted
+        if self.hold_until is not None:
+            earliest = max(earliest, self.hold_until)
+        return earliest
+
+    def sent(self, now: float) -> None:
+        self.last_sent = now
+        self.hold_until = None
+
+    def taken(self) -> None:
+        """The report about to be built carries every change asked for so far."""
+        self.requested = False
+
+    def throttled(self, now: float, retry_after: float | None) -> None:
+        """A 429: nothing goes out before Retry-After; the state is reported after it."""
+        self.requested = True
+        self.hold_until = now + max(self.min_interval, retry_after or self.min_interval)
+
+
 class SyncLoop:
     """Two threads: one long-polls for revisions and applies them, one reports.
 
@@ -453,7 +635,9 @@ class SyncLoop:
     codes) and waits for a newer revision rather than retrying the same one.
     `snapshot()` returns the report payload (see `report_from_status`).
     Reports go out after every accepted revision, whenever `request_report()`
-    is called (for example after a local change), and every heartbeat interval.
+    is called (a change an operator sees: `trueup.agent.reportwatch`), and every
+    heartbeat interval; coalesced by a `ReportPacer` (at most one report each
+    `min_report_interval` seconds).
     """
 
     def __init__(
@@ -468,8 +652,13 @@ class SyncLoop:
         backoff_initial: float = 1.0,
         backoff_max: float = 60.0,
         build_evidence: Callable[[Path], None] | None = None,
+        min_report_interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
+        self.clock = clock
+        self.pacer = ReportPacer(heartbeat=heartbeat_interval, min_interval=min_report_interval)
+        self.reports_throttled = 0
         self.build_evidence = build_evidence
         self.apply = apply
         self.snapshot = snapshot
@@ -497,6 +686,7 @@ class SyncLoop:
             "last_apply_error": self.last_apply_error,
             "last_report_at": self.last_report_at,
             "reports_sent": self.reports_sent,
+            "reports_throttled": self.reports_throttled,
         }
 
     def start(self) -> None:
@@ -513,6 +703,7 @@ class SyncLoop:
         self._threads.clear()
 
     def request_report(self) -> None:
+        self.pacer.request()
         self._report_now.set()
 
     def _failed(self, where: str, exc: Exception, backoff: _Backoff) -> None:
@@ -544,14 +735,14 @@ class SyncLoop:
                 # write: the same revision is asked for again after a back-off.
                 self.last_apply_error = f"revision {version}: {exc} (will retry)"
                 log.warning("control-plane revision %d deferred: %s", version, exc)
-                self._report_now.set()
+                self.request_report()
                 self._stop.wait(backoff.next_delay())
                 continue
             except Exception as exc:
                 self.last_apply_error = f"revision {version}: {exc}"
                 log.warning("control-plane revision %d not applied: %s", version, exc)
             self.seen_version = version
-            self._report_now.set()
+            self.request_report()
 
     def answer_evidence_request(self) -> dict[str, Any] | None:
         """If an operator asked for fresh evidence, build a bundle and upload it.
@@ -580,20 +771,46 @@ class SyncLoop:
     def _report(self) -> None:
         backoff = _Backoff(self.backoff_initial, self.backoff_max)
         while not self._stop.is_set():
-            self._report_now.clear()
-            try:
-                payload = dict(self.snapshot())
-                payload["heartbeat_interval"] = self.heartbeat_interval
-                self.client.report(payload)
-            except ControlPlaneError as exc:
+            # Wait until the pacer says a report is due; a request meanwhile may bring it
+            # forward (a change after a quiet heartbeat interval goes out at once).
+            delay = self.pacer.due_at() - self.clock()
+            if delay > 0:
+                self._report_now.wait(delay)
+                self._report_now.clear()
+                continue
+            if self.send_report(backoff):
+                self.answer_evidence_request()
+
+    def send_report(self, backoff: _Backoff | None = None) -> bool:
+        """Build and send one report now; True when the control plane took it."""
+        backoff = backoff or _Backoff(self.backoff_initial, self.backoff_max)
+        self.pacer.taken()
+        try:
+            payload = dict(self.snapshot())
+            payload["heartbeat_interval"] = self.heartbeat_interval
+            self.client.report(payload)
+        except ControlPlaneRefused as exc:
+            if exc.status_code != 429:
+                self.pacer.request()  # the state still has to reach the control plane
                 self._failed("report", exc, backoff)
-                continue
-            except Exception as exc:  # a snapshot that fails must not end the loop
-                self._failed("snapshot", exc, backoff)
-                continue
-            self.connected = True
-            self.last_report_at = time.time()
-            self.reports_sent += 1
-            backoff.reset()
-            self.answer_evidence_request()
-            self._report_now.wait(self.heartbeat_interval)
+                return False
+            # Too many reports: back off as told; the next report carries the latest state.
+            self.reports_throttled += 1
+            self.pacer.throttled(self.clock(), exc.retry_after)
+            self.last_error = f"report: {exc}"
+            log.warning("control plane throttled reports (%s); backing off", exc)
+            return False
+        except ControlPlaneError as exc:
+            self.pacer.request()
+            self._failed("report", exc, backoff)
+            return False
+        except Exception as exc:  # a snapshot that fails must not end the loop
+            self.pacer.request()
+            self._failed("snapshot", exc, backoff)
+            return False
+        self.connected = True
+        self.last_report_at = time.time()
+        self.reports_sent += 1
+        self.pacer.sent(self.clock())
+        backoff.reset()
+        return True

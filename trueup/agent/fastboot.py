@@ -53,6 +53,7 @@ from typing import Any
 
 from trueup.agent.early import EarlyResponder, bind_listeners, early_health, same_address, warn
 from trueup.journal.agentlock import AgentLock, AgentRunning, take_agent_lock
+from trueup.journal.identity import creation_problem, device_mismatch, read_marker
 from trueup.journal.management import boot_facts
 from trueup.system.announce import SCHEDULE, KernelAnnouncer
 from trueup.system.rawnl import IFF_RUNNING, IFF_UP, RawNetlink
@@ -282,6 +283,71 @@ def start_early(options: AgentOptions) -> Handover | None:
     return Handover(sockets, responder, steps, source)
 
 
+def agent_run_problem(options: AgentOptions) -> str | None:
+    """Why `agent run` must not start on its state directory; None: it may.
+
+    Before anything is touched: a parent of state directories or a file
+    (`trueup.journal.identity.creation_problem`), or `--config` naming another
+    device than the state directory's. The document's device is read without
+    YAML (`config_device`); when that cannot tell, phase 0 refuses the
+    document after parsing it (`trueup.startup.orchestrator`).
+    """
+    refused = creation_problem(options.state_dir)
+    if refused is not None or options.config is None:
+        return refused
+    meta = read_marker(options.state_dir) or {}
+    known = None if meta.get("device") else applied_device(options.state_dir)
+    if not meta.get("device") and known is None:
+        return None  # a new state directory: the document names its device
+    return device_mismatch(options.state_dir, config_device(options.config), known=known)
+
+
+def applied_device(root: Path) -> str | None:
+    """`metadata.device` of the applied revision, read as plain JSON; None when unknown."""
+    import json
+
+    try:
+        with open(root / "applied.json", "rb") as stream:
+            version = int(json.loads(stream.read(1 << 20)).get("version") or 0)
+        if not version:
+            return None
+        with open(root / "revisions" / f"{version:08d}.json", "rb") as stream:
+            record = json.loads(stream.read(16 << 20))
+        device = record["document"]["metadata"]["device"]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return device if isinstance(device, str) else None
+
+
+def config_device(path: Path) -> str | None:
+    """`metadata.device` of a document, read as JSON or block YAML by hand; None: cannot tell."""
+    try:
+        with open(path, "rb") as stream:
+            text = stream.read(1 << 20).decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    if text.lstrip().startswith("{"):
+        import json
+
+        try:
+            device = json.loads(text).get("metadata", {}).get("device")
+        except (ValueError, AttributeError):
+            return None
+        return device if isinstance(device, str) else None
+    in_metadata = False
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if not line[0].isspace():
+            in_metadata = line.rstrip() == "metadata:"
+            continue
+        key, sep, value = line.strip().partition(":")
+        if in_metadata and sep and key == "device":
+            value = value.split(" #", 1)[0].strip().strip("'\"")
+            return value or None
+    return None
+
+
 def boot(argv: list[str]) -> int:
     """`trueup agent run ARGV`: the fast path, then the full agent; the exit code."""
     global _handover
@@ -290,6 +356,10 @@ def boot(argv: list[str]) -> int:
     except UsageError as exc:
         print(f"trueup agent run: {exc} (see `trueup agent run --help`)", file=sys.stderr)
         return 2
+    refused = agent_run_problem(options)
+    if refused is not None:
+        print(f"trueup agent run: {refused.removeprefix('trueup: ')}", file=sys.stderr)
+        return 1
     try:
         # Before the socket, the port or any state file is touched: a second
         # agent leaves the first one's listeners alone.

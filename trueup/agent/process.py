@@ -409,19 +409,21 @@ class Agent:
         )
         return result.to_json()
 
-    def acknowledge(self, subsystem: str, seconds: float, reason: str) -> dict[str, Any]:
+    def acknowledge(
+        self, subsystem: str, seconds: float, reason: str, actor: str = "api"
+    ) -> dict[str, Any]:
         if subsystem not in self.engine.by_name:
             raise KeyError(subsystem)
         if self.loop is None:
             return {"ok": False, "message": "agent still starting"}
-        return dict(self.loop.acknowledge(subsystem, seconds, reason, actor="api"))
+        return dict(self.loop.acknowledge(subsystem, seconds, reason, actor=actor))
 
-    def clear_acknowledgement(self, subsystem: str) -> dict[str, Any]:
+    def clear_acknowledgement(self, subsystem: str, actor: str = "api") -> dict[str, Any]:
         if subsystem not in self.engine.by_name:
             raise KeyError(subsystem)
         if self.loop is None:
             return {"ok": False, "message": "agent still starting"}
-        return dict(self.loop.clear_acknowledgement(subsystem, actor="api"))
+        return dict(self.loop.clear_acknowledgement(subsystem, actor=actor))
 
     def evidence(self) -> bytes:
         """The runbook's evidence bundle (`trueup.backup.evidence`), with the live status."""
@@ -705,6 +707,11 @@ class Agent:
         """Phase 4; the reconcile loop when it is wired in."""
         if self.loop_factory is not None:
             self.loop = self.loop_factory(self)
+            # What the start left pending (a late link) or failed is finished by the
+            # loop under every policy; `notify` governs only later changes.
+            finish_start = getattr(self.loop, "finish_start", None)
+            if callable(finish_start):
+                finish_start(self.orchestrator.unsettled())
             self.loop.start()
 
     def stop(self) -> None:

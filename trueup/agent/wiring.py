@@ -14,6 +14,7 @@ from typing import Any
 
 from trueup.agent.cpclient import ControlPlaneClient, RetryLater, SyncLoop, report_from_status
 from trueup.agent.process import Agent
+from trueup.agent.reportwatch import StatusWatch, operator_facts
 from trueup.model.document import document_digest, parse_document
 from trueup.model.reasons import ReasonCode
 from trueup.reconcile.loop import ReconcileLoop
@@ -73,10 +74,20 @@ def _fetch_secrets(client: ControlPlaneClient, state_dir: Path, document: dict[s
         log.warning("control-plane secrets not fetched (%s): %s", ", ".join(sorted(wanted)), exc)
         return
     values = answer.get("secrets") or {}
+    # Secrets the control plane holds but will not serve (a row that does not open, or
+    # one that is not the newest audited version): logged with its reason.
+    refused = {
+        str(item.get("name")): str(item.get("error"))
+        for item in answer.get("refused") or []
+        if isinstance(item, dict)
+    }
     for name in sorted(wanted):
         value = values.get(name)
         if not isinstance(value, str):
-            log.warning("control plane holds no secret %r for this device", name)
+            if name in refused:
+                log.error("control plane refused secret %r: %s", name, refused[name])
+            else:
+                log.warning("control plane holds no secret %r for this device", name)
             continue
         try:
             write_secret(state_dir, name, value)
@@ -158,5 +169,12 @@ def wire(
         if agent.loop is not None:
             # A writer fighting management is reported upstream at once, not at the heartbeat.
             agent.loop.on_fought.append(sync.request_report)
+        # Whatever an operator sees changing is reported then (coalesced), not at the
+        # heartbeat: what the loop shows, and fences, transactions, restores, management.
+        watch = StatusWatch(lambda: operator_facts(agent), sync.request_report)
+        if agent.loop is not None:
+            agent.loop.on_change.append(watch.poke)
+        watch.start()
+        agent.on_stop.append(watch.stop)
 
     agent.on_steady.append(start)

@@ -49,6 +49,7 @@ from trueup.backup.secrets import secrets_in_clear
 from trueup.journal.atomic import StateFileError
 from trueup.journal.state import StateDir
 from trueup.model.digests import canonical_json, json_digest, sha256_hex
+from trueup.model.order import natural_sorted
 
 __all__ = ["MODES", "Analysis", "analyze", "current_device", "diff_summary"]
 
@@ -140,10 +141,10 @@ def current_device(state: StateDir) -> tuple[str | None, dict[str, Any] | None, 
             record = None
         if record is not None and isinstance(record.get("document"), dict):
             document = record["document"]
-    device = (document or {}).get("metadata", {}).get("device")
-    if not isinstance(device, str):
-        meta = state.read("state.json", {}) if state.exists() else {}
-        device = meta.get("device") if isinstance(meta, dict) else None
+    # The state directory's identity first (trueup.journal.identity), then the applied document.
+    device = state.identity().get("device")
+    if not isinstance(device, str) or not device:
+        device = (document or {}).get("metadata", {}).get("device")
     return (device if isinstance(device, str) else None), document, applied
 
 
@@ -174,7 +175,7 @@ def diff_summary(current: dict[str, Any] | None, restored: dict[str, Any]) -> di
     new: dict[str, Any] = {}
     _leaves(old_spec, "spec", old)
     _leaves(new_spec, "spec", new)
-    changed = sorted(p for p in set(old) | set(new) if old.get(p, ...) != new.get(p, ...))
+    changed = natural_sorted(p for p in set(old) | set(new) if old.get(p, ...) != new.get(p, ...))
     return {
         "sections": sections,
         "paths_changed": len(changed),
@@ -477,7 +478,8 @@ def analyze(
             Problem(
                 MANIFEST,
                 "device_mismatch",
-                f"the archive is from device {manifest.device!r}; this router is {device!r}",
+                f"the archive is from device {manifest.device!r}; state directory {state.root} "
+                f"belongs to device {device!r}",
             )
         )
     if manifest.agent_version != __version__:

@@ -17,8 +17,16 @@ A member is refused (a `Problem` naming it) when it is not a regular file
 (symlink, hard link, device, directory, fifo), when its name could escape
 the extraction directory, when the manifest does not declare it or it
 appears twice, when its size or sha256 differ from the manifest, or when the
-archive ends inside it. A manifest entry never seen is `entry_missing`; an
-archive that ends before the tar end-of-archive marker is `truncated`.
+archive ends inside it (that entry's problem, not the whole archive's: a copy
+cut short inside the lease member, the last, still restores config). A
+manifest entry never seen is `entry_missing`. An archive that ends between
+members (or inside a header) is `truncated` for the entries it lacks and their
+components; one lacking only the tar end-of-archive marker is `truncated` for
+the whole archive.
+
+Why this module is over 400 lines: the whole-archive scan and the reading of
+one verified entry share every check (names, kinds, sizes, hashes, where a
+copy ends), and the checks are only trustworthy if both use the same code.
 """
 
 from __future__ import annotations
@@ -223,6 +231,7 @@ def scan_archive(path: Path | str, keep: Callable[[str], bool] = lambda _: False
         manifest = _read_manifest(tar)
         scan = Scan(manifest)
         declared = {entry.path: entry for entry in manifest.entries}
+        named: set[str] = set()
         while True:
             try:
                 member = tar.next()
@@ -233,12 +242,29 @@ def scan_archive(path: Path | str, keep: Callable[[str], bool] = lambda _: False
                 break
             if member is None:
                 problem = _check_end(path, tar.offset)
-                if problem is not None:
+                missing = [e for e in manifest.entries if e.path not in scan.seen]
+                if problem is not None and problem.code == "truncated" and missing:
+                    # Cut short between entries (or inside a header): what it holds verified
+                    # whole; the truncation is the missing entries' and their components'.
+                    scan.problems.extend(
+                        Problem(e.path, "truncated", f"{problem.message}; this entry is not "
+                                "in it", e.component)
+                        for e in missing
+                    )  # fmt: skip
+                    named.update(e.path for e in missing)  # named once, as truncated
+                elif problem is not None:
                     scan.problems.append(problem)
                 break
-            scan.problems.extend(_check_member(tar, member, declared, scan, keep))
+            found = _check_member(tar, member, declared, scan, keep)
+            scan.problems.extend(found)
+            if any(p.code == "truncated" and p.component is not None for p in found):
+                # The archive ends inside this (declared) entry: the problem is the entry's
+                # and its component's, and every entry declared after it is missing. The
+                # entries before it verified whole, so they stay usable (a transfer cut
+                # short inside the lease member, always the last, still restores config).
+                break
     for entry in manifest.entries:
-        if entry.path not in scan.seen:
+        if entry.path not in scan.seen and entry.path not in named:
             scan.problems.append(
                 Problem(
                     entry.path,

@@ -17,11 +17,16 @@ points `restore:STATE` fire right after each state is written):
 * `analyzed` — the analysis passed for the mode (it is re-run by every
   `restore apply`; a refused archive never gets a record);
 * `fenced` — the `dhcp` allocator fence is held (owner `restore`): no Kea
-  hands out a lease until the restore is done;
+  hands out a lease until the restore is done. It is enforced before it is
+  recorded: every running Kea is disabled and given the fence class, and the
+  file each Kea starts from carries it, before the fence record is written;
 * `staged` — the components the mode needs are copied into
   `STATE_DIR/restore/staged/`, each verified while it streams;
 * `awaiting_restart` — with `--reboot` the restore waits until the boot ID
-  changes; without, it goes straight on;
+  changes; without, it goes straight on. Links the restored revision names
+  that do not exist yet are waited for (`waiting`, bounded by `LINK_WAIT`,
+  then rolled back with the fence lifted: nothing was applied), and the
+  writer lock is taken before `applying` is written;
 * `applying` — full mode: Kea stopped through the daemon supervisor, the
   lease file replaced from the staged copy (the previous one kept as a dated
   copy); then the restored revision goes through the one transaction engine
@@ -32,6 +37,12 @@ points `restore:STATE` fire right after each state is written):
   refused) lifts it only once the system is back at its previous revision:
   the applied record is the previous one and nothing differs from it;
   otherwise the fence stays and the record says so.
+
+Why this module is over 400 lines: it is one write-ahead state machine, and
+the order of its writes (the work of a state, then the record of the next)
+is the whole point; each state's work, the link wait before `applying` and
+the rollback sit beside the loop that orders them, so that order is read in
+one place.
 """
 
 from __future__ import annotations
@@ -41,21 +52,23 @@ import shutil
 import threading
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from trueup.backup.analysis import analyze
 from trueup.backup.format import CONFIG, DNS, LEASES
-from trueup.backup.interfaces import map_interfaces
+from trueup.backup.interfaces import interface_refs, map_interfaces
 from trueup.backup.leaseswap import file_sha256, put_back_leases, replace_leases, stage_components
 from trueup.backup.reader import ArchiveError, read_manifest
-from trueup.backup.restorechecks import assert_allocator, differences, verify
+from trueup.backup.restorechecks import assert_allocator, differences, fence_kea, verify
 from trueup.journal.restore import TERMINAL, boot_id, read_record, record_path, write_record
 from trueup.model.document import DocumentError, parse_document
 from trueup.reconcile import faults
 from trueup.reconcile.transaction import Change, Engine, NeedsConfirmation, Refused
 from trueup.system.atomicfile import write_atomic
 from trueup.system.fence import hold_fence, lift_fence
+from trueup.system.kea import KeaError
 
 __all__ = ["RestoreRefused", "resume", "start_restore"]
 
@@ -69,6 +82,10 @@ _ONE_AT_A_TIME = threading.Lock()
 
 # How long a restore step waits for the writer lock (a heal pass holds it briefly).
 WRITER_WAIT = 30.0
+# How long a restore waits for the links its revision names (a link that appears late after
+# a boot) before it gives up; it goes on as soon as they exist.
+LINK_WAIT = 120.0
+LINK_POLL = 0.2
 
 
 class RestoreRefused(Exception):
@@ -92,14 +109,19 @@ def start_restore(
     *,
     reboot: bool = False,
     actor: str = "local",
+    link_wait: float = LINK_WAIT,
 ) -> dict[str, Any]:
     """Analyse `archive` for `mode`, record it, and run the restore as far as it goes now.
 
     A pending restore of the same archive and mode is resumed instead; another
-    one pending refuses (RestoreRefused). Returns the record.
+    one pending refuses (RestoreRefused). Returns the record. `link_wait`: how long
+    this call waits for missing links before it returns the record waiting for them
+    (the agent passes 0 and goes on by itself; the console waits for them).
     """
     with _ONE_AT_A_TIME:
-        return _start(engine, archive, mode, mappings, links, reboot=reboot, actor=actor)
+        return _start(
+            engine, archive, mode, mappings, links, reboot=reboot, actor=actor, link_wait=link_wait
+        )
 
 
 def _start(
@@ -111,6 +133,7 @@ def _start(
     *,
     reboot: bool,
     actor: str,
+    link_wait: float,
 ) -> dict[str, Any]:
     root = engine.state.root
     archive = Path(archive).absolute()
@@ -124,7 +147,7 @@ def _start(
                 f"a {pending.get('mode')} restore of {pending.get('archive')} is pending "
                 f"({pending.get('state')}); it finishes first: {pending.get('next')}"
             )
-        return run(engine, actor, resumed=True)
+        return run(engine, actor, resumed=True, link_wait=link_wait)
     analysis = analyze(archive, engine.state, links, mappings)
     if not analysis.eligible.get(mode):
         refusals = [p.to_json() for p in analysis.refusals(mode)]
@@ -157,22 +180,40 @@ def _start(
     engine.state.audit.append(
         "restore_started", actor, archive=str(archive), mode=mode, restore=record["id"]
     )
-    return run(engine, actor, resumed=False)
+    return run(engine, actor, resumed=False, link_wait=link_wait)
 
 
-def resume(engine: Engine, actor: str = "agent") -> dict[str, Any] | None:
-    """Resume a pending restore (the agent at startup); None when none was ever recorded."""
+def resume(
+    engine: Engine, actor: str = "agent", *, link_wait: float = LINK_WAIT
+) -> dict[str, Any] | None:
+    """Resume a pending restore (the agent at startup and on its retry timer); None when none
+    was ever recorded."""
     with _ONE_AT_A_TIME:
-        return _resume(engine, actor)
+        return _resume(engine, actor, link_wait)
 
 
-def _resume(engine: Engine, actor: str) -> dict[str, Any] | None:
+def note_retry(engine: Engine, attempts: int, at: float | None) -> None:
+    """Record the agent's next retry of the pending restore (`at`: a UNIX time; None: none)."""
+    with _ONE_AT_A_TIME:
+        record = read_record(engine.state.root)
+        if record is None or record.get("state") in (*TERMINAL, "damaged"):
+            return
+        if at is None:
+            if record.pop("retry", None) is not None:
+                _save(engine, record)
+            return
+        when = datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
+        record["retry"] = {"attempts": attempts, "next_at": when}
+        _save(engine, record)
+
+
+def _resume(engine: Engine, actor: str, link_wait: float) -> dict[str, Any] | None:
     record = read_record(engine.state.root)
     if record is not None and record.get("state") == "completed" and record.get("fence_held"):
         _finish(engine, record, actor)  # killed between `completed` and lifting the fence
     if record is None or record.get("state") in (*TERMINAL, "damaged"):
         return record
-    return run(engine, actor, resumed=True)
+    return run(engine, actor, resumed=True, link_wait=link_wait)
 
 
 def _transition(engine: Engine, record: dict[str, Any], state: str, note: str = "") -> None:
@@ -185,59 +226,90 @@ def _save(engine: Engine, record: dict[str, Any]) -> None:
     write_record(engine.state.root, record, record["state"], transition=False)
 
 
-def run(engine: Engine, actor: str, *, resumed: bool) -> dict[str, Any]:
-    """Drive the pending restore forward until it ends or waits for a reboot.
+def run(
+    engine: Engine, actor: str, *, resumed: bool, link_wait: float = LINK_WAIT
+) -> dict[str, Any]:
+    """Drive the pending restore forward until it ends, waits for a reboot, or waits for links.
 
-    A writer lock still busy after `WRITER_WAIT` (a heal or an apply running
-    long) is a refusal with its next step, never an error: the record stays in
-    its state and `trueup restore apply` (or the agent's next start) resumes it.
+    Nothing here ends in an error: a writer lock still busy after `WRITER_WAIT`
+    (a heal or an apply running long), a Kea that does not take the fence, an
+    archive that changed, any failure of a step, is a refusal (`RestoreRefused`)
+    with its `problem` and next step written into the record, which stays in its
+    state; the agent retries it by itself (and `trueup restore apply` resumes it).
     """
     try:
-        return _run(engine, actor, resumed=resumed)
+        return _run(engine, actor, resumed=resumed, link_wait=link_wait)
+    except RestoreRefused:
+        raise
     except Refused as exc:
-        record = read_record(engine.state.root)
-        if record is None:
-            raise RestoreRefused(str(exc)) from exc
-        record["problem"] = (
-            f"waiting for the writer lock: {exc}; the restore stays {record['state']!r} — "
-            "run trueup restore apply again to resume it"
-        )
-        _save(engine, record)
-        raise RestoreRefused(record["problem"]) from exc
+        _refused(engine, f"waiting for the writer lock: {exc}", exc)
+    except KeaError as exc:
+        _refused(engine, f"{exc}; the fence is not recorded until every Kea takes it", exc)
+    except Exception as exc:  # every failure is a state with a next step, never a 500
+        _refused(engine, f"{type(exc).__name__}: {exc}", exc)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _run(engine: Engine, actor: str, *, resumed: bool) -> dict[str, Any]:
+def _refused(engine: Engine, why: str, exc: BaseException) -> None:
+    record = read_record(engine.state.root)
+    if record is None or record.get("state") in (*TERMINAL, "damaged"):
+        raise RestoreRefused(why) from exc
+    record["problem"] = (
+        f"{why}; the restore stays {record['state']!r} — the agent retries it by itself, "
+        f"or now: trueup restore apply {record.get('archive')} --mode {record.get('mode')}"
+    )
+    _save(engine, record)
+    raise RestoreRefused(record["problem"]) from exc
+
+
+def _run(engine: Engine, actor: str, *, resumed: bool, link_wait: float) -> dict[str, Any]:
     root = engine.state.root
     record = read_record(root)
     if record is None or record.get("state") in (*TERMINAL, "damaged"):
         raise RestoreRefused("no restore is pending")
+    note = ""
     if record.get("boot_id") != boot_id():
-        record["history"].append(
-            {"state": record["state"], "note": "resumed after a reboot (the boot ID changed)"}
-        )
+        note = "resumed after a reboot (the boot ID changed)"
     elif resumed:
-        record["history"].append({"state": record["state"], "note": "resumed (same boot)"})
+        note = "resumed (same boot)"
+    last = record["history"][-1] if record.get("history") else {}
+    if note and (last.get("note"), last.get("state")) != (note, record["state"]):
+        record["history"].append({"state": record["state"], "note": note})  # once per state
     while True:
         state = record["state"]
         if state == "analyzed":
+            # Enforced before it is recorded: every running Kea drops and is disabled, and
+            # the file each starts from carries the fence class, before the fence record
+            # (and `fenced`) is written. No moment says fenced while Kea serves.
+            fence_kea(engine)  # a Kea that does not take it: refused, the fence not recorded
             reason = f"restore of {record['archive']} ({record['mode']}) in progress"
             hold_fence(root, "dhcp", OWNER, reason)
+            assert_allocator(engine)  # a Kea (re)started in between follows the record too
             record["fence_held"] = True
             engine.state.audit.append("fence_held", actor, subsystem="dhcp", owner=OWNER)
             _transition(engine, record, "fenced")
-            assert_allocator(engine)
         elif state == "fenced":
             _stage(engine, record)
             _transition(engine, record, "staged")
         elif state == "staged":
             record["awaiting_boot_id"] = boot_id()
             _transition(engine, record, "awaiting_restart")
-        elif state == "awaiting_restart":
-            if record.get("reboot") and boot_id() == record.get("awaiting_boot_id"):
+        elif state in ("awaiting_restart", "applying"):
+            if (
+                state == "awaiting_restart"
+                and record.get("reboot")
+                and boot_id() == record.get("awaiting_boot_id")
+            ):
                 return record
-            _transition(engine, record, "applying")
-        elif state == "applying":
-            _apply(engine, record, actor)
+            if not _links_ready(engine, record, actor, link_wait):
+                return record  # waiting for links (or given up: rolled back)
+            # The writer is taken before `applying` is written: a busy writer leaves the
+            # record where it was, never `applying` with nothing applying it.
+            with engine.writer("restore", actor, wait=WRITER_WAIT):
+                if state == "awaiting_restart":
+                    record.pop("problem", None)
+                    _transition(engine, record, "applying")
+                _apply(engine, record, actor)
         elif state == "verifying":
             problem = verify(engine, record, _staged_dir(engine))
             deadline = time.monotonic() + VERIFY_SECONDS
@@ -252,11 +324,93 @@ def _run(engine: Engine, actor: str, *, resumed: bool) -> dict[str, Any]:
             # `completed` is written first, the fence lifted after it: the fence is never
             # seen lifted before the restore is complete (`resume` finishes a lift a kill
             # interrupted).
+            record.pop("retry", None)
             _transition(engine, record, "completed")
             _finish(engine, record, actor)
             return record
         else:
             return record
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _required_links(engine: Engine) -> set[str]:
+    """The interface names the restored revision (mapped) uses."""
+    try:
+        document = json.loads((_staged_dir(engine) / "document.json").read_text())
+    except (OSError, ValueError):
+        return set()  # `_apply` names the unreadable staged revision
+    return {name for _where, name in interface_refs(document)}
+
+
+def _link_names(engine: Engine) -> set[str]:
+    netlink = engine.netlink_factory()
+    try:
+        return {link.name for link in netlink.links()}
+    finally:
+        netlink.close()
+
+
+def _links_ready(engine: Engine, record: dict[str, Any], actor: str, wait: float) -> bool:
+    """True when every link the restored revision names exists; else wait up to `wait`
+    seconds for them (recorded: `waiting`), and give up after `LINK_WAIT` in all."""
+    required = _required_links(engine)
+    deadline = time.monotonic() + wait
+    while True:
+        missing = sorted(required - _link_names(engine))
+        waiting = record.get("waiting")
+        if not missing:
+            if waiting is not None:
+                record.pop("waiting", None)
+                record.pop("problem", None)
+                record.setdefault("notes", []).append(
+                    f"links {', '.join(waiting.get('links', []))} appeared at {_now()}"
+                )
+                _save(engine, record)
+            return True
+        if not isinstance(waiting, dict) or waiting.get("boot_id") != boot_id():
+            waiting = {"for": "links", "since": _now(), "boot_id": boot_id(), "links": []}
+        if waiting.get("links") != missing:
+            waiting["links"] = missing
+            waiting["seconds"] = LINK_WAIT
+            record["waiting"] = waiting
+            record["problem"] = (
+                f"waiting for links {', '.join(missing)} (since {waiting['since']}): the restored "
+                f"revision names them; the restore goes on as soon as they exist, and gives up "
+                f"after {LINK_WAIT:g} s"
+            )
+            _save(engine, record)
+        since = datetime.fromisoformat(str(waiting["since"]))
+        if (datetime.now(UTC) - since).total_seconds() >= LINK_WAIT:
+            _give_up_on_links(engine, record, actor, missing, str(waiting["since"]))
+            return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(LINK_POLL)
+
+
+def _give_up_on_links(
+    engine: Engine, record: dict[str, Any], actor: str, missing: list[str], since: str
+) -> None:
+    problem = (
+        f"links {', '.join(missing)} did not appear within {LINK_WAIT:g} s (waited since "
+        f"{since}); nothing of the restored revision was applied"
+    )
+    record.pop("waiting", None)
+    if record["state"] == "awaiting_restart":
+        # Nothing was changed by this restore: the system is as it was, the fence goes.
+        record["problem"] = problem
+        lift_fence(engine.state.root, "dhcp")
+        record["fence_held"] = False
+        _transition(engine, record, "rolled_back", problem)
+        assert_allocator(engine)
+        engine.state.audit.append(
+            "restore_rolled_back", actor, restore=record["id"], problem=problem[:500]
+        )
+        return
+    _roll_back(engine, record, actor, problem)
 
 
 def _finish(engine: Engine, record: dict[str, Any], actor: str) -> None:
@@ -327,6 +481,7 @@ def _apply(engine: Engine, record: dict[str, Any], actor: str) -> None:
                     origin="restore",
                     actor=actor,
                     source=f"restore {record['id']} of {record['archive']}",
+                    replaces_override=True,
                 )
             )
         except (Refused, NeedsConfirmation) as exc:

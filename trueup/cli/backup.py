@@ -20,6 +20,8 @@ from typing import Annotated, Any
 
 import typer
 
+from trueup.cli.statedir import NewStateDirOpt, StateDirOpt, require_new
+
 __all__ = ["backup_app", "restore_app", "upload_archive"]
 
 backup_app = typer.Typer(
@@ -28,10 +30,6 @@ backup_app = typer.Typer(
 )
 restore_app = typer.Typer(help="Analyse (and restore) a backup archive.", no_args_is_help=True)
 
-StateDirOpt = Annotated[
-    Path,
-    typer.Option("--state-dir", envvar="TRUEUP_STATE_DIR", help="The agent's state directory."),
-]
 DEFAULT_DIR = Path("/var/lib/trueup")
 
 
@@ -75,7 +73,7 @@ def analyze(
         list[str] | None,
         typer.Option("--map", help="OLD=NEW: the archive's interface OLD is NEW here (repeat)"),
     ] = None,
-    state_dir: StateDirOpt = DEFAULT_DIR,
+    state_dir: NewStateDirOpt = DEFAULT_DIR,
 ) -> None:
     """Check an archive and say which restore modes are eligible and what each would change."""
     from trueup.backup.analysis import analyze as run_analysis
@@ -89,6 +87,9 @@ def analyze(
         raise typer.BadParameter(str(exc)) from None
     if output not in ("table", "json"):
         raise typer.BadParameter(f"unknown output format {output!r}")
+    # Read only: a replacement router's missing or empty directory is analysed as one
+    # with nothing applied yet (a parent folder or someone else's files are refused).
+    require_new(state_dir)
     result = run_analysis(file, StateDir(state_dir), _links(), mappings)
     body = result.to_json()
     if output == "json":
@@ -239,8 +240,12 @@ def _print_restore(record: dict[str, Any], output: str) -> None:
 
 
 def _exit_code(record: dict[str, Any]) -> int:
-    """0 completed, or waiting for the reboot it was asked to wait for; 1 otherwise."""
-    return 0 if record.get("state") in ("completed", "awaiting_restart") else 1
+    """0 completed, or waiting for the reboot it was asked to wait for; 1 otherwise (refused,
+    rolled back, or waiting for links or a retry: the agent goes on by itself)."""
+    if record.get("state") == "completed":
+        return 0
+    waiting = record.get("state") == "awaiting_restart" and record.get("reboot")
+    return 0 if waiting and not record.get("waiting") and not record.get("problem") else 1
 
 
 @restore_app.command("apply")
@@ -257,7 +262,7 @@ def apply(
         bool, typer.Option("--reboot", help="apply only after the router has rebooted")
     ] = False,
     output: Annotated[str, typer.Option("-o", "--output", help="table | json")] = "table",
-    state_dir: StateDirOpt = DEFAULT_DIR,
+    state_dir: NewStateDirOpt = DEFAULT_DIR,
 ) -> None:
     """Restore FILE (analysed again first) as a journaled state machine; resumes a pending one.
 
@@ -277,6 +282,9 @@ def apply(
         )
     if mode not in ("config-only", "full"):
         raise typer.BadParameter(f"--mode {mode!r}: expected config-only or full")
+    # The first step on a replacement router: a missing or empty directory becomes its
+    # state directory (a parent folder or someone else's files are still refused).
+    require_new(state_dir)
     try:
         mappings = parse_mappings(maps or [])
     except ValueError as exc:
@@ -296,17 +304,31 @@ def apply(
         # A full restore stops Kea, swaps the leases, applies and verifies: longer than an apply.
         client.timeout = max(client.timeout, 900.0)
         response = client.request("POST", "/v1/restore/apply", json=body)
-        result = response.json()
+        try:
+            result = response.json()
+        except ValueError:
+            result = None
+        if not isinstance(result, dict):
+            # Not the agent's JSON (a proxy, a crash page): its status and text, never a traceback.
+            echo(
+                f"trueup restore apply: the agent answered HTTP {response.status_code} with a "
+                f"body that is not JSON: {response.text[:2000].strip() or '(empty)'}; "
+                "`trueup restore status` shows the record",
+                err=True,
+            )
+            raise typer.Exit(1)
         if response.status_code != 200:
             why = result.get("message") or result.get("detail") or response.text
             echo(f"trueup restore apply: {why}", err=True)
+            if result.get("next"):
+                echo(f"next: {result['next']}", err=True)
             raise typer.Exit(1)
         _print_restore(result, output)
         raise typer.Exit(_exit_code(result))
     from trueup.backup.restore import RestoreRefused, start_restore
     from trueup.cli.main import _engine
 
-    engine = _engine(state_dir, create=True)
+    engine = _engine(state_dir, create=True, created_by="trueup restore apply")
     try:
         record = start_restore(engine, file, mode, mappings, _links(), reboot=reboot, actor=actor)
     except RestoreRefused as exc:

@@ -21,6 +21,8 @@ from typing import Annotated, Any
 
 import typer
 
+from trueup.cli.statedir import StateDirOpt
+
 __all__ = ["dhcp_app"]
 
 dhcp_app = typer.Typer(help="DHCP (Kea): leases and the allocator fence.", no_args_is_help=True)
@@ -29,10 +31,6 @@ fence_app = typer.Typer(
 )
 dhcp_app.add_typer(fence_app, name="fence")
 
-StateDirOpt = Annotated[
-    Path,
-    typer.Option("--state-dir", envvar="TRUEUP_STATE_DIR", help="The agent's state directory."),
-]
 OutputOpt = Annotated[str, typer.Option("-o", "--output", help="table | json | yaml")]
 DEFAULT_DIR = Path("/var/lib/trueup")
 
@@ -84,7 +82,10 @@ def leases(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") ->
             echo(f"trueup dhcp leases: DHCPv{family}: {exc}", err=True)
             raise typer.Exit(1) from exc
         sources[f"dhcp{family}"] = source
-    rows.sort(key=lambda row: (row["family"], row["address"]))
+    from trueup.model.order import natural_key
+
+    # Addresses by value: 203.0.113.20 before 203.0.113.100.
+    rows.sort(key=lambda row: (row["family"], natural_key(row["address"])))
     if output in ("json", "yaml"):
         emit({"sources": sources, "leases": rows}, output)
         return

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from trueup.agent.client import AgentClient, AgentUnavailable
+from trueup.cli.statedir import StateDirOpt, require_state_dir
 
 if TYPE_CHECKING:
     from trueup.reconcile.doctor import AgentPresence
@@ -30,10 +31,6 @@ if TYPE_CHECKING:
 
 __all__ = ["doctor", "evidence", "require_state_dir"]
 
-StateDirOpt = Annotated[
-    Path,
-    typer.Option("--state-dir", envvar="TRUEUP_STATE_DIR", help="The agent's state directory."),
-]
 OutputOpt = Annotated[str, typer.Option("-o", "--output", help="json | yaml | table")]
 DEFAULT_DIR = Path("/var/lib/trueup")
 EVIDENCE_TIMEOUT = 30.0  # the agent collects its bundle in a few seconds; a hung one gets this
@@ -43,20 +40,6 @@ STATUS_TIMEOUT = 15.0
 def _fail(message: str, code: int = 1) -> NoReturn:
     typer.echo(f"trueup: {message}", err=True)
     raise typer.Exit(code)
-
-
-def require_state_dir(state_dir: Path) -> None:
-    from trueup.cli.fast import missing_state_dir
-
-    missing = missing_state_dir(str(state_dir))
-    if missing is not None:
-        typer.echo(missing, err=True)
-        raise typer.Exit(1)
-    if not (state_dir / "state.json").exists() and not (state_dir / "applied.json").exists():
-        _fail(
-            f"{state_dir} is not a trueup state directory (no state.json); "
-            "pass --state-dir (or TRUEUP_STATE_DIR) of the agent"
-        )
 
 
 def _engine(state_dir: Path) -> Engine:
@@ -96,7 +79,6 @@ def evidence(
     ] = None,
 ) -> None:
     """Collect the runbook's evidence bundle; works with the agent stopped or hung."""
-    require_state_dir(state_dir)
     data: bytes | None = None
     why: str
     client = AgentClient.connect(state_dir)
@@ -261,7 +243,6 @@ def doctor(
     """
     from trueup.cli.fast import duration_seconds
 
-    require_state_dir(state_dir)
     if until_stable is not None:
         window = duration_seconds(until_stable)
         if window is None:

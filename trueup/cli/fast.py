@@ -44,6 +44,7 @@ __all__ = [
 # = trueup.journal.state.DEFAULT_STATE_DIR (a unit test keeps them equal).
 DEFAULT_STATE_DIR = "/var/lib/trueup"
 STATE_DIR_ENV = "TRUEUP_STATE_DIR"
+DEVICE_ENV = "TRUEUP_DEVICE"  # = trueup.journal.identity.DEVICE_ENV
 FORMATS = ("json", "yaml", "table")
 
 _STATE = {"--state-dir": "state_dir"}
@@ -59,19 +60,22 @@ _COMMANDS: dict[str, tuple[tuple[str, ...], dict[str, str], tuple[str, ...]]] = 
 
 
 def missing_state_dir(state_dir: str) -> str | None:
-    """The error line when `state_dir` is not a directory (a typo, a forgotten option), else None.
+    """The error line when `state_dir` is not a state directory (a typo, a forgotten option).
 
     Only `trueup agent run` and `trueup apply --init` create a state directory:
-    anything else against one that does not exist would show an empty device
-    (version 0, in sync) or start a second, empty history beside the agent's.
+    anything else against one that does not exist, an empty folder, the parent
+    of the agent's directory or a folder of other files would show an empty
+    device (version 0, in sync) or start a second, empty history beside the
+    agent's. One `lstat` when it is a state directory; the diagnosis
+    (`trueup.journal.identity.problem`) is imported only when it is not.
     """
-    if os.path.isdir(state_dir):
+    try:
+        os.lstat(os.path.join(state_dir, "state.json"))
         return None
-    what = "is not a directory" if os.path.exists(state_dir) else "does not exist"
-    return (
-        f"trueup: state directory {state_dir} {what}; name the agent's with --state-dir or "
-        f"{STATE_DIR_ENV} (`trueup agent run` and `trueup apply --init` create one)"
-    )
+    except OSError:
+        from trueup.journal.identity import problem
+
+        return problem(state_dir)
 
 
 def duration_seconds(text: str) -> float | None:
@@ -149,6 +153,10 @@ def run(argv: list[str]) -> int | None:
         document = _read_document(options["file"])
         if document is None:
             return None  # the full CLI prints why the file is not a document
+    if missing_state_dir(options["state_dir"]) is not None or os.environ.get(DEVICE_ENV):
+        return None  # the full CLI names what is wrong, or checks the device named
+    if command == "plan" and not _same_device(options["state_dir"], document):
+        return None  # the full CLI refuses a document for another device (or finds out)
     if command in ("confirm", "ack"):
         # A write is sent once: ask first whether an agent answers, as the full CLI does.
         client = AgentClient.connect(options["state_dir"])
@@ -161,6 +169,20 @@ def run(argv: list[str]) -> int | None:
     if command == "plan":
         values["document"] = document
     return _HANDLERS[command](client, values)
+
+
+def _same_device(state_dir: str, document: dict[str, Any]) -> bool:
+    """Whether the document is for the device whose state directory this is, as far as
+    `state.json` tells; False when it cannot tell (no device recorded, something applied):
+    the full CLI then compares with the applied document (`trueup.cli.statedir`)."""
+    from trueup.journal.identity import read_marker
+
+    metadata = document.get("metadata")
+    wanted = metadata.get("device") if isinstance(metadata, dict) else None
+    owner = (read_marker(state_dir) or {}).get("device")
+    if isinstance(owner, str) and owner:
+        return not wanted or wanted == owner
+    return not wanted or not os.path.lexists(os.path.join(state_dir, "applied.json"))
 
 
 def _read_document(file: str) -> Any:
@@ -235,6 +257,7 @@ def _ack(client: AgentClient, values: dict[str, Any]) -> int | None:
         "subsystem": values["subsystem"],
         "seconds": duration_seconds(values["for_"]),
         "reason": values["reason"],
+        "actor": f"cli:{os.getuid()}",  # as the full CLI names itself
     }
     try:
         response = client.request("POST", "/v1/ack", params=params)

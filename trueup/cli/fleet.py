@@ -12,19 +12,23 @@ database, for the server's own host.
 
 Output: a table (times ISO 8601 UTC) or `-o json|yaml` (the API's JSON as is).
 Exit codes: 0 answered; 1 the server refused or did not answer (one line: why
-and what to check).
+and what to check), or a filter value is unknown (`--status drifting`: the
+valid values are listed; nothing is asked of the server).
 """
 
 from __future__ import annotations
 
+import time
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 
 from trueup.cli.output import emit, readable
+from trueup.server.fleet import FILTER_CHOICES, filter_problems
 
-__all__ = ["fleet_app", "render_device", "render_table"]
+__all__ = ["agent_lines", "check_filters", "fleet_app", "render_device", "render_table"]
 
 fleet_app = typer.Typer(
     help="The fleet on the control plane: list devices (filter, search), show one.",
@@ -47,7 +51,7 @@ CaFileOpt = Annotated[
 StatusOpt = Annotated[
     str | None,
     typer.Option(
-        "--status", help="only devices in this state, e.g. drift, version_skew, heartbeat_stale"
+        "--status", help="only devices in this state: " + ", ".join(FILTER_CHOICES["status"])
     ),
 ]
 SearchOpt = Annotated[
@@ -60,6 +64,15 @@ OutputOpt = Annotated[str, typer.Option("-o", "--output", help="json | yaml | ta
 def _fail(message: str) -> NoReturn:
     typer.echo(f"trueup fleet: {message}", err=True)
     raise typer.Exit(1)
+
+
+def check_filters(prefix: str, **given: str | None) -> None:
+    """Exit 1 naming each unknown filter value (`--status drifting`) and the valid values."""
+    problems = filter_problems("--", **given)
+    if problems:
+        for problem in problems:
+            typer.echo(f"{prefix}: {problem}", err=True)
+        raise typer.Exit(1)
 
 
 def _get(
@@ -109,6 +122,8 @@ def _get(
     if response.status_code == 404:
         detail = body.get("detail") if isinstance(body, dict) else None
         _fail(str(detail or f"{path}: not found"))
+    if response.status_code == 422 and isinstance(body, dict) and body.get("problems"):
+        _fail(f"{server} refused the request: " + "; ".join(str(p) for p in body["problems"]))
     if response.status_code >= 400:
         _fail(f"{server} answered {response.status_code}: {readable(body, 300)}")
     return body
@@ -122,6 +137,7 @@ def _list(
     search: str | None,
     output: str,
 ) -> None:
+    check_filters("trueup fleet", status=status)
     body = _get(server, token_file, ca_file, "/api/v1/devices", status=status)
     devices = list(body.get("devices", []))
     if search:
@@ -210,8 +226,10 @@ def render_table(devices: list[dict[str, Any]]) -> str:
         "APPLIED",
         "LAST REPORT",
         "IN SYNC SINCE",
+        "LAST DRIFT",
         "REASONS",
     )
+    now = time.time()
     rows = [header]
     for d in devices:
         rows.append(
@@ -222,6 +240,7 @@ def render_table(devices: list[dict[str, Any]]) -> str:
                 _v(d.get("applied_version")),
                 _v(d.get("last_report_at")),
                 _v(d.get("in_sync_since")),
+                drift_words(d.get("last_drift"), now),
                 ",".join(d.get("reason_codes") or []) or "-",
             )
         )
@@ -232,6 +251,60 @@ def render_table(devices: list[dict[str, Any]]) -> str:
     ]
     lines.append(f"{len(devices)} device(s)")
     return "\n".join(lines)
+
+
+def _ago(at: Any, now: float) -> str:
+    """An ISO 8601 time in the past in words (`12 s ago`, `2 min ago`); '?' when unreadable."""
+    try:
+        seconds = max(0.0, now - datetime.fromisoformat(str(at).replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        return "?"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)} {unit} ago"
+    return f"{int(seconds)} s ago"
+
+
+def drift_words(record: Any, now: float) -> str:
+    """A fleet row's last drift: `healed 2 min ago (addresses)`, `drifting since … (dns)`, `-`."""
+    if not isinstance(record, dict):
+        return "-"
+    what = record.get("subsystem") or "?"
+    if record.get("healed_at"):
+        return f"healed {_ago(record['healed_at'], now)} ({what})"
+    return f"drifting since {_v(record.get('since'))} ({what})"
+
+
+def drift_lines(entry: dict[str, Any], now: float) -> list[str]:
+    """The device's drift history (newest 5: who changed what, who healed it) and the
+    router's own acknowledgements, as the control plane keeps them."""
+    lines: list[str] = []
+    history = [r for r in entry.get("drift_history") or [] if isinstance(r, dict)]
+    for record in history[:5]:
+        healer = record.get("healed_by") or {}
+        how = (
+            f"healed {_ago(record['healed_at'], now)} by {healer.get('writer') or 'trueup heal'}"
+            if record.get("healed_at") and healer
+            else f"in sync again {_ago(record['healed_at'], now)} without a trueup heal"
+            if record.get("healed_at")
+            else "going on"
+        )
+        lines.append(
+            f"drift:         {record.get('subsystem')} since {_v(record.get('since'))}: {how}"
+        )
+        for path in (record.get("paths") or [])[:3]:
+            lines.append(f"                 path:       {path}")
+        for writer in record.get("changed_by") or ["no writer known"]:
+            lines.append(f"                 changed by: {writer}")
+    if len(history) > 5:
+        lines.append(f"               ({len(history) - 5} older drift record(s): -o json)")
+    for ack in entry.get("agent_acknowledgements") or []:
+        if isinstance(ack, dict):
+            lines.append(
+                f"router ack:    {ack.get('subsystem')} {ack.get('state') or 'active'} until "
+                f"{_v(ack.get('until'))} by {_v(ack.get('by'))}: {_v(ack.get('reason'))}"
+            )
+    return lines
 
 
 def render_device(entry: dict[str, Any]) -> str:
@@ -265,12 +338,14 @@ def render_device(entry: dict[str, Any]) -> str:
             f"{override.get('actor') or '-'} at {override.get('at') or '-'}: "
             f"{override.get('reason') or '-'}"
         )
+    lines.extend(agent_lines(entry))
     lines.append(f"reason codes:  {', '.join(entry.get('reason_codes') or []) or '-'}")
     for ack in entry.get("acknowledgements") or []:
         lines.append(
             f"acknowledged:  {ack['subsystem']} until {ack.get('expires_at') or '-'}: "
             f"{ack.get('reason') or '-'}"
         )
+    lines.extend(drift_lines(entry, time.time()))
     report = entry.get("last_report") or {}
     findings = report.get("findings") if isinstance(report, dict) else None
     if isinstance(findings, list) and findings:
@@ -283,3 +358,24 @@ def render_device(entry: dict[str, Any]) -> str:
                     lines.append(f"      {readable(f['detail'])}")
     lines.append("(`-o json` shows the last report in full)")
     return "\n".join(lines)
+
+
+def agent_lines(entry: dict[str, Any]) -> list[str]:
+    """The agent's version and what it supports (as its last report says), and a warning
+    for each part of the desired revision it does not support."""
+    agent = entry.get("agent")
+    if not isinstance(agent, dict):
+        return []
+    supports = agent.get("api_versions"), agent.get("sections")
+    lines = [
+        f"agent:         {agent.get('version') or 'not reported'}",
+        "supports:      "
+        + (
+            f"{', '.join(supports[0] or []) or '-'}; sections {', '.join(supports[1] or []) or '-'}"
+            if supports != (None, None)
+            else "not reported"
+        ),
+    ]
+    for problem in agent.get("unsupported") or []:
+        lines.append(f"WARNING:       {problem.get('path')}: {problem.get('detail')}")
+    return lines

@@ -87,8 +87,14 @@ def generate() -> dict[str, Any]:
         for index, (cell, size) in enumerate(zip(row, widths, strict=True)):
             if index:
                 lead.append((" ", ""))
-            lead += pieces(cell)
-            lead.append((" " * (size - len(cell.plain)) + " ", ""))
+            pad = " " * (size - len(cell.plain))
+            if index == 4 and cell.plain and not cell.plain.startswith("<"):
+                # A metavar (`NAME`): typer styles it and its padding as one piece.
+                lead.append((cell.plain + pad, codes(console.get_style(ru.STYLE_TYPES))))
+                pad = ""
+            else:
+                lead += pieces(cell)
+            lead.append((pad + " ", ""))
         lead.append((" ", ""))  # the help column's left padding
         merged: list[Piece] = []
         for text, style in lead:

@@ -15,7 +15,8 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from trueup.agent.client import AgentClient
-from trueup.cli.evidence import DEFAULT_DIR, OutputOpt, StateDirOpt, require_state_dir
+from trueup.cli.evidence import DEFAULT_DIR, OutputOpt
+from trueup.cli.statedir import StateDirOpt
 
 __all__ = ["limitation_app"]
 
@@ -36,7 +37,6 @@ def _actor() -> str:
 
 
 def _agent_or_none(state_dir: Path) -> AgentClient | None:
-    require_state_dir(state_dir)
     return AgentClient.connect(state_dir)
 
 
@@ -102,7 +102,6 @@ def limitation_list(
     """List known limitations (in force; `--all` also the withdrawn)."""
     from trueup.journal.limitations import list_limitations
 
-    require_state_dir(state_dir)
     records = list_limitations(state_dir, include_withdrawn=all_)
     if output != "table":
         from trueup.cli.output import emit

@@ -40,6 +40,13 @@ from trueup.cli.output import (
 from trueup.cli.secret import secret_app
 from trueup.cli.server import server_app
 from trueup.cli.server_notify import notify_app
+from trueup.cli.statedir import (
+    NewStateDirOpt,
+    StateDirOpt,
+    check_device,
+    require_new,
+    require_state_dir,
+)
 
 if TYPE_CHECKING:
     from trueup.model.document import DeviceState
@@ -116,21 +123,23 @@ def _root(
         bool,
         typer.Option("--debug", help="Print the traceback when a command fails."),
     ] = False,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            "--device",
+            metavar="NAME",
+            help="Refuse another device's state directory (also TRUEUP_DEVICE).",
+        ),
+    ] = None,
 ) -> None:
     """Keep Linux edge routers at their desired configuration."""
     del version
+    if device:
+        # Read by every command's --state-dir check (trueup.cli.statedir).
+        os.environ["TRUEUP_DEVICE"] = device
     _DEBUG["on"] = debug or os.environ.get("TRUEUP_DEBUG", "") not in ("", "0")
 
 
-StateDirOpt = Annotated[
-    Path,
-    typer.Option(
-        "--state-dir",
-        envvar="TRUEUP_STATE_DIR",
-        help="The agent's state directory.",
-        show_default=True,
-    ),
-]
 OutputOpt = Annotated[str, typer.Option("-o", "--output", help="json | yaml | table")]
 DEFAULT_DIR = Path(DEFAULT_STATE_DIR)
 
@@ -166,17 +175,15 @@ def _load(file: Path) -> DeviceState:
         raise typer.Exit(1) from None
 
 
-def _require_state_dir(state_dir: Path) -> None:
-    """Exit 1 naming the path when the state directory does not exist (see `missing_state_dir`)."""
-    message = missing_state_dir(str(state_dir))
-    if message is not None:
-        typer.echo(message, err=True)
-        raise typer.Exit(1)
-
-
-def _engine(state_dir: Path, *, create: bool, init: bool = False) -> Engine:
-    if not init:
-        _require_state_dir(state_dir)
+def _engine(
+    state_dir: Path,
+    *,
+    create: bool,
+    init: bool = False,
+    device: str | None = None,
+    created_by: str | None = None,
+) -> Engine:
+    """The engine on a state directory its command already checked (trueup.cli.statedir)."""
     _models()
     from trueup.journal.state import StateDir, StateDirError
     from trueup.reconcile.transaction import Engine
@@ -197,7 +204,11 @@ def _engine(state_dir: Path, *, create: bool, init: bool = False) -> Engine:
             )
     try:
         if create:
-            state.ensure()
+            state.ensure(
+                created_by="trueup apply --init" if init else created_by,
+                device=device,
+                actor=f"cli:{os.getuid()}",
+            )
         elif state.exists():
             state.check_schema()
     except (StateDirError, OSError) as exc:
@@ -205,9 +216,7 @@ def _engine(state_dir: Path, *, create: bool, init: bool = False) -> Engine:
     return Engine(state)
 
 
-def _agent(state_dir: Path, *, init: bool = False) -> AgentClient | None:
-    if not init:
-        _require_state_dir(state_dir)
+def _agent(state_dir: Path) -> AgentClient | None:
     return AgentClient.connect(state_dir)
 
 
@@ -240,8 +249,18 @@ def _print_apply(result: dict[str, Any], output: str) -> None:
             typer.echo(f"version {result['version']}: {outcome}{txn}")
         for name, error in result.get("failed", {}).items():
             typer.echo(f"  failed {name}: {error}", err=True)
+        for name, why in result.get("waiting", {}).items():
+            typer.echo(f"  waiting {name}: {why}", err=True)
+        for name, error in result.get("carried", {}).items():
+            typer.echo(
+                f"  still failing {name} (unchanged by this write; the agent keeps healing it): "
+                f"{error}",
+                err=True,
+            )
         for error in result.get("rollback_errors", []):
             typer.echo(f"  rollback error: {error}", err=True)
+        for cleared in result.get("cleared", []):
+            typer.echo(f"  {cleared}")
         if result.get("pending_confirmation"):
             pending = result["pending_confirmation"]
             typer.echo(
@@ -287,6 +306,7 @@ def plan(file: Path, state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "
     network namespace and says so.
     """
     document = _load(file)
+    check_device(state_dir, document.metadata.device)
     client = _agent(state_dir)
     if client is not None:
         _print_plan(
@@ -344,7 +364,7 @@ ConfirmOpt = Annotated[
 @app.command()
 def apply(
     file: Path,
-    state_dir: StateDirOpt = DEFAULT_DIR,
+    state_dir: NewStateDirOpt = DEFAULT_DIR,
     mode: Annotated[str, typer.Option(help="atomic | best-effort")] = "atomic",
     expect_version: Annotated[
         int | None, typer.Option(help="refuse unless the applied version is this")
@@ -354,7 +374,9 @@ def apply(
     init: Annotated[
         bool,
         typer.Option(
-            "--init", help="create the state directory if it does not exist (first apply)"
+            "--init",
+            help="make the state directory if it is not one yet (first apply; "
+            "an empty or missing directory)",
         ),
     ] = False,
     output: OutputOpt = "table",
@@ -364,8 +386,10 @@ def apply(
         _fail("--mode: expected atomic or best-effort")
     from trueup.reconcile.transaction import Change, NeedsConfirmation, Refused
 
+    (require_new if init else require_state_dir)(state_dir)
     document = _load(file)
-    client = _agent(state_dir, init=init)
+    check_device(state_dir, document.metadata.device)
+    client = _agent(state_dir)
     actor = f"cli:{os.getuid()}"
     if client is not None:
         headers = {"If-Match": str(expect_version)} if expect_version is not None else {}
@@ -384,7 +408,7 @@ def apply(
             "--confirm-within needs a running agent to roll back on time "
             "(start it with `trueup agent run`)"
         )
-    engine = _engine(state_dir, create=True, init=init)
+    engine = _engine(state_dir, create=True, init=init, device=document.metadata.device)
     try:
         result = engine.transact(
             Change(
@@ -565,12 +589,19 @@ def ack(
             "running agent (start it: trueup agent run)"
         )
     if clear:
-        response = client.request("DELETE", "/v1/ack", params={"subsystem": subsystem})
+        response = client.request(
+            "DELETE", "/v1/ack", params={"subsystem": subsystem, "actor": f"cli:{os.getuid()}"}
+        )
     else:
         response = client.request(
             "POST",
             "/v1/ack",
-            params={"subsystem": subsystem, "seconds": seconds, "reason": reason},
+            params={
+                "subsystem": subsystem,
+                "seconds": seconds,
+                "reason": reason,
+                "actor": f"cli:{os.getuid()}",
+            },
         )
     if response.status_code == 404:
         _fail(response.json().get("detail", "unknown subsystem"))
@@ -589,7 +620,6 @@ def audit_verify(state_dir: StateDirOpt = DEFAULT_DIR) -> None:
     """Check the audit log's hash chain; name the first line edited, removed or reordered."""
     from trueup.journal.state import StateDir
 
-    _require_state_dir(state_dir)
     state = StateDir(state_dir)
     problems = state.audit.verify()
     if not problems:
@@ -605,7 +635,7 @@ def audit_verify(state_dir: StateDirOpt = DEFAULT_DIR) -> None:
 @agent_app.command("run")
 def agent_run(
     config: Annotated[Path | None, typer.Option("--config", help="desired-state document")] = None,
-    state_dir: StateDirOpt = DEFAULT_DIR,
+    state_dir: NewStateDirOpt = DEFAULT_DIR,
     control_plane: Annotated[str | None, typer.Option(help="control-plane URL")] = None,
     token_file: Annotated[Path | None, typer.Option(help="device credential file")] = None,
     management_fallback: Annotated[
@@ -622,7 +652,7 @@ def agent_run(
     """Run the agent: management first, then recovery, subsystems and the reconcile loop."""
     # The console entry sends `agent run` to trueup.agent.fastboot (management up
     # before this module is even imported); this is the same agent without it.
-    from trueup.agent.fastboot import AgentOptions
+    from trueup.agent.fastboot import AgentOptions, agent_run_problem
     from trueup.agent.launch import run_agent
 
     options = AgentOptions(
@@ -635,6 +665,9 @@ def agent_run(
         plugins=plugin,
         log_level=log_level,
     )
+    refused = agent_run_problem(options)
+    if refused is not None:
+        _fail(f"agent run: {refused.removeprefix('trueup: ')}")
     raise typer.Exit(run_agent(options))
 
 
@@ -652,7 +685,7 @@ def _subsystems(plugins: list[str] | None) -> list[Subsystem]:
 
 @app.command()
 def preflight(
-    state_dir: StateDirOpt = DEFAULT_DIR,
+    state_dir: NewStateDirOpt = DEFAULT_DIR,
     config: Annotated[Path | None, typer.Option(help="the document the new agent will use")] = None,
     management_fallback: Annotated[Path | None, typer.Option(help="installer fallback")] = None,
     plugin: Annotated[list[str] | None, typer.Option(help="extra subsystem MODULE:FACTORY")] = None,
@@ -661,6 +694,12 @@ def preflight(
     """Check startup prerequisites before an agent is replaced; changes nothing."""
     from trueup.startup.preflight import preflight as run_preflight
 
+    # A directory an agent is about to make its state directory: it must exist (the
+    # installer makes it) and may be empty; a parent of state directories is refused.
+    missing = missing_state_dir(str(state_dir)) if not state_dir.is_dir() else None
+    if missing is not None:
+        _fail(missing.removeprefix("trueup: "))
+    require_new(state_dir)
     agent_pid = None
     client = _agent(state_dir)
     if client is not None:
@@ -720,7 +759,6 @@ def agent_token(
     from trueup.agent.process import create_api_token
     from trueup.journal.state import StateDir
 
-    _require_state_dir(state_dir)
     typer.echo(create_api_token(StateDir(state_dir), name))
 
 

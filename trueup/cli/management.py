@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from trueup.cli.statedir import StateDirOpt
+
 if TYPE_CHECKING:
     from trueup.journal.state import StateDir
     from trueup.reconcile.transaction import Engine
@@ -40,10 +42,6 @@ management_app = typer.Typer(
     no_args_is_help=True,
 )
 
-StateDirOpt = Annotated[
-    Path,
-    typer.Option("--state-dir", envvar="TRUEUP_STATE_DIR", help="The agent's state directory."),
-]
 OutputOpt = Annotated[str, typer.Option("-o", "--output", help="json | yaml | table")]
 DEFAULT_DIR = Path("/var/lib/trueup")
 

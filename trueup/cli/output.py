@@ -193,7 +193,17 @@ def print_drift(report: dict[str, Any], output: str) -> int:
                     f"  {d['subsystem']}: {d['path']}: desired {readable(d['desired'])} "
                     f"observed {readable(d['observed'])}"
                 )
+            for name, record in (report.get("drift") or {}).items():
+                echo(
+                    f"  {name}: drifting since {_when(record.get('since'), report.get('observed_at'))}"
+                    f", detected by {record.get('detected_by') or '-'}"
+                )
+                for event in (record.get("attribution") or [])[:5]:
+                    echo(f"      changed by: {_who(event)}")
             echo("\n".join(render_findings(report["reason_codes"])))
+        echo(
+            "\n".join(render_last_drift(report.get("last_drift") or {}, report.get("observed_at")))
+        )
     else:
         emit(report, output)
     return 0 if report["in_sync"] else 2
@@ -315,11 +325,23 @@ def render_status(status: dict[str, Any]) -> str:
             extra.append(f"contested {', '.join(sub['contested'])}")
         if sub.get("fought"):
             extra.append(f"FOUGHT by another writer, still restored: {', '.join(sub['fought'])}")
+        stale = sub.get("stale")
+        if stale:
+            age = stale.get("age_seconds")
+            extra.append(
+                f"STALE: last look {age:.1f}s old, its daemon did not answer in time"
+                if age is not None
+                else "STALE: its daemon has not answered yet"
+            )
         reason = sub.get("reason") or ""
         if extra:
             reason = (reason + " (" + "; ".join(extra) + ")").strip()
         lines.append(f"{name:<12} {sub['tier']:<11} {sub['health']:<9} {policy:<7} {reason}")
-    lines.extend(_subsystem_details(status["subsystems"]))
+    lines.extend(_subsystem_details(status["subsystems"], status.get("observed_at")))
+    last = {
+        n: sub["last_drift"] for n, sub in status["subsystems"].items() if sub.get("last_drift")
+    }
+    lines.extend(render_last_drift(last, status.get("observed_at")))
     journal = status.get("journal", {})
     if journal.get("open"):
         txn = journal["open"]
@@ -345,7 +367,7 @@ def render_status(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _subsystem_details(subsystems: dict[str, Any]) -> list[str]:
+def _subsystem_details(subsystems: dict[str, Any], observed_at: str | None = None) -> list[str]:
     """Drift records with who changed what, back-off and breaker, acknowledgements."""
     drift: list[str] = []
     healing: list[str] = []
@@ -379,18 +401,86 @@ def _subsystem_details(subsystems: dict[str, Any]) -> list[str]:
             healing.append(f"  {name}: " + ", ".join(parts))
         ack = sub.get("acknowledgement")
         if ack or sub.get("acknowledged_until"):
-            ack = ack or {}
-            acks.append(
-                f"  {name} until {sub.get('acknowledged_until') or ack.get('until_at')}"
-                + (f" by {ack['actor']}" if ack.get("actor") else "")
-                + (f": {ack['reason']}" if ack.get("reason") else "")
-                + f" (withdraw: trueup ack {name} --clear)"
-            )
+            acks.append(_ack_line(name, sub, ack or {}, observed_at))
     out: list[str] = []
     for title, block in (("drift:", drift), ("healing:", healing), ("acknowledged:", acks)):
         if block:
             out += ["", title, *block]
     return out
+
+
+def _ack_line(name: str, sub: dict[str, Any], ack: dict[str, Any], observed_at: str | None) -> str:
+    """An acknowledgement: the subsystem, until when (and how long that is), by whom, why."""
+    until = sub.get("acknowledged_until") or ack.get("until_at")
+    return (
+        f"  {name}: healing paused until {until}"
+        + (f" ({_age(until, observed_at, future=True)})" if until else "")
+        + (f" by {ack['actor']}" if ack.get("actor") else "")
+        + (f": {ack['reason']}" if ack.get("reason") else "")
+        + f"; drift is still detected (withdraw: trueup ack {name} --clear)"
+    )
+
+
+def render_last_drift(last: dict[str, Any], observed_at: str | None) -> list[str]:
+    """The last drift of each subsystem that ended, healed or not: what differed, who, when.
+
+    `addresses: healed 09:34:07Z (2 min ago) by trueup heal TXN; drifted since …`,
+    then its paths and who changed them (`changed by:`).
+    """
+    if not last:
+        return []
+    lines = ["", "last drift (ended):"]
+    for name, record in last.items():
+        ended = _when(record.get("ended_at"), observed_at)
+        healed = record.get("healed_by")
+        if healed:
+            how = f"healed {ended} by {healed.get('writer') or 'trueup heal'}"
+            if healed.get("actor") and healed["actor"] != "reconciler":
+                how += f" (requested by {healed['actor']})"
+        else:
+            how = f"in sync again {ended} without a trueup heal (put back by its writer or the kernel)"
+        lines.append(
+            f"  {name}: {how}; drifted since {_when(record.get('since'), observed_at)}, "
+            f"detected by {record.get('detected_by') or '-'}"
+        )
+        for path in (record.get("paths") or [])[:5]:
+            lines.append(f"      path:       {path}")
+        for event in (record.get("attribution") or [])[:5]:
+            lines.append(f"      changed by: {_who(event)}")
+    return lines
+
+
+def _when(iso: str | None, now: str | None) -> str:
+    """`09:34:07Z (2 min ago)` for an ISO time; `-` when there is none."""
+    if not iso:
+        return "-"
+    clock = iso.split("T", 1)[-1].split(".", 1)[0].rstrip("Z") + "Z"
+    age = _age(iso, now)
+    return f"{clock} ({age})" if age else clock
+
+
+def _age(iso: str | None, now: str | None, future: bool = False) -> str:
+    """How long ago `iso` was at `now` (`2 min ago`), or how long until it (`in 9 min`)."""
+    if not iso or not now:
+        return ""
+    from datetime import datetime
+
+    try:
+        then = datetime.fromisoformat(iso.replace("Z", "+00:00"))
+        at = datetime.fromisoformat(now.replace("Z", "+00:00"))
+    except ValueError:
+        return ""
+    seconds = (then - at).total_seconds() if future else (at - then).total_seconds()
+    seconds = max(seconds, 0.0)
+    if seconds < 60:
+        span = f"{seconds:.0f} s"
+    elif seconds < 3600:
+        span = f"{seconds / 60:.0f} min"
+    elif seconds < 172800:
+        span = f"{seconds / 3600:.1f} h"
+    else:
+        span = f"{seconds / 86400:.0f} days"
+    return f"in {span}" if future else f"{span} ago"
 
 
 def _who(event: dict[str, Any]) -> str:

@@ -20,16 +20,14 @@ from typing import Annotated
 
 import typer
 
+from trueup.cli.statedir import NewStateDirOpt, StateDirOpt, require_new
+
 __all__ = ["secret_app"]
 
 secret_app = typer.Typer(
     help="The agent's secret store (keys documents refer to by name).", no_args_is_help=True
 )
 
-StateDirOpt = Annotated[
-    Path,
-    typer.Option("--state-dir", envvar="TRUEUP_STATE_DIR", help="The agent's state directory."),
-]
 DEFAULT_DIR = Path("/var/lib/trueup")
 
 
@@ -68,22 +66,27 @@ def secret_set(
     from_file: Annotated[
         Path | None, typer.Option("--from-file", help="read the value from this file")
     ] = None,
-    state_dir: StateDirOpt = DEFAULT_DIR,
+    state_dir: NewStateDirOpt = DEFAULT_DIR,
 ) -> None:
     """Store secret NAME from --from-file or standard input (never from the command line)."""
     from trueup.cli.output import echo
-    from trueup.journal.state import StateDir
+    from trueup.journal.state import StateDir, StateDirError
     from trueup.system.secretstore import SecretError, secret_digest, write_secret
 
+    # A key stored before the first apply (a WireGuard key the document names) is the
+    # first step on a new router: a missing or empty directory becomes a state directory.
+    require_new(state_dir)
     try:
         value = _read_value(from_file)
+        StateDir(state_dir).ensure(created_by="trueup secret set", actor=_operator())
         path = write_secret(state_dir, name, value)
-    except (SecretError, OSError) as exc:
+    except (SecretError, StateDirError, OSError) as exc:
         echo(f"trueup secret set: {exc}", err=True)
         raise typer.Exit(1) from exc
-    state = StateDir(state_dir)
-    if state.exists():
-        state.audit.append("secret_set", actor=_operator(), name=name, digest=secret_digest(value))
+    # Every write is audited, the first one too: the directory and its log exist by now.
+    StateDir(state_dir).audit.append(
+        "secret_set", actor=_operator(), name=name, digest=secret_digest(value)
+    )
     echo(f"secret {name}: stored in {path}")
 
 

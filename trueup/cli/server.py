@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from trueup.cli.fleet import agent_lines, check_filters
 from trueup.model.digests import sha256_digest
 from trueup.server.tokens import Role
 
@@ -220,7 +221,7 @@ def run(
         "",
         "--public-url",
         envvar="TRUEUP_SERVER_PUBLIC_URL",
-        help="URL agents use (enrollment bundles)",
+        help="URL agents and operators use (enrollment bundles; the dashboard's own origin)",
     ),
     tls_cert: Path | None = typer.Option(
         None, "--tls-cert", envvar="TRUEUP_SERVER_TLS_CERT", help="PEM certificate; enables TLS"
@@ -524,6 +525,13 @@ def audit_reanchor(
     except CheckpointError as exc:
         raise _fail(str(exc)) from None
     typer.echo(f"audit chain anchored at seq={checkpoint.seq}")
+    unvouched = plane.unvouched_credentials()
+    if unvouched:
+        # Re-anchoring accepts the chain's end; it cannot vouch across a break inside it.
+        typer.echo(
+            f"{len(unvouched)} credential(s) stay refused (the chain is broken after they were "
+            "issued); reissue them — `trueup server audit verify` names each"
+        )
 
 
 # -- fleet view ------------------------------------------------------------------------------
@@ -616,6 +624,7 @@ def render_fleet_device(entry: dict[str, Any]) -> str:
     )
     if entry.get("in_sync_since"):
         lines.append(f"in sync since: {entry['in_sync_since']}")
+    lines.extend(agent_lines(entry))
     lines.append(f"reason codes:  {', '.join(entry['reason_codes']) or '-'}")
     for ack in entry.get("acknowledgements", []):
         lines.append(
@@ -625,24 +634,13 @@ def render_fleet_device(entry: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _fleet(
-    db: str, key_file: Path | None, tenant: str, stale_intervals: int, device: str | None = None
-) -> list[dict[str, Any]]:
-    plane = _plane(db, key_file, stale_intervals=stale_intervals)
-    from trueup.server.service import NotFound
-
-    try:
-        return plane.fleet(_tenant(plane, tenant), device)
-    except NotFound as exc:
-        raise _fail(str(exc)) from None
-
-
 @fleet_app.command("list")
 def fleet_list(
     tenant: str = typer.Option(..., "--tenant"),
     status: str | None = typer.Option(
         None, "--status", help="only devices with this condition (e.g. local_override)"
     ),
+    reason: str | None = typer.Option(None, "--reason", help="only devices with this reason code"),
     output: str = OutputOption,
     stale_intervals: int = StaleOption,
     db: str = DbOption,
@@ -651,9 +649,9 @@ def fleet_list(
     """Every device: status, desired/applied version, digest match (✓/✗/?), origin."""
     from trueup.cli.output import emit
 
-    entries = _fleet(db, key_file, tenant, stale_intervals)
-    if status:
-        entries = [e for e in entries if status in e["conditions"]]
+    check_filters("trueup server fleet list", status=status, reason=reason)
+    plane = _plane(db, key_file, stale_intervals=stale_intervals)
+    entries = plane.fleet(_tenant(plane, tenant), status=status, reason=reason)
     if output == "table":
         typer.echo(render_fleet_table(entries))
     else:
@@ -672,7 +670,13 @@ def fleet_show(
     """One device: both revisions' identities, the digest comparison and any local override."""
     from trueup.cli.output import emit
 
-    entry = _fleet(db, key_file, tenant, stale_intervals, device)[0]
+    plane = _plane(db, key_file, stale_intervals=stale_intervals)
+    from trueup.server.service import NotFound
+
+    try:
+        entry = plane.device_view(_tenant(plane, tenant), device)
+    except NotFound as exc:
+        raise _fail(str(exc)) from None
     if output == "table":
         typer.echo(render_fleet_device(entry))
     else:

@@ -50,9 +50,16 @@ def targets(
 ) -> None:
     """The tenant's webhook targets (never their secrets)."""
     plane = _plane(db, key_file)
-    found = plane.notify_targets(_tenant(plane, tenant))
-    lines = [f"{'NAME':<24} URL"] + [f"{t['name']:<24} {t['url']}" for t in found]
-    _show({"targets": found}, output, lines)
+    tenant_id = _tenant(plane, tenant)
+    found = plane.notify_targets(tenant_id)
+    allowlist = plane.notify_allowlist(tenant_id)["entries"]
+    lines = [f"{'NAME':<24} {'HEADER':<16} URL"]
+    for t in found:
+        lines.append(f"{t['name']:<24} {t['auth_header'] or '-':<16} {t['url']}")
+        if t["problem"]:
+            lines.append(f"{'':<24} not delivered: {t['problem']}")
+    lines.append(f"allowlist: {', '.join(allowlist) or '(empty)'}")
+    _show({"targets": found, "allowlist": allowlist}, output, lines)
 
 
 @notify_app.command("add-target")
@@ -62,18 +69,58 @@ def add_target(
     secret_file: Path | None = typer.Option(
         None, "--secret-file", help="file holding the signing secret (default: generated)"
     ),
+    auth_header: str | None = typer.Option(
+        None, "--auth-header", help="a header sent with every delivery (e.g. Authorization)"
+    ),
+    auth_header_file: Path | None = typer.Option(
+        None, "--auth-header-file", help="file holding that header's value (stored sealed)"
+    ),
     tenant: str = TenantOption,
     db: str = DbOption,
     key_file: Path | None = KeyOption,
 ) -> None:
     """Add a webhook target; a generated secret is printed this once."""
+    if (auth_header is None) != (auth_header_file is None):
+        raise _fail("--auth-header and --auth-header-file go together")
     secret = secret_file.read_text().strip() if secret_file else None
+    header = (
+        (auth_header, auth_header_file.read_text().strip())
+        if auth_header is not None and auth_header_file is not None
+        else None
+    )
     plane = _plane(db, key_file)
     tenant_id = _tenant(plane, tenant)
-    made = _run(lambda: plane.create_notify_target(tenant_id, name, url, secret, _actor()))
+    made = _run(
+        lambda: plane.create_notify_target(
+            tenant_id, name, url, secret, _actor(), auth_header=header
+        )
+    )
     typer.echo(f"target {name} -> {url}")
     if "secret" in made:
         typer.echo(f"signing secret (shown once): {made['secret']}")
+
+
+@notify_app.command("allowlist")
+def allowlist(
+    entries: list[str] = typer.Argument(
+        None, help="networks (CIDRs) and host names; with --set, the new list"
+    ),
+    set_: bool = typer.Option(False, "--set", help="replace the list (none given: clear it)"),
+    tenant: str = TenantOption,
+    output: str = OutputOption,
+    db: str = DbOption,
+    key_file: Path | None = KeyOption,
+) -> None:
+    """The tenant's internal receivers that targets may reach; `--set` replaces them."""
+    plane = _plane(db, key_file)
+    tenant_id = _tenant(plane, tenant)
+    if entries and not set_:
+        raise _fail("to change the allowlist, add --set (it replaces the whole list)")
+    if set_:
+        shown = _run(lambda: plane.set_notify_allowlist(tenant_id, list(entries or []), _actor()))
+    else:
+        shown = plane.notify_allowlist(tenant_id)
+    _show(shown, output, [f"allowlist: {', '.join(shown['entries']) or '(empty)'}"])
 
 
 @notify_app.command("rules")

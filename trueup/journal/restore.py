@@ -121,10 +121,33 @@ def write_record(
 
 def next_step(record: dict[str, Any]) -> str:
     """What happens next, in the operator's words."""
+    step = _next_step(record)
+    retry = record.get("retry")
+    if record.get("state") in PENDING and isinstance(retry, dict) and retry.get("next_at"):
+        step += (
+            f" (the agent retries by itself at {retry['next_at']}, attempt "
+            f"{int(retry.get('attempts', 0)) + 1})"
+        )
+    return step
+
+
+def _next_step(record: dict[str, Any]) -> str:
     state = record.get("state")
     mode = record.get("mode", "config-only")
     archive = record.get("archive", "?")
-    resume = f"resumes by itself when the agent starts, or now: trueup restore apply {archive}"
+    resume = (
+        f"the agent resumes it by itself (at start, and on its retry timer), or now: "
+        f"trueup restore apply {archive} --mode {mode}"
+    )
+    waiting = record.get("waiting")
+    if state in PENDING and isinstance(waiting, dict) and waiting.get("for") == "links":
+        links = ", ".join(waiting.get("links") or [])
+        return (
+            f"waiting for links {links} (since {waiting.get('since')}): the restored revision "
+            f"names them; it goes on within a second of them appearing, and gives up after "
+            f"{float(waiting.get('seconds') or 0):g} s (rolled back, the dhcp fence lifted: "
+            "nothing was applied). Create the link, or --map it to one that exists"
+        )
     if state == "analyzed":
         return f"the dhcp allocator fence is taken next; {resume}"
     if state == "fenced":
@@ -150,7 +173,8 @@ def next_step(record: dict[str, Any]) -> str:
         if record.get("fence_held"):
             return (
                 "the system is not yet back at its previous revision, so the dhcp fence is held: "
-                "check `trueup status`, then `trueup dhcp fence lift` when DHCP is right"
+                "check `trueup status`, then lift it when DHCP is right: trueup dhcp fence lift "
+                f"--reason 'restore {record.get('id')} rolled back' (or run the restore again)"
             )
         return "nothing: the system is back at its previous revision; see `problem` for why"
     return "the restore record is damaged: keep it as evidence (`trueup evidence`), then move it"
@@ -163,7 +187,19 @@ def restore_status(state_dir: Path) -> dict[str, Any] | None:
         return None
     out = {
         key: record.get(key)
-        for key in ("id", "state", "since", "mode", "archive", "reboot", "problem", "next")
+        for key in (
+            "id",
+            "state",
+            "since",
+            "mode",
+            "archive",
+            "reboot",
+            "problem",
+            "next",
+            "waiting",
+            "retry",
+            "fence_held",
+        )
     }
     out["pending"] = record.get("state") not in TERMINAL
     with contextlib.suppress(KeyError, TypeError, IndexError):

@@ -2,7 +2,7 @@
 
 ```
 STATE_DIR/
-  state.json          schema version of this directory, device name
+  state.json          the directory's identity: schema, device, created by (trueup.journal.identity)
   applied.json        the applied revision: version, digest, outcome, when
   revisions/N.json    accepted desired revisions (the documents)
   journal.jsonl       write-ahead journal of transactions
@@ -30,7 +30,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from trueup.journal.atomic import StateFileError, read_json, write_json
-from trueup.journal.audit import AuditLog
+from trueup.journal.audit import AuditLog, now_iso
+from trueup.journal.identity import STATE_FILE, TRUEUP_FILES, legacy
 from trueup.journal.journal import Journal
 from trueup.journal.lock import WriterLock
 from trueup.model.digests import json_digest
@@ -72,23 +73,75 @@ class StateDir:
     def writer_lock(self, purpose: str, wait: float = 0.0) -> WriterLock:
         return WriterLock(self.root / "lock", purpose, wait)
 
-    def ensure(self) -> None:
-        """Create the directory on first use; refuse one written by a newer trueup.
+    def ensure(
+        self,
+        created_by: str | None = None,
+        device: str | None = None,
+        actor: str = "trueup",
+    ) -> None:
+        """Create the directory and its identity on first use; refuse one written by a newer trueup.
+
+        `created_by` is the creating command (`trueup agent run`, `trueup
+        apply --init`): with it, the creation — or the adoption of a directory
+        from before identities — is audited, and `device` (the document's
+        `metadata.device`) is bound when the identity names none yet; it is
+        never changed. The CLI lets only those two commands get here with a
+        directory that is not one yet (`trueup.journal.identity.problem`).
 
         A damaged `state.json` is left as it is (evidence; `trueup.journal.damage`
         reports it and writes are refused). Raises `StateDirError` for a newer
         schema and `OSError` when the directory cannot be written.
         """
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        had_state = any((self.root / name).exists() for name in TRUEUP_FILES)
         ensure_dir(self.root / "revisions")  # never a link out of the state directory
         try:
-            meta = read_json(self.root / "state.json")
+            meta = read_json(self.root / STATE_FILE)
         except StateFileError:
             return  # left as evidence: trueup.journal.damage reports it, writes are refused
+        events: list[str] = []
         if meta is None:
-            write_json(self.root / "state.json", {"schema": STATE_SCHEMA})
+            meta = {"schema": STATE_SCHEMA, "device": device or None}
+            meta["created"] = self._created(created_by, adopted=had_state)
+            events.append("state_dir_adopted" if had_state else "state_dir_created")
         else:
             self.check_schema(meta)
+            if created_by is not None and legacy(meta):
+                meta["created"] = self._created(created_by, adopted=True)
+                events.append("state_dir_adopted")
+            if created_by is not None and device and not meta.get("device"):
+                meta["device"] = device
+                events.append("state_dir_device")
+            if not events:
+                return
+        write_json(self.root / STATE_FILE, meta)
+        if created_by is not None:
+            for event in events:
+                self.audit.append(
+                    event, actor=actor, by=created_by, device=meta.get("device"), dir=str(self.root)
+                )
+
+    @staticmethod
+    def _created(created_by: str | None, *, adopted: bool) -> dict[str, Any]:
+        from trueup import __version__
+
+        created: dict[str, Any] = {
+            "by": created_by or "trueup",
+            "at": now_iso(),
+            "trueup": __version__,
+            "host": os.uname().nodename,
+        }
+        if adopted:
+            created["adopted"] = True
+        return created
+
+    def identity(self) -> dict[str, Any]:
+        """`state.json` as written (`{}` when missing or damaged)."""
+        try:
+            meta = read_json(self.root / STATE_FILE, {})
+        except StateFileError:
+            return {}
+        return dict(meta) if isinstance(meta, dict) else {}
 
     def check_schema(self, meta: dict[str, Any] | None = None) -> int:
         """The directory's schema; 0 when `state.json` is missing or damaged.

@@ -139,7 +139,11 @@ def decode_yaml(
     text: str | bytes, *, max_bytes: int = DOCUMENT_BYTES, max_depth: int = MAX_DEPTH
 ) -> Any:
     decoded = _check_size(text, max_bytes)
-    loader = _BoundedLoader(decoded)
+    try:
+        # The reader checks the text as the loader is made: a control character is refused there.
+        loader = _BoundedLoader(decoded)
+    except yaml.YAMLError as exc:
+        raise DecodeError(f"not valid YAML: {_yaml_message(exc)}") from None
     loader.max_depth = max_depth
     try:
         value = loader.get_single_data()

@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from trueup.model.decode import DecodeError, decode_json, decode_yaml
 from trueup.model.digests import json_digest
-from trueup.model.limits import DOCUMENT_BYTES, excerpt
+from trueup.model.limits import DOCUMENT_BYTES, PROBLEM_CHARS, input_excerpt, quoted
+from trueup.model.problems import Checked, PathError, check, describe
 from trueup.model.sections import registered_sections, section_model
 from trueup.model.types import IfName, IpAddress, IpNetwork, IpPrefix, family_of
 
@@ -47,6 +48,7 @@ __all__ = [
     "parse_document",
     "refuse_duplicates",
     "route_table_number",
+    "supported_sections",
 ]
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -69,8 +71,8 @@ class DocumentError(ValueError):
 
     def __init__(self, source: str, problems: list[str], *, unsupported_version: bool = False):
         self.source = source
-        # Each problem quotes at most an excerpt of the input, never a whole (huge) value.
-        problems = [excerpt(p) for p in problems[:_MAX_PROBLEMS]] + (
+        # Never cut: each message quotes at most an excerpt of the input where it quotes it.
+        problems = [input_excerpt(p, PROBLEM_CHARS) for p in problems[:_MAX_PROBLEMS]] + (
             [f"… and {len(problems) - _MAX_PROBLEMS} more problems"]
             if len(problems) > _MAX_PROBLEMS
             else []
@@ -80,7 +82,7 @@ class DocumentError(ValueError):
         super().__init__(f"{source}: invalid document\n" + "\n".join(f"  {p}" for p in problems))
 
 
-class _Section(BaseModel):
+class _Section(Checked):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -101,7 +103,7 @@ class Management(_Section):
     gateway: IpAddress | None = None
     api: ApiListener = ApiListener()
 
-    @model_validator(mode="after")
+    @check
     def _gateway_family(self) -> Management:
         if self.gateway is not None:
             families = {family_of(a) for a in self.addresses}
@@ -128,7 +130,7 @@ class Route(_Section):
     metric: int = Field(0, ge=0, le=4294967295)
     table: int | str = Field("main", description="'main', a number, or a name from spec.tables")
 
-    @model_validator(mode="after")
+    @check
     def _consistent(self) -> Route:
         if self.via is None and self.dev is None:
             raise _PathError("via", "a route needs a gateway (via) or an interface (dev)")
@@ -163,7 +165,7 @@ class ConvergencePolicy(_Section):
             subsystem, self.deadlines.get("default", DEFAULT_DEADLINE_SECONDS)
         )
 
-    @model_validator(mode="after")
+    @check
     def _positive_deadlines(self) -> ConvergencePolicy:
         for name, seconds in self.deadlines.items():
             if not 0 < seconds <= 86400:
@@ -207,14 +209,26 @@ class DeviceSpec(_Section):
             raise TypeError(f"spec.{name} is a {type(value).__name__}, not {model.__name__}")
         return value
 
-    @model_validator(mode="after")
-    def _cross_checks(self) -> DeviceSpec:
+    @check
+    def _table_names(self) -> list[tuple[str, str]]:
         problems: list[tuple[str, str]] = []
         for name, number in self.tables.items():
             if name == "main" or not 1 <= number <= 4294967295 or number in _RESERVED_TABLES:
                 problems.append((f"tables.{name}", "not a usable routing table (1-252, 256-…)"))
             elif number == MAIN_TABLE:
                 problems.append((f"tables.{name}", "254 is the main table; use table: main"))
+        return problems
+
+    def _interface_names(self) -> dict[str, str]:
+        """Managed interface name → the path naming it first."""
+        seen_names: dict[str, str] = {self.management.interface: "spec.management.interface"}
+        for i, iface in enumerate(self.interfaces):
+            seen_names.setdefault(iface.name, f"spec.interfaces[{i}].name")
+        return seen_names
+
+    @check
+    def _unique_interfaces(self) -> list[tuple[str, str]]:
+        problems: list[tuple[str, str]] = []
         seen_names: dict[str, str] = {self.management.interface: "spec.management.interface"}
         seen_addresses: dict[str, str] = {
             a.split("/")[0]: f"spec.management.addresses[{i}]"
@@ -239,6 +253,11 @@ class DeviceSpec(_Section):
                         )
                     )
                 seen_addresses.setdefault(host, f"spec.interfaces[{i}].addresses[{j}]")
+        return problems
+
+    @check
+    def _routes_fit(self) -> list[tuple[str, str]]:
+        problems: list[tuple[str, str]] = []
         route_keys: dict[tuple[int, str, int], str] = {}
         for i, route in enumerate(self.routes):
             if isinstance(route.table, str) and route.table != "main":
@@ -246,21 +265,16 @@ class DeviceSpec(_Section):
                     pass
                 elif route.table not in self.tables:
                     problems.append(
-                        (f"routes[{i}].table", f"unknown table {route.table!r}; name it in tables")
+                        (
+                            f"routes[{i}].table",
+                            f"unknown table {quoted(route.table)}; name it in tables",
+                        )
                     )
                     continue
             table = self.table_number(route.table)
             if table in _RESERVED_TABLES:
                 problems.append((f"routes[{i}].table", f"table {table} is reserved"))
                 continue
-            if route.dev is not None and route.dev not in seen_names:
-                problems.append(
-                    (
-                        f"routes[{i}].dev",
-                        f"{route.dev} is not a managed interface "
-                        "(name it in spec.interfaces or spec.management)",
-                    )
-                )
             key = (table, route.to, route.metric)
             if key in route_keys:
                 problems.append(
@@ -287,15 +301,31 @@ class DeviceSpec(_Section):
                         "default route is owned by spec.management",
                     )
                 )
+        return problems
+
+    @check
+    def _route_devices(self) -> list[tuple[str, str]]:
+        names = self._interface_names()  # needs the interfaces: left out when they failed
+        return [
+            (
+                f"routes[{i}].dev",
+                f"{route.dev} is not a managed interface "
+                "(name it in spec.interfaces or spec.management)",
+            )
+            for i, route in enumerate(self.routes)
+            if route.dev is not None and route.dev not in names
+        ]
+
+    @check
+    def _sections_fit(self) -> list[tuple[str, str]]:
+        problems: list[tuple[str, str]] = []
         for _name, value in sorted((self.model_extra or {}).items()):
             # A registered section may check itself against the rest of the document
             # (`cross_check(spec)` → (path below spec, message) pairs).
-            check = getattr(value, "cross_check", None)
-            if callable(check):
-                problems.extend(check(self))
-        if problems:
-            raise _PathError.many(problems)
-        return self
+            cross_check = getattr(value, "cross_check", None)
+            if callable(cross_check):
+                problems.extend(cross_check(self))
+        return problems
 
     def table_number(self, table: int | str) -> int:
         return route_table_number(table, self.tables)
@@ -369,18 +399,8 @@ def route_table_number(table: int | str, names: dict[str, int]) -> int:
     return names[table]
 
 
-class _PathError(ValueError):
-    """Raised inside validators to report problems at paths below the model being validated."""
-
-    def __init__(self, path: str, message: str) -> None:
-        self.problems = [(path, message)]
-        super().__init__(f"{path}: {message}")
-
-    @classmethod
-    def many(cls, problems: list[tuple[str, str]]) -> _PathError:
-        error = cls(*problems[0])
-        error.problems = problems
-        return error
+# The path-carrying error section validators raise (kept under its old name for them).
+_PathError = PathError
 
 
 def refuse_duplicates(
@@ -398,40 +418,16 @@ def refuse_duplicates(
         raise _PathError.many(problems)
 
 
-def _format_loc(loc: tuple[int | str, ...]) -> str:
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        else:
-            path += f".{part}" if path else str(part)
-    return path
+def _api_version(item: dict[str, Any]) -> str | None:
+    if item["type"] == "literal_error" and tuple(item["loc"]) == ("apiVersion",):
+        return f"unsupported apiVersion {quoted(item['input'])}; this agent supports " + ", ".join(
+            SUPPORTED_API_VERSIONS
+        )
+    return None
 
 
 def _problems(error: ValidationError) -> list[str]:
-    out: list[str] = []
-    for item in error.errors(include_url=False):
-        loc = tuple(p for p in item["loc"] if not (isinstance(p, str) and "[" in p))
-        ctx = item.get("ctx") or {}
-        inner = ctx.get("error")
-        if isinstance(inner, _PathError):
-            base = _format_loc(loc)
-            for sub, message in inner.problems:
-                out.append(f"{base}.{sub}: {message}" if base else f"{sub}: {message}")
-            continue
-        message = str(inner) if isinstance(inner, ValueError) else item["msg"]
-        if item["type"] == "extra_forbidden":
-            message = "unknown field (not part of trueup/v1)"
-        elif item["type"] == "missing":
-            message = "required field is missing"
-        elif item["type"] == "literal_error" and loc == ("apiVersion",):
-            message = f"unsupported apiVersion {item['input']!r}; this agent supports " + ", ".join(
-                SUPPORTED_API_VERSIONS
-            )
-        elif message.startswith("Value error, "):
-            message = message[len("Value error, ") :]
-        out.append(f"{_format_loc(loc)}: {message}")
-    return out
+    return [f"{path}: {message}" for path, message in describe(error, _api_version)]
 
 
 def parse_document(data: Any, source: str = "<document>") -> DeviceState:
@@ -498,6 +494,12 @@ def load_document(path: str | Path) -> DeviceState:
     except UnicodeDecodeError as exc:
         raise DocumentError(source, [f"(file): not UTF-8 text (byte {exc.start})"]) from None
     return parse_document(decode_text(text, source), source)
+
+
+def supported_sections() -> list[str]:
+    """Every section of `spec` this trueup accepts: the core ones and every registered one
+    (the catalog's subsystems and loaded plugins), sorted."""
+    return sorted({*DeviceSpec.model_fields, *registered_sections()})
 
 
 def document_digest(document: DeviceState) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["SubsystemHealth", "Tier"]
+__all__ = ["SubsystemHealth", "Tier", "waiting_on_links"]
 
 
 class SubsystemHealth(StrEnum):
@@ -27,3 +27,11 @@ class Tier(StrEnum):
     @property
     def rank(self) -> int:
         return list(Tier).index(self)
+
+
+def waiting_on_links(missing: list[str]) -> tuple[SubsystemHealth, str] | None:
+    """`pending` while named links do not exist yet ("waiting on link lan0"), else None."""
+    if not missing:
+        return None
+    noun = "link" if len(missing) == 1 else "links"
+    return SubsystemHealth.PENDING, f"waiting on {noun} {', '.join(missing)}"

@@ -25,8 +25,10 @@ class ReasonCode(StrEnum):
 
 CORRECTIVE_ACTIONS: dict[ReasonCode, str] = {
     ReasonCode.APPLY_NOT_COMPLETED: (
-        "The interrupted transaction was rolled back to its before-images from the journal. "
-        "Check `trueup status` for its history, then re-run `trueup apply FILE` and verify exit 0."
+        "Recovery rolled the interrupted transaction back to the last committed revision. "
+        "Check `trueup status` for its history, then re-run `trueup apply FILE` and verify exit "
+        "0: any successful apply that leaves observed equal to desired clears this code, "
+        "re-applying the document the system holds (answered `unchanged`) included."
     ),
     ReasonCode.PARTIAL_UPDATE: (
         "Some subsystems were applied and others failed (best-effort mode). Fix the cause "

@@ -57,6 +57,9 @@ class Applied(_Record):
     applied_at: str | None = None
     mode: str | None = None
     failed: dict[str, str] = {}
+    # Failing before this revision, their section unchanged by it: not converged by its
+    # transaction, still failing, healed by the reconcile loop (subsystem → why).
+    carried: dict[str, str] = {}
     actor: str | None = None
     source: str | None = None
 

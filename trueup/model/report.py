@@ -9,17 +9,28 @@ device's report can never fail another's in a shared ingest batch.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from trueup.model.health import SubsystemHealth
 from trueup.model.limits import DIGEST_LENGTH, MAX_VERSION, ORIGIN_LENGTH
 from trueup.model.reasons import ReasonCode
 
-__all__ = ["DIGEST_PATTERN", "MAX_VERSION", "AgentReport", "OverrideReport", "SubsystemReport"]
+__all__ = [
+    "DIGEST_PATTERN",
+    "MAX_VERSION",
+    "AckReport",
+    "AgentReport",
+    "DriftReport",
+    "OverrideReport",
+    "SubsystemReport",
+]
 
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+
+# An apiVersion (`trueup/v1`) or a section name (`dhcp`, a plugin's `acme.vpn`).
+_Supported = Annotated[str, StringConstraints(max_length=100, pattern=r"^[^\x00-\x1f\x7f]+$")]
 
 
 class SubsystemReport(BaseModel):
@@ -40,6 +51,34 @@ class OverrideReport(BaseModel):
     digest: str | None = Field(None, pattern=DIGEST_PATTERN)
 
 
+class DriftReport(BaseModel):
+    """One drift record: going on (`healed_at` None) or ended, who changed it and who healed it."""
+
+    model_config = ConfigDict(extra="allow")
+    subsystem: str = Field(min_length=1, max_length=100)
+    since: str = Field(min_length=1, max_length=64)
+    healed_at: str | None = Field(None, max_length=64)
+    detected_by: str | None = Field(None, max_length=20)
+    paths: list[str] = Field([], max_length=50)
+    paths_total: int | None = Field(None, ge=0, le=MAX_VERSION)
+    changed_by: list[str] = Field([], max_length=20)
+    attribution: list[dict[str, Any]] = Field([], max_length=20)
+    healed_by: dict[str, Any] | None = None
+
+
+class AckReport(BaseModel):
+    """A `trueup ack` set on the router: active, or recently ended (expired, withdrawn)."""
+
+    model_config = ConfigDict(extra="allow")
+    subsystem: str = Field(min_length=1, max_length=100)
+    until: str | None = Field(None, max_length=64)
+    by: str | None = Field(None, max_length=200)
+    reason: str | None = Field(None, max_length=10_000)
+    at: str | None = Field(None, max_length=64)
+    state: str = Field("active", pattern=r"^(active|expired|withdrawn)$")
+    ended_at: str | None = Field(None, max_length=64)
+
+
 class AgentReport(BaseModel):
     """What an agent reports after every change and on every heartbeat.
 
@@ -47,7 +86,10 @@ class AgentReport(BaseModel):
     `applied_digest` is `document_digest` of the applied document (metadata.version
     ignored), compared with the desired revision's content_hash; `applied_origin`
     says where that document came from; `override` is set while a local apply
-    overrides the control plane's revision.
+    overrides the control plane's revision. `agent_version` is the agent's own version
+    (`trueup --version`), `supported_api_versions` the document apiVersions it accepts
+    and `supported_sections` the sections of `spec` it knows (core and subsystems',
+    plugins' included); older agents send none of the three (None: not reported).
     """
 
     model_config = ConfigDict(extra="allow")
@@ -64,5 +106,10 @@ class AgentReport(BaseModel):
     findings: list[dict[str, Any]] = []
     journal: dict[str, Any] = {}
     heartbeat_interval: float = Field(30.0, gt=0, le=86400)
-    agent_version: str | None = Field(None, max_length=200)
+    agent_version: str | None = Field(None, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")
+    supported_api_versions: list[_Supported] | None = Field(None, max_length=20)
+    supported_sections: list[_Supported] | None = Field(None, max_length=200)
     management_ready: bool | None = None
+    # Drift going on and recently ended, newest first; the router's acknowledgements.
+    drift_history: list[DriftReport] = Field([], max_length=50)
+    acknowledgements: list[AckReport] = Field([], max_length=50)

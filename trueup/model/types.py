@@ -12,6 +12,8 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator
 
+from trueup.model.limits import quoted
+
 __all__ = ["IfName", "IpAddress", "IpNetwork", "IpPrefix", "family_of"]
 
 _IFNAME = re.compile(r"^[A-Za-z0-9_.\-@]{1,15}\Z")
@@ -25,7 +27,7 @@ def _prefix(value: Any) -> str:
         return str(ipaddress.ip_interface(value.strip()))
     except ValueError:
         raise ValueError(
-            f"not an IPv4/IPv6 prefix: {value!r} (expected ADDRESS/LENGTH, e.g. 192.0.2.1/24)"
+            f"not an IPv4/IPv6 prefix: {quoted(value)} (expected ADDRESS/LENGTH, e.g. 192.0.2.1/24)"
         ) from None
 
 
@@ -41,7 +43,7 @@ def _network(value: Any) -> str:
     try:
         return str(ipaddress.ip_network(text, strict=True))
     except ValueError as exc:
-        raise ValueError(f"not an IPv4/IPv6 network: {value!r} ({exc})") from None
+        raise ValueError(f"not an IPv4/IPv6 network: {quoted(value)} ({exc})") from None
 
 
 def _address(value: Any) -> str:
@@ -50,7 +52,7 @@ def _address(value: Any) -> str:
     try:
         return str(ipaddress.ip_address(value.strip()))
     except ValueError:
-        raise ValueError(f"not an IPv4/IPv6 address: {value!r}") from None
+        raise ValueError(f"not an IPv4/IPv6 address: {quoted(value)}") from None
 
 
 def _ifname(value: Any) -> str:

@@ -51,6 +51,7 @@ __all__ = [
 ]
 
 MAX_ATTRIBUTION = 20  # notifications kept per drift record
+DRIFT_HISTORY = 20  # ended drift records kept (per agent), newest last
 MAX_RELATED = 5  # related (unmatched) notifications shown when nothing matched
 ALL_KINDS = frozenset({"link", "address", "route"})
 # A port-0 address notification this close to a change of its link is the kernel's doing.
@@ -79,22 +80,30 @@ class DriftRecord:
     detected_by: str  # event | resync | request
     attribution: list[dict[str, Any]] = field(default_factory=list)
     seen_events: int = 0  # events already considered, by sequence number
+    # The heal that converged it: {"by": "trueup", "action": "heal", "writer": "trueup
+    # heal TXN", "txn", "at", "actor"}. None while it lasts, or when something else put it back.
+    healed_by: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "since": iso_time(self.since),
             "paths": self.paths,
             "detected_by": self.detected_by,
             "attribution": self.attribution,
         }
+        if self.healed_by is not None:
+            out["healed_by"] = self.healed_by
+        return out
 
 
 class DriftBook:
-    """Per subsystem, the drift going on now and the last one that ended."""
+    """Per subsystem, the drift going on now and the last one that ended; and the
+    agent's recent ended drift (`history`, the newest `DRIFT_HISTORY`, oldest first)."""
 
     def __init__(self) -> None:
         self.current: dict[str, DriftRecord] = {}
         self.last: dict[str, dict[str, Any]] = {}  # the ended record's JSON, with `ended_at`
+        self.history: deque[dict[str, Any]] = deque(maxlen=DRIFT_HISTORY)
 
     def get(self, name: str) -> DriftRecord | None:
         return self.current.get(name)
@@ -108,10 +117,27 @@ class DriftBook:
         return record
 
     def end(self, name: str, now: float) -> None:
-        """`name` is in sync again, whoever fixed it: keep the record as the last drift."""
+        """`name` is in sync again, whoever fixed it: keep the record as the last drift.
+
+        `healed_by` names trueup's heal when one converged it; None: it came
+        back without one (undone by whoever changed it, or by the kernel).
+        """
         record = self.current.pop(name, None)
         if record is not None:
-            self.last[name] = {**record.to_json(), "ended_at": iso_time(now)}
+            self.last[name] = {
+                **record.to_json(),
+                "ended_at": iso_time(now),
+                "healed_by": record.healed_by,
+            }
+            self.history.append({"subsystem": name, **self.last[name]})
+
+    def history_json(self) -> list[dict[str, Any]]:
+        """Drift going on now (`ended_at` None) and the recent ended drift, newest first."""
+        ongoing = [
+            {"subsystem": name, **record.to_json(), "ended_at": None}
+            for name, record in sorted(self.current.items(), key=lambda item: -item[1].since)
+        ]
+        return ongoing + list(reversed(self.history))
 
     def forget(self, names: Iterable[str] | None = None) -> None:
         """Drop open records without ending them (a new apply, an explicit reconcile)."""

@@ -28,6 +28,7 @@ __all__ = [
     "Refused",
     "StorageError",
     "UnknownRevision",
+    "own_label",
 ]
 
 Mode = Literal["atomic", "best-effort"]
@@ -125,6 +126,8 @@ class Change:
     confirmation (or restores a confirmed revision). `new_version` gives the
     document the next version number (rollbacks). `override` is the operator's
     reason for a local change on a device the control plane manages.
+    `former_virtual` adds HA virtual addresses of earlier revisions to the
+    scope: at a start they are released wherever nobody holds them.
     """
 
     document: DeviceState
@@ -142,6 +145,9 @@ class Change:
     lock_wait: float = 0.0
     source: str = ""
     deadlines: Mapping[str, float] | None = None
+    former_virtual: frozenset[str] = frozenset()
+    # A restore's revision: it replaces a local override as a local apply does.
+    replaces_override: bool = False
     # The audit lines to write with the commit; default one line of event `kind`.
     audit: AuditBuilder | None = None
 
@@ -161,6 +167,11 @@ class ApplyResult:
     digest: str | None = None
     # rolled_back: the version that was tried and undone (`version` is the one that remains).
     attempted: int | None = None
+    # Failing before this write, their section unchanged by it: left out, still failing
+    # (subsystem → why); the reconcile loop goes on healing them.
+    carried: dict[str, str] = field(default_factory=dict)
+    # Reason codes this write answered (an unchanged apply after crash recovery).
+    cleared: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -180,4 +191,17 @@ class ApplyResult:
             out["digest"] = self.digest
         if self.attempted is not None:
             out["attempted_version"] = self.attempted
+        if self.carried:
+            out["carried"] = self.carried
+        if self.cleared:
+            out["cleared"] = self.cleared
         return out
+
+
+# How a transaction's own netlink notifications name their writer, by its kind.
+_OWN_WORDS = {"reconcile": "heal", "confirm-timeout": "confirm-timeout rollback"}
+
+
+def own_label(kind: str, txn: str) -> str:
+    """`trueup heal TXN`, `trueup apply TXN`, …: the writer of a transaction's own notifications."""
+    return f"trueup {_OWN_WORDS.get(kind, kind)} {txn}"

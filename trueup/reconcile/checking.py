@@ -167,6 +167,8 @@ class Checking:
             return version, same and not applied.get("override")
         if version is None:
             same = applied.get("digest") == digest and applied.get("outcome") == "committed"
+            # A restore replaces a local override even with the same document: committed anew.
+            same = same and not (change.replaces_override and applied.get("override"))
             if same and applied_version:
                 return applied_version, True
             return applied_version + 1, False

@@ -33,6 +33,7 @@ class ClassifierInput:
     open_transaction: dict[str, Any] | None = None
     open_transaction_live: bool = False
     open_transaction_overdue: bool = False
+    open_transaction_recovering: bool = False  # recovery holds the writer lock right now
     last_transaction: dict[str, Any] | None = None
     last_commit_at: str | None = None
     refusals: list[dict[str, Any]] = field(default_factory=list)
@@ -56,17 +57,16 @@ def classify(facts: ClassifierInput) -> list[Finding]:
     open_txn = facts.open_transaction
 
     if open_txn is not None and (not facts.open_transaction_live or facts.open_transaction_overdue):
+        detail, action = _not_completed(open_txn, facts, applied_version)
         findings.append(
-            Finding.of(
-                ReasonCode.APPLY_NOT_COMPLETED,
+            Finding(
+                code=ReasonCode.APPLY_NOT_COMPLETED,
                 subsystem=",".join(open_txn.get("applied", []) + list(open_txn.get("failed", {})))
                 or None,
                 since=open_txn.get("began_at"),
-                detail=(
-                    f"transaction {open_txn['txn']} (version {open_txn.get('version')}) is open "
-                    + ("past its deadline" if facts.open_transaction_live else "with no writer")
-                ),
-                evidence={"transaction": open_txn},
+                detail=detail,
+                action=action,
+                evidence={"transaction": open_txn, "recovery": "not run yet"},
             )
         )
     last = facts.last_transaction
@@ -203,6 +203,38 @@ def classify(facts: ClassifierInput) -> list[Finding]:
                 )
             )
     return findings
+
+
+def _not_completed(
+    open_txn: dict[str, Any], facts: ClassifierInput, applied_version: int
+) -> tuple[str, str]:
+    """An open transaction's detail and action, in the tense of what has happened so far.
+
+    Nothing is rolled back before recovery has run: the text says what will
+    happen (or is happening), never "was rolled back".
+    """
+    what = f"transaction {open_txn['txn']} (version {open_txn.get('version')})"
+    if facts.open_transaction_live:
+        return (
+            f"{what} is still running past its deadline",
+            "Its writer still holds the device, so it is not rolled back while it runs. Find "
+            "the writer (`trueup status`, journal.writer) and wait for it or stop it; recovery "
+            "then rolls the transaction back to the last committed revision.",
+        )
+    target = f"version {applied_version}" if applied_version else "the state before it"
+    if facts.open_transaction_recovering:
+        return (
+            f"{what} was not completed; recovery is rolling it back to {target} now",
+            "Wait for recovery to finish (`trueup status`), then re-run `trueup apply FILE` "
+            "and verify exit 0.",
+        )
+    return (
+        f"{what} was not completed: its writer is gone and nothing has rolled it back yet",
+        f"Recovery will roll it back to {target} (the last committed revision) at the next "
+        "agent start — a running agent does so within seconds — or at the next write "
+        "(`trueup apply FILE` recovers first). Then check `trueup status` and re-run `trueup "
+        "apply FILE` with the document you want, verifying exit 0.",
+    )
 
 
 def _damage_findings(damaged: list[dict[str, Any]]) -> list[Finding]:

@@ -2,12 +2,20 @@
 
 Part of the engine (`trueup.reconcile.transaction.Engine` inherits it): the
 revision, the applied record, the journal's `commit` with its audit lines,
-and the recovery rule (forward to the last committed revision).
+and the recovery rule (forward to the last committed revision), and what
+answers a recovery: the transaction status reports (`last_reported_transaction`)
+and the unchanged write that settles it (`Committing._settle_recovered`).
+
+Why this module is over 400 lines: a commit and a recovery write the same
+records (the applied record, the journal's terminal line with its audit
+lines), and what ends a recovery's report is decided beside the recovery
+itself; apart, the two would have to agree on the journal's shape by hand.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +35,7 @@ from trueup.reconcile.checking import Preparation, _prepares
 from trueup.reconcile.converging import Converging
 from trueup.subsystems.base import Scope
 from trueup.subsystems.registry import ordered, scope_for
+from trueup.system import ownwrites
 
 log = logging.getLogger("trueup.reconcile")
 
@@ -35,6 +44,8 @@ __all__ = ["Committing"]
 
 class Committing(Converging):
     """Commit and recovery; the engine supplies the lock, overrides and the control plane."""
+
+    _carrying: dict[str, str] = {}  # the running transaction's carried failures
 
     if TYPE_CHECKING:
         _audit_checked: bool
@@ -70,9 +81,13 @@ class Committing(Converging):
             # only when a subsystem that had failed is now in place.
             before_failed = dict(applied.get("failed", {}))
             now_failed = {n: e for n, e in before_failed.items() if n not in settled}
-            if now_failed != before_failed and applied.get("version"):
+            before_carried = dict(applied.get("carried", {}))
+            now_carried = {n: e for n, e in before_carried.items() if n not in settled}
+            changed = now_failed != before_failed or now_carried != before_carried
+            if changed and applied.get("version"):
                 record = dict(applied)
                 record["failed"] = now_failed
+                record["carried"] = now_carried
                 if applied.get("outcome") == "partial" and not now_failed:
                     record["outcome"] = "committed"
                 state.set_applied(record)
@@ -131,7 +146,9 @@ class Committing(Converging):
                 reason=change.override,
                 digest=digest,
             )
-        elif change.origin in _LOCAL_ORIGINS:
+        elif change.origin in _LOCAL_ORIGINS or change.replaces_override:
+            # A local write, or a restore, replaces the revision a local override applied:
+            # the override is over (status, the control-plane report and the dashboard).
             override = None
         return Applied(
             version=version,
@@ -144,6 +161,7 @@ class Committing(Converging):
             applied_at=now_iso(),
             mode=change.mode,
             failed=failed,
+            carried=dict(self._carrying),
             actor=change.actor,
             source=change.source,
         )
@@ -206,7 +224,8 @@ class Committing(Converging):
         journal.record(open_txn.txn, "recovering", to_version=previous.get("version", 0))
         target = self._committed_document(previous)
         errors: list[str] = []
-        with self.sources() as net:
+        naming = ownwrites.writing(f"trueup recovery rollback of {open_txn.txn}")
+        with naming, self.sources() as net:
             if target is not None:
                 # Forward to the last committed revision: never to a before-image
                 # that may hold drift, never away from its management addresses.
@@ -303,6 +322,64 @@ class Committing(Converging):
         except DocumentError:
             return None
 
+    def _settle_recovered(
+        self, change: Change, version: int, digest: str, scope: Scope
+    ) -> str | None:
+        """Close what crash recovery left reported, once an unchanged write proves it moot.
+
+        A write answered `unchanged` (observed equals desired, nothing to do)
+        right after recovery rolled a transaction back: the system holds what
+        it should, so `STATE_APPLY_NOT_COMPLETED` is over. The write leaves a
+        transaction of its own in the journal (begin, commit `unchanged`,
+        naming the recovered one), which status reports instead. Returns what
+        was cleared, or None when recovery left nothing to report.
+        """
+        if change.kind == "reconcile":
+            return None  # heals never answer an apply's interruption (`last_reported_transaction`)
+        recovered = last_reported_transaction(self.state.journal.transactions())
+        if recovered is None or not (recovered.terminal or {}).get("recovered"):
+            return None
+        cleared = (
+            f"STATE_APPLY_NOT_COMPLETED cleared: transaction {recovered.txn} (version "
+            f"{recovered.begin.get('version')}), rolled back at recovery, is answered: "
+            f"observed equals version {version}"
+        )
+        journal = self.state.journal
+        txn = journal.begin(
+            kind=change.kind,
+            origin=change.origin,
+            version=version,
+            mode=change.mode,
+            digest=digest,
+            actor=change.actor,
+            subsystems=[],
+            all_subsystems=[],
+            scope=scope.to_json(),
+            before={},
+            previous_applied=self.state.applied(),
+            steps={},
+        )
+        details = {
+            "version": version,
+            "txn": txn,
+            "outcome": "unchanged",
+            "source": change.source,
+            "origin": change.origin,
+            "settles": recovered.txn,
+            "cleared": cleared,
+        }
+        journal.record(
+            txn,
+            "commit",
+            outcome="unchanged",
+            version=version,
+            failed={},
+            settles=recovered.txn,
+            audit=[{"event": change.kind, "details": details}],
+        )
+        self.state.audit.append(change.kind, change.actor, **details)
+        return cleared
+
     def _complete_audit(self) -> None:
         """Write the audit line of a transaction committed right before a crash."""
         last = self.state.journal.last()
@@ -320,3 +397,24 @@ class Committing(Converging):
             details.setdefault("txn", last.txn)
             details["written_after_restart"] = True
             self.state.audit.append(str(entry.get("event", last.kind)), actor, **details)
+
+
+def last_reported_transaction(transactions: Sequence[Transaction]) -> Transaction | None:
+    """The transaction whose outcome status reports: the last one but ordinary heals.
+
+    Heals converge to the applied version; they do not clear what the last
+    apply (or its crash recovery) left to report. A heal a crash interrupted
+    is reported itself (recovery closed it), until a later heal commits. Any
+    later write that commits — an unchanged one after recovery included
+    (`Committing._settle_recovered`) — is reported instead.
+    """
+    healed_since = False
+    for transaction in reversed(transactions):
+        if transaction.kind != "reconcile":
+            return transaction
+        terminal = transaction.terminal or {}
+        if terminal.get("recovered") and not healed_since:
+            return transaction
+        if terminal.get("type") == "commit":
+            healed_since = True
+    return None

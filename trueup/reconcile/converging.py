@@ -2,6 +2,10 @@
 
 Part of the engine (`trueup.reconcile.transaction.Engine` inherits it); read
 with the write path in docs/architecture.md.
+
+Why this module is over 400 lines: executing, verifying and undoing share one
+transaction's bookkeeping per subsystem (applied, failed, waiting on a link,
+deferred for an operator's write); split apart, every part would pass it along.
 """
 
 from __future__ import annotations
@@ -23,12 +27,27 @@ from trueup.reconcile.changes import (
     Change,
     StorageError,
 )
-from trueup.subsystems.base import Facts, Plan, Scope, Step, StepError, Subsystem
+from trueup.subsystems.base import Facts, Plan, Scope, Step, StepError, StepWaits, Subsystem
 from trueup.system.sources import Sources
 
 log = logging.getLogger("trueup.reconcile")
 
 __all__ = ["Converging"]
+
+
+# Why a heal left a subsystem: an operator's write waits (waiting, never a failure).
+PREEMPTED = "deferred: an operator's write is waiting for the writer; the next pass heals it"
+
+
+# What an atomic apply that met a missing link says (it rolls back; nothing goes on by itself).
+ATOMIC_WAIT = (
+    "nothing of this revision was kept; create the link, or apply with --mode best-effort "
+    "to converge the rest now and the link's part once it appears"
+)
+
+
+class Preempted(StepError):
+    """A heal abandoned a subsystem's convergence for an operator's write."""
 
 
 def _paths_text(paths: list[str]) -> str:
@@ -47,6 +66,10 @@ class Converging:
         _current_kind: str | None
 
         def _deadline(self, change: Change, name: str) -> float: ...
+
+        def _preempted(self) -> bool: ...
+
+        _abandoned: dict[str, threading.Thread]
 
         @staticmethod
         def _hit(kind: str, point: str) -> None: ...
@@ -120,6 +143,11 @@ class Converging:
         """
         journal = self.state.journal
         for name in list(plans):
+            if plans[name].changes and self._preempted():
+                # An operator's write waits: what is left goes to the next pass.
+                waiting[name] = PREEMPTED
+                journal.record(txn, "waiting", subsystem=name, on="writer")
+                continue
             if turn is not None and not turn(name):
                 if change.mode == "atomic":
                     break
@@ -145,6 +173,20 @@ class Converging:
                     self._deadline(change, name),
                     (change.kind, f"step:{name}"),
                 )
+            except StepWaits as exc:
+                if change.mode == "atomic":
+                    # Nothing waits for it here: the whole revision is undone.
+                    failed[name] = f"{exc}; an atomic apply cannot wait for it: {ATOMIC_WAIT}"
+                    journal.record(txn, "failed", subsystem=name, error=str(exc))
+                    break
+                # Not a failure: what it needs does not exist yet (a late link).
+                waiting[name] = exc.reason
+                journal.record(txn, "waiting", subsystem=name, on=exc.reason)
+                continue
+            except Preempted:
+                waiting[name] = PREEMPTED
+                journal.record(txn, "waiting", subsystem=name, on="writer")
+                continue
             except _STEP_ERRORS as exc:
                 failed[name] = str(exc)
                 journal.record(txn, "failed", subsystem=name, error=str(exc))
@@ -180,6 +222,11 @@ class Converging:
         still: dict[str, list[str]] = {}  # subsystem → the paths that still differ
         for round_ in range(_VERIFY_ROUNDS + 1):
             differing = []
+            if self._preempted():
+                # Converged but not verified: the next pass looks again.
+                for name in candidates:
+                    waiting[name] = PREEMPTED
+                return
             for name in list(candidates):
                 sub = self.by_name[name]
                 try:
@@ -207,6 +254,19 @@ class Converging:
                     self._converge_bounded(
                         net, sub, targets[name], scope, None, self._deadline(change, name)
                     )
+                except StepWaits as exc:
+                    if change.mode == "atomic":
+                        failed[name] = f"verification: {exc}; {ATOMIC_WAIT}"
+                        journal.record(txn, "failed", subsystem=name, error=failed[name])
+                        return
+                    waiting[name] = exc.reason
+                    journal.record(txn, "waiting", subsystem=name, on=exc.reason)
+                    candidates.remove(name)
+                    continue
+                except Preempted:
+                    waiting[name] = PREEMPTED
+                    candidates.remove(name)
+                    continue
                 except _STEP_ERRORS as exc:
                     failed[name] = f"verification: {exc}"
                     journal.record(txn, "failed", subsystem=name, error=failed[name])
@@ -244,6 +304,17 @@ class Converging:
             deadline = time.monotonic() + seconds
             self._converge(net, subsystem, desired, scope, plan, fault_point, None, deadline)
             return
+        ends = time.monotonic() + seconds
+        left_behind = self._abandoned.get(subsystem.name)
+        if left_behind is not None and left_behind.is_alive():
+            # A convergence abandoned earlier (a deadline, a heal yielding) stops before
+            # its next step: its step in progress ends before another one starts.
+            left_behind.join(max(0.0, ends - time.monotonic()))
+            if left_behind.is_alive():
+                raise StepError(
+                    Step(subsystem.name, "converge", f"subsystem {subsystem.name}"),
+                    "an earlier convergence of it is still finishing its step",
+                )
         cancel = threading.Event()
         outcome: list[BaseException | None] = []
 
@@ -257,7 +328,15 @@ class Converging:
 
         worker = threading.Thread(target=work, name=f"trueup-{subsystem.name}", daemon=True)
         worker.start()
-        worker.join(seconds)
+        self._abandoned[subsystem.name] = worker  # until it ends
+        while worker.is_alive() and time.monotonic() < ends:
+            worker.join(min(0.05, max(0.0, ends - time.monotonic())))
+            if worker.is_alive() and self._preempted():
+                # A heal gives the writer up to an operator's write: the worker stops
+                # before its next step, and its subsystem waits for the next pass.
+                cancel.set()
+                raise Preempted(Step(subsystem.name, "converge", f"subsystem {subsystem.name}"),
+                                PREEMPTED)  # fmt: skip
         # The worker changed the kernel through its own handle (an HA subsystem releasing
         # an address): what this handle cached before is stale.
         forget = getattr(net.netlink, "forget", None)

@@ -14,6 +14,12 @@ transaction. Waiting is not failing: the breaker, back-off and retry
 budget do not count it. Nor is a heal that failed because a link it needs
 changed state while it ran (a link up/down storm): it waits on `links`.
 
+Policy does not hold what the agent's start left unfinished (`starting`:
+a subsystem pending on a late link, or failed, when startup ended): a
+start converges every subsystem to the committed revision under every
+policy, and the loop finishes it; `notify` governs only what changes after
+the start. The governor's bounds still apply to those heals.
+
 A failure blames another writer only with evidence (`evidence`: the
 notifications' senders naming the paths); otherwise it says what still
 differs.
@@ -27,11 +33,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trueup.model.document import DeviceState
+from trueup.model.order import natural_sorted
 from trueup.reconcile.attribution import DriftRecord, item_paths
+from trueup.reconcile.changes import own_label
 from trueup.reconcile.healing import Governor
 from trueup.reconcile.management_tier import audit_restored, converge_management
 from trueup.reconcile.transaction import Change, DamagedState, Engine, Refused, StorageError
 from trueup.subsystems.base import Difference, StepError
+from trueup.system.events import iso_time
 from trueup.system.netlink import NetlinkError
 
 __all__ = ["Healer", "PassReport"]
@@ -104,12 +113,14 @@ class Healer:
         self.disturbance: Disturbance | None = None
         self._disturbed: dict[str, str] = {}  # this heal's failures caused by a link change
 
-    def held(self, name: str, document: DeviceState, now: float, forced: bool) -> str | None:
-        """Why `name` may not be healed now, or None."""
+    def held(
+        self, name: str, document: DeviceState, now: float, forced: bool, starting: bool = False
+    ) -> str | None:
+        """Why `name` may not be healed now, or None (`starting`: the start is unfinished)."""
         if forced:
             return None
         policy = document.spec.convergence.policy_for(name)
-        if policy != "auto":
+        if policy != "auto" and not starting:
             return f"policy {policy}: drift is reported, not healed"
         if name != "management":  # management first: never held by lost bookkeeping
             damaged = [d for d in self.engine.check.blocking("heals") if d.blocks == "heals"]
@@ -130,6 +141,7 @@ class Healer:
         actor: str,
         lock_wait: float,
         force: Collection[str] = (),
+        starting: Collection[str] = (),
     ) -> float | None:
         """Heal what policy, bounds and dependencies allow, as one `reconcile` transaction.
 
@@ -148,7 +160,7 @@ class Healer:
                 continue
             forced = name in force
             paths = ", ".join(d.path for d in diffs[:3]) + (" …" if len(diffs) > 3 else "")
-            held = self.held(name, document, now, forced)
+            held = self.held(name, document, now, forced, name in starting)
             if held is not None:
                 report.held[name] = held
                 unsettled[name] = f"{held} ({paths})"
@@ -164,7 +176,7 @@ class Healer:
             items = set(item_paths(diffs))
             differing_contested = {p for p in items if _covered(p, pinned)}
             if differing_contested:
-                unsettled[name] = "contested: " + ", ".join(sorted(differing_contested))
+                unsettled[name] = "contested: " + ", ".join(natural_sorted(differing_contested))
                 if differing_contested == items:
                     report.held[name] = "only contested paths differ: " + ", ".join(
                         sorted(differing_contested)
@@ -182,7 +194,7 @@ class Healer:
             waiting: dict[str, str],
             healed: dict[str, list[str]],
         ) -> AuditLines:
-            return self._book(txn, differences, drift, failed, waiting, healed, attempted)
+            return self._book(txn, differences, drift, failed, waiting, healed, attempted, actor)
 
         change = Change(
             document,
@@ -268,6 +280,7 @@ class Healer:
         waiting: dict[str, str],
         healed: dict[str, list[str]],
         attempted: list[str],
+        actor: str = "reconcile",
     ) -> AuditLines:
         """Governor bookkeeping for a heal's outcome, and its audit lines (written with the commit).
 
@@ -281,7 +294,7 @@ class Healer:
             if name in attempted or name in waiting:
                 continue
             attempted.append(name)
-            paths = sorted({d.path for d in differences.get(name, [])})
+            paths = natural_sorted({d.path for d in differences.get(name, [])})
             if name in failed:
                 disturbed = self.disturbance(name) if self.disturbance is not None else None
                 if disturbed is not None:
@@ -302,6 +315,15 @@ class Healer:
             self.governor.record_success(name, now)
             self.counters["heals_ok"] += 1
             record = drift.get(name)
+            if record is not None:
+                record.healed_by = {
+                    "by": "trueup",
+                    "action": "heal",
+                    "writer": own_label("reconcile", txn),
+                    "txn": txn,
+                    "at": iso_time(now),
+                    "actor": actor,
+                }
             lines.append(
                 (
                     "reconcile",

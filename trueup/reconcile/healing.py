@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trueup.model.digests import canonical_json
+from trueup.model.order import natural_sorted
 from trueup.system.events import iso_time
 
 __all__ = [
@@ -291,7 +292,7 @@ class Governor:
         heal = self.of(name)
         heal.failures += 1
         heal.last_error = error
-        heal.failing_paths = sorted(paths)
+        heal.failing_paths = natural_sorted(paths)
         if heal.failing_since is None:
             heal.failing_since = now
         cap = self.options.backoff_cap

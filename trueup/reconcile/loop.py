@@ -44,7 +44,8 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -52,6 +53,7 @@ from typing import Any
 from trueup.journal.atomic import StateFileError
 from trueup.journal.lock import lock_holder
 from trueup.model.document import DeviceState, DocumentError
+from trueup.model.health import SubsystemHealth
 from trueup.reconcile.attribution import (
     MAX_ATTRIBUTION,
     DriftBook,
@@ -76,7 +78,7 @@ from trueup.reconcile.transaction import (
 from trueup.reconcile.view import LoopActivity, LoopView, build_view
 from trueup.subsystems.base import Difference, Scope, Subsystem
 from trueup.subsystems.registry import scope_for
-from trueup.system.events import EventSource, NetlinkEvent
+from trueup.system.events import EventSource, NetlinkEvent, iso_time
 
 __all__ = ["RECONCILE_FILE", "DriftRecord", "PassReport", "ReconcileLoop"]
 
@@ -89,6 +91,7 @@ RETRY_SOON = 0.1  # after a pass skipped for a writer, or a deferred rollback
 # after 0.5 s, doubling up to 2 s, until the directory takes writes again.
 CLOSE_RETRY_FIRST = 0.5
 CLOSE_RETRY_CAP = 2.0
+ENDED_ACKS = 10  # expired or withdrawn acknowledgements shown (status, reports)
 PROOF_WAIT = 0.1  # longest wait for the rest of a change being reported (`_record_proven_drift`)
 
 
@@ -136,8 +139,14 @@ class ReconcileLoop:
         self._pass_from_seq = 0  # events up to this one were seen by an earlier pass
         self._events_since_pass = 0
         self._applying = 0
+        self._applying_lock = (
+            threading.Lock()
+        )  # never the pass's lock: a write never waits on a pass
         self._drift = DriftBook()
         self._waiting: dict[str, str] = {}  # subsystem → the dependency it waits on (last pass)
+        # What the agent's start left unfinished (pending on a late link, or failed): healed
+        # under every policy until a pass sees it in sync (`finish_start`).
+        self._starting: set[str] = set()
         self._last_pass_at: float | None = None
         self._last_resync_at: float | None = None
         self._retry_soon = False
@@ -156,6 +165,12 @@ class ReconcileLoop:
         # Called (without arguments, on the loop's thread) when a writer is found fighting
         # management: the agent sends a report to the control plane at once.
         self.on_fought: list[Callable[[], None]] = []
+        # Called (without arguments, under the loop's lock: it must only signal) when what
+        # an operator sees of the loop changed (`LoopView.operator_digest`), and when an
+        # operator's write begins: the agent reports to the control plane.
+        self.on_change: list[Callable[[], None]] = []
+        self._shown_digest: str | None = None
+        self._ended_acks: deque[dict[str, Any]] = deque(maxlen=ENDED_ACKS)
         self.confirmation = ConfirmWait(
             engine, clock=clock, lock=self._lock, on_converged=self._start_over
         )
@@ -173,6 +188,19 @@ class ReconcileLoop:
         return cls(engine, options=HealingOptions.from_env(), events=events)
 
     # -- lifecycle ----------------------------------------------------------
+    def finish_start(self, names: Collection[str]) -> None:
+        """Subsystems the start did not bring to the committed revision: the loop does.
+
+        A start converges every subsystem under every policy (a reboot is not
+        drift); what could not converge then — a link not there yet, a daemon
+        that failed — is healed by the passes that follow as if its policy
+        were `auto`, within the governor's bounds, until a pass finds it in
+        sync. From then on its policy governs.
+        """
+        with self._lock:
+            self._starting |= set(names)
+        self.wake()
+
     def start(self) -> None:
         if self.events is not None:
             self.events.start(self._on_event)
@@ -238,8 +266,13 @@ class ReconcileLoop:
         """
         delay = 0.05
         while not self._stop.is_set():
-            if self._applying or self.engine.active:
-                self.engine.idle.wait(1.0)
+            if self._applying or self.engine.active or self.engine.writer_wanted():
+                if self.engine.active:
+                    self.engine.idle.wait(0.05 if self.engine.writer_wanted() else 1.0)
+                else:
+                    # Wanted, or an apply not holding the writer yet (it waits for another
+                    # process, or checks first): `idle` is set, so wait on time, not on it.
+                    self._stop.wait(0.05)
                 with self._lock:
                     pass  # an API apply finishes its bookkeeping under the lock
                 continue
@@ -406,7 +439,12 @@ class ReconcileLoop:
             self._expire_contested(now)
             if not self._applying and self.confirmation.check(now):
                 self._retry_soon = True
-            if self._applying or (force is None and lock_holder(self.state.root / "lock")):
+            writer_waits = self.engine.writer_wanted()
+            if (
+                self._applying
+                or (writer_waits and force is None)
+                or (force is None and lock_holder(self.state.root / "lock"))
+            ):
                 # Someone is writing: what we would see is half-applied. Look again soon.
                 self._retry_soon = True
                 report.skipped = "a writer holds the device"
@@ -426,8 +464,24 @@ class ReconcileLoop:
             scope = scope_for(document)
             detected_by = "request" if force else ("event" if triggered_by_events else "resync")
             differences: dict[str, list[Difference]] = {}
+            recovered: list[str] = []  # recorded as failing, seen in sync now
+            failing = self._recorded_failing()
             with self.engine.sources() as net:
-                observed_all = self.engine.observe(net, scope, names, errors=report.unobservable)
+                seen = self.engine.observe_bounded(
+                    net,
+                    scope,
+                    names,
+                    errors=report.unobservable,
+                    # An operator's write waits: a daemon that does not answer must not
+                    # keep the pass (and its lock) from yielding to it.
+                    give_up=(lambda: False) if force else self.engine.writer_wanted,
+                )
+                if seen is None:
+                    self._retry_soon = True
+                    report.skipped = "a writer is waiting"
+                    self._refresh_view()
+                    return report
+                observed_all = seen
                 for sub in self.engine.subsystems:
                     if sub.name not in observed_all:
                         if sub.name not in report.unobservable:
@@ -441,6 +495,21 @@ class ReconcileLoop:
                     self._note_sync(sub, diffs, observed_all[sub.name])
                     self._record_drift(sub, diffs, scope, now, detected_by, since_seq)
                     report.drift[sub.name] = [d.path for d in diffs]
+                    if (
+                        not diffs
+                        and sub.name in self._starting
+                        and not _pending(sub, net, document)
+                    ):
+                        self._starting.discard(sub.name)
+                        log.info("%s: at the committed revision since the start", sub.name)
+                    if not diffs and sub.name in failing and not _pending(sub, net, document):
+                        recovered.append(sub.name)
+            if recovered:
+                # Failing no more although nothing healed it (a daemon restarted by its
+                # supervisor): a later write must not carry the old failure.
+                settled = self.engine.settle_in_sync(recovered, actor)
+                if settled:
+                    log.info("%s: in sync again, its recorded failure cleared", ", ".join(settled))
             self._retry_for_new_links(since_seq, scope)
             self._pass_context = (scope, since_seq)
             self._heal_seq = self._events.last_seq
@@ -452,6 +521,7 @@ class ReconcileLoop:
                 actor=actor,
                 lock_wait=lock_wait,
                 force=force or [],
+                starting=self._starting,
             )
             if retry_in is not None:
                 due = self.clock() + retry_in
@@ -599,6 +669,20 @@ class ReconcileLoop:
             self.state.audit.append(
                 "ack_expired", ACTOR, subsystem=name, until=ack["until_at"], reason=ack["reason"]
             )
+            self._ack_ended(name, ack, "expired", now)
+
+    def _ack_ended(self, name: str, ack: dict[str, Any], how: str, now: float) -> None:
+        self._ended_acks.appendleft(
+            {
+                "subsystem": name,
+                "until": ack.get("until_at"),
+                "by": ack.get("actor"),
+                "reason": ack.get("reason"),
+                "at": ack.get("at"),
+                "ended": how,
+                "ended_at": iso_time(now),
+            }
+        )
 
     def _start_over(self) -> None:
         """What is applied changed (an apply, a rollback): bounds and drift records start over."""
@@ -607,16 +691,30 @@ class ReconcileLoop:
         self._in_sync.clear()
         self._persist()
 
+    def _recorded_failing(self) -> set[str]:
+        """What a transaction recorded as failing (what a later write would carry)."""
+        try:
+            applied = self.state.applied()
+        except (StateFileError, OSError, ValueError):  # damaged: reported elsewhere
+            return set(self.engine.failing)
+        return (
+            set(self.engine.failing)
+            | set(applied.get("failed") or {})
+            | set(applied.get("carried") or {})
+        )
+
     # -- operator writes ----------------------------------------------------
     @contextmanager
     def _applying_guard(self) -> Iterator[None]:
-        with self._lock:
-            self._applying += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._applying -= 1
+        # Marked at once, without waiting for a pass: the running heal yields to it.
+        with self.engine.wanting():
+            with self._applying_lock:
+                self._applying += 1
+            try:
+                yield
+            finally:
+                with self._applying_lock:
+                    self._applying -= 1
 
     def apply(
         self,
@@ -671,6 +769,7 @@ class ReconcileLoop:
         Passes wait while it runs (`_applying`), then one pass sees its result.
         """
         with self._applying_guard():
+            self._changed()  # a transaction begins: shown upstream while it runs
             out = self.confirmation.write(change, confirm_within)
             with self._lock:
                 self._refresh_view()
@@ -694,7 +793,8 @@ class ReconcileLoop:
         with self._lock:
             closed = [n for n in names if self.governor.of(n).breaker != "closed"]
             self.governor.reset(names)
-            self._drift.forget(names)
+            # Drift records stay: the heal below names itself on them, and they end
+            # as the last drift ("healed … by trueup heal TXN"), not forgotten.
             for name in names:
                 self._in_sync.pop(name, None)
             self.state.audit.append(
@@ -743,6 +843,7 @@ class ReconcileLoop:
                     "message": f"{subsystem}: no acknowledgement to withdraw",
                 }
             self.governor.dirty = True
+            self._ack_ended(subsystem, ack, "withdrawn", self.clock())
             self.state.audit.append(
                 "ack_cleared",
                 actor,
@@ -776,7 +877,14 @@ class ReconcileLoop:
 
     def _refresh_view(self) -> None:
         """Rebuild what status shows; read without locks by API threads."""
-        self._view = build_view(
+        self._view = replace(self._built_view(), ended_acks=[dict(a) for a in self._ended_acks])
+        digest = self._view.operator_digest()
+        if digest != self._shown_digest:
+            self._shown_digest = digest
+            self._changed()
+
+    def _built_view(self) -> LoopView:
+        return build_view(
             [s.name for s in self.engine.subsystems],
             document=self._document_cache[1],
             governor=self.governor,
@@ -787,6 +895,13 @@ class ReconcileLoop:
             activity=self._activity(),
             now=self.clock(),
         )
+
+    def _changed(self) -> None:
+        for callback in self.on_change:
+            try:
+                callback()
+            except Exception:  # a report that cannot be asked for must not stop the loop
+                log.exception("a change of status not reported upstream")
 
     def _activity(self) -> LoopActivity:
         return LoopActivity(
@@ -805,3 +920,12 @@ class ReconcileLoop:
     def status_inputs(self) -> dict[str, Any]:
         """The view as one dict (`policies`, `reconcile_failures`, …, `extra`)."""
         return self.view().status_inputs()
+
+
+def _pending(sub: Subsystem, net: Any, document: DeviceState) -> bool:
+    """Whether `sub` says it waits (a link not there yet) although its facts agree."""
+    try:
+        condition = sub.condition(net, document)
+    except Exception:  # a condition that cannot be read proves nothing
+        return False
+    return condition is not None and condition[0] == SubsystemHealth.PENDING

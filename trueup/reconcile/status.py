@@ -27,6 +27,7 @@ the others so that none can drift from the shape above.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,19 +37,20 @@ from typing import Any
 from trueup.journal.atomic import StateFileError
 from trueup.journal.audit import now_iso
 from trueup.journal.confirm import read_pending
-from trueup.journal.journal import Transaction
 from trueup.journal.limitations import accept_covered, active_limitations
 from trueup.journal.lock import lock_holder
 from trueup.journal.override import OVERRIDE_FILE, same_facts
 from trueup.journal.restore import restore_status
-from trueup.model.document import DeviceState, DocumentError
+from trueup.model.document import DeviceState, DocumentError, document_digest
 from trueup.model.health import SubsystemHealth
+from trueup.model.order import natural_sorted
 from trueup.model.reasons import Finding, ReasonCode
 from trueup.reconcile.classify import ClassifierInput, classify
+from trueup.reconcile.committing import last_reported_transaction
 from trueup.reconcile.management_tier import management_facts_of
 from trueup.reconcile.transaction import Engine
 from trueup.reconcile.view import LoopView, fought_finding_inputs
-from trueup.subsystems.base import Difference
+from trueup.subsystems.base import Difference, Subsystem
 from trueup.subsystems.registry import scope_for
 from trueup.system.fence import read_fences
 from trueup.system.sources import Sources
@@ -59,6 +61,7 @@ __all__ = [
     "build_status",
     "drift_report",
     "gather",
+    "last_reported_transaction",
     "refusals_since_last_write",
 ]
 
@@ -195,11 +198,9 @@ def build_status(
     observed_at = now_iso()
     reports: dict[str, dict[str, Any]] = {}
     conditions: dict[str, tuple[SubsystemHealth, str]] = {}
+    stale: dict[str, dict[str, Any]] = {}
     if document is not None:
-        with engine.sources() as net:
-            differences = engine.differences(document, net, errors=unobservable)
-            reports = _reports(engine, document, net)
-            conditions = _conditions(engine, net, document)
+        differences, reports, conditions, stale = _observe(engine, document, unobservable)
     limitations = active_limitations(state.root)
     accepted = accept_covered(differences, limitations)
     fences = [fence.to_json() for fence in read_fences(state.root)]
@@ -209,6 +210,7 @@ def build_status(
         open_transaction=open_txn.summary() if open_txn else None,
         open_transaction_live=live,
         open_transaction_overdue=overdue,
+        open_transaction_recovering=holder is not None and holder.get("purpose") == "recovery",
         last_transaction=last_apply.summary() if last_apply and not last_apply.is_open else None,
         refusals=refusals_since_last_write(
             engine, begun={t.txn: str(t.begin.get("at")) for t in transactions}
@@ -231,6 +233,12 @@ def build_status(
     mgmt_state_bad = any(d.path.endswith(".state") for d in management_diffs)
     subsystems: dict[str, Any] = {}
     failed = dict(applied.get("failed", {})) if applied.get("outcome") == "partial" else {}
+    # Failing before the applied revision and left out of its transaction: still failing.
+    failed.update(applied.get("carried") or {})
+    # Failed its last convergence, its heal since deferred (an operator's write took
+    # the writer): still failing, never shown as merely waiting.
+    for name, error in (getattr(engine, "failing", None) or {}).items():
+        failed.setdefault(name, error)
     for sub in engine.subsystems:
         diffs = differences.get(sub.name, [])
         health = SubsystemHealth.OK
@@ -263,6 +271,11 @@ def build_status(
             "policy": document.spec.convergence.policy_for(sub.name) if document else None,
         }
         entry.update(view.policies.get(sub.name, {}))
+        if health == SubsystemHealth.DEGRADED and entry.get("waiting"):
+            # Waiting on something that does not exist yet (a late link): not failing.
+            entry["health"], entry["reason"] = SubsystemHealth.PENDING.value, entry["waiting"]
+        if sub.name in stale:
+            entry["stale"] = stale[sub.name]
         if reports.get(sub.name):
             entry["system"] = reports[sub.name]
         subsystems[sub.name] = entry
@@ -310,6 +323,9 @@ def build_status(
         "restore": restore_status(state.root),
         "limitations": limitations,
     }
+    if stale:
+        # Subsystems whose daemon did not answer in time: shown from their last look.
+        status["stale"] = sorted(stale)
     if loop is not None:
         status.update(loop.status_extra())
     else:
@@ -349,7 +365,7 @@ def _fought_findings(fought: Mapping[str, Mapping[str, Any]]) -> list[Finding]:
             code=ReasonCode.DRIFT_DETECTED,
             action=FOUGHT_ACTION,
             subsystem="management",
-            paths=sorted(fought),
+            paths=natural_sorted(fought),
             since=min(str(r.get("since")) for r in fought.values()),
             detail=(
                 f"another writer keeps changing the management tier ({flips} times; "
@@ -361,11 +377,58 @@ def _fought_findings(fought: Mapping[str, Mapping[str, Any]]) -> list[Finding]:
     ]
 
 
-def _reports(engine: Engine, document: DeviceState, net: Sources) -> dict[str, dict[str, Any]]:
+def _observe(
+    engine: Engine, document: DeviceState, unobservable: dict[str, str]
+) -> tuple[
+    dict[str, list[Difference]],
+    dict[str, dict[str, Any]],
+    dict[str, tuple[SubsystemHealth, str]],
+    dict[str, dict[str, Any]],
+]:
+    """Differences, reports, conditions and stale marks; never waiting long on a daemon.
+
+    Netlink subsystems are read inline; those that may block are looked at
+    through the engine's status probes (`trueup.reconcile.probes`), bounded.
+    """
+    scope = scope_for(document)
+    inline = [s for s in engine.subsystems if not s.may_block]
+    probed = [s for s in engine.subsystems if s.may_block]
+    differences: dict[str, list[Difference]] = {}
+    stale: dict[str, dict[str, Any]] = {}
+    with engine.sources() as net:
+        observed = engine.observe(net, scope, [s.name for s in inline], errors=unobservable)
+        reports = _reports(engine, document, net, inline)
+        conditions = _conditions(engine, net, document, inline)
+    for sub in inline:
+        if sub.name in observed:
+            differences[sub.name] = sub.diff(sub.desired(document, scope), observed[sub.name])
+    key = (document_digest(document), json.dumps(scope.to_json(), sort_keys=True, default=str))
+    for name, served in engine.status_probes.look(probed, document, scope, key).items():
+        sub = engine.by_name[name]
+        if served.stale is not None:
+            stale[name] = served.stale
+        look = served.look
+        if look is None:
+            unobservable[name] = f"cannot observe {name}: {served.stale and served.stale['why']}"
+            continue
+        if look.facts is None:
+            unobservable[name] = look.error or f"cannot observe {name}"
+        else:
+            differences[name] = sub.diff(sub.desired(document, scope), look.facts)
+        if look.report:
+            reports[name] = look.report
+        if look.condition is not None:
+            conditions[name] = look.condition
+    return differences, reports, conditions, stale
+
+
+def _reports(
+    engine: Engine, document: DeviceState, net: Sources, subs: Sequence[Subsystem] | None = None
+) -> dict[str, dict[str, Any]]:
     """What configured subsystems report beside their facts (`Subsystem.report`)."""
     scope = scope_for(document)
     out: dict[str, dict[str, Any]] = {}
-    for sub in engine.subsystems:
+    for sub in engine.subsystems if subs is None else subs:
         if not sub.configured(document):
             continue
         try:
@@ -376,11 +439,11 @@ def _reports(engine: Engine, document: DeviceState, net: Sources) -> dict[str, d
 
 
 def _conditions(
-    engine: Engine, net: Sources, document: DeviceState
+    engine: Engine, net: Sources, document: DeviceState, subs: Sequence[Subsystem] | None = None
 ) -> dict[str, tuple[SubsystemHealth, str]]:
     """Each subsystem's health beyond its facts (fenced, pending); one failing is left out."""
     out: dict[str, tuple[SubsystemHealth, str]] = {}
-    for sub in engine.subsystems:
+    for sub in engine.subsystems if subs is None else subs:
         try:
             condition = sub.condition(net, document)
         except Exception:  # status never fails because one subsystem cannot say
@@ -427,31 +490,14 @@ def _lay_startup_verdicts(
         entry = subsystems.get(name)
         if entry is None:
             continue
-        healed = verdict.get("health") == "failed" and entry["health"] == "ok"
-        if healed and not entry["differences"]:
+        # Failed at a deadline, or waiting on a late link: moot once seen ok and in sync
+        # (a pending preparation is not: it shows until the start is done with it).
+        settles = verdict.get("health") == "failed" or verdict.get("until_in_sync")
+        if settles and entry["health"] == "ok" and not entry["differences"]:
             if forget is not None:
                 forget(name)
             continue
-        entry.update(verdict)
-
-
-def last_reported_transaction(transactions: Sequence[Transaction]) -> Transaction | None:
-    """The transaction whose outcome status reports: the last one but ordinary heals.
-
-    Heals converge to the applied version; they do not clear what the last
-    apply (or its crash recovery) left to report. A heal a crash interrupted
-    is reported itself (recovery closed it), until a later heal commits.
-    """
-    healed_since = False
-    for transaction in reversed(transactions):
-        if transaction.kind != "reconcile":
-            return transaction
-        terminal = transaction.terminal or {}
-        if terminal.get("recovered") and not healed_since:
-            return transaction
-        if terminal.get("type") == "commit":
-            healed_since = True
-    return None
+        entry.update({k: v for k, v in verdict.items() if k != "until_in_sync"})
 
 
 def drift_report(status: dict[str, Any]) -> dict[str, Any]:
@@ -464,10 +510,17 @@ def drift_report(status: dict[str, Any]) -> dict[str, Any]:
         if f["code"] != ReasonCode.CONCURRENT_MODIFICATION
         and not f.get("evidence", {}).get("recovery_complete")
     ]
+    subsystems = status["subsystems"]
     return {
         "in_sync": not differences and not drift,
         "observed_at": status["observed_at"],
         "applied_version": status["versions"]["applied"],
         "differences": differences,
         "reason_codes": drift,
+        # Per subsystem, the drift going on (with who changed what) and the last one that
+        # ended, healed or not: what happened stays visible after the heal.
+        "drift": {n: sub["drift"] for n, sub in subsystems.items() if sub.get("drift")},
+        "last_drift": {
+            n: sub["last_drift"] for n, sub in subsystems.items() if sub.get("last_drift")
+        },
     }

@@ -57,12 +57,13 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from trueup.journal.atomic import file_identity
+from trueup.journal.atomic import StateFileError, file_identity
 from trueup.journal.damage import StateCheck
 from trueup.journal.lock import LockBusy
 from trueup.journal.state import StateDir
-from trueup.model.document import DeviceState, parse_document
+from trueup.model.document import DeviceState, DocumentError, parse_document
 from trueup.model.reasons import ReasonCode
+from trueup.model.virtual import virtual_addresses
 from trueup.reconcile import faults
 from trueup.reconcile.changes import (
     _STEP_ERRORS,
@@ -77,6 +78,7 @@ from trueup.reconcile.changes import (
     StorageError,
     UnknownRevision,
 )
+from trueup.reconcile.probes import StatusProbes
 from trueup.reconcile.transacting import Transacting
 from trueup.subsystems.base import Difference, Facts, Plan, Scope, Subsystem
 from trueup.subsystems.registry import default_subsystems, scope_for
@@ -153,6 +155,19 @@ class Engine(Transacting):
         self._parsed: tuple[tuple[object, ...], DeviceState] | None = None
         self._depth = 0
         self._audit_checked = False
+        # Operator writers (apply, rollback, restore, management) waiting for the writer
+        # lock right now: a heal yields to them (`writer_wanted`, docs/architecture.md).
+        self._wanted = 0
+        # Per subsystem, the last worker converging it (`_converge_bounded`): one that was
+        # abandoned finishes its step before the next convergence of that subsystem starts.
+        self._abandoned: dict[str, threading.Thread] = {}
+        self._wanted_lock = threading.Lock()
+        # Subsystems whose last convergence failed (subsystem → error): a write that
+        # leaves their section unchanged carries the failure instead of waiting on it.
+        # Status' bounded looks at subsystems that may block (`trueup.reconcile.probes`).
+        self.status_probes = StatusProbes(self.sources)
+        self.failing: dict[str, str] = dict(state.applied().get("failed") or {})
+        self.failing.update(state.applied().get("carried") or {})
 
     @contextmanager
     def sources(self, memo: dict[str, Any] | None = None) -> Iterator[Sources]:
@@ -323,6 +338,79 @@ class Engine(Transacting):
         return not self.idle.is_set()
 
     @contextmanager
+    def wanting(self) -> Iterator[None]:
+        """Mark an operator's write as waiting for the writer: heals yield to it meanwhile."""
+        with self._wanted_lock:
+            self._wanted += 1
+        try:
+            yield
+        finally:
+            with self._wanted_lock:
+                self._wanted -= 1
+
+    def writer_wanted(self) -> bool:
+        """Whether an operator's write waits for (or holds) the writer in this agent."""
+        return self._wanted > 0
+
+    def _preempted(self) -> bool:
+        """A heal running while an operator's write waits: it abandons what is left."""
+        return self._current_kind == "reconcile" and self.writer_wanted()
+
+    def observe_bounded(
+        self,
+        net: Sources,
+        scope: Scope,
+        names: Collection[str] | None = None,
+        errors: dict[str, str] | None = None,
+        *,
+        give_up: Callable[[], bool],
+    ) -> dict[str, Facts] | None:
+        """`observe`, abandoned (None) as soon as `give_up()` holds.
+
+        Subsystems that may block (a daemon's socket) are observed on a worker
+        with a handle of their own, so a daemon that does not answer never keeps
+        the caller (a heal, the loop's pass) from yielding to an operator's write.
+        """
+        out: dict[str, Facts] = {}
+        for sub in self.subsystems:
+            if names is not None and sub.name not in names:
+                continue
+            if give_up():
+                return None
+            if not sub.may_block:
+                out.update(self.observe(net, scope, [sub.name], errors))
+                continue
+            found: dict[str, Facts] = {}
+            failures: dict[str, str] = {}
+            raised: list[BaseException] = []
+
+            def work(sub: Subsystem = sub, found: dict[str, Facts] = found,
+                     failures: dict[str, str] = failures, raised: list[BaseException] = raised
+                     ) -> None:  # fmt: skip
+                try:
+                    with self.sources(net.memo) as own:
+                        kept = failures if errors is not None else None
+                        found.update(self.observe(own, scope, [sub.name], kept))
+                except BaseException as exc:  # reported to the waiting thread
+                    raised.append(exc)
+
+            worker = threading.Thread(target=work, name=f"observe-{sub.name}", daemon=True)
+            worker.start()
+            while worker.is_alive():
+                worker.join(0.05)
+                if worker.is_alive() and give_up():
+                    return None
+            if raised:
+                if errors is None:
+                    raise raised[0]
+                errors[sub.name] = f"cannot observe {sub.name}: {raised[0]}"
+                continue
+            if errors is not None:
+                errors.update(failures)
+            out.update(found)
+        return out
+
+    @contextmanager
     def writer(
         self, purpose: str, actor: str, wait: float = 0.0, *, quiet: bool = False
     ) -> Iterator[None]:
@@ -341,7 +429,11 @@ class Engine(Transacting):
             return
         try:
             lock = self.state.writer_lock(purpose, wait)
-            lock.__enter__()
+            if quiet:
+                lock.__enter__()
+            else:
+                with self.wanting():  # a heal holding it yields
+                    lock.__enter__()
         except OSError as exc:
             raise StorageError(
                 f"{self.state.root}: cannot take the writer lock ({exc}); nothing was changed"
@@ -380,6 +472,7 @@ class Engine(Transacting):
         deadlines: dict[str, float] | None = None,
         management_confirmed: bool = False,
         override: str | None = None,
+        former_virtual: Collection[str] = (),
     ) -> ApplyResult:
         """`transact` with keyword arguments; raises `Refused` or `NeedsConfirmation`."""
         return self.transact(
@@ -397,8 +490,21 @@ class Engine(Transacting):
                 lock_wait=lock_wait,
                 source=source,
                 deadlines=deadlines,
+                former_virtual=frozenset(former_virtual),
             )
         )
+
+    def former_virtual_addresses(self) -> frozenset[str]:
+        """The HA virtual addresses of the accepted revision before the applied one.
+
+        A start releases them wherever nobody holds them (docs/ha.md): a former
+        VIP left on an interface after a reboot or a crash is nobody's.
+        """
+        try:
+            _, previous = self.revision_document(None)
+        except (UnknownRevision, DocumentError, StateFileError, OSError, ValueError):
+            return frozenset()
+        return frozenset(virtual_addresses(previous))
 
     def rollback_to(
         self,
@@ -452,7 +558,64 @@ class Engine(Transacting):
                     f"{self.state.root}: recovering an open transaction needs a write that "
                     f"failed ({exc}); nothing else was changed"
                 ) from exc
-            return self._transact_locked(change, names, skipped, preparation)
+            result = self._transact_locked(change, names, skipped, preparation)
+        self._note_failing(change, names, result)
+        return result
+
+    def _note_failing(self, change: Change, names: list[str], result: ApplyResult) -> None:
+        """Which subsystems failed their last convergence (what a later write may carry)."""
+        if result.outcome == "rolled_back":
+            return  # nothing changed: what was failing still is
+        for name in names:
+            if name in result.failed:
+                self.failing[name] = result.failed[name]
+            elif name in result.carried or name in result.waiting:
+                continue
+            elif change.kind != "reconcile" or name in result.healed:
+                self.failing.pop(name, None)
+
+    def settle_in_sync(self, names: Collection[str], actor: str = "reconcile") -> list[str]:
+        """Subsystems seen in sync with the applied revision are failing no more.
+
+        A failure recorded by a transaction (`failed`, `carried`, `Engine.failing`)
+        is otherwise cleared only by a transaction that converges the subsystem;
+        one that recovered by itself (a daemon the supervisor restarted once its
+        port was free) has nothing to heal, so no transaction comes, and every
+        later write would carry its old failure. The reconcile loop calls this
+        with what its pass saw in sync. Returns the names settled in the record.
+        """
+        names = set(names)
+        for name in names:
+            self.failing.pop(name, None)
+        applied = self.state.applied()
+        failed = dict(applied.get("failed") or {})
+        carried = dict(applied.get("carried") or {})
+        if not names & (failed.keys() | carried.keys()) or not applied.get("version"):
+            return []
+        try:
+            with self.writer("reconcile", actor, quiet=True):
+                applied = self.state.applied()  # under the lock: what is recorded now
+                failed = dict(applied.get("failed") or {})
+                carried = dict(applied.get("carried") or {})
+                settled = sorted(names & (failed.keys() | carried.keys()))
+                if not settled or not applied.get("version"):
+                    return []
+                record = dict(applied)
+                record["failed"] = {n: e for n, e in failed.items() if n not in names}
+                record["carried"] = {n: e for n, e in carried.items() if n not in names}
+                if applied.get("outcome") == "partial" and not record["failed"]:
+                    record["outcome"] = "committed"
+                self.state.set_applied(record)
+                self.state.audit.append(
+                    "failure_settled",
+                    actor,
+                    version=applied.get("version"),
+                    subsystems=settled,
+                    why="seen in sync with the applied revision",
+                )
+                return settled
+        except (Refused, StorageError, OSError, StateFileError):
+            return []  # a writer is busy or the directory refuses: the next pass again
 
     def _names(self, only: Collection[str] | None) -> list[str]:
         return [s.name for s in self.subsystems if only is None or s.name in only]

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from trueup.model.digests import json_digest
 from trueup.model.document import DeviceState
 from trueup.reconcile.attribution import DriftBook
 from trueup.reconcile.healing import Governor, HealingOptions, SubsystemHealing
@@ -67,13 +68,33 @@ class LoopView:
     attribution: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     pending_confirmation: dict[str, Any] | None = None
     activity: LoopActivity = field(default_factory=LoopActivity)
+    # Drift going on and recently ended, newest first (`DriftBook.history_json`).
+    drift_history: list[dict[str, Any]] = field(default_factory=list)
+    # Acknowledgements that ended (expired or withdrawn), newest first.
+    ended_acks: list[dict[str, Any]] = field(default_factory=list)
 
     def status_extra(self) -> dict[str, Any]:
         """The top-level status keys the loop adds."""
         return {
             "pending_confirmation": self.pending_confirmation,
             "reconcile_loop": self.activity.to_json(),
+            "drift_history": self.drift_history,
+            "acknowledgements_ended": self.ended_acks,
         }
+
+    def operator_digest(self) -> str:
+        """A digest of what an operator sees here (the loop's counters and clock left out):
+        it changes when drift is seen or ends, a breaker or an acknowledgement changes, a
+        confirmation is pending or settled."""
+        return json_digest(
+            {
+                "policies": self.policies,
+                "failures": self.reconcile_failures,
+                "pending_confirmation": self.pending_confirmation,
+                "drift_history": self.drift_history,
+                "ended_acks": self.ended_acks,
+            }
+        )
 
     def status_inputs(self) -> dict[str, Any]:
         """Everything at once, as `ReconcileLoop.status_inputs()` has always answered."""
@@ -201,4 +222,5 @@ def build_view(
         attribution={n: list(r.attribution) for n, r in drift.current.items()},
         pending_confirmation=pending_confirmation,
         activity=activity,
+        drift_history=drift.history_json(),
     )

@@ -31,7 +31,9 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
 from starlette.concurrency import run_in_threadpool
 
+from trueup.model.limits import PROBLEM_CHARS
 from trueup.server import dashboard
+from trueup.server.api.allow import AllowMiddleware
 from trueup.server.api.context import MAX_PROBLEMS, Api, problems
 from trueup.server.api.edge import EdgeMiddleware
 from trueup.server.api.metrics import MeasureMiddleware, Metrics
@@ -58,7 +60,7 @@ from trueup.server.limits import (
     EVIDENCE_KEEP,
     excerpt,
 )
-from trueup.server.service import Conflict, ControlPlane, Invalid, NotFound
+from trueup.server.service import Conflict, ControlPlane, Invalid, NotFound, Tampered
 
 __all__ = ["SETTINGS_ENV", "AgentReport", "Settings", "create_app", "create_app_from_env"]
 
@@ -120,10 +122,15 @@ def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
         return JSONResponse(
             {
                 "detail": "invalid input; nothing was changed",
-                "problems": [excerpt(p) for p in exc.problems[:MAX_PROBLEMS]],
+                # Document problems quote excerpts of the input themselves: never cut here.
+                "problems": [excerpt(p, PROBLEM_CHARS) for p in exc.problems[:MAX_PROBLEMS]],
             },
             status_code=422,
         )
+
+    @app.exception_handler(Tampered)
+    async def _tampered(_request: Request, exc: Tampered) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=409)
 
     @app.exception_handler(Conflict)
     async def _conflict(_request: Request, exc: Conflict) -> JSONResponse:
@@ -241,6 +248,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.plane = plane
     app.state.ingest = ingest
     app.add_middleware(EdgeMiddleware, router=app.router, authenticate=api.authenticate)
+    app.add_middleware(AllowMiddleware, routes=app.router.routes)
     app.add_middleware(MeasureMiddleware, metrics=metrics)
     _add_error_handlers(app, metrics)
     for area in (

@@ -24,7 +24,9 @@ the table does not revive the token.
 Seals: each token and user row carries an HMAC under the server key over its
 security-relevant fields (`token_seal`, `user_seal`); authentication refuses
 a row whose seal does not match, so a token hash replaced in the database, or
-a role raised, does not authenticate.
+a role raised, does not authenticate. Whether the log still vouches for a
+credential (revoked? role? a break in the chain after it was issued?) is
+decided from the rows that verify, in chainproof.py.
 
 `verify()` never raises: it lists every problem it finds. It checks the chain
 (edited, deleted, inserted rows; the head), the anchor, and replays the log
@@ -32,7 +34,10 @@ to compare every live row with what was audited: tenants, users (tenant,
 name, role), devices (tenant, name, desired version), tokens (tenant, kind,
 user, device, hash, revocation, seal), revisions (content, and that every
 audited revision still exists), acknowledgements, secrets and device backups
-(every stored one audited with its sha256 and size, none deleted unaudited). Entries written
+(every stored one audited with its sha256 and size, none deleted unaudited);
+coverchecks.py adds secret versions and values, deleted secrets,
+notification targets, evidence bundles and revision authors and comments
+(over coverage.py's replay of the same entries). Entries written
 by an older trueup that lack a field are reported as "not covered"
 (`AuditProblem.gap`), not as tampering.
 """
@@ -44,7 +49,6 @@ import hashlib
 import hmac
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -54,6 +58,7 @@ from sqlalchemy import Connection, func, select, update
 
 from trueup.model.digests import canonical_json
 from trueup.model.document import DocumentError, document_digest, parse_document
+from trueup.server import coverage, coverchecks
 from trueup.server.anchor import SUFFIX, Checkpoint, CheckpointError, CheckpointFile
 from trueup.server.keys import ServerKey
 from trueup.server.tables import (
@@ -73,12 +78,12 @@ from trueup.server.tables import (
 __all__ = [
     "GENESIS",
     "AuditProblem",
-    "CredentialLog",
     "advance_checkpoint",
     "anchor_problems",
     "append",
     "checkpoint_file",
     "reanchor",
+    "row_hash_ok",
     "seal_unsealed",
     "token_seal",
     "token_seal_ok",
@@ -124,6 +129,14 @@ def _row_hash(key: bytes, row: Any) -> str:
         ]
     )
     return hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+
+
+def row_hash_ok(server_key: ServerKey, row: Any) -> bool:
+    """Does an audit row carry its own HMAC (edited or forged rows do not)?"""
+    try:
+        return hmac.compare_digest(_row_hash(server_key.derive("audit"), row), str(row["row_hash"]))
+    except (TypeError, ValueError):
+        return False
 
 
 def _iso(at: float) -> str:
@@ -664,65 +677,6 @@ def _replay(
     return facts, problems
 
 
-class CredentialLog:
-    """What the authenticated log says about credentials, replayed incrementally.
-
-    A seal proves that the server wrote a row, not that the row is still in its
-    newest state: a row put back to an earlier state keeps a valid seal (a
-    revocation cleared in `tokens`, a demoted user's earlier role and seal
-    restored). Authentication therefore also asks the log: a token it revoked,
-    or a user whose role is not the last audited one, is refused. Only rows
-    whose HMAC holds count; each `refresh` reads the rows appended since the
-    previous one (and starts over if the log no longer holds the last row it read,
-    e.g. a restored database). Rows deleted from the end of the log are the
-    checkpoint's to catch (`anchor_problems`). Thread-safe.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._facts = _Facts()
-        self._last: tuple[int, str] = (0, GENESIS)  # the newest row replayed
-
-    def refresh(self, conn: Connection, server_key: ServerKey) -> None:
-        key = server_key.derive("audit")
-        with self._lock:
-            seq = self._last[0]
-            rows = list(
-                conn.execute(
-                    select(audit_log).where(audit_log.c.seq >= seq).order_by(audit_log.c.seq)
-                ).mappings()
-            )
-            if seq > 0:
-                if rows and (rows[0]["seq"], rows[0]["row_hash"]) == self._last:
-                    rows = rows[1:]
-                else:  # the row last replayed is gone: replay the whole log again
-                    self._facts, self._last = _Facts(), (0, GENESIS)
-                    rows = list(
-                        conn.execute(select(audit_log).order_by(audit_log.c.seq)).mappings()
-                    )
-            for row in rows:
-                if hmac.compare_digest(_row_hash(key, row), str(row["row_hash"])):
-                    _replay([row], self._facts)
-                self._last = (int(row["seq"]), str(row["row_hash"]))
-
-    def refusal(
-        self, token_id: int, user_id: int | None = None, role: str | None = None
-    ) -> str | None:
-        """Why the log refuses this token (revoked; its user's role is not the last audited
-        one), or None. Call `refresh` first."""
-        with self._lock:
-            token = self._facts.tokens.get(token_id)
-            if token is not None and token.revoked_seq is not None:
-                return f"the audit log revoked token id={token_id} (seq={token.revoked_seq})"
-            user = self._facts.users.get(user_id) if user_id is not None else None
-            if user is not None and role is not None and user.role != role:
-                return (
-                    f"user id={user_id} has role {role} but the last audited role is "
-                    f"{user.role} (seq={user.seq})"
-                )
-        return None
-
-
 # -- verification --------------------------------------------------------------------------
 
 
@@ -746,7 +700,21 @@ def verify(conn: Connection, server_key: ServerKey) -> list[AuditProblem]:
     problems.extend(replay_problems)
     for name, check in _LIVE_CHECKS.items():
         run(name, functools.partial(check, conn, server_key, facts))
+    covered = coverage.replay(entries)
+    for name, cover_check in coverchecks.CHECKS.items():
+        run(name, functools.partial(_cover_problems, cover_check, conn, server_key, covered))
     return problems
+
+
+def _cover_problems(
+    check: Callable[[Connection, ServerKey, coverage.CoverFacts], list[coverchecks.Finding]],
+    conn: Connection,
+    server_key: ServerKey,
+    covered: coverage.CoverFacts,
+) -> list[AuditProblem]:
+    return [
+        AuditProblem(f.table, f.row, f.problem, f.gap) for f in check(conn, server_key, covered)
+    ]
 
 
 def _check_chain(
@@ -1154,6 +1122,36 @@ def _matches(fact_value: Any, live: Any) -> bool:
     return fact_value is None or fact_value == live
 
 
+def _verified_entries(conn: Connection, server_key: ServerKey) -> tuple[list[Any], list[int]]:
+    """The rows whose HMAC verifies, in seq order, and every seq where the chain breaks (a
+    gap, a row whose HMAC fails, a row that does not link to the one before it) — the same
+    rule as chainproof's walk, so sealing never vouches for a row the walk would refuse."""
+    key = server_key.derive("audit")
+    entries: list[Any] = []
+    breaks: list[int] = []
+    expected = 1
+    link: str | None = GENESIS
+    for r in conn.execute(select(audit_log).order_by(audit_log.c.seq)).mappings():
+        seq = int(r["seq"])
+        if seq > expected:
+            breaks.append(expected)
+            link = None
+        expected = seq + 1
+        try:
+            intact = hmac.compare_digest(_row_hash(key, r), str(r["row_hash"]))
+        except (TypeError, ValueError):
+            intact = False
+        if not intact:
+            breaks.append(seq)
+            link = None
+            continue
+        if link is not None and r["prev_hash"] != link:
+            breaks.append(seq)
+        link = str(r["row_hash"])
+        entries.append(r)
+    return entries, breaks
+
+
 def seal_unsealed(conn: Connection, server_key: ServerKey, actor: str) -> int:
     """Seal the token and user rows without a seal that the audit log vouches for.
 
@@ -1175,14 +1173,26 @@ def seal_unsealed(conn: Connection, server_key: ServerKey, actor: str) -> int:
     )
     if not unsealed_tokens and not unsealed_users:
         return 0
-    entries = []
-    for r in conn.execute(select(audit_log).order_by(audit_log.c.seq)).mappings():
-        if hmac.compare_digest(_row_hash(server_key.derive("audit"), r), r["row_hash"]):
-            entries.append(r)
+    entries, breaks = _verified_entries(conn, server_key)
     facts, _problems = _replay(entries)
+
+    def broken_since(seq: int) -> int | None:
+        """The first break in the chain at or after `seq`: the log may be missing a later
+        record of the row (a revocation, a demotion), so it cannot vouch for it."""
+        return next((b for b in breaks if b >= seq), None)
+
     sealed_tokens: list[dict[str, Any]] = []
     for row in unsealed_tokens:
         fact = facts.tokens.get(row["id"])
+        if fact is not None and broken_since(fact.seq) is not None:
+            _log.error(
+                "token id=%s not sealed: the audit chain is broken at seq=%s after it was "
+                "issued (seq=%s)",
+                row["id"],
+                broken_since(fact.seq),
+                fact.seq,
+            )
+            continue
         if (
             fact is None
             or not _matches(fact.tenant_id, row["tenant_id"])
@@ -1213,6 +1223,15 @@ def seal_unsealed(conn: Connection, server_key: ServerKey, actor: str) -> int:
     sealed_users: list[dict[str, Any]] = []
     for row in unsealed_users:
         user = facts.users.get(row["id"])
+        if user is not None and broken_since(user.seq) is not None:
+            _log.error(
+                "user id=%s not sealed: the audit chain is broken at seq=%s after its role was "
+                "recorded (seq=%s)",
+                row["id"],
+                broken_since(user.seq),
+                user.seq,
+            )
+            continue
         if (
             user is None
             or user.role != row["role"]

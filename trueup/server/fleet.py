@@ -21,16 +21,37 @@ Conditions (a device can have several; `status` is the most urgent one):
                            (STATE_VERSION_SKEW); or the agent reports it
     drift                  the agent reports STATE_DRIFT_DETECTED
     in_sync                none of the above
+
+The fleet's enumerated filters (`status`, a condition; `reason`, a reason code)
+accept only the values in `FILTER_CHOICES`: `filter_problems` names an unknown
+one, its parameter and the valid values, so that a typo is refused rather than
+answered with an empty fleet.
+
+`agent_support` reads what an agent says it is (its version, the document
+apiVersions and `spec` sections it supports) from its last report, and names
+what of the desired revision it does not support.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from trueup.model.reasons import ReasonCode
 
-__all__ = ["DeviceFacts", "FleetStatus", "FleetView", "derive", "digest_match", "in_sync_now"]
+__all__ = [
+    "FILTER_CHOICES",
+    "DeviceFacts",
+    "FleetStatus",
+    "FleetView",
+    "agent_support",
+    "derive",
+    "digest_match",
+    "filter_problems",
+    "in_sync_now",
+]
 
 
 class FleetStatus(StrEnum):
@@ -40,6 +61,24 @@ class FleetStatus(StrEnum):
     HEARTBEAT_STALE = "heartbeat_stale"
     RECONCILIATION_FAILED = "reconciliation_failed"
     LOCAL_OVERRIDE = "local_override"
+
+
+# The fleet's enumerated filters and the values each accepts, in the order shown.
+FILTER_CHOICES: dict[str, tuple[str, ...]] = {
+    "status": tuple(s.value for s in FleetStatus),
+    "reason": tuple(c.value for c in ReasonCode),
+}
+
+
+def filter_problems(prefix: str = "", **given: str | None) -> list[str]:
+    """One problem per unknown filter value in `given` (parameter -> value; None or ''
+    means not given), naming the parameter (after `prefix`), the value and the valid ones."""
+    problems = []
+    for parameter, value in given.items():
+        choices = FILTER_CHOICES[parameter]
+        if value and value not in choices:
+            problems.append(f"{prefix}{parameter}: {value!r} is not one of {', '.join(choices)}")
+    return problems
 
 
 _PRECEDENCE = [
@@ -153,3 +192,53 @@ def derive(facts: DeviceFacts, now: float, stale_intervals: int) -> FleetView:
         in_sync_since=facts.in_sync_since if not ordered else None,
         digest_match=matched,
     )
+
+
+def _strings(value: Any) -> list[str] | None:
+    if not isinstance(value, list):
+        return None
+    return [str(v) for v in value]
+
+
+def agent_support(
+    report: Mapping[str, Any] | None, desired_document: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The agent as its last report describes it, and what of the desired revision it lacks.
+
+    `version`, `api_versions` and `sections` are None when the agent did not report
+    them (no report yet, or an agent older than these fields). `unsupported` lists
+    `{path, detail}` for the desired document's apiVersion and each `spec` section the
+    agent says it does not support; it stays empty when the agent did not say.
+    """
+    report = report or {}
+    version = report.get("agent_version")
+    api_versions = _strings(report.get("supported_api_versions"))
+    sections = _strings(report.get("supported_sections"))
+    unsupported: list[dict[str, str]] = []
+    document = desired_document or {}
+    api_version = document.get("apiVersion")
+    if api_versions is not None and api_version is not None and api_version not in api_versions:
+        unsupported.append(
+            {
+                "path": "apiVersion",
+                "detail": f"the desired revision is {api_version}; the agent supports "
+                + (", ".join(api_versions) or "none"),
+            }
+        )
+    spec = document.get("spec")
+    if sections is not None and isinstance(spec, Mapping):
+        for name in sorted(str(key) for key in spec):
+            if name not in sections:
+                unsupported.append(
+                    {
+                        "path": f"spec.{name}",
+                        "detail": "the desired revision uses this section; "
+                        "the agent does not support it",
+                    }
+                )
+    return {
+        "version": version if isinstance(version, str) else None,
+        "api_versions": api_versions,
+        "sections": sections,
+        "unsupported": unsupported,
+    }

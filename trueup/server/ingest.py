@@ -38,6 +38,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from starlette.concurrency import run_in_threadpool
 
 from trueup.server.db import Database, is_transient, is_unavailable, original_error
+from trueup.server.drift import drift_rows, end_unreported_drift, write_drift
 from trueup.server.fleet import in_sync_now
 from trueup.server.tables import device_reports, device_state, devices, revisions
 
@@ -358,3 +359,30 @@ class ReportIngest:
                 }
             )
         conn.execute(self._upsert_state, rows)
+        self._write_drift(conn, batch)
+
+    def _write_drift(self, conn: Connection, batch: list[PendingReport]) -> None:
+        """The drift records the batch's reports carry, each once (a record's later
+        report wins, but an end seen earlier in the batch is kept)."""
+        merged: dict[tuple[int, str, float], dict[str, Any]] = {}
+        for item in batch:
+            for row in drift_rows(item.device_id, item.payload, item.received_at):
+                key = (row["device_id"], row["subsystem"], row["since"])
+                earlier = merged.get(key)
+                if earlier is not None:
+                    row["first_reported_at"] = earlier["first_reported_at"]
+                    for ended in ("healed_at", "healed_by"):
+                        if row[ended] is None:
+                            row[ended] = earlier[ended]
+                merged[key] = row
+        write_drift(conn, list(merged.values()), is_sqlite=self.db.is_sqlite)
+        latest: dict[int, PendingReport] = {}
+        for item in batch:
+            # An agent that reports its drift history names its version; an older agent
+            # (no history: the model's default) says nothing about what ended.
+            if item.payload.get("agent_version") and isinstance(
+                item.payload.get("drift_history"), list
+            ):
+                latest[item.device_id] = item  # the batch is in arrival order
+        for device_id, item in sorted(latest.items()):
+            end_unreported_drift(conn, device_id, item.payload, item.received_at)

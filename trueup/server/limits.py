@@ -43,6 +43,8 @@ __all__ = [
     "EVIDENCE_BODY_BYTES",
     "EVIDENCE_KEEP",
     "EXCERPT_CHARS",
+    "HEADER_NAME_LENGTH",
+    "HEADER_VALUE_LENGTH",
     "KIND_LENGTH",
     "MAX_DEPTH",
     "MAX_INT32",
@@ -77,6 +79,8 @@ TARGET_LENGTH = 512
 TEXT_LENGTH = 10_000  # free text stored in a Text column: comments, ack reasons
 SECRET_VALUE_LENGTH = 65_536
 URL_LENGTH = 2048  # a webhook URL
+HEADER_NAME_LENGTH = 100  # a webhook target's secret header: its name
+HEADER_VALUE_LENGTH = 8192  # ... and its value (sealed)
 QUERY_LENGTH = 200  # free-form query parameters (filters)
 
 # Request bodies, checked before they are read (Content-Length) and while they are.

@@ -4,6 +4,10 @@ Migrations under `migrations/` create exactly these tables; a test compares them
 Times are stored as UTC seconds since the epoch (floats) so that SQLite and
 PostgreSQL compare them alike. Column sizes come from `limits.py`, which the
 request models use too: what the API accepts fits these columns.
+
+Why this module is over 400 lines: it is the one declaration of the schema
+that the migrations must create exactly (a test compares them); each table
+is a plain declaration with its comment, and one file keeps them comparable.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from trueup.server.limits import (
     ACTOR_LENGTH,
     DEVICE_NAME_LENGTH,
     DIGEST_LENGTH,
+    HEADER_NAME_LENGTH,
     KIND_LENGTH,
     NAME_LENGTH,
     ORIGIN_LENGTH,
@@ -44,6 +49,7 @@ __all__ = [
     "audit_log",
     "backup_chunks",
     "backups",
+    "device_drift",
     "device_reports",
     "device_state",
     "devices",
@@ -51,6 +57,7 @@ __all__ = [
     "evidence_chunks",
     "evidence_requests",
     "metadata",
+    "notify_allowlists",
     "notify_attempts",
     "notify_deliveries",
     "notify_devices",
@@ -175,6 +182,28 @@ device_state = Table(
     Column("override", Text, nullable=True),
 )
 
+# Drift history (migration 0008): each drift record agents report, once, however many
+# reports repeat it (device, subsystem and `since` identify it); updated when it ends.
+# Kept per device: the newest DRIFT_KEEP (trueup.server.drift).
+device_drift = Table(
+    "device_drift",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
+    Column("subsystem", String(SUBSYSTEM_LENGTH), nullable=False),
+    Column("since", Float, nullable=False),
+    Column("healed_at", Float, nullable=True),
+    Column("detected_by", String(KIND_LENGTH), nullable=True),
+    Column("paths", Text, nullable=False),  # JSON list
+    Column("changed_by", Text, nullable=False),  # JSON list of writers, in words
+    Column("healed_by", Text, nullable=True),  # JSON: trueup's heal and its transaction
+    Column("attribution", Text, nullable=False),  # JSON: the notifications that explain it
+    Column("first_reported_at", Float, nullable=False),
+    Column("last_reported_at", Float, nullable=False),
+    UniqueConstraint("device_id", "subsystem", "since", name="uq_device_drift_record"),
+    Index("ix_device_drift_device_since", "device_id", "since"),
+)
+
 acks = Table(
     "acks",
     metadata,
@@ -271,7 +300,23 @@ notify_targets = Table(
     Column("created_at", Float, nullable=False),
     # A deleted target keeps its row (and delivery log), renamed NAME.deleted-ID.
     Column("deleted_at", Float, nullable=True),
+    # A secret header sent on delivery (migration 0009): its name, and its value sealed
+    # like the signing secret under a secret id of its own. All None: no such header.
+    Column("auth_header_name", String(HEADER_NAME_LENGTH), nullable=True),
+    Column("auth_header_secret_id", String(32), nullable=True),
+    Column("auth_header_nonce", LargeBinary, nullable=True),
+    Column("auth_header_ciphertext", LargeBinary, nullable=True),
     UniqueConstraint("tenant_id", "name", name="uq_notify_targets_tenant_name"),
+)
+
+# A tenant's internal webhook receivers (migration 0009): the networks (CIDRs) and host
+# names its targets may reach although the target policy refuses them by default.
+notify_allowlists = Table(
+    "notify_allowlists",
+    metadata,
+    Column("tenant_id", Integer, ForeignKey("tenants.id"), primary_key=True),
+    Column("entries", Text, nullable=False),  # JSON list of strings
+    Column("updated_at", Float, nullable=False),
 )
 
 notify_rules = Table(

@@ -32,8 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from trueup.backup.analysis import current_device
 from trueup.journal.atomic import StateFileError
 from trueup.journal.audit import now_iso
+from trueup.journal.identity import device_mismatch
 from trueup.journal.state import StateDirError
 from trueup.model.document import DeviceState, DocumentError, document_digest, load_document
 from trueup.reconcile.confirm import settle_at_startup
@@ -127,16 +129,28 @@ class Orchestrator:
         """Read what phase 1 needs; never raises. Damaged files are recorded, left as evidence."""
         record = self._start("load")
         state = self.engine.state
-        try:
-            state.ensure()
-        except (StateDirError, OSError) as exc:  # reported by the damage check
-            log.error("state directory: %s", exc)
         if self.config_path:
             try:
                 self.config_document = load_document(self.config_path)
             except DocumentError as exc:
                 self.config_error = str(exc)
                 log.error("%s", exc)
+        device = self.config_document.metadata.device if self.config_document else None
+        applied_device = current_device(state)[0] if state.exists() else None
+        refused = device_mismatch(state.root, device, known=applied_device)
+        if refused is not None:
+            # `agent run` refuses this before it starts (trueup.agent.fastboot) when it can
+            # read the device without YAML; here the document is parsed: never applied.
+            self.config_document, device = None, None
+            self.config_error = f"{self.config_path}: {refused.removeprefix('trueup: ')}"
+            log.error("%s", self.config_error)
+        try:
+            # The directory's identity: created, adopted from an older trueup, or its device bound.
+            state.ensure(
+                created_by="trueup agent run", device=device or applied_device, actor="agent"
+            )
+        except (StateDirError, OSError) as exc:  # reported by the damage check
+            log.error("state directory: %s", exc)
         try:
             found = management_source(
                 state,
@@ -256,15 +270,10 @@ class Orchestrator:
                 self._end(record, "done", detail)
                 return
         self.document = document
+        # Every subsystem, under every policy: a start (a reboot, the agent's own
+        # restart) is not drift. `notify` governs what changes after the start; what
+        # the start cannot finish (a late link, a failure) is finished by the loop.
         names = [s.name for s in self.engine.subsystems]
-        if enforcing:
-            # A warm restart heals leftovers only where the policy says auto; under
-            # notify they stay and are reported as drift.
-            names = [
-                n
-                for n in names
-                if n == "management" or document.spec.convergence.policy_for(n) == "auto"
-            ]
         try:
             result = self._prepare_and_apply(
                 document, names, kind="reconcile" if enforcing else "apply"
@@ -329,26 +338,41 @@ class Orchestrator:
             origin="local-file" if kind == "apply" else "reconcile",
             only=names,
             deadlines=deadlines,
+            # A VIP the revision before had, left on an interface, is nobody's.
+            former_virtual=self.engine.former_virtual_addresses(),
         )
         for name in names:
             if name in result.failed:
                 self._set_health(name, "failed", result.failed[name])
             elif name in result.waiting:
-                self._set_health(name, "pending", result.waiting[name])
+                # A late link: the loop finishes it; moot once status sees it in sync.
+                self._set_health(name, "pending", result.waiting[name], until_in_sync=True)
             else:
                 self.clear_health(name)
         return result
 
     # -- per-subsystem startup health -------------------------------------------------
-    def _set_health(self, name: str, health: str, reason: str) -> None:
+    def _set_health(
+        self, name: str, health: str, reason: str, *, until_in_sync: bool = False
+    ) -> None:
         with self.lock:
             current = self.subsystem_health.get(name, {})
             since = current.get("since") if current.get("health") == health else now_iso()
-            self.subsystem_health[name] = {"health": health, "reason": reason, "since": since}
+            verdict: dict[str, Any] = {"health": health, "reason": reason, "since": since}
+            if until_in_sync:
+                verdict["until_in_sync"] = True
+            self.subsystem_health[name] = verdict
 
     def clear_health(self, name: str) -> None:
         with self.lock:
             self.subsystem_health.pop(name, None)
+
+    def unsettled(self) -> list[str]:
+        """Subsystems the start did not bring to the committed revision: pending or failed."""
+        with self.lock:
+            return [
+                n for n, h in self.subsystem_health.items() if h["health"] in ("pending", "failed")
+            ]
 
     def failed_subsystems(self) -> list[str]:
         with self.lock:

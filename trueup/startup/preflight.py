@@ -2,6 +2,15 @@
 
 Run before an agent is replaced (upgrade, reinstall, restore). Reads only;
 changes nothing. Every finding is printed; any blocker fails the check.
+
+What the machine must have is checked against the document the new agent
+will run: `--config` when given (a document that adds HA needs keepalived
+before the agent that applies it starts), else the accepted revision. Each
+configured subsystem declares its needs (`Subsystem.requirements`); every
+binary is run in a harmless mode and every hook library must be a readable
+ELF shared object (`trueup.system.requirements`), so a binary that is present
+but broken is a blocker too. A blocker names the binary or file, the
+subsystem and the Debian package to install.
 """
 
 from __future__ import annotations
@@ -9,8 +18,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import shutil
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -21,7 +30,9 @@ from trueup.journal.lock import lock_holder
 from trueup.journal.state import STATE_SCHEMA, StateDir, StateDirError
 from trueup.model.document import DeviceState, DocumentError, load_document, parse_document
 from trueup.startup.sources import management_source
-from trueup.subsystems.base import Subsystem
+from trueup.subsystems.base import Requirement, Subsystem
+from trueup.system.requirements import check
+from trueup.system.runner import Runner, SubprocessRunner
 
 __all__ = ["Finding", "preflight"]
 
@@ -33,9 +44,52 @@ class Finding:
     severity: Severity
     check: str
     message: str
+    # A requirement's finding: the subsystem that declared it and what was checked.
+    subsystem: str = ""
+    requirement: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"severity": self.severity, "check": self.check, "message": self.message}
+        out: dict[str, Any] = {
+            "severity": self.severity,
+            "check": self.check,
+            "message": self.message,
+        }
+        if self.subsystem:
+            out["subsystem"] = self.subsystem
+        if self.requirement is not None:
+            out["requirement"] = self.requirement
+        return out
+
+
+def _requirement_findings(
+    document: DeviceState, subsystems: list[Subsystem], runner: Runner
+) -> list[Finding]:
+    wanted: list[tuple[Subsystem, Requirement]] = []
+    for sub in subsystems:
+        if not sub.configured(document):
+            continue
+        needs: dict[tuple[str, str], Requirement] = {}  # one check each (Kea's hooks, per family)
+        for need in sub.requirements(document):
+            needs.setdefault((need.kind, need.name), need)
+        wanted.extend((sub, need) for need in needs.values())
+    # The probes run the binaries: side by side, so preflight costs the slowest, not the sum.
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(wanted)))) as pool:
+        results = list(pool.map(lambda item: check(item[1], runner), wanted))
+    findings: list[Finding] = []
+    for (sub, need), result in zip(wanted, results, strict=True):
+        for_what = f"{sub.name}: {need.why}" if need.why else sub.name
+        findings.append(
+            Finding(
+                "ok" if result.ok else "blocker",
+                f"{sub.name} prerequisites",
+                result.message
+                if result.ok
+                else f"{result.message} (needed by {for_what}): {result.remedy}",
+                subsystem=sub.name,
+                requirement=result.to_json(),
+            )
+        )
+    return findings
 
 
 def _port_state(port: int, agent_pid: int | None) -> Finding:
@@ -73,8 +127,10 @@ def preflight(
     config: Path | None = None,
     fallback: Path | None = None,
     agent_pid: int | None = None,
+    runner: Runner | None = None,
 ) -> list[Finding]:
     findings: list[Finding] = []
+    new_document: DeviceState | None = None
     state = StateDir(state_dir)
     document: DeviceState | None = None
 
@@ -186,6 +242,8 @@ def preflight(
             loaded = load_document(doc_path)
             findings.append(Finding("ok", f"{label} document", f"{doc_path} is valid"))
             document = document or loaded
+            if label == "config":
+                new_document = loaded
         except DocumentError as exc:
             findings.append(
                 Finding("blocker", f"{label} document", f"{doc_path}: {'; '.join(exc.problems)}")
@@ -220,31 +278,22 @@ def preflight(
             )
         )
 
-    # Binaries and packaged files the configured subsystems need.
-    for sub in subsystems:
-        if document is not None and not sub.configured(document):
-            continue
-        for binary in sub.required_binaries:
-            found = shutil.which(binary)
-            findings.append(
-                Finding("ok", f"{sub.name} prerequisites", f"{binary} at {found}")
-                if found
-                else Finding(
-                    "blocker",
-                    f"{sub.name} prerequisites",
-                    f"{binary} not found on PATH (needed by {sub.name})",
-                )
+    # What the machine must have for the document the new agent will run: the new
+    # document when --config names one (valid), else the one it would start from.
+    needs_document = new_document or document
+    if needs_document is not None:
+        whose = f"--config {config}" if new_document is not None else "the document it starts from"
+        configured = [s.name for s in subsystems if s.configured(needs_document)]
+        findings.append(
+            Finding(
+                "ok",
+                "requirements",
+                f"checking what {whose} needs: {', '.join(configured) or 'no subsystem'}",
             )
-        for required_file in sub.required_files:
-            findings.append(
-                Finding("ok", f"{sub.name} prerequisites", f"{required_file} present")
-                if Path(required_file).exists()
-                else Finding(
-                    "blocker",
-                    f"{sub.name} prerequisites",
-                    f"{required_file} missing (needed by {sub.name})",
-                )
-            )
+        )
+        findings += _requirement_findings(
+            needs_document, subsystems, runner if runner is not None else SubprocessRunner()
+        )
 
     # The management port.
     if document is not None:

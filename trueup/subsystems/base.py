@@ -32,8 +32,10 @@ from pydantic import BaseModel
 
 from trueup.model.document import DeviceState
 from trueup.model.health import SubsystemHealth, Tier
+from trueup.model.order import natural_sorted
 from trueup.subsystems.scope import Scope
 from trueup.system.events import NetlinkEvent
+from trueup.system.requirements import Requirement, binary, regular_file
 from trueup.system.sources import Sources
 from trueup.system.watches import Watch
 
@@ -42,11 +44,14 @@ __all__ = [
     "EventVerdict",
     "Facts",
     "Plan",
+    "Requirement",
     "Scope",
     "Sources",
     "Step",
     "StepError",
+    "StepWaits",
     "Subsystem",
+    "daemon_failure",
     "diff_facts",
 ]
 
@@ -59,6 +64,21 @@ class StepError(RuntimeError):
     def __init__(self, step: Step, message: str) -> None:
         self.step = step
         super().__init__(f"{step.describe()}: {message}")
+
+
+class StepWaits(StepError):
+    """A step that cannot run *yet*: what it needs does not exist (a link not created yet).
+
+    Not a failure: a best-effort transaction reports the subsystem `pending`
+    with `reason` ("waiting on link lan0"), its dependents wait on it, and
+    the reconcile loop's breaker, back-off and retry budget do not count it.
+    The event that ends the wait (RTM_NEWLINK) wakes the loop, which tries
+    again at once.
+    """
+
+    def __init__(self, step: Step, reason: str) -> None:
+        super().__init__(step, reason)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -140,7 +160,7 @@ def diff_facts(
     if observed_only_matters:
         keys += [k for k in observed if k not in desired]
     out: list[Difference] = []
-    for key in sorted(keys):
+    for key in natural_sorted(keys):
         want, have = desired.get(key), observed.get(key)
         if _matches(want, have):
             continue
@@ -186,7 +206,8 @@ class Subsystem(ABC):
     section: ClassVar[tuple[str, type[BaseModel]] | None] = None
     # What can change this subsystem's part of the system (`trueup.system.watches`).
     watches: ClassVar[tuple[Watch, ...]] = ()
-    # What `trueup preflight` checks before an agent that runs this subsystem starts.
+    # A plugin's short declaration of what it needs (presence only, no package named);
+    # built-in subsystems declare `requirements()` instead.
     required_binaries: ClassVar[tuple[str, ...]] = ()
     required_files: ClassVar[tuple[str, ...]] = ()
 
@@ -205,6 +226,19 @@ class Subsystem(ABC):
         """Whether the document asks anything of this subsystem."""
         del document
         return True
+
+    def requirements(self, document: DeviceState) -> list[Requirement]:
+        """What the machine must have before an agent runs `document` here: binaries (each
+        run in a harmless mode by `trueup preflight`), libraries, files, directories —
+        each with the Debian package that provides it (`trueup.system.requirements`).
+
+        Called only when `configured(document)`. The default is what `required_binaries`
+        and `required_files` name.
+        """
+        del document
+        return [binary(name, "", probe=()) for name in self.required_binaries] + [
+            regular_file(path, "") for path in self.required_files
+        ]
 
     def prepare(self, document: DeviceState) -> None:
         """Work a subsystem needs before it can plan: name resolution, a daemon's socket.
@@ -288,3 +322,13 @@ class Subsystem(ABC):
             call()
         except (NetlinkError, OSError) as exc:
             raise StepError(step, str(exc)) from exc
+
+
+def daemon_failure(sources: Sources, name: str) -> str | None:
+    """Why daemon `name`, which the document asks for, is not running — in its own words
+    (the supervisor's last error, else the problem its last instance logged); None while
+    it runs or when nothing says."""
+    status = sources.daemons.status(name)
+    if status.running or not status.last_error:
+        return None
+    return f"{name} is not running: {status.last_error}"

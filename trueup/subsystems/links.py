@@ -1,14 +1,17 @@
 """Links: admin state and MTU of the interfaces in `spec.interfaces`.
 
 trueup does not create or delete links; a named interface that is missing is
-a failed step with a clear message.
+waited for, not failed (`StepWaits`: the subsystem is `pending`, "waiting on
+link lan0", and its dependents wait with it): a NIC whose driver comes late
+at boot, a veth created by another service. Its RTM_NEWLINK wakes the
+reconcile loop, which converges it at once.
 """
 
 from __future__ import annotations
 
 from trueup.model.document import DeviceState
-from trueup.model.health import Tier
-from trueup.subsystems.base import Facts, Plan, Scope, Sources, Step, StepError, Subsystem
+from trueup.model.health import SubsystemHealth, Tier, waiting_on_links
+from trueup.subsystems.base import Facts, Plan, Scope, Sources, Step, StepWaits, Subsystem
 from trueup.system.watches import rtnetlink
 
 __all__ = ["LinksSubsystem"]
@@ -62,14 +65,21 @@ class LinksSubsystem(Subsystem):
         noop = [] if steps else ["every managed link has its state and MTU"]
         return Plan(self.name, steps, noop)
 
+    def condition(
+        self, sources: Sources, document: DeviceState
+    ) -> tuple[SubsystemHealth, str] | None:
+        present = {link.name for link in sources.netlink.links()}
+        missing = [i.name for i in document.spec.interfaces if i.name not in present]
+        return waiting_on_links(missing)
+
     def execute(self, sources: Sources, step: Step) -> None:
         netlink = sources.netlink
         a = step.args
         if step.action == "require-link":
-            raise StepError(
+            raise StepWaits(
                 step,
-                f"interface {a['ifname']} does not exist; trueup does not "
-                "create links — create it or remove it from spec.interfaces",
+                f"waiting on link {a['ifname']}: it does not exist yet (trueup does not "
+                "create links; it converges it as soon as it appears)",
             )
         if step.action == "set-mtu":
             self.run_step(step, lambda: netlink.set_link(a["ifname"], mtu=a["mtu"]))

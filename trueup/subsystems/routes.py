@@ -13,6 +13,7 @@ from typing import Any
 
 from trueup.model.document import DeviceState
 from trueup.model.health import Tier
+from trueup.model.order import natural_sorted
 from trueup.model.types import family_of
 from trueup.subsystems.base import Facts, Plan, Scope, Sources, Step, Subsystem
 from trueup.system.netlink import RouteInfo
@@ -73,7 +74,7 @@ class RoutesSubsystem(Subsystem):
     def plan(self, desired: Facts, observed: Facts, scope: Scope) -> Plan:
         removals: list[Step] = []
         additions: list[Step] = []
-        for key in sorted(set(desired) | set(observed)):
+        for key in natural_sorted(set(desired) | set(observed)):
             want, have = desired.get(key), observed.get(key)
             if (
                 want is not None

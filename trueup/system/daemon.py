@@ -81,6 +81,7 @@ from typing import Any, Protocol
 
 from trueup.system.atomicfile import write_atomic
 from trueup.system.processes import (
+    START_MARK,
     log_tail,
     session_members,
     signal_all,
@@ -256,6 +257,13 @@ def verified_pid(record: dict[str, Any]) -> int | None:
     if pid <= 1 or not argv or proc_start_time(pid) != started:
         return None
     cmdline = _cmdline(pid)
+    for _ in range(200):
+        # Empty while the kernel is still laying out a fresh exec's arguments (just
+        # after `Popen` returns): look again for up to about 0.2 s.
+        if cmdline != ():
+            break
+        time.sleep(0.001)
+        cmdline = _cmdline(pid)
     if cmdline is None or not _same_program(cmdline, argv, bool(record.get("reexec"))):
         return None
     return pid
@@ -373,6 +381,11 @@ class _Daemon:
     def status(self) -> DaemonStatus:
         with self.lock:
             alive = self.pid is not None and self.alive()
+            error = self.last_error
+            if not alive and not error:
+                # Not started by this supervisor (a new agent, the CLI): why the last
+                # instance ended, in its own words, if its log names a problem.
+                error = log_tail(self.log_path, causes_only=True, last_instance=True)
             return DaemonStatus(
                 self.spec.name,
                 alive,
@@ -381,7 +394,7 @@ class _Daemon:
                 self.restarts,
                 self.adopted,
                 self.last_exit,
-                self.last_error,
+                error,
             )
 
     def alive(self) -> bool:
@@ -445,6 +458,8 @@ class _Daemon:
         except OSError as exc:
             raise DaemonError(f"{spec.name}: cannot start: its log {exc}") from exc
         with os.fdopen(log_fd, "ab") as out:
+            out.write(f"{START_MARK}\n".encode())
+            out.flush()
             self.log_offset = out.tell()
             try:
                 child = subprocess.Popen(
@@ -485,7 +500,15 @@ class _Daemon:
                 spec.after_start(child.pid)
             except Exception as exc:  # the monitor re-runs it on the next restart
                 self.last_error = f"after start: {exc}"
-                log.warning("%s: after start: %s", spec.name, exc)
+                exited = child.poll()
+                if exited is not None:
+                    # Its own words say why, not only that its socket never answered.
+                    self.last_exit = exited
+                    self.last_error = (
+                        f"{spec.name} (pid {child.pid}) exited with status {exited}: "
+                        f"{self.tail() or 'no output'} (after start: {exc})"
+                    )
+                log.warning("%s: after start: %s", spec.name, self.last_error)
 
     def wait_exit(self, timeout: float | None) -> bool:
         """Wait until the process exits; True when it did."""

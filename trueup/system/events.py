@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from trueup.system import rtnl
+from trueup.system import ownwrites, rtnl
 from trueup.system.rtnl import PROTO_NAMES, AddrInfo, LinkInfo, Record, RouteInfo
 
 __all__ = [
@@ -98,6 +98,8 @@ class NetlinkEvent:
     sender_port: int | None = None  # nlmsg_pid: 0 = the kernel, else usually the writer's PID
     sender: str | None = None  # the writer's command name, when it was still running
     own: bool = False  # sent from one of this agent's own netlink sockets: trueup's change
+    # Which own write sent it: "trueup heal TXN", "trueup apply TXN", … (`trueup.system.ownwrites`).
+    writer: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
     record: Record | None = None  # the object as the codec decoded it (not in to_json)
 
@@ -115,7 +117,8 @@ class NetlinkEvent:
             out["sender_port"] = self.sender_port
             out["sender"] = self.sender or ("kernel" if self.sender_port == 0 else "unknown")
             if self.own:
-                out["sender"] = "trueup (this agent)"
+                out["sender"] = self.writer or ownwrites.OUTSIDE
+                out["own"] = True
         out.update(self.detail)
         return out
 
@@ -198,6 +201,8 @@ def event_from_message(
         "own": rtnl.is_own_port(port),
         "record": record,
     }
+    if common["own"]:
+        common["writer"] = ownwrites.writer_at(received_at)
     detail = rtnl.detail(msg_type, message)
     if isinstance(record, LinkInfo):
         return NetlinkEvent(
@@ -208,6 +213,7 @@ def event_from_message(
     if isinstance(record, AddrInfo):
         if port == 0 and rtnl.is_own_address_write(name, record.prefix):
             common["own"] = True  # an IPv6 address this process just wrote
+            common["writer"] = ownwrites.writer_at(received_at)
         return NetlinkEvent(ifname=record.ifname, address=record.prefix, detail=detail, **common)
     assert isinstance(record, RouteInfo)
     detail = {"route_type": record.route_type, **detail}

@@ -41,11 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trueup.system.requirements import Requirement, binary
 from trueup.system.runner import Runner
 from trueup.system.sockets import HAPROXY_MAX, socket_dir
 
 __all__ = [
     "DAEMON",
+    "REQUIREMENTS",
     "HaproxyError",
     "HaproxyPaths",
     "MasterState",
@@ -60,6 +62,8 @@ __all__ = [
 ]
 
 DAEMON = "haproxy"
+# What `trueup preflight` checks before an agent that runs proxies starts.
+REQUIREMENTS: tuple[Requirement, ...] = (binary("haproxy", "haproxy", ("-v",)),)
 SOCKETS = ("master.sock", "stats.sock")
 _TIMEOUT = 5.0
 

@@ -31,10 +31,13 @@ from typing import Any
 
 from trueup.system.kealeases import KeaSocketError, kea_command
 from trueup.system.processes import clear_stale_pidfile as clear_pidfile
+from trueup.system.requirements import Requirement, binary, library
 from trueup.system.sockets import SUN_PATH_MAX, socket_dir
 
 __all__ = [
+    "HA_HOOK",
     "HOOKS_DIR",
+    "LEASE_CMDS_HOOK",
     "KeaError",
     "KeaPaths",
     "answers",
@@ -43,9 +46,14 @@ __all__ = [
     "kea_call",
     "kea_paths",
     "make_socket_dir",
+    "requirements",
 ]
 
 HOOKS_DIR = Path("/usr/lib/x86_64-linux-gnu/kea/hooks")
+# Loaded by every configuration trueup compiles (lease inspection over the socket) …
+LEASE_CMDS_HOOK = HOOKS_DIR / "libdhcp_lease_cmds.so"
+# … and by one whose document has `ha:`.
+HA_HOOK = HOOKS_DIR / "libdhcp_ha.so"
 
 
 class KeaError(RuntimeError):
@@ -82,6 +90,18 @@ class KeaPaths:
     def env(self) -> tuple[tuple[str, str], ...]:
         # Kea's own pid file and lock files go beside ours, not in /run/kea.
         return (("KEA_PIDFILE_DIR", str(self.run_dir)), ("KEA_LOCKFILE_DIR", str(self.run_dir)))
+
+
+def requirements(family: int, *, ha: bool) -> list[Requirement]:
+    """What Kea for `family` needs on the machine: its binary (run with `-v`) and the hook
+    libraries the compiled configuration loads (a missing one is HOOKS_OPEN_ERROR at start)."""
+    needs = [
+        binary(daemon_name(family), f"kea-dhcp{family}-server", ("-v",)),
+        library(LEASE_CMDS_HOOK, "kea-common", why="lease inspection (lease_cmds hook)"),
+    ]
+    if ha:
+        needs.append(library(HA_HOOK, "kea-common", why=f"spec.dhcp.ha (DHCPv{family} HA hook)"))
+    return needs
 
 
 def kea_paths(run_dir: Path, family: int) -> KeaPaths:

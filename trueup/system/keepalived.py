@@ -22,10 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trueup.system.atomicfile import write_atomic
+from trueup.system.requirements import Requirement, binary
 from trueup.system.safefile import UnsafeFile, ensure_dir, read_file
 
 __all__ = [
     "DAEMON",
+    "REQUIREMENTS",
     "Instance",
     "KeepalivedPaths",
     "configured_priority",
@@ -39,6 +41,8 @@ __all__ = [
 
 DAEMON = "keepalived"
 BINARY = "keepalived"
+# What `trueup preflight` checks before an agent that holds virtual addresses starts.
+REQUIREMENTS: tuple[Requirement, ...] = (binary(BINARY, "keepalived", ("-v",)),)
 
 # Gratuitous ARP / unsolicited NA on becoming master: a burst at once, and a second
 # burst one second later (switches that dropped the first, a peer whose ARP cache
@@ -83,6 +87,33 @@ class KeepalivedPaths:
             f"--checkers_pid={self.pid_file('checkers')}",
             f"--bfd_pid={self.pid_file('bfd')}",
         )
+
+    def clear_stale_pid_files(self) -> list[str]:
+        """Remove pid files that name no keepalived running this configuration.
+
+        They outlive a crash or a reboot (the run directory persists), and
+        keepalived refuses to start ("daemon is already running") while one
+        names a live pid — after a reboot often some other process's. Returns
+        the files removed.
+        """
+        removed = []
+        mine = f"--use-file={self.config}".encode()
+        for which in ("main", "vrrp", "checkers", "bfd"):
+            path = self.pid_file(which)
+            try:
+                pid = int(path.read_text().strip() or "0")
+            except (OSError, ValueError):
+                pid = 0
+                if not path.exists():
+                    continue
+            try:
+                ours = mine in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                ours = False
+            if pid <= 1 or not ours:
+                path.unlink(missing_ok=True)
+                removed.append(path.name)
+        return removed
 
     def test_argv(self, config: Path | None = None) -> list[str]:
         return [BINARY, "--config-test", f"--use-file={config or self.config}"]

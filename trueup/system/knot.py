@@ -37,11 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trueup.system.processes import clear_stale_pidfile as clear_pidfile
+from trueup.system.requirements import Requirement, binary
 from trueup.system.runner import Runner
 from trueup.system.sockets import SUN_PATH_MAX, socket_dir
 
 __all__ = [
     "DAEMON",
+    "REQUIREMENTS",
     "KnotControl",
     "KnotError",
     "KnotPaths",
@@ -51,6 +53,12 @@ __all__ = [
 ]
 
 DAEMON = "knot"
+# What `trueup preflight` checks before an agent that serves DNS starts: the daemon and
+# the control program every step goes through.
+REQUIREMENTS: tuple[Requirement, ...] = (
+    binary("knotd", "knot", ("-V",)),
+    binary("knotc", "knot", ("-V",)),
+)
 _TIMEOUT = 10.0
 
 

@@ -36,9 +36,17 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from trueup.system.requirements import Requirement, binary
 from trueup.system.runner import Runner, SubprocessRunner
 
-__all__ = ["HostNftables", "NftError", "Nftables", "error_lines"]
+__all__ = ["REQUIREMENTS", "HostNftables", "NftError", "Nftables", "error_lines"]
+
+# What `trueup preflight` checks before an agent that owns a firewall starts: nft, and
+# unshare for the scratch namespace documents are canonicalised in.
+REQUIREMENTS: tuple[Requirement, ...] = (
+    binary("nft", "nftables", ("-v",)),
+    binary("unshare", "util-linux", ("--version",)),
+)
 
 _ERROR_LINE = re.compile(r"^(?:/dev/stdin|-):(\d+):[\d-]+: (.*)$")
 

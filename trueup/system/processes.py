@@ -96,18 +96,36 @@ def _carries(directory: Path, marker: str) -> bool:
 _CAUSE = re.compile(r"alert|error|fatal|fail|cannot|can't|refus|denied|already", re.IGNORECASE)
 
 
-def log_tail(path: Path, offset: int = 0, lines: int = TAIL_LINES) -> str:
+# The supervisor writes this before each instance's output: a reader that did not start
+# the instance (a new agent, the CLI) finds where the last instance's own words begin.
+START_MARK = "-- trueup: a new instance starts here --"
+
+
+def log_tail(
+    path: Path,
+    offset: int = 0,
+    lines: int = TAIL_LINES,
+    *,
+    causes_only: bool = False,
+    last_instance: bool = False,
+) -> str:
     """The daemon's own last words after `offset`, joined by ` | `: the last `lines` lines
-    that name a problem (alert, error, cannot, …), else its last `lines` lines."""
+    that name a problem (alert, error, cannot, …), else its last `lines` lines (with
+    `causes_only`: nothing). `last_instance`: only what follows the last `START_MARK`."""
     try:
         # never through a link planted in the run directory (it would show another file's lines)
         with os.fdopen(open_file(path, os.O_RDONLY), "rb") as handle:
-            handle.seek(offset)
-            text = handle.read()[-65536:].decode(errors="replace")
+            size = os.fstat(handle.fileno()).st_size
+            handle.seek(max(offset, size - 65536))
+            text = handle.read().decode(errors="replace")
     except OSError:
         return ""
+    if last_instance and START_MARK in text:
+        text = text.rsplit(START_MARK, 1)[1]
     every = [line.strip() for line in text.splitlines() if line.strip()][-50:]
     causes = [line for line in every if _CAUSE.search(line)]
+    if causes_only and not causes:
+        return ""
     return " | ".join((causes or every)[-lines:])[-800:]
 
 

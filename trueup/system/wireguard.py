@@ -35,6 +35,7 @@ from pathlib import Path
 
 from trueup.system.atomicfile import write_atomic
 from trueup.system.daemon import DaemonSpec
+from trueup.system.requirements import Requirement, binary
 from trueup.system.runner import Runner
 from trueup.system.safefile import ensure_dir
 from trueup.system.secretstore import secret_digest
@@ -49,8 +50,10 @@ __all__ = [
     "WgPeer",
     "daemon_name",
     "daemon_spec",
+    "kernel_has_wireguard",
     "parse_dump",
     "render_conf",
+    "requirements",
 ]
 
 DAEMON_PREFIX = "wg-"
@@ -89,6 +92,37 @@ class WgDump:
 
 def daemon_name(ifname: str) -> str:
     return DAEMON_PREFIX + ifname
+
+
+def kernel_has_wireguard(
+    sys_module: Path = Path("/sys/module"), modules: Path = Path("/lib/modules")
+) -> bool:
+    """Whether `ip link add … type wireguard` can work: the module is loaded, built in,
+    or installed for the running kernel (it loads on demand)."""
+    if (sys_module / "wireguard").exists():
+        return True
+    release = os.uname().release
+    for listing in ("modules.builtin", "modules.dep"):
+        with contextlib.suppress(OSError):
+            text = (modules / release / listing).read_text(errors="replace")
+            if "/wireguard.ko" in text:
+                return True
+    return False
+
+
+def requirements(*, kernel_wireguard: bool) -> list[Requirement]:
+    """What WireGuard needs: `wg` always; `wireguard-go` when the kernel has no WireGuard."""
+    needs = [binary("wg", "wireguard-tools", ("--version",))]
+    if not kernel_wireguard:
+        needs.append(
+            binary(
+                "wireguard-go",
+                "wireguard-go",
+                ("--version",),
+                why="the kernel has no WireGuard module",
+            )
+        )
+    return needs
 
 
 def daemon_spec(ifname: str) -> DaemonSpec:

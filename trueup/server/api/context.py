@@ -23,6 +23,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from trueup.server.api.bearer import bearer_token
 from trueup.server.api.metrics import Metrics
 from trueup.server.api.watcher import RevisionWatcher
 from trueup.server.db import Database
@@ -82,13 +83,13 @@ def problems(exc: RequestValidationError | ValidationError) -> list[str]:
 
 def _bearer_principal(plane: ControlPlane) -> Authenticate:
     async def principal(authorization: str | None) -> Principal:
-        if not authorization or not authorization.startswith("Bearer "):
+        token = bearer_token(authorization)
+        if token is None:
             raise HTTPException(
                 401,
                 detail="a bearer token is required (Authorization: Bearer TOKEN)",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        token = authorization[len("Bearer ") :].strip()
         cached = plane.cached_principal(token)
         if cached is not None:
             return cached

@@ -14,17 +14,23 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from trueup.model.report import AgentReport, OverrideReport, SubsystemReport
+from trueup.server.inputs import (
+    DEVICE_NAME_PATTERN,
+    NAME_PATTERN,
+    AckReason,
+    AckSeconds,
+    DeviceName,
+    Label,
+    Name,
+    SubsystemName,
+    check_label,
+    check_text,
+)
 from trueup.server.limits import (
     AGENT_VERSION_LENGTH,
-    DEVICE_NAME_LENGTH,
     MAX_INT32,
     MAX_VERSION,
-    NAME_LENGTH,
     SECRET_VALUE_LENGTH,
-    SUBSYSTEM_LENGTH,
-    TEXT_LENGTH,
-    TOKEN_LABEL_LENGTH,
-    has_control_characters,
 )
 from trueup.server.tokens import Role
 
@@ -44,36 +50,19 @@ __all__ = [
     "check_text",
 ]
 
-# Names: what `service.errors.check_name` accepts, as a schema for path parameters
-# (a body's name is checked by the service, whose message names the rule).
-NAME = rf"^[A-Za-z0-9][A-Za-z0-9_.\-]{{0,{NAME_LENGTH - 1}}}$"
-DEVICE_NAME = rf"^[A-Za-z0-9][A-Za-z0-9_.\-]{{0,{DEVICE_NAME_LENGTH - 1}}}$"
-
-
-def check_text(value: str) -> str:
-    """Free text that is stored: no control characters but tab and newline."""
-    if has_control_characters(value, allow="\t\n"):
-        raise ValueError("control characters (NUL, escape, …) are not accepted")
-    return value
-
-
-def _check_label(value: str) -> str:
-    if has_control_characters(value):
-        raise ValueError("control characters (NUL, escape, newline, …) are not accepted")
-    return value
-
-
-Text = Annotated[str, Field(max_length=TEXT_LENGTH), AfterValidator(check_text)]
+# Names: what `service.errors.check_name` accepts (trueup.server.inputs declares them).
+NAME = NAME_PATTERN
+DEVICE_NAME = DEVICE_NAME_PATTERN
 
 
 class DeviceCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(max_length=DEVICE_NAME_LENGTH)  # the name rules are the service's
+    name: DeviceName
 
 
 class UserCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(max_length=NAME_LENGTH)
+    name: Name
     role: Role
 
 
@@ -84,16 +73,14 @@ class RoleChange(BaseModel):
 
 class TokenCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    label: Annotated[str, Field(max_length=TOKEN_LABEL_LENGTH), AfterValidator(_check_label)] = ""
+    label: Label = ""
 
 
 class AckCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    subsystem: str = Field(
-        min_length=1, max_length=SUBSYSTEM_LENGTH, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
-    )
-    for_seconds: float = Field(allow_inf_nan=False)  # the range is the service's (30 days)
-    reason: Text
+    subsystem: SubsystemName
+    for_seconds: AckSeconds
+    reason: AckReason
 
 
 class SecretPut(BaseModel):
@@ -110,7 +97,7 @@ class BackupMetadata(BaseModel):
     format_version: int | None = Field(None, ge=1, le=MAX_INT32)
     created_at: float | None = Field(None, ge=0, allow_inf_nan=False)
     agent_version: (
-        Annotated[str, Field(max_length=AGENT_VERSION_LENGTH), AfterValidator(_check_label)] | None
+        Annotated[str, Field(max_length=AGENT_VERSION_LENGTH), AfterValidator(check_label)] | None
     ) = None
     applied_revision: int | None = Field(None, ge=0, le=MAX_VERSION)
     with_leases: bool | None = None

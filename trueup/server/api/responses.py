@@ -8,21 +8,17 @@ parameters are bounded like the columns they are looked up in.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import Path
-
-from trueup.server.api.models import DEVICE_NAME, NAME
-from trueup.server.limits import DEVICE_NAME_LENGTH, MAX_INT32, NAME_LENGTH
+from trueup.server.inputs import DevicePath, IdPath, NamePath
 
 __all__ = ["DEVICE", "NAME_PARAM", "TOKEN_ID", "USER", "answers"]
 
-DEVICE = Annotated[
-    str, Path(max_length=DEVICE_NAME_LENGTH, pattern=DEVICE_NAME, description="a device name")
-]
-USER = Annotated[str, Path(max_length=NAME_LENGTH, pattern=NAME, description="a user name")]
-NAME_PARAM = Annotated[str, Path(max_length=NAME_LENGTH, pattern=NAME, description="a name")]
-TOKEN_ID = Annotated[int, Path(ge=1, le=MAX_INT32, description="a token id")]
+# Path parameters, as the input layer declares them (trueup.server.inputs).
+DEVICE = DevicePath
+USER = NamePath
+NAME_PARAM = NamePath
+TOKEN_ID = IdPath
 
 _DETAIL: dict[str, Any] = {
     "type": "object",

@@ -19,15 +19,18 @@ from typing import Any
 
 from sqlalchemy import and_, or_, select
 
+from trueup.model.reasons import ReasonCode
 from trueup.server.service import ControlPlane
 from trueup.server.tables import audit_log, device_state, devices
 
 __all__ = [
+    "REASONS",
     "STATUSES",
     "FleetPage",
     "device_audit",
     "epoch",
     "extra_conditions",
+    "filter_problems",
     "fleet_page",
     "iso",
     "merge_conditions",
@@ -55,7 +58,18 @@ LABELS = {
     "drift": "drift",
     "in_sync": "in sync",
 }
+REASONS = [c.value for c in ReasonCode]
 PAGE_SIZE = 100
+
+
+def filter_problems(*, status: str, reason: str) -> list[str]:
+    """One line per unknown filter value, naming it and the valid values (by label)."""
+    problems = []
+    if status and status not in STATUSES:
+        problems.append(f"unknown status {status[:64]!r}: choose one of " + ", ".join(STATUSES))
+    if reason and reason not in REASONS:
+        problems.append(f"unknown reason code {reason[:64]!r}: choose one of " + ", ".join(REASONS))
+    return problems
 
 
 def epoch(value: float | str | None) -> float:

@@ -1,5 +1,15 @@
-"""The device page: versions, findings, desired vs observed, subsystems, timeline,
-acknowledgements, apply (If-Match), revision history with diffs, audit trail."""
+"""The device page: versions, findings, desired vs observed, subsystems, drift history (who
+changed what, who healed it), timeline, acknowledgements (the router's and the control
+plane's), apply (If-Match), revision history with diffs, audit trail.
+
+The parts that follow the device (`live_parts`) are pushed to an open page by the
+device stream (`/ui/devices/{device}/stream`, dashboard.js) without a reload; the
+forms are not, so nothing typed into them is lost.
+
+Why this module is over 400 lines: the page is one document whose sections
+share the caller's role checks and the report's shapes; each section is a short
+function next to the others, and splitting them would scatter one page's markup.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +21,7 @@ from urllib.parse import quote
 
 import yaml
 
+from trueup.server.dashboard.agentinfo import agent_summary
 from trueup.server.dashboard.data import iso, report_conditions
 from trueup.server.dashboard.html import badge, esc, short_digest
 from trueup.server.dashboard.limitations import limitations_section
@@ -18,7 +29,14 @@ from trueup.server.dashboard.timeline import timeline_events, timeline_svg
 from trueup.server.service import Principal
 from trueup.server.tokens import Role, role_at_least
 
-__all__ = ["DevicePage", "differences", "document_text", "render_device", "revision_diff"]
+__all__ = [
+    "DevicePage",
+    "differences",
+    "document_text",
+    "live_parts",
+    "render_device",
+    "revision_diff",
+]
 
 ACK_CHOICES = [
     ("900", "15 minutes"),
@@ -47,6 +65,8 @@ class DevicePage:
     draft: str | None = None  # the document the user submitted (kept on a conflict)
     expected: int | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    drift: list[dict[str, Any]] = field(default_factory=list)  # drift history, newest first
+    agent_acks: list[dict[str, Any]] = field(default_factory=list)  # the router's `trueup ack`s
 
 
 def document_text(document: Any) -> str:
@@ -170,7 +190,7 @@ def _summary(page: DevicePage) -> str:
             + (f" ({e['missed_heartbeats']} intervals ago)" if e.get("missed_heartbeats") else ""),
         ),
         ("In sync since", esc(iso(e["in_sync_since"])) or "-"),
-        ("Agent", esc(report.get("agent_version") or "not reported")),
+        ("Agent", agent_summary(e.get("agent") or {})),
         (
             "Management",
             _management(report.get("management_ready")),
@@ -209,6 +229,9 @@ def _subsystems(page: DevicePage) -> str:
     for name, sub in sorted(subs.items()):
         breaker = sub.get("breaker") or "not reported"
         ack = "; ".join(f"until {iso(a['expires_at'])}: {a['reason']}" for a in acks.get(name, []))
+        if sub.get("acknowledged_until"):
+            held = f"on the router until {iso(sub['acknowledged_until'])}"
+            ack = f"{ack}; {held}" if ack else held
         fence = esc(sub.get("reason")) if sub.get("health") == "fenced" else "-"
         rows.append(
             f'<tr data-subsystem="{esc(name)}"><td>{esc(name)}</td>'
@@ -233,6 +256,78 @@ def _subsystems(page: DevicePage) -> str:
         "<th>Reason</th><th>Breaker</th><th>Acknowledged</th><th>Fence</th><th>Differences</th>"
         f"</tr></thead><tbody>{''.join(rows)}</tbody></table>{''.join(notes)}"
     )
+
+
+def _drift_history(page: DevicePage) -> str:
+    head = "<h2>Drift history</h2>"
+    if not page.drift:
+        return head + '<p class="muted" id="drift-none">no drift reported</p>'
+    rows = []
+    for r in page.drift:
+        healed = r.get("healed_at")
+        healer = r.get("healed_by") or {}
+        if healed:
+            state = f"healed {esc(iso(healed))}"
+            by = (
+                f"{esc(healer.get('by'))} {esc(healer.get('action'))} "
+                f"<code>{esc(healer.get('txn') or '')}</code>"
+                if healer
+                else "in sync again (not trueup's heal)"
+            )
+        else:
+            state, by = "<b>ongoing</b>", "-"
+        paths = "".join(f"<li><code>{esc(p)}</code></li>" for p in (r.get("paths") or [])[:10])
+        changed = "".join(f"<li>{esc(w)}</li>" for w in r.get("changed_by") or [])
+        rows.append(
+            f'<tr class="drift-record" data-drift-subsystem="{esc(r.get("subsystem"))}" '
+            f'data-state="{"healed" if healed else "ongoing"}">'
+            f"<td>{esc(r.get('subsystem'))}</td><td>{esc(iso(r.get('since')))}</td>"
+            f"<td>{state}</td><td><ul>{paths}</ul></td>"
+            f'<td class="changed-by"><ul>{changed or "<li>not known</li>"}</ul></td>'
+            f'<td class="healed-by">{by}</td></tr>'
+        )
+    return (
+        head + '<table class="drift"><thead><tr><th>Subsystem</th><th>Seen</th><th>State</th>'
+        "<th>Paths</th><th>Changed by</th><th>Healed by</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def _agent_acks(page: DevicePage) -> str:
+    head = "<h2>Acknowledged on the router</h2>"
+    if not page.agent_acks:
+        return head + '<p class="muted" id="agent-acks-none">none (<code>trueup ack</code>)</p>'
+    items = []
+    for a in page.agent_acks:
+        state = a.get("state") or "active"
+        if state == "active":
+            when = f"healing held until {esc(iso(a.get('until')))}"
+        else:
+            at = a.get("ended_at") or a.get("until")
+            when = f"{esc(state)} {esc(iso(at))} (was held until {esc(iso(a.get('until')))})"
+        items.append(
+            f'<li class="agent-ack" data-subsystem="{esc(a.get("subsystem"))}" '
+            f'data-state="{esc(state)}">{esc(a.get("subsystem"))}: {when} — '
+            f"{esc(a.get('reason'))} (by {esc(a.get('by'))}, set {esc(iso(a.get('at')))})</li>"
+        )
+    return head + f'<ul class="agent-acks">{"".join(items)}</ul>'
+
+
+def live_parts(page: DevicePage) -> dict[str, str]:
+    """The page's parts that follow the device: element id → its HTML."""
+    events = timeline_events(page.reports, page.revisions, page.drift, page.now)
+    return {
+        "live-summary": _summary(page),
+        "live-findings": _findings(page.report) + _side_by_side(differences(page.report), page),
+        "live-subsystems": limitations_section(page.report) + _subsystems(page),
+        "live-drift": _drift_history(page),
+        "live-agent-acks": _agent_acks(page),
+        "live-timeline": f"<h2>Timeline</h2>{timeline_svg(events, page.now)}",
+    }
+
+
+def _live(part: str, html: str) -> str:
+    return f'<div id="{part}" class="live-part">{html}</div>'
 
 
 def _ack_form(page: DevicePage, device: str) -> str:
@@ -371,20 +466,24 @@ def render_device(page: DevicePage) -> str:
         banner += f'<p class="notice" role="status">{esc(page.notice)}</p>'
     if page.error:
         banner += f'<p class="error" role="alert">{esc(page.error)}</p>'
-    events = timeline_events(page.reports, page.revisions)
+    live = live_parts(page)
     desired_doc = (
         f"<details><summary>Desired document (v{page.desired['version']})</summary>"
         f"<pre>{esc(document_text(page.desired['document']))}</pre></details>"
         if page.desired
         else ""
     )
+    stream = f"/ui/devices/{quote(device)}/stream"
     return (
-        f'<p><a href="/">← fleet</a></p><h1>{esc(device)}</h1>{banner}'
-        f"{_summary(page)}"
+        f'<p><a href="/">← fleet</a> · <span id="live" class="live">live</span></p>'
+        f'<h1 id="device-live" data-stream="{esc(stream)}">{esc(device)}</h1>{banner}'
+        f"{_live('live-summary', live['live-summary'])}"
         f"{_evidence_section(page, device)}"
-        f"{_findings(page.report)}{_side_by_side(differences(page.report), page)}{desired_doc}"
-        f"{limitations_section(page.report)}{_subsystems(page)}"
-        f"<h2>Timeline</h2>{timeline_svg(events, page.now)}"
+        f"{_live('live-findings', live['live-findings'])}{desired_doc}"
+        f"{_live('live-subsystems', live['live-subsystems'])}"
+        f"{_live('live-drift', live['live-drift'])}"
+        f"{_live('live-timeline', live['live-timeline'])}"
+        f"{_live('live-agent-acks', live['live-agent-acks'])}"
         f"{_ack_form(page, device)}{_apply_form(page, device)}{_revisions(page, device)}"
         f"{_audit(page)}"
     )

@@ -7,7 +7,7 @@ from typing import Any
 
 from trueup.server.dashboard import data
 from trueup.server.dashboard.device import DevicePage
-from trueup.server.service import ControlPlane, Principal
+from trueup.server.service import ControlPlane, Principal, agent_acknowledgements
 from trueup.server.tokens import Role, role_at_least
 
 __all__ = ["evidence_parts", "load_device_page"]
@@ -18,8 +18,8 @@ def load_device_page(
 ) -> DevicePage:
     """The device's page for this caller (NotFound outside the caller's tenant)."""
     tenant = principal.tenant_id
-    entry = plane.fleet(tenant, device)[0]
-    report = plane.last_report(tenant, device)
+    entry = plane.device_view(tenant, device)
+    report = entry.pop("last_report")
     conditions = data.report_conditions(report)
     if conditions:
         entry = data.merge_conditions(entry, conditions)
@@ -28,6 +28,7 @@ def load_device_page(
     revisions.sort(key=lambda r: r["version"], reverse=True)
     extra.setdefault("extras", {})["evidence"] = plane.evidence_list(tenant, device)
     admin = principal.role is not None and role_at_least(principal.role, Role.ADMIN)
+    now = time.time()
     return DevicePage(
         principal=principal,
         csrf=csrf,
@@ -37,7 +38,9 @@ def load_device_page(
         desired={**desired.summary(), "document": desired.document} if desired else None,
         revisions=revisions,
         audit=data.device_audit(plane, tenant, device) if admin else None,
-        now=time.time(),
+        now=now,
+        drift=plane.drift_history(tenant, device),
+        agent_acks=agent_acknowledgements(report, now),
         **extra,
     )
 
@@ -53,6 +56,8 @@ def evidence_parts(page: DevicePage) -> dict[str, Any]:
         "reports": page.reports[:50],
         "revisions": page.revisions,
         "acknowledgements": page.entry.get("acknowledgements") or [],
+        "drift-history": page.drift,
+        "router-acknowledgements": page.agent_acks,
     }
     if page.audit is not None:
         parts["audit"] = page.audit

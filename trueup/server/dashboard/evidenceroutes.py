@@ -21,6 +21,7 @@ from trueup.server.api.routes.evidence import evidence_response
 from trueup.server.dashboard import data
 from trueup.server.dashboard.devicedata import evidence_parts
 from trueup.server.dashboard.evidence import build_bundle
+from trueup.server.inputs import IDENTIFIER
 from trueup.server.service import ControlPlane
 
 __all__ = ["register"]
@@ -78,14 +79,16 @@ def register(
         include_in_schema=False,
         openapi_extra=session_role,
     )
-    async def download_evidence(request: Request, device: str, evidence_id: int) -> Response:
+    async def download_evidence(request: Request, device: str, evidence_id: str) -> Response:
         async def work() -> Response:
             principal, _session = await caller(request)
+            # Parsed here, not by FastAPI: a refusal is the dashboard's page, naming the field.
+            bundle_id = IDENTIFIER.parse("evidence id", evidence_id)
 
             def find() -> dict[str, Any]:
-                found = plane.evidence_bundle(principal.tenant_id, device, evidence_id)
+                found = plane.evidence_bundle(principal.tenant_id, device, bundle_id)
                 plane.audit_evidence_download(
-                    principal.tenant_id, device, evidence_id, principal.actor
+                    principal.tenant_id, device, bundle_id, principal.actor
                 )
                 return found
 

@@ -6,15 +6,25 @@ nothing to build). Pages link only files served from this package.
 
 from __future__ import annotations
 
+import time
 from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
 
 from trueup.model.reasons import ReasonCode
-from trueup.server.dashboard.data import LABELS, STATUSES, FleetPage, iso
+from trueup.server.dashboard.data import LABELS, STATUSES, FleetPage, epoch, iso
 from trueup.server.service import Principal
 
-__all__ = ["esc", "fleet_body", "fleet_page", "layout", "login_page", "short_digest"]
+__all__ = [
+    "ago",
+    "esc",
+    "fleet_body",
+    "fleet_page",
+    "last_drift_text",
+    "layout",
+    "login_page",
+    "short_digest",
+]
 
 
 def esc(value: Any) -> str:
@@ -53,7 +63,8 @@ def layout(title: str, body: str, principal: Principal | None = None, csrf: str 
     )
 
 
-def login_page(error: str = "") -> str:
+def login_page(login_csrf: str, error: str = "") -> str:
+    """The sign-in form; `login_csrf` is the pre-session token's field (session.LoginTokens)."""
     problem = f'<p class="error" role="alert">{esc(error)}</p>' if error else ""
     body = (
         '<section class="login"><h1>Sign in</h1>'
@@ -61,13 +72,50 @@ def login_page(error: str = "") -> str:
         "It is kept in an encrypted, HttpOnly session cookie, never in a page or URL.</p>"
         f"{problem}"
         '<form method="post" action="/ui/login">'
+        f'<input type="hidden" name="login_csrf" value="{esc(login_csrf)}">'
         '<label>Token <input type="password" name="token" autocomplete="off" required '
         'autofocus></label><button type="submit">Sign in</button></form></section>'
     )
     return layout("Sign in", body)
 
 
-def fleet_row(e: dict[str, Any]) -> str:
+def ago(seconds: float) -> str:
+    """A time in the past in words: `12 s ago`, `2 min ago`, `3 h ago`, `4 d ago`."""
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{int(seconds)} s ago"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min ago"
+    if seconds < 86400:
+        return f"{int(seconds // 3600)} h ago"
+    return f"{int(seconds // 86400)} d ago"
+
+
+def last_drift_text(record: dict[str, Any] | None, now: float) -> str:
+    """`healed 2 min ago (addresses)` or `drifting since … (addresses)`; '' without drift."""
+    if not record:
+        return ""
+    what = esc(record.get("subsystem"))
+    if record.get("healed_at"):
+        return f"healed {ago(now - epoch(record['healed_at']))} ({what})"
+    return f"drifting since {esc(iso(record.get('since')))} ({what})"
+
+
+def _last_drift_cell(record: dict[str, Any] | None, now: float) -> str:
+    if not record:
+        return '<td class="last-drift" data-state="none">-</td>'
+    state = "healed" if record.get("healed_at") else "ongoing"
+    who = "; ".join(record.get("changed_by") or []) or "writer unknown"
+    healer = record.get("healed_by") or {}
+    if healer:
+        who += f"; healed by {healer.get('by')} {healer.get('action')} {healer.get('txn') or ''}"
+    return (
+        f'<td class="last-drift" data-state="{state}" title="{esc(who)}">'
+        f"{last_drift_text(record, now)}</td>"
+    )
+
+
+def fleet_row(e: dict[str, Any], now: float | None = None) -> str:
     device = esc(e["device"])
     desired = f"v{e['desired_version']} <code>{esc(short_digest(e['desired_digest']))}</code>"
     applied_version = "-" if e["applied_version"] is None else f"v{e['applied_version']}"
@@ -95,21 +143,27 @@ def fleet_row(e: dict[str, Any]) -> str:
         f'<td><a href="/ui/devices/{quote(e["device"])}">{device}</a></td>'
         f"<td>{badge(e['status'])} {conditions}{acked}</td>"
         f"<td>{codes}</td><td>{desired}</td><td>{applied}</td>"
-        f"<td>{heartbeat}</td><td>{esc(iso(e['in_sync_since'])) or '-'}</td></tr>"
+        f"<td>{heartbeat}</td><td>{esc(iso(e['in_sync_since'])) or '-'}</td>"
+        f"{_last_drift_cell(e.get('last_drift'), time.time() if now is None else now)}</tr>"
     )
 
 
 def fleet_body(page: FleetPage) -> str:
     if not page.rows:
-        return '<tr><td colspan="7" class="muted">no device matches</td></tr>'
-    return "".join(fleet_row(e) for e in page.rows)
+        return '<tr><td colspan="8" class="muted">no device matches</td></tr>'
+    now = time.time()
+    return "".join(fleet_row(e, now) for e in page.rows)
 
 
 def _query(**params: Any) -> str:
     return urlencode({k: v for k, v in params.items() if v not in ("", None, 1)})
 
 
-def fleet_page(page: FleetPage, *, status: str, reason: str, search: str) -> str:
+def fleet_page(
+    page: FleetPage, *, status: str, reason: str, search: str, problems: list[str] | None = None
+) -> str:
+    """The fleet table with its filters; with `problems` (unknown filter values in the
+    URL) the problems and the filter form instead of a table that would not match them."""
     chips = [
         f'<a class="chip{" on" if not status else ""}" href="/?{_query(reason=reason, q=search)}">'
         f"all <b>{page.total}</b></a>"
@@ -146,7 +200,7 @@ def fleet_page(page: FleetPage, *, status: str, reason: str, search: str) -> str
     stream = "/ui/fleet/stream?" + urlencode(
         {"status": status, "reason": reason, "q": search, "page": page.page}
     )
-    return (
+    head = (
         f'<h1>Fleet</h1><div class="chips" id="fleet-counts">{"".join(chips)}</div>'
         '<form class="filters" method="get" action="/">'
         f'<input type="search" name="q" value="{esc(search)}" placeholder="search devices" '
@@ -156,10 +210,20 @@ def fleet_page(page: FleetPage, *, status: str, reason: str, search: str) -> str
         f'<select name="reason" aria-label="reason code"><option value="">any reason code</option>'
         f"{reason_options}</select>"
         '<button type="submit">Filter</button></form>'
-        f'<p class="muted"><span id="fleet-matched">{page.matched}</span> of {page.total} devices'
+    )
+    if problems:
+        listed = "".join(f"<li>{esc(p)}</li>" for p in problems)
+        return head + (
+            '<div class="error" role="alert" id="filter-error"><p>The filter in this URL is not '
+            f"valid; no device list is shown for it:</p><ul>{listed}</ul></div>"
+        )
+    return (
+        head + f'<p class="muted"><span id="fleet-matched">{page.matched}</span> of '
+        f"{page.total} devices"
         ' · <span id="live" class="live">live</span></p>'
         '<table class="fleet"><thead><tr><th>Device</th><th>Status</th><th>Reason codes</th>'
-        "<th>Desired</th><th>Applied</th><th>Last heartbeat</th><th>In sync since</th></tr>"
+        "<th>Desired</th><th>Applied</th><th>Last heartbeat</th><th>In sync since</th>"
+        "<th>Last drift</th></tr>"
         f'</thead><tbody id="fleet-body" data-stream="{esc(stream)}">{fleet_body(page)}</tbody>'
         f"</table>{nav}"
     )

@@ -1,11 +1,17 @@
-"""The dashboard's routes: login/logout, the fleet table and its live stream, the device
-page and its forms (apply with If-Match, acknowledge), the evidence bundle, static files.
+"""The dashboard's routes: the fleet table and its live stream, the device
+page, its live stream and its forms (apply with If-Match, acknowledge), the evidence
+bundle, static files. Sign-in and sign-out are `loginroutes`.
 
 Routes are hidden from OpenAPI and declare the role `session` (the edge
 middleware lets them through; each one checks the session cookie itself and
 then the same role the matching JSON route needs: viewer to read, operator to
 apply or acknowledge, admin for the audit trail). Tenants see only their own
 devices: every read goes through the service layer with the caller's tenant.
+
+Why this module is over 400 lines: every dashboard route shares the session,
+CSRF and role checks defined at the top of `register` (closures over one
+`Sessions`); the fleet and device streams and the forms are each a short
+handler beside them, and splitting would pass those checks around by hand.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
@@ -24,18 +30,31 @@ from starlette.concurrency import run_in_threadpool
 
 from trueup.model.decode import DecodeError, decode_yaml
 from trueup.server.api.context import Api, authorise
-from trueup.server.dashboard import data, evidenceroutes
-from trueup.server.dashboard.device import DevicePage, render_device, revision_diff
+from trueup.server.dashboard import data, evidenceroutes, loginroutes
+from trueup.server.dashboard.device import DevicePage, live_parts, render_device, revision_diff
 from trueup.server.dashboard.devicedata import load_device_page
-from trueup.server.dashboard.html import esc, fleet_body, fleet_page, layout, login_page
-from trueup.server.dashboard.session import COOKIE, SESSION_SECONDS, Session, Sessions
-from trueup.server.limits import DOCUMENT_BYTES, TEXT_LENGTH
-from trueup.server.service import Conflict, Invalid, NotFound, Principal, Unauthorized
+from trueup.server.dashboard.html import esc, fleet_body, fleet_page, layout
+from trueup.server.dashboard.session import COOKIE, Session, Sessions
+from trueup.server.inputs import (
+    ACK_REASON,
+    ACK_SECONDS,
+    COMMENT,
+    DEVICE,
+    EXPECTED_VERSION,
+    PAGE,
+    REVISION,
+    SEARCH,
+    SUBSYSTEM,
+    InputError,
+)
+from trueup.server.limits import DOCUMENT_BYTES
+from trueup.server.service import Conflict, Invalid, NotFound, Principal, Tampered, Unauthorized
 from trueup.server.tokens import TokenKind
 
-__all__ = ["STREAM_SECONDS", "register"]
+__all__ = ["DEVICE_STREAM_SECONDS", "STREAM_SECONDS", "register"]
 
 STREAM_SECONDS = 2.0  # how often the live fleet stream looks for changes
+DEVICE_STREAM_SECONDS = 1.0  # how often a device page's stream looks for changes
 _STREAM_LIFETIME = 300.0  # then the browser reconnects (and re-authenticates)
 _FORM_BYTES = 64 * 1024
 _APPLY_BYTES = DOCUMENT_BYTES * 3 + 8192  # a URL-encoded document
@@ -44,7 +63,9 @@ _HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
     "frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    # same-origin, not no-referrer: under no-referrer a browser sends `Origin: null`
+    # with the page's own form posts, and sign-in/out check Origin (sameorigin.py).
+    "Referrer-Policy": "same-origin",
     "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-store",
 }
@@ -69,6 +90,45 @@ def _form(raw: bytes) -> dict[str, str]:
     except (UnicodeDecodeError, ValueError):
         raise HTTPException(400, detail="a form body (UTF-8, URL-encoded) was expected") from None
     return {k: v[0] for k, v in parsed.items()}
+
+
+def _live(
+    request: Request,
+    signed_in: Callable[[], Awaitable[bool]],
+    event: str,
+    seconds: float,
+    look: Callable[[], Awaitable[str | None]],
+) -> StreamingResponse:
+    """A server-sent event stream: `look()`'s message as `event` whenever it changes,
+    every `seconds`, for `_STREAM_LIFETIME` (then the browser reconnects and signs in
+    again); `logout` once the session ends, `gone` when `look()` finds nothing."""
+
+    async def events() -> AsyncIterator[str]:
+        last = ""
+        started = time.monotonic()
+        yield f"retry: {int(seconds * 1000)}\n\n"
+        while time.monotonic() - started < _STREAM_LIFETIME:
+            if await request.is_disconnected():
+                return
+            if not await signed_in():
+                yield "event: logout\ndata: {}\n\n"
+                return
+            message = await look()
+            if message is None:
+                yield "event: gone\ndata: {}\n\n"
+                return
+            if message != last:
+                last = message
+                yield f"event: {event}\ndata: {message}\n\n"
+            else:
+                yield ": idle\n\n"
+            await asyncio.sleep(seconds)
+
+    return StreamingResponse(
+        events(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
 
 
 def register(app: FastAPI, api: Api) -> None:
@@ -111,53 +171,26 @@ def register(app: FastAPI, api: Api) -> None:
 
     async def guarded(request: Request, required: str, work: Any) -> Response:
         try:
+            # A device name that cannot exist is refused before any query (inputs.py).
+            if "device" in request.path_params:
+                DEVICE.parse("device", request.path_params["device"])
             result: Response = await work()
             return result
         except _Redirect as exc:
-            if request.method == "GET" and request.url.path.startswith("/ui/fleet/stream"):
+            if request.method == "GET" and request.url.path.endswith("/stream"):
                 return Response(status_code=401)
             return RedirectResponse(exc.to, status_code=303, headers=_HEADERS)
         except NotFound as exc:
             return error_page(404, str(exc))
+        except Tampered as exc:
+            return error_page(409, str(exc))
+        except InputError as exc:
+            return error_page(422, str(exc))
         except HTTPException as exc:
             return error_page(exc.status_code, str(exc.detail))
 
-    # -- login / logout ---------------------------------------------------------
-    @app.get("/ui/login", include_in_schema=False, openapi_extra=_role("public"))
-    async def login_form() -> Response:
-        return _html(login_page())
-
-    @app.post("/ui/login", include_in_schema=False, openapi_extra=_role("public"))
-    async def login(request: Request) -> Response:
-        token = _form(await request.body()).get("token", "").strip()
-        try:
-            principal = await run_in_threadpool(plane.authenticate, token) if token else None
-        except Unauthorized:
-            principal = None
-        if principal is None or principal.kind != TokenKind.USER:
-            return _html(login_page("unknown, revoked or expired user token"), 401)
-        cookie, _session = sessions.seal(token)
-        response = RedirectResponse("/", status_code=303, headers=_HEADERS)
-        response.set_cookie(
-            COOKIE,
-            cookie,
-            max_age=SESSION_SECONDS,
-            httponly=True,
-            samesite="strict",
-            secure=request.url.scheme == "https" or api.public_url.startswith("https:"),
-            path="/",
-        )
-        return response
-
-    @app.post("/ui/logout", include_in_schema=False, openapi_extra=_role("session"))
-    async def logout(request: Request) -> Response:
-        session = sessions.open(request.cookies.get(COOKIE))
-        form = _form(await request.body())
-        if session is not None and not session.csrf_ok(form.get("csrf")):
-            return error_page(403, "the form is stale or forged (CSRF check); reload")
-        response = RedirectResponse("/ui/login", status_code=303, headers=_HEADERS)
-        response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
-        return response
+    # -- login / logout (loginroutes.py) ----------------------------------------
+    loginroutes.register(app, api, sessions, parse_form=_form, html=_html, headers=_HEADERS)
 
     @app.get("/ui/static/{name}", include_in_schema=False, openapi_extra=_role("public"))
     async def static(name: str) -> Response:
@@ -167,29 +200,40 @@ def register(app: FastAPI, api: Api) -> None:
         return Response(content, media_type=_STATIC[name], headers={"Cache-Control": "max-age=300"})
 
     # -- the fleet ----------------------------------------------------------------
-    def filters(request: Request) -> dict[str, Any]:
+    def filters(request: Request) -> tuple[dict[str, Any], list[str]]:
+        """The fleet's filters from the URL, and a problem for each unknown value (an
+        unknown status or reason code is never quietly dropped: it would show a fleet
+        that does not match what the URL asks for)."""
         q = request.query_params
         status = q.get("status", "")
         reason = q.get("reason", "")
+        problems = data.filter_problems(status=status, reason=reason)
+        search, page = "", 1
         try:
-            page = int(q.get("page", "1"))
-        except ValueError:
-            page = 1
+            search = SEARCH.parse("q", q.get("q", ""))
+        except InputError as exc:
+            problems.append(str(exc))
+        try:
+            page = PAGE.parse("page", q.get("page", "1"))
+        except InputError as exc:
+            problems.append(str(exc))
         return {
             "status": status if status in data.STATUSES else "",
-            "reason": reason[:64],
-            "search": q.get("q", "")[:128],
+            "reason": reason if reason in data.REASONS else "",
+            "search": search,
             "page": page,
-        }
+        }, problems
 
     @app.get("/", include_in_schema=False, openapi_extra=_role("session"))
     async def fleet(request: Request) -> Response:
         async def work() -> Response:
             principal, session = await caller(request)
-            f = filters(request)
+            f, problems = filters(request)
             page = await run_in_threadpool(lambda: data.fleet_page(plane, principal.tenant_id, **f))
-            body = fleet_page(page, status=f["status"], reason=f["reason"], search=f["search"])
-            return _html(layout("Fleet", body, principal, session.csrf))
+            body = fleet_page(
+                page, status=f["status"], reason=f["reason"], search=f["search"], problems=problems
+            )
+            return _html(layout("Fleet", body, principal, session.csrf), 422 if problems else 200)
 
         return await guarded(request, "viewer", work)
 
@@ -197,41 +241,27 @@ def register(app: FastAPI, api: Api) -> None:
     async def fleet_stream(request: Request) -> Response:
         async def work() -> Response:
             principal, session = await caller(request)
-            f = filters(request)
+            f, problems = filters(request)
+            if problems:
+                raise HTTPException(422, detail="; ".join(problems))
 
-            async def events() -> AsyncIterator[str]:
-                last = ""
-                started = time.monotonic()
-                yield f"retry: {int(STREAM_SECONDS * 1000)}\n\n"
-                while time.monotonic() - started < _STREAM_LIFETIME:
-                    if await request.is_disconnected():
-                        return
-                    if await principal_of(session) is None:
-                        yield "event: logout\ndata: {}\n\n"
-                        return
-                    page = await run_in_threadpool(
-                        lambda: data.fleet_page(plane, principal.tenant_id, **f)
-                    )
-                    message = json.dumps(
-                        {
-                            "rows": fleet_body(page),
-                            "counts": page.counts,
-                            "total": page.total,
-                            "matched": page.matched,
-                        }
-                    )
-                    if message != last:
-                        last = message
-                        yield f"event: fleet\ndata: {message}\n\n"
-                    else:
-                        yield ": idle\n\n"
-                    await asyncio.sleep(STREAM_SECONDS)
+            async def look() -> str:
+                page = await run_in_threadpool(
+                    lambda: data.fleet_page(plane, principal.tenant_id, **f)
+                )
+                return json.dumps(
+                    {
+                        "rows": fleet_body(page),
+                        "counts": page.counts,
+                        "total": page.total,
+                        "matched": page.matched,
+                    }
+                )
 
-            return StreamingResponse(
-                events(),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-            )
+            async def signed_in() -> bool:
+                return await principal_of(session) is not None
+
+            return _live(request, signed_in, "fleet", STREAM_SECONDS, look)
 
         return await guarded(request, "viewer", work)
 
@@ -246,16 +276,21 @@ def register(app: FastAPI, api: Api) -> None:
             q = request.query_params
             notice = ""
             if q.get("applied"):
-                notice = f"revision {q.get('applied')} stored; the agent applies it next"
+                applied = REVISION.parse("applied", q.get("applied"))
+                notice = f"revision {applied} stored; the agent applies it next"
             elif q.get("acked"):
                 notice = "acknowledgement recorded"
 
+            # The revisions to compare: both or neither (the form sends both).
+            compare = None
+            if q.get("a") is not None or q.get("b") is not None:
+                compare = (REVISION.parse("a", q.get("a", "")), REVISION.parse("b", q.get("b", "")))
+
             def build() -> DevicePage:
                 page = device_page(principal, session.csrf, device, notice=notice)
-                a, b = q.get("a"), q.get("b")
-                if a and b and a.isdigit() and b.isdigit():
-                    ra = plane.revision(principal.tenant_id, device, int(a))
-                    rb = plane.revision(principal.tenant_id, device, int(b))
+                if compare is not None:
+                    ra = plane.revision(principal.tenant_id, device, compare[0])
+                    rb = plane.revision(principal.tenant_id, device, compare[1])
                     page.diff = (
                         ra.version,
                         rb.version,
@@ -268,6 +303,31 @@ def register(app: FastAPI, api: Api) -> None:
 
         return await guarded(request, "viewer", work)
 
+    @app.get("/ui/devices/{device}/stream", include_in_schema=False, openapi_extra=_role("session"))
+    async def device_stream(request: Request, device: str) -> Response:
+        """The device page's live parts (`live_parts`), sent when they change."""
+
+        async def work() -> Response:
+            principal, session = await caller(request)
+            # Not found outside the caller's tenant: answered before the stream starts.
+            await run_in_threadpool(plane.fleet, principal.tenant_id, device)
+
+            async def look() -> str | None:
+                try:
+                    page = await run_in_threadpool(
+                        lambda: device_page(principal, session.csrf, device)
+                    )
+                except NotFound:
+                    return None
+                return json.dumps(live_parts(page))
+
+            async def signed_in() -> bool:
+                return await principal_of(session) is not None
+
+            return _live(request, signed_in, "device", DEVICE_STREAM_SECONDS, look)
+
+        return await guarded(request, "viewer", work)
+
     @app.post(
         "/ui/devices/{device}/apply",
         include_in_schema=False,
@@ -277,15 +337,15 @@ def register(app: FastAPI, api: Api) -> None:
         async def work() -> Response:
             principal, session, form = await posted(request, "operator")
             text = form.get("document", "")
-            comment = form.get("comment", "")[:TEXT_LENGTH]
-            expected_text = form.get("expected", "").strip()
 
             def attempt() -> tuple[int, DevicePage | None]:
                 extra: dict[str, Any] = {"draft": text}
                 try:
-                    if not expected_text.isdigit():
-                        raise Invalid(["expected: the version you expect to replace (If-Match)"])
-                    expected = int(expected_text)
+                    try:
+                        expected = EXPECTED_VERSION.parse("expected", form.get("expected", ""))
+                        comment = COMMENT.parse("comment", form.get("comment", ""))
+                    except InputError as exc:
+                        raise Invalid([str(exc)]) from None
                     extra["expected"] = expected
                     try:
                         document = decode_yaml(text, max_bytes=DOCUMENT_BYTES)
@@ -333,17 +393,20 @@ def register(app: FastAPI, api: Api) -> None:
 
             def attempt() -> DevicePage | None:
                 try:
-                    seconds = float(form.get("for_seconds", "0"))
-                except ValueError:
-                    seconds = 0.0
-                try:
+                    fields = [
+                        (rule, name, form.get(name, ""))
+                        for rule, name in (
+                            (SUBSYSTEM, "subsystem"),
+                            (ACK_SECONDS, "for_seconds"),
+                            (ACK_REASON, "reason"),
+                        )
+                    ]
+                    problems = [p for rule, name, raw in fields for p in rule.problems(name, raw)]
+                    if problems:
+                        raise Invalid(problems)
+                    subsystem, seconds, reason = (rule.parse(n, raw) for rule, n, raw in fields)
                     plane.acknowledge(
-                        principal.tenant_id,
-                        device,
-                        form.get("subsystem", "")[:64],
-                        seconds,
-                        form.get("reason", "")[:TEXT_LENGTH],
-                        principal.actor,
+                        principal.tenant_id, device, subsystem, seconds, reason, principal.actor
                     )
                 except Invalid as exc:
                     return device_page(

@@ -7,6 +7,16 @@ readable by scripts. Each request re-authenticates the token through the same
 `Authenticator` as the JSON API: a revoked token or a lowered role takes
 effect on the next page. Every form that changes something carries the
 session's CSRF token, checked against the cookie in constant time.
+
+Signing in has no session yet, so the sign-in form carries a pre-session
+token instead (`LoginTokens`): rendering /ui/login sets a short-lived
+HttpOnly, SameSite=Strict cookie holding a random nonce and its expiry, and
+puts the HMAC of that cookie (a key derived from the server key) in a hidden
+field. A sign-in is accepted only with both, and only when the field is the
+HMAC of the cookie that came with it: a page on another site can neither read
+the field nor, without the server key, make a pair that matches. (A pair the
+server issued to the attacker is valid in any browser it is planted in; the
+Origin / Sec-Fetch-Site checks in sameorigin.py refuse such a cross-site post.)
 """
 
 from __future__ import annotations
@@ -24,11 +34,24 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from trueup.server.keys import ServerKey
 
-__all__ = ["COOKIE", "SESSION_SECONDS", "Session", "Sessions"]
+__all__ = [
+    "COOKIE",
+    "LOGIN_COOKIE",
+    "LOGIN_COOKIE_PATH",
+    "LOGIN_SECONDS",
+    "SESSION_SECONDS",
+    "LoginTokens",
+    "Session",
+    "Sessions",
+]
 
 COOKIE = "trueup_session"
 SESSION_SECONDS = 8 * 3600
 _AAD = b"trueup-dashboard-session/1"
+# The sign-in form's pre-session token: sent only to /ui/login, valid for an hour.
+LOGIN_COOKIE = "trueup_login"
+LOGIN_COOKIE_PATH = "/ui/login"
+LOGIN_SECONDS = 3600
 
 
 @dataclass(frozen=True)
@@ -71,3 +94,40 @@ class Sessions:
         if session.expires_at < (now or time.time()):
             return None
         return session
+
+
+class LoginTokens:
+    """The sign-in form's pre-session token: a cookie `NONCE.EXPIRY` and the hidden
+    field `HMAC(cookie)`, a double submit bound to the server key."""
+
+    def __init__(self, key: ServerKey) -> None:
+        self._key = key.derive("dashboard-login")
+
+    def issue(self, now: float | None = None) -> tuple[str, str]:
+        """A new (cookie, field) pair."""
+        expires = int((now or time.time()) + LOGIN_SECONDS)
+        cookie = f"{secrets.token_urlsafe(24)}.{expires}"
+        return cookie, self._field(cookie)
+
+    def field_for(self, cookie: str | None, now: float | None = None) -> str | None:
+        """The field that goes with a cookie still valid for a few minutes (so a page
+        reload keeps the form of another tab working); None otherwise."""
+        if not self._well_formed(cookie, (now or time.time()) + 300):
+            return None
+        return self._field(cookie or "")
+
+    def check(self, cookie: str | None, field: str | None, now: float | None = None) -> bool:
+        if not field or not self._well_formed(cookie, now or time.time()):
+            return False
+        return hmac.compare_digest(self._field(cookie or ""), field)
+
+    def _field(self, cookie: str) -> str:
+        digest = hmac.new(self._key, cookie.encode(), "sha256").digest()
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+    @staticmethod
+    def _well_formed(cookie: str | None, now: float) -> bool:
+        if not cookie or len(cookie) > 128:
+            return False
+        _nonce, _sep, expiry = cookie.rpartition(".")
+        return bool(_nonce) and expiry.isascii() and expiry.isdigit() and int(expiry) > now

@@ -4,6 +4,10 @@ Lanes: drift (reports carrying STATE_DRIFT_DETECTED, as bands), failures
 (reconciliation failed / partial update / apply not completed), heals (a
 report with drift followed by one without), applies (the applied version
 changes between two reports) and revisions (a desired revision was stored).
+The drift records agents report (the drift history) are drawn too, whether or
+not a report fell inside them: a band from when the drift was seen to when it
+ended, and a heal mark naming who healed it (drift that lasted 0.1 s, between
+two reports, is still on the timeline).
 """
 
 from __future__ import annotations
@@ -21,11 +25,43 @@ _LANES = ["drift", "failed", "heal", "apply", "revision"]
 _WIDTH, _LEFT, _LANE = 900, 80, 22
 
 
-def timeline_events(
-    reports: list[dict[str, Any]], revisions: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """Events in time order: {"lane", "at", "until"?, "label"}."""
+def _drift_marks(drift: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
     events: list[dict[str, Any]] = []
+    for record in drift:
+        since = epoch(record.get("since"))
+        healed = epoch(record.get("healed_at")) if record.get("healed_at") else None
+        what = f"{record.get('subsystem')}: {', '.join((record.get('paths') or [])[:3])}"
+        who = "; ".join(record.get("changed_by") or [])
+        events.append(
+            {
+                "lane": "drift",
+                "at": since,
+                "until": healed if healed is not None else now,
+                "label": f"drift seen: {what}" + (f" ({who})" if who else ""),
+                "kind": "drift-seen",
+            }
+        )
+        if healed is not None:
+            healer = record.get("healed_by") or {}
+            by = (
+                f"healed by {healer.get('by')} {healer.get('action')} {healer.get('txn') or ''}"
+                if healer
+                else "in sync again (not trueup's heal)"
+            )
+            events.append(
+                {"lane": "heal", "at": healed, "label": f"{by}: {what}", "kind": "healed"}
+            )
+    return events
+
+
+def timeline_events(
+    reports: list[dict[str, Any]],
+    revisions: list[dict[str, Any]],
+    drift: list[dict[str, Any]] | None = None,
+    now: float | None = None,
+) -> list[dict[str, Any]]:
+    """Events in time order: {"lane", "at", "until"?, "label", "kind"?}."""
+    events: list[dict[str, Any]] = _drift_marks(drift or [], now or 0.0)
     ordered = sorted(reports, key=lambda r: epoch(r.get("received_at")))
     previous: dict[str, Any] | None = None
     for i, report in enumerate(ordered):
@@ -86,15 +122,16 @@ def timeline_svg(events: list[dict[str, Any]], now: float) -> str:
     for e in events:
         y = 10 + _LANES.index(e["lane"]) * _LANE
         tip = escape(f"{iso(e['at'])} {e['label']}")
+        kind = f' data-kind="{escape(e["kind"])}"' if e.get("kind") else ""
         if "until" in e:
             width = max(x(e["until"]) - x(e["at"]), 3.0)
             parts.append(
-                f'<rect class="ev {e["lane"]}" x="{x(e["at"]):.1f}" y="{y + 3}" '
+                f'<rect class="ev {e["lane"]}"{kind} x="{x(e["at"]):.1f}" y="{y + 3}" '
                 f'width="{width:.1f}" height="14"><title>{tip}</title></rect>'
             )
         else:
             parts.append(
-                f'<circle class="ev {e["lane"]}" cx="{x(e["at"]):.1f}" cy="{y + 10}" r="5">'
+                f'<circle class="ev {e["lane"]}"{kind} cx="{x(e["at"]):.1f}" cy="{y + 10}" r="5">'
                 f"<title>{tip}</title></circle>"
             )
     bottom = height - 4

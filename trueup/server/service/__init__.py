@@ -13,7 +13,7 @@ One unit per job, each over the shared `Store`; `ControlPlane` composes them::
     enrollment.py   Enrollment: devices, enrollment bundles, device credentials
     revisions.py    DesiredRevisions: put_desired (If-Match), history, the long-poll lookups
     secrets.py      TenantSecrets: sealed per tenant, opened only for their device
-    fleetview.py    Fleet: derived fleet state, reports, acknowledgements
+    fleetview.py    Fleet: derived fleet state, reports, drift history, acknowledgements
     backups.py      DeviceBackups: archives agents upload, per-device retention, downloads
     evidence.py     DeviceEvidence: evidence bundles agents upload, operator requests
     audittrail.py   AuditTrail: list a tenant's entries, verify the chain
@@ -25,7 +25,15 @@ from another is passed in, like `credentials_changed`.
 
 from trueup.server.service.auth import Principal
 from trueup.server.service.backups import BackupGone
-from trueup.server.service.errors import Conflict, Invalid, NotFound, ServiceError, Unauthorized
+from trueup.server.service.errors import (
+    Conflict,
+    Invalid,
+    NotFound,
+    ServiceError,
+    Tampered,
+    Unauthorized,
+)
+from trueup.server.service.fleetview import agent_acknowledgements
 from trueup.server.service.plane import ControlPlane
 from trueup.server.service.revisions import Revision
 
@@ -38,5 +46,7 @@ __all__ = [
     "Principal",
     "Revision",
     "ServiceError",
+    "Tampered",
     "Unauthorized",
+    "agent_acknowledgements",
 ]

@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from trueup.server import audit
+from trueup.server import audit, chainproof
 from trueup.server.anchor import Checkpoint
 from trueup.server.service.store import Store
 from trueup.server.tables import audit_log
@@ -44,16 +44,31 @@ class AuditTrail:
             return [{**dict(r), "detail": json.loads(r["detail"])} for r in rows]
 
     def verify_audit(self) -> list[audit.AuditProblem]:
-        """Every problem with the chain and the tables it vouches for; [] when intact."""
+        """Every problem with the chain and the tables it vouches for; [] when intact.
+        Ends with each live credential the verified log contradicts or cannot vouch for."""
         with self.store.db.read() as conn:
-            return audit.verify(conn, self.store.key)
+            found = audit.verify(conn, self.store.key)
+            try:
+                found += chainproof.credential_problems(conn, self.store.key)
+            except Exception as exc:  # verification reports; it never stops half-way
+                found.append(
+                    audit.AuditProblem("verify", "credentials", f"could not be checked: {exc!r}")
+                )
+            return found
+
+    def unvouched_credentials(self) -> list[audit.AuditProblem]:
+        """Each live credential the verified log contradicts or can no longer vouch for
+        (a break in the chain after it was issued): refused until reissued."""
+        with self.store.db.read() as conn:
+            return chainproof.credential_problems(conn, self.store.key)
 
     def reanchor(self, actor: str) -> Checkpoint:
         """Accept the stored chain as it is: checkpoint its newest row unconditionally.
 
         For an operator who restored a backup (which rewinds the chain) and checked it
         with `verify`. Recorded as an `audit.reanchor` entry naming what was contradicted.
-        Raises CheckpointError.
+        It moves the checkpoint only: a break inside the chain keeps refusing the
+        credentials issued before it (`unvouched_credentials`). Raises CheckpointError.
         """
         with self.store.db.read() as conn:
             contradicted = [str(p) for p in audit.anchor_problems(conn, self.store.key)]

@@ -16,9 +16,12 @@ removed from the log and undone in the table), every token is refused: the
 database's credential state cannot be trusted until an operator has run
 `trueup server audit verify` and re-anchored. A token or user row whose seal
 does not match (a hash replaced, a role raised, a row inserted directly) is
-refused on its own, and so is one that the authenticated log contradicts (a
-revocation cleared, a user's earlier role restored with its earlier seal:
-`Store.credential_refusal`).
+refused on its own, and so is one that the verified log contradicts (a
+revocation cleared, a user's earlier role restored with its earlier seal) or
+can no longer vouch for (a break in the chain — a row deleted or rewritten —
+after the token was issued or its user's role recorded): `Store.credential_refusal`,
+chainproof.py. Each refusal is logged with the token, its tenant and its user or
+device, and what to run.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, and_, select
 
+from trueup.server.chainproof import credential_name
 from trueup.server.service.errors import Unauthorized
 from trueup.server.service.store import Store
 from trueup.server.tables import audit_head, devices, tenants, tokens, users
@@ -204,8 +208,14 @@ class Authenticator:
             _log.error("user id=%s refused: its row does not match its seal", row["user_id"])
             raise Unauthorized("token refused: its user was changed behind the server's back")
         if refusal is not None:
-            _log.error("token id=%s refused: %s", row["id"], refusal)
-            raise Unauthorized("token refused: its record contradicts the audit log")
+            _log.error(
+                "%s refused: %s; run `trueup server audit verify`",
+                credential_name(row),
+                refusal,
+            )
+            raise Unauthorized(
+                f"token refused: {refusal}; an operator must run `trueup server audit verify`"
+            )
         if row["expires_at"] is not None and row["expires_at"] < time.time():
             raise Unauthorized("token expired")
         principal = Principal(

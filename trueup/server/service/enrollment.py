@@ -192,9 +192,10 @@ class Enrollment:
                 raise Unauthorized(
                     "enrollment token refused: its row was changed behind the server's back"
                 )
-            if self.store.credential_refusal(conn, row["id"]) is not None:
+            refusal = self.store.credential_refusal(conn, row["id"])
+            if refusal is not None:
                 raise Unauthorized(
-                    "enrollment token already used, revoked or expired; "
+                    f"enrollment token already used, revoked or expired ({refusal}); "
                     "run `trueup server device enroll` again"
                 )
             rewound = self.store.anchor_problems(conn)

@@ -6,6 +6,7 @@ The HTTP API maps each error to one status code (app.py); the CLI prints it::
     ├── NotFound        the named thing does not exist in this tenant      404
     ├── Invalid         bad input; `problems` names each path              422
     ├── Conflict        If-Match was stale (STATE_CONCURRENT_MODIFICATION) 409
+    ├── Tampered        stored data contradicts the audit log: not served  409
     └── Unauthorized    a token that is unknown, revoked, expired or used  401
 """
 
@@ -21,6 +22,7 @@ __all__ = [
     "Invalid",
     "NotFound",
     "ServiceError",
+    "Tampered",
     "Unauthorized",
     "check_name",
     "device_name_problems",
@@ -66,6 +68,10 @@ class Conflict(ServiceError):
 
 class Unauthorized(ServiceError):
     pass
+
+
+class Tampered(ServiceError):
+    """What would be served (an evidence bundle) differs from what the audit log recorded."""
 
 
 def check_name(kind: str, value: str) -> None:

@@ -6,6 +6,11 @@ in `evidence_chunks` rows like the backups (service/backups.py): one transaction
 stores a bundle, answers the device's pending requests, prunes the oldest beyond
 `keep` and audits all of it. Operators ask for a fresh bundle with a request the
 agent sees in `pending_request` and answers by uploading one.
+
+A download serves only what the audit log recorded: `evidence_bundle` refuses
+(Tampered) a bundle whose sha256 or size is not the audited one, and
+`evidence_content` holds back the last chunk until the bytes are known to hash
+to the audited sha256, cutting the download short (EvidenceGone) if they do not.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any, BinaryIO
 from sqlalchemy import Connection, and_, delete, select
 
 from trueup.server.limits import BACKUP_CHUNK_BYTES, EVIDENCE_KEEP
-from trueup.server.service.errors import Invalid, NotFound
+from trueup.server.service.errors import Invalid, NotFound, Tampered
 from trueup.server.service.store import Store, inserted_id
 from trueup.server.tables import devices, evidence, evidence_chunks, evidence_requests
 
@@ -269,6 +274,13 @@ class DeviceEvidence:
             )
             if row is None:
                 raise NotFound(f"evidence {evidence_id} of device {device!r} not found")
+            audited = self.store.covered(conn).evidence.get(evidence_id)
+            if audited is None or (audited.sha256, audited.size) != (row["sha256"], row["size"]):
+                raise Tampered(
+                    f"evidence {evidence_id} of device {device!r}: its sha256 or size is not the "
+                    "one the audit log recorded at upload; not served (run `trueup server audit "
+                    "verify`)"
+                )
             return _summary(device, row)
 
     def audit_download(self, tenant_id: int, device: str, evidence_id: int, actor: str) -> None:
@@ -283,8 +295,13 @@ class DeviceEvidence:
             )
 
     def evidence_content(self, evidence_id: int) -> Iterator[bytes]:
-        """The bundle's bytes, one chunk per short read transaction."""
-        seq = -1
+        """The bundle's bytes, one chunk per short read transaction; the last chunk is sent
+        only once all of them hash to the audited sha256 (else EvidenceGone)."""
+        with self.store.db.read() as conn:
+            audited = self.store.covered(conn).evidence.get(evidence_id)
+        if audited is None:
+            raise EvidenceGone(f"evidence {evidence_id} has no audited upload; not served")
+        digest, held, seq = hashlib.sha256(), None, -1
         while True:
             with self.store.db.read() as conn:
                 row = conn.execute(
@@ -299,10 +316,20 @@ class DeviceEvidence:
                     .limit(1)
                 ).one_or_none()
             if row is None:
-                return
+                break
             if row.seq != seq + 1:
                 raise EvidenceGone(
                     f"evidence {evidence_id} lost chunk {seq + 1} during the download"
                 )
             seq = int(row.seq)
-            yield bytes(row.data)
+            if held is not None:
+                yield held
+            held = bytes(row.data)
+            digest.update(held)
+        if digest.hexdigest() != audited.sha256:
+            raise EvidenceGone(
+                f"evidence {evidence_id}: its content does not hash to the audited sha256; "
+                "the download is cut short (run `trueup server audit verify`)"
+            )
+        if held is not None:
+            yield held

@@ -16,14 +16,14 @@ from typing import Any
 
 from sqlalchemy import and_, select
 
-from trueup.server.fleet import DeviceFacts, FleetView, derive
+from trueup.server.drift import drift_history, last_drift
+from trueup.server.fleet import DeviceFacts, FleetView, agent_support, derive, filter_problems
+from trueup.server.inputs import ACK_REASON, ACK_SECONDS, SUBSYSTEM
 from trueup.server.service.errors import Invalid, NotFound
 from trueup.server.service.store import Store, inserted_id
 from trueup.server.tables import acks, device_reports, device_state, devices, revisions
 
-__all__ = ["Fleet", "iso_utc"]
-
-_MAX_ACK_SECONDS = 30 * 24 * 3600
+__all__ = ["Fleet", "agent_acknowledgements", "drift_entry", "iso_utc"]
 
 
 def iso_utc(seconds: float | None) -> str | None:
@@ -41,13 +41,95 @@ def iso_utc(seconds: float | None) -> str | None:
     )
 
 
+def drift_entry(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A stored drift record as the API shows it (times as ISO 8601 UTC)."""
+    if record is None:
+        return None
+    out = dict(record)
+    for key in ("since", "healed_at", "first_reported_at", "last_reported_at"):
+        out[key] = iso_utc(record.get(key))
+    return out
+
+
+def _epoch(value: Any) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def agent_acknowledgements(report: dict[str, Any] | None, now: float) -> list[dict[str, Any]]:
+    """The router's own acknowledgements (`trueup ack`) from its last report.
+
+    One the agent still reports active whose `until` has passed is shown
+    `expired` at once: the page does not wait for the agent's next report.
+    """
+    out = []
+    for ack in (report or {}).get("acknowledgements") or []:
+        if not isinstance(ack, dict):
+            continue
+        entry = dict(ack)
+        until = _epoch(entry.get("until"))
+        if entry.get("state", "active") == "active" and until is not None and until <= now:
+            entry["state"] = "expired"
+            entry["ended_at"] = entry.get("until")
+        out.append(entry)
+    return out
+
+
 class Fleet:
     def __init__(self, store: Store, *, stale_intervals: int = 3) -> None:
         self.store = store
         self.stale_intervals = stale_intervals
 
-    def fleet(self, tenant_id: int, device: str | None = None) -> list[dict[str, Any]]:
-        """Every device of the tenant (or the one named), with its derived state."""
+    def fleet(
+        self,
+        tenant_id: int,
+        device: str | None = None,
+        *,
+        status: str | None = None,
+        reason: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Every device of the tenant (or the one named), with its derived state; only
+        those with condition `status` and reason code `reason` when given (an unknown
+        value of either is Invalid, naming the valid ones)."""
+        problems = filter_problems(status=status, reason=reason)
+        if problems:
+            raise Invalid(problems)
+        entries = self._fleet(tenant_id, device)
+        if status:
+            entries = [e for e in entries if status in e["conditions"]]
+        if reason:
+            entries = [e for e in entries if reason in e["reason_codes"]]
+        return entries
+
+    def device(self, tenant_id: int, device: str) -> dict[str, Any]:
+        """One device's fleet entry with its last report (`last_report`) and what its agent
+        reported about itself (`agent`: version, supported apiVersions and sections, and
+        what of the desired revision it does not support)."""
+        entry = self._fleet(tenant_id, device)[0]
+        with self.store.db.read() as conn:
+            row = self.store.device(conn, tenant_id, device)
+            report = conn.execute(
+                select(device_state.c.report).where(device_state.c.device_id == row["id"])
+            ).scalar_one_or_none()
+            desired = conn.execute(
+                select(revisions.c.document).where(
+                    and_(
+                        revisions.c.device_id == row["id"],
+                        revisions.c.version == row["desired_version"],
+                    )
+                )
+            ).scalar_one_or_none()
+        entry["last_report"] = json.loads(report) if report else None
+        entry["agent"] = agent_support(
+            entry["last_report"], json.loads(desired) if desired else None
+        )
+        return entry
+
+    def _fleet(self, tenant_id: int, device: str | None = None) -> list[dict[str, Any]]:
         now = time.time()
         query = (
             select(
@@ -80,6 +162,7 @@ class Fleet:
             query = query.where(devices.c.name == device)
         with self.store.db.read() as conn:
             rows = list(conn.execute(query).mappings())
+            drifts = last_drift(conn, tenant_id)
             active_acks: dict[int, list[dict[str, Any]]] = {}
             for ack in conn.execute(
                 select(acks.c.device_id, acks.c.subsystem, acks.c.reason, acks.c.expires_at)
@@ -133,6 +216,8 @@ class Fleet:
                     "missed_heartbeats": view.missed_heartbeats,
                     "in_sync_since": iso_utc(view.in_sync_since),
                     "acknowledgements": active_acks.get(row["id"], []),
+                    # The newest drift record, going on or healed ("healed 2 min ago").
+                    "last_drift": drift_entry(drifts.get(row["id"])),
                 }
             )
         return out
@@ -144,6 +229,12 @@ class Fleet:
                 select(device_state.c.report).where(device_state.c.device_id == row["id"])
             ).scalar_one_or_none()
         return json.loads(report) if report else None
+
+    def drift_history(self, tenant_id: int, device: str, limit: int = 50) -> list[dict[str, Any]]:
+        """The device's drift records, newest first: paths, who changed it, who healed it."""
+        with self.store.db.read() as conn:
+            row = self.store.device(conn, tenant_id, device)
+            return [drift_entry(r) or {} for r in drift_history(conn, row["id"], limit)]
 
     def report_history(self, tenant_id: int, device: str, limit: int) -> list[dict[str, Any]]:
         """The newest `limit` reports, newest first (evidence; never deleted)."""
@@ -168,13 +259,12 @@ class Fleet:
         self, tenant_id: int, device: str, subsystem: str, seconds: float, reason: str, author: str
     ) -> dict[str, Any]:
         """Record that an operator accepts a subsystem's state for `seconds`, and why."""
-        problems = []
-        if not subsystem:
-            problems.append("subsystem: required")
-        if not 0 < seconds <= _MAX_ACK_SECONDS:
-            problems.append("for_seconds: must be between 1 second and 30 days")
-        if not reason.strip():
-            problems.append("reason: say why this state is acceptable for now")
+        # The same rules as the API's and the dashboard's (trueup.server.inputs).
+        problems = [
+            *SUBSYSTEM.problems("subsystem", subsystem),
+            *ACK_SECONDS.problems("for_seconds", seconds),
+            *ACK_REASON.problems("reason", reason),
+        ]
         if problems:
             raise Invalid(problems)
         now = time.time()

@@ -18,7 +18,7 @@ from trueup.server.service.enrollment import Enrollment
 from trueup.server.service.evidence import DeviceEvidence
 from trueup.server.service.fleetview import Fleet
 from trueup.server.service.identity import Identity
-from trueup.server.service.notify import Deliveries, Engine, Notifier, Routing
+from trueup.server.service.notify import Allowlists, Deliveries, Engine, Notifier, Routing
 from trueup.server.service.revisions import DesiredRevisions
 from trueup.server.service.secrets import TenantSecrets
 from trueup.server.service.store import Store
@@ -54,6 +54,7 @@ class ControlPlane:
         # notifications: `notify` holds the Notifier's and Deliveries' tunables
         tunables = dict(notify or {})
         self.notify_routing = Routing(store)
+        self.notify_allowlists = Allowlists(store)
         self.notify_engine = Engine(store, stale_intervals=stale_intervals)
         self.notify_deliveries = Deliveries(
             store,
@@ -102,8 +103,10 @@ class ControlPlane:
         self.device_secrets = self.tenant_secrets.device_secrets
         # the fleet view: derived state, reports, acknowledgements
         self.fleet = self.fleet_view.fleet
+        self.device_view = self.fleet_view.device
         self.last_report = self.fleet_view.last_report
         self.report_history = self.fleet_view.report_history
+        self.drift_history = self.fleet_view.drift_history
         self.acknowledge = self.fleet_view.acknowledge
         # device backups
         self.store_backup = self.device_backups.store_backup
@@ -118,6 +121,8 @@ class ControlPlane:
         self.create_notify_rule = self.notify_routing.create_rule
         self.notify_rules = self.notify_routing.rules
         self.delete_notify_rule = self.notify_routing.delete_rule
+        self.notify_allowlist = self.notify_allowlists.allowlist
+        self.set_notify_allowlist = self.notify_allowlists.set_allowlist
         self.notify_delivery_log = self.notify_deliveries.deliveries
         self.redeliver_notification = self.notify_deliveries.redeliver
         self.discard_notification = self.notify_deliveries.discard
@@ -133,3 +138,4 @@ class ControlPlane:
         self.audit_entries = self.audit_trail.audit_entries
         self.verify_audit = self.audit_trail.verify_audit
         self.reanchor_audit = self.audit_trail.reanchor
+        self.unvouched_credentials = self.audit_trail.unvouched_credentials

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import Connection, RowMapping, and_, func, select, update
 
 from trueup.model.document import DocumentError, document_digest, parse_document
-from trueup.server.service.errors import Conflict, Invalid, NotFound
+from trueup.server.service.errors import Conflict, Invalid, NotFound, Tampered
 from trueup.server.service.store import Store
 from trueup.server.tables import devices, revisions
 
@@ -134,6 +134,7 @@ class DesiredRevisions:
                     "version": new_version,
                     "parent_version": expected_version or None,
                     "content_hash": content_hash,
+                    "author": author,
                     "comment": comment,
                 },
                 at=now,
@@ -200,7 +201,44 @@ class DesiredRevisions:
             ).scalar_one()
             if version <= after:
                 return None
-            return self._revision_at(conn, device, device_id, version)
+            revision = self._revision_at(conn, device, device_id, version)
+            if revision is not None:
+                self._refuse_unaudited(conn, device_id, revision)
+            return revision
+
+    def _refuse_unaudited(self, conn: Connection, device_id: int, revision: Revision) -> None:
+        """Raise Tampered unless the audit log vouches for sending this revision to the agent:
+        its entry, its document (by the audited content hash), that no newer revision was
+        audited (a rolled-back desired version), and no break in the chain after it (a newer
+        revision's entry may have been removed). An attacker with the database but not the
+        key could otherwise push any document to the device."""
+        facts = self.store.covered(conn)
+        name = f"revision {revision.version} of {revision.device!r}"
+        verify = "; not served (run `trueup server audit verify`; apply a revision again)"
+        fact = facts.revisions.get((device_id, revision.version))
+        if fact is None:
+            raise Tampered(f"{name} has no audit entry{verify}")
+        try:
+            digest = document_digest(parse_document(revision.document))
+        except DocumentError:
+            digest = None
+        if fact.content_hash is not None and (
+            digest != fact.content_hash or revision.content_hash != fact.content_hash
+        ):
+            raise Tampered(f"{name}: its document differs from the audited one{verify}")
+        newest = max(v for (d, v) in facts.revisions if d == device_id)
+        if newest > revision.version:
+            raise Tampered(
+                f"{name}: the audit log's newest revision is {newest}: the desired version "
+                f"was rolled back behind the server's back{verify}"
+            )
+        broken = self.store.audit_break_after(fact.seq)
+        if broken is not None:
+            raise Tampered(
+                f"{name}: the audit log does not hold together at seq={broken}, after this "
+                f"revision was audited (seq={fact.seq}): a newer one may have been removed"
+                f"{verify}"
+            )
 
     def revisions_since(self, revision_id: int) -> list[tuple[int, int]]:
         """(revision id, device id) of every revision made after `revision_id`, any process."""

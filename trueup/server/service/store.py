@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import Connection, CursorResult, RowMapping, and_, select, update
 
-from trueup.server import audit
+from trueup.server import audit, chainproof, coverage
 from trueup.server.db import Database
 from trueup.server.keys import ServerKey
 from trueup.server.service.errors import NotFound
@@ -39,9 +39,14 @@ class Store:
     key: ServerKey
     # Set once this process has sealed the token and user rows of an older trueup.
     _sealed: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
-    # Revocations and roles as the audit log has them (authentication consults it).
-    _credentials: audit.CredentialLog = field(
-        default_factory=audit.CredentialLog, compare=False, repr=False
+    # Revocations, roles and chain breaks as the verified audit log has them
+    # (authentication consults it).
+    _credentials: chainproof.CredentialProof = field(
+        default_factory=chainproof.CredentialProof, compare=False, repr=False
+    )
+    # Secret versions and evidence digests as the audit log has them (the read paths ask).
+    _coverage: coverage.CoverLog = field(
+        default_factory=coverage.CoverLog, compare=False, repr=False
     )
 
     @contextmanager
@@ -76,10 +81,21 @@ class Store:
     def credential_refusal(
         self, conn: Connection, token_id: int, user_id: int | None = None, role: str | None = None
     ) -> str | None:
-        """Why the audit log refuses this token: it revoked it, or the user's role is not the
-        last audited one (a row put back to an earlier, sealed state). None when it does not."""
+        """Why the verified audit log refuses this token: it revoked it; the user's role is
+        not the last audited one (a row put back to an earlier, sealed state); no verified
+        record issues it; or the chain is broken after it was issued (or after the user's
+        role was recorded), so the log can no longer vouch for it. None when it does not."""
         self._credentials.refresh(conn, self.key)
         return self._credentials.refusal(token_id, user_id, role)
+
+    def covered(self, conn: Connection) -> coverage.CoverFacts:
+        """What the audit log vouches for (secret versions, evidence digests), up to date."""
+        return self._coverage.refresh(conn, lambda row: audit.row_hash_ok(self.key, row))
+
+    def audit_break_after(self, seq: int) -> int | None:
+        """The first seq after `seq` where the audit chain does not hold together (call
+        `covered` first); None when it holds."""
+        return self._coverage.break_after(seq)
 
     def anchor_problems(self, conn: Connection) -> list[audit.AuditProblem]:
         """Why the stored audit chain contradicts its checkpoint (rewound); [] when it does not."""

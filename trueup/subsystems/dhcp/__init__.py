@@ -16,6 +16,7 @@ Facts, per family N used by the document:
 | `spec.dhcp.dhcpN.interfaces` | the document's interfaces | Kea's, plus those not present yet (they wait) |
 | `spec.dhcp.dhcpN.ha` | whether the document has `ha:` | any HA hook/parameters in Kea's config |
 | `spec.dhcp.dhcpN.allocation` | `follows-fence` | `follows-fence` or what disagrees |
+| `spec.dhcp.dhcpN.changes` | (none) | for a foreign configuration: what differs in it (`changes`) |
 
 A configuration set by someone else through the socket (or written to the
 file) hashes to a digest trueup never set: `foreign:sha256:…` — drift.
@@ -41,9 +42,20 @@ from pathlib import Path
 from typing import Any
 
 from trueup.model.document import DeviceState
-from trueup.model.health import SubsystemHealth, Tier
-from trueup.subsystems.base import Facts, Plan, Scope, Sources, Step, StepError, Subsystem
+from trueup.model.health import SubsystemHealth, Tier, waiting_on_links
+from trueup.subsystems.base import (
+    Difference,
+    Facts,
+    Plan,
+    Scope,
+    Sources,
+    Step,
+    StepError,
+    Subsystem,
+    daemon_failure,
+)
 from trueup.subsystems.dhcp.allocator import CONSISTENT, allocation_state, enforce, wait_for_socket
+from trueup.subsystems.dhcp.changes import config_changes
 from trueup.subsystems.dhcp.keaconfig import (
     compile_config,
     digest,
@@ -65,6 +77,8 @@ from trueup.system.kea import (
     make_socket_dir,
 )
 from trueup.system.kea import answers as kea_answers
+from trueup.system.kea import requirements as kea_requirements
+from trueup.system.requirements import Requirement
 from trueup.system.safefile import ensure_dir, read_file
 from trueup.system.watches import every, rtnetlink
 
@@ -104,7 +118,6 @@ class DhcpSubsystem(Subsystem):
     # Kea's config changed through its socket sends no event: look every few seconds.
     # A link appearing may let a waiting interface be served.
     watches = (every(5.0), rtnetlink("link"))
-    required_binaries = ("kea-dhcp4",)
 
     def __init__(self) -> None:
         # digest → section, for the documents this process has seen (and, on disk, applied).
@@ -112,6 +125,13 @@ class DhcpSubsystem(Subsystem):
 
     def configured(self, document: DeviceState) -> bool:
         return document.spec.section("dhcp", DhcpSection) is not None
+
+    def requirements(self, document: DeviceState) -> list[Requirement]:
+        section = document.spec.section("dhcp", DhcpSection)
+        if section is None:
+            return []
+        ha = section.ha is not None
+        return [need for family in section.families() for need in kea_requirements(family, ha=ha)]
 
     # -- facts ------------------------------------------------------------------
     def desired(self, document: DeviceState, scope: Scope) -> Facts:
@@ -149,13 +169,26 @@ class DhcpSubsystem(Subsystem):
             applied = _applied(paths)
             try:
                 running = _config_get(sources, paths, status.pid)
-            except KeaError:
+            except KeaError as exc:
+                if _timed_out(exc):
+                    # Its socket takes the connection and nothing answers: a hung Kea.
+                    # Unobservable, not "running without a configuration" (which a
+                    # transaction would converge, and roll back to, through that socket).
+                    raise KeaError(
+                        f"kea-dhcp{family} (pid {status.pid}) does not answer its control "
+                        f"socket: {exc}"
+                    ) from exc
                 running = {}
             body = _body(running, family)
             if body is not None:
                 key = digest(unfenced(body))
                 entry = applied.get("kea", {}).get(key)
                 facts[_path(family, "config")] = entry["desired"] if entry else f"foreign:{key}"
+                if entry is None:
+                    # Not only that it differs: where (shown beside the digest by `diff`).
+                    changes = self._changes(paths, unfenced(body))
+                    if changes:
+                        facts[_path(family, "changes")] = changes
                 facts[_path(family, "ha")] = has_ha(running)
                 interfaces = set(body.get("interfaces-config", {}).get("interfaces", []))
                 waiting = set(entry.get("declared", [])) - present if entry else set()
@@ -165,6 +198,36 @@ class DhcpSubsystem(Subsystem):
                 paths, sources.state_dir, status.pid, running if body is not None else None
             )
         return facts
+
+    def _changes(self, paths: KeaPaths, body: Any) -> list[dict[str, Any]]:
+        """What differs in Kea's running `body` from what it answered when trueup set it."""
+        reference = _read_json(paths.run_dir / "reference.json")
+        known = reference.get("body")
+        if not isinstance(known, dict) or not isinstance(body, dict):
+            return []
+        wanted = str(reference.get("desired") or "")
+        section = self._sections.get(wanted)
+        if section is None and wanted:
+            stored = paths.run_dir / "sections" / f"{wanted.split(':')[-1]}.json"
+            try:
+                section = DhcpSection.model_validate(json.loads(read_file(stored)))
+            except (OSError, ValueError):
+                section = None
+        return config_changes(known, body, paths.family, section)
+
+    def diff(self, desired: Facts, observed: Facts) -> list[Difference]:
+        """The facts' differences; a foreign configuration also by what differs inside it
+        (`spec.dhcp.subnets[0].pools[0]: … → …`, or Kea's own path)."""
+        out = super().diff(desired, observed)
+        for family in FAMILIES:
+            config = _path(family, "config")
+            if not any(d.path == config for d in out):
+                continue
+            for change in observed.get(_path(family, "changes")) or []:
+                out.append(
+                    Difference(self.name, change["path"], change["desired"], change["observed"])
+                )
+        return out
 
     def plan(self, desired: Facts, observed: Facts, scope: Scope) -> Plan:
         steps: list[Step] = []
@@ -177,7 +240,9 @@ class DhcpSubsystem(Subsystem):
                         Step(self.name, "stop", _path(family, "running"), {"family": family})
                     )
                 continue
-            wanted = desired[_path(family, "config")]
+            wanted = desired.get(_path(family, "config"))
+            if wanted is None:
+                continue  # a before-image of a Kea whose configuration was never read
             args = {"family": family, "digest": wanted}
             if not have_running:
                 steps.append(Step(self.name, "start", _path(family, "running"), args))
@@ -297,7 +362,7 @@ class DhcpSubsystem(Subsystem):
         # A reconfiguration never lets a fenced Kea answer: the fence is in what is set.
         held = read_fence(sources.state_dir, "dhcp") is not None
         fenced = with_fence(config, held)
-        kea_call(paths, "config-test", fenced)
+        kea_call(paths, "config-test", _testable(fenced, previous, paths.family))
         kea_call(paths, "config-set", fenced)
         try:
             kea_call(paths, "config-write", {"filename": str(paths.config)})
@@ -334,6 +399,15 @@ class DhcpSubsystem(Subsystem):
             "interfaces": interfaces,
             "declared": list(section.interfaces),
         }
+        reference = _body(running, paths.family)
+        if reference is not None:
+            # What Kea answered for trueup's configuration: what a foreign one is compared with.
+            write_atomic(
+                paths.run_dir / "reference.json",
+                json.dumps({"desired": entry["desired"], "body": unfenced(reference)}).encode(),
+                0o600,
+                durable=False,
+            )
         applied = _applied(paths)
         for kind, body in (
             ("kea", _body(running, paths.family)),
@@ -363,15 +437,46 @@ class DhcpSubsystem(Subsystem):
         fence = read_fence(sources.state_dir, "dhcp")
         if fence is not None:
             return SubsystemHealth.FENCED, f"fenced by {fence.owner}: {fence.reason}"
+        for family in section.families():
+            failure = daemon_failure(sources, daemon_name(family))
+            if failure is not None:
+                return SubsystemHealth.FAILED, failure
         present = {link.name for link in sources.netlink.links()}
-        missing = [i for i in section.interfaces if i not in present]
-        if missing:
-            return SubsystemHealth.PENDING, f"waiting for interface(s) {', '.join(missing)}"
-        return None
+        return waiting_on_links([i for i in section.interfaces if i not in present])
+
+
+def _testable(config: dict[str, Any], running: dict[str, Any], family: int) -> dict[str, Any]:
+    """`config` as `config-test` can judge it: only interfaces Kea has detected already.
+
+    Kea detects interfaces when it starts and at each `config-set` (`re-detect`),
+    never for `config-test`: a link that appeared since (a late NIC) is "doesn't
+    exist in the system" to the test, although the set that follows detects and
+    binds it. The test keeps every other part; the interfaces it leaves out were
+    just seen present in the kernel, and the set itself refuses one that is not.
+    """
+    body, before = _body(config, family), _body(running, family)
+    if not isinstance(body, dict):
+        return config
+    known_before = before.get("interfaces-config", {}) if isinstance(before, dict) else {}
+    known = set(known_before.get("interfaces", []))
+    interfaces_config = dict(body.get("interfaces-config", {}))
+    wanted = list(interfaces_config.get("interfaces", []))
+    interfaces_config["interfaces"] = [i for i in wanted if i in known]
+    return {**config, f"Dhcp{family}": {**body, "interfaces-config": interfaces_config}}
 
 
 def _memo_key(paths: KeaPaths) -> str:
     return f"dhcp:{daemon_name(paths.family)}:config"
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether `exc` (or what caused it) is a socket's timeout."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, TimeoutError):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def _config_get(sources: Sources, paths: KeaPaths, pid: int | None) -> dict[str, Any]:

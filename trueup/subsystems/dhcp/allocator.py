@@ -35,18 +35,23 @@ from trueup.system.atomicfile import write_atomic
 from trueup.system.daemon import proc_start_time
 from trueup.system.fence import read_fence
 from trueup.system.kea import KeaError, KeaPaths, kea_call
+from trueup.system.processes import stat_fields
 from trueup.system.safefile import read_file
 
-__all__ = ["CONSISTENT", "allocation_state", "enforce", "wait_for_socket"]
+__all__ = ["CONSISTENT", "allocation_state", "enforce", "fence_config_file", "wait_for_socket"]
 
 CONSISTENT = "follows-fence"
 
 
-def wait_for_socket(paths: KeaPaths, timeout: float = 15.0) -> None:
-    """Wait until Kea answers `status-get`; raises KeaError with the last answer."""
+def wait_for_socket(paths: KeaPaths, timeout: float = 15.0, pid: int | None = None) -> None:
+    """Wait until Kea answers `status-get`; raises KeaError with the last answer, at once
+    when the process `pid` has exited (its own log says why: the supervisor shows it)."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
+    watched = pid is not None and _exists(pid)  # a pid seen running, then gone: exited
     while time.monotonic() < deadline:
+        if watched and pid is not None and not _exists(pid):
+            raise KeaError(f"kea-dhcp{paths.family} (pid {pid}) exited before it answered")
         try:
             kea_call(paths, "status-get", timeout=2.0)
             return
@@ -54,6 +59,11 @@ def wait_for_socket(paths: KeaPaths, timeout: float = 15.0) -> None:
             last = exc
         time.sleep(0.05)
     raise KeaError(f"kea-dhcp{paths.family} did not answer within {timeout:g}s: {last}")
+
+
+def _exists(pid: int) -> bool:
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
 
 
 def _record(paths: KeaPaths) -> dict[str, object]:
@@ -94,14 +104,43 @@ def allocation_state(
     return CONSISTENT
 
 
-def enforce(paths: KeaPaths, state_dir: Path, pid: int, *, wait: float = 15.0) -> str:
+def fence_config_file(paths: KeaPaths, held: bool) -> bool:
+    """The configuration file Kea starts from, with the fence class exactly when `held`.
+
+    A Kea started from it by anyone (the supervisor, an operator, a crash
+    restart while the agent is down) drops every packet while the fence is
+    held. Nothing else in the file changes; no file, nothing to do. True when
+    the file was rewritten.
+    """
+    try:
+        config = json.loads(read_file(paths.config))
+    except (OSError, ValueError):
+        return False  # none, or unreadable: no Kea starts from it (the supervisor writes it)
+    if not isinstance(config, dict) or has_fence(config) == held:
+        return False
+    text = json.dumps(with_fence(config, held), indent=2, sort_keys=True) + "\n"
+    write_atomic(paths.config, text.encode(), 0o600)
+    return True
+
+
+def enforce(
+    paths: KeaPaths,
+    state_dir: Path,
+    pid: int,
+    *,
+    wait: float = 15.0,
+    fenced: bool | None = None,
+) -> str:
     """Make Kea follow the fence: the fence class and `dhcp-disable` while held, else neither.
 
     A configuration that disagrees is set (`config-set`, `config-write`) from
     what Kea runs, with the fence class added or removed and nothing else changed.
+    `fenced` overrides the fence record: the restore enforces the fence on Kea
+    *before* it writes the record, so the record never says held while Kea serves.
     """
-    wait_for_socket(paths, wait)
-    fenced = read_fence(state_dir, "dhcp") is not None
+    wait_for_socket(paths, wait, pid)
+    if fenced is None:
+        fenced = read_fence(state_dir, "dhcp") is not None
     state = "disabled" if fenced else "enabled"
     if fenced:
         kea_call(paths, "dhcp-disable")  # at once: the configuration follows

@@ -38,7 +38,7 @@ import json
 from typing import Any
 
 from trueup.subsystems.dhcp.section import DhcpSection, OptionValue, Subnet
-from trueup.system.kea import HOOKS_DIR, KeaPaths
+from trueup.system.kea import HA_HOOK, LEASE_CMDS_HOOK, KeaPaths
 
 __all__ = [
     "FENCE_CLASS",
@@ -167,12 +167,12 @@ def compile_config(
     section: DhcpSection, family: int, paths: KeaPaths, interfaces: list[str]
 ) -> dict[str, Any]:
     lifetimes = section.lifetimes
-    hooks: list[dict[str, Any]] = [{"library": str(HOOKS_DIR / "libdhcp_lease_cmds.so")}]
+    hooks: list[dict[str, Any]] = [{"library": str(LEASE_CMDS_HOOK)}]
     if section.ha is not None:
         ha = section.ha
         hooks.append(
             {
-                "library": str(HOOKS_DIR / "libdhcp_ha.so"),
+                "library": str(HA_HOOK),
                 "parameters": {
                     "high-availability": [
                         {

@@ -34,9 +34,11 @@ import ipaddress
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field
 
 from trueup.model.document import _PathError  # the document's path-carrying error
+from trueup.model.limits import quoted
+from trueup.model.problems import Checked, check
 
 __all__ = ["DhcpSection", "HaPeer", "HaSettings", "Lifetimes", "Reservation", "Subnet"]
 
@@ -47,7 +49,7 @@ _OPTION = re.compile(r"^[a-z0-9][a-z0-9\-]*$")
 
 def _ifname(value: str) -> str:
     if not _IFNAME.match(value):
-        raise ValueError(f"{value!r} is not an interface name")
+        raise ValueError(f"{quoted(value)} is not an interface name")
     return value
 
 
@@ -55,7 +57,7 @@ def _network(value: str) -> str:
     try:
         return str(ipaddress.ip_network(value, strict=True))
     except ValueError as exc:
-        raise ValueError(f"{value!r} is not an IPv4/IPv6 network: {exc}") from exc
+        raise ValueError(f"{quoted(value)} is not an IPv4/IPv6 network: {exc}") from exc
 
 
 def _pool(value: str) -> str:
@@ -65,22 +67,31 @@ def _pool(value: str) -> str:
         try:
             low, high = ipaddress.ip_address(first), ipaddress.ip_address(last)
         except ValueError as exc:
-            raise ValueError(f"{value!r} is not a pool like FIRST-LAST: {exc}") from exc
+            raise ValueError(f"{quoted(value)} is not a pool like FIRST-LAST: {exc}") from exc
         if low.version != high.version or int(low) > int(high):
-            raise ValueError(f"{value!r}: the first address must not be above the last")
+            raise ValueError(f"{quoted(value)}: the first address must not be above the last")
         return f"{low}-{high}"
     return _network(text)
 
 
+def _address(value: str) -> str:
+    """Checked, kept as written (the document's digest is over what the operator wrote)."""
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        raise ValueError(f"{quoted(value)} is not an IPv4/IPv6 address") from None
+
+
 def _mac(value: str) -> str:
     if not _MAC.match(value):
-        raise ValueError(f"{value!r} is not a hardware address like 02:00:00:00:00:01")
+        raise ValueError(f"{quoted(value)} is not a hardware address like 02:00:00:00:00:01")
     return value.lower()
 
 
 def _option_name(value: str) -> str:
     if not _OPTION.match(value):
-        raise ValueError(f"{value!r} is not a Kea option name like domain-name-servers")
+        raise ValueError(f"{quoted(value)} is not a Kea option name like domain-name-servers")
     return value
 
 
@@ -88,12 +99,13 @@ IfName = Annotated[str, AfterValidator(_ifname)]
 Network = Annotated[str, AfterValidator(_network)]
 Pool = Annotated[str, AfterValidator(_pool)]
 Mac = Annotated[str, AfterValidator(_mac)]
+Address = Annotated[str, AfterValidator(_address)]
 OptionName = Annotated[str, AfterValidator(_option_name)]
 OptionValue = str | int | bool | list[str | int]
 Lifetime = Annotated[int, Field(ge=1, le=2**31)]
 
 
-class _Model(BaseModel):
+class _Model(Checked):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
@@ -107,14 +119,13 @@ class Lifetimes(_Model):
 class Reservation(_Model):
     hw_address: Mac | None = Field(None, alias="hw-address")
     duid: str | None = None
-    ip_address: str = Field(alias="ip-address")
+    ip_address: Address = Field(alias="ip-address")
     hostname: str | None = None
 
-    @model_validator(mode="after")
+    @check
     def _identifier(self) -> Reservation:
         if (self.hw_address is None) == (self.duid is None):
             raise ValueError("a reservation needs exactly one of hw-address or duid")
-        ipaddress.ip_address(self.ip_address)
         return self
 
 
@@ -137,25 +148,27 @@ class Subnet(_Model):
     def family(self) -> int:
         return _family(self.subnet)
 
-    @model_validator(mode="after")
-    def _inside(self) -> Subnet:
+    @check
+    def _pools_inside(self) -> list[tuple[str, str]]:
         network = ipaddress.ip_network(self.subnet)
         problems: list[tuple[str, str]] = []
         for i, pool in enumerate(self.pools):
             ends = pool.split("-") if "-" in pool else [pool.split("/")[0]]
             if any(ipaddress.ip_address(end) not in network for end in ends):
                 problems.append((f"pools[{i}]", f"{pool} is not inside {self.subnet}"))
-        for i, reservation in enumerate(self.reservations):
-            if ipaddress.ip_address(reservation.ip_address) not in network:
-                problems.append(
-                    (
-                        f"reservations[{i}].ip-address",
-                        f"{reservation.ip_address} is not inside {self.subnet}",
-                    )
-                )
-        if problems:
-            raise _PathError.many(problems)
-        return self
+        return problems
+
+    @check
+    def _reservations_inside(self) -> list[tuple[str, str]]:
+        network = ipaddress.ip_network(self.subnet)
+        return [
+            (
+                f"reservations[{i}].ip-address",
+                f"{reservation.ip_address} is not inside {self.subnet}",
+            )
+            for i, reservation in enumerate(self.reservations)
+            if ipaddress.ip_address(reservation.ip_address) not in network
+        ]
 
 
 class HaPeer(_Model):
@@ -170,10 +183,10 @@ class HaSettings(_Model):
     mode: Literal["hot-standby", "load-balancing", "passive-backup"] = "hot-standby"
     peers: list[HaPeer]
 
-    @model_validator(mode="after")
+    @check
     def _self_listed(self) -> HaSettings:
         if self.this_server not in {p.name for p in self.peers}:
-            raise ValueError(f"this-server {self.this_server!r} is not one of the peers")
+            raise ValueError(f"this-server {quoted(self.this_server)} is not one of the peers")
         return self
 
 
@@ -186,7 +199,7 @@ class DhcpSection(_Model):
     subnets: list[Subnet] = Field(min_length=1)
     ha: HaSettings | None = None
 
-    @model_validator(mode="after")
+    @check
     def _ids(self) -> DhcpSection:
         problems: list[tuple[str, str]] = []
         seen: dict[tuple[int, int], int] = {}

@@ -35,6 +35,10 @@ Steps: `start`/`configure` (config and zone files, start/restart Knot),
 `zone-unset`/`zone-set`, `zone-commit`; `zone-abort` on refusal),
 `sync-leases` (the same, from the leases; always last, so a seeding failure
 leaves the static records served and fails DNS alone), `stop`.
+
+Why this module is over 400 lines: the facts, the steps and Knot's daemon
+specification share one reading of the run directory's state record (the
+static and lease records last written); split, each would re-derive it.
 """
 
 from __future__ import annotations
@@ -44,8 +48,17 @@ import time
 from typing import Any
 
 from trueup.model.document import DeviceState
-from trueup.model.health import Tier
-from trueup.subsystems.base import Facts, Plan, Scope, Sources, Step, StepError, Subsystem
+from trueup.model.health import SubsystemHealth, Tier
+from trueup.subsystems.base import (
+    Facts,
+    Plan,
+    Scope,
+    Sources,
+    Step,
+    StepError,
+    Subsystem,
+    daemon_failure,
+)
 from trueup.subsystems.dns.records import (
     LeaseSettings,
     lease_records,
@@ -66,6 +79,8 @@ from trueup.system.knot import (
     knot_paths,
     render_config,
 )
+from trueup.system.knot import REQUIREMENTS as KNOT_REQUIREMENTS
+from trueup.system.requirements import Requirement
 from trueup.system.safefile import UnsafeFile, ensure_dir, read_file
 from trueup.system.sockets import make_socket_dir
 from trueup.system.watches import every
@@ -100,7 +115,19 @@ class DnsSubsystem(Subsystem):
     # knotc edits and lease changes send no event trueup can name in advance
     # (the lease file's path depends on the state directory): look every 5 s.
     watches = (every(5.0),)
-    required_binaries = ("knotd", "knotc")
+
+    def condition(
+        self, sources: Sources, document: DeviceState
+    ) -> tuple[SubsystemHealth, str] | None:
+        """A daemon the document asks for that is not running: failed, in its own words."""
+        if not self.configured(document):
+            return None
+        failure = daemon_failure(sources, DAEMON)
+        return (SubsystemHealth.FAILED, failure) if failure is not None else None
+
+    def requirements(self, document: DeviceState) -> list[Requirement]:
+        del document
+        return list(KNOT_REQUIREMENTS)
 
     def configured(self, document: DeviceState) -> bool:
         return document.spec.section("dns", DnsSection) is not None

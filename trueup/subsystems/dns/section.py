@@ -29,9 +29,11 @@ import ipaddress
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field
 
 from trueup.model.document import _PathError  # the document's path-carrying error
+from trueup.model.limits import quoted
+from trueup.model.problems import Checked, check
 from trueup.subsystems.dns.records import canonical_name, canonical_record, reverse_zone
 
 __all__ = ["DnsRecord", "DnsSection", "LeaseRecords"]
@@ -49,10 +51,10 @@ def _listen(value: str) -> str:
     try:
         canonical = str(ipaddress.ip_address(address))
     except ValueError as exc:
-        raise ValueError(f"{value!r} is not ADDRESS or ADDRESS@PORT") from exc
+        raise ValueError(f"{quoted(value)} is not ADDRESS or ADDRESS@PORT") from exc
     number = int(port) if port.isdigit() else (53 if not port else -1)
     if not 0 < number < 65536:
-        raise ValueError(f"{value!r}: the port must be 1-65535")
+        raise ValueError(f"{quoted(value)}: the port must be 1-65535")
     return f"{canonical}@{number}"
 
 
@@ -60,18 +62,18 @@ def _reverse(value: str) -> str:
     try:
         network = ipaddress.ip_network(value, strict=True)
     except ValueError as exc:
-        raise ValueError(f"{value!r} is not an IPv4/IPv6 prefix: {exc}") from exc
+        raise ValueError(f"{quoted(value)} is not an IPv4/IPv6 prefix: {exc}") from exc
     step = 8 if network.version == 4 else 4
     if network.prefixlen == 0 or network.prefixlen % step:
         unit = "8 (IPv4)" if network.version == 4 else "4 (IPv6)"
-        raise ValueError(f"{value!r}: a reverse zone's prefix length is a multiple of {unit}")
+        raise ValueError(f"{quoted(value)}: a reverse zone's prefix length is a multiple of {unit}")
     return str(network)
 
 
 _LABELS = re.compile(r"^[A-Za-z0-9_@.\-]+$")
 
 
-class DnsRecord(BaseModel):
+class DnsRecord(Checked):
     """One static record; `ttl` defaults to the section's."""
 
     model_config = ConfigDict(extra="forbid")
@@ -81,14 +83,14 @@ class DnsRecord(BaseModel):
     value: str = Field(min_length=1, max_length=1000)
     ttl: Ttl | None = None
 
-    @model_validator(mode="after")
+    @check
     def _names(self) -> DnsRecord:
         if not _LABELS.match(self.name):
-            raise ValueError(f"name {self.name!r} is not a domain name")
+            raise ValueError(f"name {quoted(self.name)} is not a domain name")
         return self
 
 
-class LeaseRecords(BaseModel):
+class LeaseRecords(Checked):
     """Records derived from DHCP leases: hostname → A/AAAA in the zone, PTR in reverse zones.
 
     `lease4_file`/`lease6_file` default to where trueup's DHCP subsystem has
@@ -102,7 +104,7 @@ class LeaseRecords(BaseModel):
     lease6_file: str | None = None
 
 
-class DnsSection(BaseModel):
+class DnsSection(Checked):
     """`spec.dns`: one local zone served by Knot, its reverse zones and lease-derived records."""
 
     model_config = ConfigDict(extra="forbid")
@@ -114,7 +116,7 @@ class DnsSection(BaseModel):
     reverse: list[Annotated[str, AfterValidator(_reverse)]] = Field(default_factory=list)
     leases: LeaseRecords | None = None
 
-    @model_validator(mode="after")
+    @check
     def _records_fit(self) -> DnsSection:
         zones = self.zones()
         problems: list[tuple[str, str]] = []

@@ -28,9 +28,11 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field
 
 from trueup.model.document import _PathError  # the document's path-carrying error
+from trueup.model.limits import quoted
+from trueup.model.problems import Checked, check
 
 __all__ = ["Chain", "FirewallSection", "NftSet", "rule_path"]
 
@@ -41,7 +43,7 @@ _MAX_RULE = 4096
 
 def _name(value: str) -> str:
     if not _NAME.match(value):
-        raise ValueError(f"{value!r} is not an nft name (letters, digits, _ and -; up to 64)")
+        raise ValueError(f"{quoted(value)} is not an nft name (letters, digits, _ and -; up to 64)")
     return value
 
 
@@ -65,7 +67,7 @@ def _priority(value: int | str) -> int | str:
     base, _, offset = text.partition(" ")
     if base not in _PRIORITY_NAMES or (offset and not re.fullmatch(r"[+-] ?\d{1,9}", offset)):
         raise ValueError(
-            f"{value!r} is not a priority: a number or one of {sorted(_PRIORITY_NAMES)} "
+            f"{quoted(value)} is not a priority: a number or one of {sorted(_PRIORITY_NAMES)} "
             "optionally followed by + or - a number"
         )
     return text
@@ -74,7 +76,7 @@ def _priority(value: int | str) -> int | str:
 def _element(value: str | int) -> str:
     text = " ".join(str(value).split())
     if not text or any(c in text for c in ";{}\n"):
-        raise ValueError(f"{value!r} is not a set element")
+        raise ValueError(f"{quoted(value)} is not a set element")
     return text
 
 
@@ -82,7 +84,7 @@ Name = Annotated[str, AfterValidator(_name)]
 Element = Annotated[str | int, AfterValidator(_element)]
 
 
-class _Model(BaseModel):
+class _Model(Checked):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -103,7 +105,7 @@ class Chain(_Model):
     policy: Literal["accept", "drop"] = "accept"
     rules: list[str] = Field([], description="nft rules, one per entry (checked by nft)")
 
-    @model_validator(mode="after")
+    @check
     def _base_or_regular(self) -> Chain:
         if (self.type is None) != (self.hook is None):
             raise ValueError("a base chain has both type and hook; a regular chain neither")
@@ -120,7 +122,7 @@ class FirewallSection(_Model):
     sets: list[NftSet] = []
     chains: list[Chain] = []
 
-    @model_validator(mode="after")
+    @check
     def _checks(self) -> FirewallSection:
         """Unique names; each rule one line of trueup's table — reported at `chains[NAME].rules[I]`."""
         problems: list[tuple[str, str]] = []
@@ -131,7 +133,7 @@ class FirewallSection(_Model):
             seen: set[str] = set()
             for name in names:
                 if name in seen:
-                    problems.append((f"{kind}[{name}]", f"duplicate name {name!r}"))
+                    problems.append((f"{kind}[{name}]", f"duplicate name {quoted(name)}"))
                 seen.add(name)
         rules: dict[str, list[str]] = {}
         for chain in self.chains:

@@ -38,11 +38,13 @@ from typing import Any
 
 from trueup.model.document import DeviceState
 from trueup.model.health import Tier
+from trueup.model.order import natural_sorted
 from trueup.subsystems.base import (
     Difference,
     EventVerdict,
     Facts,
     Plan,
+    Requirement,
     Scope,
     Sources,
     Step,
@@ -59,8 +61,10 @@ from trueup.subsystems.firewall.canonical import (
 )
 from trueup.subsystems.firewall.monitor import prove
 from trueup.subsystems.firewall.risks import management_findings
+from trueup.subsystems.firewall.ruletext import rule_text
 from trueup.subsystems.firewall.section import FirewallSection, rule_path
 from trueup.system.events import NetlinkEvent
+from trueup.system.nft import REQUIREMENTS as NFT_REQUIREMENTS
 from trueup.system.nft import HostNftables, Nftables, NftError
 from trueup.system.watches import command
 
@@ -88,7 +92,6 @@ class FirewallSubsystem(Subsystem):
     observed_only_matters = True  # a rule or chain someone added to trueup's table is drift
     may_block = True
     watches = (command("nft", "monitor"),)
-    required_binaries = ("nft", "unshare")
 
     def __init__(self, nft: Nftables | None = None) -> None:
         # Canonicalises documents; observation and loading go through `Sources.nft`.
@@ -106,6 +109,10 @@ class FirewallSubsystem(Subsystem):
     @classmethod
     def scope_keys(cls, document: DeviceState) -> frozenset[str]:
         return frozenset({_KEY}) if _section(document) is not None else frozenset()
+
+    def requirements(self, document: DeviceState) -> list[Requirement]:
+        del document
+        return list(NFT_REQUIREMENTS)
 
     def configured(self, document: DeviceState) -> bool:
         return _section(document) is not None
@@ -250,13 +257,20 @@ class FirewallSubsystem(Subsystem):
         )
 
     def diff(self, desired: Facts, observed: Facts) -> list[Difference]:
-        """Strict: order, every field and every extra object count (rules are not sets)."""
-        keys = sorted(set(desired) | set(observed))
-        return [
-            Difference(self.name, key, desired.get(key), observed.get(key))
-            for key in keys
-            if desired.get(key) != observed.get(key)
-        ]
+        """Strict: order, every field and every extra object count (rules are not sets).
+
+        Facts are compared as nft's JSON; a rule's difference shows both sides as
+        nft rule text (`tcp dport 22 accept` against `tcp dport 22 drop`)."""
+        keys = natural_sorted(set(desired) | set(observed))
+        out = []
+        for key in keys:
+            want, have = desired.get(key), observed.get(key)
+            if want == have:
+                continue
+            if ".rules[" in key:
+                want, have = rule_text(want), rule_text(have)
+            out.append(Difference(self.name, key, want, have))
+        return out
 
     # -- plan and steps -----------------------------------------------------
     def plan(self, desired: Facts, observed: Facts, scope: Scope) -> Plan:

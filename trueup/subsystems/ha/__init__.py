@@ -36,9 +36,18 @@ import time
 from typing import Any
 
 from trueup.model.document import DeviceState
-from trueup.model.health import Tier
+from trueup.model.health import SubsystemHealth, Tier
 from trueup.model.virtual import host_of
-from trueup.subsystems.base import Facts, Plan, Scope, Sources, Step, StepError, Subsystem
+from trueup.subsystems.base import (
+    Facts,
+    Plan,
+    Scope,
+    Sources,
+    Step,
+    StepError,
+    Subsystem,
+    daemon_failure,
+)
 from trueup.subsystems.ha.section import HaSection
 from trueup.system.atomicfile import write_atomic
 from trueup.system.daemon import DaemonError, DaemonSpec
@@ -53,6 +62,8 @@ from trueup.system.keepalived import (
     vrrp_running,
     write_config,
 )
+from trueup.system.keepalived import REQUIREMENTS as KEEPALIVED_REQUIREMENTS
+from trueup.system.requirements import Requirement
 from trueup.system.safefile import ensure_dir, read_file
 from trueup.system.watches import every
 
@@ -92,10 +103,22 @@ class HaSubsystem(Subsystem):
     # keepalived's death and edits of its file (whose path depends on the state
     # directory) are seen at this period, besides the supervisor's own restarts.
     watches = (every(3.0),)
-    required_binaries = ("keepalived",)
+
+    def condition(
+        self, sources: Sources, document: DeviceState
+    ) -> tuple[SubsystemHealth, str] | None:
+        """A daemon the document asks for that is not running: failed, in its own words."""
+        if not self.configured(document) or compile_config(document) is None:
+            return None
+        failure = daemon_failure(sources, DAEMON)
+        return (SubsystemHealth.FAILED, failure) if failure is not None else None
 
     def __init__(self) -> None:
         self._configs: dict[str, str] = {}
+
+    def requirements(self, document: DeviceState) -> list[Requirement]:
+        # keepalived runs only for a role that holds virtual addresses.
+        return list(KEEPALIVED_REQUIREMENTS) if compile_config(document) is not None else []
 
     def configured(self, document: DeviceState) -> bool:
         return document.spec.section("ha", HaSection) is not None
@@ -194,6 +217,7 @@ class HaSubsystem(Subsystem):
 
         def before_start() -> None:
             write_config(paths, config)
+            paths.clear_stale_pid_files()
 
         _update_record(paths, lambda r: r.update(config_written=time.time()))
         # Started means its VRRP child runs: a keepalived that exits at once is a

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
 
 from trueup.model.document import _PathError  # the document's path-carrying error
+from trueup.model.problems import Checked, check
 from trueup.model.types import IfName, IpAddress, IpPrefix, family_of
 from trueup.model.virtual import host_of
 
@@ -30,7 +31,7 @@ DEFAULT_PRIORITY = {"primary": 200, "standby": 100}
 _DHCP_ROLES = {"primary": {"primary"}, "standby": {"standby", "secondary", "backup"}}
 
 
-class _Model(BaseModel):
+class _Model(Checked):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -53,7 +54,7 @@ class HaSection(_Model):
     peers: list[IpAddress] = []
     vips: list[Vip] = Field(min_length=1)
 
-    @model_validator(mode="after")
+    @check
     def _consistent(self) -> HaSection:
         problems: list[tuple[str, str]] = []
         if round(self.advert_interval * 100) != self.advert_interval * 100:

@@ -34,7 +34,16 @@ from typing import Any
 
 from trueup.model.document import DeviceState
 from trueup.model.health import SubsystemHealth, Tier
-from trueup.subsystems.base import Facts, Plan, Scope, Sources, Step, StepError, Subsystem
+from trueup.subsystems.base import (
+    Facts,
+    Plan,
+    Scope,
+    Sources,
+    Step,
+    StepError,
+    Subsystem,
+    daemon_failure,
+)
 from trueup.subsystems.proxy.section import ProxySection, split_endpoint
 from trueup.system.atomicfile import write_atomic
 from trueup.system.daemon import DaemonError, DaemonSpec
@@ -51,6 +60,8 @@ from trueup.system.haproxy import (
     remove_quietly,
     render_config,
 )
+from trueup.system.haproxy import REQUIREMENTS as HAPROXY_REQUIREMENTS
+from trueup.system.requirements import Requirement
 from trueup.system.safefile import UnsafeFile, ensure_dir, read_file
 from trueup.system.sockets import make_socket_dir
 from trueup.system.watches import STATE_DIR, every, files, rtnetlink
@@ -80,11 +91,14 @@ class ProxySubsystem(Subsystem):
         rtnetlink("address"),
         every(5.0),
     )
-    required_binaries = ("haproxy",)
 
     def __init__(self) -> None:
         # Section digest → section, for the plans this process made (steps name the digest).
         self._sections: dict[str, list[dict[str, Any]]] = {}
+
+    def requirements(self, document: DeviceState) -> list[Requirement]:
+        section = document.spec.section("proxies", ProxySection)
+        return list(HAPROXY_REQUIREMENTS) if section is not None and section.root else []
 
     def configured(self, document: DeviceState) -> bool:
         return document.spec.section("proxies", ProxySection) is not None
@@ -192,7 +206,8 @@ class ProxySubsystem(Subsystem):
         missing = _missing(sources, [(p.name, p.bind) for p in section.root])
         if missing:
             return SubsystemHealth.PENDING, _missing_reason(missing)
-        return None
+        failure = daemon_failure(sources, DAEMON)
+        return (SubsystemHealth.FAILED, failure) if failure is not None else None
 
     def report(self, sources: Sources, scope: Scope) -> dict[str, Any]:
         paths = haproxy_paths(sources.daemons.run_dir(DAEMON))

@@ -28,7 +28,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -37,6 +36,8 @@ from pydantic import (
 )
 
 from trueup.model.document import _PathError, refuse_duplicates  # path-carrying errors
+from trueup.model.limits import quoted
+from trueup.model.problems import Checked, check
 
 __all__ = [
     "Backend",
@@ -59,23 +60,23 @@ def split_endpoint(value: str) -> tuple[str, int]:
     if value.startswith("["):
         host, sep, port = value[1:].partition("]:")
         if not sep:
-            raise ValueError(f"{value!r} is not ADDRESS:PORT ([V6]:PORT for IPv6)")
+            raise ValueError(f"{quoted(value)} is not ADDRESS:PORT ([V6]:PORT for IPv6)")
         version = 6
     else:
         host, sep, port = value.rpartition(":")
         if not sep or not host:
-            raise ValueError(f"{value!r} is not ADDRESS:PORT ([V6]:PORT for IPv6)")
+            raise ValueError(f"{quoted(value)} is not ADDRESS:PORT ([V6]:PORT for IPv6)")
         version = 4
     if host != "*":
         try:
             address = ipaddress.ip_address(host)
         except ValueError as exc:
-            raise ValueError(f"{value!r}: {host!r} is not an IP address") from exc
+            raise ValueError(f"{quoted(value)}: {quoted(host)} is not an IP address") from exc
         if address.version != version:
-            raise ValueError(f"{value!r}: write IPv6 addresses as [ADDRESS]:PORT")
+            raise ValueError(f"{quoted(value)}: write IPv6 addresses as [ADDRESS]:PORT")
         host = str(address)
     if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{value!r}: the port must be 1-65535")
+        raise ValueError(f"{quoted(value)}: the port must be 1-65535")
     return host, int(port)
 
 
@@ -87,26 +88,26 @@ def _endpoint(value: str) -> str:
 def _server_endpoint(value: str) -> str:
     text = _endpoint(value)
     if text.startswith("*"):
-        raise ValueError(f"{value!r}: a server needs an address, not *")
+        raise ValueError(f"{quoted(value)}: a server needs an address, not *")
     return text
 
 
 def _name(value: str) -> str:
     if not _NAME.match(value):
-        raise ValueError(f"{value!r}: letters, digits, '_', '.', '-' (at most 63)")
+        raise ValueError(f"{quoted(value)}: letters, digits, '_', '.', '-' (at most 63)")
     return value
 
 
 def _duration(value: object) -> str:
     """`2s`, `500ms`, `1m`, `1h` or a number of milliseconds → HAProxy's spelling."""
     if not isinstance(value, (str, int)) or isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a duration (500ms, 2s, 1m, 1h)")
+        raise ValueError(f"{quoted(value)} is not a duration (500ms, 2s, 1m, 1h)")
     match = _DURATION.match(str(value).strip())
     if not match:
-        raise ValueError(f"{value!r} is not a duration (500ms, 2s, 1m, 1h)")
+        raise ValueError(f"{quoted(value)} is not a duration (500ms, 2s, 1m, 1h)")
     number, unit = match.groups()
     if int(number) == 0:
-        raise ValueError(f"{value!r}: must be more than zero")
+        raise ValueError(f"{quoted(value)}: must be more than zero")
     return f"{int(number)}{unit or 'ms'}"
 
 
@@ -114,23 +115,23 @@ Name = Annotated[str, AfterValidator(_name)]
 Duration = Annotated[str, BeforeValidator(_duration)]
 
 
-class Tls(BaseModel):
+class Tls(Checked):
     model_config = ConfigDict(extra="forbid")
 
     certificate: str = Field(min_length=2, description="absolute path of a PEM with the key")
 
-    @model_validator(mode="after")
+    @check
     def _absolute(self) -> Tls:
         if not _FILE_PATH.match(self.certificate):
             raise _PathError(
                 "certificate",
-                f"{self.certificate[:80]!r}: an absolute path of at most 4096 of "
+                f"{quoted(self.certificate[:80])}: an absolute path of at most 4096 of "
                 "A-Z a-z 0-9 / . _ + @ % : = , -",
             )
         return self
 
 
-class Server(BaseModel):
+class Server(Checked):
     model_config = ConfigDict(extra="forbid")
 
     name: Name
@@ -139,7 +140,7 @@ class Server(BaseModel):
     weight: int = Field(default=1, ge=0, le=256)
 
 
-class HealthCheck(BaseModel):
+class HealthCheck(Checked):
     model_config = ConfigDict(extra="forbid")
 
     path: str | None = Field(
@@ -148,14 +149,14 @@ class HealthCheck(BaseModel):
     interval: Duration = "2s"
 
 
-class Backend(BaseModel):
+class Backend(Checked):
     model_config = ConfigDict(extra="forbid")
 
     balance: Literal["roundrobin", "leastconn", "source", "first"] = "roundrobin"
     servers: list[Server] = Field(min_length=1)
     health_check: HealthCheck | None = None
 
-    @model_validator(mode="after")
+    @check
     def _unique(self) -> Backend:
         refuse_duplicates(
             [server.name for server in self.servers],
@@ -165,7 +166,7 @@ class Backend(BaseModel):
         return self
 
 
-class Timeouts(BaseModel):
+class Timeouts(Checked):
     model_config = ConfigDict(extra="forbid")
 
     connect: Duration = "5s"
@@ -173,7 +174,7 @@ class Timeouts(BaseModel):
     server: Duration = "30s"
 
 
-class Proxy(BaseModel):
+class Proxy(Checked):
     """One frontend and its backend."""
 
     model_config = ConfigDict(extra="forbid")
@@ -185,7 +186,7 @@ class Proxy(BaseModel):
     backend: Backend
     timeouts: Timeouts = Timeouts()
 
-    @model_validator(mode="after")
+    @check
     def _check_fits_mode(self) -> Proxy:
         check = self.backend.health_check
         if self.mode == "tcp" and check is not None and check.path is not None:
@@ -207,6 +208,7 @@ class ProxySection(RootModel[list[Proxy]]):
 
     root: list[Proxy]
 
+    # One field (the list): nothing for a partial check to keep, pydantic's own order holds.
     @model_validator(mode="after")
     def _unique(self) -> ProxySection:
         problems: list[tuple[str, str]] = []

@@ -57,6 +57,7 @@ from trueup.subsystems.wireguard.state import (
 )
 from trueup.system.daemon import DaemonError
 from trueup.system.netlink import NetlinkError
+from trueup.system.requirements import Requirement
 from trueup.system.resolve import resolve_endpoint
 from trueup.system.watches import every, rtnetlink
 from trueup.system.wireguard import (
@@ -65,8 +66,10 @@ from trueup.system.wireguard import (
     WgError,
     daemon_name,
     daemon_spec,
+    kernel_has_wireguard,
     render_conf,
 )
+from trueup.system.wireguard import requirements as wg_requirements
 
 __all__ = ["ROAM_FRESH", "WireguardSection", "WireguardSubsystem"]
 
@@ -90,10 +93,15 @@ class WireguardSubsystem(Subsystem):
     # `wg set` sends no notification: look every 10 s; a deleted link or a killed
     # wireguard-go (its TUN device goes) is seen at once through rtnetlink.
     watches = (every(10.0), rtnetlink("link", "address"))
-    required_binaries = ("wg",)
 
     def __init__(self, resolve: ResolveFn = resolve_endpoint, *, refresh: bool = True) -> None:
         self.resolver = Resolver(resolve, refresh=refresh)
+
+    def requirements(self, document: DeviceState) -> list[Requirement]:
+        section = document.spec.section("wireguard", WireguardSection)
+        if section is None or not section.interfaces:
+            return []
+        return wg_requirements(kernel_wireguard=kernel_has_wireguard())
 
     def configured(self, document: DeviceState) -> bool:
         return document.spec.section("wireguard", WireguardSection) is not None

@@ -26,9 +26,11 @@ import ipaddress
 import re
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 
 from trueup.model.document import refuse_duplicates  # path-carrying errors
+from trueup.model.limits import quoted
+from trueup.model.problems import Checked, check
 
 __all__ = ["WgInterface", "WgPeerSection", "WireguardSection", "ref_name", "secret_name"]
 
@@ -72,14 +74,14 @@ def _duration(value: Any) -> float:
     else:
         match = _DURATION.match(str(value).strip())
         if match is None:
-            raise ValueError(f"{value!r} is not a duration (300, 300s, 5m, 1h)")
+            raise ValueError(f"{quoted(value)} is not a duration (300, 300s, 5m, 1h)")
         seconds = float(match.group(1)) * _UNITS[match.group(2)]
     return seconds
 
 
 def _public_key(value: str) -> str:
     if not _PUBLIC_KEY.match(value):
-        raise ValueError(f"{value!r} is not a WireGuard public key (44 characters of base64)")
+        raise ValueError(f"{quoted(value)} is not a WireGuard public key (44 characters of base64)")
     return value
 
 
@@ -87,14 +89,14 @@ def _prefix(value: str) -> str:
     try:
         return str(ipaddress.ip_interface(value))
     except ValueError as exc:
-        raise ValueError(f"{value!r} is not an IPv4/IPv6 prefix") from exc
+        raise ValueError(f"{quoted(value)} is not an IPv4/IPv6 prefix") from exc
 
 
 def _network(value: str) -> str:
     try:
         return str(ipaddress.ip_network(value, strict=False))
     except ValueError as exc:
-        raise ValueError(f"{value!r} is not an IPv4/IPv6 network") from exc
+        raise ValueError(f"{quoted(value)} is not an IPv4/IPv6 network") from exc
 
 
 def _endpoint(value: str) -> str:
@@ -105,18 +107,20 @@ def _endpoint(value: str) -> str:
         ip = ipaddress.ip_address(host)
     except ValueError:
         if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})\Z", host) or ".." in host:
-            raise ValueError(f"{value!r}: {host!r} is neither an address nor a host name") from None
+            raise ValueError(
+                f"{quoted(value)}: {quoted(host)} is neither an address nor a host name"
+            ) from None
         return f"{host.lower().rstrip('.')}:{port}"
     return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
 
 
 def _ifname(value: str) -> str:
     if not _IFNAME.match(value):
-        raise ValueError(f"{value!r} is not an interface name (1-15 of A-Z a-z 0-9 _ . -)")
+        raise ValueError(f"{quoted(value)} is not an interface name (1-15 of A-Z a-z 0-9 _ . -)")
     return value
 
 
-class _SecretRefInput(BaseModel):
+class _SecretRefInput(Checked):
     model_config = ConfigDict(extra="forbid")
     secret_ref: str
 
@@ -132,7 +136,7 @@ SecretRef = Annotated[
 Seconds = Annotated[float, BeforeValidator(_duration), Field(gt=0, le=86400)]
 
 
-class WgPeerSection(BaseModel):
+class WgPeerSection(Checked):
     model_config = ConfigDict(extra="forbid")
 
     public_key: Annotated[str, AfterValidator(_public_key)]
@@ -153,7 +157,7 @@ class WgPeerSection(BaseModel):
         return None
 
 
-class WgInterface(BaseModel):
+class WgInterface(Checked):
     model_config = ConfigDict(extra="forbid")
 
     name: Annotated[str, AfterValidator(_ifname)]
@@ -163,7 +167,7 @@ class WgInterface(BaseModel):
     mtu: int = Field(1420, ge=1280, le=65535)
     peers: list[WgPeerSection] = Field(default_factory=list)
 
-    @model_validator(mode="after")
+    @check
     def _unique_peers(self) -> WgInterface:
         refuse_duplicates(
             [peer.public_key for peer in self.peers],
@@ -173,7 +177,7 @@ class WgInterface(BaseModel):
         return self
 
 
-class WireguardSection(BaseModel):
+class WireguardSection(Checked):
     """`spec.wireguard`: WireGuard interfaces and their peers; keys by secret reference."""
 
     model_config = ConfigDict(extra="forbid")
@@ -182,7 +186,7 @@ class WireguardSection(BaseModel):
     resolve_timeout: Seconds = 5.0
     interfaces: list[WgInterface] = Field(default_factory=list)
 
-    @model_validator(mode="after")
+    @check
     def _unique_names(self) -> WireguardSection:
         refuse_duplicates(
             [interface.name for interface in self.interfaces],

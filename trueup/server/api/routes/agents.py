@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from trueup.server.api.bearer import bearer_token
 from trueup.server.api.context import Api, problems, role
 from trueup.server.api.models import AgentReport
 from trueup.server.api.responses import answers
@@ -37,16 +38,19 @@ def register(app: FastAPI, api: Api) -> None:
         responses=answers(401, 413, token=False),
     )
     def agent_enroll(authorization: str | None = Header(None)) -> dict[str, Any]:
-        if not authorization or not authorization.startswith("Bearer "):
+        token = bearer_token(authorization)
+        if token is None:
             raise HTTPException(
                 401,
                 detail="send the enrollment token as Authorization: Bearer TOKEN",
                 headers={"WWW-Authenticate": "Bearer"},
             )
         try:
-            return plane.exchange_enrollment(authorization[len("Bearer ") :].strip())
+            return plane.exchange_enrollment(token)
         except Unauthorized as exc:
-            raise HTTPException(401, detail=str(exc)) from None
+            raise HTTPException(
+                401, detail=str(exc), headers={"WWW-Authenticate": "Bearer"}
+            ) from None
 
     @app.get(
         "/api/v1/agent/desired",

@@ -15,7 +15,7 @@ import hashlib
 import tempfile
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Header, Path, Request, Response
+from fastapi import FastAPI, Header, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -23,7 +23,8 @@ from starlette.concurrency import run_in_threadpool
 from trueup.server.api.context import Api, problems, role
 from trueup.server.api.models import BackupMetadata
 from trueup.server.api.responses import DEVICE, answers
-from trueup.server.limits import BACKUP_CHUNK_BYTES, BACKUP_METADATA_LENGTH, MAX_INT32
+from trueup.server.inputs import IdPath
+from trueup.server.limits import BACKUP_CHUNK_BYTES, BACKUP_METADATA_LENGTH
 from trueup.server.service import Invalid, Principal
 
 __all__ = ["SHA256_HEADER", "register"]
@@ -31,7 +32,7 @@ __all__ = ["SHA256_HEADER", "register"]
 SHA256_HEADER = "X-Trueup-Backup-Sha256"
 METADATA_HEADER = "X-Trueup-Backup-Metadata"
 
-BACKUP_ID = Annotated[int, Path(ge=1, le=MAX_INT32, description="a backup id")]
+BACKUP_ID = IdPath
 _SHA256 = r"^[0-9a-f]{64}$"
 _BINARY: dict[str, Any] = {"type": "string", "format": "binary"}
 _SUMMARY: dict[str, Any] = {

@@ -1,8 +1,10 @@
 """Devices and the fleet view: list (filtered by condition or reason code), create, show,
-report history, enrollment through the API, acknowledgements."""
+report history, enrollment through the API, acknowledgements. A device's entry carries its
+drift history (who changed what, who healed it) and the router's own acknowledgements."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fastapi import FastAPI, Query
@@ -11,8 +13,9 @@ from starlette.concurrency import run_in_threadpool
 from trueup.server.api.context import Api, role
 from trueup.server.api.models import AckCreate, DeviceCreate
 from trueup.server.api.responses import DEVICE, answers
+from trueup.server.fleet import FILTER_CHOICES, filter_problems
 from trueup.server.limits import QUERY_LENGTH
-from trueup.server.service import Principal
+from trueup.server.service import Invalid, Principal, agent_acknowledgements
 
 __all__ = ["register"]
 
@@ -26,18 +29,23 @@ def register(app: FastAPI, api: Api) -> None:
         status: str | None = Query(
             None,
             max_length=QUERY_LENGTH,
-            description="in_sync | drift | version_skew | local_override | …",
+            description="only devices with this condition; another value is refused (422)",
+            json_schema_extra={"enum": list(FILTER_CHOICES["status"])},
         ),
         reason: str | None = Query(
-            None, max_length=QUERY_LENGTH, description="a reason code, e.g. STATE_VERSION_SKEW"
+            None,
+            max_length=QUERY_LENGTH,
+            description="only devices reporting this reason code; another value is refused (422)",
+            json_schema_extra={"enum": list(FILTER_CHOICES["reason"])},
         ),
         p: Principal = viewer,
     ) -> dict[str, Any]:
-        entries = await run_in_threadpool(plane.fleet, p.tenant_id)
-        if status:
-            entries = [e for e in entries if status in e["conditions"]]
-        if reason:
-            entries = [e for e in entries if reason in e["reason_codes"]]
+        problems = filter_problems("query.", status=status, reason=reason)
+        if problems:
+            raise Invalid(problems)
+        entries = await run_in_threadpool(
+            lambda: plane.fleet(p.tenant_id, status=status, reason=reason)
+        )
         return {"devices": entries, "count": len(entries)}
 
     @app.post(
@@ -49,8 +57,9 @@ def register(app: FastAPI, api: Api) -> None:
 
     @app.get("/api/v1/devices/{device}", openapi_extra=role("viewer"), responses=answers(404))
     def get_device(device: DEVICE, p: Principal = viewer) -> dict[str, Any]:
-        entry = plane.fleet(p.tenant_id, device)[0]
-        entry["last_report"] = plane.last_report(p.tenant_id, device)
+        entry = plane.device_view(p.tenant_id, device)
+        entry["drift_history"] = plane.drift_history(p.tenant_id, device)
+        entry["agent_acknowledgements"] = agent_acknowledgements(entry["last_report"], time.time())
         return entry
 
     @app.get(

@@ -15,13 +15,14 @@ import json
 import tempfile
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Header, Path, Request
+from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from trueup.server.api.context import Api, role
 from trueup.server.api.responses import DEVICE, answers
-from trueup.server.limits import BACKUP_CHUNK_BYTES, BACKUP_METADATA_LENGTH, MAX_INT32
+from trueup.server.inputs import IdPath
+from trueup.server.limits import BACKUP_CHUNK_BYTES, BACKUP_METADATA_LENGTH
 from trueup.server.service import Invalid, Principal
 
 __all__ = ["SHA256_HEADER", "register"]
@@ -29,7 +30,7 @@ __all__ = ["SHA256_HEADER", "register"]
 SHA256_HEADER = "X-Trueup-Evidence-Sha256"
 METADATA_HEADER = "X-Trueup-Evidence-Metadata"
 
-EVIDENCE_ID = Annotated[int, Path(ge=1, le=MAX_INT32, description="an evidence bundle id")]
+EVIDENCE_ID = IdPath
 _SHA256 = r"^[0-9a-f]{64}$"
 _BINARY: dict[str, Any] = {"type": "string", "format": "binary"}
 

@@ -3,47 +3,82 @@
 Admins manage targets and rules (audited); operators list them and the delivery
 log and may redeliver a dead delivery; discarding one is for admins. Nothing here
 deletes a delivery or its log: a deleted target's row stays, renamed. A target's
-signing secret is write-only: it is returned once, when the server generated it.
+signing secret is write-only: it is returned once, when the server generated it;
+its secret header's value is never returned. Admins set the tenant's allowlist of
+internal receivers (audited); operators read it.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Path, Query, Response
+from fastapi import FastAPI, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from trueup.model.reasons import ReasonCode
 from trueup.server.api.context import Api, role
 from trueup.server.api.responses import NAME_PARAM, answers
-from trueup.server.limits import MAX_INT32, NAME_LENGTH, SECRET_VALUE_LENGTH, URL_LENGTH
+from trueup.server.inputs import IdPath, Name, TargetName
+from trueup.server.limits import (
+    HEADER_NAME_LENGTH,
+    HEADER_VALUE_LENGTH,
+    NAME_LENGTH,
+    SECRET_VALUE_LENGTH,
+    URL_LENGTH,
+)
 from trueup.server.service import Principal
+from trueup.server.service.notify.deliveries import STATES
+from trueup.server.service.notify.events import KINDS, SEVERITIES
+from trueup.server.service.notify.policy import ALLOWLIST_ENTRIES
 
-__all__ = ["RuleCreate", "RuleMatch", "TargetCreate", "register"]
+__all__ = ["AllowlistSet", "AuthHeader", "RuleCreate", "RuleMatch", "TargetCreate", "register"]
 
-DELIVERY_ID = Annotated[int, Path(ge=1, le=MAX_INT32, description="a delivery id")]
+DELIVERY_ID = IdPath
 _SHORT = Annotated[str, Field(min_length=1, max_length=NAME_LENGTH)]
+
+
+class AuthHeader(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    # An HTTP header name (RFC 9110 token); the value printable ASCII, no line breaks.
+    name: str = Field(
+        min_length=1, max_length=HEADER_NAME_LENGTH, pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"
+    )
+    value: str = Field(min_length=1, max_length=HEADER_VALUE_LENGTH, pattern=r"^[\x20-\x7e\t]+$")
 
 
 class TargetCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(max_length=NAME_LENGTH)
+    name: TargetName
     url: str = Field(max_length=URL_LENGTH)
     # The HMAC key for X-Trueup-Signature; omitted, the server generates one.
     secret: str | None = Field(None, min_length=16, max_length=SECRET_VALUE_LENGTH)
+    # A header sent with every delivery (a receiver's token); its value is sealed, never shown.
+    auth_header: AuthHeader | None = None
+
+
+class AllowlistSet(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    # Networks (CIDRs) and host names of internal receivers; [] clears the list.
+    entries: list[Annotated[str, Field(min_length=1, max_length=NAME_LENGTH)]] = Field(
+        max_length=ALLOWLIST_ENTRIES
+    )
 
 
 class RuleMatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
     devices: list[_SHORT] = Field([], max_length=100, description="device name globs")
-    reason_codes: list[_SHORT] = Field([], max_length=20)
-    kinds: list[_SHORT] = Field([], max_length=20)
-    min_severity: str = Field("info", max_length=20)
+    # The service names the unknown value; the schema lists the known ones.
+    reason_codes: list[_SHORT] = Field(
+        [], max_length=20, json_schema_extra={"items": {"enum": [c.value for c in ReasonCode]}}
+    )
+    kinds: list[_SHORT] = Field([], max_length=20, json_schema_extra={"items": {"enum": [*KINDS]}})
+    min_severity: str = Field("info", max_length=20, json_schema_extra={"enum": [*SEVERITIES]})
 
 
 class RuleCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(max_length=NAME_LENGTH)
-    target: str = Field(max_length=NAME_LENGTH)
+    name: Name
+    target: Name
     match: RuleMatch = RuleMatch()
     escalate_after: float | None = Field(None, gt=0, le=30 * 86400)
 
@@ -55,11 +90,25 @@ def register(app: FastAPI, api: Api) -> None:
 
     @app.get(f"{base}/targets", openapi_extra=role("operator"), responses=answers())
     def list_targets(p: Principal = operator) -> dict[str, Any]:
-        return {"targets": plane.notify_targets(p.tenant_id)}
+        return {
+            "targets": plane.notify_targets(p.tenant_id),
+            "allowlist": plane.notify_allowlist(p.tenant_id)["entries"],
+        }
 
     @app.post(f"{base}/targets", status_code=201, openapi_extra=role("admin"), responses=answers())
     def create_target(body: TargetCreate, p: Principal = admin) -> dict[str, Any]:
-        return plane.create_notify_target(p.tenant_id, body.name, body.url, body.secret, p.actor)
+        header = (body.auth_header.name, body.auth_header.value) if body.auth_header else None
+        return plane.create_notify_target(
+            p.tenant_id, body.name, body.url, body.secret, p.actor, auth_header=header
+        )
+
+    @app.get(f"{base}/allowlist", openapi_extra=role("operator"), responses=answers())
+    def get_allowlist(p: Principal = operator) -> dict[str, Any]:
+        return plane.notify_allowlist(p.tenant_id)
+
+    @app.put(f"{base}/allowlist", openapi_extra=role("admin"), responses=answers())
+    def set_allowlist(body: AllowlistSet, p: Principal = admin) -> dict[str, Any]:
+        return plane.set_notify_allowlist(p.tenant_id, body.entries, p.actor)
 
     @app.delete(
         f"{base}/targets/{{name}}",
@@ -98,7 +147,12 @@ def register(app: FastAPI, api: Api) -> None:
 
     @app.get(f"{base}/deliveries", openapi_extra=role("operator"), responses=answers())
     def list_deliveries(
-        state: str | None = Query(None, max_length=20),
+        state: str | None = Query(
+            None,
+            max_length=20,
+            description="only deliveries in this state (422 for another)",
+            json_schema_extra={"enum": [*STATES]},
+        ),
         limit: int = Query(100, ge=1, le=1000),
         p: Principal = operator,
     ) -> dict[str, Any]:

@@ -8,22 +8,19 @@ If-Match it is 428; a stale If-Match is 409 with STATE_CONCURRENT_MODIFICATION
 
 from __future__ import annotations
 
-import re
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import FastAPI, Header, HTTPException, Path, Request, Response
+from fastapi import FastAPI, HTTPException, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from trueup.model.decode import DecodeError, decode_json, decode_yaml
 from trueup.server.api.context import Api, role
-from trueup.server.api.models import check_text
 from trueup.server.api.responses import DEVICE, answers
-from trueup.server.limits import DOCUMENT_BYTES, MAX_DEPTH, MAX_VERSION, TEXT_LENGTH, excerpt
+from trueup.server.inputs import COMMENT_HEADER, IF_MATCH, RevisionPath, check_text
+from trueup.server.limits import DOCUMENT_BYTES, MAX_DEPTH, TEXT_LENGTH, excerpt
 from trueup.server.service import Invalid, Principal
 
 __all__ = ["parse_comment", "parse_if_match", "register"]
-
-_VERSION = re.compile(r'(?:W/)?(?:"([0-9]{1,10})"|([0-9]{1,10}))', re.ASCII)
 
 
 def parse_if_match(value: str | None) -> int:
@@ -34,15 +31,11 @@ def parse_if_match(value: str | None) -> int:
             detail="If-Match is required: send the version you expect to replace "
             "(0 for a device without revisions)",
         )
-    match = _VERSION.fullmatch(value.strip())
-    if match is None:
-        raise Invalid(
-            [f"header.If-Match: {excerpt(repr(value), 40)} is not a version number (e.g. 3)"]
-        )
-    version = int(match.group(1) or match.group(2))
-    if version >= MAX_VERSION:
-        raise Invalid([f"header.If-Match: {version} is beyond the last version ({MAX_VERSION})"])
-    return version
+    if IF_MATCH.problems("If-Match", value):
+        raise Invalid([f"header.If-Match: {excerpt(repr(value), 40)} is not {IF_MATCH.expected}"])
+    # The pattern (trueup.server.inputs) bounds the number: at most MAX_VERSION - 1.
+    digits = value.strip().removeprefix("W/").strip('"').lstrip("0")
+    return int(digits or "0")
 
 
 def parse_comment(value: str) -> str:
@@ -51,8 +44,8 @@ def parse_comment(value: str) -> str:
         text = value.encode("latin-1").decode("utf-8")
     except (UnicodeEncodeError, UnicodeDecodeError):
         raise Invalid(["header.X-Trueup-Comment: not UTF-8 text"]) from None
-    if len(text) > TEXT_LENGTH:
-        raise Invalid([f"header.X-Trueup-Comment: longer than {TEXT_LENGTH} characters"])
+    if len(value) > TEXT_LENGTH:
+        raise Invalid([f"header.X-Trueup-Comment: longer than {TEXT_LENGTH} bytes"])
     try:
         return check_text(text)
     except ValueError as exc:
@@ -90,6 +83,11 @@ def register(app: FastAPI, api: Api) -> None:
         responses=answers(404, 409, 413, 428),
         openapi_extra={
             **role("operator", max_body=DOCUMENT_BYTES),
+            # Read by the route itself (parse_if_match, parse_comment), declared here.
+            "parameters": [
+                IF_MATCH.header("If-Match"),
+                COMMENT_HEADER.header("X-Trueup-Comment"),
+            ],
             "requestBody": {
                 "required": True,
                 "content": {
@@ -103,12 +101,10 @@ def register(app: FastAPI, api: Api) -> None:
         device: DEVICE,
         request: Request,
         response: Response,
-        if_match: str | None = Header(None),
-        x_trueup_comment: str = Header(""),
         p: Principal = operator,
     ) -> dict[str, Any]:
-        expected = parse_if_match(if_match)
-        comment = parse_comment(x_trueup_comment)
+        expected = parse_if_match(request.headers.get("if-match"))
+        comment = parse_comment(request.headers.get("x-trueup-comment", ""))
         data = parse_body(await request.body(), request.headers.get("content-type", ""))
         revision = await run_in_threadpool(
             lambda: plane.put_desired(
@@ -139,7 +135,7 @@ def register(app: FastAPI, api: Api) -> None:
     )
     def get_revision(
         device: DEVICE,
-        version: Annotated[int, Path(ge=0, le=MAX_VERSION)],
+        version: RevisionPath,
         p: Principal = viewer,
     ) -> dict[str, Any]:
         revision = plane.revision(p.tenant_id, device, version)

@@ -1,35 +1,64 @@
-// trueup dashboard: live fleet updates over server-sent events. No framework, no build.
+// trueup dashboard: live fleet and device updates over server-sent events. No framework, no build.
 "use strict";
 (function () {
-  const body = document.getElementById("fleet-body");
   const live = document.getElementById("live");
-  if (!body || !window.EventSource) {
-    if (live) live.textContent = "not live (reload to refresh)";
-    return;
-  }
-  const source = new EventSource(body.dataset.stream);
-  source.addEventListener("fleet", function (event) {
-    const update = JSON.parse(event.data);
-    body.innerHTML = update.rows;
-    for (const chip of document.querySelectorAll("[data-count]")) {
-      const count = chip.querySelector("b");
-      if (count) count.textContent = String(update.counts[chip.dataset.count] || 0);
-    }
-    const matched = document.getElementById("fleet-matched");
-    if (matched) matched.textContent = String(update.matched);
+
+  function connected() {
     if (live) {
       live.textContent = "live · updated " + new Date().toISOString().replace(/\.\d+Z$/, "Z");
       live.className = "live on";
     }
-  });
-  source.addEventListener("logout", function () {
-    source.close();
-    window.location.assign("/ui/login");
-  });
-  source.onerror = function () {
-    if (live) {
-      live.textContent = "reconnecting…";
-      live.className = "live off";
-    }
-  };
+  }
+
+  function follow(url, name, apply) {
+    const source = new EventSource(url);
+    source.addEventListener(name, function (event) {
+      apply(JSON.parse(event.data));
+      connected();
+    });
+    source.addEventListener("logout", function () {
+      source.close();
+      window.location.assign("/ui/login");
+    });
+    source.addEventListener("gone", function () {
+      source.close();
+      if (live) {
+        live.textContent = "this device is gone";
+        live.className = "live off";
+      }
+    });
+    source.onerror = function () {
+      if (live) {
+        live.textContent = "reconnecting…";
+        live.className = "live off";
+      }
+    };
+  }
+
+  const body = document.getElementById("fleet-body");
+  const device = document.getElementById("device-live");
+  if ((!body && !device) || !window.EventSource) {
+    if (live) live.textContent = "not live (reload to refresh)";
+    return;
+  }
+  if (body) {
+    follow(body.dataset.stream, "fleet", function (update) {
+      body.innerHTML = update.rows;
+      for (const chip of document.querySelectorAll("[data-count]")) {
+        const count = chip.querySelector("b");
+        if (count) count.textContent = String(update.counts[chip.dataset.count] || 0);
+      }
+      const matched = document.getElementById("fleet-matched");
+      if (matched) matched.textContent = String(update.matched);
+    });
+  }
+  if (device) {
+    // The device page's parts that follow the device; the forms are left as they are.
+    follow(device.dataset.stream, "device", function (parts) {
+      for (const id of Object.keys(parts)) {
+        const part = document.getElementById(id);
+        if (part) part.innerHTML = parts[id];
+      }
+    });
+  }
 })();

@@ -9,13 +9,23 @@ event id). Between attempts the delay doubles from `base_delay` up to
 `max_delay`, each scaled by a random factor in [0.5, 1] (jitter).
 A dead (or discarded) delivery may be redelivered (its attempts start again);
 a dead or pending one may be discarded (no more attempts); both are audited.
+
+Nothing is sent to a target the audit log does not vouch for: before its sealed
+signing secret and secret header are opened, the target's row is compared with
+its audited state (url, name, sealed columns; no break in the chain after it),
+and the tenant's allowlist with its audited entries. A row rewritten in the
+database (a url pointed elsewhere, a deleted target brought back) would otherwise
+hand the opened header value to whoever chose the new url; such a delivery goes
+to the dead letters with the reason, and an allowlist the log does not vouch
+for counts as empty.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, and_, or_, select, update
@@ -23,7 +33,9 @@ from sqlalchemy import Connection, and_, or_, select, update
 from trueup.server.keys import SecretRefused
 from trueup.server.service.errors import Invalid, NotFound
 from trueup.server.service.notify.events import iso
+from trueup.server.service.notify.policy import Allowlist
 from trueup.server.service.notify.routing import tenant_box
+from trueup.server.service.notify.vouch import audited_allowlist, unaudited_target
 from trueup.server.service.store import Store
 from trueup.server.tables import (
     devices,
@@ -34,9 +46,15 @@ from trueup.server.tables import (
     notify_targets,
 )
 
-__all__ = ["Claimed", "Deliveries", "backoff"]
+__all__ = ["Claimed", "Deliveries", "TargetUnaudited", "backoff"]
+
+_log = logging.getLogger(__name__)
 
 STATES = ("pending", "delivered", "dead", "discarded")
+
+
+class TargetUnaudited(Exception):
+    """A target whose row the audit log does not vouch for; the message says why."""
 
 
 def backoff(attempts: int, base: float, maximum: float, rand: float | None = None) -> float:
@@ -56,6 +74,8 @@ class Claimed:
     url: str
     secret: bytes
     body: bytes
+    allowlist: Allowlist = field(default_factory=Allowlist)
+    auth_header: tuple[str, str] | None = None  # (name, opened value); never logged
 
 
 class Deliveries:
@@ -104,7 +124,7 @@ class Deliveries:
                     continue  # another process took it
                 try:
                     claimed.append(self._load(conn, delivery_id))
-                except SecretRefused as exc:  # never sent unsigned: straight to the dead letters
+                except (SecretRefused, TargetUnaudited) as exc:  # straight to the dead letters
                     conn.execute(
                         update(notify_deliveries)
                         .where(notify_deliveries.c.id == delivery_id)
@@ -121,6 +141,7 @@ class Deliveries:
                     notify_deliveries.c.id,
                     notify_deliveries.c.tenant_id,
                     notify_deliveries.c.attempts,
+                    notify_deliveries.c.target_id,
                     notify_events.c.id.label("event_id"),
                     notify_events.c.kind,
                     notify_events.c.payload,
@@ -128,6 +149,10 @@ class Deliveries:
                     notify_targets.c.secret_id,
                     notify_targets.c.nonce,
                     notify_targets.c.ciphertext,
+                    notify_targets.c.auth_header_name,
+                    notify_targets.c.auth_header_secret_id,
+                    notify_targets.c.auth_header_nonce,
+                    notify_targets.c.auth_header_ciphertext,
                 )
                 .join(notify_events, notify_events.c.id == notify_deliveries.c.event_id)
                 .join(notify_targets, notify_targets.c.id == notify_deliveries.c.target_id)
@@ -136,8 +161,26 @@ class Deliveries:
             .mappings()
             .one()
         )
-        box = tenant_box(self.store, conn, int(row["tenant_id"]))
+        tenant_id = int(row["tenant_id"])
+        facts = self.store.covered(conn)
+        target = (
+            conn.execute(select(notify_targets).where(notify_targets.c.id == row["target_id"]))
+            .mappings()
+            .one()
+        )
+        problem = unaudited_target(self.store, facts, target)
+        if problem is not None:
+            raise TargetUnaudited(problem)
+        box = tenant_box(self.store, conn, tenant_id)
         secret = box.open(row["secret_id"], row["nonce"], row["ciphertext"])
+        auth_header = None
+        if row["auth_header_name"] is not None:
+            value = box.open(
+                row["auth_header_secret_id"],
+                row["auth_header_nonce"],
+                row["auth_header_ciphertext"],
+            )
+            auth_header = (str(row["auth_header_name"]), value.decode())
         return Claimed(
             id=int(row["id"]),
             event_id=row["event_id"],
@@ -146,6 +189,8 @@ class Deliveries:
             url=row["url"],
             secret=secret,
             body=row["payload"].encode(),
+            allowlist=audited_allowlist(self.store, conn, facts, tenant_id),
+            auth_header=auth_header,
         )
 
     def record(
@@ -157,8 +202,10 @@ class Deliveries:
         latency_ms: float,
         error: str | None,
         now: float | None = None,
+        final: bool = False,
     ) -> str:
-        """Log one attempt and move the delivery on; its new state."""
+        """Log one attempt and move the delivery on; its new state. `final`: no retry
+        helps (the target policy refused it), so a failure is dead at once."""
         now = time.time() if now is None else now
         with self.store.db.write() as conn:
             row = (
@@ -183,7 +230,7 @@ class Deliveries:
             }
             if ok:
                 values.update(state="delivered", finished_at=now)
-            elif attempts >= self.max_attempts:
+            elif final or attempts >= self.max_attempts:
                 values.update(state="dead", finished_at=now)
             else:
                 values["next_attempt_at"] = now + backoff(attempts, self.base_delay, self.max_delay)

@@ -1,28 +1,40 @@
 """Targets and rules: the part of notifications an admin manages (every change audited).
 
-A target is a webhook: a name, an http(s) URL and a signing secret. The secret
-is sealed with the tenant's data key under a secret id of its own (keys.py),
-exactly like device secrets; it is never returned, except once when the server
-generated it. A rule sends the events its match selects to one target, and may
+A target is a webhook: a name, an http(s) URL, a signing secret and optionally a
+secret header (`auth_header`: a name and a value, for receivers that want a
+token). The secret and the header's value are each sealed with the tenant's
+data key under a secret id of their own (keys.py), exactly like device secrets;
+neither is ever returned, except the signing secret once when the server
+generated it. The URL must pass the target policy (policy.py) given the
+tenant's allowlist, and carries no credentials. A rule sends the events its match selects to one target, and may
 escalate (`escalate_after` seconds of a failed device).
+
+Every write of a target audits its state after the write
+(coverage.target_audit_detail: its id, the columns in coverage.TARGET_COLUMNS
+as stored, and a keyed digest of its sealed secret), so `audit verify` names a
+target changed in the table alone.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import secrets as pysecrets
 import time
 import uuid
 from typing import Any
-from urllib.parse import urlsplit
 
 from sqlalchemy import Connection, and_, delete, select, update
 
 from trueup.model.reasons import ReasonCode
+from trueup.server.coverage import target_audit_detail
 from trueup.server.keys import SecretBox
-from trueup.server.limits import NAME_LENGTH, URL_LENGTH
+from trueup.server.limits import HEADER_NAME_LENGTH, HEADER_VALUE_LENGTH, NAME_LENGTH, URL_LENGTH
 from trueup.server.service.errors import Invalid, NotFound, check_name
+from trueup.server.service.notify.allowlist import load_allowlist
+from trueup.server.service.notify.audited import TARGET_AUDITED_FIELDS, audited
 from trueup.server.service.notify.events import KINDS, SEVERITIES, Match, iso
+from trueup.server.service.notify.policy import Allowlist, check_url, redact
 from trueup.server.service.store import Store, inserted_id
 from trueup.server.tables import (
     notify_deliveries,
@@ -42,10 +54,59 @@ def tenant_box(store: Store, conn: Connection, tenant_id: int) -> SecretBox:
     return SecretBox(tenant_id, store.key.unwrap_tenant_key(tenant_id, wrapped))
 
 
-def _check_url(url: str) -> None:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname or len(url) > URL_LENGTH:
-        raise Invalid([f"url: {url[:200]!r} is not an http:// or https:// URL with a host"])
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP header name (RFC 9110)
+# Headers the notifier sets itself, or that belong to the connection: not a secret header.
+_OWN_HEADERS = {
+    "host",
+    "content-length",
+    "content-type",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "te",
+    "upgrade",
+    "expect",
+    "user-agent",
+    "idempotency-key",
+}
+
+
+def _check_url(url: str, allowlist: Allowlist) -> None:
+    if len(url) > URL_LENGTH:
+        raise Invalid([f"url: longer than {URL_LENGTH} characters"])
+    check_url(url, allowlist)
+
+
+def _check_auth_header(header: tuple[str, str]) -> None:
+    name, value = header
+    problems = []
+    lowered = name.lower()
+    if len(name) > HEADER_NAME_LENGTH or not _TOKEN.fullmatch(name):
+        problems.append(f"auth_header.name: {name[:100]!r} is not an HTTP header name")
+    elif lowered in _OWN_HEADERS or lowered.startswith(("x-trueup-", "proxy-")):
+        problems.append(f"auth_header.name: {name!r} is a header the server sets itself")
+    if not 1 <= len(value) <= HEADER_VALUE_LENGTH or not re.fullmatch(r"[\x20-\x7e\t]+", value):
+        problems.append(
+            f"auth_header.value: 1-{HEADER_VALUE_LENGTH} printable ASCII characters "
+            "(no line breaks)"
+        )
+    if problems:
+        raise Invalid(problems)
+
+
+def target_problem(url: str, allowlist: Allowlist) -> str | None:
+    """Why deliveries to a stored URL are refused now (a row from before the policy, or
+    an allowlist entry since removed), or None."""
+    if redact(url) != url:
+        return (
+            "url: carries credentials, which are not sent: deliveries are refused; "
+            "delete the target and add it again with an auth_header"
+        )
+    try:
+        check_url(url, allowlist)
+    except Invalid as exc:
+        return exc.problems[0]
+    return None
 
 
 def _check_match(match: dict[str, Any]) -> Match:
@@ -69,8 +130,14 @@ def _check_match(match: dict[str, Any]) -> Match:
     return parsed
 
 
-def _target_view(row: Any) -> dict[str, Any]:
-    return {"name": row["name"], "url": row["url"], "created_at": iso(row["created_at"])}
+def _target_view(row: Any, allowlist: Allowlist) -> dict[str, Any]:
+    return {
+        "name": row["name"],
+        "url": redact(row["url"]),
+        "auth_header": row["auth_header_name"],
+        "problem": target_problem(row["url"], allowlist),
+        "created_at": iso(row["created_at"]),
+    }
 
 
 class Routing:
@@ -78,18 +145,29 @@ class Routing:
         self.store = store
 
     def create_target(
-        self, tenant_id: int, name: str, url: str, secret: str | None, actor: str
+        self,
+        tenant_id: int,
+        name: str,
+        url: str,
+        secret: str | None,
+        actor: str,
+        auth_header: tuple[str, str] | None = None,
     ) -> dict[str, Any]:
-        """Add a webhook target. Without `secret` one is generated and returned, this once."""
+        """Add a webhook target. Without `secret` one is generated and returned, this once.
+        `auth_header` (name, value) is sent with every delivery; its value is sealed."""
         check_name("name", name)
         if ".deleted-" in name:
             raise Invalid([f"name: {name!r}: '.deleted-' marks deleted targets; choose another"])
-        _check_url(url)
+        if len(url) > URL_LENGTH:
+            raise Invalid([f"url: longer than {URL_LENGTH} characters"])
+        if auth_header is not None:
+            _check_auth_header(auth_header)
         generated = secret is None
         value = secret if secret is not None else pysecrets.token_urlsafe(32)
         secret_id = uuid.uuid4().hex
         now = time.time()
         with self.store.write() as conn:
+            _check_url(url, load_allowlist(conn, tenant_id))
             exists = conn.execute(
                 select(notify_targets.c.id).where(
                     and_(notify_targets.c.tenant_id == tenant_id, notify_targets.c.name == name)
@@ -97,29 +175,46 @@ class Routing:
             ).one_or_none()
             if exists is not None:
                 raise Invalid([f"name: target {name!r} already exists; delete it first"])
-            nonce, ciphertext = tenant_box(self.store, conn, tenant_id).seal(
-                secret_id, value.encode()
-            )
-            conn.execute(
-                notify_targets.insert().values(
-                    tenant_id=tenant_id,
-                    name=name,
-                    url=url,
-                    secret_id=secret_id,
-                    nonce=nonce,
-                    ciphertext=ciphertext,
-                    created_at=now,
+            box = tenant_box(self.store, conn, tenant_id)
+            nonce, ciphertext = box.seal(secret_id, value.encode())
+            row: dict[str, Any] = {
+                "tenant_id": tenant_id,
+                "name": name,
+                "url": url,
+                "secret_id": secret_id,
+                "nonce": nonce,
+                "ciphertext": ciphertext,
+                "created_at": now,
+            }
+            if auth_header is not None:
+                header_id = uuid.uuid4().hex
+                header_nonce, header_ciphertext = box.seal(header_id, auth_header[1].encode())
+                row.update(
+                    auth_header_name=auth_header[0],
+                    auth_header_secret_id=header_id,
+                    auth_header_nonce=header_nonce,
+                    auth_header_ciphertext=header_ciphertext,
                 )
-            )
+            target_id = inserted_id(conn.execute(notify_targets.insert().values(row)))
             self.store.audit(
                 conn,
                 tenant_id=tenant_id,
                 actor=actor,
                 action="notify.target.create",
                 target=f"notify-target:{name}",
-                detail={"url": url, "secret_generated": generated},
+                detail={
+                    **audited(row, TARGET_AUDITED_FIELDS),
+                    "secret_generated": generated,
+                    **target_audit_detail(conn, self.store.key, target_id),
+                },
             )
-        view: dict[str, Any] = {"name": name, "url": url, "created_at": iso(now)}
+        view: dict[str, Any] = {
+            "name": name,
+            "url": url,
+            "auth_header": auth_header[0] if auth_header else None,
+            "problem": None,
+            "created_at": iso(now),
+        }
         if generated:
             view["secret"] = value
         return view
@@ -136,7 +231,8 @@ class Routing:
                 )
                 .order_by(notify_targets.c.name)
             ).mappings()
-            return [_target_view(r) for r in rows]
+            allowlist = load_allowlist(conn, tenant_id)
+            return [_target_view(r, allowlist) for r in rows]
 
     def _target_id(self, conn: Connection, tenant_id: int, name: str) -> int:
         row = conn.execute(
@@ -186,7 +282,10 @@ class Routing:
                 actor=actor,
                 action="notify.target.delete",
                 target=f"notify-target:{name}",
-                detail={"pending_discarded": int(discarded)},
+                detail={
+                    "pending_discarded": int(discarded),
+                    **target_audit_detail(conn, self.store.key, target_id),
+                },
             )
 
     def create_rule(

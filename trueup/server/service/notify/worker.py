@@ -7,6 +7,14 @@ due deliveries, a few at a time, each signed:
     X-Trueup-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>." + body)>
     X-Trueup-Event-Id:  <event id>   (also Idempotency-Key; receivers deduplicate on it)
 
+Before each attempt the target policy vets the URL (policy.py): the name is
+resolved once through `resolve` (the seam tests replace), every address it
+resolves to is checked against the policy and the tenant's allowlist, and the
+request goes to the vetted address with the name in the Host header and the TLS
+server name. The client uses no proxy from the environment and keeps no
+connection alive, so each request goes where it was vetted. The log records
+error classes (failures.py), never socket errors or a header's value.
+
 All of its state is in the database, so a restart loses nothing: a delivery in
 flight when the process died is sent again once its lease runs out.
 """
@@ -24,8 +32,22 @@ from typing import Any
 
 import httpx
 
+from trueup.server.service.errors import Invalid
 from trueup.server.service.notify.deliveries import Claimed, Deliveries
 from trueup.server.service.notify.engine import Engine
+from trueup.server.service.notify.failures import (
+    DNS_FAILURE,
+    POLICY,
+    failure_class,
+    status_class,
+)
+from trueup.server.service.notify.policy import (
+    PolicyRefused,
+    Resolve,
+    redact,
+    system_resolve,
+    vet,
+)
 
 __all__ = ["Notifier", "sign", "verify"]
 
@@ -68,8 +90,10 @@ class Notifier:
         scan_seconds: float = 5.0,
         timeout: float = 10.0,
         senders: int = 4,
+        resolve: Resolve = system_resolve,
     ) -> None:
         self.engine = engine
+        self.resolve = resolve
         self.deliveries = deliveries
         self.poll_seconds = poll_seconds
         self.scan_seconds = scan_seconds
@@ -114,7 +138,12 @@ class Notifier:
     def _run(self) -> None:
         last_scan = 0.0
         with (
-            httpx.Client(timeout=self.timeout, follow_redirects=False) as client,
+            httpx.Client(
+                timeout=self.timeout,
+                follow_redirects=False,
+                trust_env=False,  # no proxy: the request goes to the vetted address
+                limits=httpx.Limits(max_keepalive_connections=0),
+            ) as client,
             ThreadPoolExecutor(self.senders, thread_name_prefix="notify-send") as pool,
         ):
             while not self._stop.is_set():
@@ -148,28 +177,62 @@ class Notifier:
                 log.exception("notifier: %d reports not evaluated", len(batch))
 
     def _send(self, client: httpx.Client, item: Claimed) -> None:
-        headers = {
-            "Content-Type": "application/json",
-            "User-Agent": "trueup-notify/1",
-            EVENT_HEADER: item.event_id,
-            "Idempotency-Key": item.event_id,
-            "X-Trueup-Event-Kind": item.kind,
-            "X-Trueup-Delivery-Attempt": str(item.attempt),
-            SIGNATURE_HEADER: sign(item.secret, int(time.time()), item.body),
-        }
         started = time.monotonic()
-        status: int | None = None
-        error: str | None = None
         try:
-            response = client.post(item.url, content=item.body, headers=headers)
+            pinned = vet(item.url, item.allowlist, self.resolve)
+        except (PolicyRefused, Invalid) as exc:
+            self._record(item, started, None, f"{POLICY}: {exc}", final=True)
+            return
+        except (OSError, UnicodeError, ValueError):  # the resolver's failure, whatever it says
+            self._record(item, started, None, DNS_FAILURE)
+            return
+        headers = {}
+        if item.auth_header is not None:
+            headers[item.auth_header[0]] = item.auth_header[1]
+        headers.update(
+            {
+                "Host": pinned.host_header,
+                "Content-Type": "application/json",
+                "User-Agent": "trueup-notify/1",
+                EVENT_HEADER: item.event_id,
+                "Idempotency-Key": item.event_id,
+                "X-Trueup-Event-Kind": item.kind,
+                "X-Trueup-Delivery-Attempt": str(item.attempt),
+                SIGNATURE_HEADER: sign(item.secret, int(time.time()), item.body),
+            }
+        )
+        extensions = {"sni_hostname": pinned.sni_hostname} if pinned.sni_hostname else None
+        status: int | None = None
+        try:
+            response = client.post(
+                pinned.url, content=item.body, headers=headers, extensions=extensions
+            )
             status = response.status_code
-            if not 200 <= status < 300:
-                error = f"HTTP {status}"
+            error = status_class(status)
         except httpx.HTTPError as exc:
-            error = f"{type(exc).__name__}: {exc}"[:500]
+            error = failure_class(exc)
+        except Exception:  # recorded like any failed attempt; the operator's log has the detail
+            log.exception("notification %s: the request failed", item.event_id)
+            error = "request failed"
+        self._record(item, started, status, error)
+
+    def _record(
+        self,
+        item: Claimed,
+        started: float,
+        status: int | None,
+        error: str | None,
+        *,
+        final: bool = False,
+    ) -> None:
         latency = (time.monotonic() - started) * 1000
         state = self.deliveries.record(
-            item.id, ok=error is None, status_code=status, latency_ms=latency, error=error
+            item.id,
+            ok=error is None,
+            status_code=status,
+            latency_ms=latency,
+            error=error,
+            final=final,
         )
         if state == "dead":
-            log.warning("notification %s to %s is dead: %s", item.event_id, item.url, error)
+            log.warning("notification %s to %s is dead: %s", item.event_id, redact(item.url), error)
