@@ -439,3 +439,15 @@ evidence_requests = Table(
     Column("evidence_id", Integer, nullable=True),
     Index("ix_evidence_requests_device", "device_id", "id"),
 )
+
+# --- fleet inputs (migration 0010): labels, profiles, variables, own layer ---
+
+# --- end of fleet inputs ---
+
+# --- rollouts (migration 0011): waves, members, the controller's lease ---
+
+# --- end of rollouts ---
+
+# --- confirmation (migration 0012): confirm-within and confirm-or-rollback ---
+
+# --- end of confirmation ---
