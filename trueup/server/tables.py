@@ -142,6 +142,10 @@ revisions = Table(
     Column("content_hash", String(DIGEST_LENGTH), nullable=False),
     Column("document", Text, nullable=False),
     Column("created_at", Float, nullable=False),
+    # A rendered revision's provenance as JSON (profile versions, variables and own-layer
+    # digests; migration 0010) and its confirm-or-rollback window in seconds (0012).
+    Column("provenance", Text, nullable=True),
+    Column("confirm_within", Integer, nullable=True),
     UniqueConstraint("device_id", "version", name="uq_revisions_device_version"),
 )
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import Connection, RowMapping, and_, func, select, update
 
-from trueup.model.document import DocumentError, document_digest, parse_document
+from trueup.model.document import DeviceState, DocumentError, document_digest, parse_document
 from trueup.server.service.errors import Conflict, Invalid, NotFound, Tampered
 from trueup.server.service.store import Store
 from trueup.server.tables import devices, revisions
@@ -35,6 +35,11 @@ class Revision:
     content_hash: str
     created_at: float
     document: dict[str, Any]
+    # Where a rendered revision came from (profile versions, variables and own-layer
+    # digests; None for a document written whole) and the confirm-or-rollback window
+    # the agent applies it with (seconds; None: the agent's own default).
+    provenance: dict[str, Any] | None = None
+    confirm_within: int | None = None
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -45,6 +50,8 @@ class Revision:
             "comment": self.comment,
             "content_hash": self.content_hash,
             "created_at": self.created_at,
+            "provenance": self.provenance,
+            "confirm_within": self.confirm_within,
         }
 
 
@@ -58,6 +65,8 @@ def _revision(device: str, row: RowMapping) -> Revision:
         content_hash=row["content_hash"],
         created_at=row["created_at"],
         document=json.loads(row["document"]),
+        provenance=json.loads(row["provenance"]) if row["provenance"] else None,
+        confirm_within=row["confirm_within"],
     )
 
 
@@ -74,6 +83,8 @@ class DesiredRevisions:
         *,
         author: str,
         comment: str = "",
+        provenance: dict[str, Any] | None = None,
+        confirm_within: int | None = None,
     ) -> Revision:
         """Store `data` as the device's next revision if it is at `expected_version`.
 
@@ -81,6 +92,25 @@ class DesiredRevisions:
         """
         with self.store.db.read() as conn:
             self.store.device(conn, tenant_id, device)
+        document = self.validated(device, data)
+        with self.store.write() as conn:
+            row = self.store.device(conn, tenant_id, device)
+            return self.insert_revision(
+                conn,
+                tenant_id=tenant_id,
+                device_id=int(row["id"]),
+                device=device,
+                expected_version=expected_version,
+                document=document,
+                author=author,
+                comment=comment,
+                provenance=provenance,
+                confirm_within=confirm_within,
+            )
+
+    @staticmethod
+    def validated(device: str, data: Any) -> DeviceState:
+        """`data` parsed by the agent's document model for `device`; Invalid names each problem."""
         try:
             document = parse_document(data, source=f"device {device}")
         except DocumentError as exc:
@@ -92,53 +122,77 @@ class DesiredRevisions:
                     f"in the URL ({device!r})"
                 ]
             )
+        return document
+
+    def insert_revision(
+        self,
+        conn: Connection,
+        *,
+        tenant_id: int,
+        device_id: int,
+        device: str,
+        expected_version: int,
+        document: DeviceState,
+        author: str,
+        comment: str = "",
+        provenance: dict[str, Any] | None = None,
+        confirm_within: int | None = None,
+        at: float | None = None,
+    ) -> Revision:
+        """Store a validated document as the device's next revision inside the caller's
+        transaction (a rollout marks its member sent in the same one): compare-and-set on
+        the device's desired version (Conflict to the loser), the revision row, its audit
+        entry. Nothing is stored unless the caller's transaction commits."""
         content_hash = document_digest(document)
-        now = time.time()
-        with self.store.write() as conn:
-            row = self.store.device(conn, tenant_id, device)
-            new_version = expected_version + 1
-            # Compare-and-set: the loser of a race updates no row and gets 409.
-            swapped = conn.execute(
-                update(devices)
-                .where(
-                    and_(devices.c.id == row["id"], devices.c.desired_version == expected_version)
-                )
-                .values(desired_version=new_version)
-            ).rowcount
-            if swapped != 1:
-                current = conn.execute(
-                    select(devices.c.desired_version).where(devices.c.id == row["id"])
-                ).scalar_one()
-                raise Conflict(device, expected_version, int(current))
-            body = document.with_version(new_version).canonical()
-            conn.execute(
-                revisions.insert().values(
-                    device_id=row["id"],
-                    version=new_version,
-                    parent_version=expected_version or None,
-                    author=author,
-                    comment=comment,
-                    content_hash=content_hash,
-                    document=json.dumps(body, sort_keys=True),
-                    created_at=now,
-                )
+        now = time.time() if at is None else at
+        new_version = expected_version + 1
+        # Compare-and-set: the loser of a race updates no row and gets 409.
+        swapped = conn.execute(
+            update(devices)
+            .where(and_(devices.c.id == device_id, devices.c.desired_version == expected_version))
+            .values(desired_version=new_version)
+        ).rowcount
+        if swapped != 1:
+            current = conn.execute(
+                select(devices.c.desired_version).where(devices.c.id == device_id)
+            ).scalar_one()
+            raise Conflict(device, expected_version, int(current))
+        body = document.with_version(new_version).canonical()
+        conn.execute(
+            revisions.insert().values(
+                device_id=device_id,
+                version=new_version,
+                parent_version=expected_version or None,
+                author=author,
+                comment=comment,
+                content_hash=content_hash,
+                document=json.dumps(body, sort_keys=True),
+                created_at=now,
+                provenance=json.dumps(provenance, sort_keys=True) if provenance else None,
+                confirm_within=confirm_within,
             )
-            self.store.audit(
-                conn,
-                tenant_id=tenant_id,
-                actor=author,
-                action="revision.create",
-                target=f"device:{device}",
-                detail={
-                    "device_id": row["id"],
-                    "version": new_version,
-                    "parent_version": expected_version or None,
-                    "content_hash": content_hash,
-                    "author": author,
-                    "comment": comment,
-                },
-                at=now,
-            )
+        )
+        detail: dict[str, Any] = {
+            "device_id": device_id,
+            "version": new_version,
+            "parent_version": expected_version or None,
+            "content_hash": content_hash,
+            "author": author,
+            "comment": comment,
+        }
+        if provenance:
+            detail["provenance"] = provenance
+        if confirm_within is not None:
+            detail["confirm_within"] = confirm_within
+        self.store.audit(
+            conn,
+            tenant_id=tenant_id,
+            actor=author,
+            action="revision.create",
+            target=f"device:{device}",
+            detail=detail,
+            at=now,
+        )
         return Revision(
             device=device,
             version=new_version,
@@ -148,6 +202,8 @@ class DesiredRevisions:
             content_hash=content_hash,
             created_at=now,
             document=body,
+            provenance=provenance,
+            confirm_within=confirm_within,
         )
 
     def _revision_at(

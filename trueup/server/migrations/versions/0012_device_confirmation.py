@@ -6,6 +6,9 @@ Revises: 0011
 
 from __future__ import annotations
 
+import sqlalchemy as sa
+from alembic import op
+
 revision = "0012"
 down_revision = "0011"
 branch_labels = None
@@ -13,8 +16,9 @@ depends_on = None
 
 
 def upgrade() -> None:
-    pass
+    op.add_column("revisions", sa.Column("confirm_within", sa.Integer(), nullable=True))
 
 
 def downgrade() -> None:
-    pass
+    with op.batch_alter_table("revisions") as batch:
+        batch.drop_column("confirm_within")
