@@ -19,9 +19,17 @@ Paths in `LIST_KEYS` are below `spec`, with `[]` for "every item of a list".
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import types
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from pydantic import BaseModel, RootModel
+
+from trueup.model.document import DeviceSpec
+from trueup.model.sections import registered_sections
 
 __all__ = [
     "DELETE",
@@ -46,7 +54,7 @@ LIST_KEYS: Mapping[str, tuple[str, ...]] = {
     "firewall.sets": ("name",),
     "firewall.chains": ("name",),
     "dhcp.subnets": ("subnet",),
-    "dhcp.subnets[].reservations": ("ip-address",),
+    "dhcp.subnets[].reservations": ("ip_address",),
     "dhcp.ha.peers": ("name",),
     "dns.records": ("name", "type", "value"),
     "ha.vips": ("interface", "vrid"),
@@ -96,10 +104,54 @@ def _value(value: Any) -> Any:
 _NORMALISE: dict[str, Callable[[Any], Any]] = {
     "to": _network,
     "subnet": _network,
-    "ip-address": _address,
+    "ip_address": _address,
     "table": _table,
     "metric": lambda v: 0 if v is None else v,
 }
+
+
+@functools.cache
+def aliases() -> Mapping[str, Mapping[str, str]]:
+    """Field aliases by path pattern (`dhcp.subnets[].reservations[]`: `ip-address` →
+    `ip_address`): a layer may spell a field either way; merged, it has the field's name
+    (the spelling of a stored document)."""
+    found: dict[str, dict[str, str]] = {}
+
+    def annotation(kind: Any, pattern: str, depth: int) -> None:
+        origin = typing.get_origin(kind)
+        if depth > 12:
+            return
+        if origin in (list, tuple):
+            for arg in typing.get_args(kind)[:1]:
+                annotation(arg, item_pattern(pattern), depth + 1)
+        elif origin in (typing.Union, types.UnionType, typing.Annotated):
+            for arg in typing.get_args(kind):
+                annotation(arg, pattern, depth + 1)
+        elif isinstance(kind, type) and issubclass(kind, RootModel):
+            annotation(kind.model_fields["root"].annotation, pattern, depth + 1)
+        elif isinstance(kind, type) and issubclass(kind, BaseModel):
+            model(kind, pattern, depth + 1)
+
+    def model(kind: type[BaseModel], pattern: str, depth: int) -> None:
+        for name, info in kind.model_fields.items():
+            if info.alias and info.alias != name:
+                found.setdefault(pattern, {})[info.alias] = name
+            annotation(info.annotation, child_pattern(pattern, info.alias or name), depth)
+            if info.alias and info.alias != name:
+                annotation(info.annotation, child_pattern(pattern, name), depth)
+
+    model(DeviceSpec, "", 0)
+    for name, section in sorted(registered_sections().items()):
+        annotation(section, name, 0)
+    return found
+
+
+def _named(value: Mapping[str, Any], pattern: str) -> Mapping[str, Any]:
+    """`value` with aliased fields under their names."""
+    table = aliases().get(pattern)
+    if not table or not any(key in table for key in value):
+        return value
+    return {table.get(key, key): item for key, item in value.items()}
 
 
 def child_pattern(pattern: str, key: str) -> str:
@@ -153,7 +205,8 @@ def _clean(value: Any, pattern: str) -> Any:
     """A layer's subtree with no markers left: deleted items dropped, replacements unwrapped."""
     if isinstance(value, Mapping):
         if REPLACE in value and len(value) == 1:
-            return _clean(value[REPLACE], "")
+            return _clean(value[REPLACE], pattern)
+        value = _named(value, pattern)
         return {k: _clean(v, child_pattern(pattern, str(k))) for k, v in value.items()}
     if isinstance(value, list):
         inner = item_pattern(pattern)
@@ -166,6 +219,7 @@ def merge_onto(base: Any, layer: Any, pattern: str = "") -> Any:
     if isinstance(layer, Mapping) and REPLACE in layer and len(layer) == 1:
         return _clean(layer[REPLACE], pattern)
     if isinstance(base, Mapping) and isinstance(layer, Mapping):
+        layer = _named(layer, pattern)
         out = dict(base)
         for key, value in layer.items():
             child = child_pattern(pattern, str(key))
@@ -186,6 +240,8 @@ def _merge_list(base: list[Any], layer: list[Any], fields: tuple[str, ...], inne
             where.setdefault(known, position)
     removed: set[int] = set()
     for item in layer:
+        if isinstance(item, Mapping):
+            item = _named(item, inner)
         key = item_key(fields, item)
         index = where.get(key) if key is not None else None
         if _is_delete(item):
