@@ -560,3 +560,22 @@ def test_the_digest_is_the_same_in_another_process_and_for_any_key_order() -> No
         assert proc.returncode == 0, proc.stderr
         outputs.add(proc.stdout.strip())
     assert outputs == {f"{here.digest} {here.provenance.variables_digest}"}
+
+
+def test_rendering_never_changes_a_profile_or_the_inputs() -> None:
+    site = _site_profile()
+    base = profile("base", full_spec(), priority=0)
+    before = (copy.deepcopy(dict(site.document)), copy.deepcopy(dict(base.document)))
+    own = {
+        "interfaces": [{"name": "lan0", "mtu": 9000}],
+        "routes": [{"to": "192.0.2.128/25", "table": "isp", "$delete": True}],
+    }
+    own_before = copy.deepcopy(own)
+    inputs = DeviceInputs("edge-01", {}, {"lan_address": "203.0.113.7/24", "site": "ams"}, own)
+    first = render_device([base, site], inputs)
+    first.document["spec"]["interfaces"][0]["addresses"].append("192.0.2.99/24")
+    second = render_device([base, site], inputs)
+    assert (dict(site.document), dict(base.document)) == before
+    assert own == own_before
+    assert second.digest == render_device([base, site], inputs).digest
+    assert "192.0.2.99/24" not in second.document["spec"]["interfaces"][0]["addresses"]

@@ -37,6 +37,7 @@ __all__ = [
     "REPLACE",
     "check_layer",
     "child_pattern",
+    "is_plain",
     "item_key",
     "item_label",
     "item_pattern",
@@ -214,24 +215,50 @@ def _clean(value: Any, pattern: str) -> Any:
     return value
 
 
-def merge_onto(base: Any, layer: Any, pattern: str = "") -> Any:
-    """`layer` merged onto `base` (neither is changed; untouched subtrees are shared)."""
-    if isinstance(layer, Mapping) and REPLACE in layer and len(layer) == 1:
+@functools.cache
+def _aliased_names() -> frozenset[str]:
+    return frozenset(alias for table in aliases().values() for alias in table)
+
+
+def is_plain(value: Any) -> bool:
+    """True when `value` holds no marker and no aliased field name: merging may then
+    share its subtrees as they are instead of copying them."""
+    if isinstance(value, Mapping):
+        names = _aliased_names()
+        return all(
+            not (isinstance(k, str) and (k.startswith("$") or k in names)) and is_plain(v)
+            for k, v in value.items()
+        )
+    if isinstance(value, list):
+        return all(is_plain(v) for v in value)
+    return True
+
+
+def merge_onto(base: Any, layer: Any, pattern: str = "", *, plain: bool = False) -> Any:
+    """`layer` merged onto `base` (neither is changed; untouched subtrees are shared).
+    `plain`: the caller knows `layer` is plain (`is_plain`)."""
+    if not plain and isinstance(layer, Mapping) and REPLACE in layer and len(layer) == 1:
         return _clean(layer[REPLACE], pattern)
     if isinstance(base, Mapping) and isinstance(layer, Mapping):
-        layer = _named(layer, pattern)
+        if not plain:
+            layer = _named(layer, pattern)
         out = dict(base)
         for key, value in layer.items():
             child = child_pattern(pattern, str(key))
-            out[key] = merge_onto(out[key], value, child) if key in out else _clean(value, child)
+            if key in out:
+                out[key] = merge_onto(out[key], value, child, plain=plain)
+            else:
+                out[key] = value if plain else _clean(value, child)
         return out
     fields = LIST_KEYS.get(pattern)
     if fields is not None and isinstance(base, list) and isinstance(layer, list):
-        return _merge_list(base, layer, fields, item_pattern(pattern))
-    return _clean(layer, pattern)
+        return _merge_list(base, layer, fields, item_pattern(pattern), plain)
+    return layer if plain else _clean(layer, pattern)
 
 
-def _merge_list(base: list[Any], layer: list[Any], fields: tuple[str, ...], inner: str) -> Any:
+def _merge_list(
+    base: list[Any], layer: list[Any], fields: tuple[str, ...], inner: str, plain: bool
+) -> Any:
     out: list[Any] = list(base)
     where: dict[Any, int] = {}
     for position, present in enumerate(out):
@@ -240,7 +267,7 @@ def _merge_list(base: list[Any], layer: list[Any], fields: tuple[str, ...], inne
             where.setdefault(known, position)
     removed: set[int] = set()
     for item in layer:
-        if isinstance(item, Mapping):
+        if not plain and isinstance(item, Mapping):
             item = _named(item, inner)
         key = item_key(fields, item)
         index = where.get(key) if key is not None else None
@@ -252,17 +279,20 @@ def _merge_list(base: list[Any], layer: list[Any], fields: tuple[str, ...], inne
         if index is None:
             # Matched against the earlier layers only: a layer repeating a key is left
             # for the document model to refuse, never silently folded.
-            out.append(_clean(item, inner))
+            out.append(item if plain else _clean(item, inner))
         elif fields:
-            out[index] = merge_onto(out[index], item, inner)
+            out[index] = merge_onto(out[index], item, inner, plain=plain)
     return [item for index, item in enumerate(out) if index not in removed]
 
 
-def merge_layers(layers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Every layer merged onto the ones before it, in order; `{}` for none."""
+def merge_layers(
+    layers: Sequence[Mapping[str, Any]], plain: Sequence[bool] | None = None
+) -> dict[str, Any]:
+    """Every layer merged onto the ones before it, in order; `{}` for none. `plain[i]`:
+    layer i is known to be plain (`is_plain`); by default each layer is cleaned."""
     result: dict[str, Any] = {}
-    for layer in layers:
-        merged = merge_onto(result, layer)
+    for index, layer in enumerate(layers):
+        merged = merge_onto(result, layer, plain=bool(plain and plain[index]))
         assert isinstance(merged, dict)
         result = merged
     return result

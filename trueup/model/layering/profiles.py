@@ -29,7 +29,7 @@ from typing import Any
 
 from trueup.model.digests import json_digest
 from trueup.model.document import API_VERSION, supported_sections
-from trueup.model.layering.merge import check_layer
+from trueup.model.layering.merge import check_layer, is_plain
 from trueup.model.layering.selectors import Selector, SelectorError, parse_selector
 from trueup.model.layering.substitute import Compiled, compile_document
 from trueup.model.layering.variables import Variable, parse_variable
@@ -97,6 +97,11 @@ class Profile:
             compiled = compile_document(self.document, "spec.document")
             self._compiled["document"] = compiled
         return compiled
+
+    @cached_property
+    def plain(self) -> bool:
+        """No merge marker nor aliased field in the document (substitution adds none)."""
+        return is_plain(self.document)
 
     def with_version(self, version: int) -> Profile:
         return Profile(

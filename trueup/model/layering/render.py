@@ -24,11 +24,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trueup.model.digests import json_digest
-from trueup.model.document import API_VERSION, DocumentError, document_digest, parse_document
+from trueup.model.document import API_VERSION, DocumentError, parse_document
 from trueup.model.layering.merge import (
     LIST_KEYS,
     check_layer,
     child_pattern,
+    is_plain,
     item_key,
     item_pattern,
     merge_layers,
@@ -97,7 +98,10 @@ class Renderer:
             layers.append((None, own))
         if problems:
             raise RenderError(inputs.name, problems)
-        spec = merge_layers([layer for _, layer in layers])
+        spec = merge_layers(
+            [layer for _, layer in layers],
+            [p.plain if p is not None else is_plain(layer) for p, layer in layers],
+        )
         body = {
             "apiVersion": API_VERSION,
             "kind": "DeviceState",
@@ -115,10 +119,11 @@ class Renderer:
             variables_digest=variables_digest(inputs.variables),
             own_digest=json_digest(inputs.own) if inputs.own is not None else None,
         )
+        document = state.canonical()  # metadata has no version: its digest is document_digest
         return Rendered(
             device=inputs.name,
-            document=state.canonical(),
-            digest=document_digest(state),
+            document=document,
+            digest=json_digest(document),
             provenance=provenance,
         )
 
