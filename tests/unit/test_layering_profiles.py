@@ -72,8 +72,7 @@ def test_bad_fields_are_refused_with_their_path(change: dict[str, Any], problem:
 
 def test_a_bad_selector_is_refused_with_its_position() -> None:
     (problem,) = _refused({**_profile_data(), "spec": {"selector": "site in (ams"}})
-    assert problem.startswith("spec.selector: ")
-    assert "position" in problem or "character" in problem or "expected" in problem
+    assert problem.startswith("spec.selector: selector 'site in (ams': at position 13: expected")
 
 
 @pytest.mark.parametrize(
