@@ -270,11 +270,11 @@ def test_wireguard_interfaces_merge_by_name_and_peers_by_public_key() -> None:
     ]
 
 
-def test_mappings_merge_key_by_key_and_null_resets_a_field() -> None:
+def test_mappings_merge_key_by_key_and_null_removes_a_key() -> None:
     spec = _render_over_full(
         {
             "management": {"gateway": None, "addresses": ["198.51.100.3/24"]},
-            "sysctl": {"net.ipv6.conf.all.forwarding": 1},
+            "sysctl": {"net.ipv6.conf.all.forwarding": 1, "net.ipv4.ip_forward": None},
             "convergence": {"subsystems": {"ha": "notify"}},
             "interfaces": [{"name": "lan0", "mtu": None}],
         }
@@ -284,7 +284,7 @@ def test_mappings_merge_key_by_key_and_null_resets_a_field() -> None:
         "addresses": ["198.51.100.3/24"],  # a list without a key: replaced whole
         "api": {"port": 7443},
     }
-    assert spec["sysctl"] == {"net.ipv4.ip_forward": "1", "net.ipv6.conf.all.forwarding": "1"}
+    assert spec["sysctl"] == {"net.ipv6.conf.all.forwarding": "1"}
     assert spec["convergence"]["subsystems"] == {"dhcp": "notify", "ha": "notify"}
     assert "mtu" not in _by(spec["interfaces"], "name")["lan0"]
 
@@ -510,6 +510,25 @@ def test_a_list_cannot_be_interpolated_into_text() -> None:
     with pytest.raises(RenderError) as error:
         render_device([profile("base", full_spec(), priority=0), texts], _device())
     assert _problems(error) == [("spec.document.dns.zone", "texts", "names")]
+
+
+def test_a_value_holding_dollar_brace_is_not_substituted_again() -> None:
+    variables = {"text": {"type": "string"}, "other": {"type": "string", "default": "x"}}
+    record = {"name": "t", "type": "TXT", "value": "v=${text}"}
+    texts = profile("texts", {"dns": {"records": [record]}}, variables=variables)
+    base = profile("base", full_spec(), priority=0)
+    rendered = render_device([base, texts], _device(text="${other}"))
+    values = [r["value"] for r in rendered.document["spec"]["dns"]["records"]]
+    assert values == ["203.0.113.1", "router", "v=${other}"]
+
+
+def test_a_list_variable_is_a_whole_list_never_an_item() -> None:
+    variables = {"resolvers": {"type": "list", "items": "ip", "default": ["203.0.113.53"]}}
+    nested = profile("nested", {"dns": {"listen": ["${resolvers}"]}}, variables=variables)
+    with pytest.raises(RenderError) as error:
+        render_device([profile("base", full_spec(), priority=0), nested], _device())
+    assert _problems(error) == [("spec.document.dns.listen[0]", "nested", "resolvers")]
+    assert 'write the list as "${resolvers}"' in str(error.value)
 
 
 def test_a_literal_dollar_brace_is_written_twice() -> None:

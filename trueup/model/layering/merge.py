@@ -3,8 +3,9 @@
 Layers are applied in order (profiles by priority then name, the device's own
 layer last); each layer is merged onto the result of the ones before it:
 
-* a mapping is merged key by key; a key the later layer sets wins (a scalar,
-  or `null`, which resets the field to its default);
+* a mapping is merged key by key; a key the later layer sets wins on a scalar;
+  `null` removes the key (a field then has its default, a sysctl is no longer
+  managed);
 * a list named in `LIST_KEYS` is merged item by item by its key: an item whose
   key is already present is merged into it (in place, keeping the order), a new
   one is appended. `{name: eth9, $delete: true}` (the key fields plus
@@ -208,7 +209,9 @@ def _clean(value: Any, pattern: str) -> Any:
         if REPLACE in value and len(value) == 1:
             return _clean(value[REPLACE], pattern)
         value = _named(value, pattern)
-        return {k: _clean(v, child_pattern(pattern, str(k))) for k, v in value.items()}
+        return {
+            k: _clean(v, child_pattern(pattern, str(k))) for k, v in value.items() if v is not None
+        }
     if isinstance(value, list):
         inner = item_pattern(pattern)
         return [_clean(v, inner) for v in value if not _is_delete(v)]
@@ -221,12 +224,14 @@ def _aliased_names() -> frozenset[str]:
 
 
 def is_plain(value: Any) -> bool:
-    """True when `value` holds no marker and no aliased field name: merging may then
-    share its subtrees as they are instead of copying them."""
+    """True when `value` holds no marker, no `null` and no aliased field name: merging
+    may then share its subtrees as they are instead of copying them."""
     if isinstance(value, Mapping):
         names = _aliased_names()
         return all(
-            not (isinstance(k, str) and (k.startswith("$") or k in names)) and is_plain(v)
+            v is not None
+            and not (isinstance(k, str) and (k.startswith("$") or k in names))
+            and is_plain(v)
             for k, v in value.items()
         )
     if isinstance(value, list):
@@ -245,7 +250,9 @@ def merge_onto(base: Any, layer: Any, pattern: str = "", *, plain: bool = False)
         out = dict(base)
         for key, value in layer.items():
             child = child_pattern(pattern, str(key))
-            if key in out:
+            if value is None:
+                out.pop(key, None)
+            elif key in out:
                 out[key] = merge_onto(out[key], value, child, plain=plain)
             else:
                 out[key] = value if plain else _clean(value, child)
