@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from tests.unit.layering_examples import profile
-from trueup.model.layering import ProfileError, Variable, parse_profile, variables_digest
+from trueup.model.layering import (
+    ProfileError,
+    Variable,
+    load_profile_text,
+    parse_profile,
+    variables_digest,
+)
 from trueup.model.layering.variables import parse_variable
+from trueup.model.limits import DOCUMENT_BYTES
 
 
 def _profile_data(**spec: Any) -> dict[str, Any]:
@@ -230,3 +238,22 @@ def test_a_default_is_kept_canonical_and_shown_back() -> None:
     parsed = profile("p", {}, variables={"gw": {"type": "ipv6", "default": "2001:DB8::1"}})
     assert parsed.variables["gw"].default == "2001:db8::1"
     assert parsed.as_json()["spec"]["variables"]["gw"] == {"type": "ipv6", "default": "2001:db8::1"}
+
+
+def test_a_profile_is_read_from_yaml_or_json_text_within_the_limits() -> None:
+    text = """
+apiVersion: trueup/v1
+kind: Profile
+metadata: {name: all}
+spec:
+  variables: {mtu: {type: integer, default: 1500}}
+  document: {interfaces: [{name: lan0, mtu: "${mtu}"}]}
+"""
+    parsed = load_profile_text(text, source="all.yaml")
+    assert parsed.variables["mtu"].default == 1500
+    assert load_profile_text(json.dumps(parsed.as_json())).digest == parsed.digest
+    with pytest.raises(ProfileError) as error:
+        load_profile_text("a: &x [1]\nb: *x\n", source="alias.yaml")
+    assert error.value.problems[0].startswith("(document): ")
+    with pytest.raises(ProfileError, match="larger than"):
+        load_profile_text("#" * (DOCUMENT_BYTES + 1))
