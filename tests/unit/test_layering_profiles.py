@@ -50,6 +50,9 @@ def test_a_profile_parses_and_reads_back_equal() -> None:
     assert again.digest == parsed.digest
     assert parsed.with_version(4).version == 4
     assert parsed.with_version(4).digest == parsed.digest
+    shown = parsed.as_json()
+    shown["spec"]["document"]["interfaces"][0]["mtu"] = 1  # a copy: the profile is unchanged
+    assert parsed.document["interfaces"][0]["mtu"] == "${mtu}"
     changed = parse_profile({**data, "metadata": {**data["metadata"], "priority": 201}})
     assert changed.digest != parsed.digest
 

@@ -598,3 +598,20 @@ def test_rendering_never_changes_a_profile_or_the_inputs() -> None:
     assert own == own_before
     assert second.digest == render_device([base, site], inputs).digest
     assert "192.0.2.99/24" not in second.document["spec"]["interfaces"][0]["addresses"]
+
+
+@pytest.mark.parametrize("section", sorted(full_spec()))
+def test_a_document_split_into_a_profile_and_the_own_layer_renders_the_same(section: str) -> None:
+    whole = parse_document(full_document())
+    spec = full_spec()
+    part = profile("part", {section: spec.pop(section)})
+    rendered = render_device([part], _own(spec))
+    assert rendered.digest == document_digest(whole)
+
+
+def test_a_layer_repeating_the_profile_changes_nothing() -> None:
+    whole = parse_document(full_document())
+    rendered = render_device([profile("base", full_spec())], _own(full_spec()))
+    assert rendered.document == whole.canonical()
+    twice = render_device([profile("a", full_spec()), profile("b", full_spec())], _own({}))
+    assert twice.digest == document_digest(whole)

@@ -21,6 +21,7 @@ with every problem, each naming its path.
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -81,7 +82,7 @@ class Profile:
             "spec": {
                 "selector": self.selector.text,
                 "variables": {n: v.as_json() for n, v in sorted(self.variables.items())},
-                "document": dict(self.document),
+                "document": copy.deepcopy(dict(self.document)),
             },
         }
 
