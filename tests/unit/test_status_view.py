@@ -69,6 +69,7 @@ def test_a_quiet_subsystem_is_active_with_a_closed_breaker() -> None:
     assert view.reconcile_failures == {}
     assert view.status_extra() == {
         "pending_confirmation": None,
+        "confirmation": None,
         "reconcile_loop": {
             "event_source": "fake",
             "resync_seconds": 60.0,
