@@ -16,8 +16,10 @@ from tests.unit.test_loop import Rig
 from trueup.agent.cpclient import DesiredRevision, SyncLoop, report_from_status
 from trueup.agent.process import Agent
 from trueup.agent.selfconfirm import SelfConfirm
+from trueup.cli.output import render_status
 from trueup.journal.confirm import read_outcome, read_pending
 from trueup.model.document import parse_document
+from trueup.reconcile.status import gather
 
 SECOND = parse_document(base_document(routes=[], interfaces=[{"name": "lan0"}])).with_version(2)
 
@@ -123,6 +125,9 @@ def test_the_window_passing_without_the_control_plane_rolls_back_with_the_reason
     assert report["confirmation"]["state"] == "rolled-back"
     assert report["confirmation"]["deadline"] == outcome["deadline"]
     assert rig.new_loop().confirmation.record() == outcome
+    # With the agent stopped, the CLI's status says it too.
+    text = render_status(gather(rig.engine))
+    assert "last confirmation: version 2 rolled-back: the confirmation window passed" in text
 
 
 def test_management_not_ready_is_waited_for_even_with_the_control_plane_reached(

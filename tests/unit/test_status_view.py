@@ -178,6 +178,7 @@ def test_the_agent_s_inputs_each_land_in_their_section(engine: Engine) -> None:
     assert list(status) == [
         *STATUS_KEYS,
         "pending_confirmation",
+        "confirmation",
         "reconcile_loop",
         "drift_history",
         "acknowledgements_ended",

@@ -345,7 +345,9 @@ def build_status(
                 str(pending.get("waiting_for") or "a running agent to confirm or roll it back"),
             )
         else:
-            status["confirmation"] = read_outcome(state)
+            outcome_now = read_outcome(state)
+            if outcome_now is not None:
+                status["confirmation"] = outcome_now
     if agent is not None:
         status["agent"] = agent.to_json()
         status["agent"]["damaged_state"] = damaged
