@@ -7,7 +7,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tests.server.conftest import Server, Tenant, document
+import pytest
+from sqlalchemy import text
+
+from tests.server.conftest import BACKENDS, Server, Tenant, document
 
 
 def _put(server: Server, tenant: Tenant, expected: int, **headers: str) -> Any:
@@ -115,3 +118,42 @@ def test_a_confirmation_in_an_unknown_state_is_refused(server: Server) -> None:
     assert answer.status_code == 422
     assert "confirmation" in answer.text
     assert _fleet_entry(server, tenant)["confirmation"] is None
+
+
+@pytest.mark.parametrize("isolated_server", BACKENDS, indirect=True)
+def test_a_rollback_turned_into_confirmed_in_the_table_is_named_and_not_believed(
+    isolated_server: Server,
+) -> None:
+    server = isolated_server
+    tenant = server.tenant(devices=("edge-01",))
+    tenant_id = server.plane.tenant_id(tenant.name)
+    device_id = server.plane.device_id(tenant_id, "edge-01")
+    rolled = {"version": 3, "state": "rolled-back", "deadline": time.time(), "reason": "window"}
+    _report(server, tenant, applied_version=4, confirmation=rolled)
+    assert [str(p) for p in server.plane.verify_audit()] == []
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(text("UPDATE device_confirmation SET state = 'confirmed'"))
+    problems = [str(p) for p in server.plane.verify_audit()]
+    assert any("device_confirmation" in p and "edge-01 version 3" in p for p in problems), problems
+    read = server.plane.confirmation_of(tenant_id, device_id)
+    assert read is not None and read["state"] == "rolled-back"
+    assert "the audit log says rolled back" in read["reason"]
+
+
+@pytest.mark.parametrize("isolated_server", BACKENDS, indirect=True)
+def test_a_confirmation_window_removed_in_the_table_is_named_and_not_delivered(
+    isolated_server: Server,
+) -> None:
+    server = isolated_server
+    tenant = server.tenant(devices=("edge-01",))
+    assert _put(server, tenant, 0).status_code == 201
+    assert _put(server, tenant, 1, **{"X-Trueup-Confirm-Within": "30"}).status_code == 201
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(text("UPDATE revisions SET confirm_within = NULL WHERE version = 2"))
+    problems = [str(p) for p in server.plane.verify_audit()]
+    assert any("confirmation window" in p for p in problems), problems
+    pulled = server.client.get(
+        "/api/v1/agent/desired", params={"after": 1}, headers=tenant.device_auth("edge-01")
+    )
+    assert pulled.status_code == 409, pulled.text
+    assert "confirmation window is not the audited one" in pulled.json()["detail"]

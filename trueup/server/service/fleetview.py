@@ -232,7 +232,18 @@ class Fleet:
         (pending | confirmed | rolled-back), deadline (epoch), reason, …} — or None; what a
         rollout's gate reads."""
         with self.store.db.read() as conn:
-            return confirmation_of(conn, tenant_id, device_id)
+            record = confirmation_of(conn, tenant_id, device_id)
+            if record is None:
+                return None
+            seq = self.store.covered(conn).rolled_back.get((device_id, record["version"]))
+        if seq is not None and record["state"] != "rolled-back":
+            # The table was changed behind the server's back: the log's word holds.
+            record.update(
+                state="rolled-back",
+                reason=f"the audit log says rolled back (seq={seq}); the stored state "
+                f"{record['state']!r} is not the audited one",
+            )
+        return record
 
     def last_report(self, tenant_id: int, device: str) -> dict[str, Any] | None:
         with self.store.db.read() as conn:
