@@ -192,3 +192,18 @@ def test_a_window_that_is_not_a_positive_number_of_seconds_is_no_window(value: A
 
     assert _window(value) is None
     assert _window(15) == 15.0
+
+
+def test_a_partial_apply_is_never_confirmed_by_the_agent(rig: Rig) -> None:
+    contact = Contact()
+    contact.at = rig.clock() + 100
+    confirmer = _confirmer(rig, contact)
+    assert _pulled(rig)["ok"]
+    pending = rig.loop.confirmation.self_pending()
+    assert pending is not None and pending["verified"] is True  # this apply committed all
+    pending["verified"] = False  # as a partial apply records it
+    waiting = confirmer.check()
+    assert waiting is not None and waiting.startswith("a verified apply")
+    rig.clock.advance(31)
+    rig.loop.run_pass()
+    assert read_outcome(rig.state)["state"] == "rolled-back"  # type: ignore[index]
