@@ -227,3 +227,14 @@ def test_a_windowed_revision_whose_apply_fails_is_reported_rolled_back(rig: Rig)
     assert outcome is not None and outcome["state"] == "rolled-back" and outcome["version"] == 2
     assert outcome["reason"].startswith("the apply failed and its transaction rolled back")
     assert "busy" in outcome["reason"]
+
+
+def test_a_pending_confirmation_shows_the_same_until_what_it_waits_for_changes(rig: Rig) -> None:
+    assert _pulled(rig)["ok"]
+    rig.loop.run_pass()
+    first = rig.loop.view().operator_digest()
+    rig.clock.advance(3)
+    rig.loop.run_pass()
+    assert rig.loop.view().operator_digest() == first  # no report asked for by the clock alone
+    rig.loop.note_confirmation_waiting(2, "management ready (missing 198.51.100.2/24)")
+    assert rig.loop.view().operator_digest() != first

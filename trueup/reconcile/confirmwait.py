@@ -120,7 +120,12 @@ class ConfirmWait:
         last guarded apply ended; None when there never was one."""
         pending = self.pending
         if pending is not None and pending.get("state") == "pending":
-            return outcome(pending, "pending", str(pending.get("waiting_for") or _waits(pending)))
+            return outcome(
+                pending,
+                "pending",
+                str(pending.get("waiting_for") or _waits(pending)),
+                at=pending.get("created_at"),  # stable: what status shows changes only with it
+            )
         return dict(self.last) if self.last is not None else None
 
     def self_pending(self) -> dict[str, Any] | None:
