@@ -1,6 +1,12 @@
 """Device labels: the service (audited, tenant-scoped), the API (422 naming `labels.<key>`,
 selectors on the device list naming the position, roles), enrollment with labels, and
-`trueup fleet label` / `trueup fleet list -l` end to end against a running server."""
+`trueup fleet label` / `trueup fleet list -l` end to end against a running server, and the
+dashboard's label filter.
+
+Why this module is over 400 lines: labels reach every surface of the control plane
+(service, API, enrollment, both CLIs, the dashboard); one module keeps their tests side
+by side, each short and on shared helpers.
+"""
 
 from __future__ import annotations
 
