@@ -1,5 +1,5 @@
 """What the audit log vouches for beyond credentials: secret versions, notification
-targets, evidence bundles and revision metadata.
+targets, evidence bundles, revision metadata and device labels.
 
 Who calls it: the writers (service/secrets.py, service/notify/routing.py,
 service/revisions.py, service/evidence.py) record what this module's replay
@@ -165,6 +165,8 @@ class CoverFacts:
     rolled_back: dict[tuple[int, int | None], int] = field(default_factory=dict)
     # tenant id -> (seq, entries) of its newest audited webhook allowlist
     allowlists: dict[int, tuple[int, list[str]]] = field(default_factory=dict)
+    # device id -> (seq, labels) of its newest audited `device.labels`
+    labels: dict[int, tuple[int, dict[str, str]]] = field(default_factory=dict)
     device_ids: dict[tuple[int | None, str], int] = field(default_factory=dict)
 
     def newest_secret(self, device_id: int, name: str) -> SecretVersion | None:
@@ -292,6 +294,10 @@ def apply(facts: CoverFacts, entry: Any) -> None:
         device_id = _int(detail, "device_id")
         if device_id is not None:
             facts.rolled_back[(device_id, _int(detail, "version"))] = int(entry["seq"])
+    elif action == "device.labels":
+        device_id, new = _int(detail, "device_id"), detail.get("new")
+        if device_id is not None and isinstance(new, dict):
+            facts.labels[device_id] = (int(entry["seq"]), {str(k): str(v) for k, v in new.items()})
     elif action == "notify.allowlist.set":
         entries = detail.get("entries")
         if isinstance(entry["tenant_id"], int) and isinstance(entries, list):
