@@ -7,6 +7,15 @@ every process. The server stores the inputs and the rendered revisions; the
 agent only ever sees a rendered, validated document.
 """
 
+from trueup.model.layering.selectors import (
+    Requirement,
+    Selector,
+    SelectorError,
+    label_key_problem,
+    label_problems,
+    label_value_problem,
+    parse_selector,
+)
 from trueup.model.layering.types import (
     DeviceInputs,
     PathChange,
@@ -23,4 +32,11 @@ __all__ = [
     "RenderError",
     "RenderProblem",
     "Rendered",
+    "Requirement",
+    "Selector",
+    "SelectorError",
+    "label_key_problem",
+    "label_problems",
+    "label_value_problem",
+    "parse_selector",
 ]
