@@ -42,9 +42,7 @@ def _upgrade_profiles_and_inputs() -> None:
         sa.Column("created_at", sa.Float(), nullable=False),
         sa.Column("comment", sa.Text(), nullable=False, server_default=""),
         sa.Column("deleted", sa.Integer(), nullable=False, server_default="0"),
-        sa.UniqueConstraint(
-            "tenant_id", "name", "version", name="uq_profiles_tenant_name_version"
-        ),
+        sa.UniqueConstraint("tenant_id", "name", "version", name="uq_profiles_tenant_name_version"),
     )
     op.create_table(
         "device_inputs",
