@@ -46,6 +46,7 @@ from trueup.server.api.routes import (
     identity,
     notifications,
     probes,
+    profiles,
     revisions,
     secrets,
 )
@@ -261,6 +262,7 @@ def create_app(settings: Settings) -> FastAPI:
         backups,
         notifications,
         evidence,
+        profiles,
         dashboard,
     ):
         area.register(app, api)

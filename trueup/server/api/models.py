@@ -9,7 +9,7 @@ ends up in; names follow the name rules and text refuses control characters
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -31,6 +31,7 @@ from trueup.server.limits import (
     MAX_INT32,
     MAX_VERSION,
     SECRET_VALUE_LENGTH,
+    TEXT_LENGTH,
 )
 from trueup.server.tokens import Role
 
@@ -42,13 +43,19 @@ __all__ = [
     "BackupMetadata",
     "DeviceCreate",
     "OverrideReport",
+    "PlanChange",
+    "PlanRequest",
+    "PublishRequest",
     "RoleChange",
     "SecretPut",
     "SubsystemReport",
     "TokenCreate",
     "UserCreate",
+    "VariablesPut",
     "check_text",
 ]
+
+SELECTOR_LENGTH = 4000  # a label selector (`site=ams,role in (edge,core)`)
 
 # Names: what `service.errors.check_name` accepts (trueup.server.inputs declares them).
 NAME = NAME_PATTERN
@@ -101,3 +108,44 @@ class BackupMetadata(BaseModel):
     ) = None
     applied_revision: int | None = Field(None, ge=0, le=MAX_VERSION)
     with_leases: bool | None = None
+
+
+class VariablesPut(BaseModel):
+    """A device's variable values (name: value) and its own layer (a partial spec, or null)."""
+
+    model_config = ConfigDict(extra="forbid")
+    variables: dict[str, Any] = {}
+    own: dict[str, Any] | None = None
+
+
+class PlanChange(BaseModel):
+    """The change a plan proposes: `profile` (a profile document, created or replacing the
+    one of its name), `profile-delete` (`name`), `variables` (`device`, `variables`: name:
+    value or null to remove; `own` replaces the own layer when `replace_own`), `labels`
+    (`device`, `labels`: key: value or null to remove)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["profile", "profile-delete", "variables", "labels"]
+    document: dict[str, Any] | None = None
+    name: Name | None = None
+    device: DeviceName | None = None
+    variables: dict[str, Any] | None = None
+    own: dict[str, Any] | None = None
+    replace_own: bool = False
+    labels: dict[str, str | None] | None = None
+
+
+class PlanRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    selector: str = Field("", max_length=SELECTOR_LENGTH)
+    change: PlanChange | None = None
+
+
+class PublishRequest(BaseModel):
+    """Publish the plan of the stored inputs; `expect` (device: digest) refuses a device
+    whose rendered digest is no longer the one shown in the plan."""
+
+    model_config = ConfigDict(extra="forbid")
+    selector: str = Field("", max_length=SELECTOR_LENGTH)
+    comment: Annotated[str, Field(max_length=TEXT_LENGTH), AfterValidator(check_text)] = ""
+    expect: dict[str, str] | None = None

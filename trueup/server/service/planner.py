@@ -47,10 +47,14 @@ from trueup.model.document import DocumentError, parse_document
 from trueup.model.layering import (
     DeviceInputs,
     Profile,
+    ProfileError,
     Renderer,
     RenderError,
     Selector,
+    SelectorError,
     diff_documents,
+    label_problems,
+    parse_profile,
     parse_selector,
 )
 from trueup.server.fleet import agent_support
@@ -69,12 +73,15 @@ from trueup.server.service.fleettypes import (
 from trueup.server.service.store import Store
 from trueup.server.tables import device_state, devices, revisions
 
-__all__ = ["Planner"]
+__all__ = ["Planner", "plan_json", "proposed_change"]
 
 
 class _StoredProfile(Protocol):
-    name: str
-    version: int
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> int: ...
 
     def profile(self) -> Profile: ...
 
@@ -84,9 +91,14 @@ class _ProfileSource(Protocol):
 
 
 class _Inputs(Protocol):
-    variables: dict[str, Any]
-    own: dict[str, Any] | None
-    version: int
+    @property
+    def variables(self) -> dict[str, Any]: ...
+
+    @property
+    def own(self) -> dict[str, Any] | None: ...
+
+    @property
+    def version(self) -> int: ...
 
 
 class _InputSource(Protocol):
@@ -161,7 +173,7 @@ class Planner:
         *,
         profiles: _ProfileSource,
         inputs: _InputSource,
-        labels: _LabelSource,
+        labels: _LabelSource | None,
         revisions: _RevisionWriter,
         busy: Callable[[int], set[int]] | None = None,
     ) -> None:
@@ -185,13 +197,17 @@ class Planner:
         """Render the devices `change` touches (every device without one; only those
         `selector` picks when given) and compare each with its desired revision."""
         if isinstance(selector, str):
-            selector = parse_selector(selector)
-        labelled = {
-            int(device_id): dict(labels)
-            for device_id, _name, labels in self.labels.devices_matching(
-                tenant_id, parse_selector("")
-            )
-        }
+            selector = checked_selector(selector)
+        labelled = (
+            {
+                int(device_id): dict(labels)
+                for device_id, _name, labels in self.labels.devices_matching(
+                    tenant_id, parse_selector("")
+                )
+            }
+            if self.labels is not None
+            else {}
+        )
         with self.store.db.read() as conn:
             stored = [(p.name, p.profile()) for p in self.profiles.current_in(conn, tenant_id)]
             fleet = self._devices(conn, tenant_id, labelled)
@@ -274,14 +290,12 @@ class Planner:
         return fleet
 
     @staticmethod
-    def _profiles_after(
-        stored: list[tuple[str, Profile]], change: Change | None
-    ) -> list[Profile]:
+    def _profiles_after(stored: list[tuple[str, Profile]], change: Change | None) -> list[Profile]:
         by_name = dict(stored)
         if isinstance(change, ProfileEdit):
             old = by_name.get(change.profile.name)
             version = (old.version if old is not None else 0) + 1
-            by_name[change.profile.name] = _with_version(change.profile, version)
+            by_name[change.profile.name] = change.profile.with_version(version)
         elif isinstance(change, ProfileRemoval):
             if change.name not in by_name:
                 raise NotFound(f"profile {change.name!r} not found")
@@ -331,11 +345,7 @@ class Planner:
             return {d.device_id for d in fleet.values() if d.name == change.device}
         name = change.profile.name if isinstance(change, ProfileEdit) else change.name
         selectors = [p.selector for p in (*before, *after) if p.name == name]
-        return {
-            d.device_id
-            for d in fleet.values()
-            if any(s.matches(d.labels) for s in selectors)
-        }
+        return {d.device_id for d in fleet.values() if any(s.matches(d.labels) for s in selectors)}
 
     def _plan_device(
         self, renderer: Renderer, profiles: Sequence[Profile], device: _Device
@@ -388,12 +398,28 @@ class Planner:
         actor: str,
         comment: str = "",
         confirm_within: int | None = None,
+        expect: Mapping[str, str] | None = None,
     ) -> Published:
         """Store every target of `plan` as its device's next desired revision, one
-        transaction each; a device whose desired version moved since is refused."""
+        transaction each; a device whose desired version moved since is refused, and so
+        is one whose digest is not the one `expect` (device: digest, as shown) names."""
         stored: list[tuple[str, int]] = []
         refused: list[Refusal] = []
         for target in plan.targets:
+            if expect is not None and expect.get(target.device) != target.digest:
+                shown = expect.get(target.device)
+                refused.append(
+                    Refusal(
+                        target.device_id,
+                        target.device,
+                        "changed",
+                        (
+                            f"the plan shown gave {shown or 'no change'}; it is now "
+                            f"{target.digest}: plan again",
+                        ),
+                    )
+                )
+                continue
             try:
                 document = parse_document(target.document, source=f"device {target.device}")
             except DocumentError as exc:
@@ -414,9 +440,7 @@ class Planner:
                         confirm_within=confirm_within,
                     )
             except Conflict as exc:
-                refused.append(
-                    Refusal(target.device_id, target.device, "concurrent", (str(exc),))
-                )
+                refused.append(Refusal(target.device_id, target.device, "concurrent", (str(exc),)))
                 continue
             stored.append((target.device, int(revision.version)))
         return Published(stored=tuple(stored), refused=tuple(refused))
@@ -467,7 +491,77 @@ def _own_from(document: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return dict(spec) if isinstance(spec, Mapping) else None
 
 
-def _with_version(profile: Profile, version: int) -> Profile:
-    from dataclasses import replace
+def checked_selector(text: str) -> Selector | None:
+    """`text` parsed as a label selector (None for ""); Invalid names the position."""
+    if not text.strip():
+        return None
+    try:
+        return parse_selector(text)
+    except SelectorError as exc:
+        raise Invalid([f"selector: {exc}"]) from None
 
-    return replace(profile, version=version)
+
+def proposed_change(
+    kind: str,
+    *,
+    document: Any = None,
+    name: str | None = None,
+    device: str | None = None,
+    variables: Mapping[str, Any] | None = None,
+    own: Mapping[str, Any] | None = None,
+    replace_own: bool = False,
+    labels: Mapping[str, str | None] | None = None,
+) -> Change:
+    """A change as the API and the CLI describe it, checked; Invalid names each problem."""
+    if kind == "profile":
+        if document is None:
+            raise Invalid(["change.document: a profile document is required"])
+        try:
+            return ProfileEdit(parse_profile(document, source="change.document"))
+        except ProfileError as exc:
+            raise Invalid([f"change.document.{p}" for p in exc.problems]) from None
+    if kind == "profile-delete":
+        if not name:
+            raise Invalid(["change.name: the profile to delete is required"])
+        return ProfileRemoval(name)
+    if not device:
+        raise Invalid([f"change.device: a {kind} change names its device"])
+    if kind == "variables":
+        if variables is None and not replace_own:
+            raise Invalid(["change.variables: give variables (name: value, null removes)"])
+        return VariablesChange(device, dict(variables or {}), own, replace_own)
+    if kind == "labels":
+        given = dict(labels or {})
+        # A removal (None) is checked as a key only.
+        problems = label_problems({k: "" if v is None else v for k, v in given.items()})
+        if problems:
+            raise Invalid([f"change.{p}" for p in problems])
+        return LabelsChange(device, given)
+    raise Invalid([f"change.kind: {kind!r} is not profile, profile-delete, variables or labels"])
+
+
+def plan_json(plan: Plan) -> dict[str, Any]:
+    """The plan as the API answers it (and `trueup fleet plan -o json` prints it)."""
+    return {
+        "targets": [
+            {
+                "device": t.device,
+                "from_version": t.from_version,
+                "digest": t.digest,
+                "provenance": t.provenance.as_json(),
+                "changes": [
+                    {"path": c.path, "op": c.op, "old": c.old, "new": c.new} for c in t.changes
+                ],
+            }
+            for t in plan.targets
+        ],
+        "refused": [
+            {"device": r.device, "kind": r.kind, "problems": list(r.problems)} for r in plan.refused
+        ],
+        "counts": {
+            "changed": len(plan.targets),
+            "refused": len(plan.refused),
+            "unchanged": plan.unchanged,
+        },
+        "exit_code": plan.exit_code,
+    }

@@ -20,9 +20,10 @@ stored version with its entry (coverchecks.py).
 
 from __future__ import annotations
 
+import builtins
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, and_, func, select
@@ -63,9 +64,7 @@ class ProfileVersion:
 
     def profile(self) -> Profile:
         """The stored document parsed again (it was valid when stored), with its version."""
-        return replace(
-            parse_profile(self.document, source=f"profile {self.name}"), version=self.version
-        )
+        return parse_profile(self.document, source=f"profile {self.name}", version=self.version)
 
 
 def _version(row: RowMapping) -> ProfileVersion:
@@ -81,7 +80,9 @@ def _version(row: RowMapping) -> ProfileVersion:
     )
 
 
-def profile_problems(data: Any, *, name: str | None = None) -> tuple[Profile | None, list[str]]:
+def profile_problems(
+    data: Any, *, name: str | None = None
+) -> tuple[Profile | None, builtins.list[str]]:
     """`data` parsed as a profile (and its metadata.name checked against `name`), or every
     problem naming its path."""
     source = f"profile {name}" if name else "profile"
@@ -140,7 +141,7 @@ class Profiles:
                     raise NotFound(f"profile {name!r} has no version {version}")
         return _version(row)
 
-    def history(self, tenant_id: int, name: str) -> list[ProfileVersion]:
+    def history(self, tenant_id: int, name: str) -> builtins.list[ProfileVersion]:
         """Every version of the profile, oldest first (deletions included)."""
         with self.store.db.read() as conn:
             rows = list(
@@ -154,12 +155,12 @@ class Profiles:
             raise NotFound(f"profile {name!r} not found")
         return [_version(r) for r in rows]
 
-    def list(self, tenant_id: int) -> list[ProfileVersion]:
+    def list(self, tenant_id: int) -> builtins.list[ProfileVersion]:
         """The newest version of every profile not deleted, by name."""
         with self.store.db.read() as conn:
             return self.current_in(conn, tenant_id)
 
-    def current_in(self, conn: Connection, tenant_id: int) -> list[ProfileVersion]:
+    def current_in(self, conn: Connection, tenant_id: int) -> builtins.list[ProfileVersion]:
         newest = (
             select(profiles.c.name, func.max(profiles.c.version).label("version"))
             .where(profiles.c.tenant_id == tenant_id)
@@ -177,7 +178,7 @@ class Profiles:
         ).mappings()
         return [_version(r) for r in rows]
 
-    def current(self, tenant_id: int) -> list[Profile]:
+    def current(self, tenant_id: int) -> builtins.list[Profile]:
         """The tenant's profiles as the renderer takes them (each with its version)."""
         return [v.profile() for v in self.list(tenant_id)]
 
