@@ -485,10 +485,18 @@ class _Proposed:
 
 
 def _own_from(document: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A desired document's spec as an own layer: what it sets, without the defaults the
+    model filled in (those would override every profile; validation fills them again)."""
     if document is None:
         return None
-    spec = document.get("spec")
-    return dict(spec) if isinstance(spec, Mapping) else None
+    try:
+        state = parse_document(dict(document))
+    except DocumentError:
+        spec = document.get("spec")
+        return dict(spec) if isinstance(spec, Mapping) else None
+    body = state.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
+    spec = body.get("spec", {})
+    return dict(spec) if isinstance(spec, Mapping) else {}
 
 
 def checked_selector(text: str) -> Selector | None:
