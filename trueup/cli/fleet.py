@@ -31,7 +31,7 @@ from trueup.server.fleet import FILTER_CHOICES, filter_problems
 __all__ = ["agent_lines", "check_filters", "fleet_app", "render_device", "render_table"]
 
 fleet_app = typer.Typer(
-    help="The fleet on the control plane: list devices (filter, search), show one.",
+    help="The fleet on the control plane: devices, profiles and variables, the fleet plan.",
     no_args_is_help=False,
     invoke_without_command=True,
 )

@@ -81,7 +81,7 @@ def register(app: FastAPI, api: Api) -> None:
     @app.put(
         "/api/v1/profiles/{name}",
         status_code=201,
-        responses=answers(404, 409, 413, 428),
+        responses=answers(404, 409, 413, 428, conflict="profile"),
         openapi_extra={
             **role("operator", max_body=DOCUMENT_BYTES),
             "parameters": _IF_MATCH_PARAMS,
@@ -104,7 +104,7 @@ def register(app: FastAPI, api: Api) -> None:
 
     @app.delete(
         "/api/v1/profiles/{name}",
-        responses=answers(404, 409, 428),
+        responses=answers(404, 409, 428, conflict="profile"),
         openapi_extra={**role("operator"), "parameters": _IF_MATCH_PARAMS},
     )
     def delete_profile(name: NAME_PARAM, request: Request, p: Principal = operator) -> Any:
