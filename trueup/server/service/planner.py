@@ -32,6 +32,11 @@ a plan's targets wave by wave instead.
 The units this composes (profiles, device inputs, labels, revisions) are
 passed in; it reads the devices, desired revisions and last reports itself,
 in one read for the whole tenant.
+
+Why this module is over 400 lines: it is one procedure — load a tenant's
+inputs, apply the proposed change, render, compare, publish — whose steps share
+the loaded state; and it declares the interfaces (Protocols) of the units it is
+given, so that they stay independent of each other and of it.
 """
 
 from __future__ import annotations
@@ -47,14 +52,10 @@ from trueup.model.document import DocumentError, parse_document
 from trueup.model.layering import (
     DeviceInputs,
     Profile,
-    ProfileError,
     Renderer,
     RenderError,
     Selector,
-    SelectorError,
     diff_documents,
-    label_problems,
-    parse_profile,
     parse_selector,
 )
 from trueup.server.fleet import agent_support
@@ -70,10 +71,11 @@ from trueup.server.service.fleettypes import (
     Target,
     VariablesChange,
 )
+from trueup.server.service.planio import checked_selector
 from trueup.server.service.store import Store
 from trueup.server.tables import device_state, devices, revisions
 
-__all__ = ["Planner", "plan_json", "proposed_change"]
+__all__ = ["Planner"]
 
 
 class _StoredProfile(Protocol):
@@ -497,79 +499,3 @@ def _own_from(document: Mapping[str, Any] | None) -> dict[str, Any] | None:
     body = state.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
     spec = body.get("spec", {})
     return dict(spec) if isinstance(spec, Mapping) else {}
-
-
-def checked_selector(text: str) -> Selector | None:
-    """`text` parsed as a label selector (None for ""); Invalid names the position."""
-    if not text.strip():
-        return None
-    try:
-        return parse_selector(text)
-    except SelectorError as exc:
-        raise Invalid([f"selector: {exc}"]) from None
-
-
-def proposed_change(
-    kind: str,
-    *,
-    document: Any = None,
-    name: str | None = None,
-    device: str | None = None,
-    variables: Mapping[str, Any] | None = None,
-    own: Mapping[str, Any] | None = None,
-    replace_own: bool = False,
-    labels: Mapping[str, str | None] | None = None,
-) -> Change:
-    """A change as the API and the CLI describe it, checked; Invalid names each problem."""
-    if kind == "profile":
-        if document is None:
-            raise Invalid(["change.document: a profile document is required"])
-        try:
-            return ProfileEdit(parse_profile(document, source="change.document"))
-        except ProfileError as exc:
-            raise Invalid([f"change.document.{p}" for p in exc.problems]) from None
-    if kind == "profile-delete":
-        if not name:
-            raise Invalid(["change.name: the profile to delete is required"])
-        return ProfileRemoval(name)
-    if not device:
-        raise Invalid([f"change.device: a {kind} change names its device"])
-    if kind == "variables":
-        if variables is None and not replace_own:
-            raise Invalid(["change.variables: give variables (name: value, null removes)"])
-        return VariablesChange(device, dict(variables or {}), own, replace_own)
-    if kind == "labels":
-        given = dict(labels or {})
-        # A removal (None) is checked as a key only.
-        problems = label_problems({k: "" if v is None else v for k, v in given.items()})
-        if problems:
-            raise Invalid([f"change.{p}" for p in problems])
-        return LabelsChange(device, given)
-    raise Invalid([f"change.kind: {kind!r} is not profile, profile-delete, variables or labels"])
-
-
-def plan_json(plan: Plan) -> dict[str, Any]:
-    """The plan as the API answers it (and `trueup fleet plan -o json` prints it)."""
-    return {
-        "targets": [
-            {
-                "device": t.device,
-                "from_version": t.from_version,
-                "digest": t.digest,
-                "provenance": t.provenance.as_json(),
-                "changes": [
-                    {"path": c.path, "op": c.op, "old": c.old, "new": c.new} for c in t.changes
-                ],
-            }
-            for t in plan.targets
-        ],
-        "refused": [
-            {"device": r.device, "kind": r.kind, "problems": list(r.problems)} for r in plan.refused
-        ],
-        "counts": {
-            "changed": len(plan.targets),
-            "refused": len(plan.refused),
-            "unchanged": plan.unchanged,
-        },
-        "exit_code": plan.exit_code,
-    }

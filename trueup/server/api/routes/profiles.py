@@ -25,7 +25,7 @@ from trueup.server.api.routes.revisions import parse_body, parse_comment, parse_
 from trueup.server.inputs import COMMENT_HEADER, IF_MATCH
 from trueup.server.limits import DOCUMENT_BYTES, MAX_VERSION
 from trueup.server.service import Principal
-from trueup.server.service.planner import checked_selector, plan_json, proposed_change
+from trueup.server.service.planio import checked_selector, plan_json, proposed_change
 
 __all__ = ["register"]
 
