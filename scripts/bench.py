@@ -38,6 +38,7 @@ SECTIONS = [
     "scripts.bench_credentials",
     "scripts.bench_image",
     "scripts.bench_package",
+    "scripts.bench_render",
 ]
 
 

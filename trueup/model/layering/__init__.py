@@ -9,7 +9,7 @@ agent only ever sees a rendered, validated document.
 
 from trueup.model.layering.diff import diff_documents
 from trueup.model.layering.merge import DELETE, LIST_KEYS, REPLACE, merge_layers
-from trueup.model.layering.profiles import Profile, ProfileError, parse_profile
+from trueup.model.layering.profiles import Profile, ProfileError, load_profile_text, parse_profile
 from trueup.model.layering.render import Renderer, render_device
 from trueup.model.layering.selectors import (
     Requirement,
@@ -52,6 +52,7 @@ __all__ = [
     "label_key_problem",
     "label_problems",
     "label_value_problem",
+    "load_profile_text",
     "merge_layers",
     "parse_profile",
     "parse_selector",

@@ -3,8 +3,9 @@
 Layers are applied in order (profiles by priority then name, the device's own
 layer last); each layer is merged onto the result of the ones before it:
 
-* a mapping is merged key by key; a key the later layer sets wins (a scalar,
-  or `null`, which resets the field to its default);
+* a mapping is merged key by key; a key the later layer sets wins on a scalar;
+  `null` removes the key (a field then has its default, a sysctl is no longer
+  managed);
 * a list named in `LIST_KEYS` is merged item by item by its key: an item whose
   key is already present is merged into it (in place, keeping the order), a new
   one is appended. `{name: eth9, $delete: true}` (the key fields plus
@@ -19,9 +20,17 @@ Paths in `LIST_KEYS` are below `spec`, with `[]` for "every item of a list".
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import types
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from pydantic import BaseModel, RootModel
+
+from trueup.model.document import DeviceSpec
+from trueup.model.sections import registered_sections
 
 __all__ = [
     "DELETE",
@@ -29,6 +38,7 @@ __all__ = [
     "REPLACE",
     "check_layer",
     "child_pattern",
+    "is_plain",
     "item_key",
     "item_label",
     "item_pattern",
@@ -46,7 +56,7 @@ LIST_KEYS: Mapping[str, tuple[str, ...]] = {
     "firewall.sets": ("name",),
     "firewall.chains": ("name",),
     "dhcp.subnets": ("subnet",),
-    "dhcp.subnets[].reservations": ("ip-address",),
+    "dhcp.subnets[].reservations": ("ip_address",),
     "dhcp.ha.peers": ("name",),
     "dns.records": ("name", "type", "value"),
     "ha.vips": ("interface", "vrid"),
@@ -96,10 +106,54 @@ def _value(value: Any) -> Any:
 _NORMALISE: dict[str, Callable[[Any], Any]] = {
     "to": _network,
     "subnet": _network,
-    "ip-address": _address,
+    "ip_address": _address,
     "table": _table,
     "metric": lambda v: 0 if v is None else v,
 }
+
+
+@functools.cache
+def aliases() -> Mapping[str, Mapping[str, str]]:
+    """Field aliases by path pattern (`dhcp.subnets[].reservations[]`: `ip-address` →
+    `ip_address`): a layer may spell a field either way; merged, it has the field's name
+    (the spelling of a stored document)."""
+    found: dict[str, dict[str, str]] = {}
+
+    def annotation(kind: Any, pattern: str, depth: int) -> None:
+        origin = typing.get_origin(kind)
+        if depth > 12:
+            return
+        if origin in (list, tuple):
+            for arg in typing.get_args(kind)[:1]:
+                annotation(arg, item_pattern(pattern), depth + 1)
+        elif origin in (typing.Union, types.UnionType, typing.Annotated):
+            for arg in typing.get_args(kind):
+                annotation(arg, pattern, depth + 1)
+        elif isinstance(kind, type) and issubclass(kind, RootModel):
+            annotation(kind.model_fields["root"].annotation, pattern, depth + 1)
+        elif isinstance(kind, type) and issubclass(kind, BaseModel):
+            model(kind, pattern, depth + 1)
+
+    def model(kind: type[BaseModel], pattern: str, depth: int) -> None:
+        for name, info in kind.model_fields.items():
+            if info.alias and info.alias != name:
+                found.setdefault(pattern, {})[info.alias] = name
+            annotation(info.annotation, child_pattern(pattern, info.alias or name), depth)
+            if info.alias and info.alias != name:
+                annotation(info.annotation, child_pattern(pattern, name), depth)
+
+    model(DeviceSpec, "", 0)
+    for name, section in sorted(registered_sections().items()):
+        annotation(section, name, 0)
+    return found
+
+
+def _named(value: Mapping[str, Any], pattern: str) -> Mapping[str, Any]:
+    """`value` with aliased fields under their names."""
+    table = aliases().get(pattern)
+    if not table or not any(key in table for key in value):
+        return value
+    return {table.get(key, key): item for key, item in value.items()}
 
 
 def child_pattern(pattern: str, key: str) -> str:
@@ -153,31 +207,65 @@ def _clean(value: Any, pattern: str) -> Any:
     """A layer's subtree with no markers left: deleted items dropped, replacements unwrapped."""
     if isinstance(value, Mapping):
         if REPLACE in value and len(value) == 1:
-            return _clean(value[REPLACE], "")
-        return {k: _clean(v, child_pattern(pattern, str(k))) for k, v in value.items()}
+            return _clean(value[REPLACE], pattern)
+        value = _named(value, pattern)
+        return {
+            k: _clean(v, child_pattern(pattern, str(k))) for k, v in value.items() if v is not None
+        }
     if isinstance(value, list):
         inner = item_pattern(pattern)
         return [_clean(v, inner) for v in value if not _is_delete(v)]
     return value
 
 
-def merge_onto(base: Any, layer: Any, pattern: str = "") -> Any:
-    """`layer` merged onto `base` (neither is changed; untouched subtrees are shared)."""
-    if isinstance(layer, Mapping) and REPLACE in layer and len(layer) == 1:
+@functools.cache
+def _aliased_names() -> frozenset[str]:
+    return frozenset(alias for table in aliases().values() for alias in table)
+
+
+def is_plain(value: Any) -> bool:
+    """True when `value` holds no marker, no `null` and no aliased field name: merging
+    may then share its subtrees as they are instead of copying them."""
+    if isinstance(value, Mapping):
+        names = _aliased_names()
+        return all(
+            v is not None
+            and not (isinstance(k, str) and (k.startswith("$") or k in names))
+            and is_plain(v)
+            for k, v in value.items()
+        )
+    if isinstance(value, list):
+        return all(is_plain(v) for v in value)
+    return True
+
+
+def merge_onto(base: Any, layer: Any, pattern: str = "", *, plain: bool = False) -> Any:
+    """`layer` merged onto `base` (neither is changed; untouched subtrees are shared).
+    `plain`: the caller knows `layer` is plain (`is_plain`)."""
+    if not plain and isinstance(layer, Mapping) and REPLACE in layer and len(layer) == 1:
         return _clean(layer[REPLACE], pattern)
     if isinstance(base, Mapping) and isinstance(layer, Mapping):
+        if not plain:
+            layer = _named(layer, pattern)
         out = dict(base)
         for key, value in layer.items():
             child = child_pattern(pattern, str(key))
-            out[key] = merge_onto(out[key], value, child) if key in out else _clean(value, child)
+            if value is None:
+                out.pop(key, None)
+            elif key in out:
+                out[key] = merge_onto(out[key], value, child, plain=plain)
+            else:
+                out[key] = value if plain else _clean(value, child)
         return out
     fields = LIST_KEYS.get(pattern)
     if fields is not None and isinstance(base, list) and isinstance(layer, list):
-        return _merge_list(base, layer, fields, item_pattern(pattern))
-    return _clean(layer, pattern)
+        return _merge_list(base, layer, fields, item_pattern(pattern), plain)
+    return layer if plain else _clean(layer, pattern)
 
 
-def _merge_list(base: list[Any], layer: list[Any], fields: tuple[str, ...], inner: str) -> Any:
+def _merge_list(
+    base: list[Any], layer: list[Any], fields: tuple[str, ...], inner: str, plain: bool
+) -> Any:
     out: list[Any] = list(base)
     where: dict[Any, int] = {}
     for position, present in enumerate(out):
@@ -186,6 +274,8 @@ def _merge_list(base: list[Any], layer: list[Any], fields: tuple[str, ...], inne
             where.setdefault(known, position)
     removed: set[int] = set()
     for item in layer:
+        if not plain and isinstance(item, Mapping):
+            item = _named(item, inner)
         key = item_key(fields, item)
         index = where.get(key) if key is not None else None
         if _is_delete(item):
@@ -196,17 +286,20 @@ def _merge_list(base: list[Any], layer: list[Any], fields: tuple[str, ...], inne
         if index is None:
             # Matched against the earlier layers only: a layer repeating a key is left
             # for the document model to refuse, never silently folded.
-            out.append(_clean(item, inner))
+            out.append(item if plain else _clean(item, inner))
         elif fields:
-            out[index] = merge_onto(out[index], item, inner)
+            out[index] = merge_onto(out[index], item, inner, plain=plain)
     return [item for index, item in enumerate(out) if index not in removed]
 
 
-def merge_layers(layers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Every layer merged onto the ones before it, in order; `{}` for none."""
+def merge_layers(
+    layers: Sequence[Mapping[str, Any]], plain: Sequence[bool] | None = None
+) -> dict[str, Any]:
+    """Every layer merged onto the ones before it, in order; `{}` for none. `plain[i]`:
+    layer i is known to be plain (`is_plain`); by default each layer is cleaned."""
     result: dict[str, Any] = {}
-    for layer in layers:
-        merged = merge_onto(result, layer)
+    for index, layer in enumerate(layers):
+        merged = merge_onto(result, layer, plain=bool(plain and plain[index]))
         assert isinstance(merged, dict)
         result = merged
     return result

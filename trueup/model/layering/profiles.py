@@ -21,6 +21,7 @@ with every problem, each naming its path.
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,13 +29,14 @@ from functools import cached_property
 from typing import Any
 
 from trueup.model.digests import json_digest
-from trueup.model.document import API_VERSION, supported_sections
-from trueup.model.layering.merge import check_layer
+from trueup.model.document import API_VERSION, DocumentError, decode_text, supported_sections
+from trueup.model.layering.merge import check_layer, is_plain
 from trueup.model.layering.selectors import Selector, SelectorError, parse_selector
 from trueup.model.layering.substitute import Compiled, compile_document
 from trueup.model.layering.variables import Variable, parse_variable
+from trueup.model.limits import DOCUMENT_BYTES
 
-__all__ = ["PROFILE_KIND", "Profile", "ProfileError", "parse_profile"]
+__all__ = ["PROFILE_KIND", "Profile", "ProfileError", "load_profile_text", "parse_profile"]
 
 PROFILE_KIND = "Profile"
 DEFAULT_PRIORITY = 100
@@ -80,7 +82,7 @@ class Profile:
             "spec": {
                 "selector": self.selector.text,
                 "variables": {n: v.as_json() for n, v in sorted(self.variables.items())},
-                "document": dict(self.document),
+                "document": copy.deepcopy(dict(self.document)),
             },
         }
 
@@ -97,6 +99,11 @@ class Profile:
             compiled = compile_document(self.document, "spec.document")
             self._compiled["document"] = compiled
         return compiled
+
+    @cached_property
+    def plain(self) -> bool:
+        """No merge marker nor aliased field in the document (substitution adds none)."""
+        return is_plain(self.document)
 
     def with_version(self, version: int) -> Profile:
         return Profile(
@@ -165,6 +172,18 @@ def parse_profile(data: Any, *, source: str = "profile", version: int = 0) -> Pr
     )
     profile._compiled["document"] = compiled
     return profile
+
+
+def load_profile_text(text: str, *, source: str = "profile") -> Profile:
+    """A profile from YAML or JSON text (`trueup fleet profile create FILE`), decoded within
+    the document limits (size, depth, no YAML aliases)."""
+    if len(text.encode()) > DOCUMENT_BYTES:
+        raise ProfileError([f"(file): larger than {DOCUMENT_BYTES} bytes"], source)
+    try:
+        data = decode_text(text, source)
+    except DocumentError as exc:
+        raise ProfileError(exc.problems, source) from None
+    return parse_profile(data, source=source)
 
 
 def _metadata(metadata: Any, problems: list[str]) -> tuple[str | None, int, str]:

@@ -24,11 +24,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trueup.model.digests import json_digest
-from trueup.model.document import API_VERSION, DocumentError, document_digest, parse_document
+from trueup.model.document import API_VERSION, DocumentError, parse_document
 from trueup.model.layering.merge import (
     LIST_KEYS,
     check_layer,
     child_pattern,
+    is_plain,
     item_key,
     item_pattern,
     merge_layers,
@@ -80,6 +81,7 @@ class Renderer:
         selected = self.selected(inputs.labels)
         problems: list[RenderProblem] = []
         values = _resolve(selected, inputs, problems)
+        reported = {p.variable for p in problems}
         layers: list[tuple[Profile | None, Any]] = []
         for profile in selected:
             compiled = profile.compiled
@@ -88,13 +90,18 @@ class Renderer:
             try:
                 layers.append((profile, compiled.render(values)))
             except SubstitutionError as exc:
+                if exc.variable in reported:
+                    continue  # already refused: its value is wrong or missing
                 problems.append(RenderProblem(exc.message, exc.path, profile.name, exc.variable))
         own = _own_layer(inputs, problems)
         if own is not None:
             layers.append((None, own))
         if problems:
             raise RenderError(inputs.name, problems)
-        spec = merge_layers([layer for _, layer in layers])
+        spec = merge_layers(
+            [layer for _, layer in layers],
+            [p.plain if p is not None else is_plain(layer) for p, layer in layers],
+        )
         body = {
             "apiVersion": API_VERSION,
             "kind": "DeviceState",
@@ -112,10 +119,11 @@ class Renderer:
             variables_digest=variables_digest(inputs.variables),
             own_digest=json_digest(inputs.own) if inputs.own is not None else None,
         )
+        document = state.canonical()  # metadata has no version: its digest is document_digest
         return Rendered(
             device=inputs.name,
-            document=state.canonical(),
-            digest=document_digest(state),
+            document=document,
+            digest=json_digest(document),
             provenance=provenance,
         )
 
@@ -263,8 +271,8 @@ def _walk(node: Any, segments: list[str | int], keys: list[Any]) -> int:
             parts = segments[index:end]
             if not isinstance(parts[-1], str):
                 break
-            name = ".".join(str(p) for p in parts)
-            if name in node:
+            name = _spelled(node, ".".join(str(p) for p in parts))
+            if name is not None:
                 matched = (end, name)
                 break
         if matched is None:
@@ -272,6 +280,14 @@ def _walk(node: Any, segments: list[str | int], keys: list[Any]) -> int:
         index, name = matched
         node = node[name]
     return index
+
+
+def _spelled(node: Mapping[str, Any], name: str) -> str | None:
+    """`name` as `node` spells it (a field may be written by its alias: `ip-address`)."""
+    for candidate in (name, name.replace("-", "_"), name.replace("_", "-")):
+        if candidate in node:
+            return candidate
+    return None
 
 
 def _key_of(fields: tuple[str, ...], item: Any) -> Any:
@@ -345,10 +361,11 @@ def _variable_at(profile: Profile, segments: list[str | int], keys: list[Any]) -
             node = node[positions[-1]]
             where = f"{where}[{positions[-1]}]"
         else:
-            if not isinstance(node, Mapping) or segment not in node:
+            name = _spelled(node, segment) if isinstance(node, Mapping) else None
+            if name is None:
                 return None
-            node = node[segment]
-            where = f"{where}.{segment}"
+            node = node[name]
+            where = f"{where}.{name}"
     names = profile.compiled.templates.get(where)
     return names[0] if names else _only_variable(profile, where)
 

@@ -87,6 +87,7 @@ def _text(value: Any) -> str:
 class _Template:
     path: str
     parts: tuple[str | Ref, ...]
+    in_list: bool = False
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -100,7 +101,16 @@ class _Template:
                 raise SubstitutionError(
                     self.path, name, "a variable's value cannot be a mapping (it would add keys)"
                 )
-            return list(value) if isinstance(value, list | tuple) else value
+            if isinstance(value, list | tuple):
+                if self.in_list:
+                    raise SubstitutionError(
+                        self.path,
+                        name,
+                        f"a list variable is a whole list, not an item of one: write "
+                        f'the list as "${{{name}}}"',
+                    )
+                return list(value)
+            return value
         out = []
         for part in self.parts:
             if isinstance(part, str):
@@ -171,7 +181,7 @@ def compile_document(document: Any, path: str) -> Compiled:
     templates: dict[str, tuple[str, ...]] = {}
     problems: list[tuple[str, str]] = []
 
-    def walk(value: Any, where: str) -> _Node:
+    def walk(value: Any, where: str, in_list: bool = False) -> _Node:
         if isinstance(value, str):
             if "$" not in value:
                 return value
@@ -182,13 +192,13 @@ def compile_document(document: Any, path: str) -> Compiled:
                 return value
             if len(parts) == 1 and isinstance(parts[0], str):
                 return parts[0]  # only `$${` escapes
-            template = _Template(where, tuple(parts))
+            template = _Template(where, tuple(parts), in_list)
             templates[where] = template.names
             return template
         if isinstance(value, Mapping):
             children = [(k, walk(v, f"{where}.{k}")) for k, v in value.items()]
         elif isinstance(value, list):
-            children = [(i, walk(v, f"{where}[{i}]")) for i, v in enumerate(value)]
+            children = [(i, walk(v, f"{where}[{i}]", True)) for i, v in enumerate(value)]
         else:
             return value
         dynamic = tuple((k, c) for k, c in children if isinstance(c, _Template | _Container))
