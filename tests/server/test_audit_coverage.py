@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from tests.server.conftest import BACKENDS, Server, Tenant, document
 from tests.server.test_dashboard import browser
+from tests.server.test_profiles import profile
 from trueup.cli.server import server_app
 from trueup.model.document import document_digest, parse_document
 from trueup.server import audit
@@ -114,6 +115,22 @@ def populated(server: Server) -> tuple[Tenant, int]:
     server.plane.set_role(tenant_id, "operator-user", Role.VIEWER, "alice")
     token_id, _token = server.plane.create_token(tenant_id, "admin-user", "alice", label="x")
     server.plane.revoke_token(tenant_id, token_id, "alice")
+    # Fleet inputs: a profile's versions (a deletion and a re-creation), a device's
+    # variables and own layer.
+    server.plane.put_profile(tenant_id, "mtu", 0, profile("mtu", selector=""), actor="alice")
+    server.plane.put_profile(
+        tenant_id,
+        "mtu",
+        1,
+        profile("mtu", selector="", mtu_default=9000),
+        actor="alice",
+        comment="jumbo",
+    )
+    server.plane.delete_profile(tenant_id, "mtu", 2, actor="alice")
+    server.plane.put_profile(tenant_id, "mtu", 0, profile("mtu", selector=""), actor="alice")
+    server.plane.put_device_variables(
+        tenant_id, "edge-01", 0, variables={"mtu": 1400}, own={}, actor="alice"
+    )
     return tenant, tenant_id
 
 
@@ -567,3 +584,50 @@ def test_a_rollback_with_its_put_entry_deleted_is_refused_by_a_fresh_process(
     assert running.status_code == 401, running.text
     assert f"the audit chain is broken at seq {put_seq}" in running.text
     failed_naming(server, f"audit_log seq={put_seq}: row(s) deleted from the chain")
+
+
+def test_a_profile_version_rewritten_inserted_or_deleted_is_named(isolated_server: Server) -> None:
+    server = isolated_server
+    populated(server)
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE profiles SET document = replace(document, '9000', '9001') "
+                "WHERE name = 'mtu' AND version = 2"
+            )
+        )
+        conn.execute(text("UPDATE profiles SET created_by = 'mallory' WHERE version = 1"))
+        conn.execute(text("DELETE FROM profiles WHERE version = 3"))
+        conn.execute(
+            text(
+                "INSERT INTO profiles (tenant_id, name, version, document, digest, created_by, "
+                "created_at, comment, deleted) SELECT tenant_id, 'forged', 1, document, digest, "
+                "created_by, created_at, '', 0 FROM profiles WHERE version = 4"
+            )
+        )
+    failed_naming(
+        server,
+        "mtu version 2",
+        "does not hash to the audited digest",
+        "created_by differs",
+        "mtu version 3",
+        "missing from the table",
+        "forged version 1",
+        "inserted directly",
+    )
+
+
+def test_device_variables_or_own_layer_changed_behind_the_server_are_named(
+    isolated_server: Server,
+) -> None:
+    server = isolated_server
+    populated(server)
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(text("""UPDATE device_inputs SET variables = '{"mtu": 1280}'"""))
+    failed_naming(server, "variables of edge-01", "variables differs")
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(text("""UPDATE device_inputs SET variables = '{"mtu": 1400}', own = NULL"""))
+    failed_naming(server, "variables of edge-01", "own layer differs")
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(text("UPDATE device_inputs SET version = 2, own = '{}'"))
+    failed_naming(server, "variables of edge-01", "the live row is version 2")
