@@ -112,6 +112,12 @@ def populated(server: Server) -> tuple[Tenant, int]:
     )
     assert download.status_code == 200 and download.content == b"an evidence bundle"
     server.plane.acknowledge(tenant_id, "edge-01", "dhcp", 3600, "maintenance", "alice")
+    labelled = server.client.put(
+        "/api/v1/devices/edge-01/labels",
+        json={"site": "ams", "role": "edge"},
+        headers=tenant.auth("operator"),
+    )
+    assert labelled.status_code == 200, labelled.text
     server.plane.set_role(tenant_id, "operator-user", Role.VIEWER, "alice")
     token_id, _token = server.plane.create_token(tenant_id, "admin-user", "alice", label="x")
     server.plane.revoke_token(tenant_id, token_id, "alice")
@@ -631,3 +637,54 @@ def test_device_variables_or_own_layer_changed_behind_the_server_are_named(
     with server.plane.db.engine.begin() as conn:
         conn.execute(text("UPDATE device_inputs SET version = 2, own = '{}'"))
     failed_naming(server, "variables of edge-01", "the live row is version 2")
+
+
+def test_labels_changed_inserted_or_deleted_behind_the_server_are_named(
+    isolated_server: Server,
+) -> None:
+    server = isolated_server
+    tenant, tenant_id = populated(server)
+    server.plane.create_device(tenant_id, "edge-02", "alice", labels={"site": "fra"})
+    assert [str(p) for p in server.plane.verify_audit()] == []
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE device_labels SET value = 'lab' WHERE key = 'role' AND tenant_id = :t"),
+            {"t": tenant_id},
+        )
+    failed_naming(
+        server,
+        f"device labels {tenant.name}/edge-01: labels differs from the audited one",
+        "'role': 'lab'",
+    )
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(text("DELETE FROM device_labels WHERE tenant_id = :t"), {"t": tenant_id})
+    failed_naming(server, f"device labels {tenant.name}/edge-02: labels differs", "{}")
+    device_id = server.plane.device_id(tenant_id, "edge-01")
+    # Labels set again through the service are audited afresh: the log vouches for them.
+    server.plane.set_labels(tenant_id, "edge-01", {"site": "ams"}, actor="alice")
+    server.plane.set_labels(tenant_id, "edge-02", {"site": "fra"}, actor="alice")
+    assert [str(p) for p in server.plane.verify_audit()] == []
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO device_labels (tenant_id, device_id, key, value) "
+                "VALUES (:t, :d, 'tier', 'gold')"
+            ),
+            {"t": tenant_id, "d": device_id},
+        )
+    failed_naming(server, f"device labels {tenant.name}/edge-01: labels differs", "'tier': 'gold'")
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(text("DELETE FROM device_labels WHERE key = 'tier'"))
+    assert [str(p) for p in server.plane.verify_audit()] == []
+    bare = server.plane.create_device(tenant_id, "edge-03", "alice")
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO device_labels (tenant_id, device_id, key, value) "
+                "VALUES (:t, :d, 'site', 'ams')"
+            ),
+            {"t": tenant_id, "d": bare},
+        )
+    failed_naming(
+        server, f"device labels {tenant.name}/edge-03: have no audit entry (inserted directly)"
+    )

@@ -1,19 +1,30 @@
-"""`trueup fleet [list|show DEVICE]` — the fleet as the control plane sees it, over its API.
+"""`trueup fleet [list|show DEVICE|label DEVICE …]` — the fleet as the control plane sees
+it, over its API.
+
+Why this module is over 400 lines: it is the one client of the fleet API for
+the command line, its commands sharing one request helper, and the renderers
+of the fleet table and of one device that `trueup server fleet` reuses.
 
 Talks to a running control plane (`--server URL`, or `TRUEUP_SERVER`) with a
 user token read from a file (`--token-file F`, or `TRUEUP_TOKEN_FILE`; never
 on the command line, where `ps` would show it). What a token sees follows its
 role and tenant, as on the API (`GET /api/v1/devices`, `GET
-/api/v1/devices/{device}`). `--ca-file` pins the server's certificate when it
+/api/v1/devices/{device}`, `PATCH /api/v1/devices/{device}/labels`). `--ca-file` pins the server's certificate when it
 is not signed by a CA this host trusts.
 
 `trueup server fleet …` is the same view read straight from the server's
 database, for the server's own host.
 
 Output: a table (times ISO 8601 UTC) or `-o json|yaml` (the API's JSON as is).
+Labels: `trueup fleet label DEVICE site=ams role=edge oldkey-` sets `site` and
+`role` and removes `oldkey` (others stay), and prints the device's labels;
+`trueup fleet list -l 'site=ams,role in (edge,core),!lab'` lists the devices a
+label selector matches (Kubernetes syntax), with a LABELS column.
+
 Exit codes: 0 answered; 1 the server refused or did not answer (one line: why
 and what to check), or a filter value is unknown (`--status drifting`: the
-valid values are listed; nothing is asked of the server).
+valid values are listed; a selector that does not parse names the position;
+nothing is asked of the server).
 """
 
 from __future__ import annotations
@@ -26,9 +37,19 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from trueup.cli.output import emit, readable
+from trueup.model.layering import SelectorError, label_key_problem, parse_selector
 from trueup.server.fleet import FILTER_CHOICES, filter_problems
 
-__all__ = ["agent_lines", "check_filters", "fleet_app", "render_device", "render_table"]
+__all__ = [
+    "agent_lines",
+    "check_filters",
+    "check_selector",
+    "fleet_app",
+    "label_changes",
+    "labels_text",
+    "render_device",
+    "render_table",
+]
 
 fleet_app = typer.Typer(
     help="The fleet on the control plane: devices, profiles and variables, the fleet plan.",
@@ -58,6 +79,15 @@ SearchOpt = Annotated[
     str | None,
     typer.Option("--search", help="only devices whose name or reason codes contain this text"),
 ]
+SelectorOpt = Annotated[
+    str | None,
+    typer.Option(
+        "-l",
+        "--selector",
+        help="only devices whose labels this selector matches: "
+        "'site=ams,role in (edge,core),!lab' (Kubernetes syntax)",
+    ),
+]
 OutputOpt = Annotated[str, typer.Option("-o", "--output", help="json | yaml | table")]
 
 
@@ -75,10 +105,63 @@ def check_filters(prefix: str, **given: str | None) -> None:
         raise typer.Exit(1)
 
 
+def check_selector(prefix: str, selector: str | None) -> None:
+    """Exit 1 naming the position and what was expected when `selector` does not parse."""
+    if selector is None:
+        return
+    try:
+        parse_selector(selector)
+    except SelectorError as exc:
+        typer.echo(f"{prefix}: --selector: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+def label_changes(args: list[str]) -> dict[str, str | None]:
+    """`site=ams` (set), `site=` (set to empty), `oldkey-` (remove) as a JSON merge patch;
+    exits 1 naming an argument that is none of these."""
+    patch: dict[str, str | None] = {}
+    for arg in args:
+        key, equals, given = arg.partition("=")
+        value: str | None = given
+        if not equals and arg.endswith("-"):
+            key, value = arg[:-1], None
+        elif not equals:
+            _fail(f"{arg!r}: expected KEY=VALUE to set a label or KEY- to remove it")
+        problem = label_key_problem(key)
+        if problem is not None:
+            _fail(f"{arg!r}: label key {problem}")
+        if key in patch and patch[key] != value:
+            _fail(f"{arg!r}: label {key!r} is given twice")
+        patch[key] = value
+    return patch
+
+
+def labels_text(labels: Any) -> str:
+    """`role=edge,site=ams` (by key), `-` for none."""
+    if not isinstance(labels, dict) or not labels:
+        return "-"
+    return ",".join(f"{key}={labels[key]}" for key in sorted(labels))
+
+
 def _get(
     server: str | None, token_file: Path | None, ca_file: Path | None, path: str, **params: Any
 ) -> Any:
     """GET `path` on the control plane; exits 1 with one line when that fails."""
+    return _request("GET", server, token_file, ca_file, path, params=params)
+
+
+def _request(
+    method: str,
+    server: str | None,
+    token_file: Path | None,
+    ca_file: Path | None,
+    path: str,
+    *,
+    params: dict[str, Any] | None = None,
+    body: Any = None,
+    allowed: str = "read the fleet (viewer or above)",
+) -> Any:
+    """`method path` on the control plane; exits 1 with one line when that fails."""
     import httpx
 
     if not server:
@@ -101,9 +184,11 @@ def _get(
             _fail(f"--ca-file {ca_file}: {exc}")
     url = server.rstrip("/") + path
     try:
-        response = httpx.get(
+        response = httpx.request(
+            method,
             url,
-            params={k: v for k, v in params.items() if v is not None},
+            params={k: v for k, v in (params or {}).items() if v is not None},
+            json=body,
             headers={"Authorization": f"Bearer {token}"},
             verify=verify,
             timeout=30.0,
@@ -113,7 +198,7 @@ def _get(
     if response.status_code in (401, 403):
         _fail(
             f"{server} refused the token in {token_file} ({response.status_code}): "
-            "check that it is current and allowed to read the fleet (viewer or above)"
+            f"check that it is current and allowed to {allowed}"
         )
     try:
         body = response.json()
@@ -136,9 +221,11 @@ def _list(
     status: str | None,
     search: str | None,
     output: str,
+    selector: str | None = None,
 ) -> None:
     check_filters("trueup fleet", status=status)
-    body = _get(server, token_file, ca_file, "/api/v1/devices", status=status)
+    check_selector("trueup fleet", selector)
+    body = _get(server, token_file, ca_file, "/api/v1/devices", status=status, selector=selector)
     devices = list(body.get("devices", []))
     if search:
         needle = search.lower()
@@ -162,12 +249,13 @@ def _fleet(
     ca_file: CaFileOpt = None,
     status: StatusOpt = None,
     search: SearchOpt = None,
+    selector: SelectorOpt = None,
     output: OutputOpt = "table",
 ) -> None:
     """The fleet on the control plane (`trueup fleet` alone lists it)."""
     ctx.obj = {"server": server, "token_file": token_file, "ca_file": ca_file}
     if ctx.invoked_subcommand is None:
-        _list(server, token_file, ca_file, status, search, output)
+        _list(server, token_file, ca_file, status, search, output, selector)
 
 
 def _connection(ctx: typer.Context, **given: Any) -> dict[str, Any]:
@@ -184,11 +272,13 @@ def fleet_list(
     ca_file: CaFileOpt = None,
     status: StatusOpt = None,
     search: SearchOpt = None,
+    selector: SelectorOpt = None,
     output: OutputOpt = "table",
 ) -> None:
-    """Every device you may see: status, versions, reason codes, last report, in sync since."""
+    """Every device you may see: status, versions, reason codes, labels, last report, in sync
+    since."""
     c = _connection(ctx, server=server, token_file=token_file, ca_file=ca_file)
-    _list(c["server"], c["token_file"], c["ca_file"], status, search, output)
+    _list(c["server"], c["token_file"], c["ca_file"], status, search, output, selector)
 
 
 @fleet_app.command("show")
@@ -213,6 +303,48 @@ def fleet_show(
         emit(entry, output)
 
 
+@fleet_app.command("label")
+def fleet_label(
+    ctx: typer.Context,
+    device: Annotated[str, typer.Argument(help="device name")],
+    changes: Annotated[
+        list[str] | None,
+        typer.Argument(help="KEY=VALUE to set a label, KEY- to remove one; none: show them"),
+    ] = None,
+    server: ServerOpt = None,
+    token_file: TokenFileOpt = None,
+    ca_file: CaFileOpt = None,
+    output: OutputOpt = "table",
+) -> None:
+    """Set or remove a device's labels (others stay; audited), then print its labels."""
+    from urllib.parse import quote
+
+    c = _connection(ctx, server=server, token_file=token_file, ca_file=ca_file)
+    patch = label_changes(list(changes or []))
+    path = f"/api/v1/devices/{quote(device, safe='')}/labels"
+    if patch:
+        body = _request(
+            "PATCH",
+            c["server"],
+            c["token_file"],
+            c["ca_file"],
+            path,
+            body=patch,
+            allowed="change desired state (operator or above)",
+        )
+    else:
+        body = _get(c["server"], c["token_file"], c["ca_file"], path)
+    if output != "table":
+        emit(body, output)
+        return
+    labels = body.get("labels") or {}
+    for key in sorted(labels):
+        typer.echo(f"{key}={labels[key]}")
+    changed = body.get("changed")
+    note = "" if changed is None else (" (changed)" if changed else " (unchanged)")
+    typer.echo(f"{len(labels)} label(s) on {body.get('device', device)}{note}")
+
+
 def _v(value: Any) -> str:
     return "-" if value is None else str(value)
 
@@ -228,6 +360,7 @@ def render_table(devices: list[dict[str, Any]]) -> str:
         "IN SYNC SINCE",
         "LAST DRIFT",
         "REASONS",
+        "LABELS",
     )
     now = time.time()
     rows = [header]
@@ -242,6 +375,7 @@ def render_table(devices: list[dict[str, Any]]) -> str:
                 _v(d.get("in_sync_since")),
                 drift_words(d.get("last_drift"), now),
                 ",".join(d.get("reason_codes") or []) or "-",
+                labels_text(d.get("labels")),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
@@ -338,6 +472,7 @@ def render_device(entry: dict[str, Any]) -> str:
             f"{override.get('actor') or '-'} at {override.get('at') or '-'}: "
             f"{override.get('reason') or '-'}"
         )
+    lines.append(f"labels:        {labels_text(entry.get('labels'))}")
     lines.extend(agent_lines(entry))
     lines.append(f"reason codes:  {', '.join(entry.get('reason_codes') or []) or '-'}")
     for ack in entry.get("acknowledgements") or []:

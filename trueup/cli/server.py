@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from trueup.cli.fleet import agent_lines, check_filters
+from trueup.cli.fleet import agent_lines, check_filters, check_selector, labels_text
 from trueup.model.digests import sha256_digest
 from trueup.server.tokens import Role
 
@@ -464,17 +464,31 @@ def device_enroll(
     tls_cert: Path | None = typer.Option(
         None, "--tls-cert", help="the server's certificate: its fingerprint goes in the bundle"
     ),
+    label: list[str] | None = typer.Option(
+        None, "--label", help="KEY=VALUE: a label for the device (repeat; merged, audited)"
+    ),
     db: str = DbOption,
     key_file: Path | None = KeyOption,
 ) -> None:
     """Write a one-time enrollment bundle. Revokes the device's current credential."""
+    labels = {}
+    for item in label or []:
+        key, equals, value = item.partition("=")
+        if not equals:
+            raise _fail(f"--label {item!r}: expected KEY=VALUE")
+        labels[key] = value
     plane = _plane(db, key_file)
     from trueup.server.service import Invalid
 
     fingerprint = certificate_fingerprint(tls_cert) if tls_cert else None
     try:
         bundle = plane.enroll(
-            _tenant(plane, tenant), device, _actor(), url=url, fingerprint=fingerprint
+            _tenant(plane, tenant),
+            device,
+            _actor(),
+            url=url,
+            fingerprint=fingerprint,
+            labels=labels or None,
         )
     except Invalid as exc:
         raise _fail(str(exc)) from None
@@ -560,7 +574,17 @@ def _age(seconds: float | None) -> str:
 
 def render_fleet_table(entries: list[dict[str, Any]]) -> str:
     """One line per device; DIGEST is ✓ (applied document = desired), ✗ or ? (unknown)."""
-    header = ("DEVICE", "STATUS", "DESIRED", "APPLIED", "DIGEST", "ORIGIN", "REPORTED", "REASONS")
+    header = (
+        "DEVICE",
+        "STATUS",
+        "DESIRED",
+        "APPLIED",
+        "DIGEST",
+        "ORIGIN",
+        "REPORTED",
+        "REASONS",
+        "LABELS",
+    )
     rows = [header]
     for e in entries:
         rows.append(
@@ -573,6 +597,7 @@ def render_fleet_table(entries: list[dict[str, Any]]) -> str:
                 e.get("applied_origin") or "-",
                 e.get("last_report_at") or "never",
                 ",".join(e["reason_codes"]) or "-",
+                labels_text(e.get("labels")),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
@@ -624,6 +649,7 @@ def render_fleet_device(entry: dict[str, Any]) -> str:
     )
     if entry.get("in_sync_since"):
         lines.append(f"in sync since: {entry['in_sync_since']}")
+    lines.append(f"labels:        {labels_text(entry.get('labels'))}")
     lines.extend(agent_lines(entry))
     lines.append(f"reason codes:  {', '.join(entry['reason_codes']) or '-'}")
     for ack in entry.get("acknowledgements", []):
@@ -641,6 +667,9 @@ def fleet_list(
         None, "--status", help="only devices with this condition (e.g. local_override)"
     ),
     reason: str | None = typer.Option(None, "--reason", help="only devices with this reason code"),
+    selector: str | None = typer.Option(
+        None, "-l", "--selector", help="only devices whose labels this selector matches"
+    ),
     output: str = OutputOption,
     stale_intervals: int = StaleOption,
     db: str = DbOption,
@@ -650,8 +679,9 @@ def fleet_list(
     from trueup.cli.output import emit
 
     check_filters("trueup server fleet list", status=status, reason=reason)
+    check_selector("trueup server fleet list", selector)
     plane = _plane(db, key_file, stale_intervals=stale_intervals)
-    entries = plane.fleet(_tenant(plane, tenant), status=status, reason=reason)
+    entries = plane.fleet(_tenant(plane, tenant), status=status, reason=reason, selector=selector)
     if output == "table":
         typer.echo(render_fleet_table(entries))
     else:

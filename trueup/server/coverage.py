@@ -1,5 +1,6 @@
 """What the audit log vouches for beyond credentials: secret versions, notification
-targets, evidence bundles, revision metadata, profile versions and device inputs.
+targets, evidence bundles, revision metadata, device labels, profile versions and
+device inputs.
 
 Who calls it: the writers (service/secrets.py, service/notify/routing.py,
 service/revisions.py, service/evidence.py, service/profiles.py,
@@ -182,6 +183,8 @@ class CoverFacts:
     revisions: dict[tuple[int, int], RevisionFact] = field(default_factory=dict)
     # tenant id -> (seq, entries) of its newest audited webhook allowlist
     allowlists: dict[int, tuple[int, list[str]]] = field(default_factory=dict)
+    # device id -> (seq, labels) of its newest audited `device.labels`
+    labels: dict[int, tuple[int, dict[str, str]]] = field(default_factory=dict)
     device_ids: dict[tuple[int | None, str], int] = field(default_factory=dict)
     # (tenant id, profile name, version) -> what its write audited
     profiles: dict[tuple[int | None, str, int], ProfileFact] = field(default_factory=dict)
@@ -311,13 +314,9 @@ def apply(facts: CoverFacts, entry: Any) -> None:
             _str(detail, "digest"),
         )
         if name is not None and version is not None and digest is not None:
-            facts.profiles[(entry["tenant_id"], name, version)] = ProfileFact(
-                int(entry["seq"]),
-                digest,
-                action == "profile.delete",
-                str(entry["actor"]),
-                _str(detail, "comment"),
-            )
+            deleted, comment = action == "profile.delete", _str(detail, "comment")
+            fact = ProfileFact(int(entry["seq"]), digest, deleted, str(entry["actor"]), comment)
+            facts.profiles[(entry["tenant_id"], name, version)] = fact
     elif action == "device.variables":
         device_id, version = _int(detail, "device_id"), _int(detail, "version")
         if device_id is not None and version is not None:
@@ -327,6 +326,10 @@ def apply(facts: CoverFacts, entry: Any) -> None:
                 _str(detail, "variables_digest"),
                 _str(detail, "own_digest"),
             )
+    elif action == "device.labels":
+        device_id, new = _int(detail, "device_id"), detail.get("new")
+        if device_id is not None and isinstance(new, dict):
+            facts.labels[device_id] = (int(entry["seq"]), {str(k): str(v) for k, v in new.items()})
     elif action == "notify.allowlist.set":
         entries = detail.get("entries")
         if isinstance(entry["tenant_id"], int) and isinstance(entries, list):

@@ -1,11 +1,16 @@
 """The checks `audit verify` runs over coverage.py's replay: each live secret, notification
-target, evidence bundle and revision compared with what the log audited.
+target, evidence bundle, revision and device's labels compared with what the log audited.
 
 Who calls it: `audit.verify` (CHECKS), which turns each Finding into an
 AuditProblem. The existence of rows (inserted directly, deleted) that audit.py
 already checks for secrets and revisions is not repeated here; this module
 adds what audit.py did not cover: secret versions and values, deleted secrets,
-notification targets, evidence bundles and their content, revision metadata.
+notification targets, evidence bundles and their content, revision metadata,
+device labels.
+
+Why this module is over 400 lines: it holds one check per audited table, each
+a short comparison of the live rows with the replay over shared helpers, and
+`CHECKS` lists them in one place for `audit verify`.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from trueup.server.coverage import (
 )
 from trueup.server.keys import SecretBox, SecretRefused, ServerKey
 from trueup.server.tables import (
+    device_labels,
     devices,
     evidence,
     evidence_chunks,
@@ -363,10 +369,37 @@ def check_revisions(conn: Connection, _key: ServerKey, facts: CoverFacts) -> lis
     return found
 
 
+def check_labels(conn: Connection, _key: ServerKey, facts: CoverFacts) -> list[Finding]:
+    """Every device's labels as last audited (they decide which profiles render it)."""
+    found = []
+    names = _device_names(conn)
+    live: dict[int, dict[str, str]] = {}
+    for row in conn.execute(
+        select(device_labels.c.device_id, device_labels.c.key, device_labels.c.value)
+    ):
+        live.setdefault(row.device_id, {})[row.key] = row.value
+    for device_id in sorted(set(live) | set(facts.labels)):
+        label = "/".join(names.get(device_id, ("?", str(device_id))))
+        audited = facts.labels.get(device_id)
+        labels = live.get(device_id, {})
+        if audited is None:
+            found.append(Finding("device labels", label, "have no audit entry (inserted directly)"))
+        elif labels != audited[1]:
+            found.append(
+                Finding(
+                    "device labels",
+                    label,
+                    differs("labels", labels, audited[1], audited[0]),
+                )
+            )
+    return found
+
+
 CHECKS: dict[str, Callable[[Connection, ServerKey, CoverFacts], list[Finding]]] = {
     "secret versions": check_secrets,
     "notification targets": check_targets,
     "webhook allowlists": check_allowlists,
     "evidence bundles": check_evidence,
     "revision metadata": check_revisions,
+    "device labels": check_labels,
 }

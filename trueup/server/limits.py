@@ -46,6 +46,9 @@ __all__ = [
     "HEADER_NAME_LENGTH",
     "HEADER_VALUE_LENGTH",
     "KIND_LENGTH",
+    "LABELS_MAX",
+    "LABEL_KEY_LENGTH",
+    "LABEL_VALUE_LENGTH",
     "MAX_DEPTH",
     "MAX_INT32",
     "MAX_VERSION",
@@ -55,6 +58,7 @@ __all__ = [
     "REPORT_BYTES",
     "SECRET_BODY_BYTES",
     "SECRET_VALUE_LENGTH",
+    "SELECTOR_LENGTH",
     "SUBSYSTEM_LENGTH",
     "TARGET_LENGTH",
     "TEXT_LENGTH",
@@ -82,6 +86,13 @@ URL_LENGTH = 2048  # a webhook URL
 HEADER_NAME_LENGTH = 100  # a webhook target's secret header: its name
 HEADER_VALUE_LENGTH = 8192  # ... and its value (sealed)
 QUERY_LENGTH = 200  # free-form query parameters (filters)
+# Device labels (service/labels.py): a key is [DNS subdomain prefix (253) "/"] name (63),
+# a value at most 63 (the Kubernetes rules); a device carries at most LABELS_MAX of them;
+# a label selector in a query is at most SELECTOR_LENGTH characters.
+LABEL_KEY_LENGTH = 317
+LABEL_VALUE_LENGTH = 63
+LABELS_MAX = 64
+SELECTOR_LENGTH = 2048
 
 # Request bodies, checked before they are read (Content-Length) and while they are.
 DEFAULT_BODY_BYTES = 64 * 1024

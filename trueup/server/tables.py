@@ -34,6 +34,8 @@ from trueup.server.limits import (
     DIGEST_LENGTH,
     HEADER_NAME_LENGTH,
     KIND_LENGTH,
+    LABEL_KEY_LENGTH,
+    LABEL_VALUE_LENGTH,
     NAME_LENGTH,
     ORIGIN_LENGTH,
     SUBSYSTEM_LENGTH,
@@ -51,6 +53,7 @@ __all__ = [
     "backups",
     "device_drift",
     "device_inputs",
+    "device_labels",
     "device_reports",
     "device_state",
     "devices",
@@ -447,6 +450,21 @@ evidence_requests = Table(
 )
 
 # --- fleet inputs (migration 0010): labels, profiles, variables, own layer ---
+
+# A device's labels (`site=ams`): what selectors match. Keys and values follow the
+# Kubernetes label rules (trueup.model.layering.selectors); every change is audited
+# as `device.labels` with the whole set before and after.
+device_labels = Table(
+    "device_labels",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("tenant_id", Integer, ForeignKey("tenants.id"), nullable=False),
+    Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
+    Column("key", String(LABEL_KEY_LENGTH), nullable=False),
+    Column("value", String(LABEL_VALUE_LENGTH), nullable=False),
+    UniqueConstraint("device_id", "key", name="uq_device_labels_device_key"),
+    Index("ix_device_labels_tenant_key", "tenant_id", "key"),
+)
 
 # Profiles (migration 0010): a partial device document with typed variables and a
 # selector. Every version is kept (a row per version, never updated but for

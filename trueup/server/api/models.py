@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
+from trueup.model.layering.selectors import LABEL_KEY_RULE, LABEL_VALUE_RULE
 from trueup.model.report import AgentReport, OverrideReport, SubsystemReport
 from trueup.server.inputs import (
     DEVICE_NAME_PATTERN,
@@ -28,6 +29,8 @@ from trueup.server.inputs import (
 )
 from trueup.server.limits import (
     AGENT_VERSION_LENGTH,
+    LABEL_KEY_LENGTH,
+    LABELS_MAX,
     MAX_INT32,
     MAX_VERSION,
     SECRET_VALUE_LENGTH,
@@ -37,6 +40,8 @@ from trueup.server.tokens import Role
 
 __all__ = [
     "DEVICE_NAME",
+    "LABELS_SCHEMA",
+    "LABEL_VALUE_SCHEMA",
     "NAME",
     "AckCreate",
     "AgentReport",
@@ -62,9 +67,27 @@ NAME = NAME_PATTERN
 DEVICE_NAME = DEVICE_NAME_PATTERN
 
 
+# What a label key and value look like, as far as a JSON Schema can say (the prefix's
+# 253-character bound is the service's to check).
+_SEGMENT = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+KEY_PATTERN = rf"^({_SEGMENT}(\.{_SEGMENT})*/)?{_NAME}$"
+VALUE_PATTERN = rf"^({_NAME})?$"
+LABEL_VALUE_SCHEMA: dict[str, Any] = {"type": "string", "pattern": VALUE_PATTERN, "maxLength": 63}
+LABELS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": f"label key -> value; a key is {LABEL_KEY_RULE}; a value is {LABEL_VALUE_RULE}",
+    "propertyNames": {"pattern": KEY_PATTERN, "maxLength": LABEL_KEY_LENGTH},
+    "additionalProperties": LABEL_VALUE_SCHEMA,
+    "maxProperties": LABELS_MAX,
+}
+
+
 class DeviceCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: DeviceName
+    # Checked by the service (labels.<key>: what is expected), declared for the schema.
+    labels: Annotated[dict[str, Any], WithJsonSchema(LABELS_SCHEMA)] | None = None
 
 
 class UserCreate(BaseModel):

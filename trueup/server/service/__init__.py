@@ -14,6 +14,8 @@ One unit per job, each over the shared `Store`; `ControlPlane` composes them::
     revisions.py    DesiredRevisions: put_desired (If-Match), history, the long-poll lookups
     secrets.py      TenantSecrets: sealed per tenant, opened only for their device
     fleetview.py    Fleet: derived fleet state, reports, drift history, acknowledgements
+    labels.py       DeviceLabels: a device's labels (audited), the devices a selector matches
+    labelrows.py    the label rows, read and written inside a caller's transaction (shared)
     backups.py      DeviceBackups: archives agents upload, per-device retention, downloads
     evidence.py     DeviceEvidence: evidence bundles agents upload, operator requests
     audittrail.py   AuditTrail: list a tenant's entries, verify the chain

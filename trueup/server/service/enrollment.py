@@ -1,6 +1,9 @@
 """Devices and their credentials: create a device, issue a one-time enrollment
 bundle, and exchange its token for the device credential.
 
+A device can be given labels when it is created or enrolled (merged into the
+labels it has; audited as `device.labels` in the same transaction).
+
 Enrolling again revokes the device's current credential and any unused bundle
 in the same transaction; the exchange is a compare-and-set on the enrollment
 token, so a bundle is used at most once however many agents race with it.
@@ -9,13 +12,14 @@ token, so a bundle is used at most once however many agents race with it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import Connection, and_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from trueup.server.service.errors import Invalid, NotFound, Unauthorized, device_name_problems
+from trueup.server.service.labelrows import checked_labels, labels_of, replace_labels
 from trueup.server.service.store import Store, inserted_id
 from trueup.server.tables import devices, tenants, tokens
 from trueup.server.tokens import TokenKind, hash_token, new_token, tokens_equal
@@ -50,13 +54,40 @@ class Enrollment:
         )
         return device_id
 
-    def create_device(self, tenant_id: int, name: str, actor: str) -> int:
+    def _label(
+        self,
+        conn: Connection,
+        tenant_id: int,
+        device_id: int,
+        device: str,
+        labels: Mapping[str, str] | None,
+        actor: str,
+    ) -> None:
+        """Merge `labels` (already checked) into the device's, audited; nothing when None."""
+        if labels:
+            merged = {**labels_of(conn, device_id), **labels}
+            replace_labels(
+                conn,
+                self.store,
+                tenant_id=tenant_id,
+                device_id=device_id,
+                device=device,
+                labels=merged,
+                actor=actor,
+            )
+
+    def create_device(
+        self, tenant_id: int, name: str, actor: str, *, labels: Mapping[str, Any] | None = None
+    ) -> int:
         problems = device_name_problems(name)
         if problems:
             raise Invalid(problems)
+        checked = checked_labels(labels) if labels is not None else None
         try:
             with self.store.write() as conn:
-                return self._create_device(conn, tenant_id, name, actor)
+                device_id = self._create_device(conn, tenant_id, name, actor)
+                self._label(conn, tenant_id, device_id, name, checked, actor)
+                return device_id
         except IntegrityError:
             raise Invalid([f"name: device {name!r} already exists"]) from None
 
@@ -89,11 +120,14 @@ class Enrollment:
         url: str,
         fingerprint: str | None = None,
         create_missing: bool = True,
+        labels: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """A one-time enrollment bundle. Revokes the device's current credential."""
+        """A one-time enrollment bundle. Revokes the device's current credential. `labels`
+        are merged into the device's (checked first: Invalid changes nothing)."""
         problems = device_name_problems(device)
         if problems:
             raise Invalid(problems)
+        checked = checked_labels(labels) if labels is not None else None
         token = new_token(TokenKind.ENROLLMENT)
         now = time.time()
         with self.store.write() as conn:
@@ -109,6 +143,7 @@ class Enrollment:
                 if existing is not None
                 else self._create_device(conn, tenant_id, device, actor)
             )
+            self._label(conn, tenant_id, device_id, device, checked, actor)
             revoked = self._revoke_device_tokens(
                 conn, device_id, [TokenKind.DEVICE.value, TokenKind.ENROLLMENT.value], now
             )

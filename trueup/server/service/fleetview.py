@@ -4,7 +4,8 @@ The state itself is derived by the pure `trueup.server.fleet.derive` from the
 desired revision, the last report (written by ingest.py) and the clock; this
 unit reads the facts for it in one query per tenant. Acknowledgements are
 written here because they only annotate this view: they expire and never
-change what the agent does.
+change what the agent does. Each entry carries the device's labels; a label
+selector (`site=ams,role in (edge,core)`) narrows the fleet like the filters.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from typing import Any
 
 from sqlalchemy import and_, select
 
+from trueup.model.layering import Selector
 from trueup.server.drift import drift_history, last_drift
 from trueup.server.fleet import DeviceFacts, FleetView, agent_support, derive, filter_problems
 from trueup.server.inputs import ACK_REASON, ACK_SECONDS, SUBSYSTEM
 from trueup.server.service.errors import Invalid, NotFound
+from trueup.server.service.labelrows import checked_selector, tenant_labels
 from trueup.server.service.store import Store, inserted_id
 from trueup.server.tables import acks, device_reports, device_state, devices, revisions
 
@@ -91,14 +94,20 @@ class Fleet:
         *,
         status: str | None = None,
         reason: str | None = None,
+        selector: Selector | str | None = None,
     ) -> list[dict[str, Any]]:
         """Every device of the tenant (or the one named), with its derived state; only
         those with condition `status` and reason code `reason` when given (an unknown
-        value of either is Invalid, naming the valid ones)."""
+        value of either is Invalid, naming the valid ones), and whose labels `selector`
+        matches (a selector that does not parse is Invalid, naming the position)."""
         problems = filter_problems(status=status, reason=reason)
         if problems:
             raise Invalid(problems)
+        if isinstance(selector, str):
+            selector = checked_selector(selector)
         entries = self._fleet(tenant_id, device)
+        if selector is not None:
+            entries = [e for e in entries if selector.matches(e["labels"])]
         if status:
             entries = [e for e in entries if status in e["conditions"]]
         if reason:
@@ -163,6 +172,7 @@ class Fleet:
         with self.store.db.read() as conn:
             rows = list(conn.execute(query).mappings())
             drifts = last_drift(conn, tenant_id)
+            labels = tenant_labels(conn, tenant_id, [r["id"] for r in rows] if device else None)
             active_acks: dict[int, list[dict[str, Any]]] = {}
             for ack in conn.execute(
                 select(acks.c.device_id, acks.c.subsystem, acks.c.reason, acks.c.expires_at)
@@ -199,6 +209,7 @@ class Fleet:
             out.append(
                 {
                     "device": row["name"],
+                    "labels": labels.get(row["id"], {}),
                     "status": view.status.value,
                     "conditions": [c.value for c in view.conditions],
                     "reason_codes": view.reason_codes,

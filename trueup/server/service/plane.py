@@ -19,6 +19,7 @@ from trueup.server.service.enrollment import Enrollment
 from trueup.server.service.evidence import DeviceEvidence
 from trueup.server.service.fleetview import Fleet
 from trueup.server.service.identity import Identity
+from trueup.server.service.labels import DeviceLabels
 from trueup.server.service.notify import Allowlists, Deliveries, Engine, Notifier, Routing
 from trueup.server.service.planner import Planner
 from trueup.server.service.profiles import Profiles
@@ -74,13 +75,14 @@ class ControlPlane:
             timeout=tunables.get("timeout", 10.0),
         )
         self.device_evidence = DeviceEvidence(store, keep=evidence_keep)
+        self.device_labels = DeviceLabels(store)
         self.profiles = Profiles(store)
         self.device_inputs = DeviceInputRecords(store)
         self.planner = Planner(
             store,
             profiles=self.profiles,
             inputs=self.device_inputs,
-            labels=None,
+            labels=self.device_labels,
             revisions=self.desired_revisions,
         )
 
@@ -101,6 +103,10 @@ class ControlPlane:
         self.create_device = self.enrollment.create_device
         self.enroll = self.enrollment.enroll
         self.exchange_enrollment = self.enrollment.exchange_enrollment
+        # device labels
+        self.labels = self.device_labels.labels
+        self.set_labels = self.device_labels.set_labels
+        self.devices_matching = self.device_labels.devices_matching
         # desired revisions
         self.put_desired = self.desired_revisions.put_desired
         self.desired = self.desired_revisions.desired

@@ -1,4 +1,5 @@
-"""Devices and the fleet view: list (filtered by condition or reason code), create, show,
+"""Devices and the fleet view: list (filtered by condition, reason code or label selector),
+create (with labels), show,
 report history, enrollment through the API, acknowledgements. A device's entry carries its
 drift history (who changed what, who healed it) and the router's own acknowledgements."""
 
@@ -14,8 +15,9 @@ from trueup.server.api.context import Api, role
 from trueup.server.api.models import AckCreate, DeviceCreate
 from trueup.server.api.responses import DEVICE, answers
 from trueup.server.fleet import FILTER_CHOICES, filter_problems
-from trueup.server.limits import QUERY_LENGTH
+from trueup.server.limits import QUERY_LENGTH, SELECTOR_LENGTH
 from trueup.server.service import Invalid, Principal, agent_acknowledgements
+from trueup.server.service.labelrows import checked_selector
 
 __all__ = ["register"]
 
@@ -38,13 +40,20 @@ def register(app: FastAPI, api: Api) -> None:
             description="only devices reporting this reason code; another value is refused (422)",
             json_schema_extra={"enum": list(FILTER_CHOICES["reason"])},
         ),
+        selector: str | None = Query(
+            None,
+            max_length=SELECTOR_LENGTH,
+            description="only devices whose labels this selector matches "
+            "(`site=ams,role in (edge,core),!lab`); one that does not parse is refused (422)",
+        ),
         p: Principal = viewer,
     ) -> dict[str, Any]:
         problems = filter_problems("query.", status=status, reason=reason)
         if problems:
             raise Invalid(problems)
+        parsed = checked_selector(selector, where="query.selector")
         entries = await run_in_threadpool(
-            lambda: plane.fleet(p.tenant_id, status=status, reason=reason)
+            lambda: plane.fleet(p.tenant_id, status=status, reason=reason, selector=parsed)
         )
         return {"devices": entries, "count": len(entries)}
 
@@ -52,8 +61,8 @@ def register(app: FastAPI, api: Api) -> None:
         "/api/v1/devices", status_code=201, openapi_extra=role("operator"), responses=answers()
     )
     def create_device(body: DeviceCreate, p: Principal = operator) -> dict[str, Any]:
-        plane.create_device(p.tenant_id, body.name, p.actor)
-        return {"device": body.name}
+        plane.create_device(p.tenant_id, body.name, p.actor, labels=body.labels)
+        return {"device": body.name, "labels": plane.labels(p.tenant_id, body.name)}
 
     @app.get("/api/v1/devices/{device}", openapi_extra=role("viewer"), responses=answers(404))
     def get_device(device: DEVICE, p: Principal = viewer) -> dict[str, Any]:

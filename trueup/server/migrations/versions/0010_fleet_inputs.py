@@ -17,10 +17,22 @@ depends_on = None
 
 def upgrade() -> None:
     op.add_column("revisions", sa.Column("provenance", sa.Text(), nullable=True))
+    op.create_table(
+        "device_labels",
+        sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
+        sa.Column("tenant_id", sa.Integer(), sa.ForeignKey("tenants.id"), nullable=False),
+        sa.Column("device_id", sa.Integer(), sa.ForeignKey("devices.id"), nullable=False),
+        sa.Column("key", sa.String(317), nullable=False),
+        sa.Column("value", sa.String(63), nullable=False),
+        sa.UniqueConstraint("device_id", "key", name="uq_device_labels_device_key"),
+    )
+    op.create_index("ix_device_labels_tenant_key", "device_labels", ["tenant_id", "key"])
     _upgrade_profiles_and_inputs()
 
 
 def downgrade() -> None:
+    op.drop_index("ix_device_labels_tenant_key", table_name="device_labels")
+    op.drop_table("device_labels")
     _downgrade_profiles_and_inputs()
     with op.batch_alter_table("revisions") as batch:
         batch.drop_column("provenance")
