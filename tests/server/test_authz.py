@@ -36,6 +36,8 @@ BODIES: dict[tuple[str, str], Any] = {
         "reason": "test",
     },
     ("put", "/api/v1/devices/{device}/secrets/{name}"): {"value": "v"},
+    ("put", "/api/v1/devices/{device}/labels"): {"site": "ams"},
+    ("patch", "/api/v1/devices/{device}/labels"): {"role": "edge", "site": None},
     ("post", "/api/v1/users"): {"name": "new-user", "role": "viewer"},
     ("put", "/api/v1/users/{user}/role"): {"role": "viewer"},
     ("post", "/api/v1/users/{user}/tokens"): {"label": "x"},
