@@ -207,7 +207,7 @@ def test_a_bad_proposal_or_selector_is_refused_naming_its_path(server: Server) -
         headers=tenant.auth("viewer"),
     )
     assert response.status_code == 422, response.text
-    assert response.json()["problems"][0].startswith("selector:")
+    assert response.json()["problems"][0].startswith("body.selector:")
     response = server.client.post(
         "/api/v1/plan",
         json={"change": {"kind": "profile", "document": {"kind": "Profile"}}},
