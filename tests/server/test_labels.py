@@ -356,3 +356,29 @@ def test_trueup_fleet_label_and_list_by_selector(tmp_path: Path) -> None:
         assert out.splitlines()[:2] == ["role=edge", "site=ams"]
     finally:
         process.stop()
+
+
+# -- the dashboard's fleet table ----------------------------------------------------------------
+
+
+def test_the_dashboard_filters_the_fleet_by_selector_and_shows_labels(server: Server) -> None:
+    from tests.server.test_dashboard import browser
+
+    tenant = server.tenant(devices=("edge-01", "edge-02"))
+    tenant_id = server.plane.tenant_id(tenant.name)
+    server.plane.set_labels(tenant_id, "edge-01", {"site": "ams", "role": "edge"}, actor="t")
+    server.plane.set_labels(tenant_id, "edge-02", {"site": "fra"}, actor="t")
+    client = browser(server, tenant, "viewer")
+    page = client.get("/", params={"selector": "site=ams"})
+    assert page.status_code == 200, page.text
+    assert 'data-device="edge-01"' in page.text and 'data-device="edge-02"' not in page.text
+    assert (
+        "<th>Labels</th>" in page.text
+        and "<code>role=edge</code> <code>site=ams</code>" in page.text
+    )
+    assert 'name="selector" value="site=ams"' in page.text
+    assert "selector=site%3Dams" in page.text  # the stream and the filter links keep it
+    bad = client.get("/", params={"selector": "site in ams"})
+    assert bad.status_code == 422
+    assert "selector: selector &#x27;site in ams&#x27;: at position 9" in bad.text
+    assert 'data-device="edge-01"' not in bad.text

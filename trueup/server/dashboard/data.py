@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy import and_, or_, select
 
+from trueup.model.layering import parse_selector
 from trueup.model.reasons import ReasonCode
 from trueup.server.service import ControlPlane
 from trueup.server.tables import audit_log, device_state, devices
@@ -163,10 +164,12 @@ def fleet_page(
     status: str = "",
     reason: str = "",
     search: str = "",
+    selector: str = "",
     page: int = 1,
     page_size: int = PAGE_SIZE,
 ) -> FleetPage:
     entries = plane.fleet(tenant_id)
+    chosen = parse_selector(selector) if selector else None
     extra = extra_conditions(plane, tenant_id)
     if extra:
         entries = [merge_conditions(e, extra.get(e["device"], [])) for e in entries]
@@ -181,6 +184,7 @@ def fleet_page(
         if (not status or status in e["conditions"])
         and (not reason or reason in e["reason_codes"])
         and (not needle or needle in e["device"].lower())
+        and (chosen is None or chosen.matches(e["labels"]))
     ]
     pages = max(1, -(-len(matched) // page_size))
     page = min(max(1, page), pages)

@@ -115,6 +115,13 @@ def _last_drift_cell(record: dict[str, Any] | None, now: float) -> str:
     )
 
 
+def _labels_cell(labels: Any) -> str:
+    if not isinstance(labels, dict) or not labels:
+        return '<td class="labels muted">-</td>'
+    chips = " ".join(f"<code>{esc(k)}={esc(labels[k])}</code>" for k in sorted(labels))
+    return f'<td class="labels">{chips}</td>'
+
+
 def fleet_row(e: dict[str, Any], now: float | None = None) -> str:
     device = esc(e["device"])
     desired = f"v{e['desired_version']} <code>{esc(short_digest(e['desired_digest']))}</code>"
@@ -144,13 +151,14 @@ def fleet_row(e: dict[str, Any], now: float | None = None) -> str:
         f"<td>{badge(e['status'])} {conditions}{acked}</td>"
         f"<td>{codes}</td><td>{desired}</td><td>{applied}</td>"
         f"<td>{heartbeat}</td><td>{esc(iso(e['in_sync_since'])) or '-'}</td>"
-        f"{_last_drift_cell(e.get('last_drift'), time.time() if now is None else now)}</tr>"
+        f"{_last_drift_cell(e.get('last_drift'), time.time() if now is None else now)}"
+        f"{_labels_cell(e.get('labels'))}</tr>"
     )
 
 
 def fleet_body(page: FleetPage) -> str:
     if not page.rows:
-        return '<tr><td colspan="8" class="muted">no device matches</td></tr>'
+        return '<tr><td colspan="9" class="muted">no device matches</td></tr>'
     now = time.time()
     return "".join(fleet_row(e, now) for e in page.rows)
 
@@ -160,18 +168,24 @@ def _query(**params: Any) -> str:
 
 
 def fleet_page(
-    page: FleetPage, *, status: str, reason: str, search: str, problems: list[str] | None = None
+    page: FleetPage,
+    *,
+    status: str,
+    reason: str,
+    search: str,
+    selector: str = "",
+    problems: list[str] | None = None,
 ) -> str:
     """The fleet table with its filters; with `problems` (unknown filter values in the
     URL) the problems and the filter form instead of a table that would not match them."""
     chips = [
-        f'<a class="chip{" on" if not status else ""}" href="/?{_query(reason=reason, q=search)}">'
+        f'<a class="chip{" on" if not status else ""}" href="/?{_query(reason=reason, q=search, selector=selector)}">'
         f"all <b>{page.total}</b></a>"
     ]
     for s in STATUSES:
         on = " on" if s == status else ""
         chips.append(
-            f'<a class="chip{on}" data-count="{s}" href="/?{_query(status=s, reason=reason, q=search)}">'
+            f'<a class="chip{on}" data-count="{s}" href="/?{_query(status=s, reason=reason, q=search, selector=selector)}">'
             f"{badge(s)} <b>{page.counts.get(s, 0)}</b></a>"
         )
     status_options = "".join(
@@ -187,24 +201,26 @@ def fleet_page(
         links = []
         if page.page > 1:
             links.append(
-                f'<a href="/?{_query(status=status, reason=reason, q=search, page=page.page - 1)}">'
+                f'<a href="/?{_query(status=status, reason=reason, q=search, selector=selector, page=page.page - 1)}">'
                 "← previous</a>"
             )
         links.append(f"page {page.page} of {page.pages}")
         if page.page < page.pages:
             links.append(
-                f'<a href="/?{_query(status=status, reason=reason, q=search, page=page.page + 1)}">'
+                f'<a href="/?{_query(status=status, reason=reason, q=search, selector=selector, page=page.page + 1)}">'
                 "next →</a>"
             )
         nav = f'<nav class="pages">{" · ".join(links)}</nav>'
     stream = "/ui/fleet/stream?" + urlencode(
-        {"status": status, "reason": reason, "q": search, "page": page.page}
+        {"status": status, "reason": reason, "q": search, "selector": selector, "page": page.page}
     )
     head = (
         f'<h1>Fleet</h1><div class="chips" id="fleet-counts">{"".join(chips)}</div>'
         '<form class="filters" method="get" action="/">'
         f'<input type="search" name="q" value="{esc(search)}" placeholder="search devices" '
         'aria-label="search devices">'
+        f'<input type="search" name="selector" value="{esc(selector)}" '
+        'placeholder="labels, e.g. site=ams,role in (edge)" aria-label="label selector">'
         f'<select name="status" aria-label="status"><option value="">any status</option>'
         f"{status_options}</select>"
         f'<select name="reason" aria-label="reason code"><option value="">any reason code</option>'
@@ -223,7 +239,7 @@ def fleet_page(
         ' · <span id="live" class="live">live</span></p>'
         '<table class="fleet"><thead><tr><th>Device</th><th>Status</th><th>Reason codes</th>'
         "<th>Desired</th><th>Applied</th><th>Last heartbeat</th><th>In sync since</th>"
-        "<th>Last drift</th></tr>"
+        "<th>Last drift</th><th>Labels</th></tr>"
         f'</thead><tbody id="fleet-body" data-stream="{esc(stream)}">{fleet_body(page)}</tbody>'
         f"</table>{nav}"
     )

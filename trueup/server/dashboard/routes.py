@@ -29,6 +29,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response, Streamin
 from starlette.concurrency import run_in_threadpool
 
 from trueup.model.decode import DecodeError, decode_yaml
+from trueup.model.layering import SelectorError, parse_selector
 from trueup.server.api.context import Api, authorise
 from trueup.server.dashboard import data, evidenceroutes, loginroutes
 from trueup.server.dashboard.device import DevicePage, live_parts, render_device, revision_diff
@@ -47,7 +48,7 @@ from trueup.server.inputs import (
     SUBSYSTEM,
     InputError,
 )
-from trueup.server.limits import DOCUMENT_BYTES
+from trueup.server.limits import DOCUMENT_BYTES, SELECTOR_LENGTH
 from trueup.server.service import Conflict, Invalid, NotFound, Principal, Tampered, Unauthorized
 from trueup.server.tokens import TokenKind
 
@@ -213,6 +214,15 @@ def register(app: FastAPI, api: Api) -> None:
             search = SEARCH.parse("q", q.get("q", ""))
         except InputError as exc:
             problems.append(str(exc))
+        selector = q.get("selector", "")
+        if len(selector) > SELECTOR_LENGTH:
+            problems.append(f"selector: longer than {SELECTOR_LENGTH} characters")
+            selector = ""
+        try:
+            parse_selector(selector)
+        except SelectorError as exc:
+            problems.append(f"selector: {exc}")
+            selector = ""
         try:
             page = PAGE.parse("page", q.get("page", "1"))
         except InputError as exc:
@@ -221,6 +231,7 @@ def register(app: FastAPI, api: Api) -> None:
             "status": status if status in data.STATUSES else "",
             "reason": reason if reason in data.REASONS else "",
             "search": search,
+            "selector": selector,
             "page": page,
         }, problems
 
@@ -231,7 +242,12 @@ def register(app: FastAPI, api: Api) -> None:
             f, problems = filters(request)
             page = await run_in_threadpool(lambda: data.fleet_page(plane, principal.tenant_id, **f))
             body = fleet_page(
-                page, status=f["status"], reason=f["reason"], search=f["search"], problems=problems
+                page,
+                status=f["status"],
+                reason=f["reason"],
+                search=f["search"],
+                selector=f["selector"],
+                problems=problems,
             )
             return _html(layout("Fleet", body, principal, session.csrf), 422 if problems else 200)
 
