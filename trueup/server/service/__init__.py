@@ -17,6 +17,8 @@ One unit per job, each over the shared `Store`; `ControlPlane` composes them::
     backups.py      DeviceBackups: archives agents upload, per-device retention, downloads
     evidence.py     DeviceEvidence: evidence bundles agents upload, operator requests
     audittrail.py   AuditTrail: list a tenant's entries, verify the chain
+    rollouts.py     Rollouts: a plan published wave by wave (rolloutplan.py: spec, waves,
+                    gates; rolloutrows.py: shared rows; rolloutcontrol.py: the controller)
     plane.py        ControlPlane: the units composed, one flat API
 
 The units never import each other (import-linter checks it): what one needs
@@ -26,12 +28,14 @@ from another is passed in, like `credentials_changed`.
 from trueup.server.service.auth import Principal
 from trueup.server.service.backups import BackupGone
 from trueup.server.service.errors import (
+    Busy,
     Conflict,
     Invalid,
     NotFound,
     ServiceError,
     Tampered,
     Unauthorized,
+    WrongState,
 )
 from trueup.server.service.fleetview import agent_acknowledgements
 from trueup.server.service.plane import ControlPlane
@@ -39,6 +43,7 @@ from trueup.server.service.revisions import Revision
 
 __all__ = [
     "BackupGone",
+    "Busy",
     "Conflict",
     "ControlPlane",
     "Invalid",
@@ -48,5 +53,6 @@ __all__ = [
     "ServiceError",
     "Tampered",
     "Unauthorized",
+    "WrongState",
     "agent_acknowledgements",
 ]

@@ -20,6 +20,8 @@ from trueup.server.service.fleetview import Fleet
 from trueup.server.service.identity import Identity
 from trueup.server.service.notify import Allowlists, Deliveries, Engine, Notifier, Routing
 from trueup.server.service.revisions import DesiredRevisions
+from trueup.server.service.rolloutcontrol import RolloutController
+from trueup.server.service.rollouts import Rollouts
 from trueup.server.service.secrets import TenantSecrets
 from trueup.server.service.store import Store
 
@@ -39,6 +41,7 @@ class ControlPlane:
         backup_keep: int = BACKUP_KEEP,
         notify: dict[str, float] | None = None,
         evidence_keep: int = EVIDENCE_KEEP,
+        rollout: dict[str, float] | None = None,
     ) -> None:
         self.db = database
         self.key = server_key
@@ -71,6 +74,17 @@ class ControlPlane:
             timeout=tunables.get("timeout", 10.0),
         )
         self.device_evidence = DeviceEvidence(store, keep=evidence_keep)
+        # rollouts: the unit, and the controller thread (`rollout` holds its tunables);
+        # a device an unfinished rollout holds refuses `put_desired`.
+        rollout_tunables = dict(rollout or {})
+        self.rollout_unit = Rollouts(store, self.desired_revisions.insert_revision)
+        self.rollout_controller = RolloutController(
+            store,
+            self.desired_revisions.insert_revision,
+            tick_seconds=rollout_tunables.get("tick_seconds", 1.0),
+            lease_seconds=rollout_tunables.get("lease_seconds", 15.0),
+        )
+        self.desired_revisions.busy = self.rollout_unit.refuse_busy
 
         # identity: tenants, users, roles, user tokens
         self.tenant_id = self.identity.tenant_id
@@ -134,6 +148,15 @@ class ControlPlane:
         self.evidence_bundle = self.device_evidence.evidence_bundle
         self.evidence_content = self.device_evidence.evidence_content
         self.audit_evidence_download = self.device_evidence.audit_download
+        # rollouts
+        self.start_rollout = self.rollout_unit.start
+        self.rollouts = self.rollout_unit.list
+        self.rollout = self.rollout_unit.get
+        self.pause_rollout = self.rollout_unit.pause
+        self.resume_rollout = self.rollout_unit.resume
+        self.approve_rollout = self.rollout_unit.approve
+        self.abort_rollout = self.rollout_unit.abort
+        self.busy_devices = self.rollout_unit.busy_devices
         # the audit log
         self.audit_entries = self.audit_trail.audit_entries
         self.verify_audit = self.audit_trail.verify_audit
