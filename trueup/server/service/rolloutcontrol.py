@@ -28,7 +28,6 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +35,6 @@ from sqlalchemy import Connection, RowMapping, and_, select, update
 
 from trueup.model.document import parse_document
 from trueup.server.service.errors import Conflict
-from trueup.server.service.notify.emit import device_of, emit
 from trueup.server.service.rolloutplan import (
     Spec,
     evaluate,
@@ -47,7 +45,7 @@ from trueup.server.service.rolloutrows import (
     ACTOR,
     InsertRevision,
     device_facts,
-    put_back,
+    pause_for_budget,
     take_lease,
 )
 from trueup.server.service.store import Store
@@ -225,7 +223,16 @@ class RolloutController:
                 stats.failed += 1
         failed = [m for m in members if states[int(m["id"])] == "failed"]
         if len(failed) > spec.failure_budget:
-            self._pause(conn, row, wave, failed, spec, now, stats)
+            stats.reverted += pause_for_budget(
+                conn,
+                self.store,
+                self.insert_revision,
+                row=row,
+                wave=wave,
+                failed_ids=[int(m["id"]) for m in failed],
+                failure_budget=spec.failure_budget,
+                now=now,
+            )
             return []
         if all(states[int(m["id"])] in TERMINAL for m in members):
             self._wave_end(conn, row, spec, now, stats)
@@ -279,84 +286,6 @@ class RolloutController:
             },
             at=now,
         )
-
-    def _pause(
-        self,
-        conn: Connection,
-        row: RowMapping,
-        wave: int,
-        failed: Sequence[RowMapping],
-        spec: Spec,
-        now: float,
-        stats: StepStats,
-    ) -> None:
-        rollout_id, tenant_id = int(row["id"]), int(row["tenant_id"])
-        failed = [
-            m
-            for m in conn.execute(
-                select(rollout_members, devices.c.name)
-                .join(devices, devices.c.id == rollout_members.c.device_id)
-                .where(rollout_members.c.id.in_([int(m["id"]) for m in failed]))
-                .order_by(rollout_members.c.id)
-            ).mappings()
-        ]
-        reason = (
-            f"wave {wave}: {len(failed)} device(s) failed, more than the failure budget "
-            f"({spec.failure_budget}): "
-            + "; ".join(f"{m['name']}: {m['reason']}" for m in failed[:5])
-        )
-        results = put_back(
-            conn,
-            self.insert_revision,
-            tenant_id=tenant_id,
-            rollout_id=rollout_id,
-            members=failed,
-            names={int(m["device_id"]): m["name"] for m in failed},
-            author=ACTOR,
-            why="failure budget exceeded",
-            now=now,
-        )
-        stats.reverted += sum(1 for r in results if "reverted_version" in r)
-        conn.execute(
-            update(rollouts)
-            .where(rollouts.c.id == rollout_id)
-            .values(state="paused", reason=reason, updated_at=now)
-        )
-        self.store.audit(
-            conn,
-            tenant_id=tenant_id,
-            actor=ACTOR,
-            action="rollout.pause",
-            target=f"rollout:{rollout_id}",
-            detail={
-                "rollout_id": rollout_id,
-                "wave": wave,
-                "reason": reason,
-                "failed": [m["name"] for m in failed],
-                "put_back": results,
-            },
-            at=now,
-        )
-        for m in failed:
-            device = device_of(conn, int(m["device_id"]))
-            if device is None:
-                continue
-            emit(
-                conn,
-                device,
-                "rollout_paused",
-                now,
-                {
-                    "rollout": {
-                        "id": rollout_id,
-                        "wave": wave,
-                        "reason": reason,
-                        "failed": [f["name"] for f in failed],
-                        "device_reason": m["reason"],
-                    }
-                },
-                [],
-            )
 
     def _send(
         self, rollout_id: int, member_ids: list[int], spec: Spec, now: float, stats: StepStats

@@ -90,7 +90,7 @@ def _number(
     kinds = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
         what = "an integer" if integer else "a number"
-        problems.append(f"{path}: {value!r} is not {what} from {low:g} to {high:g}")
+        problems.append(f"{path}: {value!r} is not {what} from {low:.10g} to {high:.10g}")
         return None
     return value
 

@@ -1,5 +1,6 @@
 """What the rollout unit and its controller share over the database: member rows, the
-devices' latest facts, putting devices back on their previous revision, the lease.
+devices' latest facts, putting devices back on their previous revision, the pause when
+a wave's failures exceed its budget, the lease.
 
 Every function runs inside the caller's transaction. `put_back` stores, for each
 member that was sent a revision, the document of the revision it had before
@@ -17,6 +18,8 @@ from sqlalchemy import Connection, RowMapping, and_, select, update
 
 from trueup.model.document import DeviceState, DocumentError, parse_document
 from trueup.server.service.errors import Conflict
+from trueup.server.service.notify.emit import device_of, emit
+from trueup.server.service.store import Store
 from trueup.server.tables import (
     acks,
     device_state,
@@ -33,6 +36,7 @@ __all__ = [
     "InsertRevision",
     "active_holders",
     "device_facts",
+    "pause_for_budget",
     "put_back",
     "take_lease",
 ]
@@ -219,3 +223,85 @@ def put_back(
         outcome["result"] = reason
         results.append(outcome)
     return results
+
+
+def pause_for_budget(
+    conn: Connection,
+    store: Store,
+    insert_revision: InsertRevision,
+    *,
+    row: RowMapping,
+    wave: int,
+    failed_ids: Sequence[int],
+    failure_budget: int,
+    now: float,
+) -> int:
+    """Pause a rollout whose wave failed more devices than its budget: put them back, audit
+    `rollout.pause`, fire a `rollout_paused` notification per failed device. How many were
+    put back."""
+    rollout_id, tenant_id = int(row["id"]), int(row["tenant_id"])
+    failed = [
+        m
+        for m in conn.execute(
+            select(rollout_members, devices.c.name)
+            .join(devices, devices.c.id == rollout_members.c.device_id)
+            .where(rollout_members.c.id.in_(list(failed_ids)))
+            .order_by(rollout_members.c.id)
+        ).mappings()
+    ]
+    reason = (
+        f"wave {wave}: {len(failed)} device(s) failed, more than the failure budget "
+        f"({failure_budget}): " + "; ".join(f"{m['name']}: {m['reason']}" for m in failed[:5])
+    )
+    results = put_back(
+        conn,
+        insert_revision,
+        tenant_id=tenant_id,
+        rollout_id=rollout_id,
+        members=failed,
+        names={int(m["device_id"]): m["name"] for m in failed},
+        author=ACTOR,
+        why="failure budget exceeded",
+        now=now,
+    )
+    conn.execute(
+        update(rollouts)
+        .where(rollouts.c.id == rollout_id)
+        .values(state="paused", reason=reason, updated_at=now)
+    )
+    store.audit(
+        conn,
+        tenant_id=tenant_id,
+        actor=ACTOR,
+        action="rollout.pause",
+        target=f"rollout:{rollout_id}",
+        detail={
+            "rollout_id": rollout_id,
+            "wave": wave,
+            "reason": reason,
+            "failed": [m["name"] for m in failed],
+            "put_back": results,
+        },
+        at=now,
+    )
+    for m in failed:
+        device = device_of(conn, int(m["device_id"]))
+        if device is None:
+            continue
+        emit(
+            conn,
+            device,
+            "rollout_paused",
+            now,
+            {
+                "rollout": {
+                    "id": rollout_id,
+                    "wave": wave,
+                    "reason": reason,
+                    "failed": [f["name"] for f in failed],
+                    "device_reason": m["reason"],
+                }
+            },
+            [],
+        )
+    return sum(1 for r in results if "reverted_version" in r)

@@ -26,8 +26,7 @@ from sqlalchemy import Connection, and_, select, update
 
 from trueup.server.service.errors import Busy, Conflict, Invalid, NotFound, WrongState
 from trueup.server.service.fleettypes import Plan
-from trueup.server.service.fleetview import iso_utc
-from trueup.server.service.rolloutplan import assign_waves, evaluate, parse_spec
+from trueup.server.service.rolloutplan import assign_waves, parse_spec
 from trueup.server.service.rolloutrows import (
     ACTIVE,
     InsertRevision,
@@ -35,6 +34,7 @@ from trueup.server.service.rolloutrows import (
     device_facts,
     put_back,
 )
+from trueup.server.service.rolloutview import rollout_view, summary
 from trueup.server.service.store import Store, inserted_id
 from trueup.server.tables import devices, rollout_leases, rollout_members, rollouts
 
@@ -207,21 +207,6 @@ class Rollouts:
             raise NotFound(f"rollout {rollout_id} not found")
         return row
 
-    @staticmethod
-    def _summary(row: Any) -> dict[str, Any]:
-        return {
-            "id": row["id"],
-            "state": row["state"],
-            "current_wave": row["current_wave"],
-            "spec": json.loads(row["spec"]),
-            "created_by": row["created_by"],
-            "created_at": iso_utc(row["created_at"]),
-            "updated_at": iso_utc(row["updated_at"]),
-            "finished_at": iso_utc(row["finished_at"]),
-            "comment": row["comment"],
-            "reason": row["reason"],
-        }
-
     def list(self, tenant_id: int) -> list[dict[str, Any]]:
         """The tenant's rollouts, newest first."""
         with self.store.db.read() as conn:
@@ -230,7 +215,7 @@ class Rollouts:
                 .where(rollouts.c.tenant_id == tenant_id)
                 .order_by(rollouts.c.id.desc())
             ).mappings()
-            return [self._summary(r) for r in rows]
+            return [summary(r) for r in rows]
 
     def get(self, tenant_id: int, rollout_id: int) -> dict[str, Any]:
         """A rollout: its waves (counts per state), each member with its state, reason and
@@ -248,59 +233,7 @@ class Rollouts:
             )
             sent = [int(m["device_id"]) for m in members if m["state"] == "sent"]
             facts = device_facts(conn, sent, now) if sent else {}
-        view = self._summary(row)
-        spec = view["spec"]
-        waves: list[dict[str, Any]] = [
-            {"index": i, **w, "members": 0, "counts": {}} for i, w in enumerate(spec["waves"])
-        ]
-        out = []
-        for m in members:
-            wave = waves[int(m["wave"])]
-            wave["members"] += 1
-            wave["counts"][m["state"]] = wave["counts"].get(m["state"], 0) + 1
-            entry: dict[str, Any] = {
-                "device": m["name"],
-                "wave": m["wave"],
-                "state": m["state"],
-                "digest": m["digest"],
-                "from_version": m["from_version"],
-                "sent_version": m["sent_version"],
-                "reverted_version": m["reverted_version"],
-                "sent_at": iso_utc(m["sent_at"]),
-                "finished_at": iso_utc(m["finished_at"]),
-                "reason": m["reason"],
-            }
-            if m["state"] == "sent" and m["sent_at"] is not None:
-                report, report_at, acked, _ = facts.get(int(m["device_id"]), (None, None, [], 0))
-                entry["gates"] = evaluate(
-                    digest=m["digest"],
-                    sent_version=int(m["sent_version"]),
-                    sent_at=float(m["sent_at"]),
-                    now=now,
-                    report=report,
-                    report_at=report_at,
-                    baseline=json.loads(m["baseline_codes"] or "[]"),
-                    server_acked=acked,
-                    confirm_within=spec.get("confirm_within"),
-                    gate_timeout=float(spec.get("gate_timeout") or 900),
-                ).as_json()
-            out.append(entry)
-        for wave in waves:
-            i = wave["index"]
-            wave["state"] = (
-                "done"
-                if i < row["current_wave"]
-                else "pending"
-                if i > row["current_wave"]
-                else "waiting-approval"
-                if row["state"] == "waiting-approval"
-                else "soaking"
-                if row["wave_done_at"] is not None and row["state"] == "running"
-                else row["state"]
-            )
-        view["waves"] = waves
-        view["members"] = out
-        return view
+        return rollout_view(row, members, facts, now)
 
     # -- operators' actions -----------------------------------------------------------------
 

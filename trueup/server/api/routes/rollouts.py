@@ -20,7 +20,8 @@ from trueup.model.document import document_digest
 from trueup.model.layering import Provenance
 from trueup.server.api.context import Api, role
 from trueup.server.api.responses import TOKEN_ID, answers
-from trueup.server.inputs import Comment, DeviceName, Revision
+from trueup.server.inputs import Comment, DeviceName
+from trueup.server.limits import MAX_VERSION
 from trueup.server.service import Invalid, Principal
 from trueup.server.service.fleettypes import Plan, Target
 
@@ -36,8 +37,12 @@ class RolloutTarget(BaseModel):
     document: dict[str, Any] = Field(
         description="the device's full desired-state document (the published DeviceState schema)"
     )
-    from_version: Revision | None = Field(
-        None, description="the desired version the change was planned against (default: current)"
+    from_version: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_VERSION,
+        description="the desired version the change was planned against (0: none; "
+        "default: its current one)",
     )
 
 
