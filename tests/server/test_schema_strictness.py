@@ -10,7 +10,8 @@ can say:
   schema (trueup.model), not restated in the API's;
 - a body's sha256 that does not match the `X-Trueup-…-Sha256` header sent with it, and the
   JSON carried in the `X-Trueup-…-Metadata` headers (its fields are checked once decoded);
-- a webhook URL's target policy (what its name resolves to).
+- a webhook URL's target policy (what its name resolves to);
+- a rollout's targets (desired-state documents) and waves, judged against the stored fleet.
 
 Every other 422 is a field the schema lets through and the service refuses: the test names
 it. Generation is derandomized and bounded, so the run is deterministic.
@@ -35,6 +36,9 @@ EXAMPLES = 10  # per operation
 _BEYOND_A_SCHEMA = re.compile(
     r"already exists|is used by rules|the body's sha256 is"
     r"|^header\.X-Trueup-(Backup|Evidence)-Metadata|^url: |^entries\[[0-9]+\]: "
+    # A rollout's targets: each document is a desired-state document (its schema is the
+    # published one), the devices and waves are judged against the stored fleet.
+    r"|^targets\[[0-9]+\]\.(document|device): |nothing to roll out|^waves(\[[0-9]+\]\.\w+)?: "
 )
 # The desired-state document: its schema is the published one (trueup.model), not the API's.
 _DOCUMENT_ROUTES = {("PUT", "/api/v1/devices/{device}/desired")}
