@@ -113,6 +113,22 @@ def populated(server: Server) -> tuple[Tenant, int]:
     )
     assert download.status_code == 200 and download.content == b"an evidence bundle"
     server.plane.acknowledge(tenant_id, "edge-01", "dhcp", 3600, "maintenance", "alice")
+    rolled_back = {
+        "applied_version": 3,
+        "confirmation": {
+            "version": 2,
+            "state": "rolled-back",
+            "deadline": time.time(),
+            "reason": "the confirmation window passed while still waiting for: the control "
+            "plane reached after the apply",
+            "rollback_to": 1,
+            "rolled_back_to_version": 3,
+        },
+    }
+    reported = server.client.post(
+        "/api/v1/agent/report", json=rolled_back, headers=tenant.device_auth("edge-01")
+    )
+    assert reported.status_code == 200, reported.text
     server.plane.set_role(tenant_id, "operator-user", Role.VIEWER, "alice")
     token_id, _token = server.plane.create_token(tenant_id, "admin-user", "alice", label="x")
     server.plane.revoke_token(tenant_id, token_id, "alice")

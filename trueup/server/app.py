@@ -232,6 +232,7 @@ def create_app(settings: Settings) -> FastAPI:
         stale_intervals=settings.stale_intervals,
         on_batch=metrics.ingested,
         on_committed=plane.notifier.submit,
+        server_key=plane.key,
     )
     watcher = RevisionWatcher(plane.desired_revisions, settings.revision_poll_seconds)
     api = Api(

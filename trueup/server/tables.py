@@ -516,4 +516,23 @@ rollout_leases = Table(
 
 # --- confirmation (migration 0012): confirm-within and confirm-or-rollback ---
 
+# Each device's last apply guarded by a confirmation window, as its latest report says
+# (trueup.server.confirmation): pending until `deadline`, confirmed, or rolled-back (why).
+device_confirmation = Table(
+    "device_confirmation",
+    metadata,
+    Column("device_id", Integer, ForeignKey("devices.id"), primary_key=True),
+    Column("version", Integer, nullable=True),
+    # pending | confirmed | rolled-back
+    Column("state", String(KIND_LENGTH), nullable=False),
+    Column("deadline", Float, nullable=True),
+    Column("reason", Text, nullable=False),
+    # The revision a rollback returns to, and the version the rollback took on the device.
+    Column("rollback_to", Integer, nullable=True),
+    Column("rolled_back_to_version", Integer, nullable=True),
+    # When a report first said this state for this version, and last said it.
+    Column("since", Float, nullable=False),
+    Column("reported_at", Float, nullable=False),
+)
+
 # --- end of confirmation ---

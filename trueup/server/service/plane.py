@@ -121,6 +121,7 @@ class ControlPlane:
         self.last_report = self.fleet_view.last_report
         self.report_history = self.fleet_view.report_history
         self.drift_history = self.fleet_view.drift_history
+        self.confirmation_of = self.fleet_view.confirmation_of
         self.acknowledge = self.fleet_view.acknowledge
         # device backups
         self.store_backup = self.device_backups.store_backup

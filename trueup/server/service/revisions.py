@@ -284,6 +284,8 @@ class DesiredRevisions:
         fact = facts.revisions.get((device_id, revision.version))
         if fact is None:
             raise Tampered(f"{name} has no audit entry{verify}")
+        if fact.confirm_within != revision.confirm_within:
+            raise Tampered(f"{name}: its confirmation window is not the audited one{verify}")
         try:
             digest = document_digest(parse_document(revision.document))
         except DocumentError:
