@@ -129,6 +129,9 @@ def test_a_confirmation_window_needs_the_agents_confirmation_and_a_rollback_fail
         **GOOD,
         "confirmation": {"version": 2, "state": "rolled-back", "reason": "management lost"},
     }
+    # The control plane's stored record (the audit log's rollback first) is the one read.
+    audited = {"version": 2, "state": "rolled-back", "reason": "the audit log says so"}
+    assert _gates(confirmed, confirm_within=30, confirmation=audited).verdict == "failed"
     gates = _gates(back, confirm_within=30)
     assert gates.verdict == "failed" and "rolled version 2 back by itself: management lost" in (
         gates.reason

@@ -191,19 +191,21 @@ class RolloutController:
         judged = [
             m for m in members if m["state"] == "sent" or (soaking and m["state"] == "passed")
         ]
-        facts = device_facts(conn, [int(m["device_id"]) for m in judged], now)
+        rolled_back = self.store.covered(conn).rolled_back if judged else {}
+        facts = device_facts(conn, [int(m["device_id"]) for m in judged], now, rolled_back)
         states = {int(m["id"]): str(m["state"]) for m in members}
         for m in judged:
-            report, report_at, acked, _ = facts[int(m["device_id"])]
+            fact = facts[int(m["device_id"])]
             gates = evaluate(
                 digest=m["digest"],
                 sent_version=int(m["sent_version"]),
                 sent_at=float(m["sent_at"]),
                 now=now,
-                report=report,
-                report_at=report_at,
+                report=fact.report,
+                report_at=fact.report_at,
+                confirmation=fact.confirmation,
                 baseline=json.loads(m["baseline_codes"] or "[]"),
-                server_acked=acked,
+                server_acked=fact.acked,
                 confirm_within=spec.confirm_within,
                 gate_timeout=spec.gate_timeout,
             )
@@ -319,7 +321,7 @@ class RolloutController:
                 sent, refused = [], []
                 for m in members:
                     device_id = int(m["device_id"])
-                    report, _, _, current = facts[device_id]
+                    report, current = facts[device_id].report, facts[device_id].desired_version
                     values: dict[str, Any]
                     if current != m["from_version"]:
                         reason = (

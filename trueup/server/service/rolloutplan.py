@@ -299,9 +299,12 @@ def new_codes(
     return out
 
 
-def _confirmation(report: Mapping[str, Any], version: int) -> tuple[str | None, str]:
-    """The agent's confirmation state for `version` (pending, confirmed, rolled-back)."""
-    record = report.get("confirmation")
+def _confirmation(
+    report: Mapping[str, Any], stored: Mapping[str, Any] | None, version: int
+) -> tuple[str | None, str]:
+    """The agent's confirmation state for `version` (pending, confirmed, rolled-back): the
+    control plane's stored record, else the report's own."""
+    record = stored if stored is not None else report.get("confirmation")
     if not isinstance(record, Mapping) or record.get("version") != version:
         return None, ""
     state = record.get("state")
@@ -320,6 +323,7 @@ def evaluate(
     server_acked: Collection[str],
     confirm_within: int | None,
     gate_timeout: float,
+    confirmation: Mapping[str, Any] | None = None,
 ) -> Gates:
     """The gates of one sent device from its newest report (see the module docstring)."""
     timed_out = now - sent_at > gate_timeout
@@ -330,7 +334,7 @@ def evaluate(
                 "failed", f"gate timeout: no report since the send ({gate_timeout:g}s)", checks
             )
         return Gates("waiting", "no report since the send", checks)
-    state, why = _confirmation(report, sent_version)
+    state, why = _confirmation(report, confirmation, sent_version)
     if state == "rolled-back":
         return Gates(
             "failed",

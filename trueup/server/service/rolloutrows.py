@@ -11,8 +11,8 @@ sent: a device whose desired version moved since is named, not overwritten).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
 
 from sqlalchemy import Connection, RowMapping, and_, select, update
 
@@ -22,6 +22,7 @@ from trueup.server.service.notify.emit import device_of, emit
 from trueup.server.service.store import Store
 from trueup.server.tables import (
     acks,
+    device_confirmation,
     device_state,
     devices,
     revisions,
@@ -33,6 +34,8 @@ from trueup.server.tables import (
 __all__ = [
     "ACTIVE",
     "ACTOR",
+    "NO_FACTS",
+    "DeviceFacts",
     "InsertRevision",
     "active_holders",
     "device_facts",
@@ -88,11 +91,31 @@ def active_holders(conn: Connection, device_ids: Iterable[int]) -> dict[int, tup
     return out
 
 
+class DeviceFacts(NamedTuple):
+    """What the gates read about one device: its newest report and when it arrived, the
+    subsystems acknowledged on the control plane, its desired version, and its latest
+    confirmation (the stored record, the audit log's rollback taking precedence)."""
+
+    report: dict[str, Any] | None
+    report_at: float | None
+    acked: list[str]
+    desired_version: int
+    confirmation: dict[str, Any] | None
+
+
+NO_FACTS = DeviceFacts(None, None, [], 0, None)
+
+
 def device_facts(
-    conn: Connection, device_ids: Sequence[int], now: float
-) -> dict[int, tuple[dict[str, Any] | None, float | None, list[str], int]]:
-    """device id -> (newest report, when it arrived, acknowledged subsystems, desired version)."""
-    out: dict[int, tuple[dict[str, Any] | None, float | None, list[str], int]] = {}
+    conn: Connection,
+    device_ids: Sequence[int],
+    now: float,
+    rolled_back: Mapping[tuple[int, int], int] | None = None,
+) -> dict[int, DeviceFacts]:
+    """device id -> its facts. `rolled_back` is the audit log's (device id, version) -> seq
+    of each `revision.rolled_back` (Store.covered): a stored confirmation that says
+    otherwise was changed behind the server's back, and the log's word holds."""
+    out: dict[int, DeviceFacts] = {}
     ids = sorted(set(device_ids))
     for start in range(0, len(ids), 5000):
         chunk = ids[start : start + 5000]
@@ -103,6 +126,15 @@ def device_facts(
             )
         ):
             acked.setdefault(int(row.device_id), []).append(str(row.subsystem))
+        confirmed: dict[int, dict[str, Any]] = {}
+        for record in conn.execute(
+            select(device_confirmation).where(device_confirmation.c.device_id.in_(chunk))
+        ).mappings():
+            entry = {k: record[k] for k in ("version", "state", "deadline", "reason")}
+            seq = (rolled_back or {}).get((int(record["device_id"]), record["version"]))
+            if seq is not None and entry["state"] != "rolled-back":
+                entry.update(state="rolled-back", reason=f"the audit log says so (seq={seq})")
+            confirmed[int(record["device_id"])] = entry
         for state in conn.execute(
             select(
                 devices.c.id,
@@ -113,12 +145,13 @@ def device_facts(
             .outerjoin(device_state, device_state.c.device_id == devices.c.id)
             .where(devices.c.id.in_(chunk))
         ):
-            report = json.loads(state.report) if state.report else None
-            out[int(state.id)] = (
-                report,
+            device_id = int(state.id)
+            out[device_id] = DeviceFacts(
+                json.loads(state.report) if state.report else None,
                 state.last_report_at,
-                acked.get(int(state.id), []),
+                acked.get(device_id, []),
                 int(state.desired_version),
+                confirmed.get(device_id),
             )
     return out
 

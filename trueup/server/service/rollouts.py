@@ -232,7 +232,8 @@ class Rollouts:
                 ).mappings()
             )
             sent = [int(m["device_id"]) for m in members if m["state"] == "sent"]
-            facts = device_facts(conn, sent, now) if sent else {}
+            rolled_back = self.store.covered(conn).rolled_back if sent else {}
+            facts = device_facts(conn, sent, now, rolled_back) if sent else {}
         return rollout_view(row, members, facts, now)
 
     # -- operators' actions -----------------------------------------------------------------

@@ -10,10 +10,11 @@ from typing import Any
 
 from trueup.server.service.fleetview import iso_utc
 from trueup.server.service.rolloutplan import evaluate
+from trueup.server.service.rolloutrows import NO_FACTS, DeviceFacts
 
 __all__ = ["rollout_view", "summary"]
 
-Facts = Mapping[int, tuple[dict[str, Any] | None, float | None, list[str], int]]
+Facts = Mapping[int, DeviceFacts]
 
 
 def summary(row: Any) -> dict[str, Any]:
@@ -55,16 +56,17 @@ def rollout_view(row: Any, members: Sequence[Any], facts: Facts, now: float) -> 
             "reason": m["reason"],
         }
         if m["state"] == "sent" and m["sent_at"] is not None:
-            report, report_at, acked, _ = facts.get(int(m["device_id"]), (None, None, [], 0))
+            fact = facts.get(int(m["device_id"]), NO_FACTS)
             entry["gates"] = evaluate(
                 digest=m["digest"],
                 sent_version=int(m["sent_version"]),
                 sent_at=float(m["sent_at"]),
                 now=now,
-                report=report,
-                report_at=report_at,
+                report=fact.report,
+                report_at=fact.report_at,
+                confirmation=fact.confirmation,
                 baseline=json.loads(m["baseline_codes"] or "[]"),
-                server_acked=acked,
+                server_acked=fact.acked,
                 confirm_within=spec.get("confirm_within"),
                 gate_timeout=float(spec.get("gate_timeout") or 900),
             ).as_json()
