@@ -8,15 +8,22 @@ waits for what it expects with a generous bound, never a fixed sleep.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
-from tests.server.conftest import BACKENDS, Server, Tenant
+from tests.server.conftest import BACKENDS, Server, ServerProcess, Tenant
 from tests.server.rolloutsim import SimAgent, changed, initial, wait_for
 from tests.server.test_notify import FAST, Receiver, receivers, route  # noqa: F401
+from trueup.cli.main import app
 from trueup.model.document import document_digest, parse_document
+from trueup.server.db import Database
+from trueup.server.keys import load_or_create_server_key
+from trueup.server.service import ControlPlane
 from trueup.server.service.rolloutplan import (
     Spec,
     Wave,
@@ -25,6 +32,7 @@ from trueup.server.service.rolloutplan import (
     parse_spec,
     unavailable_limit,
 )
+from trueup.server.tokens import Role
 
 PARAMS = [(backend, {**FAST, "rollout_tick_seconds": 0.05}) for backend in BACKENDS]
 API = "/api/v1/rollouts"
@@ -417,3 +425,62 @@ def test_a_stale_plan_and_an_empty_change_are_refused_and_nothing_is_stored(
     assert all(p.startswith("targets[0].document: ") for p in bad.json()["problems"])
     listed = server.client.get(API, headers=tenant.auth("viewer")).json()
     assert listed["count"] == 0
+
+
+# -- the CLI ---------------------------------------------------------------------------------
+
+
+def test_trueup_fleet_rollout_starts_shows_pauses_and_aborts_over_the_api(tmp_path: Path) -> None:
+    db, key_file = f"sqlite:///{tmp_path}/server.db", tmp_path / "server.key"
+    database = Database(db)
+    database.migrate()
+    plane = ControlPlane(database, load_or_create_server_key(key_file))
+    tenant_id = plane.create_tenant("acme", "test")
+    plane.create_user(tenant_id, "ops", Role.OPERATOR, "test")
+    token_file = tmp_path / "token"
+    token_file.write_text(plane.create_token(tenant_id, "ops", "test")[1])
+    files = []
+    for name in ("edge-00", "edge-01"):
+        plane.create_device(tenant_id, name, "test")
+        plane.put_desired(tenant_id, name, 0, initial(name), author="test")
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(changed(name)))
+        files.append(str(path))
+    process = ServerProcess(db, key_file, rollout_tick_seconds=0.1).start()
+    try:
+        connect = ["--server", process.url, "--token-file", str(token_file)]
+
+        def run(*args: str) -> Any:
+            return CliRunner().invoke(app, ["fleet", "rollout", *args])
+
+        started = run("start", *files, "--canary", "edge-01", "--approval", *connect, "-o", "json")
+        assert started.exit_code == 0, started.output
+        rollout = json.loads(started.stdout)
+        assert [w["members"] for w in rollout["waves"]] == [1, 1]
+        assert rollout["waves"][1]["approval"] is True
+        rid = str(rollout["id"])
+        shown = run("status", rid, *connect)
+        assert shown.exit_code == 0, shown.output
+        assert f"rollout:       {rid}   running" in shown.stdout
+        assert "wave 1:" in shown.stdout and "(approval)" in shown.stdout
+        listed = run("status", *connect, "-o", "json")
+        assert json.loads(listed.stdout)["count"] == 1
+        again = run("start", files[0], *connect)
+        assert again.exit_code == 1
+        assert f"edge-00 is in rollout {rid} (running)" in again.stderr
+        paused = run("pause", rid, "--reason", "lunch", *connect, "-o", "json")
+        assert paused.exit_code == 0 and json.loads(paused.stdout)["reason"] == "lunch"
+        approve = run("approve", rid, *connect)
+        assert approve.exit_code == 1 and "is paused" in approve.stderr
+        aborted = run("abort", rid, *connect)
+        assert aborted.exit_code == 0, aborted.output
+        assert "aborted" in aborted.stdout.splitlines()[0]
+        missing = run("status", "999", *connect)
+        assert missing.exit_code == 1 and "rollout 999 not found" in missing.stderr
+        bad = tmp_path / "bad.yaml"
+        bad.write_text("kind: DeviceState\n")
+        refused = run("start", str(bad), *connect)
+        assert refused.exit_code == 1 and "metadata.device: required" in refused.stderr
+    finally:
+        process.stop()
+        database.dispose()
