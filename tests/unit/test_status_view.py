@@ -69,6 +69,7 @@ def test_a_quiet_subsystem_is_active_with_a_closed_breaker() -> None:
     assert view.reconcile_failures == {}
     assert view.status_extra() == {
         "pending_confirmation": None,
+        "confirmation": None,
         "reconcile_loop": {
             "event_source": "fake",
             "resync_seconds": 60.0,
@@ -177,6 +178,7 @@ def test_the_agent_s_inputs_each_land_in_their_section(engine: Engine) -> None:
     assert list(status) == [
         *STATUS_KEYS,
         "pending_confirmation",
+        "confirmation",
         "reconcile_loop",
         "drift_history",
         "acknowledgements_ended",

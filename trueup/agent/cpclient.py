@@ -7,6 +7,13 @@ path as a local apply) and reports whatever `snapshot()` returns. While the
 control plane is unreachable the agent keeps enforcing its last accepted
 revision; the loop only backs off (exponential, full jitter) and reconnects.
 
+A revision may carry a confirmation window (`confirm_within`, seconds): the
+agent then applies it with `--confirm-within` semantics and confirms it itself
+once its health holds (`trueup.agent.selfconfirm`); a control plane that
+sends none (an older one) means no window. `SyncLoop.last_contact_at` is when
+the latest request that the control plane answered was sent: the proof that
+the path to it works after an apply.
+
 `upload_backup(path, metadata)` sends a backup archive of this device (streamed,
 retried while the control plane is unavailable).
 
@@ -32,8 +39,9 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 from urllib.parse import urlsplit
 
 import httpx
@@ -49,6 +57,7 @@ __all__ = [
     "ControlPlaneError",
     "ControlPlaneRefused",
     "ControlPlaneUnavailable",
+    "DesiredRevision",
     "RetryLater",
     "SyncLoop",
     "report_from_status",
@@ -59,6 +68,34 @@ log = logging.getLogger("trueup.agent.cpclient")
 
 class ControlPlaneError(Exception):
     pass
+
+
+# The longest confirmation window an agent accepts from a control plane (one day).
+MAX_CONFIRM_WITHIN = 86400.0
+
+
+@dataclass(frozen=True)
+class DesiredRevision:
+    """A revision as the control plane delivers it: number, document, confirmation window."""
+
+    version: int
+    document: dict[str, Any]
+    confirm_within: float | None = None
+
+
+def _window(value: Any) -> float | None:
+    """The delivered `confirm_within`; absent, null or not a positive number of seconds up to
+    a day: no window (logged when it was something else)."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and 0 < value <= MAX_CONFIRM_WITHIN
+    ):
+        return float(value)
+    log.warning("control plane sent confirm_within=%r; applying without a window", value)
+    return None
 
 
 class ControlPlaneUnavailable(ControlPlaneError):
@@ -228,6 +265,11 @@ class ControlPlaneClient:
 
     def wait_for_desired(self, after: int, wait: float) -> tuple[int, dict[str, Any]] | None:
         """The newest revision if newer than `after`; waits up to `wait` seconds for one."""
+        revision = self.wait_for_revision(after, wait)
+        return None if revision is None else (revision.version, revision.document)
+
+    def wait_for_revision(self, after: int, wait: float) -> DesiredRevision | None:
+        """`wait_for_desired` with the revision's confirmation window."""
         response = self._request(
             "GET",
             "/api/v1/agent/desired",
@@ -237,7 +279,9 @@ class ControlPlaneClient:
         if response.status_code == 204:
             return None
         body = response.json()
-        return int(body["version"]), dict(body["document"])
+        return DesiredRevision(
+            int(body["version"]), dict(body["document"]), _window(body.get("confirm_within"))
+        )
 
     def report(self, payload: dict[str, Any]) -> None:
         self._request("POST", "/api/v1/agent/report", json=payload)
@@ -492,6 +536,26 @@ def drift_and_acks(status: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _confirmation(record: Any) -> dict[str, Any] | None:
+    """The last guarded apply in the report: {version, state, deadline (epoch), reason, …}."""
+    if not isinstance(record, dict) or record.get("state") not in (
+        "pending",
+        "confirmed",
+        "rolled-back",
+    ):
+        return None
+    out = {
+        k: record.get(k)
+        for k in ("version", "state", "deadline", "reason", "rollback_to", "origin", "at")
+    }
+    rolled_to = record.get("rolled_back_to_version")
+    if rolled_to is not None:
+        out["rolled_back_to_version"] = rolled_to
+    if isinstance(out["reason"], str):
+        out["reason"] = out["reason"][:1000]
+    return out
+
+
 def report_from_status(status: dict[str, Any]) -> dict[str, Any]:
     """Turn the agent's `/v1/status` document into a control-plane report.
 
@@ -550,6 +614,9 @@ def report_from_status(status: dict[str, Any]) -> dict[str, Any]:
         "management_ready": status.get("management", {}).get("ready"),
         **_agent_identity(status),
     }
+    confirmation = _confirmation(status.get("confirmation"))
+    if confirmation is not None:
+        report["confirmation"] = confirmation
     restore = _restore_summary(status.get("restore"))
     if restore is not None:
         report["restore"] = restore
@@ -557,6 +624,14 @@ def report_from_status(status: dict[str, Any]) -> dict[str, Any]:
     # The same model the control plane validates with: a report it would refuse
     # fails here, in the agent's log, not as a 422 the agent cannot explain.
     return AgentReport.model_validate(report).model_dump(mode="json")
+
+
+class ApplyRevision(Protocol):
+    """How `SyncLoop` hands over a revision; `confirm_within` only when it has a window."""
+
+    def __call__(
+        self, document: dict[str, Any], version: int, /, *, confirm_within: float | None = ...
+    ) -> None: ...
 
 
 class RetryLater(RuntimeError):
@@ -643,7 +718,7 @@ class SyncLoop:
     def __init__(
         self,
         client: ControlPlaneClient,
-        apply: Callable[[dict[str, Any], int], None],
+        apply: ApplyRevision,
         snapshot: Callable[[], dict[str, Any]],
         *,
         heartbeat_interval: float = 30.0,
@@ -672,6 +747,8 @@ class SyncLoop:
         self.last_error: str | None = None
         self.last_apply_error: str | None = None
         self.last_report_at: float | None = None
+        # When the latest request the control plane answered was sent (wall clock).
+        self.last_contact_at: float | None = None
         self.reports_sent = 0
         self._stop = threading.Event()
         self._report_now = threading.Event()
@@ -687,6 +764,7 @@ class SyncLoop:
             "last_report_at": self.last_report_at,
             "reports_sent": self.reports_sent,
             "reports_throttled": self.reports_throttled,
+            "last_contact_at": self.last_contact_at,
         }
 
     def start(self) -> None:
@@ -706,6 +784,11 @@ class SyncLoop:
         self.pacer.request()
         self._report_now.set()
 
+    def _contact(self, sent_at: float) -> None:
+        self.connected = True
+        if self.last_contact_at is None or sent_at > self.last_contact_at:
+            self.last_contact_at = sent_at
+
     def _failed(self, where: str, exc: Exception, backoff: _Backoff) -> None:
         self.connected = False
         self.last_error = f"{where}: {exc}"
@@ -716,19 +799,23 @@ class SyncLoop:
     def _pull(self) -> None:
         backoff = _Backoff(self.backoff_initial, self.backoff_max)
         while not self._stop.is_set():
+            sent_at = time.time()
             try:
-                revision = self.client.wait_for_desired(self.seen_version, self.long_poll_seconds)
+                revision = self.client.wait_for_revision(self.seen_version, self.long_poll_seconds)
             except ControlPlaneError as exc:
                 self._failed("pull", exc, backoff)
                 continue
-            self.connected = True
+            self._contact(sent_at)
             backoff.reset()
             if revision is None:
                 continue
-            version, document = revision
+            version, document = revision.version, revision.document
             self.control_plane_version = version
             try:
-                self.apply(document, version)
+                if revision.confirm_within is None:
+                    self.apply(document, version)
+                else:
+                    self.apply(document, version, confirm_within=revision.confirm_within)
                 self.last_apply_error = None
             except RetryLater as exc:
                 # Another writer held the device, or the state directory refused a
@@ -785,6 +872,7 @@ class SyncLoop:
         """Build and send one report now; True when the control plane took it."""
         backoff = backoff or _Backoff(self.backoff_initial, self.backoff_max)
         self.pacer.taken()
+        sent_at = time.time()
         try:
             payload = dict(self.snapshot())
             payload["heartbeat_interval"] = self.heartbeat_interval
@@ -808,7 +896,7 @@ class SyncLoop:
             self.pacer.request()
             self._failed("snapshot", exc, backoff)
             return False
-        self.connected = True
+        self._contact(sent_at)
         self.last_report_at = time.time()
         self.reports_sent += 1
         self.pacer.sent(self.clock())

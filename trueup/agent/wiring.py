@@ -3,6 +3,11 @@
 Both start in phase 4, after management, recovery and the subsystems: the
 control plane is never a prerequisite for management, and while it is
 unreachable the agent keeps enforcing its last accepted revision.
+
+A revision delivered with a confirmation window is applied with
+`--confirm-within` semantics and confirmed by the agent itself once its
+health holds (`trueup.agent.selfconfirm`); the first revision a device
+receives has nothing to return to and is applied without it.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any
 from trueup.agent.cpclient import ControlPlaneClient, RetryLater, SyncLoop, report_from_status
 from trueup.agent.process import Agent
 from trueup.agent.reportwatch import StatusWatch, operator_facts
+from trueup.agent.selfconfirm import SelfConfirm
 from trueup.model.document import document_digest, parse_document
 from trueup.model.reasons import ReasonCode
 from trueup.reconcile.loop import ReconcileLoop
@@ -105,7 +111,9 @@ def _start_sync(agent: Agent, url: str, token_file: Path, heartbeat: float) -> S
     state = agent.state
     client = ControlPlaneClient(url, token_file)
 
-    def apply(document: dict[str, Any], version: int) -> None:
+    def apply(
+        document: dict[str, Any], version: int, /, *, confirm_within: float | None = None
+    ) -> None:
         agent.control_plane_version = version
         agent.engine.refuse_if_damaged()  # before control-plane.json is written
         state.write(CONTROL_PLANE_FILE, {"url": url, "version": version})
@@ -114,8 +122,19 @@ def _start_sync(agent: Agent, url: str, token_file: Path, heartbeat: float) -> S
         _fetch_secrets(client, state.root, document)
         if already_applied(state.applied(), version, document_digest(parsed)):
             return  # already there (a restart, or a re-poll)
+        window = confirm_within
+        if window is not None and not int(state.applied().get("version", 0)):
+            log.warning(
+                "control-plane revision %d: nothing applied yet to roll back to; "
+                "applied without its %gs confirmation window",
+                version,
+                window,
+            )
+            window = None
         try:
-            result = agent.apply(parsed, actor="control-plane", origin="control-plane")
+            result = agent.apply(
+                parsed, actor="control-plane", origin="control-plane", confirm_within=window
+            )
         except StorageError as exc:
             raise RetryLater(str(exc)) from exc
         except Refused as exc:
@@ -169,6 +188,15 @@ def wire(
         if agent.loop is not None:
             # A writer fighting management is reported upstream at once, not at the heartbeat.
             agent.loop.on_fought.append(sync.request_report)
+            confirmer = SelfConfirm(
+                agent.loop,
+                management=agent.management_health,
+                contact=lambda: sync.last_contact_at,
+                contact_problem=lambda: None if sync.connected else sync.last_error,
+                ask_contact=sync.request_report,
+            )
+            confirmer.start()
+            agent.on_stop.append(confirmer.stop)
         # Whatever an operator sees changing is reported then (coalesced), not at the
         # heartbeat: what the loop shows, and fences, transactions, restores, management.
         watch = StatusWatch(lambda: operator_facts(agent), sync.request_report)

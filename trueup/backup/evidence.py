@@ -75,6 +75,7 @@ _STATE_FILES = (
     "state.json",
     "config.json",
     "pending-confirm.json",
+    "confirmation.json",
     "control-plane.json",
     "management.json",
     "management-override.json",

@@ -347,10 +347,17 @@ def render_status(status: dict[str, Any]) -> str:
         txn = journal["open"]
         lines.append(f"\nopen transaction: {txn['txn']} version {txn.get('version')}")
     pending = status.get("pending_confirmation")
+    confirmation = status.get("confirmation") or {}
     if pending:
+        waits = confirmation.get("reason") if confirmation.get("state") == "pending" else None
         lines.append(
             f"\npending confirmation: version {pending['version']} "
-            f"rolls back at {pending['deadline']} unless `trueup confirm`"
+            f"rolls back at {pending['deadline']} unless {waits or '`trueup confirm`'}"
+        )
+    elif confirmation.get("state") in ("confirmed", "rolled-back"):
+        lines.append(
+            f"\nlast confirmation: version {confirmation.get('version')} "
+            f"{confirmation['state']}: {confirmation.get('reason')}"
         )
     restore = status.get("restore")
     if restore:

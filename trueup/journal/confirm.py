@@ -12,6 +12,14 @@ SIGKILL and reboot:
 ```
 `confirmed_version` is the last confirmed state that a missed deadline
 returns to.
+
+How the last guarded apply ended is kept beside it (`confirmation.json`,
+written atomically, read by status and the control-plane report):
+
+```
+{"version": N, "state": "pending" | "confirmed" | "rolled-back",
+ "deadline": <epoch seconds>, "reason": "...", "at": ISO, ...}
+```
 """
 
 from __future__ import annotations
@@ -23,14 +31,18 @@ from trueup.journal.atomic import StateFileError, fsync_dir
 from trueup.journal.state import StateDir
 
 __all__ = [
+    "OUTCOME_FILE",
     "PENDING_FILE",
     "clear_pending",
     "pending_from_journal",
+    "read_outcome",
     "read_pending",
+    "write_outcome",
     "write_pending",
 ]
 
 PENDING_FILE = "pending-confirm.json"
+OUTCOME_FILE = "confirmation.json"
 
 
 def _journal_id(record: dict[str, Any]) -> str:
@@ -83,3 +95,18 @@ def clear_pending(state: StateDir, outcome: str, **details: Any) -> dict[str, An
         path.unlink()
         fsync_dir(state.root)
     return record
+
+
+def write_outcome(state: StateDir, record: dict[str, Any]) -> None:
+    """Persist how the last guarded apply stands (pending, confirmed, rolled-back)."""
+    state.write(OUTCOME_FILE, record)
+
+
+def read_outcome(state: StateDir) -> dict[str, Any] | None:
+    """The last guarded apply's outcome, or None (never written, or unreadable: it only
+    informs status and reports; the pending record decides what happens)."""
+    try:
+        record = state.read(OUTCOME_FILE)
+    except (StateFileError, OSError, ValueError):
+        return None
+    return dict(record) if isinstance(record, dict) else None

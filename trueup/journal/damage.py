@@ -44,7 +44,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from trueup.journal.atomic import StateFileError, read_json
-from trueup.journal.confirm import PENDING_FILE
+from trueup.journal.confirm import OUTCOME_FILE, PENDING_FILE
 from trueup.journal.management import MANAGEMENT_FILE, read_management
 from trueup.journal.override import OVERRIDE_FILE, read_override
 from trueup.journal.state import STATE_SCHEMA, StateDir
@@ -83,6 +83,7 @@ _CHECKED = frozenset(
 _FILES = frozenset(
     {
         "lock",
+        OUTCOME_FILE,
         "agent.pid",
         "agent.log",
         "agent.log.1",

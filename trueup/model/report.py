@@ -22,6 +22,7 @@ __all__ = [
     "MAX_VERSION",
     "AckReport",
     "AgentReport",
+    "ConfirmationReport",
     "DriftReport",
     "OverrideReport",
     "SubsystemReport",
@@ -79,6 +80,21 @@ class AckReport(BaseModel):
     ended_at: str | None = Field(None, max_length=64)
 
 
+class ConfirmationReport(BaseModel):
+    """The last apply guarded by a confirmation window, as the agent reports it: `pending`
+    (until `deadline`, epoch seconds; `reason` says what it waits for), `confirmed` (why) or
+    `rolled-back` (why: what it still waited for when the window passed)."""
+
+    model_config = ConfigDict(extra="allow")
+    version: int | None = Field(None, ge=0, le=MAX_VERSION)
+    state: str = Field(pattern=r"^(pending|confirmed|rolled-back)$")
+    deadline: float | None = Field(None, ge=0, le=1e11)
+    reason: str = Field("", max_length=1000)
+    rollback_to: int | None = Field(None, ge=0, le=MAX_VERSION)
+    origin: str | None = Field(None, max_length=ORIGIN_LENGTH)
+    at: str | None = Field(None, max_length=64)
+
+
 class AgentReport(BaseModel):
     """What an agent reports after every change and on every heartbeat.
 
@@ -113,3 +129,5 @@ class AgentReport(BaseModel):
     # Drift going on and recently ended, newest first; the router's acknowledgements.
     drift_history: list[DriftReport] = Field([], max_length=50)
     acknowledgements: list[AckReport] = Field([], max_length=50)
+    # The last apply guarded by a confirmation window; older agents send none.
+    confirmation: ConfirmationReport | None = None

@@ -7,15 +7,19 @@ the management tier is up, from the last confirmed revision.
 
 The rollback re-applies the last confirmed revision's content as a new
 version (like `trueup rollback --to`), as one engine transaction of kind
-`confirm-timeout`.
+`confirm-timeout`. How it ended (`outcome`) is kept in `confirmation.json`
+for status and the control-plane report: `rolled-back` with the reason —
+what the confirmation was still waiting for when the window passed.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 from trueup.journal.audit import now_iso
-from trueup.journal.confirm import clear_pending, read_pending
+from trueup.journal.confirm import clear_pending, read_pending, write_outcome
+from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
 from trueup.reconcile.guard import management_guard, unsafe_management_changes
 from trueup.reconcile.transaction import ApplyResult, Change, Engine
@@ -24,10 +28,14 @@ __all__ = [
     "Decision",
     "decide",
     "management_guard",
+    "outcome",
+    "record_outcome",
     "roll_back_unconfirmed",
     "settle_at_startup",
     "unsafe_management_changes",
 ]
+
+log = logging.getLogger("trueup.reconcile")
 
 Decision = Literal["none", "stale", "superseded", "waiting", "expired"]
 
@@ -49,6 +57,41 @@ def decide(pending: dict[str, Any] | None, applied_version: int, now: float) -> 
     if version is not None and applied_version != int(version):
         return "superseded"
     return "expired" if now >= float(pending["deadline"]) else "waiting"
+
+
+def outcome(pending: dict[str, Any], state: str, reason: str, **extra: Any) -> dict[str, Any]:
+    """The `confirmation` record of `pending` in `state` (pending, confirmed, rolled-back)."""
+    record: dict[str, Any] = {
+        "version": pending.get("version"),
+        "state": state,
+        "deadline": pending.get("deadline"),
+        "deadline_at": pending.get("deadline_at"),
+        "reason": reason,
+        "rollback_to": pending.get("confirmed_version"),
+        "origin": pending.get("origin"),
+        "at": now_iso(),
+    }
+    record.update(extra)
+    return record
+
+
+def record_outcome(state: StateDir, record: dict[str, Any]) -> None:
+    """Keep `record` as the last guarded apply's outcome; a state directory that refuses
+    the write loses only what status and reports show, never the decision."""
+    try:
+        write_outcome(state, record)
+    except OSError as exc:
+        log.warning("confirmation outcome not saved: %s", exc)
+
+
+def _missed_reason(pending: dict[str, Any], actor: str) -> str:
+    window = f"the confirmation window passed ({pending.get('deadline_at')})"
+    waiting = pending.get("waiting_for")
+    if isinstance(waiting, str) and waiting:
+        return f"{window} while still waiting for: {waiting}"
+    if actor == "startup":
+        return f"{window} while the agent was down"
+    return f"{window} without `trueup confirm`"
 
 
 def roll_back_unconfirmed(engine: Engine, pending: dict[str, Any], *, actor: str) -> ApplyResult:
@@ -87,6 +130,15 @@ def roll_back_unconfirmed(engine: Engine, pending: dict[str, Any], *, actor: str
             rolled_back_to_revision=target,
             new_version=result.version,
             txn=result.txn,
+        )
+        record_outcome(
+            state,
+            outcome(
+                pending,
+                "rolled-back",
+                _missed_reason(pending, actor),
+                rolled_back_to_version=result.version,
+            ),
         )
     return result
 

@@ -29,17 +29,19 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from trueup.journal.confirm import clear_pending, read_pending, write_pending
+from trueup.journal.confirm import clear_pending, read_outcome, read_pending, write_pending
 from trueup.journal.state import StateDir
-from trueup.reconcile.confirm import decide, roll_back_unconfirmed
+from trueup.reconcile.confirm import decide, outcome, record_outcome, roll_back_unconfirmed
 from trueup.reconcile.transaction import ApplyResult, Change, Engine, NeedsConfirmation, Refused
 from trueup.system.events import iso_time
 
-__all__ = ["ConfirmWait", "refusal"]
+__all__ = ["OPERATOR_WAIT", "SELF_WAIT", "ConfirmWait", "refusal"]
 
 log = logging.getLogger("trueup.reconcile")
 
 WRITE_LOCK_WAIT = 5.0  # an operator's write waits this long for a heal to finish
+OPERATOR_WAIT = "`trueup confirm`"
+SELF_WAIT = "management ready and the control plane reached after the apply"
 
 
 def refusal(state: StateDir, message: str) -> dict[str, Any]:
@@ -71,6 +73,7 @@ class ConfirmWait:
         self._lock = lock  # the loop's
         self._on_converged = on_converged
         self.pending: dict[str, Any] | None = read_pending(self.state)
+        self.last: dict[str, Any] | None = read_outcome(self.state)
         self._adopt_committed()
 
     def _adopt_committed(self) -> None:
@@ -112,6 +115,39 @@ class ConfirmWait:
             "rollback_to": pending["confirmed_version"],
         }
 
+    def record(self) -> dict[str, Any] | None:
+        """Status' `confirmation`: the pending one with what it waits for, else how the
+        last guarded apply ended; None when there never was one."""
+        pending = self.pending
+        if pending is not None and pending.get("state") == "pending":
+            return outcome(pending, "pending", str(pending.get("waiting_for") or _waits(pending)))
+        return dict(self.last) if self.last is not None else None
+
+    def self_pending(self) -> dict[str, Any] | None:
+        """The pending confirmation the agent settles itself (a control-plane revision)."""
+        pending = self.pending
+        if (
+            pending is not None
+            and pending.get("state") == "pending"
+            and pending.get("self_confirm")
+        ):
+            return pending
+        return None
+
+    def note_waiting(self, version: int, waiting_for: str) -> bool:
+        """What the confirmation of `version` still waits for; True when that changed."""
+        pending = self.pending
+        if pending is None or pending.get("version") != version:
+            return False
+        if pending.get("waiting_for") == waiting_for:
+            return False
+        pending["waiting_for"] = waiting_for
+        return True
+
+    def _outcome(self, record: dict[str, Any]) -> None:
+        self.last = record
+        record_outcome(self.state, record)
+
     # -- the deadline -------------------------------------------------------
     def check(self, now: float) -> bool:
         """Settle the pending record against what is applied; True: look again soon.
@@ -129,6 +165,19 @@ class ConfirmWait:
         if decision in ("stale", "superseded"):
             clear_pending(self.state, decision, applied_version=applied_version)
             self.pending = None
+            if decision == "stale":
+                self._outcome(
+                    outcome(
+                        pending,
+                        "rolled-back",
+                        f"the guarded apply did not take effect (version {applied_version} "
+                        "is applied)",
+                    )
+                )
+            else:
+                self._outcome(
+                    outcome(pending, "confirmed", f"superseded by version {applied_version}")
+                )
             return False
         if decision != "expired":
             return False
@@ -145,6 +194,7 @@ class ConfirmWait:
         if result.failed:
             log.error("rolled back an unconfirmed version, except: %s", result.failed)
         self.pending = None
+        self.last = read_outcome(self.state)
         self._on_converged()
         log.warning(
             "confirmation of version %s missed; rolled back to revision %s (version %s)",
@@ -154,8 +204,14 @@ class ConfirmWait:
         )
         return False
 
-    def confirm(self, actor: str) -> dict[str, Any]:
-        """`trueup confirm`: keep the pending version, if its deadline has not passed."""
+    def confirm(
+        self, actor: str, *, version: int | None = None, reason: str | None = None
+    ) -> dict[str, Any]:
+        """`trueup confirm`: keep the pending version, if its deadline has not passed.
+
+        `version`: only that version (the agent's own confirmation, decided on it);
+        `reason`: why it is kept, for status and the report.
+        """
         self.engine.refuse_if_damaged()
         with self._lock:
             pending = self.pending
@@ -163,6 +219,12 @@ class ConfirmWait:
                 return {
                     "ok": False,
                     "message": "nothing to confirm: no apply with --confirm-within is pending",
+                }
+            if version is not None and pending.get("version") != version:
+                return {
+                    "ok": False,
+                    "message": f"version {version} is not the one awaiting confirmation "
+                    f"({pending.get('version')})",
                 }
             now = self.clock()
             if now >= float(pending["deadline"]):
@@ -178,6 +240,7 @@ class ConfirmWait:
                 "confirmed", actor, version=pending["version"], deadline=pending["deadline_at"]
             )
             self.pending = None
+            self._outcome(outcome(pending, "confirmed", reason or f"confirmed by {actor}"))
             return {
                 "ok": True,
                 "version": pending["version"],
@@ -204,7 +267,7 @@ class ConfirmWait:
         )
         pending = None
         if confirm_within is not None:
-            pending = self._arm(confirmed_version, confirm_within, actor)
+            pending = self._arm(confirmed_version, confirm_within, change)
         try:
             result = self.engine.transact(change)
         except NeedsConfirmation as exc:
@@ -229,7 +292,7 @@ class ConfirmWait:
             )
         return None
 
-    def _arm(self, confirmed_version: int, confirm_within: float, actor: str) -> dict[str, Any]:
+    def _arm(self, confirmed_version: int, confirm_within: float, change: Change) -> dict[str, Any]:
         now = self.clock()
         pending: dict[str, Any] = {
             "state": "applying",
@@ -237,8 +300,12 @@ class ConfirmWait:
             "confirmed_version": confirmed_version,
             "deadline": now + confirm_within,
             "deadline_at": iso_time(now + confirm_within),
-            "actor": actor,
+            "actor": change.actor,
             "created_at": iso_time(now),
+            "origin": change.origin,
+            "window": confirm_within,
+            # A control-plane revision: confirmed by the agent's own health, not an operator.
+            "self_confirm": change.origin == "control-plane",
         }
         write_pending(self.state, pending)  # before the apply: a crash mid-way still rolls back
         self.pending = pending
@@ -257,7 +324,15 @@ class ConfirmWait:
         changed = result.outcome in ("committed", "partial")
         if pending is not None:
             if changed and result.version != confirmed_version:
-                pending.update(state="pending", version=result.version, txn=result.txn)
+                pending.update(
+                    state="pending",
+                    version=result.version,
+                    txn=result.txn,
+                    applied_at=self.clock(),
+                    # Every subsystem applied and verified: a partial apply is never
+                    # confirmed by the agent itself.
+                    verified=result.outcome == "committed" and not result.failed,
+                )
                 write_pending(state, pending)
                 self.pending = pending
                 state.audit.append(
@@ -267,8 +342,19 @@ class ConfirmWait:
                     deadline=pending["deadline_at"],
                     rollback_to=confirmed_version,
                 )
+                self._outcome(outcome(pending, "pending", _waits(pending)))
             else:
                 self._restore(pending_before)
+                if pending_before is None and result.outcome in ("rolled_back", "failed"):
+                    failed = "; ".join(f"{k}: {v}" for k, v in sorted(result.failed.items()))
+                    self._outcome(
+                        outcome(
+                            {**pending, "version": None},
+                            "rolled-back",
+                            "the apply failed and its transaction rolled back"
+                            + (f" ({failed})" if failed else ""),
+                        )
+                    )
         elif pending_before is not None and changed:
             # A plain apply on top of an unconfirmed one confirms it (commit semantics).
             clear_pending(state, "confirmed", by="apply", version=result.version)
@@ -276,6 +362,13 @@ class ConfirmWait:
                 "confirmed", actor, version=result.version, via="apply without a deadline"
             )
             self.pending = None
+            self._outcome(
+                outcome(
+                    pending_before,
+                    "confirmed",
+                    f"confirmed by a later apply without a window (version {result.version})",
+                )
+            )
         if self.pending is not None and self.pending.get("state") == "pending":
             out["pending_confirmation"] = {
                 "version": self.pending["version"],
@@ -291,3 +384,7 @@ class ConfirmWait:
         else:
             write_pending(self.state, previous)
         self.pending = previous
+
+
+def _waits(pending: dict[str, Any]) -> str:
+    return SELF_WAIT if pending.get("self_confirm") else OPERATOR_WAIT

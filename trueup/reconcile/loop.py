@@ -776,11 +776,19 @@ class ReconcileLoop:
         self.wake()
         return out
 
-    def confirm(self, *, actor: str = "api") -> dict[str, Any]:
+    def confirm(
+        self, *, actor: str = "api", version: int | None = None, reason: str | None = None
+    ) -> dict[str, Any]:
         with self._lock:
-            answer = self.confirmation.confirm(actor)
+            answer = self.confirmation.confirm(actor, version=version, reason=reason)
             self._refresh_view()
         return answer
+
+    def note_confirmation_waiting(self, version: int, waiting_for: str) -> None:
+        """What the agent's own confirmation of `version` still waits for (status, reports)."""
+        with self._lock:
+            if self.confirmation.note_waiting(version, waiting_for):
+                self._refresh_view()
 
     def reconcile_now(self, subsystem: str | None, *, actor: str = "api") -> dict[str, Any]:
         """Explicit `trueup reconcile`: close breakers, forget flaps, heal now.
@@ -892,6 +900,7 @@ class ReconcileLoop:
             drift=self._drift,
             waiting=self._waiting,
             pending_confirmation=self.confirmation.summary(),
+            confirmation=self.confirmation.record(),
             activity=self._activity(),
             now=self.clock(),
         )

@@ -9,6 +9,7 @@ defined here only:
 device, observed_at, versions{…}, management{…}, subsystems{NAME: {…, system{…}}},
 journal{open, last, writer}, state_directory{path, damaged[…], writes_refused},
 reason_codes[…],
+confirmation{version, state, deadline, reason}  (the last guarded apply, when there was one)
 pending_confirmation, reconcile_loop        (while the reconcile loop runs)
 agent{…}                                    (from an agent)
 control_plane{…}                            (when a control plane manages the device)
@@ -36,7 +37,7 @@ from typing import Any
 
 from trueup.journal.atomic import StateFileError
 from trueup.journal.audit import now_iso
-from trueup.journal.confirm import read_pending
+from trueup.journal.confirm import read_outcome, read_pending
 from trueup.journal.limitations import accept_covered, active_limitations
 from trueup.journal.lock import lock_holder
 from trueup.journal.override import OVERRIDE_FILE, same_facts
@@ -47,6 +48,7 @@ from trueup.model.order import natural_sorted
 from trueup.model.reasons import Finding, ReasonCode
 from trueup.reconcile.classify import ClassifierInput, classify
 from trueup.reconcile.committing import last_reported_transaction
+from trueup.reconcile.confirm import outcome
 from trueup.reconcile.management_tier import management_facts_of
 from trueup.reconcile.transaction import Engine
 from trueup.reconcile.view import LoopView, fought_finding_inputs
@@ -337,6 +339,15 @@ def build_status(
                 "deadline": pending.get("deadline_at"),
                 "rollback_to": pending.get("confirmed_version"),
             }
+            status["confirmation"] = outcome(
+                pending,
+                "pending",
+                str(pending.get("waiting_for") or "a running agent to confirm or roll it back"),
+            )
+        else:
+            outcome_now = read_outcome(state)
+            if outcome_now is not None:
+                status["confirmation"] = outcome_now
     if agent is not None:
         status["agent"] = agent.to_json()
         status["agent"]["damaged_state"] = damaged

@@ -67,6 +67,8 @@ class LoopView:
     drift_since: dict[str, str] = field(default_factory=dict)
     attribution: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     pending_confirmation: dict[str, Any] | None = None
+    # The last guarded apply: pending (what it waits for), confirmed or rolled-back, why.
+    confirmation: dict[str, Any] | None = None
     activity: LoopActivity = field(default_factory=LoopActivity)
     # Drift going on and recently ended, newest first (`DriftBook.history_json`).
     drift_history: list[dict[str, Any]] = field(default_factory=list)
@@ -77,6 +79,7 @@ class LoopView:
         """The top-level status keys the loop adds."""
         return {
             "pending_confirmation": self.pending_confirmation,
+            "confirmation": self.confirmation,
             "reconcile_loop": self.activity.to_json(),
             "drift_history": self.drift_history,
             "acknowledgements_ended": self.ended_acks,
@@ -91,6 +94,7 @@ class LoopView:
                 "policies": self.policies,
                 "failures": self.reconcile_failures,
                 "pending_confirmation": self.pending_confirmation,
+                "confirmation": self.confirmation,
                 "drift_history": self.drift_history,
                 "ended_acks": self.ended_acks,
             }
@@ -180,6 +184,7 @@ def build_view(
     pending_confirmation: dict[str, Any] | None,
     activity: LoopActivity,
     now: float,
+    confirmation: dict[str, Any] | None = None,
 ) -> LoopView:
     """The view of `subsystems` at `now`; `waiting` is the last pass's dependency waits."""
     failures: dict[str, dict[str, Any]] = {}
@@ -221,6 +226,7 @@ def build_view(
         drift_since={n: iso_time(r.since) for n, r in drift.current.items()},
         attribution={n: list(r.attribution) for n, r in drift.current.items()},
         pending_confirmation=pending_confirmation,
+        confirmation=confirmation,
         activity=activity,
         drift_history=drift.history_json(),
     )

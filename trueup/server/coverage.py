@@ -167,6 +167,7 @@ class RevisionFact:
     author: str
     comment: str | None  # None: written by an older trueup
     content_hash: str | None = None
+    confirm_within: int | None = None  # the confirmation window it is delivered with
 
 
 @dataclass
@@ -181,6 +182,8 @@ class CoverFacts:
     evidence: dict[int, EvidenceFact] = field(default_factory=dict)
     deleted_evidence: dict[int, int] = field(default_factory=dict)
     revisions: dict[tuple[int, int], RevisionFact] = field(default_factory=dict)
+    # (device id, version) -> seq of its `revision.rolled_back`: the agent rolled it back
+    rolled_back: dict[tuple[int, int], int] = field(default_factory=dict)
     # tenant id -> (seq, entries) of its newest audited webhook allowlist
     allowlists: dict[int, tuple[int, list[str]]] = field(default_factory=dict)
     # device id -> (seq, labels) of its newest audited `device.labels`
@@ -282,7 +285,11 @@ def _apply_revision(facts: CoverFacts, entry: Any, detail: dict[str, Any]) -> No
         return
     author = _str(detail, "author") or str(entry["actor"])
     facts.revisions[(device_id, version)] = RevisionFact(
-        int(entry["seq"]), author, _str(detail, "comment"), _str(detail, "content_hash")
+        int(entry["seq"]),
+        author,
+        _str(detail, "comment"),
+        _str(detail, "content_hash"),
+        _int(detail, "confirm_within"),
     )
 
 
@@ -330,6 +337,10 @@ def apply(facts: CoverFacts, entry: Any) -> None:
         device_id, new = _int(detail, "device_id"), detail.get("new")
         if device_id is not None and isinstance(new, dict):
             facts.labels[device_id] = (int(entry["seq"]), {str(k): str(v) for k, v in new.items()})
+    elif action == "revision.rolled_back":
+        device_id, version = _int(detail, "device_id"), _int(detail, "version")
+        if device_id is not None and version is not None:
+            facts.rolled_back[(device_id, version)] = int(entry["seq"])
     elif action == "notify.allowlist.set":
         entries = detail.get("entries")
         if isinstance(entry["tenant_id"], int) and isinstance(entries, list):

@@ -1,16 +1,20 @@
 """The checks `audit verify` runs over coverage.py's replay: each live secret, notification
-target, evidence bundle, revision and device's labels compared with what the log audited.
+target, evidence bundle, revision, device's labels and device confirmation compared with what
+the log audited.
 
 Who calls it: `audit.verify` (CHECKS), which turns each Finding into an
 AuditProblem. The existence of rows (inserted directly, deleted) that audit.py
 already checks for secrets and revisions is not repeated here; this module
 adds what audit.py did not cover: secret versions and values, deleted secrets,
-notification targets, evidence bundles and their content, revision metadata,
-device labels.
+notification targets, evidence bundles and their content, revision metadata
+(author, comment, confirmation window), device labels and each device's
+rolled-back confirmation.
 
-Why this module is over 400 lines: it holds one check per audited table, each
-a short comparison of the live rows with the replay over shared helpers, and
-`CHECKS` lists them in one place for `audit verify`.
+Why this module is over 400 lines: every table the log vouches for beyond
+credentials has its check here, each a short comparison of the live rows with
+the replay over shared helpers, beside the one `CHECKS` registry
+`audit.verify` runs, so that a new covered table is one function and one entry
+in this file.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from trueup.server.coverage import (
 )
 from trueup.server.keys import SecretBox, SecretRefused, ServerKey
 from trueup.server.tables import (
+    device_confirmation,
     device_labels,
     devices,
     evidence,
@@ -366,6 +371,16 @@ def check_revisions(conn: Connection, _key: ServerKey, facts: CoverFacts) -> lis
                     "revision", label, differs("comment", rev["comment"], fact.comment, fact.seq)
                 )
             )
+        if rev["confirm_within"] != fact.confirm_within:
+            found.append(
+                Finding(
+                    "revision",
+                    label,
+                    differs(
+                        "confirmation window", rev["confirm_within"], fact.confirm_within, fact.seq
+                    ),
+                )
+            )
     return found
 
 
@@ -395,6 +410,33 @@ def check_labels(conn: Connection, _key: ServerKey, facts: CoverFacts) -> list[F
     return found
 
 
+def check_confirmations(conn: Connection, _key: ServerKey, facts: CoverFacts) -> list[Finding]:
+    """A device's confirmation says rolled-back exactly where the log audited the rollback
+    (a rollout's gate reads it: a rollback turned into `confirmed` would pass it)."""
+    found = []
+    names = _device_names(conn)
+    for row in conn.execute(
+        select(device_confirmation).order_by(device_confirmation.c.device_id)
+    ).mappings():
+        label = (
+            f"{names.get(row['device_id'], ('?', row['device_id']))[1]} version {row['version']}"
+        )
+        seq = facts.rolled_back.get((row["device_id"], row["version"]))
+        if seq is not None and row["state"] != "rolled-back":
+            found.append(
+                Finding(
+                    "device_confirmation",
+                    label,
+                    differs("state", row["state"], "rolled-back", seq),
+                )
+            )
+        elif seq is None and row["state"] == "rolled-back":
+            found.append(
+                Finding("device_confirmation", label, "rolled back, but no audit entry says so")
+            )
+    return found
+
+
 CHECKS: dict[str, Callable[[Connection, ServerKey, CoverFacts], list[Finding]]] = {
     "secret versions": check_secrets,
     "notification targets": check_targets,
@@ -402,4 +444,5 @@ CHECKS: dict[str, Callable[[Connection, ServerKey, CoverFacts], list[Finding]]] 
     "evidence bundles": check_evidence,
     "revision metadata": check_revisions,
     "device labels": check_labels,
+    "device confirmations": check_confirmations,
 }

@@ -17,7 +17,17 @@ NUL on PostgreSQL) or a constraint fails with `ReportRejected`, which the
 route answers 422 to that sender alone; any other error reaches that sender
 alone too. A deadlock or serialization failure is retried as a whole.
 
+Each report's `confirmation` (the agent's confirm-or-rollback of a revision
+delivered with a window) is stored latest per device in the same transaction
+(`trueup.server.confirmation`); a newly reported rollback is audited there
+as `revision.rolled_back`.
+
 `mode="naive"` commits one transaction per report; the benchmark's baseline.
+
+Why this module is over 400 lines: it is the one writer of everything a report
+stores — the report itself, the device's state, its drift records, its
+confirmation and the audit entry of a rollback — in one transaction per
+batch, beside the batching and isolation logic those writes share.
 """
 
 from __future__ import annotations
@@ -37,9 +47,12 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from starlette.concurrency import run_in_threadpool
 
+from trueup.server import audit
+from trueup.server.confirmation import confirmation_row, write_confirmations
 from trueup.server.db import Database, is_transient, is_unavailable, original_error
 from trueup.server.drift import drift_rows, end_unreported_drift, write_drift
 from trueup.server.fleet import in_sync_now
+from trueup.server.keys import ServerKey
 from trueup.server.tables import device_reports, device_state, devices, revisions
 
 __all__ = ["PendingReport", "ReportIngest", "ReportRejected"]
@@ -119,6 +132,7 @@ class ReportIngest:
         stale_intervals: int = 3,
         on_batch: Any = None,
         on_committed: Any = None,
+        server_key: ServerKey | None = None,
     ) -> None:
         if mode not in ("batch", "naive"):
             raise ValueError(f"ingest mode {mode!r}: use batch or naive")
@@ -130,6 +144,9 @@ class ReportIngest:
         # Called with each committed report (device id, payload, received_at), in order;
         # the notifier's hook. It must not block, and its failure fails no report.
         self.on_committed = on_committed
+        # Audits a newly reported rollback (`revision.rolled_back`) in the batch's
+        # transaction; without it (tests of the batching alone) none is audited.
+        self.server_key = server_key
         self._queue: queue.Queue[PendingReport | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._in_flight = 0
@@ -360,6 +377,40 @@ class ReportIngest:
             )
         conn.execute(self._upsert_state, rows)
         self._write_drift(conn, batch)
+        confirmations = [
+            row
+            for item in batch
+            if (row := confirmation_row(item.device_id, item.payload, item.received_at))
+        ]
+        write_confirmations(
+            conn,
+            confirmations,
+            is_sqlite=self.db.is_sqlite,
+            on_rolled_back=self._audit_rolled_back if self.server_key is not None else None,
+        )
+
+    def _audit_rolled_back(
+        self, conn: Connection, tenant_id: int, tenant: str, device: str, row: dict[str, Any]
+    ) -> None:
+        """`revision.rolled_back`: the device's agent rolled a revision back by itself."""
+        assert self.server_key is not None
+        audit.append(
+            conn,
+            self.server_key,
+            tenant_id=tenant_id,
+            actor=f"device:{tenant}/{device}",
+            action="revision.rolled_back",
+            target=f"device:{device}",
+            detail={
+                "device_id": row["device_id"],
+                "version": row["version"],
+                "rollback_to": row["rollback_to"],
+                "rolled_back_to_version": row["rolled_back_to_version"],
+                "deadline": row["deadline"],
+                "reason": row["reason"],
+            },
+            at=row["reported_at"],
+        )
 
     def _write_drift(self, conn: Connection, batch: list[PendingReport]) -> None:
         """The drift records the batch's reports carry, each once (a record's later

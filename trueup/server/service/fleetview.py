@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import and_, select
 
 from trueup.model.layering import Selector
+from trueup.server.confirmation import confirmation_of, confirmations
 from trueup.server.drift import drift_history, last_drift
 from trueup.server.fleet import DeviceFacts, FleetView, agent_support, derive, filter_problems
 from trueup.server.inputs import ACK_REASON, ACK_SECONDS, SUBSYSTEM
@@ -173,6 +174,7 @@ class Fleet:
             rows = list(conn.execute(query).mappings())
             drifts = last_drift(conn, tenant_id)
             labels = tenant_labels(conn, tenant_id, [r["id"] for r in rows] if device else None)
+            confirmed = confirmations(conn, tenant_id)
             active_acks: dict[int, list[dict[str, Any]]] = {}
             for ack in conn.execute(
                 select(acks.c.device_id, acks.c.subsystem, acks.c.reason, acks.c.expires_at)
@@ -229,9 +231,30 @@ class Fleet:
                     "acknowledgements": active_acks.get(row["id"], []),
                     # The newest drift record, going on or healed ("healed 2 min ago").
                     "last_drift": drift_entry(drifts.get(row["id"])),
+                    # The last revision applied with a confirmation window: pending,
+                    # confirmed or rolled-back by the agent itself, and why.
+                    "confirmation": confirmed.get(row["id"]),
                 }
             )
         return out
+
+    def confirmation_of(self, tenant_id: int, device_id: int) -> dict[str, Any] | None:
+        """The device's latest confirmation as its agent reported it — {version, state
+        (pending | confirmed | rolled-back), deadline (epoch), reason, …} — or None; what a
+        rollout's gate reads."""
+        with self.store.db.read() as conn:
+            record = confirmation_of(conn, tenant_id, device_id)
+            if record is None:
+                return None
+            seq = self.store.covered(conn).rolled_back.get((device_id, record["version"]))
+        if seq is not None and record["state"] != "rolled-back":
+            # The table was changed behind the server's back: the log's word holds.
+            record.update(
+                state="rolled-back",
+                reason=f"the audit log says rolled back (seq={seq}); the stored state "
+                f"{record['state']!r} is not the audited one",
+            )
+        return record
 
     def last_report(self, tenant_id: int, device: str) -> dict[str, Any] | None:
         with self.store.db.read() as conn:

@@ -3,7 +3,10 @@
 `PUT …/desired` takes JSON or YAML (at most `DOCUMENT_BYTES`, nested at most
 `MAX_DEPTH` levels, YAML without aliases: trueup.model.decode). Without
 If-Match it is 428; a stale If-Match is 409 with STATE_CONCURRENT_MODIFICATION
-(app.py maps Conflict). `X-Trueup-Comment` is UTF-8.
+(app.py maps Conflict). `X-Trueup-Comment` is UTF-8. `X-Trueup-Confirm-Within:
+SECONDS` stores the revision with a confirmation window: the agent applies it
+with `--confirm-within` semantics, confirms it itself once its health holds,
+and rolls it back by itself when the window passes.
 """
 
 from __future__ import annotations
@@ -16,11 +19,33 @@ from starlette.concurrency import run_in_threadpool
 from trueup.model.decode import DecodeError, decode_json, decode_yaml
 from trueup.server.api.context import Api, role
 from trueup.server.api.responses import DEVICE, answers
-from trueup.server.inputs import COMMENT_HEADER, IF_MATCH, RevisionPath, check_text
+from trueup.server.inputs import COMMENT_HEADER, IF_MATCH, RevisionPath, Rule, check_text
 from trueup.server.limits import DOCUMENT_BYTES, MAX_DEPTH, TEXT_LENGTH, excerpt
 from trueup.server.service import Invalid, Principal
 
-__all__ = ["parse_comment", "parse_if_match", "register"]
+__all__ = ["parse_comment", "parse_confirm_within", "parse_if_match", "register"]
+
+MAX_CONFIRM_WITHIN = 86400
+CONFIRM_WITHIN_HEADER = Rule(
+    f"a confirmation window in seconds: an integer from 1 to {MAX_CONFIRM_WITHIN}",
+    str,
+    {"pattern": r"^[0-9]{1,5}$", "max_length": 5},
+)
+
+
+def parse_confirm_within(value: str | None) -> int | None:
+    """`X-Trueup-Confirm-Within` as seconds (1 to a day); None when absent."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_CONFIRM_WITHIN:
+        raise Invalid(
+            [
+                f"header.X-Trueup-Confirm-Within: {excerpt(repr(value), 40)} is not "
+                f"{CONFIRM_WITHIN_HEADER.expected}"
+            ]
+        )
+    return int(text)
 
 
 def parse_if_match(value: str | None) -> int:
@@ -87,6 +112,7 @@ def register(app: FastAPI, api: Api) -> None:
             "parameters": [
                 IF_MATCH.header("If-Match"),
                 COMMENT_HEADER.header("X-Trueup-Comment"),
+                CONFIRM_WITHIN_HEADER.header("X-Trueup-Confirm-Within"),
             ],
             "requestBody": {
                 "required": True,
@@ -105,6 +131,7 @@ def register(app: FastAPI, api: Api) -> None:
     ) -> dict[str, Any]:
         expected = parse_if_match(request.headers.get("if-match"))
         comment = parse_comment(request.headers.get("x-trueup-comment", ""))
+        confirm_within = parse_confirm_within(request.headers.get("x-trueup-confirm-within"))
         data = parse_body(await request.body(), request.headers.get("content-type", ""))
         revision = await run_in_threadpool(
             lambda: plane.put_desired(
@@ -114,6 +141,7 @@ def register(app: FastAPI, api: Api) -> None:
                 data,
                 author=p.actor,
                 comment=comment,
+                confirm_within=confirm_within,
             )
         )
         api.metrics.revisions.inc()
