@@ -19,7 +19,7 @@ from tests.server.conftest import Server, Tenant
 from tests.server.rolloutsim import SimAgent, initial, wait_for
 from tests.server.test_dashboard import browser, csrf_of
 from tests.server.test_profiles import profile
-from trueup.server.dashboard.fleethtml import rollout_live
+from trueup.server.dashboard.rollouthtml import rollout_live
 
 FAST_ROLLOUT = [("sqlite", {"rollout_tick_seconds": 0.05})]
 

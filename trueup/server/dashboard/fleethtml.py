@@ -1,4 +1,5 @@
-"""HTML of the fleet-change pages: profiles, the plan of a change, rollouts.
+"""HTML of the fleet-change pages: profiles and the plan of a change (rollouthtml.py:
+the rollouts).
 
 Plain strings like html.py, every value escaped with `esc`. The routes are
 fleetroutes.py; this module only turns what the control plane answered into
@@ -23,12 +24,11 @@ __all__ = [
     "EXIT_MEANING",
     "PlanView",
     "RolloutForm",
+    "error_box",
+    "hidden_field",
     "plan_page",
     "profile_page",
     "profiles_page",
-    "rollout_live",
-    "rollout_page",
-    "rollouts_page",
 ]
 
 EXIT_MEANING = {
@@ -47,11 +47,6 @@ spec:
   variables: {}
   document: {}
 """
-_ACTIONS = {
-    "running": ("pause", "abort"),
-    "paused": ("resume", "abort"),
-    "waiting-approval": ("approve", "pause", "abort"),
-}
 
 
 def _value(value: Any) -> str:
@@ -59,13 +54,13 @@ def _value(value: Any) -> str:
     return text if len(text) <= 160 else text[:157] + "…"
 
 
-def _error(message: str) -> str:
+def error_box(message: str) -> str:
     return (
         f'<div class="error" role="alert" id="form-error">{esc(message)}</div>' if message else ""
     )
 
 
-def _hidden(name: str, value: Any) -> str:
+def hidden_field(name: str, value: Any) -> str:
     return f'<input type="hidden" name="{esc(name)}" value="{esc(value)}">'
 
 
@@ -104,7 +99,7 @@ def profiles_page(
     form = _edit_form(
         draft or NEW_PROFILE, csrf=csrf, expected=0, comment="", operator=operator, new=True
     )
-    return f"<h1>Profiles</h1>{table}<h2>New profile</h2>{_error(error)}{form}"
+    return f"<h1>Profiles</h1>{table}<h2>New profile</h2>{error_box(error)}{form}"
 
 
 def _edit_form(
@@ -117,7 +112,7 @@ def _edit_form(
     )
     return (
         '<form method="post" action="/ui/profiles/save" class="apply-form" id="profile-form">'
-        f"{_hidden('csrf', csrf)}{_hidden('expected', expected)}"
+        f"{hidden_field('csrf', csrf)}{hidden_field('expected', expected)}"
         f'<label for="profile-document">{"New profile" if new else "Profile document"} '
         "(YAML or JSON)</label>"
         f'<textarea id="profile-document" name="document" rows="22" spellcheck="false">'
@@ -205,7 +200,7 @@ def profile_page(
         f"<h2>Document</h2><pre>{esc(_yaml(spec.get('document') or {}))}</pre>"
         "<h2>Versions</h2><table><thead><tr><th>Version</th><th>By</th><th>Digest</th>"
         f"<th>Comment</th></tr></thead><tbody>{versions}</tbody></table>"
-        f'<h2 id="edit">Edit</h2>{_error(error)}{form}'
+        f'<h2 id="edit">Edit</h2>{error_box(error)}{form}'
     )
 
 
@@ -260,9 +255,9 @@ def _rollout_form(view: PlanView, form: RolloutForm, csrf: str) -> str:
 
     return (
         '<form method="post" action="/ui/rollouts" class="apply-form" id="rollout-form">'
-        f"{_hidden('csrf', csrf)}{_hidden('document', view.document)}"
-        f"{_hidden('expected', view.expected)}{_hidden('comment', view.comment)}"
-        f"{_hidden('selector', view.selector)}"
+        f"{hidden_field('csrf', csrf)}{hidden_field('document', view.document)}"
+        f"{hidden_field('expected', view.expected)}{hidden_field('comment', view.comment)}"
+        f"{hidden_field('selector', view.selector)}"
         "<fieldset><legend>Waves</legend>"
         + field_("canary_devices", "Canary devices", form.canary_devices, "names, comma-separated")
         + field_("canary_selector", "Canary selector", form.canary_selector, "e.g. role=canary")
@@ -337,135 +332,4 @@ def plan_page(
         action = "<h2>Roll out</h2>" + _rollout_form(view, form or RolloutForm(), csrf)
     else:
         action = '<p class="muted">rolling a change out needs the operator role</p>'
-    return (
-        f"<h1>{esc(view.title)}</h1>{filter_form}{_error(error)}{counts}{changed}{refusals}{action}"
-    )
-
-
-# -- rollouts ----------------------------------------------------------------------------------
-
-
-def _wave_what(wave: Mapping[str, Any]) -> str:
-    parts = []
-    if wave.get("devices"):
-        parts.append("devices " + ", ".join(str(d) for d in wave["devices"]))
-    if wave.get("selector") is not None:
-        parts.append(f"selector {wave['selector']}")
-    if wave.get("percent") is not None:
-        parts.append(f"{wave['percent']} % of the rest")
-    if wave.get("approval"):
-        parts.append("after an approval")
-    return esc("; ".join(parts))
-
-
-def rollouts_page(entries: Sequence[Mapping[str, Any]]) -> str:
-    rows = "".join(
-        f'<tr><td><a href="/ui/rollouts/{int(e["id"])}">rollout {int(e["id"])}</a></td>'
-        f'<td><span class="state r-{esc(e["state"])}">{esc(e["state"])}</span></td>'
-        f"<td>{int(e['current_wave']) + 1} of {len(e['spec'].get('waves', []))}</td>"
-        f"<td>{esc(e['created_by'])}</td><td>{esc(e['created_at'])}</td>"
-        f"<td>{esc(e['comment'])}</td><td>{esc(e['reason'] or '')}</td></tr>"
-        for e in entries
-    )
-    if not rows:
-        rows = '<tr><td colspan="7" class="muted">no rollout yet</td></tr>'
-    return (
-        f"<h1>Rollouts</h1>"
-        "<table><thead><tr><th>Rollout</th><th>State</th><th>Wave</th><th>By</th><th>Started</th>"
-        f"<th>Comment</th><th>Reason</th></tr></thead><tbody>{rows}</tbody></table>"
-    )
-
-
-def _gates(gates: Mapping[str, Any] | None) -> str:
-    if not gates:
-        return '<span class="muted">-</span>'
-    checks = gates.get("checks") or {}
-    marks = " ".join(
-        f'<span class="gate g-{"ok" if v is True else "no" if v is False else "wait"}">'
-        f"{esc(k.replace('_', ' '))} {'✓' if v is True else '✗' if v is False else '…'}</span>"
-        for k, v in checks.items()
-    )
-    return f"<b>{esc(gates.get('verdict'))}</b> {marks}"
-
-
-def rollout_live(view: Mapping[str, Any], *, csrf: str, operator: bool) -> dict[str, str]:
-    """The rollout page's parts that follow the rollout, by element id (sent by the stream
-    whenever one changes: nothing in them depends on the clock)."""
-    rid = int(view["id"])
-    spec = view["spec"]
-    state = str(view["state"])
-    summary = (
-        f'<dt>State</dt><dd><span class="state r-{esc(state)}">{esc(state)}</span></dd>'
-        f"<dt>Wave</dt><dd>{int(view['current_wave']) + 1} of {len(view['waves'])}</dd>"
-        f"<dt>Max unavailable</dt><dd>{esc(spec.get('max_unavailable'))}</dd>"
-        f"<dt>Soak</dt><dd>{esc(spec.get('soak_seconds', 0))} s</dd>"
-        f"<dt>Failure budget</dt><dd>{esc(spec.get('failure_budget', 0))} per wave</dd>"
-        f"<dt>Confirm within</dt><dd>{esc(spec.get('confirm_within') or '-')}</dd>"
-        f"<dt>Reason</dt><dd>{esc(view.get('reason') or '-')}</dd>"
-        f"<dt>Finished</dt><dd>{esc(view.get('finished_at') or '-')}</dd>"
-    )
-    waves = "".join(
-        f'<tr data-wave="{int(w["index"])}"><td>{int(w["index"]) + 1}</td>'
-        f"<td>{_wave_what(w)}</td><td>{esc(w['state'])}</td><td>{int(w['members'])}</td>"
-        "<td>"
-        + ", ".join(f"{esc(k)} {int(n)}" for k, n in sorted(w["counts"].items()))
-        + "</td></tr>"
-        for w in view["waves"]
-    )
-    members = "".join(
-        f'<tr data-device="{esc(m["device"])}" data-state="{esc(m["state"])}">'
-        f'<td><a href="/ui/devices/{quote(str(m["device"]))}">{esc(m["device"])}</a></td>'
-        f"<td>{int(m['wave']) + 1}</td><td>{esc(m['state'])}</td>"
-        f"<td>v{esc(m['from_version'])} → "
-        f"{'v' + esc(m['sent_version']) if m['sent_version'] is not None else '-'}</td>"
-        f"<td>{_gates(m.get('gates'))}</td><td>{esc(m['reason'] or '')}</td></tr>"
-        for m in view["members"]
-    )
-    controls = ""
-    if operator:
-        for action in _ACTIONS.get(state, ()):
-            reason = (
-                f'<label for="reason-{action}">Reason</label>'
-                f'<input id="reason-{action}" name="reason" maxlength="500">'
-                if action in ("pause", "abort")
-                else ""
-            )
-            controls += (
-                f'<form method="post" action="/ui/rollouts/{rid}/{action}" class="inline action">'
-                f"{_hidden('csrf', csrf)}{reason}"
-                f'<button type="submit" class="{action}">{action.capitalize()}</button></form> '
-            )
-    elif state in _ACTIONS:
-        controls = (
-            '<span class="muted">pausing, approving or aborting needs the operator role</span>'
-        )
-    return {
-        "rollout-summary": summary,
-        "rollout-waves": waves,
-        "rollout-members": members,
-        "rollout-controls": controls or '<span class="muted">finished</span>',
-    }
-
-
-def rollout_page(
-    view: Mapping[str, Any], *, csrf: str, operator: bool, error: str = "", notice: str = ""
-) -> str:
-    rid = int(view["id"])
-    parts = rollout_live(view, csrf=csrf, operator=operator)
-    ok = f'<p class="notice" role="status">{esc(notice)}</p>' if notice else ""
-    return (
-        f"<h1>Rollout {rid}</h1>{ok}{_error(error)}"
-        f'<p class="muted">{esc(view.get("comment") or "")} · started by '
-        f"{esc(view['created_by'])} at {esc(view['created_at'])}"
-        ' · <span id="live" class="live">live</span></p>'
-        f'<div id="rollout-live" data-stream="/ui/rollouts/{rid}/stream">'
-        f'<dl class="summary" id="rollout-summary" aria-live="polite">{parts["rollout-summary"]}'
-        f'</dl><div id="rollout-controls" class="controls">{parts["rollout-controls"]}</div>'
-        "<h2>Waves</h2><table><thead><tr><th>Wave</th><th>Devices</th><th>State</th>"
-        f'<th>Members</th><th>By state</th></tr></thead><tbody id="rollout-waves" '
-        f'aria-live="polite">{parts["rollout-waves"]}</tbody></table>'
-        "<h2>Devices</h2><table><thead><tr><th>Device</th><th>Wave</th><th>State</th>"
-        "<th>Version</th><th>Gates</th><th>Reason</th></tr></thead>"
-        f'<tbody id="rollout-members" aria-live="polite">{parts["rollout-members"]}</tbody>'
-        "</table></div>"
-    )
+    return f"<h1>{esc(view.title)}</h1>{filter_form}{error_box(error)}{counts}{changed}{refusals}{action}"

@@ -31,7 +31,13 @@ from starlette.concurrency import run_in_threadpool
 from trueup.model.decode import DecodeError, decode_yaml
 from trueup.model.layering import SelectorError, parse_selector
 from trueup.server.api.context import Api, authorise
-from trueup.server.dashboard import data, evidenceroutes, fleetroutes, loginroutes
+from trueup.server.dashboard import (
+    data,
+    evidenceroutes,
+    fleetroutes,
+    loginroutes,
+    rolloutroutes,
+)
 from trueup.server.dashboard.device import DevicePage, live_parts, render_device, revision_diff
 from trueup.server.dashboard.devicedata import load_device_page
 from trueup.server.dashboard.html import esc, fleet_body, fleet_page, layout
@@ -452,16 +458,17 @@ def register(app: FastAPI, api: Api) -> None:
         session_role=_role("session"),
         headers=_HEADERS,
     )
-    fleetroutes.register(
-        app,
-        api,
-        caller=caller,
-        posted=posted,
-        guarded=guarded,
-        live=_live,
-        principal_of=principal_of,
-        html=_html,
-        session_role=_role("session"),
-        document_role=_role("session", _APPLY_BYTES),
-        headers=_HEADERS,
-    )
+    for area in (fleetroutes, rolloutroutes):
+        area.register(
+            app,
+            api,
+            caller=caller,
+            posted=posted,
+            guarded=guarded,
+            live=_live,
+            principal_of=principal_of,
+            html=_html,
+            session_role=_role("session"),
+            document_role=_role("session", _APPLY_BYTES),
+            headers=_HEADERS,
+        )
