@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trueup.model.layering import (
     Selector,
@@ -169,3 +171,35 @@ def test_label_problems_name_the_key_and_what_is_expected(
 def test_every_bad_label_is_reported_once_in_key_order() -> None:
     problems = label_problems({"z": "bad value", "ok": "fine", "-a": "x"})
     assert [problem.split(":")[0] for problem in problems] == ["labels.-a", "labels.z"]
+
+
+_NAMES = st.from_regex(r"\A[a-z0-9]([a-z0-9._-]{0,6}[a-z0-9])?\Z").filter(
+    lambda name: name not in ("in", "notin")
+)
+_REQUIREMENTS = st.one_of(
+    st.builds(lambda k: k, _NAMES),
+    st.builds(lambda k: f"!{k}", _NAMES),
+    st.builds(lambda k, op, v: f"{k}{op}{v}", _NAMES, st.sampled_from(["=", "==", "!="]), _NAMES),
+    st.builds(
+        lambda k, op, vs: f"{k} {op} ({' , '.join(vs)})",
+        _NAMES,
+        st.sampled_from(["in", "notin"]),
+        st.lists(_NAMES, min_size=1, max_size=4),
+    ),
+)
+_LABELS = st.dictionaries(_NAMES, st.one_of(st.just(""), _NAMES), max_size=5)
+
+
+@given(st.lists(_REQUIREMENTS, max_size=5), st.lists(_LABELS, min_size=1, max_size=4))
+@settings(max_examples=200, deadline=None, derandomize=True)
+def test_any_selector_round_trips_through_its_canonical_form(
+    terms: list[str], label_sets: list[dict[str, str]]
+) -> None:
+    selector = parse_selector(" , ".join(terms))
+    again = parse_selector(selector.text)
+    assert again == selector
+    assert again.text == selector.text
+    for labels in label_sets:
+        assert again.matches(labels) is selector.matches(labels)
+        # comma is AND: the selector matches exactly when every term does
+        assert selector.matches(labels) is all(parse_selector(t).matches(labels) for t in terms)
