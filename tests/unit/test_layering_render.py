@@ -492,16 +492,32 @@ def test_a_key_holding_a_variable_is_refused_in_profiles_and_in_the_own_layer() 
 
 
 def test_a_mapping_value_is_never_substituted() -> None:
-    from trueup.model.layering.substitute import SubstitutionError, compile_document
+    from trueup.model.layering.substitute import SubstitutionErrors, compile_document
 
     compiled = compile_document({"management": "${x}"}, "spec.document")
-    with pytest.raises(SubstitutionError, match="cannot be a mapping"):
+    with pytest.raises(SubstitutionErrors) as error:
         compiled.render({"x": {"interface": "mgmt0"}})
+    ((only),) = error.value.errors
+    assert (only.path, only.variable) == ("spec.document.management", "x")
+    assert "cannot be a mapping" in only.message
     for kind in ("string", "integer", "boolean", "ip", "prefix"):
         with pytest.raises(ValueError):
             Variable("x", kind).check({"interface": "mgmt0"})
     with pytest.raises(ValueError):
         Variable("x", "list", items="string").check([{"a": "b"}])
+
+
+def test_every_value_that_cannot_be_substituted_is_reported() -> None:
+    variables = {"a": {"type": "string"}, "b": {"type": "list", "items": "string", "default": []}}
+    document = {"dns": {"zone": "${a}", "listen": ["x-${b}"]}, "sysctl": {"k.v": "${a}"}}
+    both = profile("both", document, variables=variables)
+    with pytest.raises(RenderError) as error:
+        render_device([profile("base", full_spec(), priority=0), both], _device())
+    assert sorted(_problems(error)) == [
+        ("spec.document.dns.listen[0]", "both", "b"),
+        ("spec.document.dns.zone", "both", "a"),
+        ("spec.document.sysctl.k.v", "both", "a"),
+    ]
 
 
 def test_a_list_cannot_be_interpolated_into_text() -> None:

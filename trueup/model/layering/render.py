@@ -35,7 +35,7 @@ from trueup.model.layering.merge import (
     merge_layers,
 )
 from trueup.model.layering.profiles import Profile
-from trueup.model.layering.substitute import SubstitutionError
+from trueup.model.layering.substitute import SubstitutionErrors
 from trueup.model.layering.types import (
     DeviceInputs,
     Provenance,
@@ -89,10 +89,12 @@ class Renderer:
                 problems.append(RenderProblem(message, path, profile.name))
             try:
                 layers.append((profile, compiled.render(values)))
-            except SubstitutionError as exc:
-                if exc.variable in reported:
-                    continue  # already refused: its value is wrong or missing
-                problems.append(RenderProblem(exc.message, exc.path, profile.name, exc.variable))
+            except SubstitutionErrors as exc:
+                problems += [
+                    RenderProblem(e.message, e.path, profile.name, e.variable)
+                    for e in exc.errors
+                    if e.variable not in reported  # already refused: wrong or missing value
+                ]
         own = _own_layer(inputs, problems)
         if own is not None:
             layers.append((None, own))

@@ -21,7 +21,14 @@ from typing import Any
 from trueup.model.layering.variables import VARIABLE_NAME
 from trueup.model.limits import quoted
 
-__all__ = ["Compiled", "Ref", "SubstitutionError", "compile_document", "parse_template"]
+__all__ = [
+    "Compiled",
+    "Ref",
+    "SubstitutionError",
+    "SubstitutionErrors",
+    "compile_document",
+    "parse_template",
+]
 
 _TOKEN = re.compile(r"\$\$\{|\$\{")
 
@@ -41,6 +48,14 @@ class SubstitutionError(ValueError):
         self.variable = variable
         self.message = message
         super().__init__(f"{path}: {message}")
+
+
+class SubstitutionErrors(ValueError):
+    """Every value of a document that could not be substituted."""
+
+    def __init__(self, errors: list[SubstitutionError]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(str(e) for e in errors))
 
 
 def parse_template(text: str) -> list[str | Ref]:
@@ -150,10 +165,16 @@ class _Container:
     base: Mapping[str, Any] | list[Any]
     dynamic: tuple[tuple[Any, _Node], ...]
 
-    def render(self, values: Mapping[str, Any]) -> Any:
+    def render(self, values: Mapping[str, Any], errors: list[SubstitutionError]) -> Any:
         out: Any = dict(self.base) if isinstance(self.base, Mapping) else list(self.base)
         for key, child in self.dynamic:
-            out[key] = child.render(values)
+            if isinstance(child, _Container):
+                out[key] = child.render(values, errors)
+                continue
+            try:
+                out[key] = child.render(values)
+            except SubstitutionError as exc:
+                errors.append(exc)
         return out
 
 
@@ -170,10 +191,20 @@ class Compiled:
         return frozenset(name for names in self.templates.values() for name in names)
 
     def render(self, values: Mapping[str, Any]) -> Any:
-        """The document with `values` substituted; SubstitutionError for the first problem."""
-        if isinstance(self.root, _Template | _Container):
-            return self.root.render(values)
-        return self.root
+        """The document with `values` substituted; SubstitutionErrors with every problem."""
+        errors: list[SubstitutionError] = []
+        if isinstance(self.root, _Container):
+            out = self.root.render(values, errors)
+        elif isinstance(self.root, _Template):
+            try:
+                out = self.root.render(values)
+            except SubstitutionError as exc:
+                errors.append(exc)
+        else:
+            out = self.root
+        if errors:
+            raise SubstitutionErrors(errors)
+        return out
 
 
 def compile_document(document: Any, path: str) -> Compiled:

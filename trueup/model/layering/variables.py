@@ -18,6 +18,7 @@ text (`2001:DB8::1` becomes `2001:db8::1`), so equal values give equal digests.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from collections.abc import Mapping
@@ -60,6 +61,12 @@ _MAX_ITEMS = 1024
 def _address(value: Any, family: int | None) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected an {_family_word(family)}address as text")
+    return _canonical_address(value, family)
+
+
+@functools.lru_cache(maxsize=65536)
+def _canonical_address(value: str, family: int | None) -> str:
+    """Parsed once per text (a fleet's values repeat across renders of a plan)."""
     try:
         address = ipaddress.ip_address(value.strip())
     except ValueError:
@@ -70,12 +77,18 @@ def _address(value: Any, family: int | None) -> str:
 
 
 def _prefix(value: Any, family: int | None) -> str:
+    if isinstance(value, str) and "/" in value:
+        return _canonical_prefix(value, family)
     example = "2001:db8::1/64" if family == 6 else "192.0.2.1/24"
-    if not isinstance(value, str) or "/" not in value:
-        raise ValueError(
-            f"expected an {_family_word(family)}prefix ADDRESS/LENGTH (e.g. {example})"
-            + (f", got {quoted(value)}" if isinstance(value, str) else "")
-        )
+    raise ValueError(
+        f"expected an {_family_word(family)}prefix ADDRESS/LENGTH (e.g. {example})"
+        + (f", got {quoted(value)}" if isinstance(value, str) else "")
+    )
+
+
+@functools.lru_cache(maxsize=65536)
+def _canonical_prefix(value: str, family: int | None) -> str:
+    example = "2001:db8::1/64" if family == 6 else "192.0.2.1/24"
     try:
         prefix = ipaddress.ip_interface(value.strip())
     except ValueError:
