@@ -183,7 +183,7 @@ class CoverFacts:
     deleted_evidence: dict[int, int] = field(default_factory=dict)
     revisions: dict[tuple[int, int], RevisionFact] = field(default_factory=dict)
     # (device id, version) -> seq of its `revision.rolled_back`: the agent rolled it back
-    rolled_back: dict[tuple[int, int], int] = field(default_factory=dict)
+    rolled_back: dict[tuple[int, int | None], int] = field(default_factory=dict)
     # tenant id -> (seq, entries) of its newest audited webhook allowlist
     allowlists: dict[int, tuple[int, list[str]]] = field(default_factory=dict)
     # device id -> (seq, labels) of its newest audited `device.labels`
@@ -338,9 +338,10 @@ def apply(facts: CoverFacts, entry: Any) -> None:
         if device_id is not None and isinstance(new, dict):
             facts.labels[device_id] = (int(entry["seq"]), {str(k): str(v) for k, v in new.items()})
     elif action == "revision.rolled_back":
-        device_id, version = _int(detail, "device_id"), _int(detail, "version")
-        if device_id is not None and version is not None:
-            facts.rolled_back[(device_id, version)] = int(entry["seq"])
+        # `version` None: an apply that failed before it took a version.
+        device_id = _int(detail, "device_id")
+        if device_id is not None:
+            facts.rolled_back[(device_id, _int(detail, "version"))] = int(entry["seq"])
     elif action == "notify.allowlist.set":
         entries = detail.get("entries")
         if isinstance(entry["tenant_id"], int) and isinstance(entries, list):
