@@ -124,6 +124,21 @@ def test_fleet_plan_exit_codes_profiles_and_variables_through_the_cli(tmp_path: 
             ("spec.interfaces[lan0].mtu", 1500, 1400)
         ]
 
+        # A profile for one site: a proposed label brings a device in; -l limits the plan.
+        site = tmp_path / "site.yaml"
+        site.write_text(yaml.safe_dump(profile("site-mtu", selector="site=ams", priority=200)))
+        code, out, err = _invoke("fleet", "profile", "create", str(site), env=env)
+        assert code == 0, err
+        code, out, _ = _invoke("fleet", "plan", "-l", "site=ams", env=read_only)
+        assert code == 0 and "Plan: 0 to change, 0 refused, 0 unchanged." in out, out
+        code, out, _ = _invoke(
+            "fleet", "plan", "--label", "edge-01", "site=ams", "-o", "json", env=read_only
+        )
+        assert code == 2, out
+        (target,) = json.loads(out)["targets"]
+        assert target["device"] == "edge-01"
+        assert {"name": "site-mtu", "version": 1} in target["provenance"]["profiles"]
+
         # A viewer cannot write; bad arguments are one line, exit 1.
         code, _, err = _invoke("fleet", "vars", "edge-01", "mtu=1", env=read_only)
         assert code == 1 and "refused the token" in err

@@ -207,7 +207,7 @@ def test_a_bad_proposal_or_selector_is_refused_naming_its_path(server: Server) -
         headers=tenant.auth("viewer"),
     )
     assert response.status_code == 422, response.text
-    assert response.json()["problems"][0].startswith("selector:")
+    assert response.json()["problems"][0].startswith("body.selector:")
     response = server.client.post(
         "/api/v1/plan",
         json={"change": {"kind": "profile", "document": {"kind": "Profile"}}},
@@ -215,3 +215,43 @@ def test_a_bad_proposal_or_selector_is_refused_naming_its_path(server: Server) -
     )
     assert response.status_code == 422
     assert all(p.startswith("change.document.") for p in response.json()["problems"])
+
+
+def test_labels_decide_which_devices_a_profile_renders_and_a_label_change_is_planned(
+    server: Server,
+) -> None:
+    tenant = fleet_of(server, "edge-01", "edge-02", "core-01")
+    for device, labels in (("edge-01", {"site": "ams"}), ("core-01", {"site": "fra"})):
+        response = server.client.put(
+            f"/api/v1/devices/{device}/labels", json=labels, headers=tenant.auth("operator")
+        )
+        assert response.status_code == 200, response.text
+    assert (
+        put_profile(server, tenant, "edge-mtu", profile(selector="site=ams"), "0").status_code
+        == 201
+    )
+    planned = plan(server, tenant)
+    assert [t["device"] for t in planned["targets"]] == ["edge-01"]
+    assert planned["counts"] == {"changed": 1, "refused": 0, "unchanged": 2}
+    # A proposed label brings edge-02 in; only it is rendered.
+    labelled = plan(
+        server, tenant, {"kind": "labels", "device": "edge-02", "labels": {"site": "ams"}}
+    )
+    assert [t["device"] for t in labelled["targets"]] == ["edge-02"]
+    assert labelled["counts"]["unchanged"] == 2
+    # A proposed removal of edge-01's label takes it out again: its own document only.
+    removed = plan(
+        server, tenant, {"kind": "labels", "device": "edge-01", "labels": {"site": None}}
+    )
+    assert removed["exit_code"] == 0, removed
+    # A selector limits the plan (and the publish) to the devices it picks.
+    fra = plan(server, tenant, selector="site=fra")
+    assert fra["counts"] == {"changed": 0, "refused": 0, "unchanged": 1}
+    published = publish(server, tenant, selector="site in (ams)")
+    assert published["published"] == [{"device": "edge-01", "version": 2}]
+    bad = server.client.post(
+        "/api/v1/plan",
+        json={"change": {"kind": "labels", "device": "edge-02", "labels": {"-bad": "x"}}},
+        headers=tenant.auth("viewer"),
+    )
+    assert bad.status_code == 422 and bad.json()["problems"][0].startswith("change.labels.-bad")

@@ -30,9 +30,17 @@ from trueup.server.service.errors import Conflict, Invalid
 from trueup.server.service.store import Store
 from trueup.server.tables import device_inputs
 
-__all__ = ["DeviceInputRecords", "StoredInputs", "inputs_problems", "own_digest"]
+__all__ = [
+    "MAX_VARIABLES",
+    "VARIABLE_NAME_PATTERN",
+    "DeviceInputRecords",
+    "StoredInputs",
+    "inputs_problems",
+    "own_digest",
+]
 
-VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+VARIABLE_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,62}$"
+VARIABLE_NAME = re.compile(VARIABLE_NAME_PATTERN)
 MAX_VARIABLES = 500
 
 

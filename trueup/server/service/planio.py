@@ -34,7 +34,7 @@ def checked_selector(text: str) -> Selector | None:
     try:
         return parse_selector(text)
     except SelectorError as exc:
-        raise Invalid([f"selector: {exc}"]) from None
+        raise Invalid([f"body.selector: {exc}"]) from None
 
 
 def proposed_change(
@@ -63,8 +63,6 @@ def proposed_change(
     if not device:
         raise Invalid([f"change.device: a {kind} change names its device"])
     if kind == "variables":
-        if variables is None and not replace_own:
-            raise Invalid(["change.variables: give variables (name: value, null removes)"])
         return VariablesChange(device, dict(variables or {}), own, replace_own)
     if kind == "labels":
         given = dict(labels or {})

@@ -423,22 +423,13 @@ class Planner:
                 )
                 continue
             try:
-                document = parse_document(target.document, source=f"device {target.device}")
-            except DocumentError as exc:
-                raise Invalid(exc.problems) from None
-            try:
                 with self.store.write() as conn:
-                    self._adopt(conn, tenant_id, target, actor)
-                    revision = self.revisions.insert_revision(
+                    revision = self.store_target(
                         conn,
-                        tenant_id=tenant_id,
-                        device_id=target.device_id,
-                        device=target.device,
-                        expected_version=target.from_version,
-                        document=document,
-                        author=actor,
+                        tenant_id,
+                        target,
+                        actor=actor,
                         comment=comment,
-                        provenance=target.provenance.as_json(),
                         confirm_within=confirm_within,
                     )
             except Conflict as exc:
@@ -446,6 +437,38 @@ class Planner:
                 continue
             stored.append((target.device, int(revision.version)))
         return Published(stored=tuple(stored), refused=tuple(refused))
+
+    def store_target(
+        self,
+        conn: Connection,
+        tenant_id: int,
+        target: Target,
+        *,
+        actor: str,
+        comment: str = "",
+        confirm_within: int | None = None,
+    ) -> Any:
+        """Store one target as its device's next desired revision inside the caller's
+        transaction (a rollout marks its member sent in the same one): its stored inputs
+        when it has none, the revision with its provenance, expecting the planned version
+        (Conflict when it moved). Returns the revision."""
+        try:
+            document = parse_document(target.document, source=f"device {target.device}")
+        except DocumentError as exc:
+            raise Invalid(exc.problems) from None
+        self._adopt(conn, tenant_id, target, actor)
+        return self.revisions.insert_revision(
+            conn,
+            tenant_id=tenant_id,
+            device_id=target.device_id,
+            device=target.device,
+            expected_version=target.from_version,
+            document=document,
+            author=actor,
+            comment=comment,
+            provenance=target.provenance.as_json(),
+            confirm_within=confirm_within,
+        )
 
     def _adopt(self, conn: Connection, tenant_id: int, target: Target, actor: str) -> None:
         """A device without stored inputs keeps its previous desired spec as its own layer."""

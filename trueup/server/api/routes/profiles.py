@@ -19,7 +19,15 @@ from fastapi import FastAPI, HTTPException, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from trueup.server.api.context import Api, role
-from trueup.server.api.models import PlanRequest, PublishRequest, VariablesPut
+from trueup.server.api.models import (
+    LabelsProposal,
+    PlanRequest,
+    ProfileDeletion,
+    ProfileProposal,
+    PublishRequest,
+    VariablesProposal,
+    VariablesPut,
+)
 from trueup.server.api.responses import DEVICE, NAME_PARAM, answers
 from trueup.server.api.routes.revisions import parse_body, parse_comment, parse_if_match
 from trueup.server.inputs import COMMENT_HEADER, IF_MATCH
@@ -157,18 +165,21 @@ def register(app: FastAPI, api: Api) -> None:
     def plan(body: PlanRequest, p: Principal = viewer) -> dict[str, Any]:
         selector = checked_selector(body.selector)
         change = None
-        if body.change is not None:
-            c = body.change
+        c = body.change
+        if isinstance(c, ProfileProposal):
+            change = proposed_change("profile", document=c.document)
+        elif isinstance(c, ProfileDeletion):
+            change = proposed_change("profile-delete", name=c.name)
+        elif isinstance(c, VariablesProposal):
             change = proposed_change(
-                c.kind,
-                document=c.document,
-                name=c.name,
+                "variables",
                 device=c.device,
                 variables=c.variables,
                 own=c.own,
                 replace_own=c.replace_own,
-                labels=c.labels,
             )
+        elif isinstance(c, LabelsProposal):
+            change = proposed_change("labels", device=c.device, labels=c.labels)
         return plan_json(plane.plan(p.tenant_id, selector=selector, change=change))
 
     @app.post("/api/v1/plan/publish", responses=answers(), openapi_extra=role("operator"))
