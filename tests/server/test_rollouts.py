@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from tests.server.conftest import BACKENDS, Server, ServerProcess, Tenant
 from tests.server.rolloutsim import SimAgent, changed, initial, wait_for
+from tests.server.test_dashboard import browser, csrf_of
 from tests.server.test_notify import FAST, Receiver, receivers, route  # noqa: F401
 from trueup.cli.main import app
 from trueup.model.document import document_digest, parse_document
@@ -484,3 +485,61 @@ def test_trueup_fleet_rollout_starts_shows_pauses_and_aborts_over_the_api(tmp_pa
     finally:
         process.stop()
         database.dispose()
+
+
+# -- the dashboard ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("isolated_server", PARAMS[:1], indirect=True)
+def test_the_dashboard_shows_a_rollouts_waves_and_gates_and_pauses_it(
+    isolated_server: Server, fleet: Any
+) -> None:
+    server = isolated_server
+    tenant, agents = fleet(2)
+    rollout = start(server, tenant, agents, waves=[{"devices": ["edge-00"]}, {"percent": 100}])
+
+    def held(device: str, version: int) -> dict[str, Any] | None:
+        return {"management_ready": False}  # applied, management not ready: it stays sent
+
+    def judged(view: dict[str, Any]) -> bool:
+        gates = view["members"][0].get("gates") or {}
+        return bool(gates.get("checks", {}).get("management") is False)
+
+    drive(server, tenant, agents, rollout["id"], judged, held)
+    viewer = browser(server, tenant, "viewer")
+    listing = viewer.get("/ui/rollouts")
+    assert listing.status_code == 200 and f'href="/ui/rollouts/{rollout["id"]}"' in listing.text
+    page = viewer.get(f"/ui/rollouts/{rollout['id']}")
+    assert page.status_code == 200, page.text
+    assert 'id="rollout-members"' in page.text and "edge-00" in page.text
+    assert '<span class="gate no">management</span>' in page.text
+    assert "waiting for management" in page.text
+    assert f'data-stream="/ui/rollouts/{rollout["id"]}/stream"' in page.text
+    refused = viewer.post(
+        f"/ui/rollouts/{rollout['id']}/pause",
+        data={"csrf": csrf_of(page.text)},
+        follow_redirects=False,
+    )
+    assert refused.status_code == 403  # a viewer may look, not pause
+    operator = browser(server, tenant, "operator")
+    page = operator.get(f"/ui/rollouts/{rollout['id']}")
+    forged = operator.post(
+        f"/ui/rollouts/{rollout['id']}/pause", data={"csrf": "forged"}, follow_redirects=False
+    )
+    assert forged.status_code == 403
+    paused = operator.post(
+        f"/ui/rollouts/{rollout['id']}/pause",
+        data={"csrf": csrf_of(page.text), "reason": "look first"},
+        follow_redirects=False,
+    )
+    assert paused.status_code == 303, paused.text
+    assert status(server, tenant, rollout["id"])["state"] == "paused"
+    page = operator.get(f"/ui/rollouts/{rollout['id']}")
+    assert "look first" in page.text and ">Resume</button>" in page.text
+    wrong = operator.post(
+        f"/ui/rollouts/{rollout['id']}/approve",
+        data={"csrf": csrf_of(page.text)},
+        follow_redirects=False,
+    )
+    assert wrong.status_code == 409 and "is paused" in wrong.text
+    assert operator.get("/ui/rollouts/999").status_code == 404

@@ -30,7 +30,7 @@ from starlette.concurrency import run_in_threadpool
 
 from trueup.model.decode import DecodeError, decode_yaml
 from trueup.server.api.context import Api, authorise
-from trueup.server.dashboard import data, evidenceroutes, loginroutes
+from trueup.server.dashboard import data, evidenceroutes, loginroutes, rolloutroutes
 from trueup.server.dashboard.device import DevicePage, live_parts, render_device, revision_diff
 from trueup.server.dashboard.devicedata import load_device_page
 from trueup.server.dashboard.html import esc, fleet_body, fleet_page, layout
@@ -433,6 +433,26 @@ def register(app: FastAPI, api: Api) -> None:
         posted=posted,
         guarded=guarded,
         device_page=device_page,
+        session_role=_role("session"),
+        headers=_HEADERS,
+    )
+
+    def rollout_stream(
+        request: Request, session: Session, look: Callable[[], Awaitable[str | None]]
+    ) -> Response:
+        async def signed_in() -> bool:
+            return await principal_of(session) is not None
+
+        return _live(request, signed_in, "device", DEVICE_STREAM_SECONDS, look)
+
+    rolloutroutes.register(
+        app,
+        plane,
+        caller=caller,
+        posted=posted,
+        guarded=guarded,
+        stream=rollout_stream,
+        html=_html,
         session_role=_role("session"),
         headers=_HEADERS,
     )
