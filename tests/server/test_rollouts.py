@@ -242,7 +242,13 @@ def test_a_rollout_goes_wave_by_wave_never_more_than_max_unavailable_at_once(
     first_of_wave_1 = min(m["sent_at"] for m in final["members"] if m["wave"] == 1)
     assert canary["finished_at"] <= first_of_wave_1
     actions = audit_actions(server, tenant)
-    for action in ("rollout.start", "rollout.send", "rollout.wave", "rollout.complete"):
+    for action in (
+        "rollout.start",
+        "rollout.send",
+        "rollout.gate",
+        "rollout.wave",
+        "rollout.complete",
+    ):
         assert action in actions, (action, actions)
     assert server.plane.verify_audit() == []
 
@@ -394,6 +400,44 @@ def test_abort_puts_every_changed_device_back_and_frees_them(
     assert free.status_code == 201, free.text
     assert "rollout.abort" in audit_actions(server, tenant)
     assert server.plane.verify_audit() == []
+
+
+@pytest.mark.parametrize("isolated_server", PARAMS, indirect=True)
+def test_a_device_edited_behind_the_rollout_fails_with_the_reason_and_is_not_overwritten(
+    isolated_server: Server, fleet: Any
+) -> None:
+    server = isolated_server
+    tenant, agents = fleet(2)
+    tenant_id = server.plane.tenant_id(tenant.name)
+    rollout = start(
+        server, tenant, agents, waves=[{"devices": ["edge-00"]}, {"percent": 100}], approval=True
+    )
+    drive(server, tenant, agents, rollout["id"], lambda v: v["state"] == "waiting-approval")
+    # A writer that does not ask the rollout (a direct insert) moves edge-01 on meanwhile.
+    with server.plane.db.write() as conn:
+        server.plane.desired_revisions.insert_revision(
+            conn,
+            tenant_id=tenant_id,
+            device_id=server.plane.device_id(tenant_id, "edge-01"),
+            device="edge-01",
+            expected_version=1,
+            document=parse_document(changed("edge-01", mtu=1280)),
+            author="someone-else",
+        )
+    approved = server.client.post(
+        f"{API}/{rollout['id']}/approve", json={}, headers=tenant.auth("operator")
+    )
+    assert approved.status_code == 200, approved.text
+    final = drive(server, tenant, agents, rollout["id"], lambda v: v["state"] == "paused")
+    edited = next(m for m in final["members"] if m["device"] == "edge-01")
+    assert edited["state"] == "failed" and edited["sent_version"] is None
+    assert (
+        "its desired version is 2, not the version 1 the plan was made against"
+        in (edited["reason"])
+    )
+    history = versions(server, tenant, "edge-01")
+    assert len(history) == 2  # the other writer's revision stands; nothing was sent over it
+    assert history[1] == document_digest(parse_document(changed("edge-01", mtu=1280)))
 
 
 @pytest.mark.parametrize("isolated_server", PARAMS, indirect=True)
