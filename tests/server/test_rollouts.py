@@ -441,6 +441,27 @@ def test_a_device_edited_behind_the_rollout_fails_with_the_reason_and_is_not_ove
 
 
 @pytest.mark.parametrize("isolated_server", PARAMS, indirect=True)
+def test_a_device_whose_agent_lacks_a_section_the_change_uses_is_refused_never_sent(
+    isolated_server: Server, fleet: Any
+) -> None:
+    server = isolated_server
+    tenant, agents = fleet(3)
+    old = agents[2]
+    old.report(1, old.digest, {"agent_version": "0.0.9", "supported_sections": ["management"]})
+    rollout = start(server, tenant, agents, max_unavailable=3)
+    (refused,) = rollout["refused"]
+    assert refused["device"] == "edge-02" and refused["kind"] == "agent-version"
+    assert refused["problems"] == [
+        "spec.interfaces: the desired revision uses this section; the agent does not support it"
+    ]
+    assert [m["device"] for m in rollout["members"]] == ["edge-00", "edge-01"]
+    final = drive(server, tenant, agents[:2], rollout["id"], lambda v: v["state"] == "completed")
+    assert all(m["state"] == "passed" for m in final["members"])
+    assert len(versions(server, tenant, "edge-02")) == 1
+    assert old.poll() is False  # nothing new was ever sent to it
+
+
+@pytest.mark.parametrize("isolated_server", PARAMS, indirect=True)
 def test_a_stale_plan_and_an_empty_change_are_refused_and_nothing_is_stored(
     isolated_server: Server, fleet: Any
 ) -> None:
