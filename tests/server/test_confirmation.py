@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from tests.server.conftest import BACKENDS, Server, Tenant, document
+from trueup.cli.fleet import render_device
 
 
 def _put(server: Server, tenant: Tenant, expected: int, **headers: str) -> Any:
@@ -97,6 +98,7 @@ def test_the_latest_confirmation_is_shown_and_a_rollback_audited_once(server: Se
     assert _fleet_entry(server, tenant)["confirmation"] == read
     device = server.client.get("/api/v1/devices/edge-01", headers=tenant.auth("viewer"))
     assert device.json()["confirmation"]["state"] == "rolled-back"
+    assert f"confirmation:  version 2 rolled-back: {reason}" in render_device(device.json())
     (entry,) = _rolled_back(server, tenant_id)
     assert entry["target"] == "device:edge-01"
     assert entry["actor"] == f"device:{tenant.name}/edge-01"

@@ -6,6 +6,7 @@ agent's own management readiness: no root, no waiting.
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,9 @@ from trueup.cli.output import render_status
 from trueup.journal.confirm import read_outcome, read_pending
 from trueup.model.document import parse_document
 from trueup.reconcile.status import gather
+from trueup.system.netlink import NetlinkError
 
+SPARE = "203.0.113.7/24"
 SECOND = parse_document(base_document(routes=[], interfaces=[{"name": "lan0"}])).with_version(2)
 
 
@@ -192,3 +195,46 @@ def test_a_window_that_is_not_a_positive_number_of_seconds_is_no_window(value: A
 
     assert _window(value) is None
     assert _window(15) == 15.0
+
+
+def test_a_partial_apply_is_never_confirmed_by_the_agent(rig: Rig) -> None:
+    contact = Contact()
+    contact.at = rig.clock() + 100
+    confirmer = _confirmer(rig, contact)
+    assert _pulled(rig)["ok"]
+    pending = rig.loop.confirmation.self_pending()
+    assert pending is not None and pending["verified"] is True  # this apply committed all
+    pending["verified"] = False  # as a partial apply records it
+    waiting = confirmer.check()
+    assert waiting is not None and waiting.startswith("a verified apply")
+    rig.clock.advance(31)
+    rig.loop.run_pass()
+    assert read_outcome(rig.state)["state"] == "rolled-back"  # type: ignore[index]
+
+
+def test_a_windowed_revision_whose_apply_fails_is_reported_rolled_back(rig: Rig) -> None:
+    rig.net.fail_on["add address"] = NetlinkError("add address", "busy", errno.EBUSY)
+    failing = base_document(routes=[], interfaces=[{"name": "lan0", "addresses": [SPARE]}])
+    result = rig.loop.apply(
+        parse_document(failing).with_version(2),
+        actor="control-plane",
+        origin="control-plane",
+        confirm_within=30,
+    )
+    assert not result["ok"]
+    assert read_pending(rig.state) is None and rig.state.applied()["version"] == 1
+    outcome = read_outcome(rig.state)
+    assert outcome is not None and outcome["state"] == "rolled-back" and outcome["version"] == 2
+    assert outcome["reason"].startswith("the apply failed and its transaction rolled back")
+    assert "busy" in outcome["reason"]
+
+
+def test_a_pending_confirmation_shows_the_same_until_what_it_waits_for_changes(rig: Rig) -> None:
+    assert _pulled(rig)["ok"]
+    rig.loop.run_pass()
+    first = rig.loop.view().operator_digest()
+    rig.clock.advance(3)
+    rig.loop.run_pass()
+    assert rig.loop.view().operator_digest() == first  # no report asked for by the clock alone
+    rig.loop.note_confirmation_waiting(2, "management ready (missing 198.51.100.2/24)")
+    assert rig.loop.view().operator_digest() != first

@@ -36,6 +36,7 @@ __all__ = ["SelfConfirm"]
 log = logging.getLogger("trueup.agent")
 
 ACTOR = "agent-health"
+CONFIRMED = "management ready and the control plane reached after a verified apply"
 
 
 class SelfConfirm:
@@ -57,6 +58,13 @@ class SelfConfirm:
         self.interval = interval
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._last_problem: str | None = None
+
+    def _problem(self, text: str) -> str:
+        if text != self._last_problem:
+            log.warning("%s", text)
+            self._last_problem = text
+        return text
 
     def waiting_for(self, pending: dict[str, Any]) -> list[str]:
         """What the confirmation of `pending` still waits for; [] when its health holds."""
@@ -85,15 +93,18 @@ class SelfConfirm:
         version = int(pending["version"])
         missing = self.waiting_for(pending)
         if not missing:
-            answer = self.loop.confirm(
-                actor=ACTOR,
-                version=version,
-                reason="management ready and the control plane reached after a verified apply",
-            )
+            try:
+                answer = self.loop.confirm(
+                    actor=ACTOR,
+                    version=version,
+                    reason=CONFIRMED,
+                )
+            except Exception as exc:  # a damaged state file refuses writes: said once
+                return self._problem(f"version {version} not confirmed: {exc}")
             if answer.get("ok"):
                 log.info("version %d confirmed: its own health holds after the apply", version)
                 return None
-            return str(answer.get("message"))
+            return self._problem(str(answer.get("message")))
         text = "; ".join(missing)
         self.loop.note_confirmation_waiting(version, text)
         self.ask_contact()  # one more round trip, now

@@ -338,6 +338,17 @@ def render_device(entry: dict[str, Any]) -> str:
             f"{override.get('actor') or '-'} at {override.get('at') or '-'}: "
             f"{override.get('reason') or '-'}"
         )
+    confirmation = entry.get("confirmation")
+    if isinstance(confirmation, dict):
+        until = (
+            f" until {confirmation.get('deadline_at')}"
+            if confirmation.get("state") == "pending"
+            else ""
+        )
+        lines.append(
+            f"confirmation:  version {_v(confirmation.get('version'))} "
+            f"{confirmation.get('state')}{until}: {confirmation.get('reason') or '-'}"
+        )
     lines.extend(agent_lines(entry))
     lines.append(f"reason codes:  {', '.join(entry.get('reason_codes') or []) or '-'}")
     for ack in entry.get("acknowledgements") or []:

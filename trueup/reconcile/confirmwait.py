@@ -120,7 +120,12 @@ class ConfirmWait:
         last guarded apply ended; None when there never was one."""
         pending = self.pending
         if pending is not None and pending.get("state") == "pending":
-            return outcome(pending, "pending", str(pending.get("waiting_for") or _waits(pending)))
+            return outcome(
+                pending,
+                "pending",
+                str(pending.get("waiting_for") or _waits(pending)),
+                at=pending.get("created_at"),  # stable: what status shows changes only with it
+            )
         return dict(self.last) if self.last is not None else None
 
     def self_pending(self) -> dict[str, Any] | None:
@@ -303,6 +308,8 @@ class ConfirmWait:
             "actor": change.actor,
             "created_at": iso_time(now),
             "origin": change.origin,
+            # The version the change asks for (a control-plane revision's), if it names one.
+            "requested_version": change.document.metadata.version,
             "window": confirm_within,
             # A control-plane revision: confirmed by the agent's own health, not an operator.
             "self_confirm": change.origin == "control-plane",
@@ -349,7 +356,7 @@ class ConfirmWait:
                     failed = "; ".join(f"{k}: {v}" for k, v in sorted(result.failed.items()))
                     self._outcome(
                         outcome(
-                            {**pending, "version": None},
+                            {**pending, "version": pending.get("requested_version")},
                             "rolled-back",
                             "the apply failed and its transaction rolled back"
                             + (f" ({failed})" if failed else ""),

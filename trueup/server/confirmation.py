@@ -80,12 +80,7 @@ def write_confirmations(
     before = {
         int(r["device_id"]): dict(r)
         for r in conn.execute(
-            select(
-                device_confirmation.c.device_id,
-                device_confirmation.c.version,
-                device_confirmation.c.state,
-                device_confirmation.c.since,
-            ).where(device_confirmation.c.device_id.in_(ids))
+            select(device_confirmation).where(device_confirmation.c.device_id.in_(ids))
         ).mappings()
     }
     # In arrival order: a rollback followed in the same batch by a newer record is seen.
@@ -102,27 +97,14 @@ def write_confirmations(
         elif row["state"] == "rolled-back":
             new_rollbacks.append(row)
         latest[row["device_id"]] = row
-    insert = sqlite_insert(device_confirmation) if is_sqlite else pg_insert(device_confirmation)
-    excluded = insert.excluded
-    conn.execute(
-        insert.on_conflict_do_update(
-            index_elements=[device_confirmation.c.device_id],
-            set_={
-                name: getattr(excluded, name)
-                for name in (
-                    "version",
-                    "state",
-                    "deadline",
-                    "reason",
-                    "rollback_to",
-                    "rolled_back_to_version",
-                    "since",
-                    "reported_at",
-                )
-            },
-        ),
-        [latest[device_id] for device_id in sorted(latest)],
-    )
+    # Every heartbeat repeats the record: only what changed is written.
+    changed = [
+        latest[device_id]
+        for device_id in sorted(latest)
+        if _changed(before.get(device_id), latest[device_id])
+    ]
+    if changed:
+        _upsert(conn, changed, is_sqlite=is_sqlite)
     if on_rolled_back is None or not new_rollbacks:
         return
     names = {
@@ -137,6 +119,32 @@ def write_confirmations(
     }
     for row in new_rollbacks:
         on_rolled_back(conn, *names[row["device_id"]], row)
+
+
+_COLUMNS = (
+    "version",
+    "state",
+    "deadline",
+    "reason",
+    "rollback_to",
+    "rolled_back_to_version",
+)
+
+
+def _changed(stored: dict[str, Any] | None, row: dict[str, Any]) -> bool:
+    return stored is None or any(stored[name] != row[name] for name in _COLUMNS)
+
+
+def _upsert(conn: Connection, rows: list[dict[str, Any]], *, is_sqlite: bool) -> None:
+    insert = sqlite_insert(device_confirmation) if is_sqlite else pg_insert(device_confirmation)
+    excluded = insert.excluded
+    conn.execute(
+        insert.on_conflict_do_update(
+            index_elements=[device_confirmation.c.device_id],
+            set_={name: getattr(excluded, name) for name in (*_COLUMNS, "since", "reported_at")},
+        ),
+        rows,
+    )
 
 
 def _entry(row: Any) -> dict[str, Any]:

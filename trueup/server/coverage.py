@@ -162,7 +162,7 @@ class CoverFacts:
     deleted_evidence: dict[int, int] = field(default_factory=dict)
     revisions: dict[tuple[int, int], RevisionFact] = field(default_factory=dict)
     # (device id, version) -> seq of its `revision.rolled_back`: the agent rolled it back
-    rolled_back: dict[tuple[int, int], int] = field(default_factory=dict)
+    rolled_back: dict[tuple[int, int | None], int] = field(default_factory=dict)
     # tenant id -> (seq, entries) of its newest audited webhook allowlist
     allowlists: dict[int, tuple[int, list[str]]] = field(default_factory=dict)
     device_ids: dict[tuple[int | None, str], int] = field(default_factory=dict)
@@ -288,9 +288,10 @@ def apply(facts: CoverFacts, entry: Any) -> None:
     elif action == "revision.create":
         _apply_revision(facts, entry, detail)
     elif action == "revision.rolled_back":
-        device_id, version = _int(detail, "device_id"), _int(detail, "version")
-        if device_id is not None and version is not None:
-            facts.rolled_back[(device_id, version)] = int(entry["seq"])
+        # `version` None: an apply that failed before it took a version.
+        device_id = _int(detail, "device_id")
+        if device_id is not None:
+            facts.rolled_back[(device_id, _int(detail, "version"))] = int(entry["seq"])
     elif action == "notify.allowlist.set":
         entries = detail.get("entries")
         if isinstance(entry["tenant_id"], int) and isinstance(entries, list):

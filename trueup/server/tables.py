@@ -530,7 +530,8 @@ device_confirmation = Table(
     # The revision a rollback returns to, and the version the rollback took on the device.
     Column("rollback_to", Integer, nullable=True),
     Column("rolled_back_to_version", Integer, nullable=True),
-    # When a report first said this state for this version, and last said it.
+    # When a report first said this state for this version, and when one last changed it
+    # (a heartbeat that repeats the record writes nothing).
     Column("since", Float, nullable=False),
     Column("reported_at", Float, nullable=False),
 )
