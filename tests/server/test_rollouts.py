@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from tests.server.conftest import BACKENDS, Server, ServerProcess, Tenant
 from tests.server.rolloutsim import SimAgent, changed, initial, wait_for
+from tests.server.test_dashboard import browser, csrf_of
 from tests.server.test_notify import FAST, Receiver, receivers, route  # noqa: F401
 from trueup.cli.main import app
 from trueup.model.document import document_digest, parse_document
@@ -241,7 +242,13 @@ def test_a_rollout_goes_wave_by_wave_never_more_than_max_unavailable_at_once(
     first_of_wave_1 = min(m["sent_at"] for m in final["members"] if m["wave"] == 1)
     assert canary["finished_at"] <= first_of_wave_1
     actions = audit_actions(server, tenant)
-    for action in ("rollout.start", "rollout.send", "rollout.wave", "rollout.complete"):
+    for action in (
+        "rollout.start",
+        "rollout.send",
+        "rollout.gate",
+        "rollout.wave",
+        "rollout.complete",
+    ):
         assert action in actions, (action, actions)
     assert server.plane.verify_audit() == []
 
@@ -396,6 +403,65 @@ def test_abort_puts_every_changed_device_back_and_frees_them(
 
 
 @pytest.mark.parametrize("isolated_server", PARAMS, indirect=True)
+def test_a_device_edited_behind_the_rollout_fails_with_the_reason_and_is_not_overwritten(
+    isolated_server: Server, fleet: Any
+) -> None:
+    server = isolated_server
+    tenant, agents = fleet(2)
+    tenant_id = server.plane.tenant_id(tenant.name)
+    rollout = start(
+        server, tenant, agents, waves=[{"devices": ["edge-00"]}, {"percent": 100}], approval=True
+    )
+    drive(server, tenant, agents, rollout["id"], lambda v: v["state"] == "waiting-approval")
+    # A writer that does not ask the rollout (a direct insert) moves edge-01 on meanwhile.
+    with server.plane.db.write() as conn:
+        server.plane.desired_revisions.insert_revision(
+            conn,
+            tenant_id=tenant_id,
+            device_id=server.plane.device_id(tenant_id, "edge-01"),
+            device="edge-01",
+            expected_version=1,
+            document=parse_document(changed("edge-01", mtu=1280)),
+            author="someone-else",
+        )
+    approved = server.client.post(
+        f"{API}/{rollout['id']}/approve", json={}, headers=tenant.auth("operator")
+    )
+    assert approved.status_code == 200, approved.text
+    final = drive(server, tenant, agents, rollout["id"], lambda v: v["state"] == "paused")
+    edited = next(m for m in final["members"] if m["device"] == "edge-01")
+    assert edited["state"] == "failed" and edited["sent_version"] is None
+    assert (
+        "its desired version is 2, not the version 1 the plan was made against"
+        in (edited["reason"])
+    )
+    history = versions(server, tenant, "edge-01")
+    assert len(history) == 2  # the other writer's revision stands; nothing was sent over it
+    assert history[1] == document_digest(parse_document(changed("edge-01", mtu=1280)))
+
+
+@pytest.mark.parametrize("isolated_server", PARAMS, indirect=True)
+def test_a_device_whose_agent_lacks_a_section_the_change_uses_is_refused_never_sent(
+    isolated_server: Server, fleet: Any
+) -> None:
+    server = isolated_server
+    tenant, agents = fleet(3)
+    old = agents[2]
+    old.report(1, old.digest, {"agent_version": "0.0.9", "supported_sections": ["management"]})
+    rollout = start(server, tenant, agents, max_unavailable=3)
+    (refused,) = rollout["refused"]
+    assert refused["device"] == "edge-02" and refused["kind"] == "agent-version"
+    assert refused["problems"] == [
+        "spec.interfaces: the desired revision uses this section; the agent does not support it"
+    ]
+    assert [m["device"] for m in rollout["members"]] == ["edge-00", "edge-01"]
+    final = drive(server, tenant, agents[:2], rollout["id"], lambda v: v["state"] == "completed")
+    assert all(m["state"] == "passed" for m in final["members"])
+    assert len(versions(server, tenant, "edge-02")) == 1
+    assert old.poll() is False  # nothing new was ever sent to it
+
+
+@pytest.mark.parametrize("isolated_server", PARAMS, indirect=True)
 def test_a_stale_plan_and_an_empty_change_are_refused_and_nothing_is_stored(
     isolated_server: Server, fleet: Any
 ) -> None:
@@ -484,3 +550,61 @@ def test_trueup_fleet_rollout_starts_shows_pauses_and_aborts_over_the_api(tmp_pa
     finally:
         process.stop()
         database.dispose()
+
+
+# -- the dashboard ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("isolated_server", PARAMS[:1], indirect=True)
+def test_the_dashboard_shows_a_rollouts_waves_and_gates_and_pauses_it(
+    isolated_server: Server, fleet: Any
+) -> None:
+    server = isolated_server
+    tenant, agents = fleet(2)
+    rollout = start(server, tenant, agents, waves=[{"devices": ["edge-00"]}, {"percent": 100}])
+
+    def held(device: str, version: int) -> dict[str, Any] | None:
+        return {"management_ready": False}  # applied, management not ready: it stays sent
+
+    def judged(view: dict[str, Any]) -> bool:
+        gates = view["members"][0].get("gates") or {}
+        return bool(gates.get("checks", {}).get("management") is False)
+
+    drive(server, tenant, agents, rollout["id"], judged, held)
+    viewer = browser(server, tenant, "viewer")
+    listing = viewer.get("/ui/rollouts")
+    assert listing.status_code == 200 and f'href="/ui/rollouts/{rollout["id"]}"' in listing.text
+    page = viewer.get(f"/ui/rollouts/{rollout['id']}")
+    assert page.status_code == 200, page.text
+    assert 'id="rollout-members"' in page.text and "edge-00" in page.text
+    assert '<span class="gate no">management</span>' in page.text
+    assert "waiting for management" in page.text
+    assert f'data-stream="/ui/rollouts/{rollout["id"]}/stream"' in page.text
+    refused = viewer.post(
+        f"/ui/rollouts/{rollout['id']}/pause",
+        data={"csrf": csrf_of(page.text)},
+        follow_redirects=False,
+    )
+    assert refused.status_code == 403  # a viewer may look, not pause
+    operator = browser(server, tenant, "operator")
+    page = operator.get(f"/ui/rollouts/{rollout['id']}")
+    forged = operator.post(
+        f"/ui/rollouts/{rollout['id']}/pause", data={"csrf": "forged"}, follow_redirects=False
+    )
+    assert forged.status_code == 403
+    paused = operator.post(
+        f"/ui/rollouts/{rollout['id']}/pause",
+        data={"csrf": csrf_of(page.text), "reason": "look first"},
+        follow_redirects=False,
+    )
+    assert paused.status_code == 303, paused.text
+    assert status(server, tenant, rollout["id"])["state"] == "paused"
+    page = operator.get(f"/ui/rollouts/{rollout['id']}")
+    assert "look first" in page.text and ">Resume</button>" in page.text
+    wrong = operator.post(
+        f"/ui/rollouts/{rollout['id']}/approve",
+        data={"csrf": csrf_of(page.text)},
+        follow_redirects=False,
+    )
+    assert wrong.status_code == 409 and "is paused" in wrong.text
+    assert operator.get("/ui/rollouts/999").status_code == 404

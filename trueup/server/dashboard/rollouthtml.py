@@ -52,13 +52,13 @@ def rollouts_page(entries: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _gates(gates: Mapping[str, Any] | None) -> str:
+    """Each gate marked passed, failed or not yet, in words too (never by colour alone)."""
     if not gates:
         return '<span class="muted">-</span>'
-    checks = gates.get("checks") or {}
+    words = {True: ("ok", "passed"), False: ("no", "failed"), None: ("wait", "not yet")}
     marks = " ".join(
-        f'<span class="gate g-{"ok" if v is True else "no" if v is False else "wait"}">'
-        f"{esc(k.replace('_', ' '))} {'✓' if v is True else '✗' if v is False else '…'}</span>"
-        for k, v in checks.items()
+        f'<span class="gate {words[v][0]}">{esc(k)}</span><span class="vh"> {words[v][1]}</span>'
+        for k, v in (gates.get("checks") or {}).items()
     )
     return f"<b>{esc(gates.get('verdict'))}</b> {marks}"
 
@@ -92,8 +92,11 @@ def rollout_live(view: Mapping[str, Any], *, csrf: str, operator: bool) -> dict[
         f'<td><a href="/ui/devices/{quote(str(m["device"]))}">{esc(m["device"])}</a></td>'
         f"<td>{int(m['wave']) + 1}</td><td>{esc(m['state'])}</td>"
         f"<td>v{esc(m['from_version'])} → "
-        f"{'v' + esc(m['sent_version']) if m['sent_version'] is not None else '-'}</td>"
-        f"<td>{_gates(m.get('gates'))}</td><td>{esc(m['reason'] or '')}</td></tr>"
+        f"{'v' + esc(m['sent_version']) if m['sent_version'] is not None else '-'}"
+        f"{' → v' + esc(m['reverted_version']) + ' (put back)' if m.get('reverted_version') else ''}"
+        "</td>"
+        f"<td>{_gates(m.get('gates'))}</td>"
+        f"<td>{esc(m['reason'] or (m.get('gates') or {}).get('reason') or '')}</td></tr>"
         for m in view["members"]
     )
     controls = ""

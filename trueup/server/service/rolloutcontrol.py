@@ -28,7 +28,6 @@ import secrets
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, and_, select, update
@@ -44,6 +43,7 @@ from trueup.server.service.rolloutplan import (
 from trueup.server.service.rolloutrows import (
     ACTOR,
     InsertRevision,
+    StepStats,
     device_facts,
     pause_for_budget,
     take_lease,
@@ -60,22 +60,6 @@ TERMINAL = ("passed", "failed", "reverted", "skipped")
 
 class _Lost(Exception):
     """Another process sent this member, or took the lease: roll the batch back."""
-
-
-@dataclass
-class StepStats:
-    """What one tick did (the benchmark counts device transitions)."""
-
-    driven: int = 0
-    sent: int = 0
-    passed: int = 0
-    failed: int = 0
-    reverted: int = 0
-    waves: list[tuple[int, int, str]] = field(default_factory=list)
-
-    @property
-    def transitions(self) -> int:
-        return self.sent + self.passed + self.failed + self.reverted
 
 
 class RolloutController:
@@ -194,6 +178,7 @@ class RolloutController:
         rolled_back = self.store.covered(conn).rolled_back if judged else {}
         facts = device_facts(conn, [int(m["device_id"]) for m in judged], now, rolled_back)
         states = {int(m["id"]): str(m["state"]) for m in members}
+        verdicts: dict[str, list[Any]] = {"passed": [], "failed": []}
         for m in judged:
             fact = facts[int(m["device_id"])]
             gates = evaluate(
@@ -221,8 +206,20 @@ class RolloutController:
             )
             if gates.verdict == "passed":
                 stats.passed += 1
+                verdicts["passed"].append(m["name"])
             else:
                 stats.failed += 1
+                verdicts["failed"].append({"device": m["name"], "reason": gates.reason})
+        if verdicts["passed"] or verdicts["failed"]:
+            self.store.audit(
+                conn,
+                tenant_id=int(row["tenant_id"]),
+                actor=ACTOR,
+                action="rollout.gate",
+                target=f"rollout:{rollout_id}",
+                detail={"rollout_id": rollout_id, "wave": wave, **verdicts},
+                at=now,
+            )
         failed = [m for m in members if states[int(m["id"])] == "failed"]
         if len(failed) > spec.failure_budget:
             stats.reverted += pause_for_budget(

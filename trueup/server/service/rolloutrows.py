@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from sqlalchemy import Connection, RowMapping, and_, select, update
@@ -37,6 +38,7 @@ __all__ = [
     "NO_FACTS",
     "DeviceFacts",
     "InsertRevision",
+    "StepStats",
     "active_holders",
     "device_facts",
     "pause_for_budget",
@@ -47,6 +49,22 @@ __all__ = [
 # Rollout states that hold their devices (a second change to them is refused).
 ACTIVE = ("running", "paused", "waiting-approval")
 ACTOR = "trueup:rollouts"  # the controller's actor in the audit log
+
+
+@dataclass
+class StepStats:
+    """What one tick did (the benchmark counts device transitions)."""
+
+    driven: int = 0
+    sent: int = 0
+    passed: int = 0
+    failed: int = 0
+    reverted: int = 0
+    waves: list[tuple[int, int, str]] = field(default_factory=list)
+
+    @property
+    def transitions(self) -> int:
+        return self.sent + self.passed + self.failed + self.reverted
 
 
 class InsertRevision(Protocol):
@@ -110,7 +128,7 @@ def device_facts(
     conn: Connection,
     device_ids: Sequence[int],
     now: float,
-    rolled_back: Mapping[tuple[int, int], int] | None = None,
+    rolled_back: Mapping[tuple[int, int | None], int] | None = None,
 ) -> dict[int, DeviceFacts]:
     """device id -> its facts. `rolled_back` is the audit log's (device id, version) -> seq
     of each `revision.rolled_back` (Store.covered): a stored confirmation that says

@@ -171,7 +171,11 @@ class Rollouts:
                 },
                 at=now,
             )
-        return self.get(tenant_id, rollout_id)
+        view = self.get(tenant_id, rollout_id)
+        view["refused"] = [
+            {"device": r.device, "kind": r.kind, "problems": list(r.problems)} for r in plan.refused
+        ]
+        return view
 
     # -- who holds which device -------------------------------------------------------------
 

@@ -3,7 +3,8 @@
 `POST /api/v1/rollouts` takes the plan's targets (each device's full document;
 the version it was planned against, else its current desired version) and the
 wave spec; a target whose document is the device's desired one already is left
-out. A device another unfinished rollout holds is refused (409, naming the
+out, and one whose agent reports that it does not support the document (its
+apiVersion, a section it uses) is refused: listed under `refused`, never sent. A device another unfinished rollout holds is refused (409, naming the
 rollout), as is a target whose version has moved (409). The controller does
 the rest in whichever control-plane process holds the rollout's lease.
 """
@@ -20,10 +21,11 @@ from trueup.model.document import document_digest
 from trueup.model.layering import Provenance
 from trueup.server.api.context import Api, role
 from trueup.server.api.responses import TOKEN_ID, answers
+from trueup.server.fleet import agent_support
 from trueup.server.inputs import Comment, DeviceName
 from trueup.server.limits import MAX_VERSION
 from trueup.server.service import Invalid, Principal
-from trueup.server.service.fleettypes import Plan, Target
+from trueup.server.service.fleettypes import Plan, Refusal, Target
 
 __all__ = ["RolloutAction", "RolloutCreate", "register"]
 
@@ -80,6 +82,7 @@ def _plan(api: Api, tenant_id: int, body: RolloutCreate) -> Plan:
     plane = api.plane
     problems: list[str] = []
     targets = []
+    refused = []
     seen: set[str] = set()
     unchanged = 0
     for i, item in enumerate(body.targets):
@@ -97,6 +100,20 @@ def _plan(api: Api, tenant_id: int, body: RolloutCreate) -> Plan:
         if current is not None and current.content_hash == digest:
             unchanged += 1
             continue
+        canonical = document.canonical()
+        # The sections the document names (the canonical one adds every default section).
+        report = plane.last_report(tenant_id, item.device)
+        lacking = agent_support(report, item.document)["unsupported"]
+        if lacking:  # the agent says it cannot apply this document: never sent
+            refused.append(
+                Refusal(
+                    device_id=plane.device_id(tenant_id, item.device),
+                    device=item.device,
+                    kind="agent-version",
+                    problems=tuple(f"{u['path']}: {u['detail']}" for u in lacking),
+                )
+            )
+            continue
         targets.append(
             Target(
                 device_id=plane.device_id(tenant_id, item.device),
@@ -104,7 +121,7 @@ def _plan(api: Api, tenant_id: int, body: RolloutCreate) -> Plan:
                 from_version=item.from_version
                 if item.from_version is not None
                 else (current.version if current is not None else 0),
-                document=document.canonical(),
+                document=canonical,
                 digest=digest,
                 provenance=Provenance(profiles=(), variables_digest="", own_digest=None),
                 changes=(),
@@ -112,7 +129,7 @@ def _plan(api: Api, tenant_id: int, body: RolloutCreate) -> Plan:
         )
     if problems:
         raise Invalid(problems)
-    return Plan(targets=tuple(targets), refused=(), unchanged=unchanged)
+    return Plan(targets=tuple(targets), refused=tuple(refused), unchanged=unchanged)
 
 
 def register(app: FastAPI, api: Api) -> None:
