@@ -67,6 +67,7 @@ BODIES: dict[tuple[str, str], Any] = {
         "targets": [{"device": "edge-r", "document": document("edge-r")}],
         "waves": [{"percent": 100}],
     },
+    ("post", "/api/v1/plan/rollout"): {"selector": "", "waves": [{"percent": 100}]},
     ("post", "/api/v1/rollouts/{rollout_id}/pause"): {"reason": "test"},
     ("post", "/api/v1/rollouts/{rollout_id}/resume"): {},
     ("post", "/api/v1/rollouts/{rollout_id}/approve"): {},

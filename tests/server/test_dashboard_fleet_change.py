@@ -298,3 +298,45 @@ def test_the_live_parts_of_an_idle_rollout_do_not_change_and_escape_what_they_sh
     )
     assert "/ui/rollouts/7/resume" in parts["rollout-controls"]
     assert "/ui/rollouts/7/pause" not in parts["rollout-controls"]
+
+
+@pytest.mark.parametrize("isolated_server", FAST_ROLLOUT, indirect=True)
+def test_the_stored_plan_rolls_out_over_the_api_with_its_provenance(
+    isolated_server: Server,
+) -> None:
+    server = isolated_server
+    tenant, agents = _fleet(server, 4)
+    tenant_id = server.plane.tenant_id(tenant.name)
+    url = "/api/v1/plan/rollout"
+    body = {"waves": [{"devices": ["edge-02"]}, {"percent": 100}], "comment": "mtu 1400"}
+    nothing = server.client.post(url, json=body, headers=tenant.auth("operator"))
+    assert nothing.status_code == 200 and nothing.json()["rollout"] is None
+    assert nothing.json()["plan"]["exit_code"] == 0
+    viewer = server.client.post(url, json=body, headers=tenant.auth("viewer"))
+    assert viewer.status_code == 403
+    server.plane.put_profile(tenant_id, "edge-mtu", 1, profile(mtu_default=1400), actor="t")
+    bad = server.client.post(
+        url, json={**body, "selector": "site in ams"}, headers=tenant.auth("operator")
+    )
+    assert bad.status_code == 422 and "position" in bad.text
+    started = server.client.post(
+        url, json={**body, "selector": "site=ams"}, headers=tenant.auth("operator")
+    )
+    assert started.status_code == 201, started.text
+    answer = started.json()
+    assert answer["plan"]["counts"]["changed"] == 4
+    rollout = answer["rollout"]
+    assert [w["members"] for w in rollout["waves"]] == [1, 3]
+
+    def completed() -> bool:
+        for agent in agents:
+            agent.poll()
+        return bool(server.plane.rollout(tenant_id, rollout["id"])["state"] == "completed")
+
+    wait_for(completed, "the rollout to complete")
+    assert all(len(a.received) == 2 for a in agents)  # each sent the change once
+    desired = server.plane.desired(tenant_id, "edge-02")
+    assert desired is not None and desired.document["spec"]["interfaces"][0]["mtu"] == 1400
+    assert desired.provenance is not None and "edge-mtu" in json.dumps(desired.provenance)
+    again = server.client.post(url, json=body, headers=tenant.auth("operator"))
+    assert again.status_code == 200 and again.json()["rollout"] is None

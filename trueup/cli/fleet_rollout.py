@@ -2,7 +2,8 @@
 control plane's API (`/api/v1/rollouts`), with the connection options of `trueup fleet`.
 
 `start FILE…` rolls the documents out (each file one device's full desired-state
-document, JSON or YAML; the device is its `metadata.device`) in waves:
+document, JSON or YAML; the device is its `metadata.device`), `start --plan [-l
+SELECTOR]` the stored profiles and variables (what `trueup fleet plan` shows), in waves:
 `--canary DEVICE` (repeatable) is the first wave, then each `--wave PERCENT`
 (cumulative percentages of the rest; default one wave of 100 %). `status` lists
 the rollouts, or shows one: its waves, and each device's state, gates and reason.
@@ -113,7 +114,18 @@ def _document(path: Path) -> dict[str, Any]:
 @rollout_app.command("start")
 def start(
     ctx: typer.Context,
-    files: Annotated[list[Path], typer.Argument(help="one desired-state document per device")],
+    files: Annotated[
+        list[Path] | None, typer.Argument(help="one desired-state document per device")
+    ] = None,
+    from_plan: Annotated[
+        bool,
+        typer.Option(
+            "--plan", help="roll out the stored profiles and variables (`trueup fleet plan`)"
+        ),
+    ] = False,
+    selector: Annotated[
+        str, typer.Option("-l", "--selector", help="with --plan: only the devices it selects")
+    ] = "",
     canary: Annotated[
         list[str] | None, typer.Option("--canary", help="a device of the first wave (repeat)")
     ] = None,
@@ -145,8 +157,10 @@ def start(
 ) -> None:
     """Roll documents out in waves gated by the agents' own health."""
     c = _connection(ctx, server=server, token_file=token_file, ca_file=ca_file)
+    if from_plan == bool(files):
+        _fail("give the documents to roll out, or --plan (the stored profiles), not both")
     targets = []
-    for path in files:
+    for path in files or []:
         data = _document(path)
         targets.append({"device": data["metadata"]["device"], "document": data})
     waves: list[dict[str, Any]] = []
@@ -165,6 +179,23 @@ def start(
         "gate_timeout": gate_timeout,
         "comment": comment,
     }
+    if from_plan:
+        del body["targets"]
+        answer = _call(c, "POST", "/api/v1/plan/rollout", {**body, "selector": selector})
+        if output != "table":
+            emit(answer, output)
+        elif answer["rollout"] is None:
+            typer.echo("the plan changes no device: no rollout started")
+        else:
+            counts = answer["plan"]["counts"]
+            refused = [r["device"] for r in answer["plan"]["refused"]]
+            typer.echo(
+                f"plan: {counts['changed']} changed, {counts['refused']} refused"
+                + (f" ({', '.join(refused)}: never sent)" if refused else "")
+                + f", {counts['unchanged']} unchanged"
+            )
+            typer.echo(render_rollout(answer["rollout"]))
+        return
     answer = _call(c, "POST", "/api/v1/rollouts", body)
     if output == "table":
         typer.echo(render_rollout(answer))

@@ -1,10 +1,13 @@
 """Rollouts: publish a change wave by wave, watch its gates, pause, resume, approve, abort.
 
+`POST /api/v1/plan/rollout` rolls the stored profiles and variables out: the
+fleet plan of the devices a selector picks, each target with its provenance.
 `POST /api/v1/rollouts` takes the plan's targets (each device's full document;
 the version it was planned against, else its current desired version) and the
 wave spec; a target whose document is the device's desired one already is left
 out, and one whose agent reports that it does not support the document (its
-apiVersion, a section it uses) is refused: listed under `refused`, never sent. A device another unfinished rollout holds is refused (409, naming the
+apiVersion, a section it uses) is refused: listed under `refused`, never sent.
+A device another unfinished rollout holds is refused (409, naming the
 rollout), as is a target whose version has moved (409). The controller does
 the rest in whichever control-plane process holds the rollout's lease.
 """
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -26,8 +29,9 @@ from trueup.server.inputs import Comment, DeviceName
 from trueup.server.limits import MAX_VERSION
 from trueup.server.service import Invalid, Principal
 from trueup.server.service.fleettypes import Plan, Refusal, Target
+from trueup.server.service.planio import checked_selector, plan_json
 
-__all__ = ["RolloutAction", "RolloutCreate", "register"]
+__all__ = ["PlanRollout", "RolloutAction", "RolloutCreate", "RolloutSpec", "register"]
 
 MAX_TARGETS = 10_000
 ROLLOUT_BODY_BYTES = 64 * 1024 * 1024
@@ -56,9 +60,8 @@ class RolloutWave(BaseModel):
     approval: bool = False
 
 
-class RolloutCreate(BaseModel):
+class RolloutSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    targets: list[RolloutTarget] = Field(min_length=1, max_length=MAX_TARGETS)
     waves: list[RolloutWave] | None = Field(None, min_length=1, max_length=20)
     max_unavailable: (
         Annotated[int, Field(ge=1, le=1_000_000)]
@@ -70,6 +73,16 @@ class RolloutCreate(BaseModel):
     approval: bool = False
     gate_timeout: float = Field(900.0, ge=1, le=7 * 86400, allow_inf_nan=False)
     comment: Comment = ""
+
+
+class RolloutCreate(RolloutSpec):
+    targets: list[RolloutTarget] = Field(min_length=1, max_length=MAX_TARGETS)
+
+
+class PlanRollout(RolloutSpec):
+    selector: Annotated[str, Field(max_length=1000)] = Field(
+        "", description='only the devices whose labels this selector matches ("": every one)'
+    )
 
 
 class RolloutAction(BaseModel):
@@ -143,23 +156,46 @@ def register(app: FastAPI, api: Api) -> None:
         responses=answers(404, 409),
     )
     async def start_rollout(body: RolloutCreate, p: Principal = operator) -> dict[str, Any]:
+        return await run_in_threadpool(lambda: _start(p, _plan(api, p.tenant_id, body), body))
+
+    def _start(p: Principal, plan: Plan, body: RolloutSpec) -> dict[str, Any]:
+        return plane.start_rollout(
+            p.tenant_id,
+            plan,
+            waves=[w.model_dump(exclude_none=True, exclude_defaults=True) for w in body.waves]
+            if body.waves is not None
+            else None,
+            max_unavailable=body.max_unavailable,
+            soak_seconds=body.soak_seconds,
+            failure_budget=body.failure_budget,
+            confirm_within=body.confirm_within,
+            approval=body.approval,
+            gate_timeout=body.gate_timeout,
+            actor=p.actor,
+            comment=body.comment,
+        )
+
+    @app.post(
+        "/api/v1/plan/rollout",
+        status_code=201,
+        openapi_extra=role("operator"),
+        responses=answers(404, 409),
+    )
+    async def rollout_plan(
+        body: PlanRollout, response: Response, p: Principal = operator
+    ) -> dict[str, Any]:
+        """Roll the stored profiles and variables out: the plan `POST /api/v1/plan` shows
+        for them (refused devices are never sent it), wave by wave. 201 with the rollout;
+        200 without one when the plan changes no device."""
+
         def start() -> dict[str, Any]:
-            plan = _plan(api, p.tenant_id, body)
-            return plane.start_rollout(
-                p.tenant_id,
-                plan,
-                waves=[w.model_dump(exclude_none=True, exclude_defaults=True) for w in body.waves]
-                if body.waves is not None
-                else None,
-                max_unavailable=body.max_unavailable,
-                soak_seconds=body.soak_seconds,
-                failure_budget=body.failure_budget,
-                confirm_within=body.confirm_within,
-                approval=body.approval,
-                gate_timeout=body.gate_timeout,
-                actor=p.actor,
-                comment=body.comment,
-            )
+            plan = plane.plan(p.tenant_id, selector=checked_selector(body.selector))
+            answer: dict[str, Any] = {"plan": plan_json(plan), "rollout": None}
+            if plan.targets:
+                answer["rollout"] = _start(p, plan, body)
+            else:
+                response.status_code = 200
+            return answer
 
         return await run_in_threadpool(start)
 
