@@ -36,7 +36,7 @@ YAML
 
 # The simulated fleet creates its 40 labelled devices in the background: wait for them.
 for _ in $(seq 600); do
-  count=$(fleet list -l role=edge -o json 2>/dev/null | field 'len(d)' 2>/dev/null || echo 0)
+  count=$(fleet list -l role=edge -o json 2>/dev/null | field 'len(d["devices"])' 2>/dev/null || echo 0)
   [ "$count" -ge 40 ] 2>/dev/null && break
   sleep 0.1
 done
