@@ -133,7 +133,7 @@ def rollout_page(
     ok = f'<p class="notice" role="status">{esc(notice)}</p>' if notice else ""
     return (
         f"<h1>Rollout {rid}</h1>{ok}{error_box(error)}"
-        f'<p class="muted">{esc(view.get("comment") or "")} · started by '
+        f'<p class="muted">{esc(view["comment"]) + " · " if view.get("comment") else ""}started by '
         f"{esc(view['created_by'])} at {esc(view['created_at'])}"
         ' · <span id="live" class="live">live</span></p>'
         f'<div id="rollout-live" data-stream="/ui/rollouts/{rid}/stream">'

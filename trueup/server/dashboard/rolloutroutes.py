@@ -94,7 +94,11 @@ def register(
                         principal.tenant_id, selector=checked_selector(form.get("selector", ""))
                     )
                     started = plane.start_rollout(
-                        principal.tenant_id, plan, actor=principal.actor, comment=reason, **spec
+                        principal.tenant_id,
+                        plan,
+                        actor=principal.actor,
+                        comment=reason or comment_of(form),
+                        **spec,
                     )
                 except (Conflict, Busy, WrongState, Invalid) as exc:
                     status = 422 if isinstance(exc, Invalid) else 409
