@@ -751,3 +751,37 @@ def test_labels_changed_inserted_or_deleted_behind_the_server_are_named(
     failed_naming(
         server, f"device labels {tenant.name}/edge-03: have no audit entry (inserted directly)"
     )
+
+
+def test_a_plan_is_never_rendered_from_a_profile_or_variables_the_log_does_not_vouch_for(
+    isolated_server: Server,
+) -> None:
+    server = isolated_server
+    tenant, _tenant_id = populated(server)
+    viewer = tenant.auth("viewer")
+    assert server.client.post("/api/v1/plan", json={}, headers=viewer).status_code == 200
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(text("""UPDATE device_inputs SET variables = '{"mtu": 1280}'"""))
+    refused = server.client.post("/api/v1/plan", json={}, headers=viewer)
+    assert refused.status_code == 409, refused.text
+    assert "differ from the audited ones" in refused.json()["detail"]
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(text("""UPDATE device_inputs SET variables = '{"mtu": 1400}'"""))
+        conn.execute(text("UPDATE profiles SET document = replace(document, '1500', '1499')"))
+    refused = server.client.post("/api/v1/plan", json={}, headers=viewer)
+    assert refused.status_code == 409, refused.text
+    assert (
+        "profile mtu version 4: its document differs from the audited one"
+        in (refused.json()["detail"])
+    )
+    admin = tenant.auth("admin")
+    published = server.client.post("/api/v1/plan/publish", json={}, headers=admin)
+    assert published.status_code == 409  # nothing is published either
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(text("UPDATE profiles SET document = replace(document, '1499', '1500')"))
+    assert server.client.post("/api/v1/plan", json={}, headers=viewer).status_code == 200
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(text("DELETE FROM profiles WHERE version = 4"))
+    refused = server.client.post("/api/v1/plan", json={}, headers=viewer)
+    assert refused.status_code == 409
+    assert "profile mtu version 4 is audited but missing" in refused.json()["detail"]

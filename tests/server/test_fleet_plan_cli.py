@@ -105,6 +105,19 @@ def test_fleet_plan_exit_codes_profiles_and_variables_through_the_cli(tmp_path: 
         assert code == 2
         assert "~ spec.interfaces[lan0].mtu: 1500 -> 9000" in out
 
+        # An own layer from a whole document (its spec), then removed again.
+        own = tmp_path / "own.yaml"
+        own.write_text(yaml.safe_dump(document("edge-02", address="198.51.100.9/24")))
+        code, out, err = _invoke("fleet", "vars", "edge-02", "--own", str(own), env=env)
+        assert code == 0, err
+        assert "own layer: management" in out
+        code, out, _ = _invoke("fleet", "vars", "edge-02", "-o", "json", env=env)
+        assert json.loads(out)["own"]["management"]["addresses"] == ["198.51.100.9/24"]
+        code, out, err = _invoke("fleet", "vars", "edge-02", "--clear-own", env=env)
+        assert code == 0 and "own layer: none" in out, err
+        own.write_text(yaml.safe_dump(document("edge-02")))  # back to what it was
+        assert _invoke("fleet", "vars", "edge-02", "--own", str(own), env=env)[0] == 0
+
         # Edit in $EDITOR: the edited document is stored as version 2.
         editor = tmp_path / "editor.sh"
         editor.write_text("#!/bin/sh\nsed -i 's/default: 1500/default: 1400/' \"$1\"\n")

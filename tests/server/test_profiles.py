@@ -187,3 +187,43 @@ def test_every_profile_and_variables_write_is_audited(server: Server) -> None:
         ("device.variables", "device:edge-01"),
     ):
         assert expected in actions, actions
+
+
+def test_of_concurrent_writers_of_one_version_exactly_one_wins(server: Server) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trueup.server.service import Conflict
+
+    tenant = server.tenant(devices=("edge-01",))
+    tenant_id = server.plane.tenant_id(tenant.name)
+
+    def create(i: int) -> str:
+        try:
+            server.plane.put_profile(tenant_id, "race", 0, profile("race"), actor=f"w{i}")
+        except Conflict:
+            return "conflict"
+        return "stored"
+
+    def update(i: int) -> str:
+        body = profile("race", mtu_default=1400 + i)
+        try:
+            server.plane.put_profile(tenant_id, "race", 1, body, actor=f"w{i}")
+        except Conflict:
+            return "conflict"
+        return "stored"
+
+    def set_variables(i: int) -> str:
+        try:
+            server.plane.put_device_variables(
+                tenant_id, "edge-01", 0, variables={"mtu": 1400 + i}, own=None, actor=f"w{i}"
+            )
+        except Conflict:
+            return "conflict"
+        return "stored"
+
+    for writer in (create, update, set_variables):
+        with ThreadPoolExecutor(8) as pool:
+            outcomes = sorted(pool.map(writer, range(8)))
+        assert outcomes == ["conflict"] * 7 + ["stored"], (writer.__name__, outcomes)
+    assert [v.version for v in server.plane.profile_history(tenant_id, "race")] == [1, 2]
+    assert server.plane.device_variables(tenant_id, "edge-01").version == 1

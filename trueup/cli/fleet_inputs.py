@@ -83,7 +83,12 @@ def fleet_vars(
     ca_file: CaFileOpt = None,
     output: OutputOpt = "table",
 ) -> None:
-    """A device's variables and own layer: show them, or change them (If-Match)."""
+    """A device's variables and own layer: show them, or change them (If-Match).
+
+    NAME=VALUE takes VALUE as JSON when it reads as JSON (9000, true, ["a","b"]), else as
+    text; NAME- removes NAME. --own FILE replaces the own layer (a partial spec, or a
+    whole document's spec). No device changes until a plan is published.
+    """
     c = conn(ctx, server=server, token_file=token_file, ca_file=ca_file)
     url = f"/api/v1/devices/{quote(device, safe='')}/variables"
     status, body, _ = call(c, "GET", url)
@@ -180,7 +185,13 @@ def fleet_plan(
     ca_file: CaFileOpt = None,
     output: OutputOpt = "table",
 ) -> None:
-    """What a change would do to each device: exit 0 no change, 2 changes, 1 refusals."""
+    """What a change would do to each device: exit 0 no change, 2 changes, 1 refusals.
+
+    Without a change, the stored inputs as they are (what `trueup fleet publish` would
+    send). Per device: the paths that change, old -> new, against its desired revision;
+    the devices that refuse it (a variable, a merge or the document model; an agent that
+    does not support a section used); the count of the rest. Nothing is stored.
+    """
     c = conn(ctx, server=server, token_file=token_file, ca_file=ca_file)
     chosen = [o for o in (profile, delete_profile, vars_device, label_device) if o is not None]
     if len(chosen) > 1:
@@ -261,7 +272,7 @@ def fleet_publish(
         for refusal in published["refused"]:
             if refusal["device"] in expect:
                 typer.echo(f"{refusal['device']}: NOT published ({refusal['kind']})")
-                typer.echo("".join(f"  {p}" for p in refusal["problems"]))
+                typer.echo("\n".join(f"  {p}" for p in refusal["problems"]))
     raise typer.Exit(1 if published["refused"] else 0)
 
 

@@ -26,7 +26,7 @@ from sqlalchemy.exc import IntegrityError
 
 from trueup.model.digests import json_digest
 from trueup.model.document import supported_sections
-from trueup.server.service.errors import Conflict, Invalid
+from trueup.server.service.errors import Conflict, Invalid, Tampered
 from trueup.server.service.store import Store
 from trueup.server.tables import device_inputs
 
@@ -137,11 +137,29 @@ class DeviceInputRecords:
         return self._row(conn, device_id) is not None
 
     def all_in(self, conn: Connection, tenant_id: int) -> dict[int, StoredInputs]:
-        """device id -> stored inputs, for every device of the tenant that has a row."""
+        """device id -> stored inputs, for every device of the tenant that has a row, each
+        as its newest audited `device.variables` entry has it (Tampered otherwise: a plan
+        never renders from inputs the log does not vouch for)."""
         rows = conn.execute(
             select(device_inputs).where(device_inputs.c.tenant_id == tenant_id)
         ).mappings()
-        return {int(r["device_id"]): _stored("", r) for r in rows}
+        found = {int(r["device_id"]): _stored("", r) for r in rows}
+        if not found:
+            return found
+        facts = self.store.covered(conn)
+        verify = "; not used (run `trueup server audit verify`)"
+        for device_id, stored in found.items():
+            fact = facts.inputs.get(device_id)
+            what = f"the variables of device id {device_id}"
+            if fact is None:
+                raise Tampered(f"{what} have no audit entry{verify}")
+            if (
+                fact.version != stored.version
+                or fact.variables_digest != json_digest(stored.variables)
+                or fact.own_digest != own_digest(stored.own)
+            ):
+                raise Tampered(f"{what} differ from the audited ones (seq={fact.seq}){verify}")
+        return found
 
     def put(
         self,

@@ -89,7 +89,7 @@ class _StoredProfile(Protocol):
 
 
 class _ProfileSource(Protocol):
-    def current_in(self, conn: Connection, tenant_id: int) -> Sequence[_StoredProfile]: ...
+    def vouched_in(self, conn: Connection, tenant_id: int) -> Sequence[_StoredProfile]: ...
 
 
 class _Inputs(Protocol):
@@ -211,7 +211,7 @@ class Planner:
             else {}
         )
         with self.store.db.read() as conn:
-            stored = [(p.name, p.profile()) for p in self.profiles.current_in(conn, tenant_id)]
+            stored = [(p.name, p.profile()) for p in self.profiles.vouched_in(conn, tenant_id)]
             fleet = self._devices(conn, tenant_id, labelled)
         before = [p for _, p in stored]
         after = self._profiles_after(stored, change)

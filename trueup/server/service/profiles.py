@@ -29,9 +29,10 @@ from typing import Any
 from sqlalchemy import Connection, RowMapping, and_, func, select
 from sqlalchemy.exc import IntegrityError
 
+from trueup.model.digests import json_digest
 from trueup.model.layering import Profile, ProfileError, parse_profile
 from trueup.server.limits import TEXT_LENGTH
-from trueup.server.service.errors import Conflict, Invalid, NotFound
+from trueup.server.service.errors import Conflict, Invalid, NotFound, Tampered
 from trueup.server.service.store import Store
 from trueup.server.tables import profiles
 
@@ -177,6 +178,45 @@ class Profiles:
             .order_by(profiles.c.name)
         ).mappings()
         return [_version(r) for r in rows]
+
+    def vouched_in(self, conn: Connection, tenant_id: int) -> builtins.list[ProfileVersion]:
+        """The current profiles, each checked against the audit log: its version is the
+        newest audited one of its name, with the audited digest, and its document hashes to
+        it; no audited live profile is missing; the chain holds after them. Raises Tampered
+        naming the profile otherwise: a plan is never rendered from what the log does not
+        vouch for (an edited row would reach every device it selects)."""
+        current = self.current_in(conn, tenant_id)
+        facts = self.store.covered(conn)
+        audited: dict[str, tuple[int, bool, int]] = {}
+        for (tenant, name, version), fact in facts.profiles.items():
+            if tenant == tenant_id and version > audited.get(name, (0, False, 0))[0]:
+                audited[name] = (version, fact.deleted, fact.seq)
+        verify = "; not used (run `trueup server audit verify`)"
+        for stored in current:
+            vouched = facts.profiles.get((tenant_id, stored.name, stored.version))
+            what = f"profile {stored.name} version {stored.version}"
+            if vouched is None:
+                raise Tampered(f"{what} has no audit entry{verify}")
+            if vouched.digest != stored.digest or json_digest(stored.document) != vouched.digest:
+                raise Tampered(f"{what}: its document differs from the audited one{verify}")
+            newest = audited[stored.name][0]
+            if newest > stored.version:
+                raise Tampered(
+                    f"{what}: the audit log's newest version is {newest}: rolled back "
+                    f"behind the server's back{verify}"
+                )
+        live = {v.name for v in current}
+        for name, (version, deleted, _seq) in sorted(audited.items()):
+            if not deleted and name not in live:
+                raise Tampered(f"profile {name} version {version} is audited but missing{verify}")
+        if audited:
+            broken = self.store.audit_break_after(min(seq for _, _, seq in audited.values()))
+            if broken is not None:
+                raise Tampered(
+                    f"the audit log does not hold together at seq={broken}, after profiles "
+                    f"were audited: a newer version may have been removed{verify}"
+                )
+        return current
 
     def current(self, tenant_id: int) -> builtins.list[Profile]:
         """The tenant's profiles as the renderer takes them (each with its version)."""
