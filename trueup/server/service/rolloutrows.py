@@ -128,7 +128,7 @@ def device_facts(
     conn: Connection,
     device_ids: Sequence[int],
     now: float,
-    rolled_back: Mapping[tuple[int, int], int] | None = None,
+    rolled_back: Mapping[tuple[int, int | None], int] | None = None,
 ) -> dict[int, DeviceFacts]:
     """device id -> its facts. `rolled_back` is the audit log's (device id, version) -> seq
     of each `revision.rolled_back` (Store.covered): a stored confirmation that says
