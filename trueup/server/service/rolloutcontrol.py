@@ -45,6 +45,7 @@ from trueup.server.service.rolloutrows import (
     InsertRevision,
     StepStats,
     device_facts,
+    fail_rollout,
     pause_for_budget,
     take_lease,
 )
@@ -143,7 +144,13 @@ class RolloutController:
                 if row["state"] != "running":
                     continue
                 stats.driven += 1
-                spec = parse_spec(json.loads(row["spec"]))
+                try:
+                    spec = parse_spec(json.loads(row["spec"]))
+                except ValueError as exc:  # a stored spec this trueup cannot read: stop
+                    fail_rollout(
+                        conn, self.store, row, f"its stored spec cannot be read: {exc}", at
+                    )
+                    continue
                 pending = self._judge(conn, row, spec, at, stats)
             while pending:
                 batch, pending = pending[: self.send_batch], pending[self.send_batch :]

@@ -41,6 +41,7 @@ __all__ = [
     "StepStats",
     "active_holders",
     "device_facts",
+    "fail_rollout",
     "pause_for_budget",
     "put_back",
     "take_lease",
@@ -356,3 +357,21 @@ def pause_for_budget(
             [],
         )
     return sum(1 for r in results if "reverted_version" in r)
+
+
+def fail_rollout(conn: Connection, store: Store, row: RowMapping, reason: str, now: float) -> None:
+    """End a rollout the controller cannot drive (state `failed`, audited `rollout.fail`)."""
+    conn.execute(
+        update(rollouts)
+        .where(rollouts.c.id == row["id"])
+        .values(state="failed", reason=reason, updated_at=now, finished_at=now)
+    )
+    store.audit(
+        conn,
+        tenant_id=int(row["tenant_id"]),
+        actor=ACTOR,
+        action="rollout.fail",
+        target=f"rollout:{row['id']}",
+        detail={"rollout_id": int(row["id"]), "reason": reason},
+        at=now,
+    )
