@@ -308,7 +308,69 @@ def test_a_canary_that_rolls_back_pauses_the_rollout_is_put_back_and_notifies(
     assert event["device"] == "edge-00" and event["severity"] == "critical"
     assert event["rollout"]["id"] == rollout["id"] and event["rollout"]["failed"] == ["edge-00"]
     assert "rollout.pause" in audit_actions(server, tenant)
+    # Resuming accepts the wave's failure: the budget counts new ones, and it goes on.
+    resumed = server.client.post(
+        f"{API}/{rollout['id']}/resume", json={}, headers=tenant.auth("operator")
+    )
+    assert resumed.status_code == 200, resumed.text
+    final = drive(
+        server,
+        tenant,
+        agents,
+        rollout["id"],
+        lambda v: v["state"] == "completed",
+        canary_loses_management,
+    )
+    states = {m["device"]: m["state"] for m in final["members"]}
+    assert states == {
+        "edge-00": "reverted",
+        "edge-01": "passed",
+        "edge-02": "passed",
+        "edge-03": "passed",
+    }
     assert server.plane.verify_audit() == []
+
+
+@pytest.mark.parametrize("isolated_server", PARAMS, indirect=True)
+def test_a_failure_within_budget_is_put_back_and_the_rollout_goes_on_until_one_more(
+    isolated_server: Server, fleet: Any
+) -> None:
+    server = isolated_server
+    tenant, agents = fleet(4)
+    failing = {"edge-00"}
+
+    def apply_fails(device: str, version: int) -> dict[str, Any] | None:
+        if device in failing and version == 2:
+            return {"reason_codes": ["STATE_PARTIAL_UPDATE"]}
+        return None
+
+    rollout = start(
+        server,
+        tenant,
+        agents,
+        waves=[{"devices": ["edge-00", "edge-01", "edge-02"]}, {"percent": 100}],
+        max_unavailable=1,
+        failure_budget=1,
+    )
+    final = drive(
+        server,
+        tenant,
+        agents[:3],
+        rollout["id"],
+        lambda v: v["current_wave"] == 1 or v["state"] != "running",
+        apply_fails,
+    )
+    by_name = {m["device"]: m for m in final["members"]}
+    assert by_name["edge-00"]["state"] == "reverted"  # put back although within budget
+    assert by_name["edge-00"]["reverted_version"] == 3
+    assert by_name["edge-01"]["state"] == by_name["edge-02"]["state"] == "passed"
+    assert final["state"] == "running"  # one failure: within the budget of one
+    failing.add("edge-03")
+    paused = drive(
+        server, tenant, agents, rollout["id"], lambda v: v["state"] != "running", apply_fails
+    )
+    assert paused["state"] == "completed"  # wave 1 has its own budget: one failure is fine
+    assert {m["device"]: m["state"] for m in paused["members"]}["edge-03"] == "reverted"
 
 
 @pytest.mark.parametrize("isolated_server", PARAMS, indirect=True)
