@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import update
 from typer.testing import CliRunner
 
 from tests.server.conftest import BACKENDS, Server, ServerProcess, Tenant
@@ -33,6 +34,8 @@ from trueup.server.service.rolloutplan import (
     parse_spec,
     unavailable_limit,
 )
+from trueup.server.service.rolloutrows import take_lease
+from trueup.server.tables import rollout_leases, rollouts
 from trueup.server.tokens import Role
 
 PARAMS = [(backend, {**FAST, "rollout_tick_seconds": 0.05}) for backend in BACKENDS]
@@ -305,7 +308,69 @@ def test_a_canary_that_rolls_back_pauses_the_rollout_is_put_back_and_notifies(
     assert event["device"] == "edge-00" and event["severity"] == "critical"
     assert event["rollout"]["id"] == rollout["id"] and event["rollout"]["failed"] == ["edge-00"]
     assert "rollout.pause" in audit_actions(server, tenant)
+    # Resuming accepts the wave's failure: the budget counts new ones, and it goes on.
+    resumed = server.client.post(
+        f"{API}/{rollout['id']}/resume", json={}, headers=tenant.auth("operator")
+    )
+    assert resumed.status_code == 200, resumed.text
+    final = drive(
+        server,
+        tenant,
+        agents,
+        rollout["id"],
+        lambda v: v["state"] == "completed",
+        canary_loses_management,
+    )
+    states = {m["device"]: m["state"] for m in final["members"]}
+    assert states == {
+        "edge-00": "reverted",
+        "edge-01": "passed",
+        "edge-02": "passed",
+        "edge-03": "passed",
+    }
     assert server.plane.verify_audit() == []
+
+
+@pytest.mark.parametrize("isolated_server", PARAMS, indirect=True)
+def test_a_failure_within_budget_is_put_back_and_the_rollout_goes_on_until_one_more(
+    isolated_server: Server, fleet: Any
+) -> None:
+    server = isolated_server
+    tenant, agents = fleet(4)
+    failing = {"edge-00"}
+
+    def apply_fails(device: str, version: int) -> dict[str, Any] | None:
+        if device in failing and version == 2:
+            return {"reason_codes": ["STATE_PARTIAL_UPDATE"]}
+        return None
+
+    rollout = start(
+        server,
+        tenant,
+        agents,
+        waves=[{"devices": ["edge-00", "edge-01", "edge-02"]}, {"percent": 100}],
+        max_unavailable=1,
+        failure_budget=1,
+    )
+    final = drive(
+        server,
+        tenant,
+        agents[:3],
+        rollout["id"],
+        lambda v: v["current_wave"] == 1 or v["state"] != "running",
+        apply_fails,
+    )
+    by_name = {m["device"]: m for m in final["members"]}
+    assert by_name["edge-00"]["state"] == "reverted"  # put back although within budget
+    assert by_name["edge-00"]["reverted_version"] == 3
+    assert by_name["edge-01"]["state"] == by_name["edge-02"]["state"] == "passed"
+    assert final["state"] == "running"  # one failure: within the budget of one
+    failing.add("edge-03")
+    paused = drive(
+        server, tenant, agents, rollout["id"], lambda v: v["state"] != "running", apply_fails
+    )
+    assert paused["state"] == "completed"  # wave 1 has its own budget: one failure is fine
+    assert {m["device"]: m["state"] for m in paused["members"]}["edge-03"] == "reverted"
 
 
 @pytest.mark.parametrize("isolated_server", PARAMS, indirect=True)
@@ -491,6 +556,74 @@ def test_a_stale_plan_and_an_empty_change_are_refused_and_nothing_is_stored(
     assert all(p.startswith("targets[0].document: ") for p in bad.json()["problems"])
     listed = server.client.get(API, headers=tenant.auth("viewer")).json()
     assert listed["count"] == 0
+
+
+@pytest.mark.parametrize("isolated_server", PARAMS, indirect=True)
+def test_a_device_that_regresses_during_the_soak_pauses_before_the_next_wave(
+    isolated_server: Server, fleet: Any
+) -> None:
+    server = isolated_server
+    tenant, agents = fleet(3)
+    rollout = start(
+        server,
+        tenant,
+        agents,
+        waves=[{"devices": ["edge-00"]}, {"percent": 100}],
+        soak_seconds=600,
+    )
+    soaking = drive(
+        server, tenant, agents, rollout["id"], lambda v: v["waves"][0]["state"] == "soaking"
+    )
+    assert soaking["members"][0]["state"] == "passed"
+    canary = agents[0]
+    canary.report(canary.applied, canary.digest, {"reason_codes": ["STATE_RECONCILIATION_FAILED"]})
+    final = drive(server, tenant, agents, rollout["id"], lambda v: v["state"] == "paused")
+    first = final["members"][0]
+    assert first["device"] == "edge-00" and first["state"] == "reverted"
+    assert "the apply failed: STATE_RECONCILIATION_FAILED" in first["reason"]
+    assert all(m["state"] == "pending" for m in final["members"][1:])
+
+
+@pytest.mark.parametrize("isolated_server", PARAMS, indirect=True)
+def test_the_lease_goes_to_one_holder_until_it_runs_out(
+    isolated_server: Server, fleet: Any
+) -> None:
+    server = isolated_server
+    tenant, agents = fleet(1)
+    rollout = start(server, tenant, agents)
+    with server.plane.db.write() as conn:  # the server's own controller lets go first
+        conn.execute(update(rollout_leases).values(holder="", expires_at=0.0))
+        assert take_lease(conn, rollout["id"], "a", 1000.0, 10.0)
+        assert not take_lease(conn, rollout["id"], "b", 1005.0, 10.0)
+        assert take_lease(conn, rollout["id"], "a", 1005.0, 10.0)  # renewed: until 1015
+        assert not take_lease(conn, rollout["id"], "b", 1014.0, 10.0)
+        assert take_lease(conn, rollout["id"], "b", 1016.0, 10.0)
+        assert not take_lease(conn, rollout["id"], "a", 1017.0, 10.0)
+        conn.execute(update(rollout_leases).values(expires_at=0.0))
+
+
+@pytest.mark.parametrize("isolated_server", PARAMS, indirect=True)
+def test_a_rollout_whose_stored_spec_cannot_be_read_fails_with_the_reason(
+    isolated_server: Server, fleet: Any
+) -> None:
+    server = isolated_server
+    tenant, agents = fleet(1)
+    rollout = start(server, tenant, agents, approval=False)
+    server.client.post(f"{API}/{rollout['id']}/pause", json={}, headers=tenant.auth("operator"))
+    with server.plane.db.write() as conn:
+        conn.execute(
+            update(rollouts)
+            .where(rollouts.c.id == rollout["id"])
+            .values(spec=json.dumps({"waves": [{"percent": 0}]}))
+        )
+    server.client.post(f"{API}/{rollout['id']}/resume", json={}, headers=tenant.auth("operator"))
+    failed = wait_for(
+        lambda: (v := status(server, tenant, rollout["id"]))["state"] == "failed" and v,
+        "the rollout to fail",
+    )
+    assert "its stored spec cannot be read" in failed["reason"]
+    assert "waves[0].percent: 0 is not an integer from 1 to 100" in failed["reason"]
+    assert "rollout.fail" in audit_actions(server, tenant)
 
 
 # -- the CLI ---------------------------------------------------------------------------------

@@ -521,6 +521,9 @@ rollouts = Table(
     Column("current_wave", Integer, nullable=False),
     Column("wave_started_at", Float, nullable=True),
     Column("wave_done_at", Float, nullable=True),
+    # Failures of the current wave an operator accepted by resuming after a budget pause:
+    # the budget counts the wave's failures beyond them (0 again when a wave starts).
+    Column("accepted_failures", Integer, nullable=False, server_default="0"),
     Column("created_by", String(ACTOR_LENGTH), nullable=False),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),

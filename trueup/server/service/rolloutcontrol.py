@@ -4,12 +4,13 @@ process holding a rollout's lease drives it.
 Each tick (`step`) takes or renews the lease of every running rollout (one
 compare-and-set; rolloutrows.take_lease) and, for those it holds, in one
 transaction: judges every sent member of the current wave from its device's
-newest report (rolloutplan.evaluate), pauses the rollout when the wave's
-failures exceed its budget (the failed devices put back on their previous
-revision, a `rollout_paused` notification per failed device), and moves on
+newest report (rolloutplan.evaluate) and puts a device that failed back on
+its previous revision at once; pauses the rollout when the wave's failures
+exceed its budget (a `rollout_paused` notification per failed device); moves on
 when every member has finished and the soak has passed: the next wave, a wait
 for an approval, or completed. Then it sends, in batches of their own
-transactions, as many pending members as `max_unavailable` leaves room for.
+transactions (rolloutsend.py), as many pending members as `max_unavailable`
+leaves room for.
 
 A send is exactly once across processes: the revision (DesiredRevisions.
 insert_revision, compare-and-set on the plan's `from_version`) and the member
@@ -32,7 +33,6 @@ from typing import Any
 
 from sqlalchemy import Connection, RowMapping, and_, select, update
 
-from trueup.model.document import parse_document
 from trueup.server.service.errors import Conflict
 from trueup.server.service.rolloutplan import (
     Spec,
@@ -45,9 +45,12 @@ from trueup.server.service.rolloutrows import (
     InsertRevision,
     StepStats,
     device_facts,
+    fail_rollout,
     pause_for_budget,
+    put_back,
     take_lease,
 )
+from trueup.server.service.rolloutsend import Lost, send_members
 from trueup.server.service.store import Store
 from trueup.server.tables import devices, rollout_leases, rollout_members, rollouts
 
@@ -56,10 +59,6 @@ __all__ = ["RolloutController", "StepStats"]
 log = logging.getLogger("trueup.server.rollouts")
 
 TERMINAL = ("passed", "failed", "reverted", "skipped")
-
-
-class _Lost(Exception):
-    """Another process sent this member, or took the lease: roll the batch back."""
 
 
 class RolloutController:
@@ -143,7 +142,13 @@ class RolloutController:
                 if row["state"] != "running":
                     continue
                 stats.driven += 1
-                spec = parse_spec(json.loads(row["spec"]))
+                try:
+                    spec = parse_spec(json.loads(row["spec"]))
+                except ValueError as exc:  # a stored spec this trueup cannot read: stop
+                    fail_rollout(
+                        conn, self.store, row, f"its stored spec cannot be read: {exc}", at
+                    )
+                    continue
                 pending = self._judge(conn, row, spec, at, stats)
             while pending:
                 batch, pending = pending[: self.send_batch], pending[self.send_batch :]
@@ -210,6 +215,36 @@ class RolloutController:
             else:
                 stats.failed += 1
                 verdicts["failed"].append({"device": m["name"], "reason": gates.reason})
+        fresh = [
+            int(m["id"])
+            for m in judged
+            if states[int(m["id"])] == "failed" and m["state"] != "failed"
+        ]
+        put: list[dict[str, Any]] = []
+        if fresh:  # a device that failed its gates goes back at once, within budget or not
+            rows = list(
+                conn.execute(
+                    select(rollout_members, devices.c.name)
+                    .join(devices, devices.c.id == rollout_members.c.device_id)
+                    .where(rollout_members.c.id.in_(fresh))
+                    .order_by(rollout_members.c.id)
+                ).mappings()
+            )
+            put = put_back(
+                conn,
+                self.insert_revision,
+                tenant_id=int(row["tenant_id"]),
+                rollout_id=rollout_id,
+                members=rows,
+                names={int(r["device_id"]): r["name"] for r in rows},
+                author=ACTOR,
+                why="it failed its gates",
+                now=now,
+            )
+            for r, result in zip(rows, put, strict=True):
+                if "reverted_version" in result:
+                    states[int(r["id"])] = "reverted"
+                    stats.reverted += 1
         if verdicts["passed"] or verdicts["failed"]:
             self.store.audit(
                 conn,
@@ -217,18 +252,17 @@ class RolloutController:
                 actor=ACTOR,
                 action="rollout.gate",
                 target=f"rollout:{rollout_id}",
-                detail={"rollout_id": rollout_id, "wave": wave, **verdicts},
+                detail={"rollout_id": rollout_id, "wave": wave, **verdicts, "put_back": put},
                 at=now,
             )
-        failed = [m for m in members if states[int(m["id"])] == "failed"]
-        if len(failed) > spec.failure_budget:
-            stats.reverted += pause_for_budget(
+        failures = [m for m in members if states[int(m["id"])] in ("failed", "reverted")]
+        if len(failures) - int(row["accepted_failures"]) > spec.failure_budget:
+            pause_for_budget(
                 conn,
                 self.store,
-                self.insert_revision,
                 row=row,
                 wave=wave,
-                failed_ids=[int(m["id"]) for m in failed],
+                failed_ids=[int(m["id"]) for m in failures],
                 failure_budget=spec.failure_budget,
                 now=now,
             )
@@ -268,7 +302,9 @@ class RolloutController:
             values.update(state=state)
         else:
             state = "running"
-            values.update(current_wave=following, wave_started_at=now, wave_done_at=None)
+            values.update(
+                current_wave=following, wave_started_at=now, wave_done_at=None, accepted_failures=0
+            )
         conn.execute(update(rollouts).where(rollouts.c.id == rollout_id).values(**values))
         stats.waves.append((rollout_id, following, state))
         self.store.audit(
@@ -301,83 +337,16 @@ class RolloutController:
                 )
                 if row["state"] != "running":
                     return False
-                members = list(
-                    conn.execute(
-                        select(rollout_members, devices.c.name)
-                        .join(devices, devices.c.id == rollout_members.c.device_id)
-                        .where(
-                            and_(
-                                rollout_members.c.id.in_(member_ids),
-                                rollout_members.c.state == "pending",
-                            )
-                        )
-                        .order_by(rollout_members.c.id)
-                    ).mappings()
-                )
-                facts = device_facts(conn, [int(m["device_id"]) for m in members], now)
-                sent, refused = [], []
-                for m in members:
-                    device_id = int(m["device_id"])
-                    report, current = facts[device_id].report, facts[device_id].desired_version
-                    values: dict[str, Any]
-                    if current != m["from_version"]:
-                        reason = (
-                            f"not sent: its desired version is {current}, not the version "
-                            f"{m['from_version']} the plan was made against (a concurrent edit)"
-                        )
-                        values = {"state": "failed", "finished_at": now, "reason": reason}
-                        refused.append({"device": m["name"], "reason": reason})
-                    else:
-                        revision = self.insert_revision(
-                            conn,
-                            tenant_id=int(row["tenant_id"]),
-                            device_id=device_id,
-                            device=m["name"],
-                            expected_version=int(m["from_version"]),
-                            document=parse_document(json.loads(m["document"])),
-                            author=str(row["created_by"]),
-                            comment=f"rollout {rollout_id} wave {m['wave']}"
-                            + (f": {row['comment']}" if row["comment"] else ""),
-                            provenance=json.loads(m["provenance"]) if m["provenance"] else None,
-                            confirm_within=spec.confirm_within,
-                            at=now,
-                        )
-                        values = {
-                            "state": "sent",
-                            "sent_version": revision.version,
-                            "sent_at": now,
-                            "baseline_codes": json.dumps(
-                                sorted({str(c) for c in (report or {}).get("reason_codes") or []})
-                            ),
-                        }
-                        sent.append({"device": m["name"], "version": revision.version})
-                    marked = conn.execute(
-                        update(rollout_members)
-                        .where(
-                            and_(
-                                rollout_members.c.id == m["id"],
-                                rollout_members.c.state == "pending",
-                            )
-                        )
-                        .values(**values)
-                    ).rowcount
-                    if marked != 1:
-                        raise _Lost(m["name"])
-                self.store.audit(
+                sent, refused = send_members(
                     conn,
-                    tenant_id=int(row["tenant_id"]),
-                    actor=ACTOR,
-                    action="rollout.send",
-                    target=f"rollout:{rollout_id}",
-                    detail={
-                        "rollout_id": rollout_id,
-                        "wave": int(row["current_wave"]),
-                        "sent": sent,
-                        "refused": refused,
-                    },
-                    at=now,
+                    self.store,
+                    self.insert_revision,
+                    row=row,
+                    member_ids=member_ids,
+                    confirm_within=spec.confirm_within,
+                    now=now,
                 )
-        except _Lost as exc:
+        except Lost as exc:
             log.warning("rollout %s: member %s was sent by another process", rollout_id, exc)
             return False
         except Conflict as exc:  # a version moved after it was read: the next tick names it

@@ -41,6 +41,7 @@ __all__ = [
     "StepStats",
     "active_holders",
     "device_facts",
+    "fail_rollout",
     "pause_for_budget",
     "put_back",
     "take_lease",
@@ -279,17 +280,16 @@ def put_back(
 def pause_for_budget(
     conn: Connection,
     store: Store,
-    insert_revision: InsertRevision,
     *,
     row: RowMapping,
     wave: int,
     failed_ids: Sequence[int],
     failure_budget: int,
     now: float,
-) -> int:
-    """Pause a rollout whose wave failed more devices than its budget: put them back, audit
-    `rollout.pause`, fire a `rollout_paused` notification per failed device. How many were
-    put back."""
+) -> None:
+    """Pause a rollout whose wave failed more devices than its budget (each already put
+    back when it failed): audit `rollout.pause`, fire a `rollout_paused` notification per
+    failed device."""
     rollout_id, tenant_id = int(row["id"]), int(row["tenant_id"])
     failed = [
         m
@@ -303,17 +303,6 @@ def pause_for_budget(
     reason = (
         f"wave {wave}: {len(failed)} device(s) failed, more than the failure budget "
         f"({failure_budget}): " + "; ".join(f"{m['name']}: {m['reason']}" for m in failed[:5])
-    )
-    results = put_back(
-        conn,
-        insert_revision,
-        tenant_id=tenant_id,
-        rollout_id=rollout_id,
-        members=failed,
-        names={int(m["device_id"]): m["name"] for m in failed},
-        author=ACTOR,
-        why="failure budget exceeded",
-        now=now,
     )
     conn.execute(
         update(rollouts)
@@ -331,7 +320,6 @@ def pause_for_budget(
             "wave": wave,
             "reason": reason,
             "failed": [m["name"] for m in failed],
-            "put_back": results,
         },
         at=now,
     )
@@ -355,4 +343,21 @@ def pause_for_budget(
             },
             [],
         )
-    return sum(1 for r in results if "reverted_version" in r)
+
+
+def fail_rollout(conn: Connection, store: Store, row: RowMapping, reason: str, now: float) -> None:
+    """End a rollout the controller cannot drive (state `failed`, audited `rollout.fail`)."""
+    conn.execute(
+        update(rollouts)
+        .where(rollouts.c.id == row["id"])
+        .values(state="failed", reason=reason, updated_at=now, finished_at=now)
+    )
+    store.audit(
+        conn,
+        tenant_id=int(row["tenant_id"]),
+        actor=ACTOR,
+        action="rollout.fail",
+        target=f"rollout:{row['id']}",
+        detail={"rollout_id": int(row["id"]), "reason": reason},
+        at=now,
+    )

@@ -269,8 +269,26 @@ class Rollouts:
                 detail["reason"] = reason
             if next_wave:
                 values.update(
-                    current_wave=row["current_wave"] + 1, wave_started_at=now, wave_done_at=None
+                    current_wave=row["current_wave"] + 1,
+                    wave_started_at=now,
+                    wave_done_at=None,
+                    accepted_failures=0,
                 )
+            if action == "rollout.resume":
+                # The wave's failures so far are accepted: its budget counts new ones.
+                accepted = len(
+                    conn.execute(
+                        select(rollout_members.c.id).where(
+                            and_(
+                                rollout_members.c.rollout_id == rollout_id,
+                                rollout_members.c.wave == row["current_wave"],
+                                rollout_members.c.state.in_(("failed", "reverted")),
+                            )
+                        )
+                    ).all()
+                )
+                values["accepted_failures"] = accepted
+                detail["accepted_failures"] = accepted
                 detail["wave"] = row["current_wave"] + 1
             if to in ("aborted", "completed", "failed"):
                 values["finished_at"] = now

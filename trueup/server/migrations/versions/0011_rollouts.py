@@ -25,6 +25,7 @@ def upgrade() -> None:
         sa.Column("current_wave", sa.Integer(), nullable=False),
         sa.Column("wave_started_at", sa.Float(), nullable=True),
         sa.Column("wave_done_at", sa.Float(), nullable=True),
+        sa.Column("accepted_failures", sa.Integer(), nullable=False, server_default="0"),
         sa.Column("created_by", sa.String(length=512), nullable=False),
         sa.Column("created_at", sa.Float(), nullable=False),
         sa.Column("updated_at", sa.Float(), nullable=False),
