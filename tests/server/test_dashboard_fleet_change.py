@@ -129,6 +129,8 @@ def test_the_plan_shows_each_devices_paths_and_the_refusals_with_their_reasons(
     stored = browser(server, tenant, "viewer").get("/ui/plan")
     assert stored.status_code == 200 and "0 — no device would change" in stored.text
     assert 'id="rollout-form"' not in stored.text
+    bad = browser(server, tenant, "viewer").get("/ui/plan", params={"selector": "site in ams"})
+    assert bad.status_code == 422 and "selector: selector" in bad.text and "position" in bad.text
     client = browser(server, tenant, "viewer")
     assert client.post("/ui/plan", data={"document": _edit(1400)}).status_code == 403
     page = _plan(client, _edit(1400))
@@ -207,6 +209,9 @@ def test_a_rollout_started_from_the_plan_goes_canary_first_and_its_controls_work
     bad = operator.post("/ui/rollouts", data={**form, "percents": "50, 500"})
     assert bad.status_code == 422 and "percents: &#x27;500&#x27;" in bad.text
     assert 'value="50, 500"' in bad.text  # the form kept as typed
+    selector = operator.post("/ui/rollouts", data={**form, "canary_selector": "role in canary"})
+    assert selector.status_code == 422 and "canary_selector: " in selector.text
+    assert "position" in selector.text
     assert server.plane.profile(tenant_id, "edge-mtu").version == 1  # nothing stored
     started = operator.post("/ui/rollouts", data=form, follow_redirects=False)
     assert started.status_code == 303, started.text
