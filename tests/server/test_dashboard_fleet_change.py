@@ -345,3 +345,40 @@ def test_the_stored_plan_rolls_out_over_the_api_with_its_provenance(
     assert desired.provenance is not None and "edge-mtu" in json.dumps(desired.provenance)
     again = server.client.post(url, json=body, headers=tenant.auth("operator"))
     assert again.status_code == 200 and again.json()["rollout"] is None
+
+
+@pytest.mark.parametrize("isolated_server", FAST_ROLLOUT, indirect=True)
+def test_a_rolled_out_profile_stays_editable_the_devices_own_layer_is_adopted(
+    isolated_server: Server,
+) -> None:
+    server = isolated_server
+    names = ["edge-00", "edge-01"]
+    tenant = server.tenant("adopt", devices=tuple(names))
+    tenant_id = server.plane.tenant_id(tenant.name)
+    agents = []
+    for name in names:
+        server.plane.set_labels(tenant_id, name, {"site": "ams"}, actor="t")
+        server.plane.put_desired(tenant_id, name, 0, initial(name), author="test")
+        agents.append(SimAgent(server.client, name, tenant.devices[name]))
+    server.plane.put_profile(tenant_id, "edge-mtu", 0, profile(), actor="test")
+    started = server.client.post(
+        "/api/v1/plan/rollout", json={"comment": "first"}, headers=tenant.auth("operator")
+    )
+    assert started.status_code == 201, started.text
+    rid = started.json()["rollout"]["id"]
+
+    def completed() -> bool:
+        for agent in agents:
+            agent.poll()
+        return bool(server.plane.rollout(tenant_id, rid)["state"] == "completed")
+
+    wait_for(completed, "the rollout to complete")
+    # Each device's own layer is its document from before the rollout, not the rendered
+    # one: the profile's next edit still reaches it.
+    for name in names:
+        own = server.plane.device_variables(tenant_id, name).own
+        assert own is not None and "interfaces" not in own.get("spec", own), own
+    server.plane.put_profile(tenant_id, "edge-mtu", 1, profile(mtu_default=1400), actor="t")
+    plan = server.plane.plan(tenant_id)
+    assert sorted(t.device for t in plan.targets) == names
+    assert [c.path for c in plan.targets[0].changes] == ["spec.interfaces[lan0].mtu"]

@@ -97,6 +97,7 @@ def test_plan_an_edit_roll_it_out_with_a_canary_and_watch_it_complete(stage: Any
         assert "spec.interfaces[lan0].mtu: 1500 → 1400" in plan, plan
         assert "2 — devices would change" in plan
         assert plane.profile(tenant_id, "edge-mtu").version == 1  # planning stored nothing
+        screenshot(page, "plan-of-an-edit")
         page.get_by_label("Canary devices").fill("edge-02")
         page.get_by_label("Then percentages of the rest").fill("100")
         page.get_by_label("Max unavailable").fill("2")

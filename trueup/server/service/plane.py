@@ -8,6 +8,10 @@ To add an operation, write it in the unit that owns the job and name it here.
 
 from __future__ import annotations
 
+from typing import Any
+
+from sqlalchemy import Connection
+
 from trueup.model.layering import parse_selector
 from trueup.server.db import Database
 from trueup.server.keys import ServerKey
@@ -92,9 +96,24 @@ class ControlPlane:
         # rollouts: the unit, and the controller thread (`rollout` holds its tunables);
         # a device an unfinished rollout holds refuses `put_desired`.
         rollout_tunables = dict(rollout or {})
+
+        def rollout_insert(conn: Connection, **revision: Any) -> Any:
+            """A rollout's revision; a rendered one (with provenance) adopts the device's
+            previous document as its own layer first, as publishing a plan does."""
+            if revision.get("provenance") is not None:
+                self.planner.adopt_inputs(
+                    conn,
+                    revision["tenant_id"],
+                    revision["device_id"],
+                    revision["device"],
+                    revision["expected_version"],
+                    revision["author"],
+                )
+            return self.desired_revisions.insert_revision(conn, **revision)
+
         self.rollout_unit = Rollouts(
             store,
-            self.desired_revisions.insert_revision,
+            rollout_insert,
             matching=lambda tenant_id, text: [
                 name
                 for _id, name, _labels in self.device_labels.devices_matching(
@@ -104,7 +123,7 @@ class ControlPlane:
         )
         self.rollout_controller = RolloutController(
             store,
-            self.desired_revisions.insert_revision,
+            rollout_insert,
             tick_seconds=rollout_tunables.get("tick_seconds", 1.0),
             lease_seconds=rollout_tunables.get("lease_seconds", 15.0),
         )
