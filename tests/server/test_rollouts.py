@@ -741,3 +741,16 @@ def test_the_dashboard_shows_a_rollouts_waves_and_gates_and_pauses_it(
     )
     assert wrong.status_code == 409 and "is paused" in wrong.text
     assert operator.get("/ui/rollouts/999").status_code == 404
+    # The device page's apply form is refused too while the rollout holds the device.
+    device_page = operator.get("/ui/devices/edge-00")
+    applied = operator.post(
+        "/ui/devices/edge-00/apply",
+        data={
+            "csrf": csrf_of(device_page.text),
+            "expected": "2",
+            "document": json.dumps(changed("edge-00", mtu=1300)),
+        },
+        follow_redirects=False,
+    )
+    assert applied.status_code == 409, applied.text
+    assert f"edge-00 is in rollout {rollout['id']} (paused)" in applied.text

@@ -55,7 +55,15 @@ from trueup.server.inputs import (
     InputError,
 )
 from trueup.server.limits import DOCUMENT_BYTES, SELECTOR_LENGTH
-from trueup.server.service import Conflict, Invalid, NotFound, Principal, Tampered, Unauthorized
+from trueup.server.service import (
+    Busy,
+    Conflict,
+    Invalid,
+    NotFound,
+    Principal,
+    Tampered,
+    Unauthorized,
+)
 from trueup.server.tokens import TokenKind
 
 __all__ = ["DEVICE_STREAM_SECONDS", "STREAM_SECONDS", "register"]
@@ -393,6 +401,11 @@ def register(app: FastAPI, api: Api) -> None:
                         device,
                         error="invalid, nothing was changed: " + "; ".join(exc.problems[:10]),
                         **extra,
+                    )
+                except Busy as exc:  # a rollout holds the device: refused, naming it
+                    api.metrics.conflicts.inc()
+                    return 409, device_page(
+                        principal, session.csrf, device, error=str(exc), **extra
                     )
                 api.metrics.revisions.inc()
                 api.watcher.wake(plane.device_id(principal.tenant_id, device))
