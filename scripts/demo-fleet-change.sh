@@ -76,6 +76,7 @@ echo "--- the demo router's kernel: ip -n $NS route show 192.0.2.128/25"
 ip -n "$NS" route show 192.0.2.128/25 | sed 's/^/  /'
 
 cat >> "$DEMO/control-plane.txt" <<TXT
+
 Fleet change (profile time-servers, rollout $ID; docs/fleet.md):
   ip netns exec $OPNS $ROOT/.venv/bin/trueup fleet rollout status $ID
   ip netns exec $OPNS $ROOT/.venv/bin/trueup fleet plan -l site=fra
