@@ -22,6 +22,7 @@ from trueup.server.service.fleettypes import Plan
 
 __all__ = [
     "EXIT_MEANING",
+    "SHOWN_TARGETS",
     "PlanView",
     "RolloutForm",
     "error_box",
@@ -31,6 +32,7 @@ __all__ = [
     "profiles_page",
 ]
 
+SHOWN_TARGETS = 500  # devices whose paths a plan page lists (every refusal is listed)
 EXIT_MEANING = {
     0: "0 — no device would change",
     2: "2 — devices would change, none refuses",
@@ -290,8 +292,13 @@ def plan_page(
         f'<tr data-device="{esc(t.device)}"><td><a href="/ui/devices/{quote(t.device)}">'
         f"{esc(t.device)}</a></td><td>v{t.from_version}</td>"
         f"<td><code>{esc(short_digest(t.digest))}</code></td><td>{_changes(t.changes)}</td></tr>"
-        for t in plan.targets
+        for t in plan.targets[:SHOWN_TARGETS]
     )
+    if len(plan.targets) > SHOWN_TARGETS:
+        rows += (
+            f'<tr><td colspan="4" class="muted">and {len(plan.targets) - SHOWN_TARGETS} more '
+            "devices (all of them: <code>trueup fleet plan -o json</code>)</td></tr>"
+        )
     refused = "".join(
         f'<tr class="differs" data-device="{esc(r.device)}"><td>{esc(r.device)}</td>'
         f"<td>{esc(r.kind)}</td><td><ul class=val>"

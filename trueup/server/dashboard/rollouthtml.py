@@ -10,8 +10,9 @@ from urllib.parse import quote
 from trueup.server.dashboard.fleethtml import error_box, hidden_field
 from trueup.server.dashboard.html import esc
 
-__all__ = ["rollout_live", "rollout_page", "rollouts_page"]
+__all__ = ["SHOWN_MEMBERS", "rollout_live", "rollout_page", "rollouts_page"]
 
+SHOWN_MEMBERS = 500  # devices listed on a rollout's page
 # the operators' actions each state allows
 _ACTIONS = {
     "running": ("pause", "abort"),
@@ -87,6 +88,12 @@ def rollout_live(view: Mapping[str, Any], *, csrf: str, operator: bool) -> dict[
         + "</td></tr>"
         for w in view["waves"]
     )
+    # The devices that need a look first (failed, then sent), then the rest, at most
+    # SHOWN_MEMBERS of them: a page (and each update of it) stays small for a large fleet.
+    ordered = sorted(
+        view["members"], key=lambda m: {"failed": 0, "sent": 1}.get(str(m["state"]), 2)
+    )
+    shown, hidden = ordered[:SHOWN_MEMBERS], max(0, len(ordered) - SHOWN_MEMBERS)
     members = "".join(
         f'<tr data-device="{esc(m["device"])}" data-state="{esc(m["state"])}">'
         f'<td><a href="/ui/devices/{quote(str(m["device"]))}">{esc(m["device"])}</a></td>'
@@ -97,8 +104,13 @@ def rollout_live(view: Mapping[str, Any], *, csrf: str, operator: bool) -> dict[
         "</td>"
         f"<td>{_gates(m.get('gates'))}</td>"
         f"<td>{esc(m['reason'] or (m.get('gates') or {}).get('reason') or '')}</td></tr>"
-        for m in view["members"]
+        for m in shown
     )
+    if hidden:
+        members += (
+            f'<tr><td colspan="6" class="muted">and {hidden} more devices (all of them: '
+            f"<code>trueup fleet rollout status {rid} -o json</code>)</td></tr>"
+        )
     controls = ""
     if operator:
         for action in _ACTIONS.get(state, ()):
