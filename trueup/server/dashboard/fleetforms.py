@@ -12,6 +12,7 @@ from trueup.server.dashboard.fleethtml import PlanView, RolloutForm
 from trueup.server.inputs import COMMENT, DEVICE, EXPECTED_VERSION, InputError
 from trueup.server.limits import DOCUMENT_BYTES
 from trueup.server.service import ControlPlane, Invalid, NotFound, Principal
+from trueup.server.service.fleettypes import ProfileEdit
 from trueup.server.service.planio import checked_selector, proposed_change
 from trueup.server.service.rolloutplan import parse_spec
 
@@ -23,6 +24,7 @@ __all__ = [
     "is_operator",
     "plan_for",
     "problems_of",
+    "profile_edit",
     "rollout_form",
     "rollout_id_of",
     "rollout_spec",
@@ -128,9 +130,15 @@ def rollout_spec(f: RolloutForm) -> dict[str, Any]:
     return spec
 
 
-def change_name(data: Any) -> str:
+def profile_edit(data: Any) -> ProfileEdit:
+    """`data` as a proposed profile edit; Invalid names each problem's path."""
     change = proposed_change("profile", document=data)
-    return str(change.profile.name)  # type: ignore[union-attr]
+    assert isinstance(change, ProfileEdit)  # what a "profile" change is
+    return change
+
+
+def change_name(data: Any) -> str:
+    return profile_edit(data).profile.name
 
 
 def plan_for(plane: ControlPlane, principal: Principal, form: dict[str, str]) -> PlanView:
@@ -144,9 +152,9 @@ def plan_for(plane: ControlPlane, principal: Principal, form: dict[str, str]) ->
             f" for {selector}" if selector.strip() else ""
         )
         return PlanView(plan, title, selector=selector)
-    change = proposed_change("profile", document=decoded(text))
+    change = profile_edit(decoded(text))
     plan = plane.plan(principal.tenant_id, change=change)
-    name = change.profile.name  # type: ignore[union-attr]
+    name = change.profile.name
     return PlanView(
         plan,
         f"Plan of profile {name} as edited",
