@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Protocol
 
 from sqlalchemy import Connection, and_, select
@@ -152,11 +153,26 @@ class _Device:
     device_id: int
     name: str
     desired_version: int
-    desired: dict[str, Any] | None  # the desired revision's document
+    desired_text: str | None  # the desired revision's document, as stored
     desired_hash: str | None
-    report: dict[str, Any] | None
+    report_text: str | None  # the agent's last report, as stored
     labels: dict[str, str]
     inputs: _Inputs | None
+
+    # Parsed only for the devices a plan renders (a one-variable change renders one).
+    @cached_property
+    def desired(self) -> dict[str, Any] | None:
+        return dict(json.loads(self.desired_text)) if self.desired_text else None
+
+    @cached_property
+    def report(self) -> dict[str, Any] | None:
+        if not self.report_text:
+            return None
+        try:
+            loaded = json.loads(self.report_text)
+        except ValueError:
+            return None
+        return loaded if isinstance(loaded, dict) else None
 
 
 def _without_version(document: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -272,20 +288,13 @@ class Planner:
         ).all()
         fleet = {}
         for row in rows:
-            report = None
-            if row.report:
-                try:
-                    loaded = json.loads(row.report)
-                except ValueError:
-                    loaded = None
-                report = loaded if isinstance(loaded, dict) else None
             fleet[int(row.id)] = _Device(
                 device_id=int(row.id),
                 name=str(row.name),
                 desired_version=int(row.desired_version),
-                desired=json.loads(row.document) if row.document else None,
+                desired_text=row.document,
                 desired_hash=row.content_hash,
-                report=report,
+                report_text=row.report,
                 labels=dict(labelled.get(int(row.id), {})),
                 inputs=stored_inputs.get(int(row.id)),
             )
