@@ -9,7 +9,9 @@ waits for what it expects with a generous bound, never a fixed sleep.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -524,6 +526,33 @@ def test_a_device_whose_agent_lacks_a_section_the_change_uses_is_refused_never_s
     assert all(m["state"] == "passed" for m in final["members"])
     assert len(versions(server, tenant, "edge-02")) == 1
     assert old.poll() is False  # nothing new was ever sent to it
+
+
+@pytest.mark.parametrize("isolated_server", PARAMS, indirect=True)
+def test_of_concurrent_rollouts_over_one_device_exactly_one_starts(
+    isolated_server: Server, fleet: Any
+) -> None:
+    server = isolated_server
+    tenant, _agents = fleet(3)
+    writers = 6
+    barrier = threading.Barrier(writers)
+
+    def attempt(i: int) -> int:
+        other = "edge-00" if i % 2 else "edge-02"  # each overlaps every other on edge-01
+        body = {
+            "targets": [
+                {"device": "edge-01", "document": changed("edge-01", mtu=1300 + i)},
+                {"device": other, "document": changed(other, mtu=1300 + i)},
+            ]
+        }
+        barrier.wait()
+        response = server.client.post(API, json=body, headers=tenant.auth("operator"))
+        return response.status_code
+
+    with ThreadPoolExecutor(writers) as pool:
+        statuses = sorted(pool.map(attempt, range(writers)))
+    assert statuses == [201] + [409] * (writers - 1), statuses
+    assert server.client.get(API, headers=tenant.auth("viewer")).json()["count"] == 1
 
 
 @pytest.mark.parametrize("isolated_server", PARAMS, indirect=True)
