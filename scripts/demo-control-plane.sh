@@ -62,8 +62,8 @@ Control plane (SQLite, $DB) at $URL in namespace $OPNS, with 40 simulated device
   ip netns exec $OPNS curl -s -H @$DEMO/admin-auth.header $URL/api/v1/devices | python3 -m json.tool | less
   ip netns exec $OPNS curl -s -H @$DEMO/admin-auth.header "$URL/api/v1/devices?status=drift"
   ip netns exec $OPNS curl -s -H @$DEMO/admin-auth.header $URL/api/v1/devices/edge-01
-  # a new revision for the real router (If-Match: the current version):
-  ip netns exec $OPNS curl -s -X PUT -H @$DEMO/admin-auth.header -H "If-Match: 1" \\
+  # a new revision for the real router (If-Match: the current version, 2 after the fleet change):
+  ip netns exec $OPNS curl -s -X PUT -H @$DEMO/admin-auth.header -H "If-Match: 2" \\
        -H "Content-Type: application/yaml" --data-binary @$DEMO/desired.yaml $URL/api/v1/devices/edge-01/desired
   $TRUEUP server audit verify --db $DB
   $TRUEUP server notify --help                 # webhooks for drift, failures, escalation (docs/notifications.md)

@@ -4,6 +4,8 @@
 # simulated fleet. The router runs trueup's firewall, Kea DHCP, Knot DNS and an
 # HAProxy reverse proxy; a DHCP client in a LAN namespace gets a lease and its
 # name resolves, and the operator reaches a LAN web server through the proxy.
+# Then a fleet change: a profile rolled out over the router (the canary wave)
+# and the simulated fleet (scripts/demo-fleet-change.sh).
 # `make demo-stop` (or `scripts/demo.sh stop`) removes it all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -251,6 +253,10 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 if [ -n "$PAGE" ]; then echo "  $PAGE"; else echo "  no answer yet (see $R status $S)"; fi
+if [ -f "$DEMO/control-plane.txt" ]; then
+  bash "$ROOT/scripts/demo-fleet-change.sh" "$DEMO" "$CP_PORT" \
+    || echo "(the fleet change did not complete: see $DEMO/control-plane.log)"
+fi
 cat <<TXT
 
 Try next (as root):

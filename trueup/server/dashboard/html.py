@@ -45,6 +45,9 @@ def layout(title: str, body: str, principal: Principal | None = None, csrf: str 
     who = ""
     if principal is not None:
         who = (
+            '<nav class="tabs" aria-label="pages"><a href="/">Fleet</a> '
+            '<a href="/ui/profiles">Profiles</a> <a href="/ui/plan">Plan</a> '
+            '<a href="/ui/rollouts">Rollouts</a></nav>'
             f'<span class="who">{esc(principal.user)} · {esc(principal.role)} · '
             f"tenant {esc(principal.tenant)}</span>"
             f'<form method="post" action="/ui/logout" class="inline">'

@@ -31,7 +31,13 @@ from starlette.concurrency import run_in_threadpool
 from trueup.model.decode import DecodeError, decode_yaml
 from trueup.model.layering import SelectorError, parse_selector
 from trueup.server.api.context import Api, authorise
-from trueup.server.dashboard import data, evidenceroutes, loginroutes
+from trueup.server.dashboard import (
+    data,
+    evidenceroutes,
+    fleetroutes,
+    loginroutes,
+    rolloutroutes,
+)
 from trueup.server.dashboard.device import DevicePage, live_parts, render_device, revision_diff
 from trueup.server.dashboard.devicedata import load_device_page
 from trueup.server.dashboard.html import esc, fleet_body, fleet_page, layout
@@ -49,7 +55,15 @@ from trueup.server.inputs import (
     InputError,
 )
 from trueup.server.limits import DOCUMENT_BYTES, SELECTOR_LENGTH
-from trueup.server.service import Conflict, Invalid, NotFound, Principal, Tampered, Unauthorized
+from trueup.server.service import (
+    Busy,
+    Conflict,
+    Invalid,
+    NotFound,
+    Principal,
+    Tampered,
+    Unauthorized,
+)
 from trueup.server.tokens import TokenKind
 
 __all__ = ["DEVICE_STREAM_SECONDS", "STREAM_SECONDS", "register"]
@@ -388,6 +402,11 @@ def register(app: FastAPI, api: Api) -> None:
                         error="invalid, nothing was changed: " + "; ".join(exc.problems[:10]),
                         **extra,
                     )
+                except Busy as exc:  # a rollout holds the device: refused, naming it
+                    api.metrics.conflicts.inc()
+                    return 409, device_page(
+                        principal, session.csrf, device, error=str(exc), **extra
+                    )
                 api.metrics.revisions.inc()
                 api.watcher.wake(plane.device_id(principal.tenant_id, device))
                 return revision.version, None
@@ -452,3 +471,17 @@ def register(app: FastAPI, api: Api) -> None:
         session_role=_role("session"),
         headers=_HEADERS,
     )
+    for area in (fleetroutes, rolloutroutes):
+        area.register(
+            app,
+            api,
+            caller=caller,
+            posted=posted,
+            guarded=guarded,
+            live=_live,
+            principal_of=principal_of,
+            html=_html,
+            session_role=_role("session"),
+            document_role=_role("session", _APPLY_BYTES),
+            headers=_HEADERS,
+        )

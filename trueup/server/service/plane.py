@@ -8,6 +8,11 @@ To add an operation, write it in the unit that owns the job and name it here.
 
 from __future__ import annotations
 
+from typing import Any
+
+from sqlalchemy import Connection
+
+from trueup.model.layering import parse_selector
 from trueup.server.db import Database
 from trueup.server.keys import ServerKey
 from trueup.server.limits import BACKUP_KEEP, EVIDENCE_KEEP
@@ -24,6 +29,8 @@ from trueup.server.service.notify import Allowlists, Deliveries, Engine, Notifie
 from trueup.server.service.planner import Planner
 from trueup.server.service.profiles import Profiles
 from trueup.server.service.revisions import DesiredRevisions
+from trueup.server.service.rolloutcontrol import RolloutController
+from trueup.server.service.rollouts import Rollouts
 from trueup.server.service.secrets import TenantSecrets
 from trueup.server.service.store import Store
 
@@ -43,6 +50,7 @@ class ControlPlane:
         backup_keep: int = BACKUP_KEEP,
         notify: dict[str, float] | None = None,
         evidence_keep: int = EVIDENCE_KEEP,
+        rollout: dict[str, float] | None = None,
     ) -> None:
         self.db = database
         self.key = server_key
@@ -85,6 +93,42 @@ class ControlPlane:
             labels=self.device_labels,
             revisions=self.desired_revisions,
         )
+        # rollouts: the unit, and the controller thread (`rollout` holds its tunables);
+        # a device an unfinished rollout holds refuses `put_desired`.
+        rollout_tunables = dict(rollout or {})
+
+        def rollout_insert(conn: Connection, **revision: Any) -> Any:
+            """A rollout's revision; a rendered one (with provenance) adopts the device's
+            previous document as its own layer first, as publishing a plan does."""
+            if revision.get("provenance") is not None:
+                self.planner.adopt_inputs(
+                    conn,
+                    revision["tenant_id"],
+                    revision["device_id"],
+                    revision["device"],
+                    revision["expected_version"],
+                    revision["author"],
+                )
+            return self.desired_revisions.insert_revision(conn, **revision)
+
+        self.rollout_unit = Rollouts(
+            store,
+            rollout_insert,
+            matching=lambda tenant_id, text: [
+                name
+                for _id, name, _labels in self.device_labels.devices_matching(
+                    tenant_id, parse_selector(text)
+                )
+            ],
+        )
+        self.rollout_controller = RolloutController(
+            store,
+            rollout_insert,
+            tick_seconds=rollout_tunables.get("tick_seconds", 1.0),
+            lease_seconds=rollout_tunables.get("lease_seconds", 15.0),
+        )
+        self.desired_revisions.busy = self.rollout_unit.refuse_busy
+        self.planner.busy = self.rollout_unit.busy_devices  # a plan refuses them (kind busy)
 
         # identity: tenants, users, roles, user tokens
         self.tenant_id = self.identity.tenant_id
@@ -165,6 +209,15 @@ class ControlPlane:
         self.put_device_variables = self.device_inputs.put
         self.plan = self.planner.plan
         self.publish_plan = self.planner.publish
+        # rollouts
+        self.start_rollout = self.rollout_unit.start
+        self.rollouts = self.rollout_unit.list
+        self.rollout = self.rollout_unit.get
+        self.pause_rollout = self.rollout_unit.pause
+        self.resume_rollout = self.rollout_unit.resume
+        self.approve_rollout = self.rollout_unit.approve
+        self.abort_rollout = self.rollout_unit.abort
+        self.busy_devices = self.rollout_unit.busy_devices
         # the audit log
         self.audit_entries = self.audit_trail.audit_entries
         self.verify_audit = self.audit_trail.verify_audit

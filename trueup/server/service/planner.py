@@ -465,7 +465,9 @@ class Planner:
             document = parse_document(target.document, source=f"device {target.device}")
         except DocumentError as exc:
             raise Invalid(exc.problems) from None
-        self._adopt(conn, tenant_id, target, actor)
+        self.adopt_inputs(
+            conn, tenant_id, target.device_id, target.device, target.from_version, actor
+        )
         return self.revisions.insert_revision(
             conn,
             tenant_id=tenant_id,
@@ -479,16 +481,27 @@ class Planner:
             confirm_within=confirm_within,
         )
 
-    def _adopt(self, conn: Connection, tenant_id: int, target: Target, actor: str) -> None:
-        """A device without stored inputs keeps its previous desired spec as its own layer."""
-        if self.inputs.has_row(conn, target.device_id):
+    def adopt_inputs(
+        self,
+        conn: Connection,
+        tenant_id: int,
+        device_id: int,
+        device: str,
+        from_version: int,
+        actor: str,
+    ) -> None:
+        """A device without stored inputs keeps its previous desired spec (at `from_version`)
+        as its own layer, inside the caller's transaction: called before a rendered revision
+        is stored (published, or sent by a rollout), so that the next plan renders the
+        profiles over that layer instead of over the rendered document."""
+        if self.inputs.has_row(conn, device_id):
             return
         row = (
             conn.execute(
                 select(revisions.c.document).where(
                     and_(
-                        revisions.c.device_id == target.device_id,
-                        revisions.c.version == target.from_version,
+                        revisions.c.device_id == device_id,
+                        revisions.c.version == from_version,
                     )
                 )
             )
@@ -499,13 +512,13 @@ class Planner:
         self.inputs.write_in(
             conn,
             tenant_id=tenant_id,
-            device_id=target.device_id,
-            device=target.device,
+            device_id=device_id,
+            device=device,
             expected_version=0,
             variables={},
             own=own,
             actor=actor,
-            reason=f"own layer from desired revision {target.from_version}"
+            reason=f"own layer from desired revision {from_version}"
             if row is not None
             else "first rendered revision",
         )

@@ -1,4 +1,4 @@
-// trueup dashboard: live fleet and device updates over server-sent events. No framework, no build.
+// trueup dashboard: live fleet, device and rollout updates over server-sent events. No framework, no build.
 "use strict";
 (function () {
   const live = document.getElementById("live");
@@ -37,7 +37,8 @@
 
   const body = document.getElementById("fleet-body");
   const device = document.getElementById("device-live");
-  if ((!body && !device) || !window.EventSource) {
+  const rollout = document.getElementById("rollout-live");
+  if ((!body && !device && !rollout) || !window.EventSource) {
     if (live) live.textContent = "not live (reload to refresh)";
     return;
   }
@@ -52,13 +53,18 @@
       if (matched) matched.textContent = String(update.matched);
     });
   }
+  function replaceParts(parts) {
+    for (const id of Object.keys(parts)) {
+      const part = document.getElementById(id);
+      if (part) part.innerHTML = parts[id];
+    }
+  }
   if (device) {
     // The device page's parts that follow the device; the forms are left as they are.
-    follow(device.dataset.stream, "device", function (parts) {
-      for (const id of Object.keys(parts)) {
-        const part = document.getElementById(id);
-        if (part) part.innerHTML = parts[id];
-      }
-    });
+    follow(device.dataset.stream, "device", replaceParts);
+  }
+  if (rollout) {
+    // A rollout's state, waves, devices and the actions its state allows.
+    follow(rollout.dataset.stream, "rollout", replaceParts);
   }
 })();
