@@ -296,6 +296,35 @@ def test_a_layer_repeating_a_key_is_refused_not_folded() -> None:
     assert "duplicate interface name lan9" in str(error.value)
 
 
+def test_a_layer_repeating_a_key_an_earlier_layer_has_is_refused_not_folded() -> None:
+    # lan0 is in the profile: two lan0 items in the own layer must not fold into it silently.
+    with pytest.raises(RenderError) as error:
+        _render_over_full(
+            {"interfaces": [{"name": "lan0", "mtu": 1400}, {"name": "lan0", "mtu": 9000}]}
+        )
+    assert "duplicate interface name lan0" in str(error.value)
+    routes = [
+        {"to": "203.0.113.128/25", "via": "203.0.113.3"},
+        {"to": "203.0.113.128/25", "via": "203.0.113.4"},
+    ]
+    with pytest.raises(RenderError) as error:
+        _render_over_full({"routes": routes})
+    assert "203.0.113.128/25" in str(error.value)
+    base = profile("base", full_spec(), priority=10)
+    variables = {"a": {"type": "string"}, "b": {"type": "string"}}
+    twice = profile(
+        "twice",
+        {"interfaces": [{"name": "${a}", "mtu": 1400}, {"name": "${b}", "mtu": 9000}]},
+        variables=variables,
+    )
+    with pytest.raises(RenderError) as error:
+        render_device(
+            [base, twice], DeviceInputs(name="edge-01", variables={"a": "lan1", "b": "lan1"})
+        )
+    assert "duplicate interface name lan1" in str(error.value)
+    assert any(p.profile == "twice" for p in error.value.problems)
+
+
 # --- order, selection, provenance ------------------------------------------------------
 
 
