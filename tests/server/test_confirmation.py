@@ -159,3 +159,39 @@ def test_a_confirmation_window_removed_in_the_table_is_named_and_not_delivered(
     )
     assert pulled.status_code == 409, pulled.text
     assert "confirmation window is not the audited one" in pulled.json()["detail"]
+
+
+def test_a_confirmation_naming_an_impossible_version_is_refused_and_others_still_land(
+    server: Server,
+) -> None:
+    """A report's `rolled_back_to_version` is a version like `version` and `rollback_to`:
+    0 to MAX_VERSION. Anything else is 422 for that report and nothing of it is stored;
+    the next device's report is stored as usual."""
+    tenant = server.tenant(devices=("edge-01", "edge-02"))
+    tenant_id = server.plane.tenant_id(tenant.name)
+    rolled = {"version": 2, "state": "rolled-back", "reason": "window passed", "rollback_to": 1}
+    for bad in (2**70, -1, 2**31):
+        answer = server.client.post(
+            "/api/v1/agent/report",
+            json={"applied_version": 3, "confirmation": {**rolled, "rolled_back_to_version": bad}},
+            headers=tenant.device_auth("edge-01"),
+        )
+        assert answer.status_code == 422, (bad, answer.text)
+        assert "nothing was stored" in answer.text
+    good = server.client.post(
+        "/api/v1/agent/report",
+        json={"applied_version": 3, "confirmation": {**rolled, "rolled_back_to_version": 3}},
+        headers=tenant.device_auth("edge-02"),
+    )
+    assert good.status_code == 200, good.text
+    device_id = server.plane.device_id(tenant_id, "edge-02")
+    deadline = time.monotonic() + 120
+    read = server.plane.confirmation_of(tenant_id, device_id)
+    while read is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        read = server.plane.confirmation_of(tenant_id, device_id)
+    assert read is not None and read["rolled_back_to_version"] == 3
+    assert (
+        server.plane.confirmation_of(tenant_id, server.plane.device_id(tenant_id, "edge-01"))
+        is None
+    )
