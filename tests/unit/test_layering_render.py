@@ -23,6 +23,7 @@ from trueup.model.layering import (
     render_device,
 )
 from trueup.model.layering.variables import Variable
+from trueup.model.limits import DOCUMENT_BYTES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -644,3 +645,21 @@ def test_a_layer_repeating_the_profile_changes_nothing() -> None:
     assert rendered.document == whole.canonical()
     twice = render_device([profile("a", full_spec()), profile("b", full_spec())], _own({}))
     assert twice.digest == document_digest(whole)
+
+
+def test_a_rendered_document_larger_than_any_document_may_be_is_refused() -> None:
+    # Each profile is within the document limit; merged, the device's document is not:
+    # no PUT could store it and no agent would take it.
+    layers = [profile("base", full_spec(), priority=10)]
+    for index in range(2):
+        records = [
+            {"name": f"h{index}-{n}", "type": "A", "value": "203.0.113.1"} for n in range(12_000)
+        ]
+        layers.append(profile(f"records-{index}", {"dns": {"records": records}}))
+        assert len(json.dumps(layers[-1].as_json())) < DOCUMENT_BYTES
+    with pytest.raises(RenderError) as error:
+        render_device(layers, DeviceInputs(name="edge-01"))
+    (problem,) = error.value.problems
+    assert problem.path == "spec"
+    assert f"at most {DOCUMENT_BYTES} bytes" in problem.message
+    assert str(error.value).startswith("edge-01: ")

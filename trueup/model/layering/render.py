@@ -10,7 +10,8 @@
 4. The layers merged (`trueup.model.layering.merge`), wrapped as a DeviceState
    named for the device, and validated by `trueup.model.document.parse_document`
    like any document. A problem the model finds names its path and, where one
-   layer set that path, the profile (and the variable) that put it there.
+   layer set that path, the profile (and the variable) that put it there. A
+   merge larger than any document may be (DOCUMENT_BYTES) is refused.
 
 The result's digest is `document_digest`: the same inputs give the same digest
 in every process. A device with no profile and a whole document as its own
@@ -23,7 +24,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trueup.model.digests import json_digest
+from trueup.model.digests import canonical_json, json_digest, sha256_digest
 from trueup.model.document import API_VERSION, DocumentError, parse_document
 from trueup.model.layering.merge import (
     LIST_KEYS,
@@ -44,6 +45,7 @@ from trueup.model.layering.types import (
     RenderProblem,
 )
 from trueup.model.layering.variables import Variable, variables_digest
+from trueup.model.limits import DOCUMENT_BYTES
 
 __all__ = ["OWN_LAYER", "Renderer", "render_device"]
 
@@ -120,10 +122,24 @@ class Renderer:
             own_digest=json_digest(inputs.own) if inputs.own is not None else None,
         )
         document = state.canonical()  # metadata has no version: its digest is document_digest
+        encoded = canonical_json(document)
+        if len(encoded) > DOCUMENT_BYTES:
+            # Every layer may be within the limit and their merge not: refused like any
+            # document that size (no PUT stores it, no agent takes it).
+            raise RenderError(
+                inputs.name,
+                [
+                    RenderProblem(
+                        f"the rendered document is {len(encoded)} bytes; a document is at "
+                        f"most {DOCUMENT_BYTES} bytes",
+                        "spec",
+                    )
+                ],
+            )
         return Rendered(
             device=inputs.name,
             document=document,
-            digest=json_digest(document),
+            digest=sha256_digest(encoded),
             provenance=provenance,
         )
 
