@@ -195,3 +195,19 @@ def test_a_confirmation_naming_an_impossible_version_is_refused_and_others_still
         server.plane.confirmation_of(tenant_id, server.plane.device_id(tenant_id, "edge-01"))
         is None
     )
+
+
+def test_a_confirmation_window_of_thousands_of_digits_is_422_not_a_server_error(
+    server: Server,
+) -> None:
+    tenant = server.tenant(devices=("edge-01",))
+    for bad in ("0" * 5000 + "15", "9" * 5000):
+        refused = _put(server, tenant, 0, **{"X-Trueup-Confirm-Within": bad})
+        assert refused.status_code == 422, refused.text
+        assert "header.X-Trueup-Confirm-Within" in refused.text
+    desired = server.client.get("/api/v1/devices/edge-01/desired", headers=tenant.auth("viewer"))
+    assert desired.json()["version"] == 0, desired.text  # nothing stored by the refusals
+    assert (
+        _put(server, tenant, 0, **{"X-Trueup-Confirm-Within": "00015"}).json()["confirm_within"]
+        == 15
+    )
