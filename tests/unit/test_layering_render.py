@@ -510,6 +510,34 @@ def test_a_value_must_fit_every_profile_that_declares_the_variable() -> None:
     assert _problems(error) == [("variables.mtu", "narrow", "mtu")]
 
 
+def test_a_default_must_fit_every_profile_that_declares_the_variable() -> None:
+    # narrow's lan0 may not exceed 1500; wide's default 9000 must not reach it unchecked.
+    narrow = profile(
+        "narrow",
+        {"interfaces": [{"name": "lan0", "mtu": "${mtu}"}]},
+        variables={"mtu": {"type": "integer", "maximum": 1500, "default": 1500}},
+        priority=10,
+    )
+    wide = profile(
+        "wide",
+        {"interfaces": [{"name": "lan1", "mtu": "${mtu}"}]},
+        variables={"mtu": {"type": "integer", "default": 9000}},
+        priority=20,
+    )
+    base = profile("base", full_spec(), priority=0)
+    with pytest.raises(RenderError) as error:
+        render_device([base, narrow, wide], _device())
+    assert _problems(error) == [("variables.mtu", "narrow", "mtu")]
+    assert "9000 is above the maximum 1500" in str(error.value)
+    assert "default of profile wide" in str(error.value)
+    rendered = render_device([base, narrow, wide], _device(mtu=1400))
+    assert {i["name"]: i.get("mtu") for i in rendered.document["spec"]["interfaces"]}[
+        "lan1"
+    ] == 1400
+    alone = render_device([base, wide], _device())
+    assert {i["name"]: i.get("mtu") for i in alone.document["spec"]["interfaces"]}["lan1"] == 9000
+
+
 # --- a variable can never add a key ----------------------------------------------------
 
 

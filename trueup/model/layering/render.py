@@ -16,6 +16,10 @@
 The result's digest is `document_digest`: the same inputs give the same digest
 in every process. A device with no profile and a whole document as its own
 layer renders to exactly that document.
+
+Why this module is over 400 lines: rendering and naming the layer, profile and
+variable behind a path the model refuses walk the same layers by the same path
+and list-key rules; apart, each would restate the other's.
 """
 
 from __future__ import annotations
@@ -207,8 +211,26 @@ def _resolve(
                     "required: set it for this device", f"variables.{name}", required[0], name
                 )
             )
-        defaults = [v.default for _, v in declarations if v.has_default]
-        values[name] = defaults[-1] if defaults else None
+        defaults = [(p, v.default) for p, v in declarations if v.has_default]
+        if not defaults:
+            values[name] = None
+            continue
+        owner, value = defaults[-1]
+        for profile, variable in declarations:  # a default fits every declaration, too
+            try:
+                value = variable.check(value)
+            except ValueError as exc:
+                problems.append(
+                    RenderProblem(
+                        f"the default of profile {owner.name}: {exc} (declared "
+                        f"{_type(variable)}); set it for this device",
+                        f"variables.{name}",
+                        profile.name,
+                        name,
+                    )
+                )
+                break
+        values[name] = value
     return values
 
 
