@@ -211,3 +211,32 @@ def test_a_confirmation_window_of_thousands_of_digits_is_422_not_a_server_error(
         _put(server, tenant, 0, **{"X-Trueup-Confirm-Within": "00015"}).json()["confirm_within"]
         == 15
     )
+
+
+@pytest.mark.parametrize("isolated_server", ["sqlite"], indirect=True)
+def test_a_report_turning_a_rollback_back_into_confirmed_is_not_stored(
+    isolated_server: Server,
+) -> None:
+    """Versions only grow: a device that reports version 3 rolled back and then says version
+    3 (or an older one) confirmed is not believed — its record stays rolled-back, and
+    `audit verify` stays clean (the log and the table agree)."""
+    server = isolated_server
+    tenant = server.tenant(devices=("edge-01",))
+    tenant_id = server.plane.tenant_id(tenant.name)
+    device_id = server.plane.device_id(tenant_id, "edge-01")
+    rolled = {"version": 3, "state": "rolled-back", "deadline": time.time(), "reason": "window"}
+    _report(server, tenant, applied_version=4, confirmation=rolled)
+    for forged in (
+        {**rolled, "state": "confirmed", "reason": "forged"},
+        {**rolled, "state": "pending", "reason": "forged"},
+        {**rolled, "version": 2, "state": "confirmed", "reason": "forged"},
+    ):
+        _report(server, tenant, applied_version=4, confirmation=forged)
+        read = server.plane.confirmation_of(tenant_id, device_id)
+        assert read is not None and (read["version"], read["state"]) == (3, "rolled-back"), read
+        assert [str(p) for p in server.plane.verify_audit()] == []
+    newer = {**rolled, "version": 5, "state": "confirmed", "reason": "confirmed"}
+    _report(server, tenant, applied_version=5, confirmation=newer)
+    read = server.plane.confirmation_of(tenant_id, device_id)
+    assert read is not None and (read["version"], read["state"]) == (5, "confirmed")
+    assert [str(p) for p in server.plane.verify_audit()] == []
