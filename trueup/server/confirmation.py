@@ -143,7 +143,7 @@ def _goes_back(earlier: dict[str, Any], row: dict[str, Any]) -> bool:
         return False
     if new < old:
         return True
-    return new == old and earlier["state"] == "rolled-back" and row["state"] != "rolled-back"
+    return bool(new == old and earlier["state"] == "rolled-back" and row["state"] != "rolled-back")
 
 
 def _changed(stored: dict[str, Any] | None, row: dict[str, Any]) -> bool:
