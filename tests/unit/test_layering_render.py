@@ -326,6 +326,21 @@ def test_a_layer_repeating_a_key_an_earlier_layer_has_is_refused_not_folded() ->
     assert any(p.profile == "twice" for p in error.value.problems)
 
 
+def test_a_duplicate_key_that_a_variable_wrote_names_that_variable() -> None:
+    base = profile("base", full_spec(), priority=10)
+    variables = {"a": {"type": "string"}, "b": {"type": "string"}}
+    twice = profile(
+        "twice",
+        {"interfaces": [{"name": "${a}", "mtu": 1400}, {"name": "${b}", "mtu": 9000}]},
+        variables=variables,
+    )
+    with pytest.raises(RenderError) as error:
+        render_device(
+            [base, twice], DeviceInputs(name="edge-01", variables={"a": "lan7", "b": "lan7"})
+        )
+    assert _problems(error) == [("spec.interfaces[3].name", "twice", "b")]
+
+
 # --- order, selection, provenance ------------------------------------------------------
 
 

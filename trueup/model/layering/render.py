@@ -372,37 +372,45 @@ def _attribute(
             best = (depth, profile, layer)
     if best is None:
         return RenderProblem(message, path)
-    depth, profile, _ = best
+    depth, profile, layer = best
     if profile is None:
         return RenderProblem(f"{message} ({OWN_LAYER})", path)
-    variable = _variable_at(profile, segments[:depth], keys)
+    variable = _variable_at(profile, layer, segments[:depth], keys)
     return RenderProblem(message, path, profile.name, variable)
 
 
-def _variable_at(profile: Profile, segments: list[str | int], keys: list[Any]) -> str | None:
-    """The variable substituted at (or around) that path of the profile's document."""
+def _variable_at(
+    profile: Profile, layer: Any, segments: list[str | int], keys: list[Any]
+) -> str | None:
+    """The variable substituted at (or around) that path of the profile's document;
+    `layer` is that document substituted (same positions), where keyed items are found
+    by the keys a variable may have written."""
     node: Any = profile.document
+    shadow: Any = layer
     where = "spec.document"
     for index, segment in enumerate(segments):
         if isinstance(segment, int):
             if not isinstance(node, list):
                 return None
             key = keys[index]
+            items = shadow if isinstance(shadow, list) and len(shadow) == len(node) else node
             positions = (
                 [segment]
                 if key is None
-                else [i for i, item in enumerate(node) if _key_of(key[0], item) == key]
+                else [i for i, item in enumerate(items) if _key_of(key[0], item) == key]
             )
             if not positions or positions[-1] >= len(node):
                 # The item's key itself may come from a variable: look no further.
                 return _only_variable(profile, where)
             node = node[positions[-1]]
+            shadow = items[positions[-1]] if items is shadow else None
             where = f"{where}[{positions[-1]}]"
         else:
             name = _spelled(node, segment) if isinstance(node, Mapping) else None
             if name is None:
                 return None
             node = node[name]
+            shadow = shadow.get(name) if isinstance(shadow, Mapping) else None
             where = f"{where}.{name}"
     names = profile.compiled.templates.get(where)
     return names[0] if names else _only_variable(profile, where)
