@@ -213,7 +213,7 @@ def test_a_confirmation_window_of_thousands_of_digits_is_422_not_a_server_error(
     )
 
 
-@pytest.mark.parametrize("isolated_server", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("isolated_server", BACKENDS, indirect=True)
 def test_a_report_turning_a_rollback_back_into_confirmed_is_not_stored(
     isolated_server: Server,
 ) -> None:
