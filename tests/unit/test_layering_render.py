@@ -63,6 +63,16 @@ def test_a_whole_document_for_another_device_is_refused() -> None:
     assert "edge-99" in str(error.value)
 
 
+@pytest.mark.parametrize("metadata", ["edge-01", ["edge-01"], 5])
+def test_a_whole_document_whose_metadata_is_not_a_mapping_is_refused(metadata: Any) -> None:
+    document = full_document()
+    document["metadata"] = metadata
+    with pytest.raises(RenderError) as error:
+        render_device([], _own(document))
+    assert _problems(error) == [("own.metadata", None, None)]
+    assert "expected a mapping" in str(error.value)
+
+
 def test_the_rendered_document_is_named_for_the_device() -> None:
     rendered = render_device([profile("base", full_spec())], DeviceInputs(name="edge-07"))
     assert rendered.document["metadata"] == {"device": "edge-07"}

@@ -248,7 +248,11 @@ def _own_layer(inputs: DeviceInputs, problems: list[RenderProblem]) -> Mapping[s
         return None
     root = "spec"
     if "apiVersion" in own or "kind" in own:
-        device = (own.get("metadata") or {}).get("device")
+        metadata = own.get("metadata") or {}
+        if not isinstance(metadata, Mapping):
+            problems.append(RenderProblem("expected a mapping (device, …)", "own.metadata"))
+            return None
+        device = metadata.get("device")
         if device is not None and device != inputs.name:
             problems.append(
                 RenderProblem(
