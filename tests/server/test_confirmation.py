@@ -159,3 +159,84 @@ def test_a_confirmation_window_removed_in_the_table_is_named_and_not_delivered(
     )
     assert pulled.status_code == 409, pulled.text
     assert "confirmation window is not the audited one" in pulled.json()["detail"]
+
+
+def test_a_confirmation_naming_an_impossible_version_is_refused_and_others_still_land(
+    server: Server,
+) -> None:
+    """A report's `rolled_back_to_version` is a version like `version` and `rollback_to`:
+    0 to MAX_VERSION. Anything else is 422 for that report and nothing of it is stored;
+    the next device's report is stored as usual."""
+    tenant = server.tenant(devices=("edge-01", "edge-02"))
+    tenant_id = server.plane.tenant_id(tenant.name)
+    rolled = {"version": 2, "state": "rolled-back", "reason": "window passed", "rollback_to": 1}
+    for bad in (2**70, -1, 2**31):
+        answer = server.client.post(
+            "/api/v1/agent/report",
+            json={"applied_version": 3, "confirmation": {**rolled, "rolled_back_to_version": bad}},
+            headers=tenant.device_auth("edge-01"),
+        )
+        assert answer.status_code == 422, (bad, answer.text)
+        assert "nothing was stored" in answer.text
+    good = server.client.post(
+        "/api/v1/agent/report",
+        json={"applied_version": 3, "confirmation": {**rolled, "rolled_back_to_version": 3}},
+        headers=tenant.device_auth("edge-02"),
+    )
+    assert good.status_code == 200, good.text
+    device_id = server.plane.device_id(tenant_id, "edge-02")
+    deadline = time.monotonic() + 120
+    read = server.plane.confirmation_of(tenant_id, device_id)
+    while read is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        read = server.plane.confirmation_of(tenant_id, device_id)
+    assert read is not None and read["rolled_back_to_version"] == 3
+    assert (
+        server.plane.confirmation_of(tenant_id, server.plane.device_id(tenant_id, "edge-01"))
+        is None
+    )
+
+
+def test_a_confirmation_window_of_thousands_of_digits_is_422_not_a_server_error(
+    server: Server,
+) -> None:
+    tenant = server.tenant(devices=("edge-01",))
+    for bad in ("0" * 5000 + "15", "9" * 5000):
+        refused = _put(server, tenant, 0, **{"X-Trueup-Confirm-Within": bad})
+        assert refused.status_code == 422, refused.text
+        assert "header.X-Trueup-Confirm-Within" in refused.text
+    desired = server.client.get("/api/v1/devices/edge-01/desired", headers=tenant.auth("viewer"))
+    assert desired.json()["version"] == 0, desired.text  # nothing stored by the refusals
+    assert (
+        _put(server, tenant, 0, **{"X-Trueup-Confirm-Within": "00015"}).json()["confirm_within"]
+        == 15
+    )
+
+
+@pytest.mark.parametrize("isolated_server", BACKENDS, indirect=True)
+def test_a_report_turning_a_rollback_back_into_confirmed_is_not_stored(
+    isolated_server: Server,
+) -> None:
+    """Versions only grow: a device that reports version 3 rolled back and then says version
+    3 (or an older one) confirmed is not believed — its record stays rolled-back, and
+    `audit verify` stays clean (the log and the table agree)."""
+    server = isolated_server
+    tenant = server.tenant(devices=("edge-01",))
+    tenant_id = server.plane.tenant_id(tenant.name)
+    device_id = server.plane.device_id(tenant_id, "edge-01")
+    rolled = {"version": 3, "state": "rolled-back", "deadline": time.time(), "reason": "window"}
+    _report(server, tenant, applied_version=4, confirmation=rolled)
+    for forged in (
+        {**rolled, "state": "confirmed", "reason": "forged"},
+        {**rolled, "state": "pending", "reason": "forged"},
+        {**rolled, "version": 2, "state": "confirmed", "reason": "forged"},
+    ):
+        _report(server, tenant, applied_version=4, confirmation=forged)
+        read = server.plane.confirmation_of(tenant_id, device_id)
+        assert read is not None and (read["version"], read["state"]) == (3, "rolled-back"), read
+        assert [str(p) for p in server.plane.verify_audit()] == []
+    newer = {**rolled, "version": 5, "state": "confirmed", "reason": "confirmed"}
+    _report(server, tenant, applied_version=5, confirmation=newer)
+    read = server.plane.confirmation_of(tenant_id, device_id)
+    assert read is not None and (read["version"], read["state"]) == (5, "confirmed")
+    assert [str(p) for p in server.plane.verify_audit()] == []

@@ -426,3 +426,21 @@ def test_label_changes_on_the_command_line_become_a_merge_patch() -> None:
             label_changes(bad)
     assert labels_text({"site": "ams", "role": "edge"}) == "role=edge,site=ams"
     assert labels_text({}) == "-" and labels_text(None) == "-"
+
+
+def test_enrollment_refuses_a_label_given_twice_with_two_values(tmp_path: Path) -> None:
+    # As `trueup fleet label` does: `--label site=ams --label site=fra` is not "the last wins".
+    db = f"sqlite:///{tmp_path}/server.db"
+    key = ["--db", db, "--key-file", str(tmp_path / "server.key")]
+    runner = CliRunner()
+    assert runner.invoke(server_app, ["tenant", "create", "acme", *key]).exit_code == 0
+    out = tmp_path / "bundle.json"
+    enroll = ["device", "enroll", "--tenant", "acme", "--device", "edge-01"]
+    enroll += ["--url", "http://127.0.0.1", "--out", str(out), *key]
+    refused = runner.invoke(server_app, [*enroll, "--label", "site=ams", "--label", "site=fra"])
+    assert refused.exit_code == 1, refused.output
+    assert "'site' is given twice" in refused.output
+    assert not out.exists()
+    same = runner.invoke(server_app, [*enroll, "--label", "site=ams", "--label", "site=ams"])
+    assert same.exit_code == 0, same.output
+    assert out.exists()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 from tests.unit.layering_examples import full_document
-from trueup.model.document import parse_document
+from trueup.model.document import document_digest, parse_document
 from trueup.model.layering import PathChange, diff_documents
 
 
@@ -93,3 +93,18 @@ def test_a_device_without_a_document_adds_each_section() -> None:
     assert [c.path for c in changes] == sorted(f"spec.{name}" for name in new["spec"])  # type: ignore[union-attr]
     assert all(c.op == "add" and c.old is None for c in changes)
     assert [c.path for c in diff_documents(None, new)] == [c.path for c in changes]
+
+
+def test_a_value_that_changes_type_but_compares_equal_in_python_is_a_change() -> None:
+    # 1 == True == 1.0 in Python, but the documents (and their digests) differ.
+    old, new = full_document(), full_document()
+    old["spec"]["dhcp"]["subnets"][0]["options"] = {"ip-forwarding": 1}
+    new["spec"]["dhcp"]["subnets"][0]["options"] = {"ip-forwarding": True}
+    old_doc, new_doc = _canonical(old), _canonical(new)
+    assert document_digest(parse_document(old_doc)) != document_digest(parse_document(new_doc))
+    path = "spec.dhcp.subnets[203.0.113.0/24].options.ip-forwarding"
+    assert diff_documents(old_doc, new_doc) == [PathChange(path, "change", 1, True)]
+    assert diff_documents({"spec": {"x": {"a": [0, 1]}}}, {"spec": {"x": {"a": [False, 1.0]}}}) == [
+        PathChange("spec.x.a", "change", [0, 1], [False, 1.0])
+    ]
+    assert diff_documents(old_doc, copy.deepcopy(old_doc)) == []

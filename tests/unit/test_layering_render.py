@@ -23,6 +23,7 @@ from trueup.model.layering import (
     render_device,
 )
 from trueup.model.layering.variables import Variable
+from trueup.model.limits import DOCUMENT_BYTES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,6 +61,16 @@ def test_a_whole_document_for_another_device_is_refused() -> None:
         render_device([], _own(full_document("edge-99")))
     assert _problems(error) == [("own.metadata.device", None, None)]
     assert "edge-99" in str(error.value)
+
+
+@pytest.mark.parametrize("metadata", ["edge-01", ["edge-01"], 5])
+def test_a_whole_document_whose_metadata_is_not_a_mapping_is_refused(metadata: Any) -> None:
+    document = full_document()
+    document["metadata"] = metadata
+    with pytest.raises(RenderError) as error:
+        render_device([], _own(document))
+    assert _problems(error) == [("own.metadata", None, None)]
+    assert "expected a mapping" in str(error.value)
 
 
 def test_the_rendered_document_is_named_for_the_device() -> None:
@@ -296,6 +307,50 @@ def test_a_layer_repeating_a_key_is_refused_not_folded() -> None:
     assert "duplicate interface name lan9" in str(error.value)
 
 
+def test_a_layer_repeating_a_key_an_earlier_layer_has_is_refused_not_folded() -> None:
+    # lan0 is in the profile: two lan0 items in the own layer must not fold into it silently.
+    with pytest.raises(RenderError) as error:
+        _render_over_full(
+            {"interfaces": [{"name": "lan0", "mtu": 1400}, {"name": "lan0", "mtu": 9000}]}
+        )
+    assert "duplicate interface name lan0" in str(error.value)
+    routes = [
+        {"to": "203.0.113.128/25", "via": "203.0.113.3"},
+        {"to": "203.0.113.128/25", "via": "203.0.113.4"},
+    ]
+    with pytest.raises(RenderError) as error:
+        _render_over_full({"routes": routes})
+    assert "203.0.113.128/25" in str(error.value)
+    base = profile("base", full_spec(), priority=10)
+    variables = {"a": {"type": "string"}, "b": {"type": "string"}}
+    twice = profile(
+        "twice",
+        {"interfaces": [{"name": "${a}", "mtu": 1400}, {"name": "${b}", "mtu": 9000}]},
+        variables=variables,
+    )
+    with pytest.raises(RenderError) as error:
+        render_device(
+            [base, twice], DeviceInputs(name="edge-01", variables={"a": "lan1", "b": "lan1"})
+        )
+    assert "duplicate interface name lan1" in str(error.value)
+    assert any(p.profile == "twice" for p in error.value.problems)
+
+
+def test_a_duplicate_key_that_a_variable_wrote_names_that_variable() -> None:
+    base = profile("base", full_spec(), priority=10)
+    variables = {"a": {"type": "string"}, "b": {"type": "string"}}
+    twice = profile(
+        "twice",
+        {"interfaces": [{"name": "${a}", "mtu": 1400}, {"name": "${b}", "mtu": 9000}]},
+        variables=variables,
+    )
+    with pytest.raises(RenderError) as error:
+        render_device(
+            [base, twice], DeviceInputs(name="edge-01", variables={"a": "lan7", "b": "lan7"})
+        )
+    assert _problems(error) == [("spec.interfaces[3].name", "twice", "b")]
+
+
 # --- order, selection, provenance ------------------------------------------------------
 
 
@@ -480,6 +535,34 @@ def test_a_value_must_fit_every_profile_that_declares_the_variable() -> None:
     assert _problems(error) == [("variables.mtu", "narrow", "mtu")]
 
 
+def test_a_default_must_fit_every_profile_that_declares_the_variable() -> None:
+    # narrow's lan0 may not exceed 1500; wide's default 9000 must not reach it unchecked.
+    narrow = profile(
+        "narrow",
+        {"interfaces": [{"name": "lan0", "mtu": "${mtu}"}]},
+        variables={"mtu": {"type": "integer", "maximum": 1500, "default": 1500}},
+        priority=10,
+    )
+    wide = profile(
+        "wide",
+        {"interfaces": [{"name": "lan1", "mtu": "${mtu}"}]},
+        variables={"mtu": {"type": "integer", "default": 9000}},
+        priority=20,
+    )
+    base = profile("base", full_spec(), priority=0)
+    with pytest.raises(RenderError) as error:
+        render_device([base, narrow, wide], _device())
+    assert _problems(error) == [("variables.mtu", "narrow", "mtu")]
+    assert "9000 is above the maximum 1500" in str(error.value)
+    assert "default of profile wide" in str(error.value)
+    rendered = render_device([base, narrow, wide], _device(mtu=1400))
+    assert {i["name"]: i.get("mtu") for i in rendered.document["spec"]["interfaces"]}[
+        "lan1"
+    ] == 1400
+    alone = render_device([base, wide], _device())
+    assert {i["name"]: i.get("mtu") for i in alone.document["spec"]["interfaces"]}["lan1"] == 9000
+
+
 # --- a variable can never add a key ----------------------------------------------------
 
 
@@ -631,3 +714,21 @@ def test_a_layer_repeating_the_profile_changes_nothing() -> None:
     assert rendered.document == whole.canonical()
     twice = render_device([profile("a", full_spec()), profile("b", full_spec())], _own({}))
     assert twice.digest == document_digest(whole)
+
+
+def test_a_rendered_document_larger_than_any_document_may_be_is_refused() -> None:
+    # Each profile is within the document limit; merged, the device's document is not:
+    # no PUT could store it and no agent would take it.
+    layers = [profile("base", full_spec(), priority=10)]
+    for index in range(2):
+        records = [
+            {"name": f"h{index}-{n}", "type": "A", "value": "203.0.113.1"} for n in range(12_000)
+        ]
+        layers.append(profile(f"records-{index}", {"dns": {"records": records}}))
+        assert len(json.dumps(layers[-1].as_json())) < DOCUMENT_BYTES
+    with pytest.raises(RenderError) as error:
+        render_device(layers, DeviceInputs(name="edge-01"))
+    (problem,) = error.value.problems
+    assert problem.path == "spec"
+    assert f"at most {DOCUMENT_BYTES} bytes" in problem.message
+    assert str(error.value).startswith("edge-01: ")

@@ -471,11 +471,13 @@ def device_enroll(
     key_file: Path | None = KeyOption,
 ) -> None:
     """Write a one-time enrollment bundle. Revokes the device's current credential."""
-    labels = {}
+    labels: dict[str, str] = {}
     for item in label or []:
         key, equals, value = item.partition("=")
         if not equals:
             raise _fail(f"--label {item!r}: expected KEY=VALUE")
+        if key in labels and labels[key] != value:
+            raise _fail(f"--label {item!r}: label {key!r} is given twice")
         labels[key] = value
     plane = _plane(db, key_file)
     from trueup.server.service import Invalid

@@ -91,6 +91,7 @@ class ConfirmationReport(BaseModel):
     deadline: float | None = Field(None, ge=0, le=1e11)
     reason: str = Field("", max_length=1000)
     rollback_to: int | None = Field(None, ge=0, le=MAX_VERSION)
+    rolled_back_to_version: int | None = Field(None, ge=0, le=MAX_VERSION)
     origin: str | None = Field(None, max_length=ORIGIN_LENGTH)
     at: str | None = Field(None, max_length=64)
 

@@ -11,7 +11,9 @@ control plane reached again) or rolls it back when the window passes. Its
 reports carry {version, state: pending|confirmed|rolled-back, deadline,
 reason}. A report that first says a version was rolled back is handed to
 `on_rolled_back` (ingest audits it as `revision.rolled_back`), once: later
-reports repeating it only refresh `reported_at`.
+reports repeating it only refresh `reported_at`. A record naming an older version
+than the stored one, or turning a rolled-back version into pending or confirmed,
+is not stored: versions only grow, and the audited rollback stands.
 """
 
 from __future__ import annotations
@@ -88,6 +90,8 @@ def write_confirmations(
     latest: dict[int, dict[str, Any]] = {}
     for row in rows:
         earlier = latest.get(row["device_id"]) or before.get(row["device_id"])
+        if earlier is not None and _goes_back(earlier, row):
+            continue  # versions only grow, and a rollback is not undone by a later word
         if (
             earlier is not None
             and earlier["version"] == row["version"]
@@ -129,6 +133,17 @@ _COLUMNS = (
     "rollback_to",
     "rolled_back_to_version",
 )
+
+
+def _goes_back(earlier: dict[str, Any], row: dict[str, Any]) -> bool:
+    """`row` names an older version than `earlier`, or says a version `earlier` records as
+    rolled back is pending or confirmed: not believed (the log audited the rollback)."""
+    old, new = earlier["version"], row["version"]
+    if old is None or new is None:
+        return False
+    if new < old:
+        return True
+    return bool(new == old and earlier["state"] == "rolled-back" and row["state"] != "rolled-back")
 
 
 def _changed(stored: dict[str, Any] | None, row: dict[str, Any]) -> bool:

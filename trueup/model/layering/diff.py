@@ -34,8 +34,17 @@ def diff_documents(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> lis
     return sorted(changes, key=lambda c: c.path)
 
 
+def _same(old: Any, new: Any) -> bool:
+    """Equal as JSON: Python's `1 == True == 1.0` is not (the digests differ)."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        return old.keys() == new.keys() and all(_same(old[k], new[k]) for k in old)
+    if isinstance(old, list) and isinstance(new, list):
+        return len(old) == len(new) and all(map(_same, old, new))
+    return type(old) is type(new) and bool(old == new)
+
+
 def _diff(old: Any, new: Any, path: str, pattern: str, changes: list[PathChange]) -> None:
-    if old == new:
+    if old == new and _same(old, new):
         return
     if isinstance(old, Mapping) and isinstance(new, Mapping):
         _diff_mapping(old, new, path, pattern, changes)

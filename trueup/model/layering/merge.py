@@ -273,6 +273,7 @@ def _merge_list(
         if known is not None:
             where.setdefault(known, position)
     removed: set[int] = set()
+    merged: set[int] = set()  # earlier items this layer merged into
     for item in layer:
         if not plain and isinstance(item, Mapping):
             item = _named(item, inner)
@@ -283,12 +284,13 @@ def _merge_list(
                 removed.add(index)
                 del where[key]
             continue
-        if index is None:
-            # Matched against the earlier layers only: a layer repeating a key is left
-            # for the document model to refuse, never silently folded.
+        if index is None or (fields and index in merged):
+            # Matched against the earlier layers only, once: a layer repeating a key is
+            # left for the document model to refuse, never silently folded.
             out.append(item if plain else _clean(item, inner))
         elif fields:
             out[index] = merge_onto(out[index], item, inner, plain=plain)
+            merged.add(index)
     return [item for index, item in enumerate(out) if index not in removed]
 
 

@@ -10,11 +10,16 @@
 4. The layers merged (`trueup.model.layering.merge`), wrapped as a DeviceState
    named for the device, and validated by `trueup.model.document.parse_document`
    like any document. A problem the model finds names its path and, where one
-   layer set that path, the profile (and the variable) that put it there.
+   layer set that path, the profile (and the variable) that put it there. A
+   merge larger than any document may be (DOCUMENT_BYTES) is refused.
 
 The result's digest is `document_digest`: the same inputs give the same digest
 in every process. A device with no profile and a whole document as its own
 layer renders to exactly that document.
+
+Why this module is over 400 lines: rendering and naming the layer, profile and
+variable behind a path the model refuses walk the same layers by the same path
+and list-key rules; apart, each would restate the other's.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trueup.model.digests import json_digest
+from trueup.model.digests import canonical_json, json_digest, sha256_digest
 from trueup.model.document import API_VERSION, DocumentError, parse_document
 from trueup.model.layering.merge import (
     LIST_KEYS,
@@ -44,6 +49,7 @@ from trueup.model.layering.types import (
     RenderProblem,
 )
 from trueup.model.layering.variables import Variable, variables_digest
+from trueup.model.limits import DOCUMENT_BYTES
 
 __all__ = ["OWN_LAYER", "Renderer", "render_device"]
 
@@ -122,10 +128,24 @@ class Renderer:
             own_digest=json_digest(inputs.own) if inputs.own is not None else None,
         )
         document = state.canonical()  # metadata has no version: its digest is document_digest
+        encoded = canonical_json(document)
+        if len(encoded) > DOCUMENT_BYTES:
+            # Every layer may be within the limit and their merge not: refused like any
+            # document that size (no PUT stores it, no agent takes it).
+            raise RenderError(
+                inputs.name,
+                [
+                    RenderProblem(
+                        f"the rendered document is {len(encoded)} bytes; a document is at "
+                        f"most {DOCUMENT_BYTES} bytes",
+                        "spec",
+                    )
+                ],
+            )
         return Rendered(
             device=inputs.name,
             document=document,
-            digest=json_digest(document),
+            digest=sha256_digest(encoded),
             provenance=provenance,
         )
 
@@ -193,8 +213,26 @@ def _resolve(
                     "required: set it for this device", f"variables.{name}", required[0], name
                 )
             )
-        defaults = [v.default for _, v in declarations if v.has_default]
-        values[name] = defaults[-1] if defaults else None
+        defaults = [(p, v.default) for p, v in declarations if v.has_default]
+        if not defaults:
+            values[name] = None
+            continue
+        owner, value = defaults[-1]
+        for profile, variable in declarations:  # a default fits every declaration, too
+            try:
+                value = variable.check(value)
+            except ValueError as exc:
+                problems.append(
+                    RenderProblem(
+                        f"the default of profile {owner.name}: {exc} (declared "
+                        f"{_type(variable)}); set it for this device",
+                        f"variables.{name}",
+                        profile.name,
+                        name,
+                    )
+                )
+                break
+        values[name] = value
     return values
 
 
@@ -212,7 +250,11 @@ def _own_layer(inputs: DeviceInputs, problems: list[RenderProblem]) -> Mapping[s
         return None
     root = "spec"
     if "apiVersion" in own or "kind" in own:
-        device = (own.get("metadata") or {}).get("device")
+        metadata = own.get("metadata") or {}
+        if not isinstance(metadata, Mapping):
+            problems.append(RenderProblem("expected a mapping (device, …)", "own.metadata"))
+            return None
+        device = metadata.get("device")
         if device is not None and device != inputs.name:
             problems.append(
                 RenderProblem(
@@ -336,37 +378,45 @@ def _attribute(
             best = (depth, profile, layer)
     if best is None:
         return RenderProblem(message, path)
-    depth, profile, _ = best
+    depth, profile, layer = best
     if profile is None:
         return RenderProblem(f"{message} ({OWN_LAYER})", path)
-    variable = _variable_at(profile, segments[:depth], keys)
+    variable = _variable_at(profile, layer, segments[:depth], keys)
     return RenderProblem(message, path, profile.name, variable)
 
 
-def _variable_at(profile: Profile, segments: list[str | int], keys: list[Any]) -> str | None:
-    """The variable substituted at (or around) that path of the profile's document."""
+def _variable_at(
+    profile: Profile, layer: Any, segments: list[str | int], keys: list[Any]
+) -> str | None:
+    """The variable substituted at (or around) that path of the profile's document;
+    `layer` is that document substituted (same positions), where keyed items are found
+    by the keys a variable may have written."""
     node: Any = profile.document
+    shadow: Any = layer
     where = "spec.document"
     for index, segment in enumerate(segments):
         if isinstance(segment, int):
             if not isinstance(node, list):
                 return None
             key = keys[index]
+            items = shadow if isinstance(shadow, list) and len(shadow) == len(node) else node
             positions = (
                 [segment]
                 if key is None
-                else [i for i, item in enumerate(node) if _key_of(key[0], item) == key]
+                else [i for i, item in enumerate(items) if _key_of(key[0], item) == key]
             )
             if not positions or positions[-1] >= len(node):
                 # The item's key itself may come from a variable: look no further.
                 return _only_variable(profile, where)
             node = node[positions[-1]]
+            shadow = items[positions[-1]] if items is shadow else None
             where = f"{where}[{positions[-1]}]"
         else:
             name = _spelled(node, segment) if isinstance(node, Mapping) else None
             if name is None:
                 return None
             node = node[name]
+            shadow = shadow.get(name) if isinstance(shadow, Mapping) else None
             where = f"{where}.{name}"
     names = profile.compiled.templates.get(where)
     return names[0] if names else _only_variable(profile, where)

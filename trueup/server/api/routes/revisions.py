@@ -38,7 +38,10 @@ def parse_confirm_within(value: str | None) -> int | None:
     if value is None:
         return None
     text = value.strip()
-    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_CONFIRM_WITHIN:
+    # At most 5 digits (the header's rule) before int(): thousands of them are refused, not
+    # handed to int() (which refuses over 4300 digits with a ValueError, a server error).
+    digits = len(text) <= len(str(MAX_CONFIRM_WITHIN)) and text.isascii() and text.isdigit()
+    if not digits or not 1 <= int(text) <= MAX_CONFIRM_WITHIN:
         raise Invalid(
             [
                 f"header.X-Trueup-Confirm-Within: {excerpt(repr(value), 40)} is not "
