@@ -84,6 +84,7 @@ def test_the_fleet_filters_by_selector_and_names_the_position_of_a_bad_one(
     assert page.status_code == 200
     assert 'data-device="edge-00"' in page.text and 'data-device="edge-01"' not in page.text
     assert "<th>Labels</th>" in page.text and "<code>role=canary</code>" in page.text
+    assert 'href="/ui/plan?selector=site%3Dams%2Crole+in+%28canary%29"' in page.text
     bad = client.get("/", params={"selector": "role in canary"})
     assert bad.status_code == 422 and "at position" in bad.text
     assert 'data-device="edge-00"' not in bad.text
