@@ -114,12 +114,6 @@ def populated(server: Server) -> tuple[Tenant, int]:
     )
     assert download.status_code == 200 and download.content == b"an evidence bundle"
     server.plane.acknowledge(tenant_id, "edge-01", "dhcp", 3600, "maintenance", "alice")
-    labelled = server.client.put(
-        "/api/v1/devices/edge-01/labels",
-        json={"site": "ams", "role": "edge"},
-        headers=tenant.auth("operator"),
-    )
-    assert labelled.status_code == 200, labelled.text
     rolled_back = {
         "applied_version": 3,
         "confirmation": {
@@ -136,6 +130,12 @@ def populated(server: Server) -> tuple[Tenant, int]:
         "/api/v1/agent/report", json=rolled_back, headers=tenant.device_auth("edge-01")
     )
     assert reported.status_code == 200, reported.text
+    labelled = server.client.put(
+        "/api/v1/devices/edge-01/labels",
+        json={"site": "ams", "role": "edge"},
+        headers=tenant.auth("operator"),
+    )
+    assert labelled.status_code == 200, labelled.text
     server.plane.set_role(tenant_id, "operator-user", Role.VIEWER, "alice")
     token_id, _token = server.plane.create_token(tenant_id, "admin-user", "alice", label="x")
     server.plane.revoke_token(tenant_id, token_id, "alice")

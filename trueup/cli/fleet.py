@@ -472,7 +472,6 @@ def render_device(entry: dict[str, Any]) -> str:
             f"{override.get('actor') or '-'} at {override.get('at') or '-'}: "
             f"{override.get('reason') or '-'}"
         )
-    lines.append(f"labels:        {labels_text(entry.get('labels'))}")
     confirmation = entry.get("confirmation")
     if isinstance(confirmation, dict):
         until = (
@@ -484,6 +483,7 @@ def render_device(entry: dict[str, Any]) -> str:
             f"confirmation:  version {_v(confirmation.get('version'))} "
             f"{confirmation.get('state')}{until}: {confirmation.get('reason') or '-'}"
         )
+    lines.append(f"labels:        {labels_text(entry.get('labels'))}")
     lines.extend(agent_lines(entry))
     lines.append(f"reason codes:  {', '.join(entry.get('reason_codes') or []) or '-'}")
     for ack in entry.get("acknowledgements") or []:

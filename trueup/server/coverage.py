@@ -314,6 +314,11 @@ def apply(facts: CoverFacts, entry: Any) -> None:
         _apply_evidence(facts, entry, detail)
     elif action == "revision.create":
         _apply_revision(facts, entry, detail)
+    elif action == "revision.rolled_back":
+        # `version` None: an apply that failed before it took a version.
+        device_id = _int(detail, "device_id")
+        if device_id is not None:
+            facts.rolled_back[(device_id, _int(detail, "version"))] = int(entry["seq"])
     elif action in ("profile.create", "profile.update", "profile.delete"):
         name, version, digest = (
             _str(detail, "name"),
@@ -337,11 +342,6 @@ def apply(facts: CoverFacts, entry: Any) -> None:
         device_id, new = _int(detail, "device_id"), detail.get("new")
         if device_id is not None and isinstance(new, dict):
             facts.labels[device_id] = (int(entry["seq"]), {str(k): str(v) for k, v in new.items()})
-    elif action == "revision.rolled_back":
-        # `version` None: an apply that failed before it took a version.
-        device_id = _int(detail, "device_id")
-        if device_id is not None:
-            facts.rolled_back[(device_id, _int(detail, "version"))] = int(entry["seq"])
     elif action == "notify.allowlist.set":
         entries = detail.get("entries")
         if isinstance(entry["tenant_id"], int) and isinstance(entries, list):

@@ -1,20 +1,19 @@
 """The checks `audit verify` runs over coverage.py's replay: each live secret, notification
-target, evidence bundle, revision, device's labels and device confirmation compared with what
-the log audited.
+target, evidence bundle, revision, device confirmation and device's labels compared with
+what the log audited.
 
 Who calls it: `audit.verify` (CHECKS), which turns each Finding into an
 AuditProblem. The existence of rows (inserted directly, deleted) that audit.py
 already checks for secrets and revisions is not repeated here; this module
 adds what audit.py did not cover: secret versions and values, deleted secrets,
 notification targets, evidence bundles and their content, revision metadata
-(author, comment, confirmation window), device labels and each device's
-rolled-back confirmation.
+(author, comment, confirmation window), each device's rolled-back confirmation
+and each device's labels.
 
 Why this module is over 400 lines: every table the log vouches for beyond
-credentials has its check here, each a short comparison of the live rows with
-the replay over shared helpers, beside the one `CHECKS` registry
-`audit.verify` runs, so that a new covered table is one function and one entry
-in this file.
+credentials has its check here, beside the others and the one `CHECKS`
+registry `audit.verify` runs, so that a new covered table is one function and
+one entry in this file.
 """
 
 from __future__ import annotations
@@ -384,32 +383,6 @@ def check_revisions(conn: Connection, _key: ServerKey, facts: CoverFacts) -> lis
     return found
 
 
-def check_labels(conn: Connection, _key: ServerKey, facts: CoverFacts) -> list[Finding]:
-    """Every device's labels as last audited (they decide which profiles render it)."""
-    found = []
-    names = _device_names(conn)
-    live: dict[int, dict[str, str]] = {}
-    for row in conn.execute(
-        select(device_labels.c.device_id, device_labels.c.key, device_labels.c.value)
-    ):
-        live.setdefault(row.device_id, {})[row.key] = row.value
-    for device_id in sorted(set(live) | set(facts.labels)):
-        label = "/".join(names.get(device_id, ("?", str(device_id))))
-        audited = facts.labels.get(device_id)
-        labels = live.get(device_id, {})
-        if audited is None:
-            found.append(Finding("device labels", label, "have no audit entry (inserted directly)"))
-        elif labels != audited[1]:
-            found.append(
-                Finding(
-                    "device labels",
-                    label,
-                    differs("labels", labels, audited[1], audited[0]),
-                )
-            )
-    return found
-
-
 def check_confirmations(conn: Connection, _key: ServerKey, facts: CoverFacts) -> list[Finding]:
     """A device's confirmation says rolled-back exactly where the log audited the rollback
     (a rollout's gate reads it: a rollback turned into `confirmed` would pass it)."""
@@ -437,12 +410,38 @@ def check_confirmations(conn: Connection, _key: ServerKey, facts: CoverFacts) ->
     return found
 
 
+def check_labels(conn: Connection, _key: ServerKey, facts: CoverFacts) -> list[Finding]:
+    """Every device's labels as last audited (they decide which profiles render it)."""
+    found = []
+    names = _device_names(conn)
+    live: dict[int, dict[str, str]] = {}
+    for row in conn.execute(
+        select(device_labels.c.device_id, device_labels.c.key, device_labels.c.value)
+    ):
+        live.setdefault(row.device_id, {})[row.key] = row.value
+    for device_id in sorted(set(live) | set(facts.labels)):
+        label = "/".join(names.get(device_id, ("?", str(device_id))))
+        audited = facts.labels.get(device_id)
+        labels = live.get(device_id, {})
+        if audited is None:
+            found.append(Finding("device labels", label, "have no audit entry (inserted directly)"))
+        elif labels != audited[1]:
+            found.append(
+                Finding(
+                    "device labels",
+                    label,
+                    differs("labels", labels, audited[1], audited[0]),
+                )
+            )
+    return found
+
+
 CHECKS: dict[str, Callable[[Connection, ServerKey, CoverFacts], list[Finding]]] = {
     "secret versions": check_secrets,
     "notification targets": check_targets,
     "webhook allowlists": check_allowlists,
     "evidence bundles": check_evidence,
     "revision metadata": check_revisions,
-    "device labels": check_labels,
     "device confirmations": check_confirmations,
+    "device labels": check_labels,
 }

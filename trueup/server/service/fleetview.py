@@ -173,8 +173,8 @@ class Fleet:
         with self.store.db.read() as conn:
             rows = list(conn.execute(query).mappings())
             drifts = last_drift(conn, tenant_id)
-            labels = tenant_labels(conn, tenant_id, [r["id"] for r in rows] if device else None)
             confirmed = confirmations(conn, tenant_id)
+            labels = tenant_labels(conn, tenant_id, [r["id"] for r in rows] if device else None)
             active_acks: dict[int, list[dict[str, Any]]] = {}
             for ack in conn.execute(
                 select(acks.c.device_id, acks.c.subsystem, acks.c.reason, acks.c.expires_at)
