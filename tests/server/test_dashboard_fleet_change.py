@@ -19,6 +19,7 @@ from tests.server.conftest import Server, Tenant
 from tests.server.rolloutsim import SimAgent, initial, wait_for
 from tests.server.test_dashboard import browser, csrf_of
 from tests.server.test_profiles import profile
+from trueup.server.service import NotFound
 
 FAST_ROLLOUT = [("sqlite", {"rollout_tick_seconds": 0.05})]
 
@@ -84,6 +85,7 @@ def test_the_fleet_filters_by_selector_and_names_the_position_of_a_bad_one(
     assert page.status_code == 200
     assert 'data-device="edge-00"' in page.text and 'data-device="edge-01"' not in page.text
     assert "<th>Labels</th>" in page.text and "<code>role=canary</code>" in page.text
+    assert 'href="/ui/plan?selector=site%3Dams%2Crole+in+%28canary%29"' in page.text
     bad = client.get("/", params={"selector": "role in canary"})
     assert bad.status_code == 422 and "at position" in bad.text
     assert 'data-device="edge-00"' not in bad.text
@@ -348,3 +350,40 @@ def test_a_rolled_out_profile_stays_editable_the_devices_own_layer_is_adopted(
     plan = server.plane.plan(tenant_id)
     assert sorted(t.device for t in plan.targets) == names
     assert [c.path for c in plan.targets[0].changes] == ["spec.interfaces[lan0].mtu"]
+
+
+def test_a_new_profile_from_the_list_page_is_planned_then_created_by_its_rollout(
+    server: Server,
+) -> None:
+    tenant, _agents = _fleet(server, 2)
+    tenant_id = server.plane.tenant_id(tenant.name)
+    operator = browser(server, tenant, "operator")
+    listing = operator.get("/ui/profiles").text
+    assert 'name="expected" value="0"' in listing and "New profile" in listing
+    new = yaml.safe_dump(
+        profile(
+            "edge-ntp",
+            selector="site=ams",
+            mtu_default=1500,
+            routes=[{"to": "192.0.2.0/25", "via": "203.0.113.254"}],
+        ),
+        sort_keys=False,
+    )
+    csrf = csrf_of(listing)
+    page = operator.post("/ui/plan", data={"csrf": csrf, "document": new, "expected": "0"})
+    assert page.status_code == 200 and "Plan of profile edge-ntp as edited" in page.text
+    assert "spec.routes[" in html.unescape(page.text)
+    with pytest.raises(NotFound):
+        server.plane.profile(tenant_id, "edge-ntp")  # planning stored nothing
+    started = operator.post(
+        "/ui/rollouts",
+        data={"csrf": csrf, "document": new, "expected": "0", "percents": "100"},
+        follow_redirects=False,
+    )
+    assert started.status_code == 303, started.text
+    assert server.plane.profile(tenant_id, "edge-ntp").version == 1
+    rid = int(started.headers["location"].split("/")[-1].split("?")[0])
+    assert [m["device"] for m in server.plane.rollout(tenant_id, rid)["members"]] == [
+        "edge-00",
+        "edge-01",
+    ]

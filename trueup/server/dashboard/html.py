@@ -239,7 +239,12 @@ def fleet_page(
     return (
         head + f'<p class="muted"><span id="fleet-matched">{page.matched}</span> of '
         f"{page.total} devices"
-        ' · <span id="live" class="live">live</span></p>'
+        + (
+            f' · <a href="/ui/plan?{urlencode({"selector": selector})}">plan these devices</a>'
+            if selector
+            else ""
+        )
+        + ' · <span id="live" class="live">live</span></p>'
         '<table class="fleet"><thead><tr><th>Device</th><th>Status</th><th>Reason codes</th>'
         "<th>Desired</th><th>Applied</th><th>Last heartbeat</th><th>In sync since</th>"
         "<th>Last drift</th><th>Labels</th></tr>"
