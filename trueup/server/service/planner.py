@@ -92,6 +92,8 @@ class _StoredProfile(Protocol):
 class _ProfileSource(Protocol):
     def vouched_in(self, conn: Connection, tenant_id: int) -> Sequence[_StoredProfile]: ...
 
+    def last_version_in(self, conn: Connection, tenant_id: int, name: str) -> int: ...
+
 
 class _Inputs(Protocol):
     @property
@@ -228,9 +230,15 @@ class Planner:
         )
         with self.store.db.read() as conn:
             stored = [(p.name, p.profile()) for p in self.profiles.vouched_in(conn, tenant_id)]
+            # A proposed profile is shown at the version storing it would give it.
+            proposed_version = (
+                self.profiles.last_version_in(conn, tenant_id, change.profile.name) + 1
+                if isinstance(change, ProfileEdit)
+                else 0
+            )
             fleet = self._devices(conn, tenant_id, labelled)
         before = [p for _, p in stored]
-        after = self._profiles_after(stored, change)
+        after = self._profiles_after(stored, change, proposed_version)
         self._apply(fleet, change)
         busy = self.busy(tenant_id) if self.busy is not None else set()
         renderer = Renderer(after)
@@ -301,12 +309,12 @@ class Planner:
         return fleet
 
     @staticmethod
-    def _profiles_after(stored: list[tuple[str, Profile]], change: Change | None) -> list[Profile]:
+    def _profiles_after(
+        stored: list[tuple[str, Profile]], change: Change | None, proposed_version: int
+    ) -> list[Profile]:
         by_name = dict(stored)
         if isinstance(change, ProfileEdit):
-            old = by_name.get(change.profile.name)
-            version = (old.version if old is not None else 0) + 1
-            by_name[change.profile.name] = change.profile.with_version(version)
+            by_name[change.profile.name] = change.profile.with_version(proposed_version)
         elif isinstance(change, ProfileRemoval):
             if change.name not in by_name:
                 raise NotFound(f"profile {change.name!r} not found")
