@@ -99,22 +99,22 @@ def test_saving_a_profile_needs_csrf_and_the_operator_role_and_keeps_the_draft(
     viewer = browser(server, tenant, "viewer")
     form = {"document": _edit(1400), "expected": "1", "comment": "mtu 1400"}
     csrf = csrf_of(viewer.get("/ui/profiles/edge-mtu").text)
-    assert viewer.post("/ui/profiles/save", data={**form, "csrf": csrf}).status_code == 403
+    assert viewer.post("/ui/profiles", data={**form, "csrf": csrf}).status_code == 403
     operator = browser(server, tenant, "operator")
-    assert operator.post("/ui/profiles/save", data=form).status_code == 403  # no CSRF token
+    assert operator.post("/ui/profiles", data=form).status_code == 403  # no CSRF token
     assert server.plane.profile(tenant_id, "edge-mtu").version == 1
     csrf = csrf_of(operator.get("/ui/profiles/edge-mtu").text)
-    saved = operator.post("/ui/profiles/save", data={**form, "csrf": csrf}, follow_redirects=False)
+    saved = operator.post("/ui/profiles", data={**form, "csrf": csrf}, follow_redirects=False)
     assert saved.status_code == 303 and saved.headers["location"].endswith("saved=2")
     assert server.plane.profile(tenant_id, "edge-mtu").version == 2
     # A stale version: 409, the draft and the comment kept.
-    stale = operator.post("/ui/profiles/save", data={**form, "csrf": csrf, "document": _edit(1300)})
+    stale = operator.post("/ui/profiles", data={**form, "csrf": csrf, "document": _edit(1300)})
     assert stale.status_code == 409 and "STATE_CONCURRENT_MODIFICATION" in stale.text
     assert "default: 1300" in html.unescape(stale.text)
     assert 'value="mtu 1400"' in stale.text
     # A bad variable: 422 naming the path, nothing stored.
     bad = operator.post(
-        "/ui/profiles/save", data={**form, "csrf": csrf, "expected": "2", "document": _edit("x")}
+        "/ui/profiles", data={**form, "csrf": csrf, "expected": "2", "document": _edit("x")}
     )
     assert bad.status_code == 422 and "spec.variables.mtu" in html.unescape(bad.text)
     assert "default: x" in html.unescape(bad.text)
@@ -173,7 +173,7 @@ def test_tenants_never_see_each_others_profiles_or_rollouts(server: Server) -> N
     assert client.get(f"/ui/rollouts/{rid}/stream").status_code == 404
     assert f"rollout {rid}" not in client.get("/ui/rollouts").text
     csrf = csrf_of(client.get("/ui/rollouts").text)
-    refused = client.post(f"/ui/rollouts/{rid}/abort", data={"csrf": csrf, "reason": "x"})
+    refused = client.post(f"/ui/rollouts/{rid}/actions/abort", data={"csrf": csrf, "reason": "x"})
     assert refused.status_code == 404
     assert server.plane.rollout(tenant_id, rid)["state"] != "aborted"
 
@@ -237,34 +237,34 @@ def test_a_rollout_started_from_the_plan_goes_canary_first_and_its_controls_work
     shown = operator.get(f"/ui/rollouts/{rid}")
     assert shown.status_code == 200 and 'id="rollout-live"' in shown.text
     assert 'data-device="edge-00" data-state="passed"' in shown.text
-    assert f'action="/ui/rollouts/{rid}/approve"' in shown.text
+    assert f'action="/ui/rollouts/{rid}/actions/approve"' in shown.text
     assert 'aria-live="polite"' in shown.text
     # A viewer sees the rollout but no control, and cannot approve.
     seen = viewer.get(f"/ui/rollouts/{rid}").text
     assert "/approve" not in seen and "needs the operator role" in seen
-    assert viewer.post(f"/ui/rollouts/{rid}/approve", data={"csrf": viewer_csrf}).status_code == (
-        403
-    )
+    assert viewer.post(
+        f"/ui/rollouts/{rid}/actions/approve", data={"csrf": viewer_csrf}
+    ).status_code == (403)
     csrf = csrf_of(shown.text)
-    assert operator.post(f"/ui/rollouts/{rid}/approve", data={}).status_code == 403
-    wrong = operator.post(f"/ui/rollouts/{rid}/resume", data={"csrf": csrf})
+    assert operator.post(f"/ui/rollouts/{rid}/actions/approve", data={}).status_code == 403
+    wrong = operator.post(f"/ui/rollouts/{rid}/actions/resume", data={"csrf": csrf})
     assert wrong.status_code == 409 and "possible only while it is paused" in wrong.text
     approved = operator.post(
-        f"/ui/rollouts/{rid}/approve", data={"csrf": csrf}, follow_redirects=False
+        f"/ui/rollouts/{rid}/actions/approve", data={"csrf": csrf}, follow_redirects=False
     )
     assert approved.status_code == 303
     paused = operator.post(
-        f"/ui/rollouts/{rid}/pause",
+        f"/ui/rollouts/{rid}/actions/pause",
         data={"csrf": csrf, "reason": "lunch"},
         follow_redirects=False,
     )
     assert paused.status_code == 303
     assert server.plane.rollout(tenant_id, rid)["state"] == "paused"
     assert "lunch" in operator.get(f"/ui/rollouts/{rid}").text
-    resumed = operator.post(f"/ui/rollouts/{rid}/resume", data={"csrf": csrf})
+    resumed = operator.post(f"/ui/rollouts/{rid}/actions/resume", data={"csrf": csrf})
     assert resumed.status_code == 200  # followed to the rollout page
     poll_until("waiting-approval")
-    operator.post(f"/ui/rollouts/{rid}/approve", data={"csrf": csrf})
+    operator.post(f"/ui/rollouts/{rid}/actions/approve", data={"csrf": csrf})
     done = poll_until("completed")
     assert all(m["state"] == "passed" for m in done["members"])
     assert "completed" in operator.get("/ui/rollouts").text

@@ -42,8 +42,8 @@ def test_the_live_parts_of_an_idle_rollout_do_not_change_and_escape_what_they_sh
     assert (
         "<script>" not in parts["rollout-summary"] and "&lt;script&gt;" in parts["rollout-summary"]
     )
-    assert "/ui/rollouts/7/resume" in parts["rollout-controls"]
-    assert "/ui/rollouts/7/pause" not in parts["rollout-controls"]
+    assert "/ui/rollouts/7/actions/resume" in parts["rollout-controls"]
+    assert "/ui/rollouts/7/actions/pause" not in parts["rollout-controls"]
 
 
 def test_large_plans_and_rollouts_list_what_needs_a_look_first_and_say_how_many_more() -> None:

@@ -112,7 +112,7 @@ def test_the_dashboard_shows_a_rollouts_waves_and_gates_and_pauses_it(
     assert "waiting for management" in page.text
     assert f'data-stream="/ui/rollouts/{rollout["id"]}/stream"' in page.text
     refused = viewer.post(
-        f"/ui/rollouts/{rollout['id']}/pause",
+        f"/ui/rollouts/{rollout['id']}/actions/pause",
         data={"csrf": csrf_of(page.text)},
         follow_redirects=False,
     )
@@ -120,11 +120,13 @@ def test_the_dashboard_shows_a_rollouts_waves_and_gates_and_pauses_it(
     operator = browser(server, tenant, "operator")
     page = operator.get(f"/ui/rollouts/{rollout['id']}")
     forged = operator.post(
-        f"/ui/rollouts/{rollout['id']}/pause", data={"csrf": "forged"}, follow_redirects=False
+        f"/ui/rollouts/{rollout['id']}/actions/pause",
+        data={"csrf": "forged"},
+        follow_redirects=False,
     )
     assert forged.status_code == 403
     paused = operator.post(
-        f"/ui/rollouts/{rollout['id']}/pause",
+        f"/ui/rollouts/{rollout['id']}/actions/pause",
         data={"csrf": csrf_of(page.text), "reason": "look first"},
         follow_redirects=False,
     )
@@ -133,7 +135,7 @@ def test_the_dashboard_shows_a_rollouts_waves_and_gates_and_pauses_it(
     page = operator.get(f"/ui/rollouts/{rollout['id']}")
     assert "look first" in page.text and ">Resume</button>" in page.text
     wrong = operator.post(
-        f"/ui/rollouts/{rollout['id']}/approve",
+        f"/ui/rollouts/{rollout['id']}/actions/approve",
         data={"csrf": csrf_of(page.text)},
         follow_redirects=False,
     )

@@ -113,7 +113,7 @@ def _edit_form(
         else '<span class="muted">saving needs the operator role</span>'
     )
     return (
-        '<form method="post" action="/ui/profiles/save" class="apply-form" id="profile-form">'
+        '<form method="post" action="/ui/profiles" class="apply-form" id="profile-form">'
         f"{hidden_field('csrf', csrf)}{hidden_field('expected', expected)}"
         f'<label for="profile-document">{"New profile" if new else "Profile document"} '
         "(YAML or JSON)</label>"

@@ -147,7 +147,7 @@ def register(
 
         return await guarded(request, "viewer", work)
 
-    @app.post("/ui/profiles/save", include_in_schema=False, openapi_extra=document_role)
+    @app.post("/ui/profiles", include_in_schema=False, openapi_extra=document_role)
     async def save_profile(request: Request) -> Response:
         async def work() -> Response:
             principal, session, form = await posted(request, "operator")

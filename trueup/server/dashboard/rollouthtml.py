@@ -121,7 +121,7 @@ def rollout_live(view: Mapping[str, Any], *, csrf: str, operator: bool) -> dict[
                 else ""
             )
             controls += (
-                f'<form method="post" action="/ui/rollouts/{rid}/{action}" class="inline action">'
+                f'<form method="post" action="/ui/rollouts/{rid}/actions/{action}" class="inline action">'
                 f"{hidden_field('csrf', csrf)}{reason}"
                 f'<button type="submit" class="{action}">{action.capitalize()}</button></form> '
             )

@@ -172,7 +172,9 @@ def register(
 
         return await guarded(request, "viewer", work)
 
-    @app.post("/ui/rollouts/{rid}/{action}", include_in_schema=False, openapi_extra=session_role)
+    @app.post(
+        "/ui/rollouts/{rid}/actions/{action}", include_in_schema=False, openapi_extra=session_role
+    )
     async def rollout_action(request: Request, rid: str, action: str) -> Response:
         async def work() -> Response:
             if action not in _ACTIONS:

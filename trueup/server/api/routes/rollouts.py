@@ -179,7 +179,10 @@ def register(app: FastAPI, api: Api) -> None:
         "/api/v1/plan/rollout",
         status_code=201,
         openapi_extra=role("operator"),
-        responses=answers(404, 409),
+        responses={
+            **answers(404, 409),
+            200: {"description": "The plan changes no device: no rollout was started."},
+        },
     )
     async def rollout_plan(
         body: PlanRollout, response: Response, p: Principal = operator
