@@ -136,6 +136,9 @@ def test_every_problem_is_reported_at_once() -> None:
         ({"type": "string", "items": "string"}, ".items: only a list has items"),
         ({"type": "integer", "pattern": "x"}, ".pattern: only a string"),
         ({"type": "string", "pattern": "(["}, ".pattern: not a regular expression"),
+        ({"type": "string", "pattern": "(a+)+b"}, ".pattern: a repeated group that itself repeats"),
+        ({"type": "string", "pattern": "([a-z0-9]+-)*[a-z0-9]+"}, ".pattern: a repeated group"),
+        ({"type": "string", "pattern": "(x|(y*))*"}, ".pattern: a repeated group"),
         ({"type": "string", "minimum": 1}, ".minimum: only an integer"),
         ({"type": "integer", "minimum": 10, "maximum": 5}, ".minimum: 10 is above the maximum 5"),
         ({"type": "integer", "required": True, "default": 1}, ".default: a required variable"),
@@ -158,6 +161,8 @@ def test_a_bad_variable_name_is_refused() -> None:
 _ACCEPTED: list[tuple[dict[str, Any], Any, Any]] = [
     ({"type": "string"}, "ams", "ams"),
     ({"type": "string", "pattern": "[a-z]{3}"}, "ams", "ams"),
+    ({"type": "string", "pattern": "((?>[a-z0-9]+)-)*[a-z0-9]+"}, "edge-01-ams", "edge-01-ams"),
+    ({"type": "string", "pattern": "([a-z]{1,8}\\.){0,3}[a-z]+"}, "a.b.c", "a.b.c"),
     ({"type": "integer", "minimum": 1280, "maximum": 9000}, 1280, 1280),
     ({"type": "integer"}, -3, -3),
     ({"type": "boolean"}, False, False),

@@ -2,7 +2,8 @@
 
 A variable declares a type and optional constraints:
 
-    string                 pattern (a regular expression the whole value matches)
+    string                 pattern (a regular expression the whole value matches;
+                           no unbounded repeat inside an unbounded repeat)
     integer                minimum, maximum
     boolean
     ipv4, ipv6, ip         an address (`192.0.2.1`, `2001:db8::1`)
@@ -21,6 +22,8 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
+import re._constants as sre_constants
+import re._parser as sre_parser
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +57,11 @@ VARIABLE_TYPES = (*SCALAR_TYPES, "list")
 
 _FIELDS = ("type", "items", "default", "required", "pattern", "minimum", "maximum", "description")
 _MAX_PATTERN = 1000
+_NESTED_REPETITION = (
+    "a repeated group that itself repeats without bound (like `(a+)+`) can take exponential "
+    "time to match; make the inner part atomic (`((?>[a-z0-9]+)-)*`) or possessive (`a++`)"
+)
+_BOUNDED = 16  # a repeat of at most this many is not "without bound"
 _MAX_STRING = 4096
 _MAX_ITEMS = 1024
 
@@ -254,6 +262,9 @@ def parse_variable(name: str, data: Any) -> tuple[Variable | None, list[tuple[st
                 re.compile(pattern)
             except re.error as exc:
                 problems.append((".pattern", f"not a regular expression: {exc}"))
+            else:
+                if _nested_repetition(pattern):
+                    problems.append((".pattern", _NESTED_REPETITION))
     bounds: dict[str, int | None] = {}
     for bound in ("minimum", "maximum"):
         value = data.get(bound)
@@ -305,3 +316,29 @@ def parse_variable(name: str, data: Any) -> tuple[Variable | None, list[tuple[st
 def variables_digest(values: Mapping[str, Any]) -> str:
     """The digest of a device's variable values (key order does not matter)."""
     return json_digest(dict(values))
+
+
+def _nested_repetition(pattern: str) -> bool:
+    """Whether `pattern` repeats, without bound, a part that itself repeats without bound
+    and may backtrack: the shape (`(a+)+`, `(a*)*`, `([a-z]+-)*`) whose matching time grows
+    exponentially with the input. Atomic groups and possessive repeats never backtrack."""
+
+    def walk(items: Any, inside: bool) -> bool:
+        for op, av in items:
+            if op in (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT):
+                _low, high, sub = av
+                unbounded = high == sre_constants.MAXREPEAT or high > _BOUNDED
+                if (inside and unbounded) or walk(sub, inside or unbounded):
+                    return True
+            elif op is sre_constants.SUBPATTERN:
+                if walk(av[3], inside):
+                    return True
+            elif op is sre_constants.BRANCH:
+                if any(walk(branch, inside) for branch in av[1]):
+                    return True
+            elif op in (sre_constants.ASSERT, sre_constants.ASSERT_NOT):
+                if walk(av[1], inside):
+                    return True
+        return False
+
+    return walk(sre_parser.parse(pattern), False)
