@@ -330,15 +330,17 @@ def _nested_repetition(pattern: str) -> bool:
                 unbounded = high == sre_constants.MAXREPEAT or high > _BOUNDED
                 if (inside and unbounded) or walk(sub, inside or unbounded):
                     return True
-            elif op is sre_constants.SUBPATTERN:
-                if walk(av[3], inside):
-                    return True
+                continue
+            if op is sre_constants.SUBPATTERN:
+                parts = [av[3]]
             elif op is sre_constants.BRANCH:
-                if any(walk(branch, inside) for branch in av[1]):
-                    return True
+                parts = list(av[1])
             elif op in (sre_constants.ASSERT, sre_constants.ASSERT_NOT):
-                if walk(av[1], inside):
-                    return True
+                parts = [av[1]]
+            else:  # a literal, a class, an atomic group or a possessive repeat
+                parts = []
+            if any(walk(part, inside) for part in parts):
+                return True
         return False
 
     return walk(sre_parser.parse(pattern), False)
