@@ -22,8 +22,8 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
-import re._constants as sre_constants
-import re._parser as sre_parser
+import re._constants as sre_constants  # type: ignore[import-not-found]
+import re._parser as sre_parser  # type: ignore[import-not-found]
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
