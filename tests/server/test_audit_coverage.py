@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from tests.server.conftest import BACKENDS, Server, Tenant, document
 from tests.server.test_dashboard import browser
+from tests.server.test_profiles import profile
 from trueup.cli.server import server_app
 from trueup.model.document import document_digest, parse_document
 from trueup.server import audit
@@ -136,6 +137,22 @@ def populated(server: Server) -> tuple[Tenant, int]:
     server.plane.set_role(tenant_id, "operator-user", Role.VIEWER, "alice")
     token_id, _token = server.plane.create_token(tenant_id, "admin-user", "alice", label="x")
     server.plane.revoke_token(tenant_id, token_id, "alice")
+    # Fleet inputs: a profile's versions (a deletion and a re-creation), a device's
+    # variables and own layer.
+    server.plane.put_profile(tenant_id, "mtu", 0, profile("mtu", selector=""), actor="alice")
+    server.plane.put_profile(
+        tenant_id,
+        "mtu",
+        1,
+        profile("mtu", selector="", mtu_default=9000),
+        actor="alice",
+        comment="jumbo",
+    )
+    server.plane.delete_profile(tenant_id, "mtu", 2, actor="alice")
+    server.plane.put_profile(tenant_id, "mtu", 0, profile("mtu", selector=""), actor="alice")
+    server.plane.put_device_variables(
+        tenant_id, "edge-01", 0, variables={"mtu": 1400}, own={}, actor="alice"
+    )
     return tenant, tenant_id
 
 
@@ -591,6 +608,53 @@ def test_a_rollback_with_its_put_entry_deleted_is_refused_by_a_fresh_process(
     failed_naming(server, f"audit_log seq={put_seq}: row(s) deleted from the chain")
 
 
+def test_a_profile_version_rewritten_inserted_or_deleted_is_named(isolated_server: Server) -> None:
+    server = isolated_server
+    populated(server)
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE profiles SET document = replace(document, '9000', '9001') "
+                "WHERE name = 'mtu' AND version = 2"
+            )
+        )
+        conn.execute(text("UPDATE profiles SET created_by = 'mallory' WHERE version = 1"))
+        conn.execute(text("DELETE FROM profiles WHERE version = 3"))
+        conn.execute(
+            text(
+                "INSERT INTO profiles (tenant_id, name, version, document, digest, created_by, "
+                "created_at, comment, deleted) SELECT tenant_id, 'forged', 1, document, digest, "
+                "created_by, created_at, '', 0 FROM profiles WHERE version = 4"
+            )
+        )
+    failed_naming(
+        server,
+        "mtu version 2",
+        "does not hash to the audited digest",
+        "created_by differs",
+        "mtu version 3",
+        "missing from the table",
+        "forged version 1",
+        "inserted directly",
+    )
+
+
+def test_device_variables_or_own_layer_changed_behind_the_server_are_named(
+    isolated_server: Server,
+) -> None:
+    server = isolated_server
+    populated(server)
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(text("""UPDATE device_inputs SET variables = '{"mtu": 1280}'"""))
+    failed_naming(server, "variables of edge-01", "variables differs")
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(text("""UPDATE device_inputs SET variables = '{"mtu": 1400}', own = NULL"""))
+    failed_naming(server, "variables of edge-01", "own layer differs")
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(text("UPDATE device_inputs SET version = 2, own = '{}'"))
+    failed_naming(server, "variables of edge-01", "the live row is version 2")
+
+
 def test_labels_changed_inserted_or_deleted_behind_the_server_are_named(
     isolated_server: Server,
 ) -> None:
@@ -640,3 +704,37 @@ def test_labels_changed_inserted_or_deleted_behind_the_server_are_named(
     failed_naming(
         server, f"device labels {tenant.name}/edge-03: have no audit entry (inserted directly)"
     )
+
+
+def test_a_plan_is_never_rendered_from_a_profile_or_variables_the_log_does_not_vouch_for(
+    isolated_server: Server,
+) -> None:
+    server = isolated_server
+    tenant, _tenant_id = populated(server)
+    viewer = tenant.auth("viewer")
+    assert server.client.post("/api/v1/plan", json={}, headers=viewer).status_code == 200
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(text("""UPDATE device_inputs SET variables = '{"mtu": 1280}'"""))
+    refused = server.client.post("/api/v1/plan", json={}, headers=viewer)
+    assert refused.status_code == 409, refused.text
+    assert "differ from the audited ones" in refused.json()["detail"]
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(text("""UPDATE device_inputs SET variables = '{"mtu": 1400}'"""))
+        conn.execute(text("UPDATE profiles SET document = replace(document, '1500', '1499')"))
+    refused = server.client.post("/api/v1/plan", json={}, headers=viewer)
+    assert refused.status_code == 409, refused.text
+    assert (
+        "profile mtu version 4: its document differs from the audited one"
+        in (refused.json()["detail"])
+    )
+    admin = tenant.auth("admin")
+    published = server.client.post("/api/v1/plan/publish", json={}, headers=admin)
+    assert published.status_code == 409  # nothing is published either
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(text("UPDATE profiles SET document = replace(document, '1499', '1500')"))
+    assert server.client.post("/api/v1/plan", json={}, headers=viewer).status_code == 200
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(text("DELETE FROM profiles WHERE version = 4"))
+    refused = server.client.post("/api/v1/plan", json={}, headers=viewer)
+    assert refused.status_code == 409
+    assert "profile mtu version 4 is audited but missing" in refused.json()["detail"]

@@ -50,6 +50,15 @@ BODIES: dict[tuple[str, str], Any] = {
     ("put", "/api/v1/notifications/allowlist"): {"entries": ["127.0.0.1/32"]},
     ("post", "/api/v1/notifications/rules"): {"name": "rule-new", "target": "k2"},
     ("post", "/api/v1/agent/evidence"): "an opaque bundle",
+    ("put", "/api/v1/profiles/{name}"): {
+        "apiVersion": "trueup/v1",
+        "kind": "Profile",
+        "metadata": {"name": "k1"},
+        "spec": {"selector": "", "document": {}},
+    },
+    ("put", "/api/v1/devices/{device}/variables"): {"variables": {}, "own": None},
+    ("post", "/api/v1/plan"): {"selector": ""},
+    ("post", "/api/v1/plan/publish"): {"comment": "authz"},
 }
 
 
@@ -68,6 +77,10 @@ def call(
     body = BODIES.get((method, path))
     content = json.dumps(body) if body is not None else None
     extra = {"If-Match": values["if_match"]} if path.endswith("/desired") else {}
+    if path == "/api/v1/profiles/{name}" and method in ("put", "delete"):
+        extra = {"If-Match": values["profile_if_match"]}
+    if path.endswith("/variables") and method == "put":
+        extra = {"If-Match": "0"}
     if path == "/api/v1/agent/backups":
         extra = {"X-Trueup-Backup-Sha256": hashlib.sha256((content or "").encode()).hexdigest()}
     if path == "/api/v1/agent/evidence":
@@ -98,7 +111,9 @@ def test_every_route_refuses_the_wrong_callers(server: Server) -> None:
         "name": "k1",
         "version": "1",
         "if_match": "0",
+        "profile_if_match": "1",
     }
+    server.plane.put_profile(a_id, "k1", 0, BODIES[("put", "/api/v1/profiles/{name}")], actor="t")
     server.plane.put_desired(a_id, "edge-a", 0, document("edge-a"), author="test")
     values["if_match"] = "1"
     archive = b"edge-a's archive"
@@ -245,6 +260,8 @@ def _right_callers_pass(
             headers = a.auth(role)
         if path.endswith("/desired") and method == "put":
             values = {**values, "if_match": "1"}
+        if path == "/api/v1/profiles/{name}" and method == "delete":
+            values = {**values, "profile_if_match": "2"}  # after its PUT
         status = call(server, method, path, values, headers)
         assert status in (200, 201, 204), (where, status)
 

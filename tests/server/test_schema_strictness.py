@@ -11,8 +11,10 @@ can say:
 - a body's sha256 that does not match the `X-Trueup-…-Sha256` header sent with it, and the
   JSON carried in the `X-Trueup-…-Metadata` headers (its fields are checked once decoded);
 - a webhook URL's target policy (what its name resolves to);
-- a label selector's grammar (`?selector=`): the parser names the position and what it
-  expected, which a pattern could not.
+- a label selector's grammar (`?selector=`, a plan's `selector`): the parser names the
+  position and what it expected, which a pattern could not;
+- a proposed profile in a plan (`change.document`): the profile model checks it, like a
+  desired document (every problem with its path).
 
 Every other 422 is a field the schema lets through and the service refuses: the test names
 it. Generation is derandomized and bounded, so the run is deterministic.
@@ -37,10 +39,13 @@ EXAMPLES = 10  # per operation
 _BEYOND_A_SCHEMA = re.compile(
     r"already exists|is used by rules|the body's sha256 is"
     r"|^header\.X-Trueup-(Backup|Evidence)-Metadata|^url: |^entries\[[0-9]+\]: "
-    r"|^query\.selector: selector "
+    r"|^query\.selector: selector |^body\.selector: selector |^change\.document\."
 )
 # The desired-state document: its schema is the published one (trueup.model), not the API's.
-_DOCUMENT_ROUTES = {("PUT", "/api/v1/devices/{device}/desired")}
+_DOCUMENT_ROUTES = {
+    ("PUT", "/api/v1/devices/{device}/desired"),
+    ("PUT", "/api/v1/profiles/{name}"),
+}
 
 
 def _schema_refusals(response: Any, method: str, path: str) -> list[str]:

@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 fleet_app = typer.Typer(
-    help="The fleet on the control plane: list devices (filter, search), show one.",
+    help="The fleet on the control plane: devices, profiles and variables, the fleet plan.",
     no_args_is_help=False,
     invoke_without_command=True,
 )

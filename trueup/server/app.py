@@ -47,6 +47,7 @@ from trueup.server.api.routes import (
     labels,
     notifications,
     probes,
+    profiles,
     revisions,
     secrets,
 )
@@ -264,6 +265,7 @@ def create_app(settings: Settings) -> FastAPI:
         backups,
         notifications,
         evidence,
+        profiles,
         dashboard,
     ):
         area.register(app, api)

@@ -36,8 +36,9 @@ user, device, hash, revocation, seal), revisions (content, and that every
 audited revision still exists), acknowledgements, secrets and device backups
 (every stored one audited with its sha256 and size, none deleted unaudited);
 coverchecks.py adds secret versions and values, deleted secrets,
-notification targets, evidence bundles and revision authors and comments
-(over coverage.py's replay of the same entries). Entries written
+notification targets, evidence bundles and revision authors and comments,
+inputchecks.py profile versions and device inputs (over coverage.py's replay
+of the same entries). Entries written
 by an older trueup that lack a field are reported as "not covered"
 (`AuditProblem.gap`), not as tampering.
 """
@@ -58,7 +59,7 @@ from sqlalchemy import Connection, func, select, update
 
 from trueup.model.digests import canonical_json
 from trueup.model.document import DocumentError, document_digest, parse_document
-from trueup.server import coverage, coverchecks
+from trueup.server import coverage, coverchecks, inputchecks
 from trueup.server.anchor import SUFFIX, Checkpoint, CheckpointError, CheckpointFile
 from trueup.server.keys import ServerKey
 from trueup.server.tables import (
@@ -701,7 +702,7 @@ def verify(conn: Connection, server_key: ServerKey) -> list[AuditProblem]:
     for name, check in _LIVE_CHECKS.items():
         run(name, functools.partial(check, conn, server_key, facts))
     covered = coverage.replay(entries)
-    for name, cover_check in coverchecks.CHECKS.items():
+    for name, cover_check in {**coverchecks.CHECKS, **inputchecks.CHECKS}.items():
         run(name, functools.partial(_cover_problems, cover_check, conn, server_key, covered))
     return problems
 

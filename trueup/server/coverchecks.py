@@ -46,7 +46,7 @@ from trueup.server.tables import (
     tenants,
 )
 
-__all__ = ["CHECKS", "Finding"]
+__all__ = ["CHECKS", "Finding", "differs"]
 
 
 class Finding(NamedTuple):
@@ -61,7 +61,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _differs(what: str, live: Any, audited: Any, seq: int) -> str:
+def differs(what: str, live: Any, audited: Any, seq: int) -> str:
     return (
         f"{what} differs from the audited one (seq={seq}): {_short(live)} instead of "
         f"{_short(audited)} (changed behind the server's back)"
@@ -187,7 +187,7 @@ def check_targets(conn: Connection, key: ServerKey, facts: CoverFacts) -> list[F
             seq, url = old
             if row["url"] != url:
                 found.append(
-                    Finding("notification target", label, _differs("url", row["url"], url, seq))
+                    Finding("notification target", label, differs("url", row["url"], url, seq))
                 )
             found.append(
                 Finding(
@@ -214,7 +214,7 @@ def check_targets(conn: Connection, key: ServerKey, facts: CoverFacts) -> list[F
                     Finding(
                         "notification target",
                         label,
-                        _differs(column, fields[column], fact.fields[column], fact.seq),
+                        differs(column, fields[column], fact.fields[column], fact.seq),
                     )
                 )
         if not hmac.compare_digest(sealed, fact.sealed_digest):
@@ -269,7 +269,7 @@ def check_allowlists(conn: Connection, _key: ServerKey, facts: CoverFacts) -> li
         elif entries != audited[1]:
             found.append(
                 Finding(
-                    "webhook allowlist", label, _differs("entries", entries, audited[1], audited[0])
+                    "webhook allowlist", label, differs("entries", entries, audited[1], audited[0])
                 )
             )
     return found
@@ -316,9 +316,7 @@ def check_evidence(conn: Connection, _key: ServerKey, facts: CoverFacts) -> list
         for column, value in audited.items():
             if value is not None and row[column] != value:
                 found.append(
-                    Finding(
-                        "evidence bundle", label, _differs(column, row[column], value, fact.seq)
-                    )
+                    Finding("evidence bundle", label, differs(column, row[column], value, fact.seq))
                 )
         digest, size = _content(conn, row["id"])
         if digest != fact.sha256 or size != fact.size:
@@ -355,7 +353,7 @@ def check_revisions(conn: Connection, _key: ServerKey, facts: CoverFacts) -> lis
         label = f"{rev['version']} of {names.get(rev['device_id'], ('?', rev['device_id']))[1]}"
         if rev["author"] != fact.author:
             found.append(
-                Finding("revision", label, _differs("author", rev["author"], fact.author, fact.seq))
+                Finding("revision", label, differs("author", rev["author"], fact.author, fact.seq))
             )
         if fact.comment is None:
             found.append(
@@ -369,7 +367,7 @@ def check_revisions(conn: Connection, _key: ServerKey, facts: CoverFacts) -> lis
         elif rev["comment"] != fact.comment:
             found.append(
                 Finding(
-                    "revision", label, _differs("comment", rev["comment"], fact.comment, fact.seq)
+                    "revision", label, differs("comment", rev["comment"], fact.comment, fact.seq)
                 )
             )
         if rev["confirm_within"] != fact.confirm_within:
@@ -432,7 +430,7 @@ def check_labels(conn: Connection, _key: ServerKey, facts: CoverFacts) -> list[F
                 Finding(
                     "device labels",
                     label,
-                    _differs("labels", labels, audited[1], audited[0]),
+                    differs("labels", labels, audited[1], audited[0]),
                 )
             )
     return found

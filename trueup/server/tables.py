@@ -52,6 +52,7 @@ __all__ = [
     "backup_chunks",
     "backups",
     "device_drift",
+    "device_inputs",
     "device_labels",
     "device_reports",
     "device_state",
@@ -68,6 +69,7 @@ __all__ = [
     "notify_events",
     "notify_rules",
     "notify_targets",
+    "profiles",
     "revisions",
     "secrets",
     "tenants",
@@ -462,6 +464,42 @@ device_labels = Table(
     Column("value", String(LABEL_VALUE_LENGTH), nullable=False),
     UniqueConstraint("device_id", "key", name="uq_device_labels_device_key"),
     Index("ix_device_labels_tenant_key", "tenant_id", "key"),
+)
+
+# Profiles (migration 0010): a partial device document with typed variables and a
+# selector. Every version is kept (a row per version, never updated but for
+# `deleted`); the newest row of a name is the profile, a deleted one marks its end.
+profiles = Table(
+    "profiles",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("tenant_id", Integer, ForeignKey("tenants.id"), nullable=False),
+    Column("name", String(NAME_LENGTH), nullable=False),
+    Column("version", Integer, nullable=False),
+    # The profile document as canonical JSON, and its digest (Profile.digest).
+    Column("document", Text, nullable=False),
+    Column("digest", String(DIGEST_LENGTH), nullable=False),
+    Column("created_by", String(ACTOR_LENGTH), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("comment", Text, nullable=False, server_default=""),
+    # 1 on the version that deleted the profile (its document is the last one's).
+    Column("deleted", Integer, nullable=False, server_default="0"),
+    UniqueConstraint("tenant_id", "name", "version", name="uq_profiles_tenant_name_version"),
+)
+
+# A device's rendering inputs (migration 0010): its variable values and its own layer
+# (a partial spec applied last; NULL: none), versioned for If-Match like revisions.
+device_inputs = Table(
+    "device_inputs",
+    metadata,
+    Column("device_id", Integer, ForeignKey("devices.id"), primary_key=True),
+    Column("tenant_id", Integer, ForeignKey("tenants.id"), nullable=False),
+    Column("variables", Text, nullable=False),
+    Column("own", Text, nullable=True),
+    Column("version", Integer, nullable=False),
+    Column("updated_by", String(ACTOR_LENGTH), nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Index("ix_device_inputs_tenant", "tenant_id"),
 )
 
 # --- end of fleet inputs ---

@@ -9,10 +9,11 @@ ends up in; names follow the name rules and text refuses control characters
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
+from trueup.model.document import supported_sections
 from trueup.model.layering.selectors import LABEL_KEY_RULE, LABEL_VALUE_RULE
 from trueup.model.report import AgentReport, OverrideReport, SubsystemReport
 from trueup.server.inputs import (
@@ -24,6 +25,7 @@ from trueup.server.inputs import (
     Label,
     Name,
     SubsystemName,
+    Text,
     check_label,
     check_text,
 )
@@ -35,6 +37,7 @@ from trueup.server.limits import (
     MAX_VERSION,
     SECRET_VALUE_LENGTH,
 )
+from trueup.server.service.deviceinputs import MAX_VARIABLES, VARIABLE_NAME_PATTERN
 from trueup.server.tokens import Role
 
 __all__ = [
@@ -46,14 +49,24 @@ __all__ = [
     "AgentReport",
     "BackupMetadata",
     "DeviceCreate",
+    "LabelsProposal",
     "OverrideReport",
+    "PlanChange",
+    "PlanRequest",
+    "ProfileDeletion",
+    "ProfileProposal",
+    "PublishRequest",
     "RoleChange",
     "SecretPut",
     "SubsystemReport",
     "TokenCreate",
     "UserCreate",
+    "VariablesProposal",
+    "VariablesPut",
     "check_text",
 ]
+
+SELECTOR_LENGTH = 4000  # a label selector (`site=ams,role in (edge,core)`)
 
 # Names: what `service.errors.check_name` accepts (trueup.server.inputs declares them).
 NAME = NAME_PATTERN
@@ -73,6 +86,12 @@ LABELS_SCHEMA: dict[str, Any] = {
     "propertyNames": {"pattern": KEY_PATTERN, "maxLength": LABEL_KEY_LENGTH},
     "additionalProperties": LABEL_VALUE_SCHEMA,
     "maxProperties": LABELS_MAX,
+}
+
+
+_LABELS_PATCH_SCHEMA: dict[str, Any] = {
+    **LABELS_SCHEMA,
+    "additionalProperties": {"anyOf": [LABEL_VALUE_SCHEMA, {"type": "null"}]},
 }
 
 
@@ -124,3 +143,92 @@ class BackupMetadata(BaseModel):
     ) = None
     applied_revision: int | None = Field(None, ge=0, le=MAX_VERSION)
     with_leases: bool | None = None
+
+
+# What the service checks a device's inputs against (service/deviceinputs.py), stated.
+VARIABLES_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "variable name -> value (null is not a value)",
+    "propertyNames": {"pattern": VARIABLE_NAME_PATTERN},
+    "additionalProperties": {"not": {"type": "null"}},
+    "maxProperties": MAX_VARIABLES,
+}
+OWN_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {
+            "type": "object",
+            "description": "a partial spec: sections of a device document",
+            "propertyNames": {"enum": supported_sections()},
+        },
+        {"type": "null"},
+    ]
+}
+
+
+class VariablesPut(BaseModel):
+    """A device's variable values (name: value) and its own layer (a partial spec, or null)."""
+
+    model_config = ConfigDict(extra="forbid")
+    variables: Annotated[dict[str, Any], WithJsonSchema(VARIABLES_SCHEMA)] = {}
+    own: Annotated[dict[str, Any] | None, WithJsonSchema(OWN_SCHEMA)] = None
+
+
+class ProfileProposal(BaseModel):
+    """A proposed profile: created, or replacing the stored one of its name."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["profile"]
+    # Checked by the profile model (every problem with its path), like a desired document.
+    document: dict[str, Any]
+
+
+class ProfileDeletion(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["profile-delete"]
+    name: Name
+
+
+class VariablesProposal(BaseModel):
+    """Variable values for one device (null removes one); `own` replaces its own layer
+    when `replace_own` is set."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["variables"]
+    device: DeviceName
+    variables: dict[str, Any] = {}
+    own: dict[str, Any] | None = None
+    replace_own: bool = False
+
+
+class LabelsProposal(BaseModel):
+    """Labels for one device (null removes one)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["labels"]
+    device: DeviceName
+    labels: Annotated[dict[str, Any], WithJsonSchema(_LABELS_PATCH_SCHEMA)]
+
+
+PlanChange = Annotated[
+    ProfileProposal | ProfileDeletion | VariablesProposal | LabelsProposal,
+    Field(discriminator="kind"),
+]
+
+
+class PlanRequest(BaseModel):
+    """The change to plan (none: the stored inputs as they are) and the devices to plan."""
+
+    model_config = ConfigDict(extra="forbid")
+    # Parsed by the selector grammar (the problem names its position).
+    selector: str = Field("", max_length=SELECTOR_LENGTH)
+    change: PlanChange | None = None
+
+
+class PublishRequest(BaseModel):
+    """Publish the plan of the stored inputs; `expect` (device: digest) refuses a device
+    whose rendered digest is no longer the one shown in the plan."""
+
+    model_config = ConfigDict(extra="forbid")
+    selector: str = Field("", max_length=SELECTOR_LENGTH)
+    comment: Text = ""
+    expect: dict[str, str] | None = None

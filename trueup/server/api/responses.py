@@ -33,18 +33,25 @@ _PROBLEMS: dict[str, Any] = {
         "problems": {"type": "array", "items": {"type": "string"}},
     },
 }
-_CONFLICT: dict[str, Any] = {
-    "type": "object",
-    "required": ["reason", "detail", "device", "expected_version", "current_version", "action"],
-    "properties": {
-        "reason": {"type": "string", "enum": ["STATE_CONCURRENT_MODIFICATION"]},
-        "detail": {"type": "string"},
-        "device": {"type": "string"},
-        "expected_version": {"type": "integer"},
-        "current_version": {"type": "integer"},
-        "action": {"type": "string"},
-    },
-}
+
+
+def _conflict(kind: str) -> dict[str, Any]:
+    """The 409 body naming the device (or the profile) whose version was stale."""
+    return {
+        "type": "object",
+        "required": ["reason", "detail", kind, "expected_version", "current_version", "action"],
+        "properties": {
+            "reason": {"type": "string", "enum": ["STATE_CONCURRENT_MODIFICATION"]},
+            "detail": {"type": "string"},
+            kind: {"type": "string"},
+            "expected_version": {"type": "integer"},
+            "current_version": {"type": "integer"},
+            "action": {"type": "string"},
+        },
+    }
+
+
+_CONFLICT = _conflict("device")
 
 _ANSWERS: dict[int, tuple[str, dict[str, Any]]] = {
     400: ("the request cannot be read (e.g. a body that is not UTF-8)", _DETAIL),
@@ -59,13 +66,20 @@ _ANSWERS: dict[int, tuple[str, dict[str, Any]]] = {
 _EVERY_ROUTE = (400, 401, 403, 413, 422)
 
 
-def answers(*codes: int, token: bool = True) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses=`: `codes`, and for a route taking a token those every one has."""
+def answers(
+    *codes: int, token: bool = True, conflict: str = "device"
+) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=`: `codes`, and for a route taking a token those every one has;
+    a 409 body names the `conflict` kind (device or profile) whose version was stale."""
     common = _EVERY_ROUTE if token else ()
     return {
         code: {
             "description": _ANSWERS[code][0],
-            "content": {"application/json": {"schema": _ANSWERS[code][1]}},
+            "content": {
+                "application/json": {
+                    "schema": _conflict(conflict) if code == 409 else _ANSWERS[code][1]
+                }
+            },
         }
         for code in sorted({*codes, *common})
     }

@@ -19,6 +19,10 @@ One unit per job, each over the shared `Store`; `ControlPlane` composes them::
     backups.py      DeviceBackups: archives agents upload, per-device retention, downloads
     evidence.py     DeviceEvidence: evidence bundles agents upload, operator requests
     audittrail.py   AuditTrail: list a tenant's entries, verify the chain
+    profiles.py     Profiles: versioned partial documents with typed variables (If-Match)
+    deviceinputs.py DeviceInputRecords: a device's variables and own layer (If-Match)
+    planner.py      Planner: the fleet plan of a change, and publishing it (composes the
+                    units it is given: profiles, device inputs, labels, revisions)
     plane.py        ControlPlane: the units composed, one flat API
 
 The units never import each other (import-linter checks it): what one needs

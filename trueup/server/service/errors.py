@@ -46,12 +46,25 @@ class Invalid(ServiceError):
 
 
 class Conflict(ServiceError):
-    def __init__(self, device: str, expected: int, current: int) -> None:
+    """If-Match named another version than the current one of a device (or of a
+    profile, a device's inputs: `kind`); the body names it under that kind."""
+
+    def __init__(
+        self,
+        device: str,
+        expected: int,
+        current: int,
+        *,
+        kind: str = "device",
+        what: str | None = None,
+    ) -> None:
         self.device = device
         self.expected = expected
         self.current = current
+        self.kind = kind
+        subject = what or f"{kind} {device}"
         super().__init__(
-            f"{ReasonCode.CONCURRENT_MODIFICATION}: device {device} is at version {current}, "
+            f"{ReasonCode.CONCURRENT_MODIFICATION}: {subject} is at version {current}, "
             f"not {expected}; nothing was changed"
         )
 
@@ -59,7 +72,7 @@ class Conflict(ServiceError):
         return {
             "reason": ReasonCode.CONCURRENT_MODIFICATION.value,
             "detail": str(self),
-            "device": self.device,
+            self.kind: self.device,
             "expected_version": self.expected,
             "current_version": self.current,
             "action": CORRECTIVE_ACTIONS[ReasonCode.CONCURRENT_MODIFICATION],

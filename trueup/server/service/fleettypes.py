@@ -7,12 +7,23 @@ plan's targets wave by wave. Both speak these values.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from trueup.model.layering import PathChange, Provenance
+from trueup.model.layering import PathChange, Profile, Provenance
 
-__all__ = ["Plan", "Refusal", "Target"]
+__all__ = [
+    "Change",
+    "LabelsChange",
+    "Plan",
+    "ProfileEdit",
+    "ProfileRemoval",
+    "Published",
+    "Refusal",
+    "Target",
+    "VariablesChange",
+]
 
 
 @dataclass(frozen=True)
@@ -52,3 +63,49 @@ class Plan:
         if self.refused:
             return 1
         return 2 if self.targets else 0
+
+
+@dataclass(frozen=True)
+class ProfileEdit:
+    """A proposed profile: created, or replacing the stored one of the same name."""
+
+    profile: Profile
+
+
+@dataclass(frozen=True)
+class ProfileRemoval:
+    """A proposed deletion of the profile `name`."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class VariablesChange:
+    """Proposed variable values for one device (`None` removes a variable) and, when
+    `replace_own` is set, its new own layer (`own`, a partial spec or None)."""
+
+    device: str
+    variables: Mapping[str, Any] = field(default_factory=dict)
+    own: Mapping[str, Any] | None = None
+    replace_own: bool = False
+
+
+@dataclass(frozen=True)
+class LabelsChange:
+    """Proposed labels for one device (`None` removes a label)."""
+
+    device: str
+    labels: Mapping[str, str | None] = field(default_factory=dict)
+
+
+# What a plan may propose; None plans the stored inputs as they are.
+Change = ProfileEdit | ProfileRemoval | VariablesChange | LabelsChange
+
+
+@dataclass(frozen=True)
+class Published:
+    """What publishing a plan stored: (device, new desired version) per target, and the
+    targets refused (kind "concurrent": the device changed since the plan was made)."""
+
+    stored: tuple[tuple[str, int], ...]
+    refused: tuple[Refusal, ...]

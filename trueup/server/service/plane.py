@@ -14,12 +14,15 @@ from trueup.server.limits import BACKUP_KEEP, EVIDENCE_KEEP
 from trueup.server.service.audittrail import AuditTrail
 from trueup.server.service.auth import Authenticator
 from trueup.server.service.backups import DeviceBackups
+from trueup.server.service.deviceinputs import DeviceInputRecords
 from trueup.server.service.enrollment import Enrollment
 from trueup.server.service.evidence import DeviceEvidence
 from trueup.server.service.fleetview import Fleet
 from trueup.server.service.identity import Identity
 from trueup.server.service.labels import DeviceLabels
 from trueup.server.service.notify import Allowlists, Deliveries, Engine, Notifier, Routing
+from trueup.server.service.planner import Planner
+from trueup.server.service.profiles import Profiles
 from trueup.server.service.revisions import DesiredRevisions
 from trueup.server.service.secrets import TenantSecrets
 from trueup.server.service.store import Store
@@ -73,6 +76,15 @@ class ControlPlane:
         )
         self.device_evidence = DeviceEvidence(store, keep=evidence_keep)
         self.device_labels = DeviceLabels(store)
+        self.profiles = Profiles(store)
+        self.device_inputs = DeviceInputRecords(store)
+        self.planner = Planner(
+            store,
+            profiles=self.profiles,
+            inputs=self.device_inputs,
+            labels=self.device_labels,
+            revisions=self.desired_revisions,
+        )
 
         # identity: tenants, users, roles, user tokens
         self.tenant_id = self.identity.tenant_id
@@ -141,6 +153,18 @@ class ControlPlane:
         self.evidence_bundle = self.device_evidence.evidence_bundle
         self.evidence_content = self.device_evidence.evidence_content
         self.audit_evidence_download = self.device_evidence.audit_download
+        # fleet inputs: profiles, device variables and own layers; the fleet plan
+        self.put_profile = self.profiles.put
+        self.create_profile = self.profiles.create
+        self.update_profile = self.profiles.update
+        self.delete_profile = self.profiles.delete
+        self.profile = self.profiles.show
+        self.profile_list = self.profiles.list
+        self.profile_history = self.profiles.history
+        self.device_variables = self.device_inputs.get
+        self.put_device_variables = self.device_inputs.put
+        self.plan = self.planner.plan
+        self.publish_plan = self.planner.publish
         # the audit log
         self.audit_entries = self.audit_trail.audit_entries
         self.verify_audit = self.audit_trail.verify_audit

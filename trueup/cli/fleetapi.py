@@ -1,0 +1,140 @@
+"""What `trueup fleet profile|vars|plan|publish` share: one request to the control plane.
+
+The connection options are `trueup fleet`'s (`--server`, `--token-file`, `--ca-file`, or
+their environment variables), given to the command or before it. A request that cannot
+be made, a refused token or an answer that is not JSON is one line on stderr and exit 1;
+so is a refusal (`checked`): each problem of a 422 with its path, a 409 with the version
+the thing is at now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+from urllib.parse import quote
+
+import typer
+
+from trueup.cli.output import readable
+
+__all__ = ["call", "checked", "conn", "fail", "profile_url", "read_document", "table"]
+
+
+def fail(message: str) -> NoReturn:
+    typer.echo(f"trueup fleet: {message}", err=True)
+    raise typer.Exit(1)
+
+
+def conn(ctx: typer.Context, **given: Any) -> dict[str, Any]:
+    """The command's own connection options, else those given to `trueup fleet`."""
+    found: dict[str, Any] = {}
+    context: typer.Context | None = ctx
+    while context is not None:
+        for key, value in (context.obj or {}).items():
+            found.setdefault(key, value)
+        context = context.parent  # type: ignore[assignment]
+    return {k: v if v is not None else found.get(k) for k, v in given.items()}
+
+
+def call(
+    c: dict[str, Any],
+    method: str,
+    path: str,
+    *,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+    params: dict[str, Any] | None = None,
+) -> tuple[int, Any, dict[str, str]]:
+    """One request to the control plane: (status, JSON body, headers); exits 1 with one
+    line when it cannot be made, the token is refused, or the answer is not JSON."""
+    import httpx
+
+    server, token_file, ca_file = c.get("server"), c.get("token_file"), c.get("ca_file")
+    if not server:
+        fail("which control plane? give --server URL (or set TRUEUP_SERVER)")
+    if token_file is None:
+        fail("give --token-file FILE holding an API token (or set TRUEUP_TOKEN_FILE)")
+    try:
+        token = Path(token_file).read_text().strip()
+    except OSError as exc:
+        fail(f"cannot read the token file {token_file}: {exc.strerror or exc}")
+    if not token:
+        fail(f"the token file {token_file} is empty")
+    verify: Any = True
+    if ca_file is not None:
+        import ssl
+
+        try:
+            verify = ssl.create_default_context(cafile=str(ca_file))
+        except (OSError, ssl.SSLError) as exc:
+            fail(f"--ca-file {ca_file}: {exc}")
+    try:
+        response = httpx.request(
+            method,
+            str(server).rstrip("/") + path,
+            json=body,
+            params={k: v for k, v in (params or {}).items() if v is not None},
+            headers={"Authorization": f"Bearer {token}", **(headers or {})},
+            verify=verify,
+            timeout=120.0,
+        )
+    except httpx.HTTPError as exc:
+        fail(f"{server} did not answer ({exc}); is the control plane running at that URL?")
+    if response.status_code in (401, 403):
+        fail(
+            f"{server} refused the token in {token_file} ({response.status_code}): check that "
+            "it is current and has the role (viewer reads and plans; operator writes)"
+        )
+    try:
+        answer = response.json()
+    except ValueError:
+        fail(f"{server} answered {response.status_code}, not JSON: {response.text[:200]}")
+    return response.status_code, answer, dict(response.headers)
+
+
+def checked(status: int, body: Any, what: str) -> Any:
+    """`body` when the request succeeded; else exit 1 naming why (each problem's path)."""
+    if status < 400:
+        return body
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if status == 422 and isinstance(body, dict) and body.get("problems"):
+        lines = [f"{what}: refused, nothing was changed:"]
+        lines += [f"  {p}" for p in body["problems"]]
+        fail("\n".join(lines))
+    if status == 409 and isinstance(body, dict) and "current_version" in body:
+        fail(
+            f"{what}: it is now at version {body['current_version']}, not "
+            f"{body['expected_version']} (someone else changed it): show it and edit again"
+        )
+    fail(f"{what}: {detail or readable(body, 300)} ({status})")
+
+
+def read_document(path: Path) -> Any:
+    from trueup.model.document import DocumentError, decode_text
+    from trueup.model.limits import DOCUMENT_BYTES
+
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc.strerror or exc}")
+    if len(raw) > DOCUMENT_BYTES:
+        fail(f"{path}: larger than {DOCUMENT_BYTES} bytes")
+    try:
+        return decode_text(raw.decode("utf-8"), str(path))
+    except UnicodeDecodeError as exc:
+        fail(f"{path}: not UTF-8 text (byte {exc.start})")
+    except DocumentError as exc:
+        fail(f"{path}: " + "; ".join(exc.problems))
+
+
+def profile_url(name: str) -> str:
+    return f"/api/v1/profiles/{quote(name, safe='')}"
+
+
+def table(rows: Sequence[tuple[str, ...]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )

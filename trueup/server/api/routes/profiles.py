@@ -1,0 +1,202 @@
+"""Profiles, a device's variables and own layer, and the fleet plan.
+
+`PUT /api/v1/profiles/{name}` takes a profile document (JSON or YAML, like a
+desired document) with If-Match: 0 creates it, N replaces version N; without
+If-Match it is 428, a stale one 409. `DELETE` takes If-Match too. Every
+version stays readable (`…/versions`, `GET …?version=N`). Storing a profile or
+a device's variables changes no device: `POST /api/v1/plan` shows what a
+change (proposed in the body, or the stored inputs as they are) would do to
+each device; `POST /api/v1/plan/publish` stores the stored inputs' plan as the
+devices' next desired revisions. Roles: viewer reads and plans, operator
+writes and publishes (like `PUT …/desired`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from trueup.server.api.context import Api, role
+from trueup.server.api.models import (
+    LabelsProposal,
+    PlanRequest,
+    ProfileDeletion,
+    ProfileProposal,
+    PublishRequest,
+    VariablesProposal,
+    VariablesPut,
+)
+from trueup.server.api.responses import DEVICE, NAME_PARAM, answers
+from trueup.server.api.routes.revisions import parse_body, parse_comment, parse_if_match
+from trueup.server.inputs import COMMENT_HEADER, IF_MATCH
+from trueup.server.limits import DOCUMENT_BYTES, MAX_VERSION
+from trueup.server.service import Principal
+from trueup.server.service.planio import checked_selector, plan_json, proposed_change
+
+__all__ = ["register"]
+
+_IF_MATCH_PARAMS = [IF_MATCH.header("If-Match"), COMMENT_HEADER.header("X-Trueup-Comment")]
+
+
+def _document_body() -> dict[str, Any]:
+    return {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            "application/yaml": {"schema": {"type": "object"}},
+        },
+    }
+
+
+def register(app: FastAPI, api: Api) -> None:
+    plane = api.plane
+    viewer, operator = api.viewer, api.operator
+
+    @app.get("/api/v1/profiles", openapi_extra=role("viewer"), responses=answers())
+    def list_profiles(p: Principal = viewer) -> dict[str, Any]:
+        found = plane.profile_list(p.tenant_id)
+        return {
+            "profiles": [
+                {
+                    **v.summary(),
+                    "priority": v.document.get("metadata", {}).get("priority"),
+                    "selector": v.document.get("spec", {}).get("selector", ""),
+                    "description": v.document.get("metadata", {}).get("description", ""),
+                }
+                for v in found
+            ]
+        }
+
+    @app.get("/api/v1/profiles/{name}", openapi_extra=role("viewer"), responses=answers(404))
+    def get_profile(
+        name: NAME_PARAM,
+        response: Response,
+        version: int | None = Query(None, ge=1, le=MAX_VERSION),
+        p: Principal = viewer,
+    ) -> dict[str, Any]:
+        shown = plane.profile(p.tenant_id, name, version)
+        response.headers["ETag"] = f'"{shown.version}"'
+        return {**shown.summary(), "document": shown.document}
+
+    @app.get(
+        "/api/v1/profiles/{name}/versions", openapi_extra=role("viewer"), responses=answers(404)
+    )
+    def profile_versions(name: NAME_PARAM, p: Principal = viewer) -> dict[str, Any]:
+        return {"versions": [v.summary() for v in plane.profile_history(p.tenant_id, name)]}
+
+    @app.put(
+        "/api/v1/profiles/{name}",
+        status_code=201,
+        responses=answers(404, 409, 413, 428, conflict="profile"),
+        openapi_extra={
+            **role("operator", max_body=DOCUMENT_BYTES),
+            "parameters": _IF_MATCH_PARAMS,
+            "requestBody": _document_body(),
+        },
+    )
+    async def put_profile(
+        name: NAME_PARAM, request: Request, response: Response, p: Principal = operator
+    ) -> dict[str, Any]:
+        expected = parse_if_match(request.headers.get("if-match"))
+        comment = parse_comment(request.headers.get("x-trueup-comment", ""))
+        data = parse_body(await request.body(), request.headers.get("content-type", ""))
+        stored = await run_in_threadpool(
+            lambda: plane.put_profile(
+                p.tenant_id, name, expected, data, actor=p.actor, comment=comment
+            )
+        )
+        response.headers["ETag"] = f'"{stored.version}"'
+        return stored.summary()
+
+    @app.delete(
+        "/api/v1/profiles/{name}",
+        responses=answers(404, 409, 428, conflict="profile"),
+        openapi_extra={**role("operator"), "parameters": _IF_MATCH_PARAMS},
+    )
+    def delete_profile(name: NAME_PARAM, request: Request, p: Principal = operator) -> Any:
+        value = request.headers.get("if-match")
+        if value is None:
+            raise HTTPException(
+                428, detail="If-Match is required: send the profile version you delete"
+            )
+        expected = parse_if_match(value)
+        comment = parse_comment(request.headers.get("x-trueup-comment", ""))
+        return plane.delete_profile(
+            p.tenant_id, name, expected, actor=p.actor, comment=comment
+        ).summary()
+
+    @app.get(
+        "/api/v1/devices/{device}/variables", openapi_extra=role("viewer"), responses=answers(404)
+    )
+    def get_variables(device: DEVICE, response: Response, p: Principal = viewer) -> dict[str, Any]:
+        stored = plane.device_variables(p.tenant_id, device)
+        response.headers["ETag"] = f'"{stored.version}"'
+        return stored.summary()
+
+    @app.put(
+        "/api/v1/devices/{device}/variables",
+        responses=answers(404, 409, 413, 428),
+        openapi_extra={
+            **role("operator", max_body=DOCUMENT_BYTES),
+            "parameters": [IF_MATCH.header("If-Match")],
+        },
+    )
+    def put_variables(
+        device: DEVICE,
+        body: VariablesPut,
+        request: Request,
+        response: Response,
+        p: Principal = operator,
+    ) -> dict[str, Any]:
+        expected = parse_if_match(request.headers.get("if-match"))
+        stored = plane.put_device_variables(
+            p.tenant_id, device, expected, variables=body.variables, own=body.own, actor=p.actor
+        )
+        response.headers["ETag"] = f'"{stored.version}"'
+        return stored.summary()
+
+    @app.post(
+        "/api/v1/plan",
+        responses=answers(404),
+        openapi_extra=role("viewer", max_body=DOCUMENT_BYTES),
+    )
+    def plan(body: PlanRequest, p: Principal = viewer) -> dict[str, Any]:
+        selector = checked_selector(body.selector)
+        change = None
+        c = body.change
+        if isinstance(c, ProfileProposal):
+            change = proposed_change("profile", document=c.document)
+        elif isinstance(c, ProfileDeletion):
+            change = proposed_change("profile-delete", name=c.name)
+        elif isinstance(c, VariablesProposal):
+            change = proposed_change(
+                "variables",
+                device=c.device,
+                variables=c.variables,
+                own=c.own,
+                replace_own=c.replace_own,
+            )
+        elif isinstance(c, LabelsProposal):
+            change = proposed_change("labels", device=c.device, labels=c.labels)
+        return plan_json(plane.plan(p.tenant_id, selector=selector, change=change))
+
+    @app.post("/api/v1/plan/publish", responses=answers(), openapi_extra=role("operator"))
+    def publish(body: PublishRequest, p: Principal = operator) -> dict[str, Any]:
+        selector = checked_selector(body.selector)
+        planned = plane.plan(p.tenant_id, selector=selector)
+        published = plane.publish_plan(
+            p.tenant_id, planned, actor=p.actor, comment=body.comment, expect=body.expect
+        )
+        for target in planned.targets:
+            if any(device == target.device for device, _ in published.stored):
+                api.watcher.wake(target.device_id)
+        api.metrics.revisions.inc(len(published.stored))
+        answer = plan_json(planned)
+        answer["published"] = [{"device": d, "version": v} for d, v in published.stored]
+        answer["refused"] += [
+            {"device": r.device, "kind": r.kind, "problems": list(r.problems)}
+            for r in published.refused
+        ]
+        return answer
