@@ -35,6 +35,7 @@ SECTIONS = [
     "scripts.bench_vpn",
     "scripts.bench_dashboard",
     "scripts.bench_notify",
+    "scripts.bench_rollout",
     "scripts.bench_credentials",
     "scripts.bench_image",
     "scripts.bench_package",

@@ -21,11 +21,13 @@ from tests.server.test_dashboard import browser
 from tests.server.test_profiles import profile
 from trueup.cli.server import server_app
 from trueup.model.document import document_digest, parse_document
+from trueup.model.layering import Provenance
 from trueup.server import audit
 from trueup.server.db import Database
 from trueup.server.keys import SecretBox, load_or_create_server_key
 from trueup.server.service import ControlPlane
 from trueup.server.service.evidence import EvidenceGone
+from trueup.server.service.fleettypes import Plan, Target
 from trueup.server.tables import notify_targets, revisions, secrets, tenants
 from trueup.server.tokens import Role
 
@@ -407,6 +409,51 @@ def test_a_rewritten_revision_author_or_comment_is_named(isolated_server: Server
         "'mallory' instead of 'alice'",
         "revision 2 of edge-01: comment differs from the audited one",
     )
+
+
+def test_every_step_of_a_rollout_is_audited_and_its_revisions_are_covered(
+    isolated_server: Server,
+) -> None:
+    """A rollout started, paused, resumed and aborted: each step in the log, the chain
+    intact; the revision it sent and the one that put the device back are covered like any
+    other (a rewritten one is named)."""
+    server = isolated_server
+    _tenant, tenant_id = populated(server)
+    body = document("edge-01", address="198.51.100.4/24")
+    target = Target(
+        device_id=server.plane.device_id(tenant_id, "edge-01"),
+        device="edge-01",
+        from_version=2,
+        document=body,
+        digest=document_digest(parse_document(body)),
+        provenance=Provenance(profiles=(), variables_digest="", own_digest=None),
+        changes=(),
+    )
+    plan = Plan(targets=(target,), refused=(), unchanged=0)
+    rollout_id = server.plane.start_rollout(tenant_id, plan, actor="alice")["id"]
+    server.plane.rollout_controller.step()  # sends it (this process may hold the lease)
+    wait = time.monotonic() + 120
+    while server.plane.rollout(tenant_id, rollout_id)["members"][0]["state"] != "sent":
+        assert time.monotonic() < wait, "the rollout never sent its revision"
+        server.plane.rollout_controller.step()
+    server.plane.pause_rollout(tenant_id, rollout_id, actor="alice", reason="a look first")
+    server.plane.resume_rollout(tenant_id, rollout_id, actor="alice")
+    aborted = server.plane.abort_rollout(tenant_id, rollout_id, actor="alice")
+    assert aborted["members"][0]["state"] == "reverted"
+    actions = [e["action"] for e in server.plane.audit_entries(tenant_id, limit=1000)]
+    for action in (
+        "rollout.start",
+        "rollout.send",
+        "rollout.pause",
+        "rollout.resume",
+        "rollout.abort",
+    ):
+        assert action in actions, (action, actions)
+    assert [str(p) for p in server.plane.verify_audit()] == []
+    assert verify(server).exit_code == 0
+    with server.plane.db.engine.begin() as conn:
+        conn.execute(text("UPDATE revisions SET comment = 'quietly' WHERE version = 3"))
+    failed_naming(server, "revision 3 of edge-01: comment differs from the audited one")
 
 
 def test_a_role_grant_and_a_tenant_move_in_the_table_are_named(isolated_server: Server) -> None:

@@ -17,10 +17,13 @@ import uuid
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from tests.server.conftest import Server, Tenant, document
-from trueup.server.tables import notify_deliveries, notify_events, notify_targets
+from trueup.model.document import document_digest, parse_document
+from trueup.model.layering import Provenance
+from trueup.server.service.fleettypes import Plan, Target
+from trueup.server.tables import notify_deliveries, notify_events, notify_targets, rollouts
 from trueup.server.tokens import Role
 
 WEAKER = {"viewer": None, "operator": "viewer", "admin": "operator"}
@@ -59,6 +62,22 @@ BODIES: dict[tuple[str, str], Any] = {
     ("put", "/api/v1/devices/{device}/variables"): {"variables": {}, "own": None},
     ("post", "/api/v1/plan"): {"selector": ""},
     ("post", "/api/v1/plan/publish"): {"comment": "authz"},
+    # A device of that name exists in both tenants (each starts a rollout of its own).
+    ("post", "/api/v1/rollouts"): {
+        "targets": [{"device": "edge-r", "document": document("edge-r")}],
+        "waves": [{"percent": 100}],
+    },
+    ("post", "/api/v1/rollouts/{rollout_id}/pause"): {"reason": "test"},
+    ("post", "/api/v1/rollouts/{rollout_id}/resume"): {},
+    ("post", "/api/v1/rollouts/{rollout_id}/approve"): {},
+    ("post", "/api/v1/rollouts/{rollout_id}/abort"): {"reason": "test"},
+}
+# The state a rollout must be in for each action route to let the right caller through.
+ROLLOUT_STATE = {
+    "pause": "running",
+    "resume": "paused",
+    "approve": "waiting-approval",
+    "abort": "running",
 }
 
 
@@ -128,6 +147,9 @@ def test_every_route_refuses_the_wrong_callers(server: Server) -> None:
         )["id"]
     )
     values["delivery_id"] = str(_notification_fixtures(server, a, b))
+    for tenant_id in (a_id, server.plane.tenant_id(b.name)):
+        server.plane.create_device(tenant_id, "edge-r", "test")
+    values["rollout_id"] = str(_rollout(server, a_id, "edge-s", "running"))
     bundle = b"edge-a's evidence"
     values["evidence_id"] = str(
         server.plane.store_evidence(
@@ -225,9 +247,36 @@ def _notification_fixtures(server: Server, a: Tenant, b: Tenant) -> int:
         return int(result.inserted_primary_key[0])
 
 
+def _rollout(server: Server, tenant_id: int, device: str, state: str) -> int:
+    """A rollout of a new device `device` of the tenant, put in `state`: its id."""
+    server.plane.create_device(tenant_id, device, "test")
+    body = document(device)
+    target = Target(
+        device_id=server.plane.device_id(tenant_id, device),
+        device=device,
+        from_version=0,
+        document=body,
+        digest=document_digest(parse_document(body)),
+        provenance=Provenance(profiles=(), variables_digest="", own_digest=None),
+        changes=(),
+    )
+    plan = Plan(targets=(target,), refused=(), unchanged=0)
+    rollout_id = int(server.plane.start_rollout(tenant_id, plan, actor="test")["id"])
+    if state != "running":
+        with server.plane.db.write() as conn:
+            conn.execute(update(rollouts).where(rollouts.c.id == rollout_id).values(state=state))
+    return rollout_id
+
+
 def _wrong_tenant_sees_nothing(server: Server, a: Tenant, b: Tenant) -> None:
     """List routes and device routes answer from the caller's tenant only."""
-    for path in ("/api/v1/devices", "/api/v1/users", "/api/v1/tokens", "/api/v1/audit"):
+    for path in (
+        "/api/v1/devices",
+        "/api/v1/users",
+        "/api/v1/tokens",
+        "/api/v1/audit",
+        "/api/v1/rollouts",
+    ):
         text = server.client.get(path, headers=b.auth("admin")).text
         assert a.name not in text and "edge-a" not in text, path
     desired = server.client.get("/api/v1/agent/desired?wait=0", headers=b.device_auth("edge-b"))
@@ -262,6 +311,10 @@ def _right_callers_pass(
             values = {**values, "if_match": "1"}
         if path == "/api/v1/profiles/{name}" and method == "delete":
             values = {**values, "profile_if_match": "2"}  # after its PUT
+        if path.startswith("/api/v1/rollouts/{rollout_id}/"):
+            action = path.rsplit("/", 1)[1]
+            rollout_id = _rollout(server, a_id, f"edge-{action}", ROLLOUT_STATE[action])
+            values = {**values, "rollout_id": str(rollout_id)}
         status = call(server, method, path, values, headers)
         assert status in (200, 201, 204), (where, status)
 

@@ -29,6 +29,7 @@ from trueup.cli.evidence import doctor, evidence
 from trueup.cli.fast import DEFAULT_STATE_DIR, duration_seconds, missing_state_dir
 from trueup.cli.fleet import fleet_app
 from trueup.cli.fleet_inputs import add_commands as add_fleet_input_commands
+from trueup.cli.fleet_rollout import rollout_app
 from trueup.cli.limitation import limitation_app
 from trueup.cli.management import management_app
 from trueup.cli.output import (
@@ -77,6 +78,7 @@ app.add_typer(server_app, name="server")
 server_app.add_typer(notify_app, name="notify")
 app.add_typer(fleet_app, name="fleet")
 add_fleet_input_commands(fleet_app)
+fleet_app.add_typer(rollout_app, name="rollout")
 app.add_typer(management_app, name="management")
 app.add_typer(dhcp_app, name="dhcp")
 app.add_typer(backup_app, name="backup")

@@ -49,6 +49,7 @@ from trueup.server.api.routes import (
     probes,
     profiles,
     revisions,
+    rollouts,
     secrets,
 )
 from trueup.server.api.watcher import RevisionWatcher
@@ -62,7 +63,15 @@ from trueup.server.limits import (
     EVIDENCE_KEEP,
     excerpt,
 )
-from trueup.server.service import Conflict, ControlPlane, Invalid, NotFound, Tampered
+from trueup.server.service import (
+    Busy,
+    Conflict,
+    ControlPlane,
+    Invalid,
+    NotFound,
+    Tampered,
+    WrongState,
+)
 
 __all__ = ["SETTINGS_ENV", "AgentReport", "Settings", "create_app", "create_app_from_env"]
 
@@ -105,6 +114,10 @@ class Settings:
     notify_scan_seconds: float = 5.0
     notify_timeout: float = 10.0
     notify_lease_seconds: float = 60.0
+    # Rollouts (docs/fleet.md): how often the controller ticks, and how long its lease on
+    # a rollout lasts (another process takes over once it runs out).
+    rollout_tick_seconds: float = 1.0
+    rollout_lease_seconds: float = 15.0
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -138,6 +151,15 @@ def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
     async def _conflict(_request: Request, exc: Conflict) -> JSONResponse:
         metrics.conflicts.inc()
         return JSONResponse(exc.body(), status_code=409, headers={"ETag": f'"{exc.current}"'})
+
+    @app.exception_handler(Busy)
+    async def _busy(_request: Request, exc: Busy) -> JSONResponse:
+        metrics.conflicts.inc()
+        return JSONResponse(exc.body(), status_code=409)
+
+    @app.exception_handler(WrongState)
+    async def _wrong_state(_request: Request, exc: WrongState) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=409)
 
     @app.exception_handler(sa_exc.DBAPIError)
     async def _database(_request: Request, exc: sa_exc.DBAPIError) -> JSONResponse:
@@ -201,6 +223,10 @@ def create_app(settings: Settings) -> FastAPI:
             "lease_seconds": max(settings.notify_lease_seconds, settings.notify_timeout + 1.0),
         },
         evidence_keep=settings.evidence_keep,
+        rollout={
+            "tick_seconds": settings.rollout_tick_seconds,
+            "lease_seconds": settings.rollout_lease_seconds,
+        },
     )
     ingest = ReportIngest(
         database,
@@ -231,11 +257,13 @@ def create_app(settings: Settings) -> FastAPI:
             await run_in_threadpool(database.migrate)
         ingest.start()
         plane.notifier.start()
+        plane.rollout_controller.start()
         await watcher.start()
         try:
             yield
         finally:
             await watcher.stop()
+            await run_in_threadpool(plane.rollout_controller.stop)
             await run_in_threadpool(ingest.stop)
             await run_in_threadpool(plane.notifier.stop)
             database.dispose()
@@ -266,6 +294,7 @@ def create_app(settings: Settings) -> FastAPI:
         notifications,
         evidence,
         profiles,
+        rollouts,
         dashboard,
     ):
         area.register(app, api)

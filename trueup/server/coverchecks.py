@@ -375,7 +375,7 @@ def check_revisions(conn: Connection, _key: ServerKey, facts: CoverFacts) -> lis
                 Finding(
                     "revision",
                     label,
-                    _differs(
+                    differs(
                         "confirmation window", rev["confirm_within"], fact.confirm_within, fact.seq
                     ),
                 )
@@ -400,7 +400,7 @@ def check_confirmations(conn: Connection, _key: ServerKey, facts: CoverFacts) ->
                 Finding(
                     "device_confirmation",
                     label,
-                    _differs("state", row["state"], "rolled-back", seq),
+                    differs("state", row["state"], "rolled-back", seq),
                 )
             )
         elif seq is None and row["state"] == "rolled-back":

@@ -506,6 +506,71 @@ device_inputs = Table(
 
 # --- rollouts (migration 0011): waves, members, the controller's lease ---
 
+# A staged rollout of a plan's targets (trueup.server.service.rollouts): its state
+# (running | paused | waiting-approval | completed | aborted | failed), its spec as JSON
+# (waves, max_unavailable, soak, failure budget, confirm_within, gate timeout), the wave
+# being driven, when that wave started and when its last member finished (the soak
+# starts then), who started it and why it stopped.
+rollouts = Table(
+    "rollouts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("tenant_id", Integer, ForeignKey("tenants.id"), nullable=False),
+    Column("state", String(KIND_LENGTH), nullable=False),
+    Column("spec", Text, nullable=False),
+    Column("current_wave", Integer, nullable=False),
+    Column("wave_started_at", Float, nullable=True),
+    Column("wave_done_at", Float, nullable=True),
+    # Failures of the current wave an operator accepted by resuming after a budget pause:
+    # the budget counts the wave's failures beyond them (0 again when a wave starts).
+    Column("accepted_failures", Integer, nullable=False, server_default="0"),
+    Column("created_by", String(ACTOR_LENGTH), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Column("finished_at", Float, nullable=True),
+    Column("comment", Text, nullable=False, server_default=""),
+    Column("reason", Text, nullable=True),
+    Index("ix_rollouts_tenant_state", "tenant_id", "state"),
+)
+
+# One row per device of a rollout: its wave, the target document (JSON), digest and
+# provenance, the desired version the plan was made against, the version sent (set in
+# the transaction that stores the revision: a takeover sees it), the version that put it
+# back, its state (pending | sent | passed | failed | reverted | skipped), the reason
+# codes it reported when sent (JSON list: a gate looks for new ones) and why it ended.
+rollout_members = Table(
+    "rollout_members",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("rollout_id", Integer, ForeignKey("rollouts.id"), nullable=False),
+    Column("device_id", Integer, ForeignKey("devices.id"), nullable=False),
+    Column("wave", Integer, nullable=False),
+    Column("document", Text, nullable=False),
+    Column("digest", String(DIGEST_LENGTH), nullable=False),
+    Column("provenance", Text, nullable=True),
+    Column("from_version", Integer, nullable=False),
+    Column("sent_version", Integer, nullable=True),
+    Column("reverted_version", Integer, nullable=True),
+    Column("state", String(KIND_LENGTH), nullable=False),
+    Column("baseline_codes", Text, nullable=True),
+    Column("sent_at", Float, nullable=True),
+    Column("finished_at", Float, nullable=True),
+    Column("reason", Text, nullable=True),
+    UniqueConstraint("rollout_id", "device_id", name="uq_rollout_members_device"),
+    Index("ix_rollout_members_wave", "rollout_id", "wave", "state"),
+    Index("ix_rollout_members_device", "device_id"),
+)
+
+# Which control-plane process drives a rollout, until when (taken or renewed by one
+# compare-and-set UPDATE … WHERE expires_at < now OR holder = me).
+rollout_leases = Table(
+    "rollout_leases",
+    metadata,
+    Column("rollout_id", Integer, ForeignKey("rollouts.id"), primary_key=True),
+    Column("holder", String(NAME_LENGTH), nullable=False),
+    Column("expires_at", Float, nullable=False),
+)
+
 # --- end of rollouts ---
 
 # --- confirmation (migration 0012): confirm-within and confirm-or-rollback ---

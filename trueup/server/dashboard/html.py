@@ -42,8 +42,9 @@ def badge(status: str) -> str:
 
 
 def layout(title: str, body: str, principal: Principal | None = None, csrf: str = "") -> str:
-    who = ""
+    who = nav = ""
     if principal is not None:
+        nav = '<a href="/ui/rollouts" class="nav">Rollouts</a>'
         who = (
             f'<span class="who">{esc(principal.user)} · {esc(principal.role)} · '
             f"tenant {esc(principal.tenant)}</span>"
@@ -58,7 +59,7 @@ def layout(title: str, body: str, principal: Principal | None = None, csrf: str 
         '<link rel="stylesheet" href="/ui/static/dashboard.css">'
         '<script src="/ui/static/dashboard.js" defer></script>'
         "</head><body>"
-        f'<header><a href="/" class="brand">trueup</a>{who}</header>'
+        f'<header><a href="/" class="brand">trueup</a>{nav}{who}</header>'
         f"<main>{body}</main></body></html>"
     )
 

@@ -31,7 +31,7 @@ from starlette.concurrency import run_in_threadpool
 from trueup.model.decode import DecodeError, decode_yaml
 from trueup.model.layering import SelectorError, parse_selector
 from trueup.server.api.context import Api, authorise
-from trueup.server.dashboard import data, evidenceroutes, loginroutes
+from trueup.server.dashboard import data, evidenceroutes, loginroutes, rolloutroutes
 from trueup.server.dashboard.device import DevicePage, live_parts, render_device, revision_diff
 from trueup.server.dashboard.devicedata import load_device_page
 from trueup.server.dashboard.html import esc, fleet_body, fleet_page, layout
@@ -49,7 +49,15 @@ from trueup.server.inputs import (
     InputError,
 )
 from trueup.server.limits import DOCUMENT_BYTES, SELECTOR_LENGTH
-from trueup.server.service import Conflict, Invalid, NotFound, Principal, Tampered, Unauthorized
+from trueup.server.service import (
+    Busy,
+    Conflict,
+    Invalid,
+    NotFound,
+    Principal,
+    Tampered,
+    Unauthorized,
+)
 from trueup.server.tokens import TokenKind
 
 __all__ = ["DEVICE_STREAM_SECONDS", "STREAM_SECONDS", "register"]
@@ -388,6 +396,11 @@ def register(app: FastAPI, api: Api) -> None:
                         error="invalid, nothing was changed: " + "; ".join(exc.problems[:10]),
                         **extra,
                     )
+                except Busy as exc:  # a rollout holds the device: refused, naming it
+                    api.metrics.conflicts.inc()
+                    return 409, device_page(
+                        principal, session.csrf, device, error=str(exc), **extra
+                    )
                 api.metrics.revisions.inc()
                 api.watcher.wake(plane.device_id(principal.tenant_id, device))
                 return revision.version, None
@@ -449,6 +462,26 @@ def register(app: FastAPI, api: Api) -> None:
         posted=posted,
         guarded=guarded,
         device_page=device_page,
+        session_role=_role("session"),
+        headers=_HEADERS,
+    )
+
+    def rollout_stream(
+        request: Request, session: Session, look: Callable[[], Awaitable[str | None]]
+    ) -> Response:
+        async def signed_in() -> bool:
+            return await principal_of(session) is not None
+
+        return _live(request, signed_in, "device", DEVICE_STREAM_SECONDS, look)
+
+    rolloutroutes.register(
+        app,
+        plane,
+        caller=caller,
+        posted=posted,
+        guarded=guarded,
+        stream=rollout_stream,
+        html=_html,
         session_role=_role("session"),
         headers=_HEADERS,
     )

@@ -23,6 +23,8 @@ One unit per job, each over the shared `Store`; `ControlPlane` composes them::
     deviceinputs.py DeviceInputRecords: a device's variables and own layer (If-Match)
     planner.py      Planner: the fleet plan of a change, and publishing it (composes the
                     units it is given: profiles, device inputs, labels, revisions)
+    rollouts.py     Rollouts: a plan published wave by wave (rolloutplan.py: spec, waves,
+                    gates; rolloutrows.py: shared rows; rolloutcontrol.py: the controller)
     plane.py        ControlPlane: the units composed, one flat API
 
 The units never import each other (import-linter checks it): what one needs
@@ -32,12 +34,14 @@ from another is passed in, like `credentials_changed`.
 from trueup.server.service.auth import Principal
 from trueup.server.service.backups import BackupGone
 from trueup.server.service.errors import (
+    Busy,
     Conflict,
     Invalid,
     NotFound,
     ServiceError,
     Tampered,
     Unauthorized,
+    WrongState,
 )
 from trueup.server.service.fleetview import agent_acknowledgements
 from trueup.server.service.plane import ControlPlane
@@ -45,6 +49,7 @@ from trueup.server.service.revisions import Revision
 
 __all__ = [
     "BackupGone",
+    "Busy",
     "Conflict",
     "ControlPlane",
     "Invalid",
@@ -54,5 +59,6 @@ __all__ = [
     "ServiceError",
     "Tampered",
     "Unauthorized",
+    "WrongState",
     "agent_acknowledgements",
 ]

@@ -6,6 +6,8 @@ The HTTP API maps each error to one status code (app.py); the CLI prints it::
     ├── NotFound        the named thing does not exist in this tenant      404
     ├── Invalid         bad input; `problems` names each path              422
     ├── Conflict        If-Match was stale (STATE_CONCURRENT_MODIFICATION) 409
+    ├── Busy            a device is in an unfinished rollout                 409
+    ├── WrongState      an action its object's state does not allow          409
     ├── Tampered        stored data contradicts the audit log: not served  409
     └── Unauthorized    a token that is unknown, revoked, expired or used  401
 """
@@ -18,12 +20,14 @@ from typing import Any
 from trueup.model.reasons import CORRECTIVE_ACTIONS, ReasonCode
 
 __all__ = [
+    "Busy",
     "Conflict",
     "Invalid",
     "NotFound",
     "ServiceError",
     "Tampered",
     "Unauthorized",
+    "WrongState",
     "check_name",
     "device_name_problems",
 ]
@@ -77,6 +81,37 @@ class Conflict(ServiceError):
             "current_version": self.current,
             "action": CORRECTIVE_ACTIONS[ReasonCode.CONCURRENT_MODIFICATION],
         }
+
+
+class Busy(ServiceError):
+    """A change to devices that an unfinished rollout holds: refused, never queued."""
+
+    def __init__(self, devices: list[str], rollout_id: int, state: str) -> None:
+        self.devices = devices
+        self.rollout_id = rollout_id
+        self.state = state
+        shown = ", ".join(devices[:5]) + (
+            f" and {len(devices) - 5} more" if len(devices) > 5 else ""
+        )
+        super().__init__(
+            f"{ReasonCode.CONCURRENT_MODIFICATION}: {shown} "
+            f"{'is' if len(devices) == 1 else 'are'} in rollout {rollout_id} ({state}); "
+            f"nothing was changed (wait for it to complete, or abort it: "
+            f"`trueup fleet rollout abort {rollout_id}`)"
+        )
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "reason": ReasonCode.CONCURRENT_MODIFICATION.value,
+            "detail": str(self),
+            "devices": self.devices,
+            "rollout": self.rollout_id,
+            "rollout_state": self.state,
+        }
+
+
+class WrongState(ServiceError):
+    """An action the object's current state does not allow (approve a running rollout)."""
 
 
 class Unauthorized(ServiceError):

@@ -24,6 +24,8 @@ from trueup.server.service.notify import Allowlists, Deliveries, Engine, Notifie
 from trueup.server.service.planner import Planner
 from trueup.server.service.profiles import Profiles
 from trueup.server.service.revisions import DesiredRevisions
+from trueup.server.service.rolloutcontrol import RolloutController
+from trueup.server.service.rollouts import Rollouts
 from trueup.server.service.secrets import TenantSecrets
 from trueup.server.service.store import Store
 
@@ -43,6 +45,7 @@ class ControlPlane:
         backup_keep: int = BACKUP_KEEP,
         notify: dict[str, float] | None = None,
         evidence_keep: int = EVIDENCE_KEEP,
+        rollout: dict[str, float] | None = None,
     ) -> None:
         self.db = database
         self.key = server_key
@@ -85,6 +88,17 @@ class ControlPlane:
             labels=self.device_labels,
             revisions=self.desired_revisions,
         )
+        # rollouts: the unit, and the controller thread (`rollout` holds its tunables);
+        # a device an unfinished rollout holds refuses `put_desired`.
+        rollout_tunables = dict(rollout or {})
+        self.rollout_unit = Rollouts(store, self.desired_revisions.insert_revision)
+        self.rollout_controller = RolloutController(
+            store,
+            self.desired_revisions.insert_revision,
+            tick_seconds=rollout_tunables.get("tick_seconds", 1.0),
+            lease_seconds=rollout_tunables.get("lease_seconds", 15.0),
+        )
+        self.desired_revisions.busy = self.rollout_unit.refuse_busy
 
         # identity: tenants, users, roles, user tokens
         self.tenant_id = self.identity.tenant_id
@@ -165,6 +179,15 @@ class ControlPlane:
         self.put_device_variables = self.device_inputs.put
         self.plan = self.planner.plan
         self.publish_plan = self.planner.publish
+        # rollouts
+        self.start_rollout = self.rollout_unit.start
+        self.rollouts = self.rollout_unit.list
+        self.rollout = self.rollout_unit.get
+        self.pause_rollout = self.rollout_unit.pause
+        self.resume_rollout = self.rollout_unit.resume
+        self.approve_rollout = self.rollout_unit.approve
+        self.abort_rollout = self.rollout_unit.abort
+        self.busy_devices = self.rollout_unit.busy_devices
         # the audit log
         self.audit_entries = self.audit_trail.audit_entries
         self.verify_audit = self.audit_trail.verify_audit

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,9 +71,15 @@ def _revision(device: str, row: RowMapping) -> Revision:
     )
 
 
+# Raises when another writer holds the device (a rollout: service.errors.Busy), inside
+# put_desired's write transaction; set by the ControlPlane.
+BusyCheck = Callable[[Connection, int, str], None]
+
+
 class DesiredRevisions:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, busy: BusyCheck | None = None) -> None:
         self.store = store
+        self.busy = busy
 
     def put_desired(
         self,
@@ -88,13 +95,16 @@ class DesiredRevisions:
     ) -> Revision:
         """Store `data` as the device's next revision if it is at `expected_version`.
 
-        Raises NotFound, Invalid (each problem with its path; nothing stored) or Conflict.
+        Raises NotFound, Invalid (each problem with its path; nothing stored), Conflict, or
+        Busy when an unfinished rollout holds the device.
         """
         with self.store.db.read() as conn:
             self.store.device(conn, tenant_id, device)
         document = self.validated(device, data)
         with self.store.write() as conn:
             row = self.store.device(conn, tenant_id, device)
+            if self.busy is not None:
+                self.busy(conn, int(row["id"]), device)
             return self.insert_revision(
                 conn,
                 tenant_id=tenant_id,

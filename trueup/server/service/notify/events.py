@@ -18,6 +18,8 @@ FAILED conditions is open; escalation measures how long.
     healed             a condition above closed                           info
     escalation         a rule's device stayed failed past its threshold   critical
     escalation_resolved  that device is no longer failed                  info
+    rollout_paused     a rollout paused: this device failed its gates and  critical
+                       the wave's failures exceeded the failure budget
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ KINDS: dict[str, str] = {
     "healed": "info",
     "escalation": "critical",
     "escalation_resolved": "info",
+    "rollout_paused": "critical",
 }
 FAILED = frozenset({"apply_failed", "breaker_open", "restore_failed", "heartbeat_stale"})
 

@@ -1,0 +1,209 @@
+"""Rollouts: publish a change wave by wave, watch its gates, pause, resume, approve, abort.
+
+`POST /api/v1/rollouts` takes the plan's targets (each device's full document;
+the version it was planned against, else its current desired version) and the
+wave spec; a target whose document is the device's desired one already is left
+out, and one whose agent reports that it does not support the document (its
+apiVersion, a section it uses) is refused: listed under `refused`, never sent. A device another unfinished rollout holds is refused (409, naming the
+rollout), as is a target whose version has moved (409). The controller does
+the rest in whichever control-plane process holds the rollout's lease.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from trueup.model.document import document_digest
+from trueup.model.layering import Provenance
+from trueup.server.api.context import Api, role
+from trueup.server.api.responses import TOKEN_ID, answers
+from trueup.server.fleet import agent_support
+from trueup.server.inputs import Comment, DeviceName
+from trueup.server.limits import MAX_VERSION
+from trueup.server.service import Invalid, Principal
+from trueup.server.service.fleettypes import Plan, Refusal, Target
+
+__all__ = ["RolloutAction", "RolloutCreate", "register"]
+
+MAX_TARGETS = 10_000
+ROLLOUT_BODY_BYTES = 64 * 1024 * 1024
+
+
+class RolloutTarget(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    device: DeviceName
+    document: dict[str, Any] = Field(
+        description="the device's full desired-state document (the published DeviceState schema)"
+    )
+    from_version: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_VERSION,
+        description="the desired version the change was planned against (0: none; "
+        "default: its current one)",
+    )
+
+
+class RolloutWave(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    devices: list[DeviceName] | None = Field(None, min_length=1, max_length=MAX_TARGETS)
+    selector: Annotated[str, Field(max_length=1000)] | None = None
+    percent: int | None = Field(None, ge=1, le=100)
+    approval: bool = False
+
+
+class RolloutCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    targets: list[RolloutTarget] = Field(min_length=1, max_length=MAX_TARGETS)
+    waves: list[RolloutWave] | None = Field(None, min_length=1, max_length=20)
+    max_unavailable: (
+        Annotated[int, Field(ge=1, le=1_000_000)]
+        | Annotated[str, Field(pattern=r"^(100|[1-9][0-9]?)%$")]
+    ) = "25%"
+    soak_seconds: float = Field(0.0, ge=0, le=7 * 86400, allow_inf_nan=False)
+    failure_budget: int = Field(0, ge=0, le=1_000_000)
+    confirm_within: int | None = Field(None, ge=1, le=86400)
+    approval: bool = False
+    gate_timeout: float = Field(900.0, ge=1, le=7 * 86400, allow_inf_nan=False)
+    comment: Comment = ""
+
+
+class RolloutAction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: Comment = ""
+
+
+def _plan(api: Api, tenant_id: int, body: RolloutCreate) -> Plan:
+    """The plan the body's targets make: each document validated like `PUT …/desired`."""
+    plane = api.plane
+    problems: list[str] = []
+    targets = []
+    refused = []
+    seen: set[str] = set()
+    unchanged = 0
+    for i, item in enumerate(body.targets):
+        if item.device in seen:
+            problems.append(f"targets[{i}].device: {item.device!r} is named twice")
+            continue
+        seen.add(item.device)
+        try:
+            document = plane.desired_revisions.validated(item.device, item.document)
+        except Invalid as exc:
+            problems.extend(f"targets[{i}].document: {p}" for p in exc.problems)
+            continue
+        current = plane.desired(tenant_id, item.device)
+        digest = document_digest(document)
+        if current is not None and current.content_hash == digest:
+            unchanged += 1
+            continue
+        canonical = document.canonical()
+        # The sections the document names (the canonical one adds every default section).
+        report = plane.last_report(tenant_id, item.device)
+        lacking = agent_support(report, item.document)["unsupported"]
+        if lacking:  # the agent says it cannot apply this document: never sent
+            refused.append(
+                Refusal(
+                    device_id=plane.device_id(tenant_id, item.device),
+                    device=item.device,
+                    kind="agent-version",
+                    problems=tuple(f"{u['path']}: {u['detail']}" for u in lacking),
+                )
+            )
+            continue
+        targets.append(
+            Target(
+                device_id=plane.device_id(tenant_id, item.device),
+                device=item.device,
+                from_version=item.from_version
+                if item.from_version is not None
+                else (current.version if current is not None else 0),
+                document=canonical,
+                digest=digest,
+                provenance=Provenance(profiles=(), variables_digest="", own_digest=None),
+                changes=(),
+            )
+        )
+    if problems:
+        raise Invalid(problems)
+    return Plan(targets=tuple(targets), refused=tuple(refused), unchanged=unchanged)
+
+
+def register(app: FastAPI, api: Api) -> None:
+    plane = api.plane
+    viewer, operator = api.viewer, api.operator
+
+    @app.post(
+        "/api/v1/rollouts",
+        status_code=201,
+        openapi_extra=role("operator", max_body=ROLLOUT_BODY_BYTES),
+        responses=answers(404, 409),
+    )
+    async def start_rollout(body: RolloutCreate, p: Principal = operator) -> dict[str, Any]:
+        def start() -> dict[str, Any]:
+            plan = _plan(api, p.tenant_id, body)
+            return plane.start_rollout(
+                p.tenant_id,
+                plan,
+                waves=[w.model_dump(exclude_none=True, exclude_defaults=True) for w in body.waves]
+                if body.waves is not None
+                else None,
+                max_unavailable=body.max_unavailable,
+                soak_seconds=body.soak_seconds,
+                failure_budget=body.failure_budget,
+                confirm_within=body.confirm_within,
+                approval=body.approval,
+                gate_timeout=body.gate_timeout,
+                actor=p.actor,
+                comment=body.comment,
+            )
+
+        return await run_in_threadpool(start)
+
+    @app.get("/api/v1/rollouts", openapi_extra=role("viewer"), responses=answers())
+    def list_rollouts(p: Principal = viewer) -> dict[str, Any]:
+        entries = plane.rollouts(p.tenant_id)
+        return {"rollouts": entries, "count": len(entries)}
+
+    @app.get("/api/v1/rollouts/{rollout_id}", openapi_extra=role("viewer"), responses=answers(404))
+    def get_rollout(rollout_id: TOKEN_ID, p: Principal = viewer) -> dict[str, Any]:
+        return dict(plane.rollout(p.tenant_id, rollout_id))
+
+    @app.post(
+        "/api/v1/rollouts/{rollout_id}/pause",
+        openapi_extra=role("operator"),
+        responses=answers(404, 409),
+    )
+    def pause(rollout_id: TOKEN_ID, body: RolloutAction, p: Principal = operator) -> dict[str, Any]:
+        return dict(plane.pause_rollout(p.tenant_id, rollout_id, actor=p.actor, reason=body.reason))
+
+    @app.post(
+        "/api/v1/rollouts/{rollout_id}/resume",
+        openapi_extra=role("operator"),
+        responses=answers(404, 409),
+    )
+    def resume(
+        rollout_id: TOKEN_ID, body: RolloutAction, p: Principal = operator
+    ) -> dict[str, Any]:
+        return dict(plane.resume_rollout(p.tenant_id, rollout_id, actor=p.actor))
+
+    @app.post(
+        "/api/v1/rollouts/{rollout_id}/approve",
+        openapi_extra=role("operator"),
+        responses=answers(404, 409),
+    )
+    def approve(
+        rollout_id: TOKEN_ID, body: RolloutAction, p: Principal = operator
+    ) -> dict[str, Any]:
+        return dict(plane.approve_rollout(p.tenant_id, rollout_id, actor=p.actor))
+
+    @app.post(
+        "/api/v1/rollouts/{rollout_id}/abort",
+        openapi_extra=role("operator"),
+        responses=answers(404, 409),
+    )
+    def abort(rollout_id: TOKEN_ID, body: RolloutAction, p: Principal = operator) -> dict[str, Any]:
+        return dict(plane.abort_rollout(p.tenant_id, rollout_id, actor=p.actor, reason=body.reason))

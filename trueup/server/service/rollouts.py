@@ -1,0 +1,384 @@
+"""Rollouts: a plan's targets published wave by wave, gated by the agents' own health.
+
+`start` checks the spec and puts each target in one wave (rolloutplan.py),
+refuses devices another unfinished rollout holds (Busy, 409) and plans made
+against a version that has moved (Conflict), and stores the rollout, its
+members and its lease in one transaction with its audit entry. The controller
+(rolloutcontrol.py) drives it from there, in whichever control-plane process
+holds the lease. Operators `pause`, `resume`, `approve` (a wave that waits for
+an approval) and `abort` (every device that was sent the change is put back on
+its previous revision); each is audited (`rollout.*`).
+
+While a rollout is unfinished (running, paused, waiting for an approval) its
+devices are busy: `PUT …/desired` for one of them is refused naming the
+rollout (`refuse_busy`, called by DesiredRevisions inside its write), and a
+planner asks `busy_devices`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, and_, select, update
+
+from trueup.server.service.errors import Busy, Conflict, Invalid, NotFound, WrongState
+from trueup.server.service.fleettypes import Plan
+from trueup.server.service.rolloutplan import assign_waves, parse_spec
+from trueup.server.service.rolloutrows import (
+    ACTIVE,
+    InsertRevision,
+    active_holders,
+    device_facts,
+    put_back,
+)
+from trueup.server.service.rolloutview import rollout_view, summary
+from trueup.server.service.store import Store, inserted_id
+from trueup.server.tables import devices, rollout_leases, rollout_members, rollouts
+
+__all__ = ["Rollouts"]
+
+# selector text -> the names of the tenant's devices it selects (None: no labels here).
+Matching = Callable[[int, str], Collection[str]]
+
+
+class Rollouts:
+    def __init__(
+        self, store: Store, insert_revision: InsertRevision, *, matching: Matching | None = None
+    ) -> None:
+        self.store = store
+        self.insert_revision = insert_revision
+        self.matching = matching
+
+    # -- start ------------------------------------------------------------------------------
+
+    def start(
+        self,
+        tenant_id: int,
+        plan: Plan,
+        *,
+        waves: Sequence[dict[str, Any]] | None = None,
+        max_unavailable: int | str = "25%",
+        soak_seconds: float = 0.0,
+        failure_budget: int = 0,
+        confirm_within: int | None = None,
+        approval: bool = False,
+        gate_timeout: float = 900.0,
+        actor: str,
+        comment: str = "",
+    ) -> dict[str, Any]:
+        """Store a rollout of `plan`'s targets; its view. Raises Invalid, Busy or Conflict."""
+        try:
+            spec = parse_spec(
+                {
+                    "waves": list(waves) if waves is not None else None,
+                    "max_unavailable": max_unavailable,
+                    "soak_seconds": soak_seconds,
+                    "failure_budget": failure_budget,
+                    "confirm_within": confirm_within,
+                    "approval": approval,
+                    "gate_timeout": gate_timeout,
+                }
+            )
+        except ValueError as exc:
+            raise Invalid(list(exc.args[0])) from None
+        if not plan.targets:
+            raise Invalid(["targets: the plan changes no device; there is nothing to roll out"])
+        by_name = {t.device: t for t in plan.targets}
+        matching = self.matching
+        assigned, problems = assign_waves(
+            spec,
+            sorted(by_name),
+            None if matching is None else (lambda text: matching(tenant_id, text)),
+        )
+        if problems:
+            raise Invalid(problems)
+        now = time.time()
+        with self.store.write() as conn:
+            held = active_holders(conn, [t.device_id for t in plan.targets])
+            if held:
+                rollout_id, state = sorted(held.values())[0]
+                names = sorted(t.device for t in plan.targets if t.device_id in held)
+                raise Busy(names, rollout_id, state)
+            current = {
+                int(r.id): int(r.desired_version)
+                for r in conn.execute(
+                    select(devices.c.id, devices.c.desired_version).where(
+                        and_(
+                            devices.c.tenant_id == tenant_id,
+                            devices.c.id.in_([t.device_id for t in plan.targets]),
+                        )
+                    )
+                )
+            }
+            for target in sorted(plan.targets, key=lambda t: t.device):
+                if target.device_id not in current:
+                    raise NotFound(f"device {target.device!r} not found")
+                if current[target.device_id] != target.from_version:
+                    raise Conflict(target.device, target.from_version, current[target.device_id])
+            rollout_id = inserted_id(
+                conn.execute(
+                    rollouts.insert().values(
+                        tenant_id=tenant_id,
+                        state="running",
+                        spec=json.dumps(spec.as_json(), sort_keys=True),
+                        current_wave=0,
+                        wave_started_at=now,
+                        created_by=actor,
+                        created_at=now,
+                        updated_at=now,
+                        comment=comment,
+                    )
+                )
+            )
+            rows = []
+            for wave, names in enumerate(assigned):
+                for name in names:
+                    target = by_name[name]
+                    rows.append(
+                        {
+                            "rollout_id": rollout_id,
+                            "device_id": target.device_id,
+                            "wave": wave,
+                            "document": json.dumps(target.document, sort_keys=True),
+                            "digest": target.digest,
+                            "provenance": json.dumps(target.provenance.as_json(), sort_keys=True)
+                            if target.provenance.profiles
+                            else None,
+                            "from_version": target.from_version,
+                            "state": "pending",
+                        }
+                    )
+            conn.execute(rollout_members.insert(), rows)
+            conn.execute(
+                rollout_leases.insert().values(rollout_id=rollout_id, holder="", expires_at=0.0)
+            )
+            self.store.audit(
+                conn,
+                tenant_id=tenant_id,
+                actor=actor,
+                action="rollout.start",
+                target=f"rollout:{rollout_id}",
+                detail={
+                    "rollout_id": rollout_id,
+                    "devices": len(rows),
+                    "waves": [len(names) for names in assigned],
+                    "refused": [r.device for r in plan.refused],
+                    "spec": spec.as_json(),
+                    "comment": comment,
+                },
+                at=now,
+            )
+        view = self.get(tenant_id, rollout_id)
+        view["refused"] = [
+            {"device": r.device, "kind": r.kind, "problems": list(r.problems)} for r in plan.refused
+        ]
+        return view
+
+    # -- who holds which device -------------------------------------------------------------
+
+    def busy_devices(self, tenant_id: int) -> set[int]:
+        """The ids of the tenant's devices an unfinished rollout holds."""
+        with self.store.db.read() as conn:
+            rows = conn.execute(
+                select(rollout_members.c.device_id)
+                .join(rollouts, rollouts.c.id == rollout_members.c.rollout_id)
+                .where(and_(rollouts.c.tenant_id == tenant_id, rollouts.c.state.in_(ACTIVE)))
+            )
+            return {int(r.device_id) for r in rows}
+
+    def refuse_busy(self, conn: Connection, device_id: int, device: str) -> None:
+        """Raise Busy when an unfinished rollout holds the device (inside the caller's write)."""
+        held = active_holders(conn, [device_id]).get(device_id)
+        if held is not None:
+            raise Busy([device], held[0], held[1])
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _row(self, conn: Connection, tenant_id: int, rollout_id: int) -> Any:
+        row = (
+            conn.execute(
+                select(rollouts).where(
+                    and_(rollouts.c.id == rollout_id, rollouts.c.tenant_id == tenant_id)
+                )
+            )
+            .mappings()
+            .one_or_none()
+        )
+        if row is None:
+            raise NotFound(f"rollout {rollout_id} not found")
+        return row
+
+    def list(self, tenant_id: int) -> list[dict[str, Any]]:
+        """The tenant's rollouts, newest first."""
+        with self.store.db.read() as conn:
+            rows = conn.execute(
+                select(rollouts)
+                .where(rollouts.c.tenant_id == tenant_id)
+                .order_by(rollouts.c.id.desc())
+            ).mappings()
+            return [summary(r) for r in rows]
+
+    def get(self, tenant_id: int, rollout_id: int) -> dict[str, Any]:
+        """A rollout: its waves (counts per state), each member with its state, reason and
+        (while sent) its gates as the latest report shows them."""
+        now = time.time()
+        with self.store.db.read() as conn:
+            row = self._row(conn, tenant_id, rollout_id)
+            members = list(
+                conn.execute(
+                    select(rollout_members, devices.c.name)
+                    .join(devices, devices.c.id == rollout_members.c.device_id)
+                    .where(rollout_members.c.rollout_id == rollout_id)
+                    .order_by(rollout_members.c.wave, devices.c.name)
+                ).mappings()
+            )
+            sent = [int(m["device_id"]) for m in members if m["state"] == "sent"]
+            rolled_back = self.store.covered(conn).rolled_back if sent else {}
+            facts = device_facts(conn, sent, now, rolled_back) if sent else {}
+        return rollout_view(row, members, facts, now)
+
+    # -- operators' actions -----------------------------------------------------------------
+
+    def _transition(
+        self,
+        tenant_id: int,
+        rollout_id: int,
+        *,
+        allowed: tuple[str, ...],
+        to: str,
+        action: str,
+        actor: str,
+        reason: str = "",
+        next_wave: bool = False,
+        put_back_members: bool = False,
+    ) -> dict[str, Any]:
+        now = time.time()
+        with self.store.write() as conn:
+            row = self._row(conn, tenant_id, rollout_id)
+            if row["state"] not in allowed:
+                raise WrongState(
+                    f"rollout {rollout_id} is {row['state']}: `{action.split('.')[1]}` is "
+                    f"possible only while it is {' or '.join(allowed)}; nothing was changed"
+                )
+            values: dict[str, Any] = {"state": to, "updated_at": now, "reason": reason or None}
+            detail: dict[str, Any] = {"rollout_id": rollout_id, "from": row["state"], "to": to}
+            if reason:
+                detail["reason"] = reason
+            if next_wave:
+                values.update(
+                    current_wave=row["current_wave"] + 1,
+                    wave_started_at=now,
+                    wave_done_at=None,
+                    accepted_failures=0,
+                )
+            if action == "rollout.resume":
+                # The wave's failures so far are accepted: its budget counts new ones.
+                accepted = len(
+                    conn.execute(
+                        select(rollout_members.c.id).where(
+                            and_(
+                                rollout_members.c.rollout_id == rollout_id,
+                                rollout_members.c.wave == row["current_wave"],
+                                rollout_members.c.state.in_(("failed", "reverted")),
+                            )
+                        )
+                    ).all()
+                )
+                values["accepted_failures"] = accepted
+                detail["accepted_failures"] = accepted
+                detail["wave"] = row["current_wave"] + 1
+            if to in ("aborted", "completed", "failed"):
+                values["finished_at"] = now
+            if put_back_members:
+                members = list(
+                    conn.execute(
+                        select(rollout_members, devices.c.name)
+                        .join(devices, devices.c.id == rollout_members.c.device_id)
+                        .where(rollout_members.c.rollout_id == rollout_id)
+                        .order_by(rollout_members.c.id)
+                    ).mappings()
+                )
+                changed = [m for m in members if m["state"] in ("sent", "passed", "failed")]
+                detail["put_back"] = put_back(
+                    conn,
+                    self.insert_revision,
+                    tenant_id=tenant_id,
+                    rollout_id=rollout_id,
+                    members=changed,
+                    names={int(m["device_id"]): m["name"] for m in members},
+                    author=actor,
+                    why="rollout aborted",
+                    now=now,
+                )
+                conn.execute(
+                    update(rollout_members)
+                    .where(
+                        and_(
+                            rollout_members.c.rollout_id == rollout_id,
+                            rollout_members.c.state == "pending",
+                        )
+                    )
+                    .values(state="skipped", finished_at=now, reason="rollout aborted")
+                )
+            conn.execute(update(rollouts).where(rollouts.c.id == rollout_id).values(**values))
+            self.store.audit(
+                conn,
+                tenant_id=tenant_id,
+                actor=actor,
+                action=action,
+                target=f"rollout:{rollout_id}",
+                detail=detail,
+                at=now,
+            )
+        return self.get(tenant_id, rollout_id)
+
+    def pause(self, tenant_id: int, rollout_id: int, *, actor: str, reason: str = "") -> Any:
+        """Stop sending (devices already sent keep their gates evaluated once resumed)."""
+        return self._transition(
+            tenant_id,
+            rollout_id,
+            allowed=("running", "waiting-approval"),
+            to="paused",
+            action="rollout.pause",
+            actor=actor,
+            reason=reason or f"paused by {actor}",
+        )
+
+    def resume(self, tenant_id: int, rollout_id: int, *, actor: str) -> Any:
+        return self._transition(
+            tenant_id,
+            rollout_id,
+            allowed=("paused",),
+            to="running",
+            action="rollout.resume",
+            actor=actor,
+        )
+
+    def approve(self, tenant_id: int, rollout_id: int, *, actor: str) -> Any:
+        """Start the wave that waits for an approval."""
+        return self._transition(
+            tenant_id,
+            rollout_id,
+            allowed=("waiting-approval",),
+            to="running",
+            action="rollout.approve",
+            actor=actor,
+            next_wave=True,
+        )
+
+    def abort(self, tenant_id: int, rollout_id: int, *, actor: str, reason: str = "") -> Any:
+        """Stop for good: every device that was sent the change is put back on its previous
+        revision; members not yet sent are skipped."""
+        return self._transition(
+            tenant_id,
+            rollout_id,
+            allowed=ACTIVE,
+            to="aborted",
+            action="rollout.abort",
+            actor=actor,
+            reason=reason or f"aborted by {actor}",
+            put_back_members=True,
+        )
