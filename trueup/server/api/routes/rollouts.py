@@ -26,6 +26,7 @@ from trueup.server.inputs import Comment, DeviceName
 from trueup.server.limits import MAX_VERSION
 from trueup.server.service import Invalid, Principal
 from trueup.server.service.fleettypes import Plan, Refusal, Target
+from trueup.server.service.planio import checked_selector
 
 __all__ = ["RolloutAction", "RolloutCreate", "register"]
 
@@ -56,9 +57,21 @@ class RolloutWave(BaseModel):
     approval: bool = False
 
 
+class RolloutFromPlan(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    selector: Annotated[str, Field(max_length=1000)] = Field(
+        "", description="only the devices this label selector picks (\"\": every device)"
+    )
+
+
 class RolloutCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    targets: list[RolloutTarget] = Field(min_length=1, max_length=MAX_TARGETS)
+    targets: list[RolloutTarget] | None = Field(None, min_length=1, max_length=MAX_TARGETS)
+    plan: RolloutFromPlan | None = Field(
+        None,
+        description="instead of targets: the fleet plan of the stored profiles, variables "
+        "and labels (what `POST /api/v1/plan/publish` would store), with its refusals",
+    )
     waves: list[RolloutWave] | None = Field(None, min_length=1, max_length=20)
     max_unavailable: (
         Annotated[int, Field(ge=1, le=1_000_000)]
@@ -78,8 +91,14 @@ class RolloutAction(BaseModel):
 
 
 def _plan(api: Api, tenant_id: int, body: RolloutCreate) -> Plan:
-    """The plan the body's targets make: each document validated like `PUT …/desired`."""
+    """The plan the body's targets make (each document validated like `PUT …/desired`),
+    or the fleet plan of the stored inputs when the body asks for it."""
     plane = api.plane
+    if (body.targets is None) == (body.plan is None):
+        raise Invalid(["targets: give either targets or plan (the stored inputs' fleet plan)"])
+    if body.plan is not None:
+        return plane.plan(tenant_id, selector=checked_selector(body.plan.selector))
+    assert body.targets is not None
     problems: list[str] = []
     targets = []
     refused = []
