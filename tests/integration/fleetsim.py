@@ -1,6 +1,6 @@
 """Simulated devices for the fleet end-to-end tests, run inside the operator namespace.
 
-    python -m tests.integration.fleetsim URL TOKEN_FILE WORKDIR --devices N [--old NAME]
+    python -m tests.integration.fleetsim URL ADMIN_TOKEN_FILE WORKDIR --devices N [--old NAME]
 
 Creates each device with its labels (site, role) and its stored inputs (an own layer:
 management and a LAN interface), enrolls it, and writes WORKDIR/fleetsim.ready. Then,
@@ -51,26 +51,26 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=200)
     parser.add_argument("--old", default="")
     args = parser.parse_args()
-    operator = {"Authorization": f"Bearer {Path(args.token_file).read_text().strip()}"}
+    admin = {"Authorization": f"Bearer {Path(args.token_file).read_text().strip()}"}
     client = httpx.Client(base_url=args.url, timeout=60)
     credentials: dict[str, str] = {}
     for n in range(args.devices):
         device = f"sim-{n:03d}"
         labels = {"site": SITES[n % len(SITES)], "role": "edge"}
         _ok(
-            client.post("/api/v1/devices", json={"name": device, "labels": labels}, headers=operator),
+            client.post("/api/v1/devices", json={"name": device, "labels": labels}, headers=admin),
             f"create {device}",
         )
         _ok(
             client.put(
                 f"/api/v1/devices/{device}/variables",
                 json={"variables": {}, "own": own_layer(n)},
-                headers={**operator, "If-Match": "0"},
+                headers={**admin, "If-Match": "0"},
             ),
             f"inputs of {device}",
         )
         bundle = _ok(
-            client.post(f"/api/v1/devices/{device}/enrollment", headers=operator),
+            client.post(f"/api/v1/devices/{device}/enrollment", headers=admin),
             f"enrollment of {device}",
         )
         exchanged = _ok(

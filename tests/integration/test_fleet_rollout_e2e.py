@@ -127,6 +127,8 @@ class Fleet:
         self.admin = self._token("root", "admin")
         self.token_file = workdir / "operator.token"
         self.token_file.write_text(self.token + "\n")
+        self.admin_file = workdir / "admin.token"
+        self.admin_file.write_text(self.admin + "\n")
 
     # -- plumbing -------------------------------------------------------------------------
     def op_ip(self, *args: str) -> None:
@@ -207,12 +209,17 @@ class Fleet:
         wait_for(lambda: self.call("GET", "/healthz")[0] == 200, "control plane up")
         for i, (name, router) in enumerate(zip(REAL, self.routers, strict=True)):
             self.start_router(i, name, router)
-        self.spawn(
-            sys.executable, "-m", "tests.integration.fleetsim", URL, str(self.token_file),
+        sim = self.spawn(
+            sys.executable, "-m", "tests.integration.fleetsim", URL, str(self.admin_file),
             str(self.workdir), "--devices", str(SIMULATED), "--old", OLD, log="fleetsim.log",
         )  # fmt: skip
         ready = self.workdir / "fleetsim.ready"
-        wait_for(ready.exists, "the simulated devices enrolled")
+
+        def enrolled() -> bool:
+            assert sim.poll() is None, (self.workdir / "fleetsim.log").read_text()
+            return ready.exists()
+
+        wait_for(enrolled, "the simulated devices enrolled")
 
     def start_router(self, i: int, name: str, router: Router) -> None:
         address = f"198.51.100.{2 + i}/24"
