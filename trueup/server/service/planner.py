@@ -169,7 +169,6 @@ def _without_version(document: Mapping[str, Any] | None) -> dict[str, Any] | Non
     return dict(body)
 
 
-
 @functools.cache
 def _default_sections() -> dict[str, Any]:
     """Each section's value in a document that does not name it (the model's defaults)."""
@@ -193,6 +192,7 @@ def used_sections(document: Mapping[str, Any]) -> dict[str, Any]:
         return dict(document)
     used = {k: v for k, v in spec.items() if k not in defaults or v != defaults[k]}
     return {**document, "spec": used}
+
 
 class Planner:
     def __init__(

@@ -60,7 +60,7 @@ class RolloutWave(BaseModel):
 class RolloutFromPlan(BaseModel):
     model_config = ConfigDict(extra="forbid")
     selector: Annotated[str, Field(max_length=1000)] = Field(
-        "", description="only the devices this label selector picks (\"\": every device)"
+        "", description='only the devices this label selector picks ("": every device)'
     )
 
 
