@@ -40,6 +40,7 @@ SECTIONS = [
     "scripts.bench_image",
     "scripts.bench_package",
     "scripts.bench_render",
+    "scripts.bench_plan",
 ]
 
 

@@ -441,11 +441,13 @@ def test_no_route_deletes_audit_or_evidence(server: Server) -> None:
     spec = server.client.get("/openapi.json", headers=tenant.auth("viewer")).json()
     # A device backup is the one piece of evidence a route deletes (admin, audited;
     # test_backups.py). Notification rules and targets are configuration (audited); a
-    # deleted target's delivery log is kept (test_notify.py).
+    # deleted target's delivery log is kept (test_notify.py). Deleting a profile stores a
+    # version marked deleted: every version stays readable (test_profiles.py).
     deletable = {
         "/api/v1/devices/{device}/backups/{backup_id}",
         "/api/v1/notifications/rules/{name}",
         "/api/v1/notifications/targets/{name}",
+        "/api/v1/profiles/{name}",
     }
     for path, operations in spec["paths"].items():
         assert "delete" not in operations or path in deletable, path

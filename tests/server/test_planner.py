@@ -276,3 +276,19 @@ def test_an_agent_is_refused_only_for_sections_the_rendered_document_uses(
     planned = plan(server, tenant)
     assert planned["refused"] == [], planned["refused"]
     assert [t["device"] for t in planned["targets"]] == ["edge-old"]
+
+
+def test_a_proposed_profile_is_shown_at_the_version_storing_it_would_give(
+    server: Server,
+) -> None:
+    tenant = fleet_of(server, "edge-01")
+    assert put_profile(server, tenant, "edge-mtu", profile(selector=""), "0").status_code == 201
+    deleted = server.client.delete(
+        "/api/v1/profiles/edge-mtu", headers={**tenant.auth("operator"), "If-Match": "1"}
+    )
+    assert deleted.status_code == 200 and deleted.json()["version"] == 2
+    planned = plan(server, tenant, {"kind": "profile", "document": profile(selector="")})
+    (target,) = planned["targets"]
+    assert target["provenance"]["profiles"] == [{"name": "edge-mtu", "version": 3}]
+    assert put_profile(server, tenant, "edge-mtu", profile(selector=""), "0").json()["version"] == 3
+    assert plan(server, tenant)["targets"][0]["digest"] == target["digest"]

@@ -45,6 +45,7 @@ import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Protocol
 
 from sqlalchemy import Connection, and_, select
@@ -91,6 +92,8 @@ class _StoredProfile(Protocol):
 
 class _ProfileSource(Protocol):
     def vouched_in(self, conn: Connection, tenant_id: int) -> Sequence[_StoredProfile]: ...
+
+    def last_version_in(self, conn: Connection, tenant_id: int, name: str) -> int: ...
 
 
 class _Inputs(Protocol):
@@ -153,11 +156,26 @@ class _Device:
     device_id: int
     name: str
     desired_version: int
-    desired: dict[str, Any] | None  # the desired revision's document
+    desired_text: str | None  # the desired revision's document, as stored
     desired_hash: str | None
-    report: dict[str, Any] | None
+    report_text: str | None  # the agent's last report, as stored
     labels: dict[str, str]
     inputs: _Inputs | None
+
+    # Parsed only for the devices a plan renders (a one-variable change renders one).
+    @cached_property
+    def desired(self) -> dict[str, Any] | None:
+        return dict(json.loads(self.desired_text)) if self.desired_text else None
+
+    @cached_property
+    def report(self) -> dict[str, Any] | None:
+        if not self.report_text:
+            return None
+        try:
+            loaded = json.loads(self.report_text)
+        except ValueError:
+            return None
+        return loaded if isinstance(loaded, dict) else None
 
 
 def _without_version(document: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -238,9 +256,15 @@ class Planner:
         )
         with self.store.db.read() as conn:
             stored = [(p.name, p.profile()) for p in self.profiles.vouched_in(conn, tenant_id)]
+            # A proposed profile is shown at the version storing it would give it.
+            proposed_version = (
+                self.profiles.last_version_in(conn, tenant_id, change.profile.name) + 1
+                if isinstance(change, ProfileEdit)
+                else 0
+            )
             fleet = self._devices(conn, tenant_id, labelled)
         before = [p for _, p in stored]
-        after = self._profiles_after(stored, change)
+        after = self._profiles_after(stored, change, proposed_version)
         self._apply(fleet, change)
         busy = self.busy(tenant_id) if self.busy is not None else set()
         renderer = Renderer(after)
@@ -298,32 +322,25 @@ class Planner:
         ).all()
         fleet = {}
         for row in rows:
-            report = None
-            if row.report:
-                try:
-                    loaded = json.loads(row.report)
-                except ValueError:
-                    loaded = None
-                report = loaded if isinstance(loaded, dict) else None
             fleet[int(row.id)] = _Device(
                 device_id=int(row.id),
                 name=str(row.name),
                 desired_version=int(row.desired_version),
-                desired=json.loads(row.document) if row.document else None,
+                desired_text=row.document,
                 desired_hash=row.content_hash,
-                report=report,
+                report_text=row.report,
                 labels=dict(labelled.get(int(row.id), {})),
                 inputs=stored_inputs.get(int(row.id)),
             )
         return fleet
 
     @staticmethod
-    def _profiles_after(stored: list[tuple[str, Profile]], change: Change | None) -> list[Profile]:
+    def _profiles_after(
+        stored: list[tuple[str, Profile]], change: Change | None, proposed_version: int
+    ) -> list[Profile]:
         by_name = dict(stored)
         if isinstance(change, ProfileEdit):
-            old = by_name.get(change.profile.name)
-            version = (old.version if old is not None else 0) + 1
-            by_name[change.profile.name] = change.profile.with_version(version)
+            by_name[change.profile.name] = change.profile.with_version(proposed_version)
         elif isinstance(change, ProfileRemoval):
             if change.name not in by_name:
                 raise NotFound(f"profile {change.name!r} not found")

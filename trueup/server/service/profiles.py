@@ -179,6 +179,12 @@ class Profiles:
         ).mappings()
         return [_version(r) for r in rows]
 
+    def last_version_in(self, conn: Connection, tenant_id: int, name: str) -> int:
+        """The newest stored version of `name`, deleted or not (0: never stored): a new
+        version of it is this plus one."""
+        row = self._newest(conn, tenant_id, name)
+        return int(row["version"]) if row is not None else 0
+
     def vouched_in(self, conn: Connection, tenant_id: int) -> builtins.list[ProfileVersion]:
         """The current profiles, each checked against the audit log: its version is the
         newest audited one of its name, with the audited digest, and its document hashes to
