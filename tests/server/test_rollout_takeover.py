@@ -2,8 +2,8 @@
 lease mid-wave and the other takes over once the lease runs out; the rollout completes and
 every device received the revision exactly once (no wave applied twice, no device skipped).
 
-The devices are simulated agents polling and reporting through the real API of whichever
-process is alive.
+And on SQLite, a rollout survives a restart of its only process. The devices are
+simulated agents polling and reporting through the real API of whichever process is alive.
 """
 
 from __future__ import annotations
@@ -156,3 +156,65 @@ def test_sigkill_of_the_lease_holder_mid_wave_hands_over_with_each_device_sent_o
         assert revisions[1].content_hash == document_digest(parse_document(changed(agent.device)))
         assert agent.received == [1, 2]
     assert plane.verify_audit() == []
+
+
+def test_a_rollout_survives_a_restart_of_its_only_control_plane_process(tmp_path: Path) -> None:
+    """SQLite, one process: stopped mid-rollout and started again, it carries on where the
+    database says it was (the lease handed over on stop), and completes."""
+    url, key_file = f"sqlite:///{tmp_path}/server.db", tmp_path / "server.key"
+    database = Database(url)
+    database.migrate()
+    plane = ControlPlane(database, load_or_create_server_key(key_file))
+    tenant_id = plane.create_tenant("acme", "test")
+    plane.create_user(tenant_id, "ops", Role.OPERATOR, "test")
+    ops = {"Authorization": f"Bearer {plane.create_token(tenant_id, 'ops', 'test')[1]}"}
+    server = ServerProcess(url, key_file, rollout_tick_seconds=0.1, auth_cache_seconds=0.0)
+    server.start()
+    client = httpx.Client(base_url=server.url, timeout=30)
+    try:
+        agents = []
+        for name in ("edge-00", "edge-01", "edge-02"):
+            bundle = plane.enroll(tenant_id, name, "test", url=server.url)
+            answer = client.post(
+                "/api/v1/agent/enroll", headers={"Authorization": f"Bearer {bundle['token']}"}
+            )
+            assert answer.status_code == 200, answer.text
+            plane.put_desired(tenant_id, name, 0, initial(name), author="test")
+            agents.append(SimAgent(client, name, answer.json()["credential"]))
+            assert agents[-1].poll()
+        started = client.post(
+            "/api/v1/rollouts",
+            json={
+                "targets": [{"device": a.device, "document": changed(a.device)} for a in agents],
+                "waves": [{"devices": ["edge-00"]}, {"percent": 100}],
+            },
+            headers=ops,
+        )
+        assert started.status_code == 201, started.text
+        rollout_id = int(started.json()["id"])
+        wait_for(
+            lambda: plane.rollout(tenant_id, rollout_id)["members"][0]["state"] == "sent",
+            "the canary sent",
+        )
+        server.stop()  # mid-wave: the canary sent, not yet judged
+        assert holder_pid(plane, rollout_id) is not None
+        server.start()
+        client.close()
+        client = httpx.Client(base_url=server.url, timeout=30)
+        for agent in agents:
+            agent.client = client
+
+        def completed() -> bool:
+            for agent in agents:
+                agent.poll()
+            return bool(plane.rollout(tenant_id, rollout_id)["state"] == "completed")
+
+        wait_for(completed, "the rollout to complete after the restart")
+        assert server.process is not None
+        assert holder_pid(plane, rollout_id) == server.process.pid
+        for agent in agents:
+            assert [r.version for r in plane.revisions(tenant_id, agent.device)] == [1, 2]
+    finally:
+        client.close()
+        server.stop()
+        database.dispose()

@@ -97,6 +97,14 @@ class Rollouts:
             raise Invalid(problems)
         now = time.time()
         with self.store.write() as conn:
+            # The devices' rows locked, in one order: two rollouts (or a rollout and a
+            # `PUT …/desired`) over the same device on two processes cannot both pass.
+            conn.execute(
+                select(devices.c.id)
+                .where(devices.c.id.in_(sorted(t.device_id for t in plan.targets)))
+                .order_by(devices.c.id)
+                .with_for_update()
+            ).all()
             held = active_holders(conn, [t.device_id for t in plan.targets])
             if held:
                 rollout_id, state = sorted(held.values())[0]
@@ -190,7 +198,9 @@ class Rollouts:
             return {int(r.device_id) for r in rows}
 
     def refuse_busy(self, conn: Connection, device_id: int, device: str) -> None:
-        """Raise Busy when an unfinished rollout holds the device (inside the caller's write)."""
+        """Raise Busy when an unfinished rollout holds the device (inside the caller's write,
+        the device's row locked first: a rollout starting meanwhile is seen)."""
+        conn.execute(select(devices.c.id).where(devices.c.id == device_id).with_for_update()).all()
         held = active_holders(conn, [device_id]).get(device_id)
         if held is not None:
             raise Busy([device], held[0], held[1])
