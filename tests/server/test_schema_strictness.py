@@ -15,7 +15,8 @@ can say:
   position and what it expected, which a pattern could not;
 - a proposed profile in a plan (`change.document`): the profile model checks it, like a
   desired document (every problem with its path).
-- a rollout's targets (desired-state documents) and waves, judged against the stored fleet.
+- a rollout's targets (desired-state documents) and waves, judged against the stored fleet;
+  and that it names either targets or the plan (a choice the schema states only in prose).
 
 Every other 422 is a field the schema lets through and the service refuses: the test names
 it. Generation is derandomized and bounded, so the run is deterministic.
@@ -43,7 +44,7 @@ _BEYOND_A_SCHEMA = re.compile(
     r"|^query\.selector: selector |^body\.selector: selector |^change\.document\."
     # A rollout's targets: each document is a desired-state document (its schema is the
     # published one), the devices and waves are judged against the stored fleet.
-    r"|^targets\[[0-9]+\]\.(document|device): |nothing to roll out|^waves(\[[0-9]+\]\.\w+)?: "
+    r"|^targets\[[0-9]+\]\.(document|device): |nothing to roll out|give either targets or plan|^waves(\[[0-9]+\]\.\w+)?: "
 )
 # The desired-state document: its schema is the published one (trueup.model), not the API's.
 _DOCUMENT_ROUTES = {

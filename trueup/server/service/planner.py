@@ -513,6 +513,14 @@ class Planner:
             confirm_within=confirm_within,
         )
 
+    def adopt_inputs(self, tenant_id: int, targets: Sequence[Target], *, actor: str) -> None:
+        """Each target without stored inputs gets its previous desired spec as its own layer
+        (what the plan rendered it from), so that a rollout of the plan leaves the devices
+        as publishing does: later profile changes keep applying to them."""
+        with self.store.db.write() as conn:
+            for target in targets:
+                self._adopt(conn, tenant_id, target, actor)
+
     def _adopt(self, conn: Connection, tenant_id: int, target: Target, actor: str) -> None:
         """A device without stored inputs keeps its previous desired spec as its own layer."""
         if self.inputs.has_row(conn, target.device_id):

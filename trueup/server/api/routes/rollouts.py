@@ -164,6 +164,8 @@ def register(app: FastAPI, api: Api) -> None:
     async def start_rollout(body: RolloutCreate, p: Principal = operator) -> dict[str, Any]:
         def start() -> dict[str, Any]:
             plan = _plan(api, p.tenant_id, body)
+            if body.plan is not None:
+                plane.planner.adopt_inputs(p.tenant_id, plan.targets, actor=p.actor)
             return plane.start_rollout(
                 p.tenant_id,
                 plan,
