@@ -319,7 +319,15 @@ def test_a_profile_rolled_out_in_waves_then_a_bad_canary_stops_it(fleet: Fleet) 
         "gate_timeout": 300,
         "comment": "drop smtp at the edge",
     }
-    rollout = fleet.ok("POST", "/api/v1/rollouts", {"plan": {"selector": ""}, **spec})
+    started = fleet.op_run(
+        *TRUEUP, "fleet", "rollout", "start", "--plan", "-l", "role=edge", "--canary", CANARY,
+        "--wave", "50", "--wave", "100", "--max-unavailable", "100%", "--soak", "1",
+        "--confirm-within", str(WINDOW), "--gate-timeout", "300",
+        "--comment", "drop smtp at the edge", "--server", URL,
+        "--token-file", str(fleet.token_file), "-o", "json",
+    )  # fmt: skip
+    assert started.returncode == 0, started.stdout + started.stderr
+    rollout = json.loads(started.stdout)
     # 202 targets (the old agent refused): the canary, half of the rest, the other half.
     assert [w["members"] for w in rollout["waves"]] == [1, 101, 100]
     assert [(r["device"], r["kind"]) for r in rollout["refused"]] == [(OLD, "agent-version")]
@@ -383,6 +391,12 @@ def test_a_profile_rolled_out_in_waves_then_a_bad_canary_stops_it(fleet: Fleet) 
         lambda: (v := fleet.rollout(bad["id"]))["state"] == "paused" and v, "the rollout paused"
     )
     assert paused["current_wave"] == 0, paused
+    shown = fleet.op_run(
+        *TRUEUP, "fleet", "rollout", "status", str(bad["id"]), "--server", URL,
+        "--token-file", str(fleet.token_file),
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert f"{bad['id']}   paused" in shown.stdout and f"{CANARY}  0  reverted" in shown.stdout
     by_name = {m["device"]: m for m in paused["members"]}
     assert by_name[CANARY]["state"] == "reverted", by_name[CANARY]
     assert "rolled version 3 back by itself" in by_name[CANARY]["reason"]

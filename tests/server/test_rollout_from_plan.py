@@ -5,13 +5,16 @@ planner's refusals listed and never sent; `targets` and `plan` are one or the ot
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from sqlalchemy import select
+from typer.testing import CliRunner
 
 from tests.server.conftest import Server
 from tests.server.test_api import report
 from tests.server.test_planner import fleet_of, plan
 from tests.server.test_profiles import profile, put_profile
+from trueup.cli.main import app
 from trueup.server.tables import rollout_members
 
 API = "/api/v1/rollouts"
@@ -67,3 +70,21 @@ def test_a_rollout_names_targets_or_the_plan_not_both_nor_neither(server: Server
         API, json={"plan": {"selector": "site in ("}}, headers=tenant.auth("operator")
     )
     assert bad.status_code == 422 and "selector" in bad.text, bad.text
+
+
+def test_rollout_start_takes_documents_or_the_plan(tmp_path: Path) -> None:
+    runner = CliRunner()
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    connect = ["--server", "http://127.0.0.1:9", "--token-file", str(token)]
+    neither = runner.invoke(app, ["fleet", "rollout", "start", *connect])
+    assert neither.exit_code == 1 and "(FILE…) or --plan" in neither.stderr
+    document = tmp_path / "edge-01.yaml"
+    document.write_text("apiVersion: trueup/v1\nmetadata: {device: edge-01}\n")
+    both = runner.invoke(app, ["fleet", "rollout", "start", str(document), "--plan", *connect])
+    assert both.exit_code == 1 and "one or the other" in both.stderr
+    stray = runner.invoke(app, ["fleet", "rollout", "start", str(document), "-l", "a=b", *connect])
+    assert stray.exit_code == 1 and "-l/--selector goes with --plan" in stray.stderr
+    # With --plan, the body names the plan and its selector (the server is not there).
+    down = runner.invoke(app, ["fleet", "rollout", "start", "--plan", "-l", "a=b", *connect])
+    assert down.exit_code == 1 and "did not answer" in down.stderr

@@ -2,7 +2,8 @@
 control plane's API (`/api/v1/rollouts`), with the connection options of `trueup fleet`.
 
 `start FILE…` rolls the documents out (each file one device's full desired-state
-document, JSON or YAML; the device is its `metadata.device`) in waves:
+document, JSON or YAML; the device is its `metadata.device`), `start --plan [-l
+SELECTOR]` the fleet plan of the stored profiles, variables and labels, in waves:
 `--canary DEVICE` (repeatable) is the first wave, then each `--wave PERCENT`
 (cumulative percentages of the rest; default one wave of 100 %). `status` lists
 the rollouts, or shows one: its waves, and each device's state, gates and reason.
@@ -19,7 +20,14 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from trueup.cli.fleet import CaFileOpt, OutputOpt, ServerOpt, TokenFileOpt, _connection
+from trueup.cli.fleet import (
+    CaFileOpt,
+    OutputOpt,
+    SelectorOpt,
+    ServerOpt,
+    TokenFileOpt,
+    _connection,
+)
 from trueup.cli.output import emit, readable
 
 __all__ = ["render_rollout", "rollout_app"]
@@ -113,7 +121,18 @@ def _document(path: Path) -> dict[str, Any]:
 @rollout_app.command("start")
 def start(
     ctx: typer.Context,
-    files: Annotated[list[Path], typer.Argument(help="one desired-state document per device")],
+    files: Annotated[
+        list[Path] | None, typer.Argument(help="one desired-state document per device")
+    ] = None,
+    from_plan: Annotated[
+        bool,
+        typer.Option(
+            "--plan",
+            help="roll out the fleet plan of the stored profiles, variables and labels "
+            "(what `trueup fleet publish` would store) instead of FILEs",
+        ),
+    ] = False,
+    selector: SelectorOpt = None,
     canary: Annotated[
         list[str] | None, typer.Option("--canary", help="a device of the first wave (repeat)")
     ] = None,
@@ -145,17 +164,24 @@ def start(
 ) -> None:
     """Roll documents out in waves gated by the agents' own health."""
     c = _connection(ctx, server=server, token_file=token_file, ca_file=ca_file)
-    targets = []
-    for path in files:
-        data = _document(path)
-        targets.append({"device": data["metadata"]["device"], "document": data})
+    if from_plan == bool(files):
+        _fail("give the documents (FILE…) or --plan, one or the other")
+    if selector is not None and not from_plan:
+        _fail("-l/--selector goes with --plan (it picks the devices the plan renders)")
+    source: dict[str, Any] = {"plan": {"selector": selector or ""}}
+    if files:
+        targets = []
+        for path in files:
+            data = _document(path)
+            targets.append({"device": data["metadata"]["device"], "document": data})
+        source = {"targets": targets}
     waves: list[dict[str, Any]] = []
     if canary:
         waves.append({"devices": list(canary)})
     waves.extend({"percent": p} for p in (wave or [100]))
     limit: int | str = int(max_unavailable) if max_unavailable.isdigit() else max_unavailable
     body = {
-        "targets": targets,
+        **source,
         "waves": waves,
         "max_unavailable": limit,
         "soak_seconds": soak,
@@ -307,4 +333,7 @@ def render_rollout(view: dict[str, Any]) -> str:
         if m.get("reverted_version"):
             versions += f"->{m['reverted_version']}"
         lines.append(f"{m['device']}  {m['wave']}  {m['state']}  {versions}  {reason}")
+    for refusal in view.get("refused") or []:  # only when it starts: never sent
+        lines.append(f"{refusal['device']}: REFUSED ({refusal['kind']}), not in the rollout")
+        lines += [f"  {p}" for p in refusal["problems"]]
     return "\n".join(lines)
