@@ -110,7 +110,7 @@ def main() -> None:
             state = args.workdir / "fleetsim.json"
             state.with_suffix(".tmp").write_text(json.dumps(received))
             state.with_suffix(".tmp").replace(state)
-        time.sleep(0.2)
+        time.sleep(0.5)
 
 
 def _report(
