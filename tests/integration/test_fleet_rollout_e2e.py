@@ -357,7 +357,10 @@ def test_a_profile_rolled_out_in_waves_then_a_bad_canary_stops_it(fleet: Fleet) 
     passed = {p for a, d in details if a == "rollout.gate" for p in _names(d.get("passed"))}
     assert passed == sent
     assert not [d for a, d in details if a == "rollout.gate" and d.get("failed")]
-    assert actions.count("rollout.wave") >= 2
+    # Each wave finished before the next began; the last one completed the rollout.
+    finished = [d["finished_wave"] for a, d in details if a in ("rollout.wave", "rollout.complete")]
+    assert finished == [0, 1, 2], details
+    assert details[0][1]["refused"] == [OLD] and details[0][1]["waves"] == [1, 101, 100]
 
     # -- 2. a bad change: the canary cuts itself off and comes back -----------------------
     fleet.ok("PUT", "/api/v1/notifications/allowlist", {"entries": ["127.0.0.0/8"]},
