@@ -257,6 +257,27 @@ def test_labels_decide_which_devices_a_profile_renders_and_a_label_change_is_pla
     assert bad.status_code == 422 and bad.json()["problems"][0].startswith("change.labels.-bad")
 
 
+def test_an_agent_is_refused_only_for_sections_the_rendered_document_uses(
+    server: Server,
+) -> None:
+    # An older agent that knows interfaces but none of the sections the profile leaves at
+    # their defaults (convergence, tables, …): the canonical document names them, yet the
+    # device can apply it.
+    tenant = fleet_of(server, "edge-old")
+    report(
+        server,
+        tenant,
+        "edge-old",
+        applied_version=1,
+        agent_version="0.9.0",
+        supported_sections=["management", "interfaces"],
+    )
+    assert put_profile(server, tenant, "edge-mtu", profile(selector=""), "0").status_code == 201
+    planned = plan(server, tenant)
+    assert planned["refused"] == [], planned["refused"]
+    assert [t["device"] for t in planned["targets"]] == ["edge-old"]
+
+
 def test_a_proposed_profile_is_shown_at_the_version_storing_it_would_give(
     server: Server,
 ) -> None:

@@ -41,6 +41,7 @@ given, so that they stay independent of each other and of it.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -184,6 +185,31 @@ def _without_version(document: Mapping[str, Any] | None) -> dict[str, Any] | Non
     if isinstance(body.get("metadata"), dict):
         body["metadata"].pop("version", None)
     return dict(body)
+
+
+@functools.cache
+def _default_sections() -> dict[str, Any]:
+    """Each section's value in a document that does not name it (the model's defaults)."""
+    minimal = {
+        "apiVersion": "trueup/v1",
+        "kind": "DeviceState",
+        "metadata": {"device": "d"},
+        "spec": {"management": {"interface": "mgmt0", "addresses": ["192.0.2.1/24"]}},
+    }
+    spec = dict(parse_document(minimal).canonical()["spec"])
+    return {k: v for k, v in spec.items() if k != "management"}
+
+
+def used_sections(document: Mapping[str, Any]) -> dict[str, Any]:
+    """`document` with only the sections it uses: a rendered document is canonical (every
+    section, defaults filled in), and an agent that lacks a section the document leaves
+    at its default can still apply it."""
+    defaults = _default_sections()
+    spec = document.get("spec")
+    if not isinstance(spec, Mapping):
+        return dict(document)
+    used = {k: v for k, v in spec.items() if k not in defaults or v != defaults[k]}
+    return {**document, "spec": used}
 
 
 class Planner:
@@ -384,7 +410,7 @@ class Planner:
             )
         if device.desired_hash is not None and rendered.digest == device.desired_hash:
             return None
-        support = agent_support(device.report, rendered.document)
+        support = agent_support(device.report, used_sections(rendered.document))
         if support["unsupported"]:
             version = support["version"] or "an unknown version"
             return Refusal(
