@@ -60,7 +60,7 @@ from trueup.model.layering import (
     parse_selector,
 )
 from trueup.server.fleet import agent_support
-from trueup.server.service.errors import Conflict, Invalid, NotFound
+from trueup.server.service.errors import Busy, Conflict, Invalid, NotFound
 from trueup.server.service.fleettypes import (
     Change,
     LabelsChange,
@@ -204,6 +204,9 @@ class Planner:
         self.revisions = revisions
         # Devices a running rollout holds (refused here, kind "busy"); none when not given.
         self.busy = busy
+        # The same, inside a publish's write (the device's row locked): a rollout that took
+        # the device after the plan was made is seen. Raises Busy; set by the ControlPlane.
+        self.refuse_busy: Callable[[Connection, int, str], None] | None = None
 
     # -- planning -----------------------------------------------------------------------------
 
@@ -452,6 +455,9 @@ class Planner:
             except Conflict as exc:
                 refused.append(Refusal(target.device_id, target.device, "concurrent", (str(exc),)))
                 continue
+            except Busy as exc:
+                refused.append(Refusal(target.device_id, target.device, "busy", (str(exc),)))
+                continue
             stored.append((target.device, int(revision.version)))
         return Published(stored=tuple(stored), refused=tuple(refused))
 
@@ -473,6 +479,8 @@ class Planner:
             document = parse_document(target.document, source=f"device {target.device}")
         except DocumentError as exc:
             raise Invalid(exc.problems) from None
+        if self.refuse_busy is not None:
+            self.refuse_busy(conn, target.device_id, target.device)
         self.adopt_inputs(
             conn, tenant_id, target.device_id, target.device, target.from_version, actor
         )

@@ -29,6 +29,7 @@ import secrets
 import socket
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, and_, select, update
@@ -199,6 +200,11 @@ class RolloutController:
                 confirm_within=spec.confirm_within,
                 gate_timeout=spec.gate_timeout,
             )
+            if m["state"] == "passed" and gates.verdict == "waiting":
+                # A passed device no longer passing during the soak has regressed: it fails.
+                gates = replace(
+                    gates, verdict="failed", reason=f"regressed during the soak: {gates.reason}"
+                )
             if gates.verdict == "waiting" or gates.verdict == m["state"]:
                 continue
             if m["state"] == "passed" and gates.verdict == "passed":
