@@ -7,13 +7,27 @@ simulated agents of rolloutsim.py. Waits have generous bounds, never fixed sleep
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 
 from tests.server.conftest import Server
-from tests.server.rolloutsim import API, PARAMS, changed, drive, fleet, start
+from tests.server.rolloutsim import (
+    API,
+    PARAMS,
+    changed,
+    drive,
+    fleet,
+    start,
+    status,
+    versions,
+    wait_for,
+)
+from tests.server.test_notify import FAST
 from tests.server.test_profiles import profile, put_profile
+from trueup.server.service import rolloutcontrol
+from trueup.server.service.rolloutcontrol import RolloutController
 
 __all__ = ["fleet"]  # a fixture, used by name
 
@@ -89,3 +103,56 @@ def test_a_device_that_loses_management_during_the_soak_fails_and_pauses_the_rol
     assert first["device"] == "edge-00" and first["state"] == "reverted", first
     assert "management" in first["reason"], first
     assert all(m["state"] == "pending" for m in final["members"][1:])
+
+
+# A server whose own controller never ticks: the test drives a controller of its own.
+STILL = [("postgres", {**FAST, "rollout_tick_seconds": 3600})]
+
+
+@pytest.mark.parametrize("isolated_server", STILL, indirect=True)
+def test_an_abort_while_the_controller_sends_leaves_no_device_on_the_change(
+    isolated_server: Server, fleet: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = isolated_server
+    tenant, agents = fleet(2)
+    tenant_id = server.plane.tenant_id(tenant.name)
+    rollout = start(server, tenant, agents, max_unavailable=2)
+    own = server.plane.rollout_controller
+    controller = RolloutController(own.store, own.insert_revision, holder="test-controller")
+    real_send = rolloutcontrol.send_members
+    aborted: list[Any] = []
+
+    def abort() -> None:
+        aborted.append(server.plane.abort_rollout(tenant_id, rollout["id"], actor="op"))
+
+    def blocked() -> bool:
+        with own.store.db.read() as conn:
+            waiting = conn.exec_driver_sql(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()"
+            ).scalar_one()
+        return bool(aborted) or int(waiting) > 0
+
+    def send_during_abort(*args: Any, **kwargs: Any) -> Any:
+        # The controller has sent, not yet committed; an operator aborts the rollout now.
+        answer = real_send(*args, **kwargs)
+        thread = threading.Thread(target=abort)
+        thread.start()
+        sending.append(thread)
+        wait_for(blocked, "the abort to finish or to wait for the controller")
+        return answer
+
+    sending: list[threading.Thread] = []
+    monkeypatch.setattr(rolloutcontrol, "send_members", send_during_abort)
+    controller.step()
+    for thread in sending:
+        thread.join(timeout=120)
+    assert aborted, "the abort did not finish"
+    final = status(server, tenant, rollout["id"])
+    assert final["state"] == "aborted", final
+    for m in final["members"]:
+        # Nothing sent stays on the change: each sent device is put back, or never sent.
+        assert m["state"] in ("reverted", "skipped"), m
+        current = server.plane.desired(tenant_id, m["device"])
+        assert current is not None
+        assert current.content_hash == versions(server, tenant, m["device"])[0], m

@@ -17,7 +17,10 @@ insert_revision, compare-and-set on the plan's `from_version`) and the member
 marked sent with that version (compare-and-set on `state = 'pending'`) commit
 in one transaction, which also renews the lease first, so a process whose
 lease ran out sends nothing and a takeover sees every send that committed.
-A device whose version moved since the plan fails with the reason.
+A device whose version moved since the plan fails with the reason. Each of
+these transactions locks the rollout's row, as an operator's pause, approve or
+abort does, so they take turns: an abort sees every send that committed, and a
+tick never overwrites an abort.
 """
 
 from __future__ import annotations
@@ -136,7 +139,9 @@ class RolloutController:
                 if not take_lease(conn, rollout_id, self.holder, at, self.lease_seconds):
                     continue
                 row = (
-                    conn.execute(select(rollouts).where(rollouts.c.id == rollout_id))
+                    conn.execute(
+                        select(rollouts).where(rollouts.c.id == rollout_id).with_for_update()
+                    )
                     .mappings()
                     .one()
                 )
@@ -337,7 +342,9 @@ class RolloutController:
                 if not take_lease(conn, rollout_id, self.holder, now, self.lease_seconds):
                     return False
                 row = (
-                    conn.execute(select(rollouts).where(rollouts.c.id == rollout_id))
+                    conn.execute(
+                        select(rollouts).where(rollouts.c.id == rollout_id).with_for_update()
+                    )
                     .mappings()
                     .one()
                 )

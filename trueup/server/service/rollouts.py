@@ -207,16 +207,13 @@ class Rollouts:
 
     # -- reading ----------------------------------------------------------------------------
 
-    def _row(self, conn: Connection, tenant_id: int, rollout_id: int) -> Any:
-        row = (
-            conn.execute(
-                select(rollouts).where(
-                    and_(rollouts.c.id == rollout_id, rollouts.c.tenant_id == tenant_id)
-                )
-            )
-            .mappings()
-            .one_or_none()
+    def _row(self, conn: Connection, tenant_id: int, rollout_id: int, lock: bool = False) -> Any:
+        query = select(rollouts).where(
+            and_(rollouts.c.id == rollout_id, rollouts.c.tenant_id == tenant_id)
         )
+        # An operator's action locks the row, as the controller's tick does: the two take
+        # turns, so an abort sees every send that committed before it.
+        row = conn.execute(query.with_for_update() if lock else query).mappings().one_or_none()
         if row is None:
             raise NotFound(f"rollout {rollout_id} not found")
         return row
@@ -267,7 +264,7 @@ class Rollouts:
     ) -> dict[str, Any]:
         now = time.time()
         with self.store.write() as conn:
-            row = self._row(conn, tenant_id, rollout_id)
+            row = self._row(conn, tenant_id, rollout_id, lock=True)
             if row["state"] not in allowed:
                 raise WrongState(
                     f"rollout {rollout_id} is {row['state']}: `{action.split('.')[1]}` is "
