@@ -156,3 +156,23 @@ def test_an_abort_while_the_controller_sends_leaves_no_device_on_the_change(
         current = server.plane.desired(tenant_id, m["device"])
         assert current is not None
         assert current.content_hash == versions(server, tenant, m["device"])[0], m
+
+
+@pytest.mark.parametrize("isolated_server", PARAMS[:1], indirect=True)
+def test_an_approval_on_the_first_wave_is_refused_not_ignored(
+    isolated_server: Server, fleet: Any
+) -> None:
+    server = isolated_server
+    tenant, agents = fleet(2)
+    response = server.client.post(
+        API,
+        json={
+            "targets": [{"device": a.device, "document": changed(a.device)} for a in agents],
+            "waves": [{"devices": ["edge-00"], "approval": True}, {"percent": 100}],
+        },
+        headers=tenant.auth("operator"),
+    )
+    assert response.status_code == 422, response.text
+    assert any(p.startswith("waves[0].approval:") for p in response.json()["problems"])
+    assert server.client.get(API, headers=tenant.auth("viewer")).json()["count"] == 0
+    assert [a.poll() for a in agents] == [False, False]  # nothing was sent

@@ -84,6 +84,13 @@ class Rollouts:
             )
         except ValueError as exc:
             raise Invalid(list(exc.args[0])) from None
+        if spec.waves[0].approval:  # a rollout starts with its first wave: nothing to wait for
+            raise Invalid(
+                [
+                    "waves[0].approval: the first wave starts with the rollout and cannot wait "
+                    "for an approval; put the approval on the wave after the canary"
+                ]
+            )
         if not plan.targets:
             raise Invalid(["targets: the plan changes no device; there is nothing to roll out"])
         by_name = {t.device: t for t in plan.targets}
