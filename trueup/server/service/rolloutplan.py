@@ -234,6 +234,11 @@ def assign_waves(
             for name in sorted(selected & targets - taken):
                 taken.add(name)
                 waves[i].append(name)
+            if not waves[i]:  # a mistyped canary would leave the next wave the whole fleet
+                problems.append(
+                    f"waves[{i}].selector: {wave.selector!r} selects no target of the plan "
+                    "that an earlier wave did not take"
+                )
     rest = sorted(targets - taken, key=lambda n: (_spread(n), n))
     done = 0
     for i, wave in enumerate(spec.waves):
