@@ -65,6 +65,11 @@ def test_a_plan_published_after_a_rollout_took_its_device_is_refused_naming_the_
     assert server.plane.desired(tenant_id, "edge-00") is not None
     assert server.plane.desired(tenant_id, "edge-00").version == 1  # type: ignore[union-attr]
     assert ("edge-02", 2) in published.stored  # a device no rollout holds is stored
+    # A plan made now names the rollout too.
+    again = server.plane.plan(tenant_id)
+    held = {r.device: r for r in again.refused}
+    assert held["edge-00"].kind == "busy", again
+    assert f"rollout {rollout_id}" in " ".join(held["edge-00"].problems), held
 
 
 @pytest.mark.parametrize("isolated_server", PARAMS, indirect=True)

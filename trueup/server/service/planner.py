@@ -195,14 +195,15 @@ class Planner:
         inputs: _InputSource,
         labels: _LabelSource | None,
         revisions: _RevisionWriter,
-        busy: Callable[[int], set[int]] | None = None,
+        busy: Callable[[int], Mapping[int, tuple[int, str]]] | None = None,
     ) -> None:
         self.store = store
         self.profiles = profiles
         self.inputs = inputs
         self.labels = labels
         self.revisions = revisions
-        # Devices a running rollout holds (refused here, kind "busy"); none when not given.
+        # Devices a running rollout holds -> (rollout id, state): refused here, kind "busy",
+        # naming the rollout; none when not given.
         self.busy = busy
         # The same, inside a publish's write (the device's row locked): a rollout that took
         # the device after the plan was made is seen. Raises Busy; set by the ControlPlane.
@@ -243,7 +244,7 @@ class Planner:
         before = [p for _, p in stored]
         after = self._profiles_after(stored, change, proposed_version)
         self._apply(fleet, change)
-        busy = self.busy(tenant_id) if self.busy is not None else set()
+        busy = self.busy(tenant_id) if self.busy is not None else {}
         renderer = Renderer(after)
         touched = self._touched(fleet, before, after, change)
         targets: list[Target] = []
@@ -261,12 +262,16 @@ class Planner:
             elif isinstance(outcome, Refusal):
                 refused.append(outcome)
             elif device.device_id in busy:
+                rollout_id, state = busy[device.device_id]
                 refused.append(
                     Refusal(
                         device.device_id,
                         device.name,
                         "busy",
-                        ("a rollout is changing this device; wait for it or abort it",),
+                        (
+                            f"rollout {rollout_id} ({state}) is changing this device; wait "
+                            f"for it or abort it: `trueup fleet rollout abort {rollout_id}`",
+                        ),
                     )
                 )
             else:

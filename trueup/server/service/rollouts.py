@@ -196,13 +196,18 @@ class Rollouts:
 
     def busy_devices(self, tenant_id: int) -> set[int]:
         """The ids of the tenant's devices an unfinished rollout holds."""
+        return set(self.busy_holders(tenant_id))
+
+    def busy_holders(self, tenant_id: int) -> dict[int, tuple[int, str]]:
+        """device id -> (rollout id, state) for each of the tenant's devices an unfinished
+        rollout holds."""
         with self.store.db.read() as conn:
             rows = conn.execute(
-                select(rollout_members.c.device_id)
+                select(rollout_members.c.device_id, rollouts.c.id, rollouts.c.state)
                 .join(rollouts, rollouts.c.id == rollout_members.c.rollout_id)
                 .where(and_(rollouts.c.tenant_id == tenant_id, rollouts.c.state.in_(ACTIVE)))
             )
-            return {int(r.device_id) for r in rows}
+            return {int(r.device_id): (int(r.id), str(r.state)) for r in rows}
 
     def refuse_busy(self, conn: Connection, device_id: int, device: str) -> None:
         """Raise Busy when an unfinished rollout holds the device (inside the caller's write,
