@@ -181,3 +181,29 @@ def test_an_approval_on_the_first_wave_is_refused_not_ignored(
     assert any(p.startswith("waves[0].approval:") for p in response.json()["problems"])
     assert server.client.get(API, headers=tenant.auth("viewer")).json()["count"] == 0
     assert [a.poll() for a in agents] == [False, False]  # nothing was sent
+
+
+@pytest.mark.parametrize("isolated_server", PARAMS[:1], indirect=True)
+def test_a_canary_the_plan_refuses_is_named_with_the_refusal(
+    isolated_server: Server, fleet: Any
+) -> None:
+    server = isolated_server
+    tenant, _agents = fleet(2)
+    assert put_profile(server, tenant, "edge-mtu", profile(selector=""), "0").status_code == 201
+    bad = server.client.put(
+        "/api/v1/devices/edge-00/variables",
+        json={"variables": {"mtu": 100}},
+        headers={**tenant.auth("operator"), "If-Match": "0"},
+    )
+    assert bad.status_code == 200, bad.text
+    response = server.client.post(
+        "/api/v1/plan/rollout",
+        json={"waves": [{"devices": ["edge-00"]}, {"percent": 100}]},
+        headers=tenant.auth("operator"),
+    )
+    assert response.status_code == 422, response.text
+    (problem,) = response.json()["problems"]
+    assert problem.startswith(
+        "waves[0].devices: 'edge-00' is not a target of the plan: the plan refuses it (render: "
+    ), problem
+    assert "variables.mtu" in problem, problem

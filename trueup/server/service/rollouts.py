@@ -99,6 +99,7 @@ class Rollouts:
             spec,
             sorted(by_name),
             None if matching is None else (lambda text: matching(tenant_id, text)),
+            {r.device: f"{r.kind}: {'; '.join(r.problems[:1])}" for r in plan.refused},
         )
         if problems:
             raise Invalid(problems)
