@@ -16,6 +16,7 @@ from tests.server.conftest import Server
 from tests.server.rolloutsim import (
     API,
     PARAMS,
+    SimAgent,
     changed,
     drive,
     fleet,
@@ -207,3 +208,27 @@ def test_a_canary_the_plan_refuses_is_named_with_the_refusal(
         "waves[0].devices: 'edge-00' is not a target of the plan: the plan refuses it (render: "
     ), problem
     assert "variables.mtu" in problem, problem
+
+
+@pytest.mark.parametrize("isolated_server", PARAMS[:1], indirect=True)
+def test_a_devices_first_revision_passes_without_a_confirmation_the_agent_never_gives(
+    isolated_server: Server,
+) -> None:
+    # The agent applies the first revision it receives without a window (it has nothing to
+    # return to): waiting for its confirmation would time every new device out.
+    server = isolated_server
+    tenant = server.tenant("ro", devices=("edge-00",))
+    agent = SimAgent(server.client, "edge-00", tenant.devices["edge-00"])
+    rollout = server.client.post(
+        API,
+        json={
+            "targets": [{"device": "edge-00", "document": changed("edge-00")}],
+            "confirm_within": 60,
+            "gate_timeout": 3,
+        },
+        headers=tenant.auth("operator"),
+    )
+    assert rollout.status_code == 201, rollout.text
+    final = drive(server, tenant, [agent], rollout.json()["id"], lambda v: v["state"] != "running")
+    assert final["state"] == "completed", final
+    assert final["members"][0]["state"] == "passed", final["members"][0]

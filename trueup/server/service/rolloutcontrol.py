@@ -202,7 +202,9 @@ class RolloutController:
                 confirmation=fact.confirmation,
                 baseline=json.loads(m["baseline_codes"] or "[]"),
                 server_acked=fact.acked,
-                confirm_within=spec.confirm_within,
+                # A device's first revision is applied without a window (nothing to return
+                # to): no confirmation comes for it.
+                confirm_within=spec.confirm_within if m["from_version"] else None,
                 gate_timeout=spec.gate_timeout,
             )
             if m["state"] == "passed" and gates.verdict == "waiting":
