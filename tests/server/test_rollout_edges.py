@@ -232,3 +232,36 @@ def test_a_devices_first_revision_passes_without_a_confirmation_the_agent_never_
     final = drive(server, tenant, [agent], rollout.json()["id"], lambda v: v["state"] != "running")
     assert final["state"] == "completed", final
     assert final["members"][0]["state"] == "passed", final["members"][0]
+
+
+@pytest.mark.parametrize("isolated_server", PARAMS[:1], indirect=True)
+def test_an_abort_after_a_wave_puts_back_only_the_changed_devices_and_audits_it(
+    isolated_server: Server, fleet: Any
+) -> None:
+    server = isolated_server
+    tenant, agents = fleet(3)
+    tenant_id = server.plane.tenant_id(tenant.name)
+    rollout = start(
+        server, tenant, agents, waves=[{"devices": ["edge-00"]}, {"percent": 100}], approval=True
+    )
+    drive(server, tenant, agents, rollout["id"], lambda v: v["state"] == "waiting-approval")
+    before = {a.device: versions(server, tenant, a.device) for a in agents}
+    assert [len(before[d]) for d in ("edge-00", "edge-01", "edge-02")] == [2, 1, 1]
+    aborted = server.client.post(
+        f"{API}/{rollout['id']}/abort",
+        json={"reason": "wrong mtu"},
+        headers=tenant.auth("operator"),
+    )
+    assert aborted.status_code == 200, aborted.text
+    states = {m["device"]: m["state"] for m in aborted.json()["members"]}
+    assert states == {"edge-00": "reverted", "edge-01": "skipped", "edge-02": "skipped"}
+    after = {a.device: versions(server, tenant, a.device) for a in agents}
+    assert after["edge-00"] == [*before["edge-00"], before["edge-00"][0]]  # back on version 1
+    assert after["edge-01"] == before["edge-01"] and after["edge-02"] == before["edge-02"]
+    entry = next(
+        e
+        for e in server.plane.audit_entries(tenant_id, limit=1000)
+        if e["action"] == "rollout.abort"
+    )
+    assert entry["detail"]["reason"] == "wrong mtu"
+    assert [p["device"] for p in entry["detail"]["put_back"]] == ["edge-00"]
