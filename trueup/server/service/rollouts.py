@@ -85,12 +85,8 @@ class Rollouts:
         except ValueError as exc:
             raise Invalid(list(exc.args[0])) from None
         if spec.waves[0].approval:  # a rollout starts with its first wave: nothing to wait for
-            raise Invalid(
-                [
-                    "waves[0].approval: the first wave starts with the rollout and cannot wait "
-                    "for an approval; put the approval on the wave after the canary"
-                ]
-            )
+            first = "waves[0].approval: the first wave starts with the rollout and cannot wait"
+            raise Invalid([f"{first} for an approval; put it on the wave after the canary"])
         if not plan.targets:
             raise Invalid(["targets: the plan changes no device; there is nothing to roll out"])
         by_name = {t.device: t for t in plan.targets}
@@ -200,8 +196,7 @@ class Rollouts:
         return set(self.busy_holders(tenant_id))
 
     def busy_holders(self, tenant_id: int) -> dict[int, tuple[int, str]]:
-        """device id -> (rollout id, state) for each of the tenant's devices an unfinished
-        rollout holds."""
+        """device id -> (rollout id, state) for the tenant's devices unfinished rollouts hold."""
         with self.store.db.read() as conn:
             rows = conn.execute(
                 select(rollout_members.c.device_id, rollouts.c.id, rollouts.c.state)
