@@ -153,6 +153,16 @@ def test_bad_declarations_are_refused_naming_the_variable(declaration: Any, prob
     assert any(p.startswith("spec.variables.mtu" + problem) for p in problems), problems
 
 
+def test_a_variable_with_a_bad_declaration_is_not_also_called_unknown_where_it_is_used() -> None:
+    problems = _refused(
+        _profile_data(
+            variables={"mtu": {"type": "integer", "minimum": 1280, "default": 100}},
+            document={"interfaces": [{"name": "lan0", "mtu": "${mtu}"}]},
+        )
+    )
+    assert problems == ["spec.variables.mtu.default: 100 is below the minimum 1280"], problems
+
+
 def test_a_bad_variable_name_is_refused() -> None:
     problems = _refused(_profile_data(variables={"lan-mtu": {"type": "integer"}}))
     assert problems[0].startswith("spec.variables.lan-mtu: not a variable name")

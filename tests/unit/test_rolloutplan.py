@@ -63,6 +63,25 @@ def test_a_spec_that_leaves_devices_out_or_names_strangers_is_refused_by_path() 
     assert problems[0].startswith("waves[0].selector: selectors need device labels")
 
 
+def test_a_selector_wave_that_selects_no_target_is_refused_not_left_empty() -> None:
+    # A mistyped canary selector must not turn the next wave into the whole fleet at once.
+    spec = parse_spec({"waves": [{"selector": "site=canray"}, {"percent": 100}]})
+    labels = {"d1": "canary", "d2": "ams", "d3": "ams"}
+
+    def matching(text: str) -> list[str]:
+        wanted = text.split("=", 1)[1]
+        return [name for name, site in labels.items() if site == wanted]
+
+    _, problems = assign_waves(spec, ["d1", "d2", "d3"], matching)
+    assert problems == [
+        "waves[0].selector: 'site=canray' selects no target of the plan that an earlier "
+        "wave did not take"
+    ], problems
+    good = parse_spec({"waves": [{"selector": "site=canary"}, {"percent": 100}]})
+    waves, problems = assign_waves(good, ["d1", "d2", "d3"], matching)
+    assert problems == [] and waves == [["d1"], ["d2", "d3"]]
+
+
 def test_max_unavailable_as_a_number_or_a_share_of_the_wave() -> None:
     assert unavailable_limit(Spec(waves=(Wave(percent=100),), max_unavailable=3), 100) == 3
     assert unavailable_limit(Spec(waves=(Wave(percent=100),), max_unavailable="25%"), 10) == 3

@@ -153,9 +153,12 @@ def parse_profile(data: Any, *, source: str = "profile", version: int = 0) -> Pr
     problems += [f"spec.document.{p}: {m}" for p, m in check_layer(document)]
     compiled = compile_document(document, "spec.document")
     problems += [f"{p}: {m}" for p, m in compiled.problems]
+    # A name declared with a problem is reported at its declaration, not as unknown here.
+    raw = spec.get("variables", {})
+    declared = {str(n) for n in raw} if isinstance(raw, Mapping) else set()
     for where, names in sorted(compiled.templates.items()):
         for ref in names:
-            if variables is not None and ref not in variables:
+            if variables is not None and ref not in variables and ref not in declared:
                 problems.append(
                     f"{where}: unknown variable ${{{ref}}}; declare it in spec.variables.{ref}"
                 )

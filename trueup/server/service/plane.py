@@ -128,7 +128,8 @@ class ControlPlane:
             lease_seconds=rollout_tunables.get("lease_seconds", 15.0),
         )
         self.desired_revisions.busy = self.rollout_unit.refuse_busy
-        self.planner.busy = self.rollout_unit.busy_devices  # a plan refuses them (kind busy)
+        self.planner.busy = self.rollout_unit.busy_holders  # a plan refuses them (kind busy)
+        self.planner.refuse_busy = self.rollout_unit.refuse_busy  # and so does publishing
 
         # identity: tenants, users, roles, user tokens
         self.tenant_id = self.identity.tenant_id

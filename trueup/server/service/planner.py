@@ -61,7 +61,7 @@ from trueup.model.layering import (
     parse_selector,
 )
 from trueup.server.fleet import agent_support
-from trueup.server.service.errors import Conflict, Invalid, NotFound
+from trueup.server.service.errors import Busy, Conflict, Invalid, NotFound
 from trueup.server.service.fleettypes import (
     Change,
     LabelsChange,
@@ -221,15 +221,19 @@ class Planner:
         inputs: _InputSource,
         labels: _LabelSource | None,
         revisions: _RevisionWriter,
-        busy: Callable[[int], set[int]] | None = None,
+        busy: Callable[[int], Mapping[int, tuple[int, str]]] | None = None,
     ) -> None:
         self.store = store
         self.profiles = profiles
         self.inputs = inputs
         self.labels = labels
         self.revisions = revisions
-        # Devices a running rollout holds (refused here, kind "busy"); none when not given.
+        # Devices a running rollout holds -> (rollout id, state): refused here, kind "busy",
+        # naming the rollout; none when not given.
         self.busy = busy
+        # The same, inside a publish's write (the device's row locked): a rollout that took
+        # the device after the plan was made is seen. Raises Busy; set by the ControlPlane.
+        self.refuse_busy: Callable[[Connection, int, str], None] | None = None
 
     # -- planning -----------------------------------------------------------------------------
 
@@ -266,7 +270,7 @@ class Planner:
         before = [p for _, p in stored]
         after = self._profiles_after(stored, change, proposed_version)
         self._apply(fleet, change)
-        busy = self.busy(tenant_id) if self.busy is not None else set()
+        busy = self.busy(tenant_id) if self.busy is not None else {}
         renderer = Renderer(after)
         touched = self._touched(fleet, before, after, change)
         targets: list[Target] = []
@@ -284,12 +288,16 @@ class Planner:
             elif isinstance(outcome, Refusal):
                 refused.append(outcome)
             elif device.device_id in busy:
+                rollout_id, state = busy[device.device_id]
                 refused.append(
                     Refusal(
                         device.device_id,
                         device.name,
                         "busy",
-                        ("a rollout is changing this device; wait for it or abort it",),
+                        (
+                            f"rollout {rollout_id} ({state}) is changing this device; wait "
+                            f"for it or abort it: `trueup fleet rollout abort {rollout_id}`",
+                        ),
                     )
                 )
             else:
@@ -478,6 +486,9 @@ class Planner:
             except Conflict as exc:
                 refused.append(Refusal(target.device_id, target.device, "concurrent", (str(exc),)))
                 continue
+            except Busy as exc:
+                refused.append(Refusal(target.device_id, target.device, "busy", (str(exc),)))
+                continue
             stored.append((target.device, int(revision.version)))
         return Published(stored=tuple(stored), refused=tuple(refused))
 
@@ -499,6 +510,8 @@ class Planner:
             document = parse_document(target.document, source=f"device {target.device}")
         except DocumentError as exc:
             raise Invalid(exc.problems) from None
+        if self.refuse_busy is not None:
+            self.refuse_busy(conn, target.device_id, target.device)
         self.adopt_inputs(
             conn, tenant_id, target.device_id, target.device, target.from_version, actor
         )

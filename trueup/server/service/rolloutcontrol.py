@@ -17,7 +17,10 @@ insert_revision, compare-and-set on the plan's `from_version`) and the member
 marked sent with that version (compare-and-set on `state = 'pending'`) commit
 in one transaction, which also renews the lease first, so a process whose
 lease ran out sends nothing and a takeover sees every send that committed.
-A device whose version moved since the plan fails with the reason.
+A device whose version moved since the plan fails with the reason. Each of
+these transactions locks the rollout's row, as an operator's pause, approve or
+abort does, so they take turns: an abort sees every send that committed, and a
+tick never overwrites an abort.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import secrets
 import socket
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, and_, select, update
@@ -135,7 +139,9 @@ class RolloutController:
                 if not take_lease(conn, rollout_id, self.holder, at, self.lease_seconds):
                     continue
                 row = (
-                    conn.execute(select(rollouts).where(rollouts.c.id == rollout_id))
+                    conn.execute(
+                        select(rollouts).where(rollouts.c.id == rollout_id).with_for_update()
+                    )
                     .mappings()
                     .one()
                 )
@@ -196,9 +202,16 @@ class RolloutController:
                 confirmation=fact.confirmation,
                 baseline=json.loads(m["baseline_codes"] or "[]"),
                 server_acked=fact.acked,
-                confirm_within=spec.confirm_within,
+                # A device's first revision is applied without a window (nothing to return
+                # to): no confirmation comes for it.
+                confirm_within=spec.confirm_within if m["from_version"] else None,
                 gate_timeout=spec.gate_timeout,
             )
+            if m["state"] == "passed" and gates.verdict == "waiting":
+                # A passed device no longer passing during the soak has regressed: it fails.
+                gates = replace(
+                    gates, verdict="failed", reason=f"regressed during the soak: {gates.reason}"
+                )
             if gates.verdict == "waiting" or gates.verdict == m["state"]:
                 continue
             if m["state"] == "passed" and gates.verdict == "passed":
@@ -331,7 +344,9 @@ class RolloutController:
                 if not take_lease(conn, rollout_id, self.holder, now, self.lease_seconds):
                     return False
                 row = (
-                    conn.execute(select(rollouts).where(rollouts.c.id == rollout_id))
+                    conn.execute(
+                        select(rollouts).where(rollouts.c.id == rollout_id).with_for_update()
+                    )
                     .mappings()
                     .one()
                 )

@@ -201,12 +201,14 @@ def assign_waves(
     spec: Spec,
     devices: Sequence[str],
     matching: Callable[[str], Collection[str]] | None = None,
+    refused: Mapping[str, str] | None = None,
 ) -> tuple[list[list[str]], list[str]]:
     """Each device's wave (a list of device names per wave), and the problems.
 
     `matching(selector)` names the devices a selector selects (None: selectors are not
     available). A device named by two waves goes in the first; a named device that is
-    not a target is a problem; every target must end in a wave."""
+    not a target is a problem (saying why when `refused`, device: why, names it); every
+    target must end in a wave."""
     problems: list[str] = []
     targets = set(devices)
     taken: set[str] = set()
@@ -215,7 +217,11 @@ def assign_waves(
         if wave.devices is not None:
             for name in wave.devices:
                 if name not in targets:
-                    problems.append(f"waves[{i}].devices: {name!r} is not a target of the plan")
+                    why = (refused or {}).get(name)
+                    problems.append(
+                        f"waves[{i}].devices: {name!r} is not a target of the plan"
+                        + (f": the plan refuses it ({why})" if why else "")
+                    )
                 elif name not in taken:
                     taken.add(name)
                     waves[i].append(name)
@@ -234,6 +240,11 @@ def assign_waves(
             for name in sorted(selected & targets - taken):
                 taken.add(name)
                 waves[i].append(name)
+            if not waves[i]:  # a mistyped canary would leave the next wave the whole fleet
+                problems.append(
+                    f"waves[{i}].selector: {wave.selector!r} selects no target of the plan "
+                    "that an earlier wave did not take"
+                )
     rest = sorted(targets - taken, key=lambda n: (_spread(n), n))
     done = 0
     for i, wave in enumerate(spec.waves):

@@ -84,6 +84,9 @@ class Rollouts:
             )
         except ValueError as exc:
             raise Invalid(list(exc.args[0])) from None
+        if spec.waves[0].approval:  # a rollout starts with its first wave: nothing to wait for
+            first = "waves[0].approval: the first wave starts with the rollout and cannot wait"
+            raise Invalid([f"{first} for an approval; put it on the wave after the canary"])
         if not plan.targets:
             raise Invalid(["targets: the plan changes no device; there is nothing to roll out"])
         by_name = {t.device: t for t in plan.targets}
@@ -92,6 +95,7 @@ class Rollouts:
             spec,
             sorted(by_name),
             None if matching is None else (lambda text: matching(tenant_id, text)),
+            {r.device: f"{r.kind}: {'; '.join(r.problems[:1])}" for r in plan.refused},
         )
         if problems:
             raise Invalid(problems)
@@ -189,13 +193,17 @@ class Rollouts:
 
     def busy_devices(self, tenant_id: int) -> set[int]:
         """The ids of the tenant's devices an unfinished rollout holds."""
+        return set(self.busy_holders(tenant_id))
+
+    def busy_holders(self, tenant_id: int) -> dict[int, tuple[int, str]]:
+        """device id -> (rollout id, state) for the tenant's devices unfinished rollouts hold."""
         with self.store.db.read() as conn:
             rows = conn.execute(
-                select(rollout_members.c.device_id)
+                select(rollout_members.c.device_id, rollouts.c.id, rollouts.c.state)
                 .join(rollouts, rollouts.c.id == rollout_members.c.rollout_id)
                 .where(and_(rollouts.c.tenant_id == tenant_id, rollouts.c.state.in_(ACTIVE)))
             )
-            return {int(r.device_id) for r in rows}
+            return {int(r.device_id): (int(r.id), str(r.state)) for r in rows}
 
     def refuse_busy(self, conn: Connection, device_id: int, device: str) -> None:
         """Raise Busy when an unfinished rollout holds the device (inside the caller's write,
@@ -207,16 +215,13 @@ class Rollouts:
 
     # -- reading ----------------------------------------------------------------------------
 
-    def _row(self, conn: Connection, tenant_id: int, rollout_id: int) -> Any:
-        row = (
-            conn.execute(
-                select(rollouts).where(
-                    and_(rollouts.c.id == rollout_id, rollouts.c.tenant_id == tenant_id)
-                )
-            )
-            .mappings()
-            .one_or_none()
+    def _row(self, conn: Connection, tenant_id: int, rollout_id: int, lock: bool = False) -> Any:
+        query = select(rollouts).where(
+            and_(rollouts.c.id == rollout_id, rollouts.c.tenant_id == tenant_id)
         )
+        # An operator's action locks the row, as the controller's tick does: the two take
+        # turns, so an abort sees every send that committed before it.
+        row = conn.execute(query.with_for_update() if lock else query).mappings().one_or_none()
         if row is None:
             raise NotFound(f"rollout {rollout_id} not found")
         return row
@@ -267,7 +272,7 @@ class Rollouts:
     ) -> dict[str, Any]:
         now = time.time()
         with self.store.write() as conn:
-            row = self._row(conn, tenant_id, rollout_id)
+            row = self._row(conn, tenant_id, rollout_id, lock=True)
             if row["state"] not in allowed:
                 raise WrongState(
                     f"rollout {rollout_id} is {row['state']}: `{action.split('.')[1]}` is "

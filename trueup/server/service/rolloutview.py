@@ -67,7 +67,7 @@ def rollout_view(row: Any, members: Sequence[Any], facts: Facts, now: float) -> 
                 confirmation=fact.confirmation,
                 baseline=json.loads(m["baseline_codes"] or "[]"),
                 server_acked=fact.acked,
-                confirm_within=spec.get("confirm_within"),
+                confirm_within=spec.get("confirm_within") if m["from_version"] else None,
                 gate_timeout=float(spec.get("gate_timeout") or 900),
             ).as_json()
         out.append(entry)
