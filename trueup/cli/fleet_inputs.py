@@ -100,16 +100,18 @@ def fleet_vars(
                 variables.pop(key, None)
             else:
                 variables[key] = value
-        layer = current["own"]
+        # Without --own/--clear-own the own layer is left out: the server keeps the one the
+        # plan uses (for a device without stored inputs, its desired document's spec).
+        put: dict[str, Any] = {"variables": variables}
         if clear_own:
-            layer = None
+            put["own"] = None
         elif own is not None:
-            layer = _own_layer(read_document(own), own)
+            put["own"] = _own_layer(read_document(own), own)
         status, body, _ = call(
             c,
             "PUT",
             url,
-            body={"variables": variables, "own": layer},
+            body=put,
             headers={"If-Match": str(current["version"])},
         )
         current = checked(status, body, f"the variables of device {device}")
@@ -120,7 +122,10 @@ def fleet_vars(
     for key, value in sorted(current["variables"].items()):
         typer.echo(f"  {key} = {json.dumps(value)}")
     sections = sorted(current["own"] or {})
-    typer.echo("own layer: " + (", ".join(sections) if sections else "none"))
+    if current["version"] == 0:
+        typer.echo("own layer: none stored (plans take the desired document's spec as its own)")
+    else:
+        typer.echo("own layer: " + (", ".join(sections) if sections else "none"))
 
 
 def _own_layer(data: Any, path: Path) -> dict[str, Any]:

@@ -140,9 +140,20 @@ def profile_show(
     state = "  (deleted)" if shown.get("deleted") else ""
     typer.echo(
         f"# profile {shown['name']} version {shown['version']}{state}, by {shown['created_by']}"
-        f" at {shown['created_at']}" + (f": {shown['comment']}" if shown.get("comment") else "")
+        f" at {_when(shown['created_at'])}"
+        + (f": {shown['comment']}" if shown.get("comment") else "")
     )
     typer.echo(yaml.safe_dump(shown["document"], sort_keys=False).rstrip())
+
+
+def _when(at: Any) -> str:
+    """Epoch seconds as UTC ISO 8601 (what the server sends as a number)."""
+    from datetime import UTC, datetime
+
+    try:
+        return datetime.fromtimestamp(float(at), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return str(at)
 
 
 @profile_app.command("list")

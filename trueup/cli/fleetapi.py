@@ -9,6 +9,7 @@ the thing is at now.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -125,6 +126,13 @@ def read_document(path: Path) -> Any:
     except UnicodeDecodeError as exc:
         fail(f"{path}: not UTF-8 text (byte {exc.start})")
     except DocumentError as exc:
+        found = re.search(r"found another document at line (\d+)", "; ".join(exc.problems))
+        if found:
+            fail(
+                f"{path}: holds more than one YAML document (the next one begins at line "
+                f"{found.group(1)}); expected one document per file: put each profile in its "
+                "own file and create each"
+            )
         fail(f"{path}: " + "; ".join(exc.problems))
 
 
