@@ -27,6 +27,7 @@ from urllib.parse import quote
 
 import typer
 
+from trueup.cli.exitcodes import DetailedExitCommand
 from trueup.cli.fleet import CaFileOpt, OutputOpt, ServerOpt, TokenFileOpt
 from trueup.cli.fleet_profiles import CommentOpt, profile_app
 from trueup.cli.fleetapi import call, checked, conn, fail, read_document
@@ -285,5 +286,5 @@ def add_commands(fleet: typer.Typer) -> None:
     """`trueup fleet profile …`, `vars`, `plan` and `publish`."""
     fleet.add_typer(profile_app, name="profile")
     fleet.command("vars")(fleet_vars)
-    fleet.command("plan")(fleet_plan)
+    fleet.command("plan", cls=DetailedExitCommand)(fleet_plan)
     fleet.command("publish")(fleet_publish)
