@@ -26,7 +26,7 @@ from trueup.agent.client import AgentClient, AgentUnavailable
 from trueup.cli.backup import backup_app, restore_app
 from trueup.cli.dhcp import dhcp_app
 from trueup.cli.evidence import doctor, evidence
-from trueup.cli.exitcodes import DetailedExitCommand
+from trueup.cli.exitcodes import DetailedExitCommand, reflow_help
 from trueup.cli.fast import DEFAULT_STATE_DIR, duration_seconds, missing_state_dir
 from trueup.cli.fleet import fleet_app
 from trueup.cli.fleet_inputs import add_commands as add_fleet_input_commands
@@ -765,6 +765,9 @@ def agent_token(
     from trueup.journal.state import StateDir
 
     typer.echo(create_api_token(StateDir(state_dir), name))
+
+
+reflow_help(app)  # after every command above is registered
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""A usage error of a command whose exit 2 means "changes" (`plan`, `fleet plan`) or "drift"
+"""A command's help wraps its paragraphs at the terminal's width, not where the source
+broke the docstring. A usage error of a command whose exit 2 means "changes" (`plan`, `fleet plan`) or "drift"
 (`drift`) exits 1, so a script never reads a typo as pending changes; other commands keep
 click's 2."""
 
@@ -30,3 +31,15 @@ def test_other_commands_keep_clicks_usage_exit_code() -> None:
     result = CliRunner().invoke(app, ["fleet", "publish", "--nosuch"])
     assert result.exit_code == 2, result.output
     assert "No such option: --nosuch" in result.output
+
+
+def test_help_paragraphs_wrap_at_the_terminal_not_at_the_docstrings_breaks() -> None:
+    result = CliRunner().invoke(app, ["fleet", "vars", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    lines = [line.strip() for line in result.output.splitlines()]
+    assert any(
+        line.startswith("NAME=VALUE takes VALUE as JSON") and "else as text; NAME- removes" in line
+        for line in lines
+    ), result.output
+    narrow = CliRunner().invoke(app, ["fleet", "--help"], env={"COLUMNS": "80"})
+    assert "last report, in sync since." in narrow.output, narrow.output
