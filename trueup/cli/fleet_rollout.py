@@ -21,6 +21,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from trueup.cli.fleet import CaFileOpt, OutputOpt, ServerOpt, TokenFileOpt, _connection
+from trueup.cli.fleetapi import table
 from trueup.cli.output import emit, readable
 
 __all__ = ["render_rollout", "rollout_app"]
@@ -219,14 +220,20 @@ def status(
         if output != "table":
             emit(answer, output)
             return
-        lines = ["ID  STATE             WAVE  CREATED BY  CREATED AT                REASON"]
+        rows = [("ID", "STATE", "WAVE", "CREATED BY", "CREATED AT", "REASON")]
         for r in answer.get("rollouts", []):
-            lines.append(
-                f"{r['id']:<3} {r['state']:<17} {r['current_wave']:<5} {r['created_by']:<11} "
-                f"{r['created_at']:<25} {r.get('reason') or '-'}"
+            rows.append(
+                (
+                    str(r["id"]),
+                    str(r["state"]),
+                    str(r["current_wave"]),
+                    str(r["created_by"]),
+                    str(r["created_at"]),
+                    str(r.get("reason") or "-"),
+                )
             )
-        lines.append(f"{answer.get('count', 0)} rollout(s)")
-        typer.echo("\n".join(lines))
+        typer.echo(table(rows))
+        typer.echo(f"{answer.get('count', 0)} rollout(s)")
         return
     answer = _call(c, "GET", f"/api/v1/rollouts/{rollout_id}")
     if output == "table":
@@ -330,12 +337,13 @@ def render_rollout(view: dict[str, Any]) -> str:
             + (" (approval)" if wave.get("approval") else "")
             + f"   {counts or 'no devices'}"
         )
-    lines.append("DEVICE  WAVE  STATE  VERSIONS  REASON")
+    rows = [("DEVICE", "WAVE", "STATE", "VERSIONS", "REASON")]
     for m in view.get("members") or []:
         gates = m.get("gates") or {}
         reason = m.get("reason") or gates.get("reason") or "-"
         versions = f"{m.get('from_version')}->{m.get('sent_version') or '-'}"
         if m.get("reverted_version"):
             versions += f"->{m['reverted_version']}"
-        lines.append(f"{m['device']}  {m['wave']}  {m['state']}  {versions}  {reason}")
+        rows.append((str(m["device"]), str(m["wave"]), str(m["state"]), versions, str(reason)))
+    lines.append(table(rows))
     return "\n".join(lines)
