@@ -46,7 +46,11 @@ def test_setting_a_variable_keeps_the_devices_own_document(tmp_path: Path) -> No
             + "---\n"
             + yaml.safe_dump(profile("other", selector=""))
         )
-        for command in (("fleet", "profile", "create"), ("fleet", "plan", "--profile")):
+        for command in (
+            ("fleet", "profile", "create"),
+            ("fleet", "plan", "--profile"),
+            ("fleet", "rollout", "start"),
+        ):
             code, _, err = _invoke(*command, str(both), env=env)
             assert code == 1, err
             assert "more than one YAML document" in err and "one document per file" in err, err

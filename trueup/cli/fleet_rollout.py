@@ -21,7 +21,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from trueup.cli.fleet import CaFileOpt, OutputOpt, ServerOpt, TokenFileOpt, _connection
-from trueup.cli.fleetapi import table
+from trueup.cli.fleetapi import several_documents, table
 from trueup.cli.output import emit, readable
 
 __all__ = ["render_rollout", "rollout_app"]
@@ -103,7 +103,7 @@ def _document(path: Path) -> dict[str, Any]:
     except OSError as exc:
         _fail(f"{path}: {exc.strerror or exc}")
     except DecodeError as exc:
-        _fail(f"{path}: {exc}")
+        _fail(several_documents(path, str(exc), "device's document") or f"{path}: {exc}")
     if not isinstance(data, dict):
         _fail(f"{path}: expected a desired-state document (a mapping)")
     device = (data.get("metadata") or {}).get("device") if isinstance(data, dict) else None

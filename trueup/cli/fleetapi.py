@@ -19,7 +19,16 @@ import typer
 
 from trueup.cli.output import readable
 
-__all__ = ["call", "checked", "conn", "fail", "profile_url", "read_document", "table"]
+__all__ = [
+    "call",
+    "checked",
+    "conn",
+    "fail",
+    "profile_url",
+    "read_document",
+    "several_documents",
+    "table",
+]
 
 
 def fail(message: str) -> NoReturn:
@@ -126,14 +135,19 @@ def read_document(path: Path) -> Any:
     except UnicodeDecodeError as exc:
         fail(f"{path}: not UTF-8 text (byte {exc.start})")
     except DocumentError as exc:
-        found = re.search(r"found another document at line (\d+)", "; ".join(exc.problems))
-        if found:
-            fail(
-                f"{path}: holds more than one YAML document (the next one begins at line "
-                f"{found.group(1)}); expected one document per file: put each profile in its "
-                "own file and create each"
-            )
-        fail(f"{path}: " + "; ".join(exc.problems))
+        several = several_documents(path, "; ".join(exc.problems), "profile")
+        fail(several or f"{path}: " + "; ".join(exc.problems))
+
+
+def several_documents(path: Path, message: str, what: str) -> str | None:
+    """What to say when the YAML parser found a second document in `path`, else None."""
+    found = re.search(r"found another document at line (\d+)", message)
+    if found is None:
+        return None
+    return (
+        f"{path}: holds more than one YAML document (the next one begins at line "
+        f"{found.group(1)}); expected one document per file: put each {what} in its own file"
+    )
 
 
 def profile_url(name: str) -> str:
