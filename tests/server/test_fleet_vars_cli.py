@@ -1,6 +1,7 @@
 """What a first `trueup fleet vars` / `fleet profile create` does against a real control-plane
 process: setting a variable keeps what the device's own document set (the own layer the
-plan used), and a file of several profiles is refused naming what is expected."""
+plan used), a file of several profiles is refused naming what is expected, and a selector
+whose key no device has says so."""
 
 from __future__ import annotations
 
@@ -79,6 +80,14 @@ def test_setting_a_variable_keeps_the_devices_own_document(tmp_path: Path) -> No
         code, out, _ = _invoke("fleet", "plan", "-l", "", env=env)
         edge_01 = out.split("edge-01:", 1)[1].split("edge-02:", 1)[0]
         assert "addresses" not in edge_01 and "(none) -> 9000" in edge_01, out
+
+        # A selector with a mistyped key matches nothing, and says which key no device has.
+        assert _invoke("fleet", "label", "edge-01", "site=ams", env=env)[0] == 0
+        code, out, err = _invoke("fleet", "list", "-l", "stie=ams", env=env)
+        assert code == 0 and "0 device(s)" in out, (out, err)
+        assert "no device has the label 'stie'" in err and "(labels in use: site)" in err, err
+        code, out, err = _invoke("fleet", "list", "-l", "site=fra", env=env)
+        assert code == 0 and "0 device(s)" in out and err == "", (out, err)
 
         # Through the API: `own` left out keeps it; `"own": null` removes it.
         url = f"{process.url}/api/v1/devices/edge-02/variables"
