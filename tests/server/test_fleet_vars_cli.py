@@ -81,6 +81,14 @@ def test_setting_a_variable_keeps_the_devices_own_document(tmp_path: Path) -> No
         edge_01 = out.split("edge-01:", 1)[1].split("edge-02:", 1)[0]
         assert "addresses" not in edge_01 and "(none) -> 9000" in edge_01, out
 
+        # Two contradicting options, or a stale version: one line naming what is expected.
+        code, _, err = _invoke(
+            "fleet", "vars", "edge-01", "--own", "x.yaml", "--clear-own", env=env
+        )
+        assert code == 1 and "give one of them" in err, err
+        code, _, err = _invoke("fleet", "profile", "delete", "edge-mtu", "--version", "5", env=env)
+        assert code == 1 and "now at version 1, not 5" in err and "version shown" in err, err
+
         # A selector with a mistyped key matches nothing, and says which key no device has.
         assert _invoke("fleet", "label", "edge-01", "site=ams", env=env)[0] == 0
         code, out, err = _invoke("fleet", "list", "-l", "stie=ams", env=env)

@@ -90,6 +90,8 @@ def fleet_vars(
     text; NAME- removes NAME. --own FILE replaces the own layer (a partial spec, or a
     whole document's spec). No device changes until a plan is published.
     """
+    if own is not None and clear_own:
+        fail("--own FILE replaces the own layer and --clear-own removes it: give one of them")
     c = conn(ctx, server=server, token_file=token_file, ca_file=ca_file)
     url = f"/api/v1/devices/{quote(device, safe='')}/variables"
     status, body, _ = call(c, "GET", url)

@@ -115,7 +115,8 @@ def checked(status: int, body: Any, what: str) -> Any:
     if status == 409 and isinstance(body, dict) and "current_version" in body:
         fail(
             f"{what}: it is now at version {body['current_version']}, not "
-            f"{body['expected_version']} (someone else changed it): show it and edit again"
+            f"{body['expected_version']} (someone else changed it since, or that is not its "
+            "newest version): show it and try again with the version shown"
         )
     fail(f"{what}: {detail or readable(body, 300)} ({status})")
 
