@@ -89,6 +89,14 @@ def test_setting_a_variable_keeps_the_devices_own_document(tmp_path: Path) -> No
         code, _, err = _invoke("fleet", "profile", "delete", "edge-mtu", "--version", "5", env=env)
         assert code == 1 and "now at version 1, not 5" in err and "version shown" in err, err
 
+        # The docs' device example (labels, variables, own) is not an own layer: said so.
+        inputs = tmp_path / "device.yaml"
+        inputs.write_text(
+            yaml.safe_dump({"device": "edge-01", "variables": {"mtu": 9000}, "own": {}})
+        )
+        code, _, err = _invoke("fleet", "vars", "edge-01", "--own", str(inputs), env=env)
+        assert code == 1 and "not an own layer" in err and "its `own:` part" in err, err
+
         # A selector with a mistyped key matches nothing, and says which key no device has.
         assert _invoke("fleet", "label", "edge-01", "site=ams", env=env)[0] == 0
         code, out, err = _invoke("fleet", "list", "-l", "stie=ams", env=env)

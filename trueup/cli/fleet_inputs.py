@@ -131,10 +131,19 @@ def fleet_vars(
         typer.echo("own layer: " + (", ".join(sections) if sections else "none"))
 
 
+_INPUTS_KEYS = {"device", "labels", "variables", "own"}
+
+
 def _own_layer(data: Any, path: Path) -> dict[str, Any]:
     """A partial spec, or a whole document's spec."""
     if isinstance(data, dict) and data.get("kind") == "DeviceState":
         data = data.get("spec")
+    if isinstance(data, dict) and "own" in data and set(data) <= _INPUTS_KEYS:
+        fail(
+            f"{path}: a device's inputs ({', '.join(sorted(data))}), not an own layer: "
+            "expected a partial spec (its `own:` part alone); set labels with `trueup fleet "
+            "label DEVICE KEY=VALUE` and variables with `trueup fleet vars DEVICE NAME=VALUE`"
+        )
     if not isinstance(data, dict):
         fail(f"{path}: expected a partial spec (sections: management, interfaces, …)")
     return data
