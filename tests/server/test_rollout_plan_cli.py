@@ -29,6 +29,10 @@ def test_rollout_start_plan_rolls_the_stored_profiles_out_with_a_canary(
 
     both = run("--plan", str(tmp_path / "edge-00.yaml"))
     assert both.exit_code == 1 and "not both" in both.stderr
+    wide = run("--plan", "--wave", "150")
+    assert wide.exit_code == 2 and "'--wave'" in wide.output, wide.output
+    odd = run("--plan", "--max-unavailable", "abc")
+    assert odd.exit_code == 1 and "expected a number of devices (2) or a" in odd.stderr
     nothing = run("--plan")
     assert nothing.exit_code == 0 and "the plan changes no device" in nothing.stdout
     plane.put_profile(tenant_id, "edge-mtu", 1, profile(mtu_default=1400), actor="test")

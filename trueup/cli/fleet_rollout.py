@@ -15,6 +15,7 @@ server refused (every problem on its own line) or did not answer; a busy device
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -132,23 +133,39 @@ def start(
     ] = None,
     wave: Annotated[
         list[int] | None,
-        typer.Option("--wave", help="a wave: cumulative percent of the rest (repeat: 50, 100)"),
+        typer.Option(
+            "--wave",
+            min=1,
+            max=100,
+            help="a wave: cumulative percent of the rest, 1-100 (repeat: 50, 100)",
+        ),
     ] = None,
     max_unavailable: Annotated[
         str, typer.Option("--max-unavailable", help="devices changing at once per wave: N or N%")
     ] = "25%",
-    soak: Annotated[float, typer.Option("--soak", help="seconds a finished wave soaks")] = 0.0,
+    soak: Annotated[
+        float, typer.Option("--soak", min=0, max=7 * 86400, help="seconds a finished wave soaks")
+    ] = 0.0,
     failure_budget: Annotated[
-        int, typer.Option("--failure-budget", help="failed devices a wave may have")
+        int, typer.Option("--failure-budget", min=0, help="failed devices a wave may have")
     ] = 0,
     confirm_within: Annotated[
-        int | None, typer.Option("--confirm-within", help="each device's confirmation window (s)")
+        int | None,
+        typer.Option(
+            "--confirm-within",
+            min=1,
+            max=86400,
+            help="each device's confirmation window, 1-86400 s",
+        ),
     ] = None,
     approval: Annotated[
         bool, typer.Option("--approval", help="every wave after the first waits for `approve`")
     ] = False,
     gate_timeout: Annotated[
-        float, typer.Option("--gate-timeout", help="seconds a sent device may take to pass")
+        float,
+        typer.Option(
+            "--gate-timeout", min=1, max=7 * 86400, help="seconds a sent device may take to pass"
+        ),
     ] = 900.0,
     comment: Annotated[str, typer.Option("--comment", help="why (kept with the revisions)")] = "",
     server: ServerOpt = None,
@@ -168,6 +185,11 @@ def start(
     if canary:
         waves.append({"devices": list(canary)})
     waves.extend({"percent": p} for p in (wave or [100]))
+    if not re.fullmatch(r"[1-9][0-9]*|(100|[1-9][0-9]?)%", max_unavailable):
+        _fail(
+            f"--max-unavailable {max_unavailable!r}: expected a number of devices (2) or a "
+            "percentage of the wave from 1% to 100% (25%)"
+        )
     limit: int | str = int(max_unavailable) if max_unavailable.isdigit() else max_unavailable
     body = {
         "targets": targets,
