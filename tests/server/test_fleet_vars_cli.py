@@ -6,6 +6,8 @@ whose key no device has says so."""
 from __future__ import annotations
 
 import re
+import shutil
+import stat
 from pathlib import Path
 
 import httpx
@@ -65,6 +67,20 @@ def test_setting_a_variable_keeps_the_devices_own_document(tmp_path: Path) -> No
         code, out, _ = _invoke("fleet", "profile", "show", "edge-mtu", env=env)
         assert code == 0 and re.search(r" at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", out), out
 
+        # An edit that breaks the YAML is refused and kept, to be fixed and stored from it.
+        editor = tmp_path / "editor.sh"
+        editor.write_text("#!/bin/sh\nsed -i 's/^kind: Profile/kind: [Profile/' \"$1\"\n")
+        editor.chmod(editor.stat().st_mode | stat.S_IXUSR)
+        edit_env = {**env, "EDITOR": str(editor)}
+        code, _, err = _invoke("fleet", "profile", "edit", "edge-mtu", env=edit_env)
+        assert code == 1 and "not valid YAML" in err, err
+        kept = Path(err.split("your edit is kept in ", 1)[1].split(":", 1)[0])
+        assert "kind: [Profile" in kept.read_text()
+        kept.write_text(kept.read_text().replace("kind: [Profile", "kind: Profile"))
+        code, out, err = _invoke("fleet", "profile", "edit", "edge-mtu", str(kept), env=env)
+        assert code == 0 and "version 2 stored" in out, err
+        shutil.rmtree(kept.parent)
+
         # Nothing stored yet: the plan takes the desired document as the own layer.
         code, out, _ = _invoke("fleet", "vars", "edge-01", env=env)
         assert code == 0 and "own layer: none stored" in out, out
@@ -87,7 +103,7 @@ def test_setting_a_variable_keeps_the_devices_own_document(tmp_path: Path) -> No
         )
         assert code == 1 and "give one of them" in err, err
         code, _, err = _invoke("fleet", "profile", "delete", "edge-mtu", "--version", "5", env=env)
-        assert code == 1 and "now at version 1, not 5" in err and "version shown" in err, err
+        assert code == 1 and "now at version 2, not 5" in err and "version shown" in err, err
 
         # The docs' device example (labels, variables, own) is not an own layer: said so.
         inputs = tmp_path / "device.yaml"
