@@ -118,6 +118,9 @@ def test_setting_a_variable_keeps_the_devices_own_document(tmp_path: Path) -> No
         code, out, err = _invoke("fleet", "list", "-l", "stie=ams", env=env)
         assert code == 0 and "0 device(s)" in out, (out, err)
         assert "no device has the label 'stie'" in err and "(labels in use: site)" in err, err
+        code, out, err = _invoke("fleet", "plan", "-l", "stie=ams", env=env)
+        assert code == 0 and "Plan: 0 to change, 0 refused, 0 unchanged." in out, (out, err)
+        assert "no device has the label 'stie'" in err, err
         code, out, err = _invoke("fleet", "list", "-l", "site=fra", env=env)
         assert code == 0 and "0 device(s)" in out and err == "", (out, err)
 

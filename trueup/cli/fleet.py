@@ -45,6 +45,7 @@ __all__ = [
     "check_filters",
     "check_selector",
     "fleet_app",
+    "hint_unknown_keys",
     "label_changes",
     "labels_text",
     "render_device",
@@ -240,10 +241,10 @@ def _list(
     else:
         emit({"devices": devices, "count": len(devices)}, output)
     if selector and not body.get("devices"):
-        _hint_unknown_keys(server, token_file, ca_file, selector)
+        hint_unknown_keys(server, token_file, ca_file, selector)
 
 
-def _hint_unknown_keys(
+def hint_unknown_keys(
     server: str | None, token_file: Path | None, ca_file: Path | None, selector: str
 ) -> None:
     """When a selector matched nothing, name on stderr the keys it requires that no device

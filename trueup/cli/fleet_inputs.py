@@ -28,7 +28,7 @@ from urllib.parse import quote
 import typer
 
 from trueup.cli.exitcodes import DetailedExitCommand
-from trueup.cli.fleet import CaFileOpt, OutputOpt, ServerOpt, TokenFileOpt
+from trueup.cli.fleet import CaFileOpt, OutputOpt, ServerOpt, TokenFileOpt, hint_unknown_keys
 from trueup.cli.fleet_profiles import CommentOpt, profile_app
 from trueup.cli.fleetapi import call, checked, conn, fail, read_document
 from trueup.cli.output import emit
@@ -241,6 +241,8 @@ def fleet_plan(
         typer.echo(render_plan(planned))
     else:
         emit(planned, output)
+    if selector and not any(planned["counts"].values()):
+        hint_unknown_keys(c["server"], c["token_file"], c["ca_file"], selector)
     raise typer.Exit(int(planned["exit_code"]))
 
 
