@@ -29,6 +29,10 @@ def test_rollout_start_plan_rolls_the_stored_profiles_out_with_a_canary(
 
     both = run("--plan", str(tmp_path / "edge-00.yaml"))
     assert both.exit_code == 1 and "not both" in both.stderr
+    wide = run("--plan", "--wave", "150")
+    assert wide.exit_code == 2 and "'--wave'" in wide.output, wide.output
+    odd = run("--plan", "--max-unavailable", "abc")
+    assert odd.exit_code == 1 and "expected a number of devices (2) or a" in odd.stderr
     nothing = run("--plan")
     assert nothing.exit_code == 0 and "the plan changes no device" in nothing.stdout
     plane.put_profile(tenant_id, "edge-mtu", 1, profile(mtu_default=1400), actor="test")
@@ -47,5 +51,15 @@ def test_rollout_start_plan_rolls_the_stored_profiles_out_with_a_canary(
         return bool(plane.rollout(tenant_id, rid)["state"] == "completed")
 
     wait_for(completed, "the rollout to complete")
+    shown = CliRunner().invoke(app, ["fleet", "rollout", "status", str(rid), *connect])
+    assert shown.exit_code == 0, shown.output
+    table = shown.stdout.splitlines()
+    header = next(i for i, line in enumerate(table) if line.startswith("DEVICE "))
+    column = table[header].index("STATE")
+    for row in table[header + 1 :]:  # every device's state in the STATE column
+        assert row[column:].split()[0] in ("passed", "skipped"), shown.stdout
+    listed = CliRunner().invoke(app, ["fleet", "rollout", "status", *connect]).stdout
+    rows = listed.splitlines()
+    assert rows[1][rows[0].index("CREATED AT") :].startswith("20"), listed
     desired = plane.desired(tenant_id, "edge-00")
     assert desired is not None and desired.provenance is not None

@@ -45,6 +45,7 @@ __all__ = [
     "check_filters",
     "check_selector",
     "fleet_app",
+    "hint_unknown_keys",
     "label_changes",
     "labels_text",
     "render_device",
@@ -239,6 +240,28 @@ def _list(
         typer.echo(render_table(devices))
     else:
         emit({"devices": devices, "count": len(devices)}, output)
+    if selector and not body.get("devices"):
+        hint_unknown_keys(server, token_file, ca_file, selector)
+
+
+def hint_unknown_keys(
+    server: str | None, token_file: Path | None, ca_file: Path | None, selector: str
+) -> None:
+    """When a selector matched nothing, name on stderr the keys it requires that no device
+    carries (a typo like `stie=ams` matches nothing, which is not an error)."""
+    body = _get(server, token_file, ca_file, "/api/v1/devices")
+    in_use = sorted({key for d in body.get("devices", []) for key in d.get("labels") or {}})
+    wanted = [
+        r.key
+        for r in parse_selector(selector).requirements
+        if r.operator in ("exists", "=", "in") and r.key not in in_use
+    ]
+    if wanted:
+        typer.echo(
+            f"trueup fleet: no device has the label {', '.join(map(repr, wanted))} that "
+            f"--selector {selector!r} requires (labels in use: {', '.join(in_use) or 'none'})",
+            err=True,
+        )
 
 
 @fleet_app.callback()

@@ -27,7 +27,8 @@ from urllib.parse import quote
 
 import typer
 
-from trueup.cli.fleet import CaFileOpt, OutputOpt, ServerOpt, TokenFileOpt
+from trueup.cli.exitcodes import DetailedExitCommand
+from trueup.cli.fleet import CaFileOpt, OutputOpt, ServerOpt, TokenFileOpt, hint_unknown_keys
 from trueup.cli.fleet_profiles import CommentOpt, profile_app
 from trueup.cli.fleetapi import call, checked, conn, fail, read_document
 from trueup.cli.output import emit
@@ -89,6 +90,8 @@ def fleet_vars(
     text; NAME- removes NAME. --own FILE replaces the own layer (a partial spec, or a
     whole document's spec). No device changes until a plan is published.
     """
+    if own is not None and clear_own:
+        fail("--own FILE replaces the own layer and --clear-own removes it: give one of them")
     c = conn(ctx, server=server, token_file=token_file, ca_file=ca_file)
     url = f"/api/v1/devices/{quote(device, safe='')}/variables"
     status, body, _ = call(c, "GET", url)
@@ -100,16 +103,18 @@ def fleet_vars(
                 variables.pop(key, None)
             else:
                 variables[key] = value
-        layer = current["own"]
+        # Without --own/--clear-own the own layer is left out: the server keeps the one the
+        # plan uses (for a device without stored inputs, its desired document's spec).
+        put: dict[str, Any] = {"variables": variables}
         if clear_own:
-            layer = None
+            put["own"] = None
         elif own is not None:
-            layer = _own_layer(read_document(own), own)
+            put["own"] = _own_layer(read_document(own), own)
         status, body, _ = call(
             c,
             "PUT",
             url,
-            body={"variables": variables, "own": layer},
+            body=put,
             headers={"If-Match": str(current["version"])},
         )
         current = checked(status, body, f"the variables of device {device}")
@@ -120,13 +125,25 @@ def fleet_vars(
     for key, value in sorted(current["variables"].items()):
         typer.echo(f"  {key} = {json.dumps(value)}")
     sections = sorted(current["own"] or {})
-    typer.echo("own layer: " + (", ".join(sections) if sections else "none"))
+    if current["version"] == 0:
+        typer.echo("own layer: none stored (plans take the desired document's spec as its own)")
+    else:
+        typer.echo("own layer: " + (", ".join(sections) if sections else "none"))
+
+
+_INPUTS_KEYS = {"device", "labels", "variables", "own"}
 
 
 def _own_layer(data: Any, path: Path) -> dict[str, Any]:
     """A partial spec, or a whole document's spec."""
     if isinstance(data, dict) and data.get("kind") == "DeviceState":
         data = data.get("spec")
+    if isinstance(data, dict) and "own" in data and set(data) <= _INPUTS_KEYS:
+        fail(
+            f"{path}: a device's inputs ({', '.join(sorted(data))}), not an own layer: "
+            "expected a partial spec (its `own:` part alone); set labels with `trueup fleet "
+            "label DEVICE KEY=VALUE` and variables with `trueup fleet vars DEVICE NAME=VALUE`"
+        )
     if not isinstance(data, dict):
         fail(f"{path}: expected a partial spec (sections: management, interfaces, …)")
     return data
@@ -224,6 +241,8 @@ def fleet_plan(
         typer.echo(render_plan(planned))
     else:
         emit(planned, output)
+    if selector and not any(planned["counts"].values()):
+        hint_unknown_keys(c["server"], c["token_file"], c["ca_file"], selector)
     raise typer.Exit(int(planned["exit_code"]))
 
 
@@ -280,5 +299,5 @@ def add_commands(fleet: typer.Typer) -> None:
     """`trueup fleet profile …`, `vars`, `plan` and `publish`."""
     fleet.add_typer(profile_app, name="profile")
     fleet.command("vars")(fleet_vars)
-    fleet.command("plan")(fleet_plan)
+    fleet.command("plan", cls=DetailedExitCommand)(fleet_plan)
     fleet.command("publish")(fleet_publish)

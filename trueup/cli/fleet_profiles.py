@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -96,18 +97,35 @@ def profile_edit(
     version = int(shown["version"])
     if file is not None:
         document = read_document(file)
-    else:
-        editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
-        with tempfile.TemporaryDirectory(prefix="trueup-profile-") as tmp:
-            path = Path(tmp) / f"{name}.yaml"
-            text = yaml.safe_dump(shown["document"], sort_keys=False)
-            path.write_text(text)
-            if subprocess.call([*shlex.split(editor), str(path)]) != 0:
-                fail(f"{editor} failed; nothing was changed")
-            if path.read_text() == text:
-                typer.echo(f"profile {name}: no change (still version {version})")
-                return
-            document = read_document(path)
+        _put_next(c, name, version, document, comment, output)
+        return
+    editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
+    tmp = Path(tempfile.mkdtemp(prefix="trueup-profile-"))
+    path = tmp / f"{name}.yaml"
+    text = yaml.safe_dump(shown["document"], sort_keys=False)
+    path.write_text(text)
+    if subprocess.call([*shlex.split(editor), str(path)]) != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        fail(f"{editor} failed; nothing was changed")
+    if path.read_text() == text:
+        shutil.rmtree(tmp, ignore_errors=True)
+        typer.echo(f"profile {name}: no change (still version {version})")
+        return
+    try:
+        _put_next(c, name, version, read_document(path), comment, output)
+    except typer.Exit:  # refused: the edit is kept, not lost with the temporary file
+        typer.echo(
+            f"trueup fleet: your edit is kept in {path}: fix it, then "
+            f"`trueup fleet profile edit {name} {path}`",
+            err=True,
+        )
+        raise
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _put_next(
+    c: dict[str, Any], name: str, version: int, document: Any, comment: str, output: str
+) -> None:
     status, body, _ = call(
         c,
         "PUT",
@@ -140,9 +158,20 @@ def profile_show(
     state = "  (deleted)" if shown.get("deleted") else ""
     typer.echo(
         f"# profile {shown['name']} version {shown['version']}{state}, by {shown['created_by']}"
-        f" at {shown['created_at']}" + (f": {shown['comment']}" if shown.get("comment") else "")
+        f" at {_when(shown['created_at'])}"
+        + (f": {shown['comment']}" if shown.get("comment") else "")
     )
     typer.echo(yaml.safe_dump(shown["document"], sort_keys=False).rstrip())
+
+
+def _when(at: Any) -> str:
+    """Epoch seconds as UTC ISO 8601 (what the server sends as a number)."""
+    from datetime import UTC, datetime
+
+    try:
+        return datetime.fromtimestamp(float(at), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return str(at)
 
 
 @profile_app.command("list")

@@ -15,12 +15,14 @@ server refused (every problem on its own line) or did not answer; a busy device
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 
 from trueup.cli.fleet import CaFileOpt, OutputOpt, ServerOpt, TokenFileOpt, _connection
+from trueup.cli.fleetapi import several_documents, table
 from trueup.cli.output import emit, readable
 
 __all__ = ["render_rollout", "rollout_app"]
@@ -102,7 +104,7 @@ def _document(path: Path) -> dict[str, Any]:
     except OSError as exc:
         _fail(f"{path}: {exc.strerror or exc}")
     except DecodeError as exc:
-        _fail(f"{path}: {exc}")
+        _fail(several_documents(path, str(exc), "device's document") or f"{path}: {exc}")
     if not isinstance(data, dict):
         _fail(f"{path}: expected a desired-state document (a mapping)")
     device = (data.get("metadata") or {}).get("device") if isinstance(data, dict) else None
@@ -131,23 +133,39 @@ def start(
     ] = None,
     wave: Annotated[
         list[int] | None,
-        typer.Option("--wave", help="a wave: cumulative percent of the rest (repeat: 50, 100)"),
+        typer.Option(
+            "--wave",
+            min=1,
+            max=100,
+            help="a wave: cumulative percent of the rest, 1-100 (repeat: 50, 100)",
+        ),
     ] = None,
     max_unavailable: Annotated[
         str, typer.Option("--max-unavailable", help="devices changing at once per wave: N or N%")
     ] = "25%",
-    soak: Annotated[float, typer.Option("--soak", help="seconds a finished wave soaks")] = 0.0,
+    soak: Annotated[
+        float, typer.Option("--soak", min=0, max=7 * 86400, help="seconds a finished wave soaks")
+    ] = 0.0,
     failure_budget: Annotated[
-        int, typer.Option("--failure-budget", help="failed devices a wave may have")
+        int, typer.Option("--failure-budget", min=0, help="failed devices a wave may have")
     ] = 0,
     confirm_within: Annotated[
-        int | None, typer.Option("--confirm-within", help="each device's confirmation window (s)")
+        int | None,
+        typer.Option(
+            "--confirm-within",
+            min=1,
+            max=86400,
+            help="each device's confirmation window, 1-86400 s",
+        ),
     ] = None,
     approval: Annotated[
         bool, typer.Option("--approval", help="every wave after the first waits for `approve`")
     ] = False,
     gate_timeout: Annotated[
-        float, typer.Option("--gate-timeout", help="seconds a sent device may take to pass")
+        float,
+        typer.Option(
+            "--gate-timeout", min=1, max=7 * 86400, help="seconds a sent device may take to pass"
+        ),
     ] = 900.0,
     comment: Annotated[str, typer.Option("--comment", help="why (kept with the revisions)")] = "",
     server: ServerOpt = None,
@@ -167,6 +185,11 @@ def start(
     if canary:
         waves.append({"devices": list(canary)})
     waves.extend({"percent": p} for p in (wave or [100]))
+    if not re.fullmatch(r"[1-9][0-9]*|(100|[1-9][0-9]?)%", max_unavailable):
+        _fail(
+            f"--max-unavailable {max_unavailable!r}: expected a number of devices (2) or a "
+            "percentage of the wave from 1% to 100% (25%)"
+        )
     limit: int | str = int(max_unavailable) if max_unavailable.isdigit() else max_unavailable
     body = {
         "targets": targets,
@@ -219,14 +242,20 @@ def status(
         if output != "table":
             emit(answer, output)
             return
-        lines = ["ID  STATE             WAVE  CREATED BY  CREATED AT                REASON"]
+        rows = [("ID", "STATE", "WAVE", "CREATED BY", "CREATED AT", "REASON")]
         for r in answer.get("rollouts", []):
-            lines.append(
-                f"{r['id']:<3} {r['state']:<17} {r['current_wave']:<5} {r['created_by']:<11} "
-                f"{r['created_at']:<25} {r.get('reason') or '-'}"
+            rows.append(
+                (
+                    str(r["id"]),
+                    str(r["state"]),
+                    str(r["current_wave"]),
+                    str(r["created_by"]),
+                    str(r["created_at"]),
+                    str(r.get("reason") or "-"),
+                )
             )
-        lines.append(f"{answer.get('count', 0)} rollout(s)")
-        typer.echo("\n".join(lines))
+        typer.echo(table(rows))
+        typer.echo(f"{answer.get('count', 0)} rollout(s)")
         return
     answer = _call(c, "GET", f"/api/v1/rollouts/{rollout_id}")
     if output == "table":
@@ -330,12 +359,13 @@ def render_rollout(view: dict[str, Any]) -> str:
             + (" (approval)" if wave.get("approval") else "")
             + f"   {counts or 'no devices'}"
         )
-    lines.append("DEVICE  WAVE  STATE  VERSIONS  REASON")
+    rows = [("DEVICE", "WAVE", "STATE", "VERSIONS", "REASON")]
     for m in view.get("members") or []:
         gates = m.get("gates") or {}
         reason = m.get("reason") or gates.get("reason") or "-"
         versions = f"{m.get('from_version')}->{m.get('sent_version') or '-'}"
         if m.get("reverted_version"):
             versions += f"->{m['reverted_version']}"
-        lines.append(f"{m['device']}  {m['wave']}  {m['state']}  {versions}  {reason}")
+        rows.append((str(m["device"]), str(m["wave"]), str(m["state"]), versions, str(reason)))
+    lines.append(table(rows))
     return "\n".join(lines)

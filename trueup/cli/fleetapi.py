@@ -9,6 +9,7 @@ the thing is at now.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -18,7 +19,16 @@ import typer
 
 from trueup.cli.output import readable
 
-__all__ = ["call", "checked", "conn", "fail", "profile_url", "read_document", "table"]
+__all__ = [
+    "call",
+    "checked",
+    "conn",
+    "fail",
+    "profile_url",
+    "read_document",
+    "several_documents",
+    "table",
+]
 
 
 def fail(message: str) -> NoReturn:
@@ -105,7 +115,8 @@ def checked(status: int, body: Any, what: str) -> Any:
     if status == 409 and isinstance(body, dict) and "current_version" in body:
         fail(
             f"{what}: it is now at version {body['current_version']}, not "
-            f"{body['expected_version']} (someone else changed it): show it and edit again"
+            f"{body['expected_version']} (someone else changed it since, or that is not its "
+            "newest version): show it and try again with the version shown"
         )
     fail(f"{what}: {detail or readable(body, 300)} ({status})")
 
@@ -125,7 +136,19 @@ def read_document(path: Path) -> Any:
     except UnicodeDecodeError as exc:
         fail(f"{path}: not UTF-8 text (byte {exc.start})")
     except DocumentError as exc:
-        fail(f"{path}: " + "; ".join(exc.problems))
+        several = several_documents(path, "; ".join(exc.problems), "profile")
+        fail(several or f"{path}: " + "; ".join(exc.problems))
+
+
+def several_documents(path: Path, message: str, what: str) -> str | None:
+    """What to say when the YAML parser found a second document in `path`, else None."""
+    found = re.search(r"found another document at line (\d+)", message)
+    if found is None:
+        return None
+    return (
+        f"{path}: holds more than one YAML document (the next one begins at line "
+        f"{found.group(1)}); expected one document per file: put each {what} in its own file"
+    )
 
 
 def profile_url(name: str) -> str:

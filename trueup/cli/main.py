@@ -26,6 +26,7 @@ from trueup.agent.client import AgentClient, AgentUnavailable
 from trueup.cli.backup import backup_app, restore_app
 from trueup.cli.dhcp import dhcp_app
 from trueup.cli.evidence import doctor, evidence
+from trueup.cli.exitcodes import DetailedExitCommand, reflow_help
 from trueup.cli.fast import DEFAULT_STATE_DIR, duration_seconds, missing_state_dir
 from trueup.cli.fleet import fleet_app
 from trueup.cli.fleet_inputs import add_commands as add_fleet_input_commands
@@ -301,7 +302,7 @@ def _print_plan(body: dict[str, Any], output: str, file: Path) -> NoReturn:
     raise typer.Exit(print_plan(body, output, source=str(file)))
 
 
-@app.command()
+@app.command(cls=DetailedExitCommand)
 def plan(file: Path, state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") -> None:
     """Show what applying FILE would change: exit 0 no changes, 2 changes, 1 error.
 
@@ -520,7 +521,7 @@ def status(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") ->
     print_status(_status(state_dir), output)
 
 
-@app.command()
+@app.command(cls=DetailedExitCommand)
 def drift(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") -> None:
     """Differences between observed and applied state: exit 0 in sync, 2 drift."""
     current = _status(state_dir)
@@ -764,6 +765,9 @@ def agent_token(
     from trueup.journal.state import StateDir
 
     typer.echo(create_api_token(StateDir(state_dir), name))
+
+
+reflow_help(app)  # after every command above is registered
 
 
 def main() -> None:

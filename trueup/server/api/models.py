@@ -166,7 +166,9 @@ OWN_SCHEMA: dict[str, Any] = {
 
 
 class VariablesPut(BaseModel):
-    """A device's variable values (name: value) and its own layer (a partial spec, or null)."""
+    """A device's variable values (name: value) and its own layer (a partial spec, or null;
+    left out: the one the plan uses now stays — for a device without stored inputs, its
+    desired document's spec)."""
 
     model_config = ConfigDict(extra="forbid")
     variables: Annotated[dict[str, Any], WithJsonSchema(VARIABLES_SCHEMA)] = {}

@@ -10,6 +10,9 @@ storing inputs changes no desired revision until a plan is published.
 A device without a row has no variables and no own layer; the planner then
 takes its current desired document as its own layer (a device with only its
 own document behaves as before), and publishing writes that row (`adopt`).
+A write that leaves the own layer out (`keep_own`) keeps the one the planner uses:
+the stored one, or for a device without a row its desired document's spec — so
+setting a variable never drops what a device's own document set.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from sqlalchemy.exc import IntegrityError
 from trueup.model.digests import json_digest
 from trueup.model.document import supported_sections
 from trueup.server.service.errors import Conflict, Invalid, Tampered
+from trueup.server.service.planio import own_from
 from trueup.server.service.store import Store
-from trueup.server.tables import device_inputs
+from trueup.server.tables import device_inputs, devices, revisions
 
 __all__ = [
     "MAX_VARIABLES",
@@ -133,6 +137,25 @@ class DeviceInputRecords:
             .one_or_none()
         )
 
+    def _planned_own(self, conn: Connection, device_id: int) -> dict[str, Any] | None:
+        current = self._row(conn, device_id)
+        if current is not None:
+            return json.loads(current["own"]) if current["own"] is not None else None
+        document = (
+            conn.execute(
+                select(revisions.c.document).where(
+                    and_(
+                        revisions.c.device_id == device_id,
+                        revisions.c.device_id == devices.c.id,
+                        revisions.c.version == devices.c.desired_version,
+                    )
+                )
+            )
+            .scalars()
+            .one_or_none()
+        )
+        return own_from(json.loads(document)) if document is not None else None
+
     def has_row(self, conn: Connection, device_id: int) -> bool:
         return self._row(conn, device_id) is not None
 
@@ -170,16 +193,21 @@ class DeviceInputRecords:
         variables: Any,
         own: Any,
         actor: str,
+        keep_own: bool = False,
     ) -> StoredInputs:
-        """Replace the device's variables and own layer if they are at `expected_version`.
+        """Replace the device's variables and own layer if they are at `expected_version`;
+        with `keep_own`, the own layer stays the one the planner uses now (the stored one;
+        without a row, the desired document's spec).
 
         Raises NotFound, Invalid (each problem with its path; nothing stored) or Conflict.
         """
-        problems = inputs_problems(variables, own)
+        problems = inputs_problems(variables, None if keep_own else own)
         if problems:
             raise Invalid(problems)
         with self.store.write() as conn:
             row = self.store.device(conn, tenant_id, device)
+            if keep_own:
+                own = self._planned_own(conn, int(row["id"]))
             return self.write_in(
                 conn,
                 tenant_id=tenant_id,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from trueup.model.document import DocumentError, parse_document
 from trueup.model.layering import (
     ProfileError,
     Selector,
@@ -24,7 +25,7 @@ from trueup.server.service.fleettypes import (
     VariablesChange,
 )
 
-__all__ = ["checked_selector", "plan_json", "proposed_change"]
+__all__ = ["checked_selector", "own_from", "plan_json", "proposed_change"]
 
 
 def checked_selector(text: str) -> Selector | None:
@@ -99,3 +100,18 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         },
         "exit_code": plan.exit_code,
     }
+
+
+def own_from(document: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A desired document's spec as an own layer: what it sets, without the defaults the
+    model filled in (those would override every profile; validation fills them again)."""
+    if document is None:
+        return None
+    try:
+        state = parse_document(dict(document))
+    except DocumentError:
+        spec = document.get("spec")
+        return dict(spec) if isinstance(spec, Mapping) else None
+    body = state.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
+    spec = body.get("spec", {})
+    return dict(spec) if isinstance(spec, Mapping) else {}

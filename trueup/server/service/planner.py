@@ -73,7 +73,7 @@ from trueup.server.service.fleettypes import (
     Target,
     VariablesChange,
 )
-from trueup.server.service.planio import checked_selector
+from trueup.server.service.planio import checked_selector, own_from
 from trueup.server.service.store import Store
 from trueup.server.tables import device_state, devices, revisions
 
@@ -381,7 +381,7 @@ class Planner:
         elif current is not None:
             own = current.own
         else:
-            own = _own_from(device.desired)
+            own = own_from(device.desired)
         device.inputs = _Proposed(variables, own, current.version if current else 0)
 
     @staticmethod
@@ -406,7 +406,7 @@ class Planner:
         stored = device.inputs
         if stored is None and not any(p.selector.matches(device.labels) for p in profiles):
             return None  # only its own document: nothing to render (compatibility)
-        own = stored.own if stored is not None else _own_from(device.desired)
+        own = stored.own if stored is not None else own_from(device.desired)
         variables = stored.variables if stored is not None else {}
         try:
             rendered = renderer.render(
@@ -555,7 +555,7 @@ class Planner:
             .scalars()
             .one_or_none()
         )
-        own = _own_from(json.loads(row)) if row is not None else None
+        own = own_from(json.loads(row)) if row is not None else None
         self.inputs.write_in(
             conn,
             tenant_id=tenant_id,
@@ -576,18 +576,3 @@ class _Proposed:
     variables: dict[str, Any]
     own: dict[str, Any] | None
     version: int
-
-
-def _own_from(document: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """A desired document's spec as an own layer: what it sets, without the defaults the
-    model filled in (those would override every profile; validation fills them again)."""
-    if document is None:
-        return None
-    try:
-        state = parse_document(dict(document))
-    except DocumentError:
-        spec = document.get("spec")
-        return dict(spec) if isinstance(spec, Mapping) else None
-    body = state.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
-    spec = body.get("spec", {})
-    return dict(spec) if isinstance(spec, Mapping) else {}

@@ -152,7 +152,13 @@ def register(app: FastAPI, api: Api) -> None:
     ) -> dict[str, Any]:
         expected = parse_if_match(request.headers.get("if-match"))
         stored = plane.put_device_variables(
-            p.tenant_id, device, expected, variables=body.variables, own=body.own, actor=p.actor
+            p.tenant_id,
+            device,
+            expected,
+            variables=body.variables,
+            own=body.own,
+            actor=p.actor,
+            keep_own="own" not in body.model_fields_set,
         )
         response.headers["ETag"] = f'"{stored.version}"'
         return stored.summary()
