@@ -188,7 +188,10 @@ def test_a_rollout_started_from_the_plan_goes_canary_first_and_its_controls_work
     operator = browser(server, tenant, "operator")
     page = _plan(operator, _edit(1400))
     assert 'id="rollout-form"' in page.text
+    digest = re.search(r'name="plan_digest" value="(sha256:[0-9a-f]{64})"', page.text)
+    assert digest is not None  # the plan shown, which the rollout must still be
     form = {
+        "plan_digest": digest.group(1),
         "csrf": csrf_of(page.text),
         "document": _edit(1400),
         "expected": "1",
@@ -214,10 +217,15 @@ def test_a_rollout_started_from_the_plan_goes_canary_first_and_its_controls_work
     assert selector.status_code == 422 and "canary_selector: " in selector.text
     assert "position" in selector.text
     assert server.plane.profile(tenant_id, "edge-mtu").version == 1  # nothing stored
+    stale = operator.post("/ui/rollouts", data={**form, "plan_digest": "sha256:" + "0" * 64})
+    assert stale.status_code == 409 and "the plan changed since it was shown" in stale.text
+    assert server.plane.rollouts(tenant_id) == []
+    assert server.plane.profile(tenant_id, "edge-mtu").version == 2  # the edit was stored
+    form["expected"] = "2"
     started = operator.post("/ui/rollouts", data=form, follow_redirects=False)
     assert started.status_code == 303, started.text
     rid = int(started.headers["location"].split("/")[-1].split("?")[0])
-    assert server.plane.profile(tenant_id, "edge-mtu").version == 2
+    assert server.plane.profile(tenant_id, "edge-mtu").version == 3
     view = server.plane.rollout(tenant_id, rid)
     assert [w["members"] for w in view["waves"]] == [1, 2, 2]
     assert [m["device"] for m in view["members"] if m["wave"] == 0] == ["edge-00"]
@@ -292,8 +300,25 @@ def test_the_stored_plan_rolls_out_over_the_api_with_its_provenance(
         url, json={**body, "selector": "site in ams"}, headers=tenant.auth("operator")
     )
     assert bad.status_code == 422 and "position" in bad.text
+    shown = server.client.post(
+        "/api/v1/plan", json={"selector": "site=ams"}, headers=tenant.auth("viewer")
+    ).json()
+    # Another operator stores a change after the plan was shown: the rollout of what
+    # nobody saw is refused, nothing started.
+    server.plane.put_profile(tenant_id, "edge-mtu", 2, profile(mtu_default=1300), actor="t")
+    unseen = server.client.post(
+        url,
+        json={**body, "selector": "site=ams", "expect_digest": shown["digest"]},
+        headers=tenant.auth("operator"),
+    )
+    assert unseen.status_code == 409, unseen.text
+    assert "the plan changed since it was shown" in unseen.text
+    assert server.plane.rollouts(tenant_id) == []
+    server.plane.put_profile(tenant_id, "edge-mtu", 3, profile(mtu_default=1400), actor="t")
     started = server.client.post(
-        url, json={**body, "selector": "site=ams"}, headers=tenant.auth("operator")
+        url,
+        json={**body, "selector": "site=ams", "expect_digest": shown["digest"]},
+        headers=tenant.auth("operator"),
     )
     assert started.status_code == 201, started.text
     answer = started.json()

@@ -128,6 +128,14 @@ def start(
     selector: Annotated[
         str, typer.Option("-l", "--selector", help="with --plan: only the devices it selects")
     ] = "",
+    expect_digest: Annotated[
+        str | None,
+        typer.Option(
+            "--expect-digest",
+            help="with --plan: the digest `trueup fleet plan -o json` showed; refused when "
+            "the plan is another one now",
+        ),
+    ] = None,
     canary: Annotated[
         list[str] | None, typer.Option("--canary", help="a device of the first wave (repeat)")
     ] = None,
@@ -204,6 +212,8 @@ def start(
     }
     if from_plan:
         del body["targets"]
+        if expect_digest is not None:
+            body["expect_digest"] = expect_digest
         answer = _call(c, "POST", "/api/v1/plan/rollout", {**body, "selector": selector})
         if output != "table":
             emit(answer, output)

@@ -19,6 +19,7 @@ import yaml
 
 from trueup.server.dashboard.html import esc, short_digest
 from trueup.server.service.fleettypes import Plan
+from trueup.server.service.planio import plan_digest
 
 __all__ = [
     "EXIT_MEANING",
@@ -260,6 +261,7 @@ def _rollout_form(view: PlanView, form: RolloutForm, csrf: str) -> str:
         f"{hidden_field('csrf', csrf)}{hidden_field('document', view.document)}"
         f"{hidden_field('expected', view.expected)}{hidden_field('comment', view.comment)}"
         f"{hidden_field('selector', view.selector)}"
+        f"{hidden_field('plan_digest', plan_digest(view.plan))}"
         "<fieldset><legend>Waves</legend>"
         + field_("canary_devices", "Canary devices", form.canary_devices, "names, comma-separated")
         + field_("canary_selector", "Canary selector", form.canary_selector, "e.g. role=canary")

@@ -35,7 +35,7 @@ from trueup.server.dashboard.fleethtml import plan_page
 from trueup.server.dashboard.html import layout
 from trueup.server.dashboard.rollouthtml import rollout_live, rollout_page, rollouts_page
 from trueup.server.service import Busy, Conflict, Invalid, NotFound, WrongState
-from trueup.server.service.planio import checked_selector
+from trueup.server.service.planio import checked_selector, unseen
 
 __all__ = ["ROLLOUT_STREAM_SECONDS", "register"]
 
@@ -93,6 +93,7 @@ def register(
                     plan = plane.plan(
                         principal.tenant_id, selector=checked_selector(form.get("selector", ""))
                     )
+                    unseen(plan, form.get("plan_digest") or None)
                     started = plane.start_rollout(
                         principal.tenant_id,
                         plan,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from trueup.model.digests import json_digest
 from trueup.model.document import DocumentError, parse_document
 from trueup.model.layering import (
     ProfileError,
@@ -15,7 +16,7 @@ from trueup.model.layering import (
     parse_profile,
     parse_selector,
 )
-from trueup.server.service.errors import Invalid
+from trueup.server.service.errors import Invalid, WrongState
 from trueup.server.service.fleettypes import (
     Change,
     LabelsChange,
@@ -25,7 +26,7 @@ from trueup.server.service.fleettypes import (
     VariablesChange,
 )
 
-__all__ = ["checked_selector", "own_from", "plan_json", "proposed_change"]
+__all__ = ["checked_selector", "own_from", "plan_digest", "plan_json", "proposed_change", "unseen"]
 
 
 def checked_selector(text: str) -> Selector | None:
@@ -75,6 +76,26 @@ def proposed_change(
     raise Invalid([f"change.kind: {kind!r} is not profile, profile-delete, variables or labels"])
 
 
+def plan_digest(plan: Plan) -> str:
+    """What a plan would send, as one digest: each target's device, the version it was
+    planned against and the digest of its new document. A rollout started with
+    `expect_digest` is refused when the plan it would send is no longer the one shown."""
+    return json_digest(sorted([t.device, t.from_version, t.digest] for t in plan.targets))
+
+
+def unseen(plan: Plan, expect_digest: str | None) -> None:
+    """Refuse (WrongState, 409) a plan that is not the one shown (`expect_digest`)."""
+    if expect_digest is None:
+        return
+    now = plan_digest(plan)
+    if now != expect_digest:
+        raise WrongState(
+            f"the plan changed since it was shown (shown {expect_digest}, now {now}: "
+            f"{len(plan.targets)} devices would change); nothing was started: plan again "
+            "and roll out the plan you see"
+        )
+
+
 def plan_json(plan: Plan) -> dict[str, Any]:
     """The plan as the API answers it (and `trueup fleet plan -o json` prints it)."""
     return {
@@ -99,6 +120,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
             "unchanged": plan.unchanged,
         },
         "exit_code": plan.exit_code,
+        "digest": plan_digest(plan),
     }
 
 

@@ -29,7 +29,7 @@ from trueup.server.inputs import Comment, DeviceName
 from trueup.server.limits import MAX_VERSION
 from trueup.server.service import Invalid, Principal
 from trueup.server.service.fleettypes import Plan, Refusal, Target
-from trueup.server.service.planio import checked_selector, plan_json
+from trueup.server.service.planio import checked_selector, plan_json, unseen
 
 __all__ = ["PlanRollout", "RolloutAction", "RolloutCreate", "RolloutSpec", "register"]
 
@@ -82,6 +82,11 @@ class RolloutCreate(RolloutSpec):
 class PlanRollout(RolloutSpec):
     selector: Annotated[str, Field(max_length=1000)] = Field(
         "", description='only the devices whose labels this selector matches ("": every one)'
+    )
+    expect_digest: Annotated[str, Field(pattern=r"^sha256:[0-9a-f]{64}$")] | None = Field(
+        None,
+        description="the `digest` of the plan shown (`POST /api/v1/plan`): refused (409) when "
+        "the plan the rollout would send is another one",
     )
 
 
@@ -193,6 +198,7 @@ def register(app: FastAPI, api: Api) -> None:
 
         def start() -> dict[str, Any]:
             plan = plane.plan(p.tenant_id, selector=checked_selector(body.selector))
+            unseen(plan, body.expect_digest)
             answer: dict[str, Any] = {"plan": plan_json(plan), "rollout": None}
             if plan.targets:
                 answer["rollout"] = _start(p, plan, body)
