@@ -14,6 +14,7 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -41,7 +42,14 @@ def _sometimes(value: Any) -> bool:
     return zlib.crc32(repr(value).encode()) % 2 == 0
 
 
+@pytest.mark.parametrize("server", ["sqlite"], indirect=True)
 def test_no_input_gets_a_server_error_or_an_undocumented_answer(server: Server) -> None:
+    """On SQLite; tests/server/test_fuzz_postgres.py runs the same on PostgreSQL (a file
+    of its own, so the two run side by side)."""
+    fuzz_every_operation(server)
+
+
+def fuzz_every_operation(server: Server) -> None:
     tenant = server.tenant("fuzz", devices=("edge-01",))
     tenant_id = server.plane.tenant_id(tenant.name)
     admin_token_id = next(

@@ -35,8 +35,33 @@ _PROBLEMS: dict[str, Any] = {
 }
 
 
+_REFUSED_NOW = {
+    "type": "object",
+    "required": ["detail"],
+    "properties": {
+        "detail": {"type": "string"},
+        "reason": {"type": "string"},
+        "devices": {"type": "array", "items": {"type": "string"}},
+        "rollout": {"type": "integer"},
+        "rollout_state": {"type": "string"},
+    },
+}
+
+
+_REFUSED_NOW_TEXT = (
+    "refused in the current state, nothing changed: a stale version, devices a rollout "
+    "holds, an action the rollout's state does not take, or a plan that changed since it "
+    "was shown (`detail` says which)"
+)
+
+
 def _conflict(kind: str) -> dict[str, Any]:
-    """The 409 body naming the device (or the profile) whose version was stale."""
+    """The 409 body naming the device (or the profile) whose version was stale; for
+    `kind` "state", any refusal of what the current state does not allow: a stale
+    version, devices a rollout holds, an action the rollout's state does not take, a
+    plan that changed since it was shown (`detail` says which)."""
+    if kind == "state":
+        return _REFUSED_NOW
     return {
         "type": "object",
         "required": ["reason", "detail", kind, "expected_version", "current_version", "action"],
@@ -74,7 +99,9 @@ def answers(
     common = _EVERY_ROUTE if token else ()
     return {
         code: {
-            "description": _ANSWERS[code][0],
+            "description": _REFUSED_NOW_TEXT
+            if code == 409 and conflict == "state"
+            else _ANSWERS[code][0],
             "content": {
                 "application/json": {
                     "schema": _conflict(conflict) if code == 409 else _ANSWERS[code][1]

@@ -158,7 +158,7 @@ def register(app: FastAPI, api: Api) -> None:
         "/api/v1/rollouts",
         status_code=201,
         openapi_extra=role("operator", max_body=ROLLOUT_BODY_BYTES),
-        responses=answers(404, 409),
+        responses=answers(404, 409, conflict="state"),
     )
     async def start_rollout(body: RolloutCreate, p: Principal = operator) -> dict[str, Any]:
         return await run_in_threadpool(lambda: _start(p, _plan(api, p.tenant_id, body), body))
@@ -185,7 +185,7 @@ def register(app: FastAPI, api: Api) -> None:
         status_code=201,
         openapi_extra=role("operator"),
         responses={
-            **answers(404, 409),
+            **answers(404, 409, conflict="state"),
             200: {"description": "The plan changes no device: no rollout was started."},
         },
     )
@@ -220,7 +220,7 @@ def register(app: FastAPI, api: Api) -> None:
     @app.post(
         "/api/v1/rollouts/{rollout_id}/pause",
         openapi_extra=role("operator"),
-        responses=answers(404, 409),
+        responses=answers(404, 409, conflict="state"),
     )
     def pause(rollout_id: TOKEN_ID, body: RolloutAction, p: Principal = operator) -> dict[str, Any]:
         return dict(plane.pause_rollout(p.tenant_id, rollout_id, actor=p.actor, reason=body.reason))
@@ -228,7 +228,7 @@ def register(app: FastAPI, api: Api) -> None:
     @app.post(
         "/api/v1/rollouts/{rollout_id}/resume",
         openapi_extra=role("operator"),
-        responses=answers(404, 409),
+        responses=answers(404, 409, conflict="state"),
     )
     def resume(
         rollout_id: TOKEN_ID, body: RolloutAction, p: Principal = operator
@@ -238,7 +238,7 @@ def register(app: FastAPI, api: Api) -> None:
     @app.post(
         "/api/v1/rollouts/{rollout_id}/approve",
         openapi_extra=role("operator"),
-        responses=answers(404, 409),
+        responses=answers(404, 409, conflict="state"),
     )
     def approve(
         rollout_id: TOKEN_ID, body: RolloutAction, p: Principal = operator
@@ -248,7 +248,7 @@ def register(app: FastAPI, api: Api) -> None:
     @app.post(
         "/api/v1/rollouts/{rollout_id}/abort",
         openapi_extra=role("operator"),
-        responses=answers(404, 409),
+        responses=answers(404, 409, conflict="state"),
     )
     def abort(rollout_id: TOKEN_ID, body: RolloutAction, p: Principal = operator) -> dict[str, Any]:
         return dict(plane.abort_rollout(p.tenant_id, rollout_id, actor=p.actor, reason=body.reason))
