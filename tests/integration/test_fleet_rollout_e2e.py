@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -400,7 +401,8 @@ def test_a_profile_rolled_out_in_waves_then_a_bad_canary_stops_it(fleet: Fleet) 
         "--token-file", str(fleet.token_file),
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr
-    assert f"{bad['id']}   paused" in shown.stdout and f"{CANARY}  0  reverted" in shown.stdout
+    assert re.search(rf"^rollout:\s+{bad['id']}\s+paused", shown.stdout, re.M), shown.stdout
+    assert re.search(rf"^{CANARY}\s+0\s+reverted\s", shown.stdout, re.M), shown.stdout
     by_name = {m["device"]: m for m in paused["members"]}
     assert by_name[CANARY]["state"] == "reverted", by_name[CANARY]
     assert "rolled version 3 back by itself" in by_name[CANARY]["reason"]

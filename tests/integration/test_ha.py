@@ -355,7 +355,7 @@ def test_a_killed_keepalived_parent_is_replaced_by_exactly_one_instance(
     # The parent alone is killed: its VRRP child keeps running, in the parent's session.
     os.kill(parent, signal.SIGKILL)
     router.wait_for(
-        lambda: len(keepalived_pids(router)) == 2 and keepalived_pids(router)[0] != parent,
+        lambda: (lambda pids: len(pids) == 2 and pids[0] != parent)(keepalived_pids(router)),
         what="a new keepalived with its VRRP child",
     )
     assert not _alive(child), "the new keepalived started beside the old VRRP child"
