@@ -188,7 +188,10 @@ def test_a_good_window_is_confirmed_and_a_bad_one_rolls_back_by_itself(
     record = status["confirmation"]
     # Rolled back when its own window passed, not before.
     assert record["deadline"] == pytest.approx(pending["deadline"])
-    assert "still waiting for: the control plane reached after the apply" in record["reason"]
+    # Both what it can see (the control plane not reached) and what it cannot (the API
+    # from outside: left to an operator, who never came).
+    assert "still waiting for: an operator's `trueup confirm`: " in record["reason"]
+    assert "the control plane reached after the apply" in record["reason"]
     assert f"dport {PORT} drop" not in router.run("nft", "list", "table", "inet", "trueup").stdout
 
     # Management answers a client again, and the control plane hears about it.

@@ -238,3 +238,61 @@ def test_a_pending_confirmation_shows_the_same_until_what_it_waits_for_changes(r
     assert rig.loop.view().operator_digest() == first  # no report asked for by the clock alone
     rig.loop.note_confirmation_waiting(2, "management ready (missing 198.51.100.2/24)")
     assert rig.loop.view().operator_digest() != first
+
+
+def test_a_firewall_that_drops_the_api_is_never_confirmed_by_the_agent_itself(
+    tmp_path: Path,
+) -> None:
+    # Management stays ready (the listener serves) and the control plane stays reached:
+    # only a client elsewhere would see the API cut off. The agent leaves it to an
+    # operator, so unconfirmed it rolls back at its deadline.
+    from tests.unit.test_firewall import CANONICAL, SAFE, _firewall
+    from trueup.reconcile.transaction import Engine
+    from trueup.subsystems.firewall import FirewallSubsystem
+    from trueup.subsystems.registry import default_subsystems
+    from trueup.system.fake import FakeNftables
+
+    rig = Rig(tmp_path)
+    nft = FakeNftables()
+    nft.canonical.update(CANONICAL)
+    subsystems = [
+        FirewallSubsystem(nft) if s.name == "firewall" else s for s in default_subsystems()
+    ]
+    rig.engine = Engine(rig.state, subsystems, netlink_factory=lambda: rig.net, nft=nft)
+    rig.loop = rig.new_loop()
+    first = parse_document(base_document(routes=[], firewall=SAFE)).with_version(1)
+    assert rig.loop.apply(first, actor="control-plane", origin="control-plane")["ok"]
+    dropping = _firewall("tcp dport 7443 drop", *SAFE["chains"][0]["rules"], policy="accept")
+    second = parse_document(base_document(routes=[], firewall=dropping)).with_version(2)
+    pulled = rig.loop.apply(
+        second, actor="control-plane", origin="control-plane", confirm_within=30
+    )
+    assert pulled["ok"] and pulled["pending_confirmation"]["version"] == 2
+
+    contact = Contact()
+    contact.at = rig.clock() + 1  # the control plane answers after the apply
+    confirmer = _confirmer(rig, contact)
+    rig.clock.advance(2)
+    waiting = confirmer.check()
+    assert waiting is not None and waiting.startswith("an operator's `trueup confirm`: ")
+    assert "spec.firewall.chains[input].rules[0] drops new connections" in waiting
+    assert "management ready" not in waiting and "control plane reached" not in waiting
+    assert read_pending(rig.state) is not None  # not confirmed
+    rig.clock.advance(30)
+    rig.loop.run_pass()
+    assert rig.state.applied()["origin"] == "confirm-timeout"
+    outcome = read_outcome(rig.state)
+    assert outcome is not None and outcome["state"] == "rolled-back"
+    assert "an operator's `trueup confirm`" in outcome["reason"]
+
+    # A firewall that keeps the API reachable is confirmed by the agent as before.
+    ssh = _firewall(*SAFE["chains"][0]["rules"], "tcp dport 22 accept")
+    kept = parse_document(base_document(routes=[], firewall=ssh)).with_version(9)
+    assert rig.loop.apply(kept, actor="control-plane", origin="control-plane", confirm_within=30)[
+        "ok"
+    ]
+    contact.at = rig.clock() + 1
+    rig.clock.advance(2)
+    assert confirmer.check() is None
+    confirmed = read_outcome(rig.state)
+    assert confirmed is not None and confirmed["state"] == "confirmed"

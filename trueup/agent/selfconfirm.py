@@ -14,7 +14,14 @@ confirms the pending version only when all of these hold:
    the API listener serving (`Agent.management_health`, what
    `/v1/health/management` answers);
 3. the control plane was reached again: a request the control plane
-   answered (a report, a pull) was sent after the apply.
+   answered (a report, a pull) was sent after the apply;
+4. no subsystem found, before the apply, that the revision may cut the API
+   off from outside (`Subsystem.management_risks`: a firewall that drops new
+   connections to the API port). The agent's own health cannot see that —
+   the listener still serves and the control plane is still reached — so
+   such a revision waits for an operator's `trueup confirm` and otherwise
+   rolls back at its deadline: in a rollout, the canary fails and the
+   rollout stops there.
 
 Until then it records what it waits for (the pending confirmation's reason in
 status and in the report) and asks for a report, so the round trip is tried
@@ -69,6 +76,13 @@ class SelfConfirm:
     def waiting_for(self, pending: dict[str, Any]) -> list[str]:
         """What the confirmation of `pending` still waits for; [] when its health holds."""
         missing: list[str] = []
+        unverifiable = [str(r) for r in pending.get("unverifiable") or []]
+        if unverifiable:
+            missing.append(
+                "an operator's `trueup confirm`: "
+                + "; ".join(unverifiable)
+                + " (from inside, the agent cannot see whether its API still answers)"
+            )
         if not pending.get("verified"):
             missing.append("a verified apply (it did not commit every subsystem)")
         health = self.management()

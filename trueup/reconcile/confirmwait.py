@@ -19,6 +19,11 @@ A write with `--confirm-within SECONDS`:
 
 All of it runs under the loop's lock; `on_converged` tells the loop that what
 is applied changed (breakers, flaps and drift records start over).
+
+Why this module is over 400 lines: the pending record's whole life — armed
+before the write, settled after it, adopted after a crash, confirmed, rolled
+back at its deadline — is one state machine under one lock, and each step
+reads what the others wrote.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import Any
 from trueup.journal.confirm import clear_pending, read_outcome, read_pending, write_pending
 from trueup.journal.state import StateDir
 from trueup.reconcile.confirm import decide, outcome, record_outcome, roll_back_unconfirmed
+from trueup.reconcile.guard import subsystem_risks
 from trueup.reconcile.transaction import ApplyResult, Change, Engine, NeedsConfirmation, Refused
 from trueup.system.events import iso_time
 
@@ -314,6 +320,18 @@ class ConfirmWait:
             # A control-plane revision: confirmed by the agent's own health, not an operator.
             "self_confirm": change.origin == "control-plane",
         }
+        if pending["self_confirm"]:
+            # What the agent's own health cannot see: a firewall that drops new
+            # connections to its API still leaves the listener serving and the
+            # control plane reachable. Such a revision waits for an operator.
+            risks = subsystem_risks(
+                self.engine.subsystems,
+                self.engine.applied_document(),
+                change.document,
+                self.engine.api_port,
+            )
+            if risks:
+                pending["unverifiable"] = risks
         write_pending(self.state, pending)  # before the apply: a crash mid-way still rolls back
         self.pending = pending
         return pending
