@@ -8,7 +8,7 @@ import ssl
 
 import httpx
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from trueup.server.service.errors import Invalid
@@ -174,6 +174,7 @@ def test_any_url_is_accepted_or_refused_with_a_field_never_an_error(text: str, s
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.text(max_size=40), max_size=5))
+@example(["¹"])
 def test_any_allowlist_is_parsed_or_refused_per_entry(entries: list[str]) -> None:
     try:
         parsed = Allowlist.parse(entries)
@@ -196,3 +197,11 @@ def test_an_allowlist_cannot_name_ipv4_through_its_ipv6_forms(entry: str) -> Non
         "::1/128",
         "::ffff:a14:0/112",
     ]
+
+
+@pytest.mark.parametrize("entry", ["¹", "\uff11\uff12\uff17.\uff10.\uff10.\uff11", "0x7f.1"])
+def test_a_host_name_that_normalises_to_an_address_is_refused(entry: str) -> None:
+    """IDNA maps '¹' to '1' and full-width digits to ASCII: the resolver reads an address."""
+    with pytest.raises(Invalid) as refused:
+        Allowlist.parse([entry])
+    assert "entries[0]" in refused.value.problems[0]

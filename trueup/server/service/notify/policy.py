@@ -209,6 +209,14 @@ class Allowlist:
             except (ValueError, idna.IDNAError):
                 problems.append(f"{where}: {entry!r} is not a network (CIDR) or host name")
                 continue
+            if inet_aton(name) is not None or ":" in name:
+                # '¹' normalises to '1', which resolvers read as 0.0.0.1: a name that
+                # spells an address would be permitted by name but is an address.
+                problems.append(
+                    f"{where}: {entry!r} reads as the address {name} once normalised; "
+                    "write the network (CIDR) itself"
+                )
+                continue
             if name not in names:
                 names.append(name)
         if problems:
