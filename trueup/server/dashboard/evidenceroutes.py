@@ -23,6 +23,7 @@ from trueup.server.dashboard.devicedata import evidence_parts
 from trueup.server.dashboard.evidence import build_bundle
 from trueup.server.inputs import IDENTIFIER
 from trueup.server.service import ControlPlane
+from trueup.server.service.evidence import EvidenceSummary
 
 __all__ = ["register"]
 
@@ -85,7 +86,7 @@ def register(
             # Parsed here, not by FastAPI: a refusal is the dashboard's page, naming the field.
             bundle_id = IDENTIFIER.parse("evidence id", evidence_id)
 
-            def find() -> dict[str, Any]:
+            def find() -> EvidenceSummary:
                 found = plane.evidence_bundle(principal.tenant_id, device, bundle_id)
                 plane.audit_evidence_download(
                     principal.tenant_id, device, bundle_id, principal.actor
