@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from trueup.model.jsontypes import JSONObject
 from trueup.server.api.routes.evidence import evidence_response
 from trueup.server.dashboard import data
 from trueup.server.dashboard.devicedata import evidence_parts
@@ -36,7 +37,7 @@ def register(
     posted: Callable[..., Any],
     guarded: Callable[[Request, str, Any], Awaitable[Response]],
     device_page: Callable[..., Any],
-    session_role: dict[str, Any],
+    session_role: JSONObject,
     headers: dict[str, str],
 ) -> None:
     @app.get("/ui/devices/{device}/evidence", include_in_schema=False, openapi_extra=session_role)
