@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from sqlalchemy import Column, Connection, Table, and_, delete, func, select
+from sqlalchemy import Column, Connection, RowMapping, Table, and_, delete, func, select
 
 from trueup.model.jsontypes import JSONObject
 from trueup.server.limits import BACKUP_CHUNK_BYTES
@@ -308,7 +308,7 @@ class Blobs:
         ).mappings()
         return [self._blob(device, r) for r in rows]
 
-    def _blob(self, device: str, row: Any) -> Blob:
+    def _blob(self, device: str, row: RowMapping) -> Blob:
         return Blob(
             id=int(row["id"]),
             device_id=int(row["device_id"]),

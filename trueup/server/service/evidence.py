@@ -37,6 +37,7 @@ __all__ = [
     "EvidenceRequest",
     "EvidenceStored",
     "EvidenceSummary",
+    "ListedRequest",
     "PendingRequest",
 ]
 
@@ -69,6 +70,8 @@ class PendingRequest(TypedDict):
 
 
 class ListedRequest(PendingRequest):
+    """A pending request as listed: who asked."""
+
     requested_by: str
 
 
