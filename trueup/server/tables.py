@@ -266,6 +266,8 @@ audit_head = Table(
 # (the newest `backup_keep`). The content is in `backup_chunks`, one row per
 # BACKUP_CHUNK_BYTES, so no single value comes near PostgreSQL's limits and neither
 # upload nor download holds a whole archive in memory (docs/control-plane.md, Backups).
+# Backups and evidence bundles are one chunked blob store (service/blobs.py), each
+# kind in tables of its own: their ids are in the audit log and the API's paths.
 backups = Table(
     "backups",
     metadata,

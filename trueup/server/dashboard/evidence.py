@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import tarfile
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -31,12 +32,12 @@ MISSING = {
 }
 
 
-def _encode(value: Any) -> bytes:
+def _encode(value: object) -> bytes:
     return (json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
 
 
-def build_bundle(device: str, parts: dict[str, Any], now: float) -> bytes:
-    """The .tar.gz bytes: `<part>.json` for each part, then manifest.json."""
+def build_bundle(device: str, parts: Mapping[str, object], now: float) -> bytes:
+    """The .tar.gz bytes: `<part>.json` for each part (any JSON value), then manifest.json."""
     files = {f"{name}.json": _encode(value) for name, value in parts.items()}
     manifest = {
         "format": FORMAT,

@@ -17,12 +17,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from trueup.model.jsontypes import JSONObject
 from trueup.server.api.routes.evidence import evidence_response
 from trueup.server.dashboard import data
 from trueup.server.dashboard.devicedata import evidence_parts
 from trueup.server.dashboard.evidence import build_bundle
 from trueup.server.inputs import IDENTIFIER
 from trueup.server.service import ControlPlane
+from trueup.server.service.evidence import EvidenceSummary
 
 __all__ = ["register"]
 
@@ -35,7 +37,7 @@ def register(
     posted: Callable[..., Any],
     guarded: Callable[[Request, str, Any], Awaitable[Response]],
     device_page: Callable[..., Any],
-    session_role: dict[str, Any],
+    session_role: JSONObject,
     headers: dict[str, str],
 ) -> None:
     @app.get("/ui/devices/{device}/evidence", include_in_schema=False, openapi_extra=session_role)
@@ -85,7 +87,7 @@ def register(
             # Parsed here, not by FastAPI: a refusal is the dashboard's page, naming the field.
             bundle_id = IDENTIFIER.parse("evidence id", evidence_id)
 
-            def find() -> dict[str, Any]:
+            def find() -> EvidenceSummary:
                 found = plane.evidence_bundle(principal.tenant_id, device, bundle_id)
                 plane.audit_evidence_download(
                     principal.tenant_id, device, bundle_id, principal.actor

@@ -16,6 +16,7 @@ One unit per job, each over the shared `Store`; `ControlPlane` composes them::
     fleetview.py    Fleet: derived fleet state, reports, drift history, acknowledgements
     labels.py       DeviceLabels: a device's labels (audited), the devices a selector matches
     labelrows.py    the label rows, read and written inside a caller's transaction (shared)
+    blobs.py        Blobs: the chunked blob store backups and evidence share (shared)
     backups.py      DeviceBackups: archives agents upload, per-device retention, downloads
     evidence.py     DeviceEvidence: evidence bundles agents upload, operator requests
     audittrail.py   AuditTrail: list a tenant's entries, verify the chain

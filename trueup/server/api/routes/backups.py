@@ -3,29 +3,28 @@
 `POST /api/v1/agent/backups` takes the archive as the raw body
 (`application/octet-stream`), its sha256 in `X-Trueup-Backup-Sha256` and the
 optional metadata as a JSON object in `X-Trueup-Backup-Metadata`. The body is
-streamed to an unlinked 0600 spool file beside the server key while it is
-hashed (memory stays flat whatever the size), compared with the header (422,
-nothing stored, on a mismatch), and only then stored in one transaction
-(service/backups.py). The route's body limit is `Settings.backup_max_bytes`.
+spooled and hashed, compared with the header (422, nothing stored, on a
+mismatch), and only then stored in one transaction (api/blobs.py,
+service/backups.py). The route's body limit is `Settings.backup_max_bytes`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import tempfile
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import FastAPI, Header, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
-from starlette.concurrency import run_in_threadpool
 
+from trueup.model.jsontypes import JSONObject
+from trueup.server.api.blobs import BINARY, SHA256_PATTERN, download, receive_upload, upload_extra
 from trueup.server.api.context import Api, problems, role
 from trueup.server.api.models import BackupMetadata
 from trueup.server.api.responses import DEVICE, answers
 from trueup.server.inputs import IdPath
-from trueup.server.limits import BACKUP_CHUNK_BYTES, BACKUP_METADATA_LENGTH
+from trueup.server.limits import BACKUP_METADATA_LENGTH
 from trueup.server.service import Invalid, Principal
+from trueup.server.service.backups import BackupSummary
 
 __all__ = ["SHA256_HEADER", "register"]
 
@@ -33,9 +32,24 @@ SHA256_HEADER = "X-Trueup-Backup-Sha256"
 METADATA_HEADER = "X-Trueup-Backup-Metadata"
 
 BACKUP_ID = IdPath
-_SHA256 = r"^[0-9a-f]{64}$"
-_BINARY: dict[str, Any] = {"type": "string", "format": "binary"}
-_SUMMARY: dict[str, Any] = {
+Sha256 = Annotated[
+    str,
+    Header(
+        alias=SHA256_HEADER,
+        pattern=SHA256_PATTERN,
+        description="the body's sha256, 64 lowercase hex digits",
+    ),
+]
+Metadata = Annotated[
+    str | None,
+    Header(
+        alias=METADATA_HEADER,
+        max_length=BACKUP_METADATA_LENGTH,
+        description="JSON: format_version, created_at, agent_version, "
+        "applied_revision, with_leases (all optional)",
+    ),
+]
+_SUMMARY: JSONObject = {
     "type": "object",
     "required": ["id", "device", "uploaded_at", "size", "sha256", "metadata"],
     "properties": {
@@ -50,7 +64,7 @@ _SUMMARY: dict[str, Any] = {
 }
 
 
-def _metadata(raw: str | None) -> dict[str, Any]:
+def _metadata(raw: str | None) -> JSONObject:
     if raw is None:
         return {}
     try:
@@ -68,73 +82,31 @@ def register(app: FastAPI, api: Api) -> None:
     @app.post(
         "/api/v1/agent/backups",
         status_code=201,
-        openapi_extra={
-            **role("device", max_body=api.backup_max_bytes),
-            "requestBody": {
-                "required": True,
-                "content": {"application/octet-stream": {"schema": _BINARY}},
-            },
-        },
+        openapi_extra=upload_extra(api.backup_max_bytes),
         responses={201: {"content": {"application/json": {"schema": _SUMMARY}}}, **answers()},
     )
     async def agent_backup_upload(
-        request: Request,
-        sha256: Annotated[
-            str,
-            Header(
-                alias=SHA256_HEADER,
-                pattern=_SHA256,
-                description="the body's sha256, 64 lowercase hex digits",
-            ),
-        ],
-        metadata: Annotated[
-            str | None,
-            Header(
-                alias=METADATA_HEADER,
-                max_length=BACKUP_METADATA_LENGTH,
-                description="JSON: format_version, created_at, agent_version, "
-                "applied_revision, with_leases (all optional)",
-            ),
-        ] = None,
-        p: Principal = api.device,
+        request: Request, sha256: Sha256, metadata: Metadata = None, p: Principal = api.device
     ) -> JSONResponse:
         assert p.device_id is not None
-        meta = _metadata(metadata)
-        with tempfile.TemporaryFile(dir=api.spool_dir) as spool:
-            digest, pending = hashlib.sha256(), bytearray()
-            async for chunk in request.stream():  # the edge cuts it off past the limit
-                digest.update(chunk)
-                pending += chunk
-                if len(pending) >= BACKUP_CHUNK_BYTES:
-                    await run_in_threadpool(spool.write, bytes(pending))
-                    pending.clear()
-            await run_in_threadpool(spool.write, bytes(pending))
-            if digest.hexdigest() != sha256:
-                raise Invalid(
-                    [
-                        f"header.{SHA256_HEADER}: the body's sha256 is {digest.hexdigest()}, "
-                        f"not {sha256}; nothing was stored"
-                    ]
-                )
-            spool.seek(0)
-            stored = await run_in_threadpool(
-                lambda: plane.store_backup(
-                    p.tenant_id,
-                    p.device_id or 0,
-                    spool,
-                    sha256=sha256,
-                    metadata=meta,
-                    actor=p.actor,
-                )
-            )
-        return JSONResponse(stored, status_code=201)
+        device_id, meta = p.device_id, _metadata(metadata)
+        return await receive_upload(
+            request,
+            sha256=sha256,
+            sha256_header=SHA256_HEADER,
+            spool_dir=api.spool_dir,
+            store=lambda spool: plane.store_backup(
+                p.tenant_id, device_id, spool, sha256=sha256, metadata=meta, actor=p.actor
+            ),
+        )
 
     @app.get(
         "/api/v1/devices/{device}/backups",
         openapi_extra=role("viewer"),
+        response_model=JSONObject,  # documented as a JSON object, as it always was
         responses=answers(404),
     )
-    def list_backups(device: DEVICE, p: Principal = api.viewer) -> dict[str, Any]:
+    def list_backups(device: DEVICE, p: Principal = api.viewer) -> dict[str, list[BackupSummary]]:
         return {"backups": plane.backups(p.tenant_id, device)}
 
     @app.get(
@@ -144,8 +116,10 @@ def register(app: FastAPI, api: Api) -> None:
         responses={
             200: {
                 "description": "the archive, byte for byte; its sha256 in X-Trueup-Backup-Sha256",
-                "content": {"application/octet-stream": {"schema": _BINARY}},
-                "headers": {SHA256_HEADER: {"schema": {"type": "string", "pattern": _SHA256}}},
+                "content": {"application/octet-stream": {"schema": BINARY}},
+                "headers": {
+                    SHA256_HEADER: {"schema": {"type": "string", "pattern": SHA256_PATTERN}}
+                },
             },
             **answers(404),
         },
@@ -154,14 +128,13 @@ def register(app: FastAPI, api: Api) -> None:
         device: DEVICE, backup_id: BACKUP_ID, p: Principal = api.operator
     ) -> StreamingResponse:
         found = plane.backup(p.tenant_id, device, backup_id)
-        return StreamingResponse(
+        return download(
             plane.backup_content(backup_id),
             media_type="application/octet-stream",
-            headers={
-                SHA256_HEADER: found["sha256"],
-                "Content-Length": str(found["size"]),
-                "Content-Disposition": f'attachment; filename="{device}-{backup_id}.trueup-backup"',
-            },
+            sha256_header=SHA256_HEADER,
+            sha256=found["sha256"],
+            size=found["size"],
+            filename=f"{device}-{backup_id}.trueup-backup",
         )
 
     @app.delete(

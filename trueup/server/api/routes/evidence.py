@@ -3,39 +3,55 @@
 `POST /api/v1/agent/evidence` takes the bundle (`trueup evidence`'s tar.gz) as
 the raw body, its sha256 in `X-Trueup-Evidence-Sha256` and optional JSON
 metadata in `X-Trueup-Evidence-Metadata`; it is spooled and hashed like a
-backup upload (routes/backups.py) and limited by `Settings.evidence_max_bytes`
+backup upload (api/blobs.py) and limited by `Settings.evidence_max_bytes`
 at the edge. `GET /api/v1/agent/evidence-request` tells the agent whether an
 operator asked for a fresh bundle (`POST /api/v1/devices/{device}/evidence-requests`).
+Every download is audited (`evidence.download`) and serves only the audited bundle.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import tempfile
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.concurrency import run_in_threadpool
 
+from trueup.model.jsontypes import JSONObject
+from trueup.server.api.blobs import BINARY, SHA256_PATTERN, download, receive_upload, upload_extra
 from trueup.server.api.context import Api, role
 from trueup.server.api.responses import DEVICE, answers
 from trueup.server.inputs import IdPath
-from trueup.server.limits import BACKUP_CHUNK_BYTES, BACKUP_METADATA_LENGTH
-from trueup.server.service import Invalid, Principal
+from trueup.server.limits import BACKUP_METADATA_LENGTH
+from trueup.server.service import ControlPlane, Invalid, Principal
+from trueup.server.service.evidence import (
+    EvidenceListing,
+    EvidenceRequest,
+    EvidenceSummary,
+    PendingRequest,
+)
 
-__all__ = ["SHA256_HEADER", "register"]
+__all__ = ["SHA256_HEADER", "evidence_response", "register"]
 
 SHA256_HEADER = "X-Trueup-Evidence-Sha256"
 METADATA_HEADER = "X-Trueup-Evidence-Metadata"
 
 EVIDENCE_ID = IdPath
-_SHA256 = r"^[0-9a-f]{64}$"
-_BINARY: dict[str, Any] = {"type": "string", "format": "binary"}
+Sha256 = Annotated[
+    str, Header(alias=SHA256_HEADER, pattern=SHA256_PATTERN, description="the body's sha256")
+]
+Metadata = Annotated[
+    str | None,
+    Header(
+        alias=METADATA_HEADER,
+        max_length=BACKUP_METADATA_LENGTH,
+        description="JSON object: source, agent_version, request_id (all optional)",
+    ),
+]
 
 
-def _metadata(raw: str | None) -> dict[str, Any]:
+def _metadata(raw: str | None) -> JSONObject:
+    """The uploader's metadata: any JSON object (the bundle speaks for itself)."""
     if raw is None:
         return {}
     try:
@@ -53,64 +69,31 @@ def register(app: FastAPI, api: Api) -> None:
     @app.post(
         "/api/v1/agent/evidence",
         status_code=201,
-        openapi_extra={
-            **role("device", max_body=api.evidence_max_bytes),
-            "requestBody": {
-                "required": True,
-                "content": {"application/octet-stream": {"schema": _BINARY}},
-            },
-        },
+        openapi_extra=upload_extra(api.evidence_max_bytes),
         responses=answers(),
     )
     async def agent_evidence_upload(
-        request: Request,
-        sha256: Annotated[
-            str,
-            Header(alias=SHA256_HEADER, pattern=_SHA256, description="the body's sha256"),
-        ],
-        metadata: Annotated[
-            str | None,
-            Header(
-                alias=METADATA_HEADER,
-                max_length=BACKUP_METADATA_LENGTH,
-                description="JSON object: source, agent_version, request_id (all optional)",
-            ),
-        ] = None,
-        p: Principal = api.device,
+        request: Request, sha256: Sha256, metadata: Metadata = None, p: Principal = api.device
     ) -> JSONResponse:
         assert p.device_id is not None
-        meta = _metadata(metadata)
-        with tempfile.TemporaryFile(dir=api.spool_dir) as spool:
-            digest, pending = hashlib.sha256(), bytearray()
-            async for chunk in request.stream():  # the edge cuts it off past the limit
-                digest.update(chunk)
-                pending += chunk
-                if len(pending) >= BACKUP_CHUNK_BYTES:
-                    await run_in_threadpool(spool.write, bytes(pending))
-                    pending.clear()
-            await run_in_threadpool(spool.write, bytes(pending))
-            if digest.hexdigest() != sha256:
-                raise Invalid(
-                    [
-                        f"header.{SHA256_HEADER}: the body's sha256 is {digest.hexdigest()}, "
-                        f"not {sha256}; nothing was stored"
-                    ]
-                )
-            spool.seek(0)
-            stored = await run_in_threadpool(
-                lambda: plane.store_evidence(
-                    p.tenant_id,
-                    p.device_id or 0,
-                    spool,
-                    sha256=sha256,
-                    metadata=meta,
-                    actor=p.actor,
-                )
-            )
-        return JSONResponse(stored, status_code=201)
+        device_id, meta = p.device_id, _metadata(metadata)
+        return await receive_upload(
+            request,
+            sha256=sha256,
+            sha256_header=SHA256_HEADER,
+            spool_dir=api.spool_dir,
+            store=lambda spool: plane.store_evidence(
+                p.tenant_id, device_id, spool, sha256=sha256, metadata=meta, actor=p.actor
+            ),
+        )
 
-    @app.get("/api/v1/agent/evidence-request", openapi_extra=role("device"), responses=answers())
-    def agent_evidence_request(p: Principal = api.device) -> dict[str, Any]:
+    @app.get(
+        "/api/v1/agent/evidence-request",
+        openapi_extra=role("device"),
+        response_model=JSONObject,  # documented as a JSON object, as it always was
+        responses=answers(),
+    )
+    def agent_evidence_request(p: Principal = api.device) -> dict[str, PendingRequest | None]:
         assert p.device_id is not None
         return {"pending": plane.pending_evidence_request(p.device_id)}
 
@@ -118,15 +101,19 @@ def register(app: FastAPI, api: Api) -> None:
         "/api/v1/devices/{device}/evidence-requests",
         status_code=201,
         openapi_extra=role("operator"),
+        response_model=JSONObject,
         responses=answers(404),
     )
-    def request_evidence(device: DEVICE, p: Principal = api.operator) -> dict[str, Any]:
+    def request_evidence(device: DEVICE, p: Principal = api.operator) -> EvidenceRequest:
         return plane.request_evidence(p.tenant_id, device, p.actor)
 
     @app.get(
-        "/api/v1/devices/{device}/evidence", openapi_extra=role("viewer"), responses=answers(404)
+        "/api/v1/devices/{device}/evidence",
+        openapi_extra=role("viewer"),
+        response_model=JSONObject,
+        responses=answers(404),
     )
-    def list_evidence(device: DEVICE, p: Principal = api.viewer) -> dict[str, Any]:
+    def list_evidence(device: DEVICE, p: Principal = api.viewer) -> EvidenceListing:
         return plane.evidence_list(p.tenant_id, device)
 
     @app.get(
@@ -136,7 +123,7 @@ def register(app: FastAPI, api: Api) -> None:
         responses={
             200: {
                 "description": "the bundle, byte for byte; its sha256 in X-Trueup-Evidence-Sha256",
-                "content": {"application/gzip": {"schema": _BINARY}},
+                "content": {"application/gzip": {"schema": BINARY}},
             },
             **answers(404),
         },
@@ -149,16 +136,15 @@ def register(app: FastAPI, api: Api) -> None:
         return evidence_response(plane, device, found)
 
 
-def evidence_response(plane: Any, device: str, found: dict[str, Any]) -> StreamingResponse:
+def evidence_response(
+    plane: ControlPlane, device: str, found: EvidenceSummary
+) -> StreamingResponse:
     """The bundle `found` (a summary) as a download (the dashboard serves it the same way)."""
-    return StreamingResponse(
+    return download(
         plane.evidence_content(found["id"]),
         media_type="application/gzip",
-        headers={
-            SHA256_HEADER: found["sha256"],
-            "Content-Length": str(found["size"]),
-            "Content-Disposition": (
-                f'attachment; filename="{device}-evidence-{found["id"]}.tar.gz"'
-            ),
-        },
+        sha256_header=SHA256_HEADER,
+        sha256=found["sha256"],
+        size=found["size"],
+        filename=f"{device}-evidence-{found['id']}.tar.gz",
     )
