@@ -11,8 +11,9 @@ from tests.routers import base_document
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
 from trueup.model.reasons import ReasonCode
+from trueup.reconcile.changes import Refused, UnknownRevision
+from trueup.reconcile.engine import Engine
 from trueup.reconcile.status import gather
-from trueup.reconcile.transaction import Engine, Refused, UnknownRevision
 from trueup.subsystems.base import Scope
 from trueup.system.fake import FakeNetlink
 from trueup.system.netlink import NetlinkError

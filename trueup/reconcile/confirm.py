@@ -21,8 +21,9 @@ from trueup.journal.audit import now_iso
 from trueup.journal.confirm import clear_pending, read_pending, write_outcome
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
+from trueup.reconcile.changes import ApplyResult, Change, Kind
+from trueup.reconcile.engine import Engine
 from trueup.reconcile.guard import management_guard, unsafe_management_changes
-from trueup.reconcile.transaction import ApplyResult, Change, Engine
 
 __all__ = [
     "Decision",
@@ -105,7 +106,7 @@ def roll_back_unconfirmed(engine: Engine, pending: dict[str, Any], *, actor: str
     result = engine.transact(
         Change(
             document,
-            kind="confirm-timeout",
+            kind=Kind.CONFIRM_TIMEOUT,
             origin="confirm-timeout",
             # As much of the confirmed revision as possible: an unrelated failing
             # subsystem (a link deleted meanwhile) must not keep management away.

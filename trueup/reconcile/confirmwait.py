@@ -36,9 +36,10 @@ from typing import Any
 
 from trueup.journal.confirm import clear_pending, read_outcome, read_pending, write_pending
 from trueup.journal.state import StateDir
+from trueup.reconcile.changes import ApplyResult, Change, NeedsConfirmation, Refused
 from trueup.reconcile.confirm import decide, outcome, record_outcome, roll_back_unconfirmed
+from trueup.reconcile.engine import Engine
 from trueup.reconcile.guard import subsystem_risks
-from trueup.reconcile.transaction import ApplyResult, Change, Engine, NeedsConfirmation, Refused
 from trueup.system.events import iso_time
 
 __all__ = ["OPERATOR_WAIT", "SELF_WAIT", "ConfirmWait", "refusal"]

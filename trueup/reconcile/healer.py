@@ -35,10 +35,10 @@ from typing import Any
 from trueup.model.document import DeviceState
 from trueup.model.order import natural_sorted
 from trueup.reconcile.attribution import DriftRecord, item_paths
-from trueup.reconcile.changes import own_label
+from trueup.reconcile.changes import Change, DamagedState, Kind, Refused, StorageError, own_label
+from trueup.reconcile.engine import Engine
+from trueup.reconcile.engine.converge import converge_management
 from trueup.reconcile.healing import Governor
-from trueup.reconcile.management_tier import audit_restored, converge_management
-from trueup.reconcile.transaction import Change, DamagedState, Engine, Refused, StorageError
 from trueup.subsystems.base import Difference, StepError
 from trueup.system.events import iso_time
 from trueup.system.netlink import NetlinkError
@@ -198,7 +198,7 @@ class Healer:
 
         change = Change(
             document,
-            kind="reconcile",
+            kind=Kind.RECONCILE,
             origin="reconcile",
             actor=actor,
             mode="best-effort",
@@ -257,19 +257,20 @@ class Healer:
         if "management" not in healable:
             return
         try:
-            steps = converge_management(self.engine, document)
+            done = converge_management(
+                self.engine, document, actor=actor, outside_transaction=why[:300]
+            )
         except (StepError, NetlinkError, OSError, ValueError) as exc:
             report.failed["management"] = f"management not restored: {exc}"
             log.error("management not restored while transactions are refused: %s", exc)
             return
-        if not steps:
+        if not done.steps:
             return
         report.held.pop("management", None)
-        report.healed["management"] = [s.describe() for s in steps]
+        report.healed["management"] = done.described()
         log.warning("management restored outside a transaction (%s)", why)
-        problem = audit_restored(self.engine, steps, actor, outside_transaction=why[:300])
-        if problem is not None:
-            log.warning("management_restored not audited: %s", problem)
+        if done.audit_problem is not None:
+            log.warning("management_restored not audited: %s", done.audit_problem)
 
     def _book(
         self,
@@ -319,7 +320,7 @@ class Healer:
                 record.healed_by = {
                     "by": "trueup",
                     "action": "heal",
-                    "writer": own_label("reconcile", txn),
+                    "writer": own_label(Kind.RECONCILE, txn),
                     "txn": txn,
                     "at": iso_time(now),
                     "actor": actor,
