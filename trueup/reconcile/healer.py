@@ -23,6 +23,11 @@ the start. The governor's bounds still apply to those heals.
 A failure blames another writer only with evidence (`evidence`: the
 notifications' senders naming the paths); otherwise it says what still
 differs.
+
+Why this module is over 400 lines: choosing what heals, running it, and
+booking each attempt with the governor read the same pass report and the
+same differences; the fallback that keeps management up when transactions
+are refused is part of the same decision.
 """
 
 from __future__ import annotations
@@ -131,22 +136,19 @@ class Healer:
                 )
         return self.governor.blocked(name, now)
 
-    def heal(
+    def _healable(
         self,
         document: DeviceState,
         differences: Mapping[str, list[Difference]],
-        drift: Mapping[str, DriftRecord],
         report: PassReport,
         *,
-        actor: str,
-        lock_wait: float,
-        force: Collection[str] = (),
-        starting: Collection[str] = (),
-    ) -> float | None:
-        """Heal what policy, bounds and dependencies allow, as one `reconcile` transaction.
+        force: Collection[str],
+        starting: Collection[str],
+    ) -> tuple[list[str], dict[str, frozenset[str]]]:
+        """What may be healed now, and per subsystem the paths pinned as contested.
 
-        Fills `report`. Returns in how many seconds to look again when the heal
-        was deferred (another writer, a refusing state directory), else None.
+        What is held (policy, bounds, a dependency that will not settle, only
+        contested paths differing) goes to `report.held` with why.
         """
         now = self.clock()
         healable: list[str] = []
@@ -183,6 +185,28 @@ class Healer:
                     )
                     continue
             healable.append(name)
+        return healable, contested
+
+    def heal(
+        self,
+        document: DeviceState,
+        differences: Mapping[str, list[Difference]],
+        drift: Mapping[str, DriftRecord],
+        report: PassReport,
+        *,
+        actor: str,
+        lock_wait: float,
+        force: Collection[str] = (),
+        starting: Collection[str] = (),
+    ) -> float | None:
+        """Heal what policy, bounds and dependencies allow, as one `reconcile` transaction.
+
+        Fills `report`. Returns in how many seconds to look again when the heal
+        was deferred (another writer, a refusing state directory), else None.
+        """
+        healable, contested = self._healable(
+            document, differences, report, force=force, starting=starting
+        )
         if not healable:
             return None
         attempted: list[str] = []
