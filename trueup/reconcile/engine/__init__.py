@@ -2,10 +2,12 @@
 
 Who calls this: the CLI without a running agent, the agent's API, the
 reconcile loop (heals are transactions of kind `reconcile`), confirm-timeout,
-rollback, restore, startup (phase 3) and crash recovery. The writers that
-stay outside a transaction are named in docs/architecture.md ("Writers
-outside a transaction"); the management tier's go through the same converge
-(`trueup.reconcile.engine.converge`, policy `MANAGEMENT_ONLY`).
+rollback, restore, startup (phase 3) and crash recovery. The management
+tier alone is also converged outside a transaction (startup phase 1, the
+console's `trueup management set`, the fallback heal when the state
+directory refuses transactions), through the same converge
+(`trueup.reconcile.engine.converge`, policy `MANAGEMENT_ONLY`; see "One
+converge" in docs/architecture.md).
 
 One transaction is a value, `TransactionRun` (`run.py`), and each step a
 function over it:
