@@ -81,7 +81,7 @@ _ENGINE = """
 import json, sys, time
 from trueup.journal.state import StateDir
 from trueup.model.document import load_document
-from trueup.reconcile.transaction import Engine
+from trueup.reconcile.engine import Engine
 doc = load_document(sys.argv[1])
 engine = Engine(StateDir(sys.argv[2]))
 engine.state.ensure()

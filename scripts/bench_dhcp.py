@@ -38,7 +38,7 @@ import json, sys, time, subprocess
 from pathlib import Path
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
-from trueup.reconcile.transaction import Engine
+from trueup.reconcile.engine import Engine
 from trueup.subsystems.dhcp.keaconfig import compile_config
 from trueup.subsystems.dhcp.section import DhcpSection
 from trueup.system.kea import kea_paths

@@ -75,7 +75,7 @@ def _timed(call: Any) -> float:
 # -- inside the namespace ---------------------------------------------------------
 def _engine(state: Path) -> Any:
     from trueup.journal.state import StateDir
-    from trueup.reconcile.transaction import Engine
+    from trueup.reconcile.engine import Engine
 
     directory = StateDir(state)
     directory.ensure()

@@ -52,7 +52,7 @@ import json, sys, time
 from pathlib import Path
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
-from trueup.reconcile.transaction import Engine
+from trueup.reconcile.engine import Engine
 
 document, state_dir, rounds = json.loads(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 engine = Engine(StateDir(state_dir))

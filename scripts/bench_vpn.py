@@ -32,7 +32,7 @@ import json, os, subprocess, sys, time
 from pathlib import Path
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
-from trueup.reconcile.transaction import Engine
+from trueup.reconcile.engine import Engine
 from trueup.system.secretstore import read_secret, write_secret
 
 document, state_dir, rounds, ifname = json.loads(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]

@@ -21,7 +21,8 @@ from trueup.agent.cpclient import ControlPlaneClient
 from trueup.cli.main import app as cli_app
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
-from trueup.reconcile.transaction import Change, Engine
+from trueup.reconcile.changes import Change
+from trueup.reconcile.engine import Engine
 from trueup.server.db import Database
 from trueup.server.keys import load_or_create_server_key
 from trueup.server.limits import BACKUP_CHUNK_BYTES

@@ -8,7 +8,7 @@ from pathlib import Path
 from tests.routers import base_document
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
-from trueup.reconcile.transaction import Engine
+from trueup.reconcile.engine import Engine
 from trueup.system.announce import arp_frame, na_message
 from trueup.system.fake import FakeAnnouncer, FakeNetlink
 

@@ -22,7 +22,7 @@ from trueup.backup.leasecsv import HEADER4
 from trueup.backup.reader import ArchiveError, EntryCorrupt, open_component, read_manifest
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
-from trueup.reconcile.transaction import Engine
+from trueup.reconcile.engine import Engine
 from trueup.system.fake import FakeNetlink
 
 LINKS = ["lo", "mgmt0", "lan0"]

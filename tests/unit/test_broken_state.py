@@ -27,9 +27,10 @@ from trueup.journal.override import OVERRIDE_FILE, read_override, write_override
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
 from trueup.model.reasons import ReasonCode
-from trueup.reconcile.management_tier import converge_management
+from trueup.reconcile.changes import DamagedState, NeedsConfirmation
+from trueup.reconcile.engine import Engine
+from trueup.reconcile.engine.converge import converge_management
 from trueup.reconcile.status import gather
-from trueup.reconcile.transaction import DamagedState, Engine, NeedsConfirmation
 from trueup.startup.orchestrator import Orchestrator
 from trueup.startup.sources import management_source
 from trueup.system.fake import FakeNetlink
@@ -313,7 +314,7 @@ def test_management_set_converges_the_management_tier_alone(
             }
         )
     )
-    steps = converge_management(engine, document, previous)
+    steps = converge_management(engine, document, previous, actor="console", audit=False).steps
     assert [s.action for s in steps][:1] == ["add-address"]  # make before break
     mgmt = sorted(a.prefix for a in kernel.addrs if a.ifname == "mgmt0")
     assert mgmt == ["192.0.2.9/24", "198.51.100.3/24"]
@@ -329,7 +330,9 @@ def test_an_override_is_laid_over_the_revision_guarded_and_cleared(
     assert document is not None
     assert document.spec.management.addresses == ["198.51.100.3/24"]
     assert document.spec.interfaces[0].mtu == 1300  # the rest of the revision stays
-    converge_management(engine, document, revision)  # what `trueup management set` does
+    converge_management(
+        engine, document, revision, actor="console", audit=False
+    )  # what `trueup management set` does
     # Lost again: a heal converges management to the override, not the revision.
     _flush_management(kernel)
     engine.apply_document(document, kind="reconcile", origin="reconcile")

@@ -35,9 +35,10 @@ from trueup.cli.output import print_plan, readable, render_findings, render_stat
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
 from trueup.model.reasons import ReasonCode
+from trueup.reconcile.changes import Refused
 from trueup.reconcile.classify import _describe
+from trueup.reconcile.engine import Engine
 from trueup.reconcile.status import gather, refusals_since_last_write
-from trueup.reconcile.transaction import Engine, Refused
 from trueup.subsystems.base import Difference
 from trueup.system.fake import FakeNetlink
 from trueup.system.netlink import NetlinkError

@@ -11,7 +11,7 @@ import pytest
 from tests.routers import base_document
 from trueup.journal.state import StateDir
 from trueup.model.document import DocumentError, parse_document
-from trueup.reconcile.transaction import Engine
+from trueup.reconcile.engine import Engine
 from trueup.subsystems.base import StepError
 from trueup.subsystems.dns import FOLLOWS, DnsSubsystem
 from trueup.subsystems.dns.records import (

@@ -23,10 +23,11 @@ from trueup.journal.limitations import (
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
 from trueup.reconcile.attribution import DriftBook
+from trueup.reconcile.changes import Change, Refused
 from trueup.reconcile.doctor import AgentPresence, DoctorFinding, run_checks, stop_conditions
+from trueup.reconcile.engine import Engine
 from trueup.reconcile.healing import Governor, HealingOptions
 from trueup.reconcile.status import build_status, gather
-from trueup.reconcile.transaction import Change, Engine, Refused
 from trueup.reconcile.view import LoopActivity, build_view
 from trueup.system.fake import FakeNetlink, FakeRunner
 from trueup.system.hostinfo import agent_log_lines, unit_of_cgroup

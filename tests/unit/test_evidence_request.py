@@ -14,7 +14,8 @@ from trueup.agent.cpclient import ControlPlaneRefused, SyncLoop
 from trueup.backup.evidence import collect_evidence
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
-from trueup.reconcile.transaction import Change, Engine
+from trueup.reconcile.changes import Change
+from trueup.reconcile.engine import Engine
 from trueup.system.fake import FakeNetlink
 
 

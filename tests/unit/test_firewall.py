@@ -11,8 +11,9 @@ import pytest
 from tests.routers import base_document
 from trueup.journal.state import StateDir
 from trueup.model.document import DocumentError, parse_document
+from trueup.reconcile.changes import NeedsConfirmation
+from trueup.reconcile.engine import Engine
 from trueup.reconcile.status import gather
-from trueup.reconcile.transaction import Engine, NeedsConfirmation
 from trueup.subsystems.firewall import FirewallError, FirewallSubsystem
 from trueup.subsystems.firewall.canonical import batch, facts_from_objects
 from trueup.subsystems.firewall.risks import management_findings

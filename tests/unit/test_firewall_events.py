@@ -12,9 +12,9 @@ from tests.routers import base_document
 from tests.unit.test_firewall import CANONICAL, SAFE, _dport, _firewall
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
+from trueup.reconcile.engine import Engine
 from trueup.reconcile.healing import HealingOptions
 from trueup.reconcile.loop import ReconcileLoop
-from trueup.reconcile.transaction import Engine
 from trueup.subsystems.firewall import FirewallSubsystem
 from trueup.subsystems.firewall.monitor import prove
 from trueup.subsystems.registry import default_subsystems

@@ -14,8 +14,8 @@ import pytest
 
 from tests.unit.test_loop import LAN, Rig
 from trueup.reconcile.attribution import UNIDENTIFIED, item_paths, outside_writer, writers
+from trueup.reconcile.engine.execute import pinned as _pinned
 from trueup.reconcile.healing import MANAGEMENT_BACKOFF_CAP, Governor, HealingOptions
-from trueup.reconcile.transacting import _pinned
 from trueup.subsystems.base import Difference, Scope
 from trueup.system import rawnl, rtnl
 from trueup.system.events import NetlinkEvent, event_from_message
@@ -322,8 +322,8 @@ def test_an_interrupted_heal_is_reported_after_recovery(tmp_path: Path) -> None:
     from trueup.journal.state import StateDir
     from trueup.model.document import parse_document
     from trueup.model.reasons import ReasonCode
+    from trueup.reconcile.engine import Engine
     from trueup.reconcile.status import gather
-    from trueup.reconcile.transaction import Engine
     from trueup.system.fake import FakeNetlink
 
     kernel = FakeNetlink({"mgmt0": 1500, "lan0": 1500})

@@ -336,7 +336,7 @@ def test_a_role_change_never_activates_a_fenced_allocator(
     import trueup.subsystems.dhcp as dhcp
     import trueup.subsystems.dhcp.allocator as allocator
     from trueup.journal.state import StateDir
-    from trueup.reconcile.transaction import Engine
+    from trueup.reconcile.engine import Engine
     from trueup.system.fence import hold_fence, read_fence
 
     commands: list[str] = []
@@ -437,7 +437,7 @@ def test_a_release_on_a_worker_is_verified_against_the_kernel_not_a_stale_cache(
     tmp_path: Path,
 ) -> None:
     from trueup.journal.state import StateDir
-    from trueup.reconcile.transaction import Engine
+    from trueup.reconcile.engine import Engine
 
     state = StateDir(tmp_path / "state")
     state.ensure()

@@ -14,9 +14,9 @@ from trueup.journal.confirm import read_pending, write_pending
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
 from trueup.reconcile.confirm import decide, settle_at_startup, unsafe_management_changes
+from trueup.reconcile.engine import Engine
 from trueup.reconcile.healing import Governor, HealingOptions
 from trueup.reconcile.loop import ReconcileLoop
-from trueup.reconcile.transaction import Engine
 from trueup.system.events import FakeEventSource, NetlinkEvent
 from trueup.system.fake import FakeNetlink
 from trueup.system.netlink import NetlinkError

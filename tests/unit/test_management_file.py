@@ -19,7 +19,7 @@ from trueup.journal.management import (
 )
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
-from trueup.reconcile.transaction import Engine
+from trueup.reconcile.engine import Engine
 from trueup.system.fake import FakeNetlink
 
 FACTS: dict[str, Any] = {

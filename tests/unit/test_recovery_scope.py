@@ -19,8 +19,9 @@ from tests.routers import base_document
 from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState, parse_document
 from trueup.model.reasons import ReasonCode
+from trueup.reconcile.engine import Engine
+from trueup.reconcile.engine.converge import Policy, converge
 from trueup.reconcile.status import drift_report, gather, last_reported_transaction
-from trueup.reconcile.transaction import Engine
 from trueup.subsystems.base import Scope
 from trueup.subsystems.firewall import FirewallSubsystem
 from trueup.subsystems.registry import default_subsystems, scope_for
@@ -154,7 +155,7 @@ def _apply_partly(engine: Engine, document: DeviceState, names: set[str]) -> Non
     with engine.sources() as net:
         for sub in engine.subsystems:
             if sub.name in names:
-                engine._converge(net, sub, sub.desired(document, scope), scope)
+                converge(net, sub, sub.desired(document, scope), scope, policy=Policy.JOURNALED)
 
 
 def test_recovery_removes_the_firewall_and_restores_a_sysctl_the_crash_added(

@@ -18,8 +18,8 @@ from trueup.journal.restore import BOOT_ID_ENV, read_record
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
 from trueup.reconcile import faults
+from trueup.reconcile.engine import Engine
 from trueup.reconcile.status import gather
-from trueup.reconcile.transaction import Engine
 from trueup.system.fake import FakeDaemons, FakeNetlink
 from trueup.system.fence import read_fence
 from trueup.system.netlink import NetlinkError
@@ -549,7 +549,7 @@ def test_a_config_only_restore_clears_the_local_override_it_replaces(
     setup: tuple[Engine, Path],
 ) -> None:
     from trueup.agent.cpclient import report_from_status
-    from trueup.reconcile.transaction import CONTROL_PLANE_FILE
+    from trueup.reconcile.changes import CONTROL_PLANE_FILE
 
     engine, archive = setup
     engine.state.write(CONTROL_PLANE_FILE, {"url": "https://cp.invalid", "version": 3})

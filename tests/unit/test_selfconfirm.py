@@ -247,7 +247,7 @@ def test_a_firewall_that_drops_the_api_is_never_confirmed_by_the_agent_itself(
     # only a client elsewhere would see the API cut off. The agent leaves it to an
     # operator, so unconfirmed it rolls back at its deadline.
     from tests.unit.test_firewall import CANONICAL, SAFE, _firewall
-    from trueup.reconcile.transaction import Engine
+    from trueup.reconcile.engine import Engine
     from trueup.subsystems.firewall import FirewallSubsystem
     from trueup.subsystems.registry import default_subsystems
     from trueup.system.fake import FakeNftables

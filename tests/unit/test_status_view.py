@@ -12,9 +12,10 @@ from tests.routers import base_document
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
 from trueup.reconcile.attribution import DriftBook
+from trueup.reconcile.changes import Change
+from trueup.reconcile.engine import Engine
 from trueup.reconcile.healing import Governor, HealingOptions
 from trueup.reconcile.status import AgentInfo, build_status, drift_report, gather
-from trueup.reconcile.transaction import Change, Engine
 from trueup.reconcile.view import LoopActivity, LoopView, build_view
 from trueup.system.fake import FakeNetlink
 

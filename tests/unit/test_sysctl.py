@@ -11,7 +11,7 @@ import pytest
 from tests.routers import base_document
 from trueup.journal.state import StateDir
 from trueup.model.document import DocumentError, json_schema, parse_document
-from trueup.reconcile.transaction import Engine
+from trueup.reconcile.engine import Engine
 from trueup.subsystems.registry import default_subsystems, scope_for
 from trueup.subsystems.sysctl import SysctlSubsystem
 from trueup.system.fake import FakeFiles, FakeNetlink

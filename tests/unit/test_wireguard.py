@@ -537,7 +537,7 @@ def test_a_secret_the_control_plane_refuses_is_logged_with_its_reason(
 
 def test_apply_and_rollback_through_the_engine_journal_without_keys(tmp_path: Path) -> None:
     from trueup.journal.state import StateDir
-    from trueup.reconcile.transaction import Engine
+    from trueup.reconcile.engine import Engine
     from trueup.subsystems.registry import default_subsystems, ordered
 
     state = StateDir(tmp_path / "state")
@@ -663,7 +663,7 @@ def test_a_stored_secret_that_is_not_a_key_never_reaches_the_wg_file() -> None:
 def test_a_hanging_lookup_does_not_hold_back_the_network_tier(tmp_path: Path, mode: str) -> None:
     """Preparation runs beside the transaction: addresses converge while the lookup hangs."""
     from trueup.journal.state import StateDir
-    from trueup.reconcile.transaction import Engine
+    from trueup.reconcile.engine import Engine
     from trueup.subsystems.registry import default_subsystems, ordered
 
     state = StateDir(tmp_path / "state")
@@ -708,7 +708,7 @@ def test_a_hanging_lookup_does_not_hold_back_the_network_tier(tmp_path: Path, mo
 
 def test_a_lookup_past_its_deadline_fails_wireguard_alone(tmp_path: Path) -> None:
     from trueup.journal.state import StateDir
-    from trueup.reconcile.transaction import Engine
+    from trueup.reconcile.engine import Engine
     from trueup.subsystems.registry import default_subsystems, ordered
 
     state = StateDir(tmp_path / "state")
@@ -745,7 +745,7 @@ def test_a_failed_apply_leaves_no_preshared_key_the_committed_revision_lacks(
     tmp_path: Path,
 ) -> None:
     from trueup.journal.state import StateDir
-    from trueup.reconcile.transaction import Engine
+    from trueup.reconcile.engine import Engine
     from trueup.subsystems.registry import default_subsystems, ordered
 
     state = StateDir(tmp_path / "state")

@@ -14,15 +14,16 @@ from trueup.agent.wiring import already_applied
 from trueup.journal.state import StateDir
 from trueup.model.document import document_digest, parse_document
 from trueup.model.reasons import ReasonCode
-from trueup.reconcile.status import gather
-from trueup.reconcile.transaction import (
+from trueup.reconcile import faults
+from trueup.reconcile.changes import (
     CONTROL_PLANE_FILE,
     Change,
-    Engine,
     NeedsConfirmation,
     Refused,
     StorageError,
 )
+from trueup.reconcile.engine import Engine
+from trueup.reconcile.status import gather
 from trueup.subsystems.base import Scope
 from trueup.system.fake import FakeNetlink
 
@@ -214,11 +215,11 @@ def test_a_crash_right_after_commit_keeps_its_audit_line(
     class Crash(BaseException):
         pass
 
-    def crash_after_commit(kind: str, point: str) -> None:
+    def crash_after_commit(point: str) -> None:
         if point == "after-commit":
             raise Crash
 
-    monkeypatch.setattr(Engine, "_hit", staticmethod(crash_after_commit))
+    monkeypatch.setattr(faults, "hit", crash_after_commit)
     with pytest.raises(Crash):
         engine.apply_document(_doc())
     monkeypatch.undo()
@@ -396,12 +397,12 @@ def test_apply_not_completed_speaks_in_the_tense_of_what_happened_and_an_unchang
     class Crash(BaseException):
         pass
 
-    def crash_at_begin(kind: str, point: str) -> None:
+    def crash_at_begin(point: str) -> None:
         if point == "begin":
             raise Crash
 
     assert engine.apply_document(_doc()).ok
-    monkeypatch.setattr(Engine, "_hit", staticmethod(crash_at_begin))
+    monkeypatch.setattr(faults, "hit", crash_at_begin)
     with pytest.raises(Crash):
         engine.apply_document(_doc(routes=[]))
     monkeypatch.undo()

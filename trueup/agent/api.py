@@ -30,7 +30,7 @@ from trueup.journal.restore import read_record
 from trueup.model.digests import token_hash
 from trueup.model.document import DeviceState, DocumentError, parse_document
 from trueup.model.reasons import ReasonCode
-from trueup.reconcile.transaction import Refused, StorageError, UnknownRevision
+from trueup.reconcile.changes import Refused, StorageError, UnknownRevision
 
 if TYPE_CHECKING:
     from trueup.agent.process import Agent

@@ -39,9 +39,10 @@ from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState
 from trueup.model.reasons import ReasonCode
 from trueup.model.virtual import is_virtual, virtual_addresses
+from trueup.reconcile.changes import Change, Kind, NeedsConfirmation, Origin, Refused
+from trueup.reconcile.engine import Engine
 from trueup.reconcile.guard import subsystem_risks, unsafe_management_changes
 from trueup.reconcile.status import AgentInfo, build_status, drift_report
-from trueup.reconcile.transaction import Change, Engine, NeedsConfirmation, Origin, Refused
 from trueup.startup.orchestrator import Orchestrator
 from trueup.subsystems.base import Subsystem
 from trueup.system.daemon import DaemonSupervisor
@@ -405,7 +406,7 @@ class Agent:
         if document is None:
             return {"ok": True, "outcome": "nothing applied"}
         result = self.engine.apply_document(
-            document, actor="api", kind="reconcile", origin="reconcile", lock_wait=5.0
+            document, actor="api", kind=Kind.RECONCILE, origin="reconcile", lock_wait=5.0
         )
         return result.to_json()
 

@@ -23,8 +23,8 @@ from trueup.agent.reportwatch import StatusWatch, operator_facts
 from trueup.agent.selfconfirm import SelfConfirm
 from trueup.model.document import document_digest, parse_document
 from trueup.model.reasons import ReasonCode
+from trueup.reconcile.changes import CONTROL_PLANE_FILE, Refused, StorageError
 from trueup.reconcile.loop import ReconcileLoop
-from trueup.reconcile.transaction import CONTROL_PLANE_FILE, Refused, StorageError
 from trueup.system.safefile import open_file
 from trueup.system.secretstore import SecretError, secret_references, write_secret
 

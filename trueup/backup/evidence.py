@@ -54,8 +54,8 @@ from trueup.journal.audit import now_iso
 from trueup.journal.limitations import list_limitations
 from trueup.journal.lock import lock_holder
 from trueup.model.reasons import CORRECTIVE_ACTIONS
+from trueup.reconcile.engine import Engine
 from trueup.reconcile.status import drift_report, gather, refusals_since_last_write
-from trueup.reconcile.transaction import Engine
 from trueup.subsystems.registry import scope_for
 from trueup.system.hostinfo import agent_log_lines, daemon_versions, kernel, systemd_unit
 from trueup.system.safefile import read_file

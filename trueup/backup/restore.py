@@ -65,7 +65,8 @@ from trueup.backup.restorechecks import assert_allocator, differences, fence_kea
 from trueup.journal.restore import TERMINAL, boot_id, read_record, record_path, write_record
 from trueup.model.document import DocumentError, parse_document
 from trueup.reconcile import faults
-from trueup.reconcile.transaction import Change, Engine, NeedsConfirmation, Refused
+from trueup.reconcile.changes import Change, Kind, NeedsConfirmation, Refused
+from trueup.reconcile.engine import Engine
 from trueup.system.atomicfile import write_atomic
 from trueup.system.fence import hold_fence, lift_fence
 from trueup.system.kea import KeaError
@@ -477,7 +478,7 @@ def _apply(engine: Engine, record: dict[str, Any], actor: str) -> None:
             result = engine.transact(
                 Change(
                     document,
-                    kind="restore",
+                    kind=Kind.RESTORE,
                     origin="restore",
                     actor=actor,
                     source=f"restore {record['id']} of {record['archive']}",
@@ -511,7 +512,7 @@ def _roll_back(engine: Engine, record: dict[str, Any], actor: str, problem: str)
         if current is not None and at_previous:
             try:  # level-based: Kea stopped for the lease swap is started again
                 result = engine.transact(
-                    Change(current, kind="restore", origin="restore", actor=actor)
+                    Change(current, kind=Kind.RESTORE, origin="restore", actor=actor)
                 )
                 at_previous = result.ok
             except (Refused, NeedsConfirmation):

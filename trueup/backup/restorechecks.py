@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trueup.backup.format import LEASES
-from trueup.reconcile.transaction import Engine
+from trueup.reconcile.engine import Engine
 from trueup.system.daemon import proc_start_time, verified_pid
 from trueup.system.fence import read_fence
 from trueup.system.kea import KeaError, kea_paths

@@ -27,7 +27,7 @@ from trueup.cli.statedir import StateDirOpt, require_state_dir
 
 if TYPE_CHECKING:
     from trueup.reconcile.doctor import AgentPresence
-    from trueup.reconcile.transaction import Engine
+    from trueup.reconcile.engine import Engine
 
 __all__ = ["doctor", "evidence", "require_state_dir"]
 
@@ -45,7 +45,7 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 def _engine(state_dir: Path) -> Engine:
     import trueup.subsystems.registry  # noqa: F401  (registers the document's sections)
     from trueup.journal.state import StateDir
-    from trueup.reconcile.transaction import Engine
+    from trueup.reconcile.engine import Engine
 
     return Engine(StateDir(state_dir))
 

@@ -53,7 +53,7 @@ from trueup.cli.statedir import (
 
 if TYPE_CHECKING:
     from trueup.model.document import DeviceState
-    from trueup.reconcile.transaction import Engine
+    from trueup.reconcile.engine import Engine
     from trueup.subsystems.base import Subsystem
 
 # Imports are lazy: the commands import the engine, the document model and the
@@ -191,7 +191,7 @@ def _engine(
     """The engine on a state directory its command already checked (trueup.cli.statedir)."""
     _models()
     from trueup.journal.state import StateDir, StateDirError
-    from trueup.reconcile.transaction import Engine
+    from trueup.reconcile.engine import Engine
 
     state = StateDir(state_dir)
     if create:
@@ -389,7 +389,7 @@ def apply(
     """Apply FILE as one journaled transaction."""
     if mode not in ("atomic", "best-effort"):
         _fail("--mode: expected atomic or best-effort")
-    from trueup.reconcile.transaction import Change, NeedsConfirmation, Refused
+    from trueup.reconcile.changes import Change, NeedsConfirmation, Refused
 
     (require_new if init else require_state_dir)(state_dir)
     document = _load(file)
@@ -464,7 +464,7 @@ def rollback(
             "--confirm-within needs a running agent to roll back on time "
             "(start it with `trueup agent run`)"
         )
-    from trueup.reconcile.transaction import NeedsConfirmation, Refused, UnknownRevision
+    from trueup.reconcile.changes import NeedsConfirmation, Refused, UnknownRevision
 
     engine = _engine(state_dir, create=True)
     try:
@@ -545,7 +545,7 @@ def reconcile(
             _fail(response.json().get("detail", "unknown subsystem"))
         _print_apply(_api_result(response), output)
         return
-    from trueup.reconcile.transaction import Refused
+    from trueup.reconcile.changes import Kind, Refused
 
     engine = _engine(state_dir, create=True)
     document = engine.applied_document()
@@ -553,7 +553,7 @@ def reconcile(
         _fail("nothing applied yet; run `trueup apply FILE`")
     try:
         result = engine.apply_document(
-            document, actor=f"cli:{os.getuid()}", kind="reconcile", origin="reconcile"
+            document, actor=f"cli:{os.getuid()}", kind=Kind.RECONCILE, origin="reconcile"
         )
     except Refused as exc:
         _refused(exc.code.value, str(exc))

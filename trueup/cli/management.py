@@ -32,7 +32,7 @@ from trueup.cli.statedir import StateDirOpt
 
 if TYPE_CHECKING:
     from trueup.journal.state import StateDir
-    from trueup.reconcile.transaction import Engine
+    from trueup.reconcile.engine import Engine
 
 __all__ = ["management_app"]
 
@@ -97,7 +97,7 @@ def show(
     from trueup.journal.agentlock import agent_holder
     from trueup.journal.state import StateDir
     from trueup.model.document import DocumentError, load_document
-    from trueup.reconcile.transaction import Engine
+    from trueup.reconcile.engine import Engine
     from trueup.startup.sources import management_source
 
     state = StateDir(state_dir)
@@ -177,8 +177,8 @@ def set_management(
     import trueup.subsystems.registry  # noqa: F401  (sections of the document model)
     from trueup.journal.state import StateDir
     from trueup.model.document import DocumentError
+    from trueup.reconcile.engine import Engine
     from trueup.reconcile.management_tier import document_from_facts
-    from trueup.reconcile.transaction import Engine
     from trueup.startup.sources import management_source
     from trueup.system.netlink import load_encoders
 
@@ -294,15 +294,20 @@ class _LockAttempt:
 
 
 def _converge(engine: Engine, document: Any, previous: Any) -> list[str]:
-    """Converge the management tier alone; exit 1 with the reason when the kernel refuses."""
-    from trueup.reconcile.management_tier import converge_management
+    """Converge the management tier alone; exit 1 with the reason when the kernel refuses.
+
+    The engine's one converge, management only; its audit line is `management_set`,
+    written once the override is recorded (`_record`), so none is written here.
+    """
+    from trueup.reconcile.engine.converge import converge_management
     from trueup.subsystems.base import StepError
     from trueup.system.netlink import NetlinkError
 
     try:
-        return [step.describe() for step in converge_management(engine, document, previous)]
+        done = converge_management(engine, document, previous, actor="console", audit=False)
     except (StepError, NetlinkError, OSError, ValueError) as exc:
         raise _fail(f"not applied: {exc}; the state directory was not changed") from None
+    return done.described()
 
 
 def _record(

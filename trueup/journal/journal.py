@@ -4,7 +4,7 @@ A transaction is `begin` (version, subsystems, scope, before-images, the
 applied record it replaces) → `applied`/`failed` per subsystem → `commit` or
 `rolled_back`. A `begin` with no terminal record is an *open* transaction:
 after a crash the agent rolls it back to its before-images (see
-`trueup.reconcile.transaction.recover`). A torn last line — a crash in the
+`trueup.reconcile.engine.Engine.recover`). A torn last line — a crash in the
 middle of a write — is ignored, which is safe because every record is
 written before the action it announces.
 """

@@ -1,6 +1,6 @@
 """What a caller hands the engine and what it gets back: changes, results, refusals.
 
-Types only (`trueup.reconcile.transaction.Engine` does the work); split out so the
+Types only (`trueup.reconcile.engine.Engine` does the work); split out so the
 engine's modules share one vocabulary.
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Literal
 
 from trueup.journal.damage import Damage
@@ -22,9 +23,11 @@ __all__ = [
     "AuditBuilder",
     "Change",
     "DamagedState",
+    "Kind",
     "Mode",
     "NeedsConfirmation",
     "Origin",
+    "Outcome",
     "Refused",
     "StorageError",
     "UnknownRevision",
@@ -42,6 +45,28 @@ Origin = Literal[
     "reconcile",
     "restore",
 ]
+
+
+class Kind(StrEnum):
+    """What a transaction is for; its journal `begin` line and audit events carry the value."""
+
+    APPLY = "apply"
+    RECONCILE = "reconcile"  # a heal: converges to the committed revision
+    ROLLBACK = "rollback"
+    CONFIRM_TIMEOUT = "confirm-timeout"
+    RESTORE = "restore"
+
+
+class Outcome(StrEnum):
+    """How a transaction ended; `ApplyResult.outcome` and the journal's terminal line."""
+
+    COMMITTED = "committed"
+    PARTIAL = "partial"  # best-effort: committed with failed subsystems
+    ROLLED_BACK = "rolled_back"
+    UNCHANGED = "unchanged"
+    FAILED = "failed"  # a heal that failed: nothing to roll back to
+
+
 # Builds a transaction's audit lines from its outcome: (txn, failed, waiting, healed).
 AuditBuilder = Callable[
     [str, dict[str, str], dict[str, str], dict[str, list[str]]], list[tuple[str, dict[str, Any]]]
@@ -131,7 +156,7 @@ class Change:
     """
 
     document: DeviceState
-    kind: str = "apply"  # apply | reconcile | rollback | confirm-timeout | restore
+    kind: Kind = Kind.APPLY
     origin: Origin = "local-cli"
     actor: str = "local"
     mode: Mode = "atomic"
@@ -151,12 +176,17 @@ class Change:
     # The audit lines to write with the commit; default one line of event `kind`.
     audit: AuditBuilder | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", Kind(self.kind))  # "apply" read from a file, too
 
-@dataclass
+
+@dataclass(kw_only=True)
 class ApplyResult:
+    """What one transaction did; `to_json` / `from_json` are its wire form (the agent's API)."""
+
     ok: bool
     version: int
-    outcome: str  # committed | partial | rolled_back | unchanged | failed
+    outcome: Outcome
     txn: str | None = None
     plans: list[Plan] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
@@ -172,14 +202,23 @@ class ApplyResult:
     carried: dict[str, str] = field(default_factory=dict)
     # Reason codes this write answered (an unchanged apply after crash recovery).
     cleared: list[str] = field(default_factory=list)
+    # Set by `from_json`: the steps' descriptions as the wire carried them (no plans there).
+    step_texts: list[str] | None = None
+
+    @property
+    def steps(self) -> list[str]:
+        """What was planned, one description per step."""
+        if self.step_texts is not None:
+            return list(self.step_texts)
+        return [s.describe() for p in self.plans for s in p.steps]
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "ok": self.ok,
             "version": self.version,
-            "outcome": self.outcome,
+            "outcome": self.outcome.value,
             "txn": self.txn,
-            "steps": [s.describe() for p in self.plans for s in p.steps],
+            "steps": self.steps,
             "failed": self.failed,
             "rollback_errors": self.rollback_errors,
         }
@@ -197,11 +236,31 @@ class ApplyResult:
             out["cleared"] = self.cleared
         return out
 
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> ApplyResult:
+        """The result `to_json` wrote (the agent's answer, read by a client)."""
+        attempted = body.get("attempted_version")
+        return cls(
+            ok=bool(body.get("ok")),
+            version=int(body.get("version") or 0),
+            outcome=Outcome(str(body.get("outcome"))),
+            txn=body.get("txn"),
+            failed=dict(body.get("failed") or {}),
+            rollback_errors=list(body.get("rollback_errors") or []),
+            waiting=dict(body.get("waiting") or {}),
+            origin=body.get("origin"),
+            digest=body.get("digest"),
+            attempted=int(attempted) if attempted is not None else None,
+            carried=dict(body.get("carried") or {}),
+            cleared=list(body.get("cleared") or []),
+            step_texts=[str(s) for s in body.get("steps") or []],
+        )
+
 
 # How a transaction's own netlink notifications name their writer, by its kind.
 _OWN_WORDS = {"reconcile": "heal", "confirm-timeout": "confirm-timeout rollback"}
 
 
-def own_label(kind: str, txn: str) -> str:
+def own_label(kind: Kind, txn: str) -> str:
     """`trueup heal TXN`, `trueup apply TXN`, …: the writer of a transaction's own notifications."""
     return f"trueup {_OWN_WORDS.get(kind, kind)} {txn}"

@@ -21,8 +21,9 @@ from trueup.journal.audit import now_iso
 from trueup.journal.confirm import clear_pending, read_pending, write_outcome
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
+from trueup.reconcile.changes import ApplyResult, Change, Kind, Outcome
+from trueup.reconcile.engine import Engine
 from trueup.reconcile.guard import management_guard, unsafe_management_changes
-from trueup.reconcile.transaction import ApplyResult, Change, Engine
 
 __all__ = [
     "Decision",
@@ -105,7 +106,7 @@ def roll_back_unconfirmed(engine: Engine, pending: dict[str, Any], *, actor: str
     result = engine.transact(
         Change(
             document,
-            kind="confirm-timeout",
+            kind=Kind.CONFIRM_TIMEOUT,
             origin="confirm-timeout",
             # As much of the confirmed revision as possible: an unrelated failing
             # subsystem (a link deleted meanwhile) must not keep management away.
@@ -118,7 +119,7 @@ def roll_back_unconfirmed(engine: Engine, pending: dict[str, Any], *, actor: str
             f"back to revision {target}",
         )
     )
-    if result.outcome in ("committed", "partial"):
+    if result.outcome in (Outcome.COMMITTED, Outcome.PARTIAL):
         clear_pending(
             state, "rolled_back", to_version=result.version, from_revision=target, at=now_iso()
         )
@@ -160,7 +161,7 @@ def settle_at_startup(engine: Engine, now: float, *, actor: str = "startup") -> 
     if decision == "waiting":
         return f"version {applied_version} awaits confirmation until {pending.get('deadline_at')}"
     result = roll_back_unconfirmed(engine, pending, actor=actor)
-    if result.outcome not in ("committed", "partial"):
+    if result.outcome not in (Outcome.COMMITTED, Outcome.PARTIAL):
         return f"confirmation expired; rollback failed: {result.failed or result.rollback_errors}"
     return (
         f"confirmation of version {applied_version} expired at {pending.get('deadline_at')}: "

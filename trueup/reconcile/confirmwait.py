@@ -36,9 +36,10 @@ from typing import Any
 
 from trueup.journal.confirm import clear_pending, read_outcome, read_pending, write_pending
 from trueup.journal.state import StateDir
+from trueup.reconcile.changes import ApplyResult, Change, NeedsConfirmation, Outcome, Refused
 from trueup.reconcile.confirm import decide, outcome, record_outcome, roll_back_unconfirmed
+from trueup.reconcile.engine import Engine
 from trueup.reconcile.guard import subsystem_risks
-from trueup.reconcile.transaction import ApplyResult, Change, Engine, NeedsConfirmation, Refused
 from trueup.system.events import iso_time
 
 __all__ = ["OPERATOR_WAIT", "SELF_WAIT", "ConfirmWait", "refusal"]
@@ -199,7 +200,7 @@ class ConfirmWait:
         except Exception:
             log.exception("rolling back an unconfirmed version failed")
             return True
-        if result.outcome not in ("committed", "partial"):
+        if result.outcome not in (Outcome.COMMITTED, Outcome.PARTIAL):
             log.error("rollback of unconfirmed version failed: %s", result.failed)
             return True
         if result.failed:
@@ -346,7 +347,7 @@ class ConfirmWait:
     ) -> dict[str, Any]:
         state = self.state
         out = result.to_json()
-        changed = result.outcome in ("committed", "partial")
+        changed = result.outcome in (Outcome.COMMITTED, Outcome.PARTIAL)
         if pending is not None:
             if changed and result.version != confirmed_version:
                 pending.update(
@@ -356,7 +357,7 @@ class ConfirmWait:
                     applied_at=self.clock(),
                     # Every subsystem applied and verified: a partial apply is never
                     # confirmed by the agent itself.
-                    verified=result.outcome == "committed" and not result.failed,
+                    verified=result.outcome == Outcome.COMMITTED and not result.failed,
                 )
                 write_pending(state, pending)
                 self.pending = pending
@@ -370,7 +371,10 @@ class ConfirmWait:
                 self._outcome(outcome(pending, "pending", _waits(pending)))
             else:
                 self._restore(pending_before)
-                if pending_before is None and result.outcome in ("rolled_back", "failed"):
+                if pending_before is None and result.outcome in (
+                    Outcome.ROLLED_BACK,
+                    Outcome.FAILED,
+                ):
                     failed = "; ".join(f"{k}: {v}" for k, v in sorted(result.failed.items()))
                     self._outcome(
                         outcome(

@@ -1,6 +1,6 @@
 """The management guard: what a document would take away from management access.
 
-Who calls this: the engine (`trueup.reconcile.transaction`), once, for every
+Who calls this: the engine (`trueup.reconcile.engine`), once, for every
 apply and rollback. A change that removes the management address, moves the
 management interface or changes its default route — or whose subsystems find
 it would cut management off (`Subsystem.management_risks`: a firewall that

@@ -23,6 +23,11 @@ the start. The governor's bounds still apply to those heals.
 A failure blames another writer only with evidence (`evidence`: the
 notifications' senders naming the paths); otherwise it says what still
 differs.
+
+Why this module is over 400 lines: choosing what heals, running it, and
+booking each attempt with the governor read the same pass report and the
+same differences; the fallback that keeps management up when transactions
+are refused is part of the same decision.
 """
 
 from __future__ import annotations
@@ -35,10 +40,10 @@ from typing import Any
 from trueup.model.document import DeviceState
 from trueup.model.order import natural_sorted
 from trueup.reconcile.attribution import DriftRecord, item_paths
-from trueup.reconcile.changes import own_label
+from trueup.reconcile.changes import Change, DamagedState, Kind, Refused, StorageError, own_label
+from trueup.reconcile.engine import Engine
+from trueup.reconcile.engine.converge import converge_management
 from trueup.reconcile.healing import Governor
-from trueup.reconcile.management_tier import audit_restored, converge_management
-from trueup.reconcile.transaction import Change, DamagedState, Engine, Refused, StorageError
 from trueup.subsystems.base import Difference, StepError
 from trueup.system.events import iso_time
 from trueup.system.netlink import NetlinkError
@@ -131,22 +136,19 @@ class Healer:
                 )
         return self.governor.blocked(name, now)
 
-    def heal(
+    def _healable(
         self,
         document: DeviceState,
         differences: Mapping[str, list[Difference]],
-        drift: Mapping[str, DriftRecord],
         report: PassReport,
         *,
-        actor: str,
-        lock_wait: float,
-        force: Collection[str] = (),
-        starting: Collection[str] = (),
-    ) -> float | None:
-        """Heal what policy, bounds and dependencies allow, as one `reconcile` transaction.
+        force: Collection[str],
+        starting: Collection[str],
+    ) -> tuple[list[str], dict[str, frozenset[str]]]:
+        """What may be healed now, and per subsystem the paths pinned as contested.
 
-        Fills `report`. Returns in how many seconds to look again when the heal
-        was deferred (another writer, a refusing state directory), else None.
+        What is held (policy, bounds, a dependency that will not settle, only
+        contested paths differing) goes to `report.held` with why.
         """
         now = self.clock()
         healable: list[str] = []
@@ -183,6 +185,28 @@ class Healer:
                     )
                     continue
             healable.append(name)
+        return healable, contested
+
+    def heal(
+        self,
+        document: DeviceState,
+        differences: Mapping[str, list[Difference]],
+        drift: Mapping[str, DriftRecord],
+        report: PassReport,
+        *,
+        actor: str,
+        lock_wait: float,
+        force: Collection[str] = (),
+        starting: Collection[str] = (),
+    ) -> float | None:
+        """Heal what policy, bounds and dependencies allow, as one `reconcile` transaction.
+
+        Fills `report`. Returns in how many seconds to look again when the heal
+        was deferred (another writer, a refusing state directory), else None.
+        """
+        healable, contested = self._healable(
+            document, differences, report, force=force, starting=starting
+        )
         if not healable:
             return None
         attempted: list[str] = []
@@ -198,7 +222,7 @@ class Healer:
 
         change = Change(
             document,
-            kind="reconcile",
+            kind=Kind.RECONCILE,
             origin="reconcile",
             actor=actor,
             mode="best-effort",
@@ -257,19 +281,20 @@ class Healer:
         if "management" not in healable:
             return
         try:
-            steps = converge_management(self.engine, document)
+            done = converge_management(
+                self.engine, document, actor=actor, outside_transaction=why[:300]
+            )
         except (StepError, NetlinkError, OSError, ValueError) as exc:
             report.failed["management"] = f"management not restored: {exc}"
             log.error("management not restored while transactions are refused: %s", exc)
             return
-        if not steps:
+        if not done.steps:
             return
         report.held.pop("management", None)
-        report.healed["management"] = [s.describe() for s in steps]
+        report.healed["management"] = done.described()
         log.warning("management restored outside a transaction (%s)", why)
-        problem = audit_restored(self.engine, steps, actor, outside_transaction=why[:300])
-        if problem is not None:
-            log.warning("management_restored not audited: %s", problem)
+        if done.audit_problem is not None:
+            log.warning("management_restored not audited: %s", done.audit_problem)
 
     def _book(
         self,
@@ -319,7 +344,7 @@ class Healer:
                 record.healed_by = {
                     "by": "trueup",
                     "action": "heal",
-                    "writer": own_label("reconcile", txn),
+                    "writer": own_label(Kind.RECONCILE, txn),
                     "txn": txn,
                     "at": iso_time(now),
                     "actor": actor,

@@ -64,17 +64,11 @@ from trueup.reconcile.attribution import (
     item_paths,
     writers,
 )
+from trueup.reconcile.changes import Change, DamagedState, Kind, Origin, Refused, StorageError
 from trueup.reconcile.confirmwait import ConfirmWait
+from trueup.reconcile.engine import Engine
 from trueup.reconcile.healer import Healer, PassReport
 from trueup.reconcile.healing import MANAGEMENT, Governor, HealingOptions
-from trueup.reconcile.transaction import (
-    Change,
-    DamagedState,
-    Engine,
-    Origin,
-    Refused,
-    StorageError,
-)
 from trueup.reconcile.view import LoopActivity, LoopView, build_view
 from trueup.subsystems.base import Difference, Scope, Subsystem
 from trueup.subsystems.registry import scope_for
@@ -730,7 +724,7 @@ class ReconcileLoop:
         """Apply through the engine; guard it with a pending confirmation when asked."""
         change = Change(
             document,
-            kind="apply",
+            kind=Kind.APPLY,
             origin=origin,
             actor=actor,
             mode="best-effort" if mode == "best-effort" else "atomic",
@@ -753,7 +747,7 @@ class ReconcileLoop:
         target, document = self.engine.revision_document(to)
         change = Change(
             document,
-            kind="rollback",
+            kind=Kind.ROLLBACK,
             origin="rollback",
             actor=actor,
             expect_version=applied_version if expect_version is None else expect_version,

@@ -1,41 +1,33 @@
-"""The management tier on its own, outside any transaction: phase 1, the console, the fallback heal.
+"""Management facts and documents: what the management tier converges to outside a transaction.
 
-Who calls this: the startup orchestrator's phase 1 (management up from
-persisted facts, before the writer lock and before anything else), `trueup
+Who calls this: the startup orchestrator (management up from persisted
+facts in phase 1, before the writer lock and before anything else), `trueup
 management set` (the console's recovery path, with the agent stopped, hung or
 crash-looping), the engine (a console override laid over the applied
-revision) and the reconcile loop when the state directory refuses
-transactions (damaged, read-only, full) but management must still be kept.
+revision) and status.
 
-It converges only the management subsystem, through its own plan and
-execute, and never removes an address trueup did not assign: what it may
-remove is what `scope_for(document, previous)` says trueup owns.
+The convergence itself is the engine's one converge
+(`trueup.reconcile.engine.converge.converge_management`, policy
+`MANAGEMENT_ONLY`): only the management subsystem, never away from an
+address trueup did not assign (what it may remove is what
+`scope_for(document, previous)` says trueup owns).
 """
 
 from __future__ import annotations
 
 import re
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trueup.journal.management import api_bind_address
 from trueup.model.document import DeviceState, parse_document
-from trueup.subsystems.base import Plan, Step, StepError
-from trueup.subsystems.registry import scope_for
-
-if TYPE_CHECKING:
-    from trueup.reconcile.transaction import Engine
 
 __all__ = [
-    "audit_restored",
-    "converge_management",
     "document_from_facts",
     "management_facts_of",
-    "plan_management",
     "with_management",
 ]
 
-_PASSES = 3
 _DEVICE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 
@@ -108,61 +100,3 @@ def with_management(document: DeviceState, facts: dict[str, Any], *, source: str
         management["gateway"] = facts["gateway"]
     body["spec"]["management"] = management
     return parse_document(body, source)
-
-
-def audit_restored(engine: Engine, steps: list[Step], actor: str, **details: Any) -> str | None:
-    """Audit `management_restored`; best effort: why it was not written, or None.
-
-    A read-only or full state directory must not keep management down, nor
-    make restoring it look failed; the problem is noted as damaged state.
-    """
-    try:
-        engine.state.audit.append(
-            "management_restored", actor, steps=[s.describe() for s in steps], **details
-        )
-    except OSError as exc:
-        engine.check.note(engine.state.audit.path, f"cannot be appended to: {exc}")
-        return str(exc)
-    return None
-
-
-def plan_management(
-    engine: Engine, document: DeviceState, previous: DeviceState | None = None
-) -> Plan:
-    """What converging the management tier to `document` would do now."""
-    sub = engine.by_name["management"]
-    scope = scope_for(document, previous)
-    with engine.sources() as net:
-        return sub.plan(sub.desired(document, scope), sub.observe(net, scope), scope)
-
-
-def converge_management(
-    engine: Engine, document: DeviceState, previous: DeviceState | None = None
-) -> list[Step]:
-    """Converge the management subsystem alone to `document`; the steps it ran.
-
-    `previous` names management state trueup assigned before (its addresses
-    and default route may be removed once the new ones are on: make before
-    break). Raises `StepError` (or `NetlinkError`) when a step fails or the
-    kernel still differs after a few passes.
-    """
-    sub = engine.by_name["management"]
-    scope = scope_for(document, previous)
-    desired = sub.desired(document, scope)
-    done: list[Step] = []
-    with engine.sources() as net:
-        for _ in range(_PASSES):
-            plan = sub.plan(desired, sub.observe(net, scope), scope)
-            if not plan.steps:
-                return done
-            for step in plan.steps:
-                sub.execute(net, step)
-                done.append(step)
-        plan = sub.plan(desired, sub.observe(net, scope), scope)
-        if plan.steps:
-            raise StepError(
-                plan.steps[0],
-                f"still differs after {_PASSES} passes: "
-                + ", ".join(sorted({step.path for step in plan.steps})),
-            )
-    return done

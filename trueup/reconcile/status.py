@@ -47,10 +47,10 @@ from trueup.model.health import SubsystemHealth
 from trueup.model.order import natural_sorted
 from trueup.model.reasons import Finding, ReasonCode
 from trueup.reconcile.classify import ClassifierInput, classify
-from trueup.reconcile.committing import last_reported_transaction
 from trueup.reconcile.confirm import outcome
+from trueup.reconcile.engine import Engine
+from trueup.reconcile.engine.commit import last_reported_transaction
 from trueup.reconcile.management_tier import management_facts_of
-from trueup.reconcile.transaction import Engine
 from trueup.reconcile.view import LoopView, fought_finding_inputs
 from trueup.subsystems.base import Difference, Subsystem
 from trueup.subsystems.registry import scope_for

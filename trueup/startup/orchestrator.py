@@ -38,15 +38,10 @@ from trueup.journal.audit import now_iso
 from trueup.journal.identity import device_mismatch
 from trueup.journal.state import StateDirError
 from trueup.model.document import DeviceState, DocumentError, document_digest, load_document
+from trueup.reconcile.changes import ApplyResult, DamagedState, Kind, NeedsConfirmation, Refused
 from trueup.reconcile.confirm import settle_at_startup
-from trueup.reconcile.management_tier import audit_restored, converge_management
-from trueup.reconcile.transaction import (
-    ApplyResult,
-    DamagedState,
-    Engine,
-    NeedsConfirmation,
-    Refused,
-)
+from trueup.reconcile.engine import Engine
+from trueup.reconcile.engine.converge import converge_management
 from trueup.startup.sources import ManagementSource, management_source
 
 __all__ = ["PHASES", "Orchestrator", "PhaseRecord"]
@@ -187,15 +182,15 @@ class Orchestrator:
             self._end(record, "failed", "no accepted document and no fallback")
             self.management_error = "no management configuration"
             return False
+        source = self.management_from.source
         try:
-            steps = converge_management(self.engine, document)
+            done = converge_management(self.engine, document, actor="startup", source=source)
         except Exception as exc:  # management must report, never crash the agent
             self.management_error = str(exc)
             self._end(record, "failed", str(exc))
             return False
-        detail = f"{len(steps)} step(s) from {self.management_from.source}"
-        source = self.management_from.source
-        if steps and audit_restored(self.engine, steps, "startup", source=source) is not None:
+        detail = f"{len(done.steps)} step(s) from {source}"
+        if done.audit_problem is not None:
             detail += " (not audited: the state directory refused the line)"
         self._end(record, "done", detail)
         self.management_error = None
@@ -276,7 +271,7 @@ class Orchestrator:
         names = [s.name for s in self.engine.subsystems]
         try:
             result = self._prepare_and_apply(
-                document, names, kind="reconcile" if enforcing else "apply"
+                document, names, kind=Kind.RECONCILE if enforcing else Kind.APPLY
             )
             if result is None:
                 self._end(record, "done", "nothing to do")
@@ -318,7 +313,7 @@ class Orchestrator:
         return self.engine.managed_by() is not None and applied.get("cp_version") is not None
 
     def _prepare_and_apply(
-        self, document: DeviceState, names: list[str], *, kind: str
+        self, document: DeviceState, names: list[str], *, kind: Kind
     ) -> ApplyResult | None:
         """One engine transaction over `names`: each prepared and applied within its deadline."""
         if not names:
@@ -424,7 +419,7 @@ class Orchestrator:
             if document is None:
                 continue
             try:
-                result = self._prepare_and_apply(document, retriable, kind="reconcile")
+                result = self._prepare_and_apply(document, retriable, kind=Kind.RECONCILE)
             except Refused as exc:
                 log.info("retry of %s deferred: %s", retriable, exc)
                 continue

@@ -11,7 +11,7 @@ private files under `daemons.run_dir(NAME)` = `STATE_DIR/run/NAME`, and durable
 records such as fences go in `state_dir` itself). A subsystem uses only what it
 needs, and unit tests hand it fakes (`trueup.system.fake`).
 
-Who opens one: `trueup.reconcile.transaction.Engine.sources()`, for one
+Who opens one: `trueup.reconcile.engine.Engine.sources()`, for one
 observation or one transaction.
 """
 
