@@ -320,7 +320,7 @@ class Agent:
             self.state.audit.append("apply_refused", actor, message=message)
         return {
             "ok": False,
-            "version": int(self.state.applied().get("version", 0)),
+            "version": self.state.applied().version,
             "outcome": "refused",
             "txn": None,
             "steps": [],
@@ -386,7 +386,7 @@ class Agent:
                 "agent_pid": os.getpid(),
                 "state_dir": str(self.state.root),
                 "netns": _netns_id(),
-                "applied_version": int(self.state.applied().get("version", 0)),
+                "applied_version": self.state.applied().version,
             },
         }
 

@@ -50,6 +50,7 @@ from trueup.journal.atomic import StateFileError
 from trueup.journal.state import StateDir
 from trueup.model.digests import canonical_json, json_digest, sha256_hex
 from trueup.model.order import natural_sorted
+from trueup.model.records import Applied
 
 __all__ = ["MODES", "Analysis", "analyze", "current_device", "diff_summary"]
 
@@ -129,14 +130,14 @@ class Analysis:
         }
 
 
-def current_device(state: StateDir) -> tuple[str | None, dict[str, Any] | None, dict[str, Any]]:
+def current_device(state: StateDir) -> tuple[str | None, dict[str, Any] | None, Applied]:
     """(device name, applied document, applied record) of this router; None when nothing applied."""
     applied = state.applied()
     document: dict[str, Any] | None = None
-    version = int(applied.get("version") or 0)
+    version = applied.version
     if version:
         try:
-            record = state.revision(version, applied.get("digest"))
+            record = state.revision(version, applied.digest)
         except StateFileError:
             record = None
         if record is not None and isinstance(record.get("document"), dict):
@@ -412,14 +413,14 @@ def _check_audit(analysis: Analysis, kept: dict[str, bytes]) -> None:
     info["head"] = {"seq": seq, "hash": prev}
 
 
-def _plans(analysis: Analysis, current: dict[str, Any] | None, applied: dict[str, Any]) -> None:
+def _plans(analysis: Analysis, current: dict[str, Any] | None, applied: Applied) -> None:
     manifest = analysis.manifest
     if manifest is None or analysis.document is None:
         return
     revision = dict(analysis.components[CONFIG].get("revision", {}))
     base = {
         "revision": revision,
-        "current": {"version": applied.get("version"), "digest": applied.get("digest")},
+        "current": {"version": applied.version, "digest": applied.digest},
         "changes": diff_summary(current, analysis.document),
         "interface_mappings": analysis.mappings,
     }

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState
 from trueup.model.reasons import ReasonCode
+from trueup.model.records import Applied
 from trueup.reconcile.changes import (
     _LOCAL_ORIGINS,
     Change,
@@ -130,12 +131,10 @@ class Checking:
             return float(change.deadlines[name])
         return float(change.document.spec.convergence.deadline_for(name))
 
-    def _resolve_version(
-        self, change: Change, applied: dict[str, Any], digest: str
-    ) -> tuple[int, bool]:
+    def _resolve_version(self, change: Change, applied: Applied, digest: str) -> tuple[int, bool]:
         """The version this change gets, and whether it is the applied one again."""
         actor = change.actor
-        applied_version = int(applied.get("version", 0))
+        applied_version = applied.version
         if change.expect_version is not None and change.expect_version != applied_version:
             raise self._refuse(
                 ReasonCode.CONCURRENT_MODIFICATION,
@@ -153,8 +152,8 @@ class Checking:
         if change.origin == "control-plane":
             if version is None:
                 raise ValueError("a control-plane revision carries its version")
-            cp_version = applied.get("cp_version")
-            if cp_version is not None and version < int(cp_version):
+            cp_version = applied.cp_version
+            if cp_version is not None and version < cp_version:
                 raise self._refuse(
                     ReasonCode.VERSION_SKEW,
                     f"control-plane revision {version} is older than revision {cp_version} "
@@ -163,12 +162,12 @@ class Checking:
                     document_version=version,
                     applied=applied_version,
                 )
-            same = version == applied_version and applied.get("digest") == digest
-            return version, same and not applied.get("override")
+            same = version == applied_version and applied.digest == digest
+            return version, same and not applied.override
         if version is None:
-            same = applied.get("digest") == digest and applied.get("outcome") == "committed"
+            same = applied.digest == digest and applied.outcome == "committed"
             # A restore replaces a local override even with the same document: committed anew.
-            same = same and not (change.replaces_override and applied.get("override"))
+            same = same and not (change.replaces_override and applied.override)
             if same and applied_version:
                 return applied_version, True
             return applied_version + 1, False
@@ -181,7 +180,7 @@ class Checking:
                 document_version=version,
                 applied=applied_version,
             )
-        if version == applied_version and applied.get("digest") != digest:
+        if version == applied_version and applied.digest != digest:
             raise self._refuse(
                 ReasonCode.VERSION_SKEW,
                 f"version {version} is already applied with different content; "
@@ -192,13 +191,13 @@ class Checking:
             )
         return version, version == applied_version
 
-    def _check_origin(self, change: Change, applied: dict[str, Any]) -> None:
+    def _check_origin(self, change: Change, applied: Applied) -> None:
         if change.origin not in _LOCAL_ORIGINS or change.override is not None:
             return
         url = self.managed_by()
         if url is None:
             return
-        cp = applied.get("cp_version")
+        cp = applied.cp_version
         raise self._refuse(
             ReasonCode.VERSION_SKEW,
             f"this device is managed by the control plane at {url}"

@@ -69,7 +69,7 @@ class Committing(Converging):
         document: DeviceState,
         version: int,
         digest: str,
-        applied: dict[str, Any],
+        applied: Applied,
         failed: dict[str, str],
         settled: list[str],
         records: list[tuple[str, dict[str, Any]]],
@@ -79,17 +79,15 @@ class Committing(Converging):
         if change.kind == "reconcile":
             # A heal converges to the applied revision; the applied record changes
             # only when a subsystem that had failed is now in place.
-            before_failed = dict(applied.get("failed", {}))
+            before_failed = dict(applied.failed)
             now_failed = {n: e for n, e in before_failed.items() if n not in settled}
-            before_carried = dict(applied.get("carried", {}))
+            before_carried = dict(applied.carried)
             now_carried = {n: e for n, e in before_carried.items() if n not in settled}
             changed = now_failed != before_failed or now_carried != before_carried
-            if changed and applied.get("version"):
-                record = dict(applied)
-                record["failed"] = now_failed
-                record["carried"] = now_carried
-                if applied.get("outcome") == "partial" and not now_failed:
-                    record["outcome"] = "committed"
+            if changed and applied.version:
+                record = applied.model_copy(update={"failed": now_failed, "carried": now_carried})
+                if applied.outcome == "partial" and not now_failed:
+                    record.outcome = "committed"
                 state.set_applied(record)
             outcome = "failed" if failed else "committed"
         else:
@@ -131,10 +129,9 @@ class Committing(Converging):
         txn: str,
         version: int,
         digest: str,
-        applied: dict[str, Any],
+        previous: Applied,
         failed: dict[str, str],
     ) -> Applied:
-        previous = Applied.model_validate(applied)
         cp_version, override = previous.cp_version, previous.override
         if change.origin == "control-plane":
             cp_version, override = version, None
@@ -356,7 +353,7 @@ class Committing(Converging):
             all_subsystems=[],
             scope=scope.to_json(),
             before={},
-            previous_applied=self.state.applied(),
+            previous_applied=self.state.applied().to_json(),
             steps={},
         )
         details = {

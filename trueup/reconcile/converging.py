@@ -18,6 +18,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from trueup.journal.state import StateDir
+from trueup.model.records import Applied
 from trueup.reconcile import faults
 from trueup.reconcile.changes import (
     _CONVERGE_PASSES,
@@ -85,7 +86,7 @@ class Converging:
         before: dict[str, Facts],
         scope: Scope,
         touched: list[str],
-        applied: dict[str, Any],
+        applied: Applied,
         exc: OSError,
     ) -> StorageError:
         """The state directory refused a write mid-transaction: put the system back.

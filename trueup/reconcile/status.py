@@ -234,9 +234,9 @@ def build_status(
     missing_mgmt = [v for d in management_diffs if d.path.endswith(".addresses") for v in d.missing]
     mgmt_state_bad = any(d.path.endswith(".state") for d in management_diffs)
     subsystems: dict[str, Any] = {}
-    failed = dict(applied.get("failed", {})) if applied.get("outcome") == "partial" else {}
+    failed = dict(applied.failed) if applied.outcome == "partial" else {}
     # Failing before the applied revision and left out of its transaction: still failing.
-    failed.update(applied.get("carried") or {})
+    failed.update(applied.carried)
     # Failed its last convergence, its heal since deferred (an operator's write took
     # the writer): still failing, never shown as merely waiting.
     for name, error in (getattr(engine, "failing", None) or {}).items():
@@ -299,14 +299,14 @@ def build_status(
         "device": document.metadata.device if document else None,
         "observed_at": observed_at,
         "versions": {
-            "applied": int(applied.get("version", 0)),
+            "applied": applied.version,
             "control_plane": control_plane_version,
-            "outcome": applied.get("outcome"),
-            "applied_at": applied.get("applied_at"),
-            "applied_digest": applied.get("digest"),
-            "origin": applied.get("origin"),
-            "control_plane_applied": applied.get("cp_version"),
-            "override": applied.get("override"),
+            "outcome": applied.outcome,
+            "applied_at": applied.applied_at,
+            "applied_digest": applied.digest,
+            "origin": applied.origin,
+            "control_plane_applied": applied.cp_version,
+            "override": applied.override.to_json() if applied.override else None,
         },
         "management": management_section,
         "subsystems": subsystems,

@@ -159,7 +159,7 @@ class Transacting(Committing, Checking, Overriding):
     ) -> ApplyResult:
         state = self.state
         applied = state.applied()
-        applied_version = int(applied.get("version", 0))
+        applied_version = applied.version
         # Before any revision, a console override is what management must not lose.
         previous = self.applied_document() or self._override_document()
         # A heal converges to what is applied *now*, under the lock: the caller
@@ -255,7 +255,7 @@ class Transacting(Committing, Checking, Overriding):
                 not skipped
                 and not any(p.changes for p in plans.values())
                 and same_version
-                and (heal or applied.get("outcome") == "committed")
+                and (heal or applied.outcome == "committed")
             )
             if unchanged:
                 try:
@@ -286,7 +286,7 @@ class Transacting(Committing, Checking, Overriding):
                     all_subsystems=names,
                     scope=scope.to_json(),
                     before=before,
-                    previous_applied=applied,
+                    previous_applied=applied.to_json(),
                     steps={n: len(p.steps) for n, p in plans.items() if p.changes},
                 )
             except OSError as exc:
@@ -303,7 +303,7 @@ class Transacting(Committing, Checking, Overriding):
                         # Subsystems outside this transaction keep the failures they had.
                         failed.update(
                             (name, error)
-                            for name, error in dict(applied.get("failed", {})).items()
+                            for name, error in dict(applied.failed).items()
                             if name not in change.only
                         )
                     for name, reason in skipped.items():

@@ -166,8 +166,8 @@ class Engine(Transacting):
         # leaves their section unchanged carries the failure instead of waiting on it.
         # Status' bounded looks at subsystems that may block (`trueup.reconcile.probes`).
         self.status_probes = StatusProbes(self.sources)
-        self.failing: dict[str, str] = dict(state.applied().get("failed") or {})
-        self.failing.update(state.applied().get("carried") or {})
+        self.failing: dict[str, str] = dict(state.applied().failed)
+        self.failing.update(state.applied().carried)
 
     @contextmanager
     def sources(self, memo: dict[str, Any] | None = None) -> Iterator[Sources]:
@@ -199,10 +199,10 @@ class Engine(Transacting):
     def applied_revision(self) -> DeviceState | None:
         """The applied revision as it was accepted (no override)."""
         applied = self.state.applied()
-        version = int(applied.get("version", 0))
+        version = applied.version
         if not version:
             return None
-        key = (version, applied.get("digest"), file_identity(self.state.revision_file(version)))
+        key = (version, applied.digest, file_identity(self.state.revision_file(version)))
         if self._parsed is not None and self._parsed[0] == key and key[2] is not None:
             return self._parsed[1]
         record = self.state.revision(version, key[1])
@@ -218,8 +218,8 @@ class Engine(Transacting):
         give the same document; the key is the one `applied_revision` checks.
         """
         applied = self.state.applied()
-        version = int(applied.get("version", 0))
-        key = (version, applied.get("digest"), file_identity(self.state.revision_file(version)))
+        version = applied.version
+        key = (version, applied.digest, file_identity(self.state.revision_file(version)))
         if key[2] is not None and document.metadata.version == version:
             self._parsed = (key, document)
 
@@ -232,7 +232,7 @@ class Engine(Transacting):
 
     def revision_document(self, version: int | None) -> tuple[int, DeviceState]:
         """An accepted revision to roll back to (default: the one before the applied one)."""
-        applied_version = int(self.state.applied().get("version", 0))
+        applied_version = self.state.applied().version
         candidates = [v for v in self.state.revision_versions() if v < applied_version]
         target = version if version is not None else (candidates[-1] if candidates else None)
         record = self.state.revision(target) if target is not None else None
@@ -516,7 +516,7 @@ class Engine(Transacting):
         override: str | None = None,
     ) -> ApplyResult:
         """Re-apply an earlier accepted revision's content as a new version."""
-        applied_version = int(self.state.applied().get("version", 0))
+        applied_version = self.state.applied().version
         target, document = self.revision_document(version)
         return self.transact(
             Change(
@@ -588,28 +588,32 @@ class Engine(Transacting):
         for name in names:
             self.failing.pop(name, None)
         applied = self.state.applied()
-        failed = dict(applied.get("failed") or {})
-        carried = dict(applied.get("carried") or {})
-        if not names & (failed.keys() | carried.keys()) or not applied.get("version"):
+        failed = dict(applied.failed)
+        carried = dict(applied.carried)
+        if not names & (failed.keys() | carried.keys()) or not applied.version:
             return []
         try:
             with self.writer("reconcile", actor, quiet=True):
                 applied = self.state.applied()  # under the lock: what is recorded now
-                failed = dict(applied.get("failed") or {})
-                carried = dict(applied.get("carried") or {})
+                failed = dict(applied.failed)
+                carried = dict(applied.carried)
                 settled = sorted(names & (failed.keys() | carried.keys()))
-                if not settled or not applied.get("version"):
+                if not settled or not applied.version:
                     return []
-                record = dict(applied)
-                record["failed"] = {n: e for n, e in failed.items() if n not in names}
-                record["carried"] = {n: e for n, e in carried.items() if n not in names}
-                if applied.get("outcome") == "partial" and not record["failed"]:
-                    record["outcome"] = "committed"
+                still_failed = {n: e for n, e in failed.items() if n not in names}
+                record = applied.model_copy(
+                    update={
+                        "failed": still_failed,
+                        "carried": {n: e for n, e in carried.items() if n not in names},
+                    }
+                )
+                if applied.outcome == "partial" and not still_failed:
+                    record.outcome = "committed"
                 self.state.set_applied(record)
                 self.state.audit.append(
                     "failure_settled",
                     actor,
-                    version=applied.get("version"),
+                    version=applied.version,
                     subsystems=settled,
                     why="seen in sync with the applied revision",
                 )

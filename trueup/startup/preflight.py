@@ -203,7 +203,7 @@ def preflight(
         findings.append(Finding("warning", "writer lock", f"held now by {holder}"))
 
     # Management configuration.
-    version = int(state.applied().get("version", 0)) if state.exists() else 0
+    version = state.applied().version if state.exists() else 0
     if version:
         damaged = False
         try:
