@@ -36,7 +36,7 @@ def _with_route(**spec: Any) -> dict[str, Any]:
 
 
 def _health(rig: Rig, name: str) -> tuple[str, str]:
-    entry = build_status(rig.engine, loop=rig.loop.view())["subsystems"][name]
+    entry = build_status(rig.engine, loop=rig.loop.view()).to_json()["subsystems"][name]
     return entry["health"], entry["reason"]
 
 

@@ -14,7 +14,8 @@ import pytest
 
 from tests.routers import base_document
 from tests.unit.test_loop import Rig
-from trueup.agent.cpclient import DesiredRevision, SyncLoop, report_from_status
+from trueup.agent.cpclient import DesiredRevision, report_from_status
+from trueup.agent.cpsync import SyncLoop
 from trueup.agent.process import Agent
 from trueup.agent.selfconfirm import SelfConfirm
 from trueup.cli.output import render_status

@@ -265,7 +265,7 @@ class Agent:
                 config_error=orchestrator.config_error,
             ),
             control_plane=self.sync.status() if self.sync is not None else None,
-        )
+        ).to_json()
 
     def drift(self) -> dict[str, Any]:
         return drift_report(self.status())

@@ -17,7 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trueup.agent.cpclient import ControlPlaneClient, RetryLater, SyncLoop, report_from_status
+from trueup.agent.cpclient import ControlPlaneClient, RetryLater, report_from_status
+from trueup.agent.cpsync import SyncLoop
 from trueup.agent.process import Agent
 from trueup.agent.reportwatch import StatusWatch, operator_facts
 from trueup.agent.selfconfirm import SelfConfirm

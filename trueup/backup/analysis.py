@@ -49,6 +49,7 @@ from trueup.backup.secrets import secrets_in_clear
 from trueup.journal.atomic import StateFileError
 from trueup.journal.state import StateDir
 from trueup.model.digests import canonical_json, json_digest, sha256_hex
+from trueup.model.jsontypes import JSONObject
 from trueup.model.order import natural_sorted
 from trueup.model.records import Applied
 
@@ -130,10 +131,13 @@ class Analysis:
         }
 
 
-def current_device(state: StateDir) -> tuple[str | None, dict[str, Any] | None, Applied]:
-    """(device name, applied document, applied record) of this router; None when nothing applied."""
+def current_device(state: StateDir) -> tuple[str | None, JSONObject | None, Applied]:
+    """(device name, applied document, applied record) of this router; None when nothing applied.
+
+    The document is the revision file's, unparsed (an archive's is compared with it as JSON).
+    """
     applied = state.applied()
-    document: dict[str, Any] | None = None
+    document: JSONObject | None = None
     version = applied.version
     if version:
         try:

@@ -53,6 +53,7 @@ from trueup.journal.atomic import read_json
 from trueup.journal.audit import now_iso
 from trueup.journal.limitations import list_limitations
 from trueup.journal.lock import lock_holder
+from trueup.model.jsontypes import JSONObject
 from trueup.model.reasons import CORRECTIVE_ACTIONS
 from trueup.reconcile.status import drift_report, gather, refusals_since_last_write
 from trueup.reconcile.transaction import Engine
@@ -260,7 +261,7 @@ def _environment(agent_pid: int | None) -> dict[str, Any]:
 def collect_evidence(
     engine: Engine,
     *,
-    status: dict[str, Any] | None = None,
+    status: JSONObject | None = None,
     source: str = "agent",
     missing: dict[str, str] | None = None,
 ) -> bytes:

@@ -21,8 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from trueup.model.jsontypes import JSONObject
 from trueup.model.reasons import Finding, ReasonCode
-from trueup.model.records import Applied
+from trueup.model.records import Applied, DamageRecord, TransactionSummary
 from trueup.subsystems.base import Difference
 
 __all__ = ["ClassifierInput", "classify"]
@@ -31,13 +32,13 @@ __all__ = ["ClassifierInput", "classify"]
 @dataclass
 class ClassifierInput:
     applied: Applied
-    open_transaction: dict[str, Any] | None = None
+    open_transaction: TransactionSummary | None = None
     open_transaction_live: bool = False
     open_transaction_overdue: bool = False
     open_transaction_recovering: bool = False  # recovery holds the writer lock right now
-    last_transaction: dict[str, Any] | None = None
+    last_transaction: TransactionSummary | None = None
     last_commit_at: str | None = None
-    refusals: list[dict[str, Any]] = field(default_factory=list)
+    refusals: list[JSONObject] = field(default_factory=list)  # audit lines as read
     desired_version: int | None = None
     control_plane_version: int | None = None
     unsupported_schema: str | None = None
@@ -48,7 +49,7 @@ class ClassifierInput:
     attribution: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # Damaged state files (`trueup.journal.damage.Damage.to_json()`), and a console
     # management override with the applied revision's management facts beside it.
-    damaged: list[dict[str, Any]] = field(default_factory=list)
+    damaged: list[DamageRecord] = field(default_factory=list)
     management_override: dict[str, Any] | None = None
 
 
@@ -136,7 +137,7 @@ def _partial_findings(facts: ClassifierInput) -> list[Finding]:
     ]
 
 
-def _refusal_findings(refusals: list[dict[str, Any]]) -> list[Finding]:
+def _refusal_findings(refusals: list[JSONObject]) -> list[Finding]:
     return [
         Finding.of(
             ReasonCode.CONCURRENT_MODIFICATION,
@@ -234,7 +235,7 @@ def _drift_findings(facts: ClassifierInput, explained: set[str]) -> list[Finding
 
 
 def _not_completed(
-    open_txn: dict[str, Any], facts: ClassifierInput, applied_version: int
+    open_txn: TransactionSummary, facts: ClassifierInput, applied_version: int
 ) -> tuple[str, str]:
     """An open transaction's detail and action, in the tense of what has happened so far.
 
@@ -265,7 +266,7 @@ def _not_completed(
     )
 
 
-def _damage_findings(damaged: list[dict[str, Any]]) -> list[Finding]:
+def _damage_findings(damaged: list[DamageRecord]) -> list[Finding]:
     """One finding per damaged file that forbids writes or heals (the rest is only listed)."""
     out: list[Finding] = []
     for damage in damaged:
