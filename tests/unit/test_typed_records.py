@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2] / "trueup"
 UNTYPED = "dict[str, Any]"
 
 # The count after the records were typed; lower it when you type more, never raise it.
-CEILING = 828
+CEILING = 817
 
 # Modules whose cross-package functions are typed (no `dict[str, Any]` in a signature).
 TYPED_MODULES = (

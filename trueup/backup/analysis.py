@@ -70,7 +70,7 @@ class Analysis:
     components: dict[str, dict[str, Any]] = field(default_factory=dict)
     plans: dict[str, dict[str, Any]] = field(default_factory=dict)
     mappings: dict[str, str] = field(default_factory=dict)
-    document: dict[str, Any] | None = None  # the revision a restore applies, mappings applied
+    document: JSONObject | None = None  # the revision a restore applies, mappings applied
 
     def component_problems(self, component: str) -> list[Problem]:
         return [p for p in self.problems if p.component in (None, component)]
@@ -164,7 +164,7 @@ def _leaves(value: Any, path: str, out: dict[str, Any]) -> None:
         out[path] = value
 
 
-def diff_summary(current: dict[str, Any] | None, restored: dict[str, Any]) -> dict[str, Any]:
+def diff_summary(current: JSONObject | None, restored: JSONObject) -> dict[str, Any]:
     """What applying `restored` over `current` changes: per `spec` section, and the first paths."""
     old_spec = (current or {}).get("spec") or {}
     new_spec = restored.get("spec") or {}
@@ -202,7 +202,7 @@ def _check_config(
     kept: dict[str, bytes],
     links: set[str],
     mappings: dict[str, str],
-    current: dict[str, Any] | None,
+    current: JSONObject | None,
 ) -> None:
     manifest = analysis.manifest
     assert manifest is not None
@@ -278,7 +278,7 @@ def _check_config(
     }
 
 
-def _check_document(analysis: Analysis, entry: str, document: dict[str, Any], digest: Any) -> None:
+def _check_document(analysis: Analysis, entry: str, document: JSONObject, digest: Any) -> None:
     """The archived document must be valid for this agent, and be the digest it claims."""
     import trueup.subsystems.registry  # noqa: F401  (registers the sections of spec)
     from trueup.model.document import DocumentError, document_digest, parse_document
@@ -300,7 +300,7 @@ def _check_document(analysis: Analysis, entry: str, document: dict[str, Any], di
 def _check_interfaces(
     analysis: Analysis,
     entry: str,
-    document: dict[str, Any],
+    document: JSONObject,
     links: set[str],
     mappings: dict[str, str],
 ) -> None:
@@ -417,7 +417,7 @@ def _check_audit(analysis: Analysis, kept: dict[str, bytes]) -> None:
     info["head"] = {"seq": seq, "hash": prev}
 
 
-def _plans(analysis: Analysis, current: dict[str, Any] | None, applied: Applied) -> None:
+def _plans(analysis: Analysis, current: JSONObject | None, applied: Applied) -> None:
     manifest = analysis.manifest
     if manifest is None or analysis.document is None:
         return

@@ -196,7 +196,7 @@ def _history(engine: Engine) -> dict[str, Any]:
     }
 
 
-def _concurrency(engine: Engine, status: dict[str, Any]) -> dict[str, Any]:
+def _concurrency(engine: Engine, status: JSONObject) -> dict[str, Any]:
     root = engine.state.root
     refused = [r for r in engine.state.audit.tail() if r.get("event") == "refused"]
     return {
@@ -218,7 +218,7 @@ def recorded_control_plane_version(engine: Engine) -> int | None:
     return version if isinstance(version, int) and not isinstance(version, bool) else None
 
 
-def _versions(engine: Engine, status: dict[str, Any]) -> dict[str, Any]:
+def _versions(engine: Engine, status: JSONObject) -> dict[str, Any]:
     versions = status.get("versions", {})
     accepted = engine.state.revision_versions()
     return {
@@ -313,7 +313,7 @@ def collect_evidence(
     return _archive(bundle, source)
 
 
-def _diff(bundle: _Bundle, status: dict[str, Any]) -> None:
+def _diff(bundle: _Bundle, status: JSONObject) -> None:
     report = drift_report(status)
     report["accepted"] = [
         d for sub in status.get("subsystems", {}).values() for d in sub.get("accepted", [])
