@@ -18,9 +18,9 @@ from trueup.agent.cpclient import (
     ControlPlaneRefused,
     ControlPlaneUnavailable,
     RetryLater,
-    SyncLoop,
     report_from_status,
 )
+from trueup.agent.cpsync import SyncLoop
 from trueup.server.app import AgentReport
 from trueup.server.db import Database
 from trueup.server.keys import load_or_create_server_key

@@ -36,7 +36,7 @@ def _with_route(**spec: Any) -> dict[str, Any]:
 
 
 def _health(rig: Rig, name: str) -> tuple[str, str]:
-    entry = build_status(rig.engine, loop=rig.loop.view())["subsystems"][name]
+    entry = build_status(rig.engine, loop=rig.loop.view()).to_json()["subsystems"][name]
     return entry["health"], entry["reason"]
 
 
@@ -45,7 +45,7 @@ def test_an_atomic_apply_carries_a_failing_subsystem_it_leaves_unchanged(tmp_pat
     answer = rig.loop.apply(parse_document(_with_route()), actor="test")
     assert answer["ok"] and answer["outcome"] == "committed", answer
     assert "addresses" in answer["carried"], answer
-    assert rig.state.applied()["carried"].keys() == {"addresses"}
+    assert rig.state.applied().carried.keys() == {"addresses"}
     health, reason = _health(rig, "addresses")
     assert health == "failed" and "Permission denied" in reason, reason
 
@@ -61,7 +61,7 @@ def test_a_carried_subsystem_that_recovers_by_itself_is_failing_no_more(tmp_path
     assert not report.healed and not report.txns, report
     assert _health(rig, "addresses")[0] == "ok"
     assert "addresses" not in rig.engine.failing
-    assert not rig.state.applied()["carried"]
+    assert not rig.state.applied().carried
     assert rig.audit("failure_settled")[-1]["details"]["subsystems"] == ["addresses"]
 
     # The next write converges it as usual instead of carrying a failure that is gone.
@@ -78,7 +78,7 @@ def test_a_partial_failure_seen_in_sync_settles_the_applied_record(tmp_path: Pat
     rig.net.add_address("lan0", LAN)
     rig.net.add_address("lan0", LAN6)
     rig.loop.run_pass()
-    applied = rig.state.applied()
+    applied = rig.state.applied().to_json()
     assert applied["outcome"] == "committed" and not applied["failed"], applied
     assert _health(rig, "addresses")[0] == "ok"
 
@@ -113,7 +113,7 @@ def test_a_failing_subsystem_whose_heal_was_deferred_is_still_shown_failed(
     rig = _failing_addresses(tmp_path)
     # The applied record no longer names it (a write replaced it), but its last
     # convergence failed and no heal has run since: waiting for the writer is no cure.
-    record = dict(rig.state.applied())
+    record = rig.state.applied().to_json()
     record.pop("failed", None)
     record["outcome"] = "committed"
     rig.state.set_applied(record)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from trueup.model.reasons import ReasonCode
+from trueup.model.records import Applied
 from trueup.reconcile.classify import ClassifierInput, classify
 from trueup.subsystems.base import Difference
 
-APPLIED = {"version": 3, "outcome": "committed", "applied_at": "2026-11-30T00:00:00Z"}
+APPLIED = Applied(version=3, outcome="committed", applied_at="2026-11-30T00:00:00Z")
 DIFF = Difference(
     "addresses",
     "spec.interfaces[lan0].addresses",
@@ -87,7 +88,7 @@ def test_recovered_transaction_is_reported_with_rollback_errors() -> None:
 
 
 def test_partial_update_explains_its_own_differences() -> None:
-    applied = {**APPLIED, "outcome": "partial", "failed": {"addresses": "EPERM"}}
+    applied = APPLIED.model_copy(update={"outcome": "partial", "failed": {"addresses": "EPERM"}})
     codes = _codes(ClassifierInput(applied=applied, differences={"addresses": [DIFF]}))
     assert codes == ["STATE_PARTIAL_UPDATE"]
 

@@ -71,7 +71,7 @@ def rig(tmp_path: Path) -> Rig:
 
 
 def _status(rig: Rig) -> dict[str, Any]:
-    return build_status(rig.engine, loop=rig.loop.view())
+    return build_status(rig.engine, loop=rig.loop.view()).to_json()
 
 
 def _heal_txn(rig: Rig) -> str:

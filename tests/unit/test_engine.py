@@ -67,7 +67,7 @@ def test_atomic_failure_restores_before_images(engine: Engine, kernel: FakeNetli
         sorted(kernel.route_table, key=str),
         dict(kernel.link_state),
     ) == before
-    assert engine.state.applied()["version"] == 1
+    assert engine.state.applied().version == 1
 
 
 def test_best_effort_keeps_successes_and_reports_partial(
@@ -116,7 +116,7 @@ def test_recovery_rolls_back_an_open_transaction(engine: Engine, kernel: FakeNet
         subsystems=["addresses"],
         scope=scope_json,
         before=current,
-        previous_applied=engine.state.applied(),
+        previous_applied=engine.state.applied().to_json(),
     )
     kernel.add_address("lan0", "203.0.113.99/24")
     assert before  # the first transaction's image exists too
@@ -141,7 +141,7 @@ def test_rollback_to_previous_revision(engine: Engine, kernel: FakeNetlink) -> N
     }
     with pytest.raises(UnknownRevision, match="no accepted revision 42"):
         engine.rollback_to(42)
-    assert engine.state.applied()["version"] == 3
+    assert engine.state.applied().version == 3
 
 
 def test_agent_refuses_an_unsafe_apply_before_its_loop_runs(engine: Engine) -> None:
@@ -154,7 +154,7 @@ def test_agent_refuses_an_unsafe_apply_before_its_loop_runs(engine: Engine) -> N
     result = agent.apply(parse_document(moved))
     assert result["ok"] is False and result["outcome"] == "refused"
     assert "removes management address 198.51.100.2/24" in result["message"]
-    assert engine.state.applied()["version"] == 1
+    assert engine.state.applied().version == 1
     assert [r["event"] for r in engine.state.audit.records()][-1] == "apply_refused"
 
 

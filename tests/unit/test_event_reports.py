@@ -9,13 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.unit.test_loop import ADDRESSES, Rig
-from trueup.agent.cpclient import (
-    ControlPlaneRefused,
-    ControlPlaneUnavailable,
-    ReportPacer,
-    SyncLoop,
-    report_from_status,
-)
+from trueup.agent.cpclient import ControlPlaneRefused, ControlPlaneUnavailable
+from trueup.agent.cpreport import ReportPacer, report_from_status
+from trueup.agent.cpsync import SyncLoop
 from trueup.agent.reportwatch import StatusWatch
 
 

@@ -140,7 +140,7 @@ def test_breaker_open_reports_reconciliation_failed(engine: Engine) -> None:
         activity=LoopActivity(event_source="fake", counters={}),
         now=now,
     )
-    status = build_status(engine, loop=view)
+    status = build_status(engine, loop=view).to_json()
     failing = _failing(run_checks(status, RUNNING))
     assert "STATE_RECONCILIATION_FAILED" in failing
     assert "trueup reconcile --subsystem" in failing["STATE_RECONCILIATION_FAILED"].action

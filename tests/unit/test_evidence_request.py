@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.routers import base_document
-from trueup.agent.cpclient import ControlPlaneRefused, SyncLoop
+from trueup.agent.cpclient import ControlPlaneRefused
+from trueup.agent.cpsync import SyncLoop
 from trueup.backup.evidence import collect_evidence
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document

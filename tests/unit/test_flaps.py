@@ -341,7 +341,7 @@ def test_an_interrupted_heal_is_reported_after_recovery(tmp_path: Path) -> None:
         subsystems=["addresses"],
         scope=scope_json,
         before=current,
-        previous_applied=state.applied(),
+        previous_applied=state.applied().to_json(),
     )
     assert engine.recover() is not None
     findings = gather(engine)["reason_codes"]

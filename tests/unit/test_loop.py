@@ -278,7 +278,7 @@ def test_confirm_within_the_window_keeps_the_version(rig: Rig) -> None:
     assert read_pending(rig.state) is None
     rig.clock.advance(60)
     rig.loop.run_pass()
-    assert rig.state.applied()["version"] == 2
+    assert rig.state.applied().version == 2
     assert not rig.has_address()
 
 
@@ -288,7 +288,7 @@ def test_missed_confirmation_rolls_back_to_the_last_confirmed_version(rig: Rig) 
     assert not rig.has_address()
     rig.clock.advance(31)
     rig.loop.run_pass()
-    assert rig.state.applied()["version"] == 3
+    assert rig.state.applied().version == 3
     assert rig.has_address()
     assert read_pending(rig.state) is None
     assert rig.audit("confirm_timeout")[0]["details"]["rolled_back_to_revision"] == 1
@@ -301,7 +301,7 @@ def test_unsafe_management_change_is_refused_without_confirm_within(rig: Rig) ->
     result = rig.loop.apply(parse_document(spec), actor="test")
     assert not result["ok"] and result["outcome"] == "refused"
     assert "removes management address 198.51.100.2/24" in result["failed"]["management"]
-    assert rig.state.applied()["version"] == 1
+    assert rig.state.applied().version == 1
     previous = parse_document(base_document())
     assert unsafe_management_changes(previous, previous) == []
 
@@ -443,7 +443,7 @@ def test_a_failing_recovery_of_an_open_transaction_does_not_stop_the_pass(
             "management_default_routes": [],
         },
         before={},
-        previous_applied=rig.engine.state.applied(),
+        previous_applied=rig.engine.state.applied().to_json(),
     )
 
     def broken(**_: Any) -> None:

@@ -150,7 +150,7 @@ def test_every_commit_writes_the_committed_management(tmp_path: Path) -> None:
     assert engine.apply_document(parse_document(base_document())).ok
     first = read_management(state.root)
     assert first is not None and first["version"] == 1
-    assert first["digest"] == state.applied()["digest"]
+    assert first["digest"] == state.applied().digest
     moved = base_document()
     moved["spec"]["management"]["addresses"] = ["198.51.100.2/24", "198.51.100.7/24"]
     result = engine.apply_document(parse_document(moved))
@@ -158,4 +158,4 @@ def test_every_commit_writes_the_committed_management(tmp_path: Path) -> None:
     second = read_management(state.root)
     assert second is not None and second["version"] == 2
     assert second["addresses"] == ["198.51.100.2/24", "198.51.100.7/24"]
-    assert second["digest"] == state.applied()["digest"]
+    assert second["digest"] == state.applied().digest

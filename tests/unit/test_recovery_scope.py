@@ -145,7 +145,7 @@ def _crash_during(engine: Engine, document: DeviceState, kind: str = "apply") ->
         all_subsystems=[s.name for s in engine.subsystems],
         scope=scope.to_json(),
         before=before,
-        previous_applied=engine.state.applied(),
+        previous_applied=engine.state.applied().to_json(),
     )
 
 

@@ -83,7 +83,7 @@ def test_config_only_walks_every_state_lifts_the_fence_and_keeps_the_lease_file(
     assert [h["state"] for h in record["history"]] == ORDER
     assert read_fence(engine.state.root, "dhcp") is None
     assert _sha(_leases(engine)) == before, "config-only never touches the lease file"
-    applied = engine.state.applied()
+    applied = engine.state.applied().to_json()
     assert applied["origin"] == "restore" and applied["version"] == 4
     document = engine.applied_revision()
     assert document is not None
@@ -189,7 +189,7 @@ def test_a_failed_transaction_rolls_back_and_lifts_the_fence_only_when_back(
     setup: tuple[Engine, Path], kernel: FakeNetlink
 ) -> None:
     engine, archive = setup
-    before = engine.state.applied()
+    before = engine.state.applied().to_json()
     lease_text = _leases(engine).read_text()
     real_set_link = kernel.set_link
 
@@ -202,7 +202,7 @@ def test_a_failed_transaction_rolls_back_and_lifts_the_fence_only_when_back(
     record = start_restore(engine, archive, "full", {}, LINKS)
     assert record["state"] == "rolled_back", record
     assert "transaction" in record["problem"] or "refused" in record["problem"]
-    assert engine.state.applied()["digest"] == before["digest"]
+    assert engine.state.applied().digest == before["digest"]
     assert _leases(engine).read_text() == lease_text, "the previous lease file is back"
     assert read_fence(engine.state.root, "dhcp") is None
     assert record["fence_held"] is False
@@ -250,11 +250,11 @@ def test_the_management_guard_holds_a_restore_that_would_take_management_away(
     assert moved.apply_document(parse_document(document), management_confirmed=True).ok
     archive = tmp_path / "moved.tar"
     create_backup(other.root, archive, with_leases=False)
-    before = engine.state.applied()
+    before = engine.state.applied().to_json()
     record = start_restore(engine, archive, "config-only", {}, LINKS)
     assert record["state"] == "rolled_back", record
     assert "management" in record["problem"]
-    assert engine.state.applied()["digest"] == before["digest"]
+    assert engine.state.applied().digest == before["digest"]
     assert "198.51.100.2/24" in {a.prefix for a in kernel.addrs if a.ifname == "mgmt0"}
     assert read_fence(engine.state.root, "dhcp") is None, "back at the previous revision"
     assert "previous revision" in record["next"]
@@ -333,7 +333,7 @@ def test_missing_links_are_waited_for_reported_and_the_restore_goes_on_when_they
 ) -> None:
     engine, archive = setup
     lan0 = kernel.link_state.pop("lan0")  # a link that comes late after a boot
-    before = engine.state.applied()
+    before = engine.state.applied().to_json()
     record = start_restore(engine, archive, "config-only", {}, LINKS, link_wait=0.0)
     assert record["state"] == "awaiting_restart", record
     assert record["waiting"]["links"] == ["lan0"] and record["waiting"]["since"]
@@ -342,7 +342,7 @@ def test_missing_links_are_waited_for_reported_and_the_restore_goes_on_when_they
     status = gather(engine)["restore"]
     assert status["pending"] is True and status["waiting"]["links"] == ["lan0"]
     assert "waiting for links lan0" in render_status(gather(engine))
-    assert engine.state.applied()["digest"] == before["digest"], "nothing applied meanwhile"
+    assert engine.state.applied().digest == before["digest"], "nothing applied meanwhile"
     assert read_fence(engine.state.root, "dhcp") is not None
     again = resume(_engine(engine.state, kernel), link_wait=0.0)  # still missing: still waiting
     assert again is not None and again["state"] == "awaiting_restart"
@@ -363,11 +363,11 @@ def test_links_that_never_appear_end_the_wait_rolled_back_with_the_fence_lifted(
     engine, archive = setup
     monkeypatch.setattr(restore, "LINK_WAIT", 0.3)
     del kernel.link_state["lan0"]
-    before = engine.state.applied()
+    before = engine.state.applied().to_json()
     record = start_restore(engine, archive, "config-only", {}, LINKS, link_wait=5.0)
     assert record["state"] == "rolled_back", record
     assert "lan0 did not appear within 0.3 s" in record["problem"]
-    assert engine.state.applied()["digest"] == before["digest"]
+    assert engine.state.applied().digest == before["digest"]
     assert read_fence(engine.state.root, "dhcp") is None, "nothing was applied: the fence goes"
     assert record["fence_held"] is False
 
@@ -559,11 +559,11 @@ def test_a_config_only_restore_clears_the_local_override_it_replaces(
     changed["metadata"].pop("version", None)
     changed["spec"]["interfaces"][0]["mtu"] = 1350
     assert engine.apply_document(parse_document(changed), override="lab test").ok
-    assert engine.state.applied()["override"]["reason"] == "lab test"
+    assert engine.state.applied().override.reason == "lab test"
 
     record = start_restore(engine, archive, "config-only", {}, LINKS, actor="test")
     assert record["state"] == "completed", record
-    applied = engine.state.applied()
+    applied = engine.state.applied().to_json()
     assert applied["origin"] == "restore" and applied["override"] is None
     status = gather(engine, control_plane_version=3)
     assert status["versions"]["override"] is None

@@ -14,7 +14,8 @@ import pytest
 
 from tests.routers import base_document
 from tests.unit.test_loop import Rig
-from trueup.agent.cpclient import DesiredRevision, SyncLoop, report_from_status
+from trueup.agent.cpclient import DesiredRevision, report_from_status
+from trueup.agent.cpsync import SyncLoop
 from trueup.agent.process import Agent
 from trueup.agent.selfconfirm import SelfConfirm
 from trueup.cli.output import render_status
@@ -96,7 +97,7 @@ def test_management_ready_and_the_control_plane_reached_confirms_it(rig: Rig) ->
     assert [r["actor"] for r in rig.audit("confirmed")] == ["agent-health"]
     rig.clock.advance(60)
     rig.loop.run_pass()
-    assert rig.state.applied()["version"] == 2  # kept: the window no longer applies
+    assert rig.state.applied().version == 2  # kept: the window no longer applies
 
 
 def test_the_window_passing_without_the_control_plane_rolls_back_with_the_reason(
@@ -113,8 +114,8 @@ def test_the_window_passing_without_the_control_plane_rolls_back_with_the_reason
         assert waiting is not None and "last error: report: ConnectTimeout" in waiting
     rig.clock.advance(16)
     rig.loop.run_pass()  # the loop's confirm-timeout, the one rollback path
-    assert rig.state.applied()["version"] == 3
-    assert rig.state.applied()["origin"] == "confirm-timeout"
+    assert rig.state.applied().version == 3
+    assert rig.state.applied().origin == "confirm-timeout"
     assert rig.has_address()
     outcome = read_outcome(rig.state)
     assert outcome is not None and outcome["state"] == "rolled-back"
@@ -222,7 +223,7 @@ def test_a_windowed_revision_whose_apply_fails_is_reported_rolled_back(rig: Rig)
         confirm_within=30,
     )
     assert not result["ok"]
-    assert read_pending(rig.state) is None and rig.state.applied()["version"] == 1
+    assert read_pending(rig.state) is None and rig.state.applied().version == 1
     outcome = read_outcome(rig.state)
     assert outcome is not None and outcome["state"] == "rolled-back" and outcome["version"] == 2
     assert outcome["reason"].startswith("the apply failed and its transaction rolled back")
@@ -280,7 +281,7 @@ def test_a_firewall_that_drops_the_api_is_never_confirmed_by_the_agent_itself(
     assert read_pending(rig.state) is not None  # not confirmed
     rig.clock.advance(30)
     rig.loop.run_pass()
-    assert rig.state.applied()["origin"] == "confirm-timeout"
+    assert rig.state.applied().origin == "confirm-timeout"
     outcome = read_outcome(rig.state)
     assert outcome is not None and outcome["state"] == "rolled-back"
     assert "an operator's `trueup confirm`" in outcome["reason"]

@@ -175,7 +175,7 @@ def test_the_agent_s_inputs_each_land_in_their_section(engine: Engine) -> None:
             config_error="bad file",
         ),
         control_plane={"url": "https://cp", "connected": True},
-    )
+    ).to_json()
     assert list(status) == [
         *STATUS_KEYS,
         "pending_confirmation",
@@ -213,7 +213,7 @@ def test_the_agent_s_inputs_each_land_in_their_section(engine: Engine) -> None:
 def test_heal_failures_in_the_view_fail_the_subsystem(engine: Engine) -> None:
     governor = Governor(OPTIONS)
     governor.record_failure("routes", NOW, "unreachable", [ROUTE])
-    status = build_status(engine, loop=_view(governor))
+    status = build_status(engine, loop=_view(governor)).to_json()
     assert status["subsystems"]["routes"]["health"] == "failed"
     codes = [f["code"] for f in status["reason_codes"]]
     assert "STATE_RECONCILIATION_FAILED" in codes

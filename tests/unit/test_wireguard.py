@@ -774,4 +774,4 @@ def test_a_failed_apply_leaves_no_preshared_key_the_committed_revision_lacks(
     assert not result.ok and result.outcome == "rolled_back", result
     assert any(f"PresharedKey = {PSK}" in text for text in wg.conf_seen)
     assert wg.interfaces["wg0"].peers[PEER].preshared is None
-    assert engine.state.applied()["version"] == 1
+    assert engine.state.applied().version == 1

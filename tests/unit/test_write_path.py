@@ -69,7 +69,7 @@ def test_rollback_that_drops_a_management_address_needs_a_confirmation(
         engine.rollback_to(None)
     assert "removes management address 198.51.100.3/24" in str(refused.value)
     assert _kernel_image(kernel) == before
-    assert engine.state.applied()["version"] == 2
+    assert engine.state.applied().version == 2
     # With a confirmation arranged, the same rollback is applied.
     result = engine.rollback_to(None, management_confirmed=True)
     assert result.ok and result.version == 3 and result.origin == "rollback"
@@ -113,7 +113,7 @@ def test_a_document_the_kernel_cannot_hold_fails_atomically(
     assert not result.ok and result.outcome == "rolled_back"
     assert "routes" in result.failed
     assert _kernel_image(kernel) == before
-    assert engine.state.applied()["version"] == 1
+    assert engine.state.applied().version == 1
 
 
 # -- revisions have an identity -------------------------------------------------------
@@ -124,7 +124,7 @@ def test_local_apply_on_a_managed_device_is_an_explicit_reported_override(
     cp_doc = _doc().with_version(1)
     assert engine.transact(Change(cp_doc, origin="control-plane", actor="control-plane")).ok
     state.write(CONTROL_PLANE_FILE, {"url": "https://cp.invalid", "version": 1})
-    assert state.applied()["cp_version"] == 1 and state.applied()["origin"] == "control-plane"
+    assert state.applied().cp_version == 1 and state.applied().origin == "control-plane"
 
     local = _doc(routes=[])
     with pytest.raises(Refused) as refused:
@@ -134,7 +134,7 @@ def test_local_apply_on_a_managed_device_is_an_explicit_reported_override(
 
     result = engine.apply_document(local, actor="cli:0", override="hotfix for ticket 42")
     assert result.ok and result.version == 2
-    applied = state.applied()
+    applied = state.applied().to_json()
     assert applied["origin"] == "local-cli" and applied["cp_version"] == 1
     assert applied["override"]["reason"] == "hotfix for ticket 42"
     assert applied["override"]["actor"] == "cli:0"
@@ -145,13 +145,13 @@ def test_local_apply_on_a_managed_device_is_an_explicit_reported_override(
 
     # The control plane publishes its revision 2: same number as the override, other content.
     cp_two = _doc(routes=[{"to": "192.0.2.0/24", "via": "203.0.113.254"}]).with_version(2)
-    assert not already_applied(applied, 2, document_digest(cp_two))
+    assert not already_applied(state.applied(), 2, document_digest(cp_two))
     result = engine.transact(Change(cp_two, origin="control-plane", actor="control-plane"))
     assert result.ok and result.version == 2
-    applied = state.applied()
+    applied = state.applied().to_json()
     assert applied["origin"] == "control-plane" and applied["override"] is None
     assert applied["digest"] == document_digest(cp_two)
-    assert already_applied(applied, 2, document_digest(cp_two))
+    assert already_applied(state.applied(), 2, document_digest(cp_two))
     assert state.revision(2)["document"]["spec"]["routes"]  # type: ignore[index]
     aside = list((state.root / "revisions" / "superseded").glob("00000002-*.json"))
     assert len(aside) == 1 and json.loads(aside[0].read_text())["origin"] == "local-cli"
@@ -162,7 +162,7 @@ def test_local_apply_on_a_managed_device_is_an_explicit_reported_override(
 def test_a_control_plane_revision_is_never_skipped_for_a_local_number(engine: Engine) -> None:
     for routes in ([], None, []):  # local history before enrolment: versions 1..3
         engine.apply_document(_doc(routes=routes) if routes is not None else _doc())
-    assert engine.state.applied()["version"] == 3
+    assert engine.state.applied().version == 3
     cp_one = _doc(routes=[]).with_version(1)
     assert not already_applied(engine.state.applied(), 1, document_digest(cp_one))
     result = engine.transact(Change(cp_one, origin="control-plane"))
@@ -183,7 +183,7 @@ def test_recovering_an_interrupted_heal_goes_forward_never_to_the_drifted_image(
     # flushed state), re-adds one address, and the agent dies.
     for address in many:
         kernel.del_address("mgmt0", address)
-    applied = engine.state.applied()
+    applied = engine.state.applied().to_json()
     scope = json.loads(json.dumps(engine.state.journal.transactions()[-1].begin["scope"]))
     with engine.sources() as net:
         flushed = engine.observe(net, Scope.from_json(scope))
@@ -274,7 +274,7 @@ def test_a_full_disk_at_commit_puts_the_system_back(
         engine.apply_document(_doc(routes=[]))
     assert "put back" in str(failed.value)
     assert _kernel_image(kernel) == before
-    assert engine.state.applied()["version"] == 1
+    assert engine.state.applied().version == 1
     assert engine.state.journal.open_transaction() is None
     monkeypatch.undo()
     assert engine.apply_document(_doc(routes=[])).ok
@@ -333,7 +333,7 @@ def test_a_changed_config_file_on_a_managed_device_is_not_applied_at_start(
     orchestrator = Orchestrator(engine, config_path=str(config))
     orchestrator.load()
     orchestrator.subsystems()
-    applied = engine.state.applied()
+    applied = engine.state.applied().to_json()
     assert applied["version"] == 4 and applied["origin"] == "control-plane"
     assert "managed by the control plane" in str(orchestrator.config_error)
 
@@ -341,7 +341,7 @@ def test_a_changed_config_file_on_a_managed_device_is_not_applied_at_start(
 def test_the_committed_revision_is_kept_as_its_file_would_parse(engine: Engine) -> None:
     assert engine.apply_document(_doc(routes=[])).ok
     kept = engine.applied_revision()
-    version = int(engine.state.applied()["version"])
+    version = int(engine.state.applied().version)
     record = engine.state.revision(version)
     assert kept is not None and record is not None
     assert kept == parse_document(record["document"])
@@ -386,7 +386,7 @@ def test_a_transaction_left_open_by_a_full_disk_is_closed_by_the_loop_once_space
     last = engine.state.journal.last()
     assert last is not None and last.terminal is not None
     assert last.terminal["type"] == "rolled_back" and last.terminal["recovered"] is True
-    assert engine.state.applied()["version"] == 1
+    assert engine.state.applied().version == 1
     assert _kernel_image(kernel) == before
 
 
@@ -432,7 +432,7 @@ def test_apply_not_completed_speaks_in_the_tense_of_what_happened_and_an_unchang
     assert not_completed() == []
     settled = [r for r in engine.state.audit.records() if r["details"].get("settles")]
     assert len(settled) == 1 and settled[0]["details"]["outcome"] == "unchanged"
-    assert engine.state.applied()["version"] == 1
+    assert engine.state.applied().version == 1
     # Nothing left to clear: the next unchanged apply writes no transaction.
     count = len(engine.state.journal.transactions())
     assert restarted.apply_document(_doc()).cleared == []
@@ -447,11 +447,11 @@ def test_a_restored_revision_replaces_a_local_override_even_with_the_same_docume
     state.write(CONTROL_PLANE_FILE, {"url": "https://cp.invalid", "version": 1})
     local = _doc(routes=[])
     assert engine.apply_document(local, actor="cli:0", override="lab test").ok
-    assert state.applied()["override"]["reason"] == "lab test"
+    assert state.applied().override.reason == "lab test"
     restored = engine.transact(
         Change(local, kind="restore", origin="restore", actor="test", replaces_override=True)
     )
     assert restored.ok and restored.outcome == "committed"
-    applied = state.applied()
+    applied = state.applied().to_json()
     assert applied["origin"] == "restore" and applied["override"] is None
     assert gather(engine, control_plane_version=1)["versions"]["override"] is None

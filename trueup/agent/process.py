@@ -266,7 +266,7 @@ class Agent:
                 config_error=orchestrator.config_error,
             ),
             control_plane=self.sync.status() if self.sync is not None else None,
-        )
+        ).to_json()
 
     def drift(self) -> dict[str, Any]:
         return drift_report(self.status())
@@ -321,7 +321,7 @@ class Agent:
             self.state.audit.append("apply_refused", actor, message=message)
         return {
             "ok": False,
-            "version": int(self.state.applied().get("version", 0)),
+            "version": self.state.applied().version,
             "outcome": "refused",
             "txn": None,
             "steps": [],
@@ -387,7 +387,7 @@ class Agent:
                 "agent_pid": os.getpid(),
                 "state_dir": str(self.state.root),
                 "netns": _netns_id(),
-                "applied_version": int(self.state.applied().get("version", 0)),
+                "applied_version": self.state.applied().version,
             },
         }
 

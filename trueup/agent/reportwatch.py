@@ -11,7 +11,7 @@ device. A report goes out whenever something an operator sees changes:
   management readiness (`operator_facts`).
 
 Either way `StatusWatch` only asks for a report (`request_report`); the sync
-loop coalesces what it is asked (`trueup.agent.cpclient.ReportPacer`: at most
+loop coalesces what it is asked (`trueup.agent.cpreport.ReportPacer`: at most
 one report a second, the first at once) and the report carries the state as
 it is when it is built.
 """

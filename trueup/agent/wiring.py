@@ -17,12 +17,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trueup.agent.cpclient import ControlPlaneClient, RetryLater, SyncLoop, report_from_status
+from trueup.agent.cpclient import ControlPlaneClient, RetryLater, report_from_status
+from trueup.agent.cpsync import SyncLoop
 from trueup.agent.process import Agent
 from trueup.agent.reportwatch import StatusWatch, operator_facts
 from trueup.agent.selfconfirm import SelfConfirm
 from trueup.model.document import document_digest, parse_document
 from trueup.model.reasons import ReasonCode
+from trueup.model.records import Applied
 from trueup.reconcile.changes import CONTROL_PLANE_FILE, Refused, StorageError
 from trueup.reconcile.loop import ReconcileLoop
 from trueup.system.safefile import open_file
@@ -33,7 +35,7 @@ __all__ = ["CONTROL_PLANE_FILE", "already_applied", "wire"]
 log = logging.getLogger("trueup.agent")
 
 
-def already_applied(applied: dict[str, Any], version: int, digest: str) -> bool:
+def already_applied(applied: Applied, version: int, digest: str) -> bool:
     """Whether control-plane revision `version` needs no apply.
 
     Decided by identity, not by number: a revision is applied when the last
@@ -41,12 +43,11 @@ def already_applied(applied: dict[str, Any], version: int, digest: str) -> bool:
     that took the same number does not count; a local override holds only
     until the next desired revision.
     """
-    cp_version = applied.get("cp_version")
-    if cp_version is not None:
-        return int(cp_version) >= version
+    if applied.cp_version is not None:
+        return applied.cp_version >= version
     # A state directory from before revisions had an origin: same number and
     # same document is the only proof.
-    return int(applied.get("version", 0)) == version and applied.get("digest") == digest
+    return applied.version == version and applied.digest == digest
 
 
 def _control_plane_record(agent: Agent) -> dict[str, Any] | None:
@@ -123,7 +124,7 @@ def _start_sync(agent: Agent, url: str, token_file: Path, heartbeat: float) -> S
         if already_applied(state.applied(), version, document_digest(parsed)):
             return  # already there (a restart, or a re-poll)
         window = confirm_within
-        if window is not None and not int(state.applied().get("version", 0)):
+        if window is not None and not state.applied().version:
             log.warning(
                 "control-plane revision %d: nothing applied yet to roll back to; "
                 "applied without its %gs confirmation window",
@@ -153,7 +154,7 @@ def _start_sync(agent: Agent, url: str, token_file: Path, heartbeat: float) -> S
         heartbeat_interval=heartbeat,
         # Long-poll after the last revision applied from the control plane, never
         # after a number a local apply took.
-        initial_version=int(state.applied().get("cp_version") or 0),
+        initial_version=(state.applied().cp_version or 0),
         build_evidence=lambda path: _write_private_bytes(path, agent.evidence()),
     )
     sync.start()

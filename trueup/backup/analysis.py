@@ -49,7 +49,9 @@ from trueup.backup.secrets import secrets_in_clear
 from trueup.journal.atomic import StateFileError
 from trueup.journal.state import StateDir
 from trueup.model.digests import canonical_json, json_digest, sha256_hex
+from trueup.model.jsontypes import JSONObject
 from trueup.model.order import natural_sorted
+from trueup.model.records import Applied
 
 __all__ = ["MODES", "Analysis", "analyze", "current_device", "diff_summary"]
 
@@ -68,7 +70,7 @@ class Analysis:
     components: dict[str, dict[str, Any]] = field(default_factory=dict)
     plans: dict[str, dict[str, Any]] = field(default_factory=dict)
     mappings: dict[str, str] = field(default_factory=dict)
-    document: dict[str, Any] | None = None  # the revision a restore applies, mappings applied
+    document: JSONObject | None = None  # the revision a restore applies, mappings applied
 
     def component_problems(self, component: str) -> list[Problem]:
         return [p for p in self.problems if p.component in (None, component)]
@@ -129,14 +131,17 @@ class Analysis:
         }
 
 
-def current_device(state: StateDir) -> tuple[str | None, dict[str, Any] | None, dict[str, Any]]:
-    """(device name, applied document, applied record) of this router; None when nothing applied."""
+def current_device(state: StateDir) -> tuple[str | None, JSONObject | None, Applied]:
+    """(device name, applied document, applied record) of this router; None when nothing applied.
+
+    The document is the revision file's, unparsed (an archive's is compared with it as JSON).
+    """
     applied = state.applied()
-    document: dict[str, Any] | None = None
-    version = int(applied.get("version") or 0)
+    document: JSONObject | None = None
+    version = applied.version
     if version:
         try:
-            record = state.revision(version, applied.get("digest"))
+            record = state.revision(version, applied.digest)
         except StateFileError:
             record = None
         if record is not None and isinstance(record.get("document"), dict):
@@ -159,7 +164,7 @@ def _leaves(value: Any, path: str, out: dict[str, Any]) -> None:
         out[path] = value
 
 
-def diff_summary(current: dict[str, Any] | None, restored: dict[str, Any]) -> dict[str, Any]:
+def diff_summary(current: JSONObject | None, restored: JSONObject) -> dict[str, Any]:
     """What applying `restored` over `current` changes: per `spec` section, and the first paths."""
     old_spec = (current or {}).get("spec") or {}
     new_spec = restored.get("spec") or {}
@@ -197,7 +202,7 @@ def _check_config(
     kept: dict[str, bytes],
     links: set[str],
     mappings: dict[str, str],
-    current: dict[str, Any] | None,
+    current: JSONObject | None,
 ) -> None:
     manifest = analysis.manifest
     assert manifest is not None
@@ -273,7 +278,7 @@ def _check_config(
     }
 
 
-def _check_document(analysis: Analysis, entry: str, document: dict[str, Any], digest: Any) -> None:
+def _check_document(analysis: Analysis, entry: str, document: JSONObject, digest: Any) -> None:
     """The archived document must be valid for this agent, and be the digest it claims."""
     import trueup.subsystems.registry  # noqa: F401  (registers the sections of spec)
     from trueup.model.document import DocumentError, document_digest, parse_document
@@ -295,7 +300,7 @@ def _check_document(analysis: Analysis, entry: str, document: dict[str, Any], di
 def _check_interfaces(
     analysis: Analysis,
     entry: str,
-    document: dict[str, Any],
+    document: JSONObject,
     links: set[str],
     mappings: dict[str, str],
 ) -> None:
@@ -412,14 +417,14 @@ def _check_audit(analysis: Analysis, kept: dict[str, bytes]) -> None:
     info["head"] = {"seq": seq, "hash": prev}
 
 
-def _plans(analysis: Analysis, current: dict[str, Any] | None, applied: dict[str, Any]) -> None:
+def _plans(analysis: Analysis, current: JSONObject | None, applied: Applied) -> None:
     manifest = analysis.manifest
     if manifest is None or analysis.document is None:
         return
     revision = dict(analysis.components[CONFIG].get("revision", {}))
     base = {
         "revision": revision,
-        "current": {"version": applied.get("version"), "digest": applied.get("digest")},
+        "current": {"version": applied.version, "digest": applied.digest},
         "changes": diff_summary(current, analysis.document),
         "interface_mappings": analysis.mappings,
     }

@@ -35,6 +35,7 @@ from trueup.journal.audit import now_iso
 from trueup.journal.lock import LockBusy, LockError
 from trueup.journal.state import StateDir
 from trueup.model.digests import canonical_json
+from trueup.model.jsontypes import JSONObject
 from trueup.system.kea import kea_paths
 from trueup.system.kealeases import KeaSocketError, lease_files, leases_from_memfile
 from trueup.system.knot import knot_paths
@@ -119,7 +120,7 @@ def _create(state: StateDir, out: Path, with_leases: bool, lock_wait: float) -> 
         record = state.revision(version, applied.get("digest"))
         if record is None:
             raise BackupError(f"{state.root}: the applied revision {version} is missing")
-        document: dict[str, Any] = record["document"]
+        document: JSONObject = record["document"]
         digest = applied.get("digest")
         dhcp_gen = section_generation(document, "dhcp")
         dns_gen = section_generation(document, "dns")

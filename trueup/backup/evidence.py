@@ -53,6 +53,7 @@ from trueup.journal.atomic import read_json
 from trueup.journal.audit import now_iso
 from trueup.journal.limitations import list_limitations
 from trueup.journal.lock import lock_holder
+from trueup.model.jsontypes import JSONObject
 from trueup.model.reasons import CORRECTIVE_ACTIONS
 from trueup.reconcile.engine import Engine
 from trueup.reconcile.status import drift_report, gather, refusals_since_last_write
@@ -195,7 +196,7 @@ def _history(engine: Engine) -> dict[str, Any]:
     }
 
 
-def _concurrency(engine: Engine, status: dict[str, Any]) -> dict[str, Any]:
+def _concurrency(engine: Engine, status: JSONObject) -> dict[str, Any]:
     root = engine.state.root
     refused = [r for r in engine.state.audit.tail() if r.get("event") == "refused"]
     return {
@@ -217,7 +218,7 @@ def recorded_control_plane_version(engine: Engine) -> int | None:
     return version if isinstance(version, int) and not isinstance(version, bool) else None
 
 
-def _versions(engine: Engine, status: dict[str, Any]) -> dict[str, Any]:
+def _versions(engine: Engine, status: JSONObject) -> dict[str, Any]:
     versions = status.get("versions", {})
     accepted = engine.state.revision_versions()
     return {
@@ -260,7 +261,7 @@ def _environment(agent_pid: int | None) -> dict[str, Any]:
 def collect_evidence(
     engine: Engine,
     *,
-    status: dict[str, Any] | None = None,
+    status: JSONObject | None = None,
     source: str = "agent",
     missing: dict[str, str] | None = None,
 ) -> bytes:
@@ -312,7 +313,7 @@ def collect_evidence(
     return _archive(bundle, source)
 
 
-def _diff(bundle: _Bundle, status: dict[str, Any]) -> None:
+def _diff(bundle: _Bundle, status: JSONObject) -> None:
     report = drift_report(status)
     report["accepted"] = [
         d for sub in status.get("subsystems", {}).values() for d in sub.get("accepted", [])

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trueup.model.digests import json_digest
+from trueup.model.jsontypes import JSONObject
 
 __all__ = [
     "AUDIT",
@@ -80,7 +81,7 @@ class ManifestError(ValueError):
     """`manifest.json` is not a manifest this trueup can read; the message names the field."""
 
 
-def section_generation(document: dict[str, Any] | None, section: str) -> str:
+def section_generation(document: JSONObject | None, section: str) -> str:
     """The generation id of one `spec` section: the digest of its canonical JSON (absent: null)."""
     spec = (document or {}).get("spec") or {}
     return json_digest(spec.get(section) if isinstance(spec, dict) else None)

@@ -17,6 +17,8 @@ import copy
 from collections.abc import Iterator
 from typing import Any
 
+from trueup.model.jsontypes import JSONObject
+
 __all__ = ["interface_refs", "map_interfaces", "parse_mappings"]
 
 _SCALAR_KEYS = {"interface", "dev"}
@@ -44,12 +46,12 @@ def _walk(value: Any, path: str, in_interfaces: bool) -> Iterator[tuple[str, str
             yield from _walk(element, f"{path}[{i}]", in_interfaces)
 
 
-def interface_refs(document: dict[str, Any]) -> list[tuple[str, str]]:
+def interface_refs(document: JSONObject) -> list[tuple[str, str]]:
     """(path, name) for every interface name the document's `spec` uses, in document order."""
     return list(_walk(document.get("spec") or {}, "spec", False))
 
 
-def map_interfaces(document: dict[str, Any], mappings: dict[str, str]) -> dict[str, Any]:
+def map_interfaces(document: JSONObject, mappings: dict[str, str]) -> JSONObject:
     """A copy of `document` with every interface name in `mappings` renamed."""
     renamed = copy.deepcopy(document)
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from trueup.model.jsontypes import JSONObject
 from trueup.system.kealeases import PAGE_SIZE, KeaSocketError, kea_command
 
 __all__ = ["HEADER4", "HEADER6", "csv_pages"]
@@ -39,7 +40,7 @@ def _flag(value: Any) -> str:
     return "1" if value else "0"
 
 
-def _row(family: int, item: dict[str, Any]) -> str:
+def _row(family: int, item: JSONObject) -> str:  # a lease as Kea answers it
     valid = int(item.get("valid-lft", 0))
     expire = int(item.get("cltt", 0)) + valid
     context = _text(item.get("user-context")) if item.get("user-context") else ""

@@ -175,7 +175,7 @@ def _start(
         "actor": actor,
         "device": analysis.manifest.device,
         "revision": analysis.manifest.revision,
-        "previous": {"version": applied.get("version"), "digest": applied.get("digest")},
+        "previous": {"version": applied.version, "digest": applied.digest},
     }
     _transition(engine, record, "analyzed", "analysis passed for " + mode)
     engine.state.audit.append(
@@ -504,7 +504,7 @@ def _roll_back(engine: Engine, record: dict[str, Any], actor: str, problem: str)
         put_back_leases(engine.daemons, record)
         previous = record.get("previous") or {}
         back = engine.state.applied()
-        at_previous = (back.get("version"), back.get("digest")) == (
+        at_previous = (back.version, back.digest) == (
             previous.get("version"),
             previous.get("digest"),
         )

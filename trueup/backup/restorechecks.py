@@ -38,7 +38,7 @@ def differences(engine: Engine) -> list[str]:
         found = engine.differences(document, net, errors=errors)
     # Failing before the restored revision and unchanged by it (the reconcile loop heals
     # them): a failing DNS or proxy never holds a restore, or DHCP's fence, hostage.
-    for name in engine.state.applied().get("carried") or {}:
+    for name in engine.state.applied().carried:
         found.pop(name, None)
         errors.pop(name, None)
     out = [f"{name}: {d.path}" for name, diffs in found.items() for d in diffs]
@@ -49,9 +49,9 @@ def verify(engine: Engine, record: dict[str, Any], staged: Path) -> str:
     """Why the restore is not done yet ("" when it is)."""
     applied = engine.state.applied()
     want = record.get("applied") or {}
-    if applied.get("digest") != want.get("digest") or applied.get("outcome") != "committed":
+    if applied.digest != want.get("digest") or applied.outcome != "committed":
         return (
-            f"the applied revision is {applied.get('version')} ({applied.get('digest')}), not "
+            f"the applied revision is {applied.version} ({applied.digest}), not "
             f"the restored {want.get('version')} ({want.get('digest')})"
         )
     differing = differences(engine)

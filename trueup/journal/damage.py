@@ -49,7 +49,7 @@ from trueup.journal.management import MANAGEMENT_FILE, read_management
 from trueup.journal.override import OVERRIDE_FILE, read_override
 from trueup.journal.state import STATE_SCHEMA, StateDir
 from trueup.model.digests import json_digest
-from trueup.model.records import Pending
+from trueup.model.records import DamageRecord, Pending
 from trueup.system.safefile import refusal, unsafe_entries
 
 __all__ = ["Blocks", "Damage", "StateCheck"]
@@ -123,7 +123,7 @@ class Damage:
     def file(self) -> str:
         return Path(self.path).name
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> DamageRecord:
         return {
             "path": self.path,
             "file": self.file,

@@ -21,7 +21,7 @@ from typing import Any, BinaryIO, Unpack
 
 from trueup.journal.atomic import UnsafeFile, append_line, write_atomic
 from trueup.journal.audit import now_iso
-from trueup.model.records import BeginFields
+from trueup.model.records import BeginFields, TransactionSummary
 from trueup.system.safefile import open_file, unsafe_entry
 
 __all__ = ["TERMINAL", "Journal", "Transaction"]
@@ -69,7 +69,7 @@ class Transaction:
     def kind(self) -> str:
         return str(self.begin.get("kind", "apply"))
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> TransactionSummary:
         begin = self.begin
         terminal = self.terminal
         return {
@@ -83,9 +83,13 @@ class Transaction:
             "state": terminal["type"] if terminal else "open",
             "outcome": terminal.get("outcome") if terminal else None,
             "recovered": bool(terminal.get("recovered")) if terminal else False,
-            "applied": [r.get("subsystem") for r in self.records if r["type"] == "applied"],
+            "applied": [
+                r["subsystem"] for r in self.records if r["type"] == "applied" and "subsystem" in r
+            ],
             "failed": {
-                r.get("subsystem"): r.get("error") for r in self.records if r["type"] == "failed"
+                r["subsystem"]: r.get("error")
+                for r in self.records
+                if r["type"] == "failed" and "subsystem" in r
             },
             "history": [
                 {k: v for k, v in r.items() if k not in ("before", "scope", "previous_applied")}

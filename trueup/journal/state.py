@@ -184,18 +184,18 @@ class StateDir:
         except ValidationError as exc:
             raise StateFileError(path, f"not an applied record: {exc.errors()[0]['msg']}") from None
 
-    def applied(self) -> dict[str, Any]:
-        """`applied_record()` as JSON, for code that reads it field by field.
+    def applied(self) -> Applied:
+        """`applied_record()`, or the empty record (version 0) when it cannot be read.
 
-        An `applied.json` that cannot be read reads as nothing applied (version
-        0) here; the damage is reported by `trueup.journal.damage`, and the
-        engine refuses every write until it is repaired, so nothing acts on
-        that guess. Code that must know uses `applied_record()`, which raises.
+        An `applied.json` that cannot be read reads as nothing applied here;
+        the damage is reported by `trueup.journal.damage`, and the engine
+        refuses every write until it is repaired, so nothing acts on that
+        guess. Code that must know uses `applied_record()`, which raises.
         """
         try:
-            return self.applied_record().to_json()
+            return self.applied_record()
         except StateFileError:
-            return Applied().to_json()
+            return Applied()
 
     def set_applied(self, record: Applied | dict[str, Any]) -> None:
         if isinstance(record, dict):
@@ -272,10 +272,7 @@ class StateDir:
         applies): the applied revision is never pruned for being low.
         """
         versions = self.revision_versions()
-        try:
-            applied = int(self.applied().get("version", 0))
-        except ValueError:
-            applied = 0
+        applied = self.applied().version
         for version in versions[:-_KEEP_REVISIONS]:
             if version not in (applied, keep):
                 os.unlink(self._revision_path(version))

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from trueup.model.decode import DecodeError, decode_json, decode_yaml
 from trueup.model.digests import json_digest
+from trueup.model.jsontypes import JSONObject
 from trueup.model.limits import DOCUMENT_BYTES, PROBLEM_CHARS, input_excerpt, quoted
 from trueup.model.problems import Checked, PathError, check, describe
 from trueup.model.sections import registered_sections, section_model
@@ -509,7 +510,7 @@ def document_digest(document: DeviceState) -> str:
     return json_digest(body)
 
 
-def json_schema() -> dict[str, Any]:
+def json_schema() -> JSONObject:
     schema = DeviceState.model_json_schema()
     defs = schema.setdefault("$defs", {})
     spec = defs["DeviceSpec"]

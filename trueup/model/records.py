@@ -10,7 +10,10 @@ model here instead of a `dict[str, Any]` shaped in several places:
 * `Pending` — `pending-confirm.json`: an apply waiting for `trueup confirm`;
 * `BeginFields` / `Entry` — the journal's `begin` line and the lines after
   it (typed dictionaries: the journal is on the hot path of every apply, so
-  its records are checked by mypy, not validated at run time).
+  its records are checked by mypy, not validated at run time);
+* `DamageRecord` — a damaged state file and what it forbids;
+* `TransactionSummary` — one transaction as status and the classifier see it
+  (`trueup.journal.journal.Transaction.summary`).
 
 Unknown fields are kept (`extra="allow"`), so a newer agent's files still
 load in an older one for `doctor` and `evidence`.
@@ -20,9 +23,20 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypedDict
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, with_config
+from typing_extensions import TypedDict as ValidatedTypedDict
 
-__all__ = ["Applied", "BeginFields", "Entry", "Override", "Pending"]
+from trueup.model.jsontypes import JSONObject
+
+__all__ = [
+    "Applied",
+    "BeginFields",
+    "DamageRecord",
+    "Entry",
+    "Override",
+    "Pending",
+    "TransactionSummary",
+]
 
 Outcome = Literal["committed", "partial"]
 
@@ -30,8 +44,10 @@ Outcome = Literal["committed", "partial"]
 class _Record(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    def to_json(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+    def to_json(self) -> JSONObject:
+        """The record as its file holds it."""
+        body: JSONObject = self.model_dump(mode="json")
+        return body
 
 
 class Override(_Record):
@@ -108,8 +124,38 @@ class Entry(TypedDict, total=False):
     error: str
     outcome: str
     version: int
-    failed: dict[str, str]
+    failed: dict[str, str | None]
     recovered: bool
     reason: str
     errors: list[str]
     audit: list[dict[str, Any]]
+
+
+@with_config(ConfigDict(extra="allow"))
+class TransactionSummary(ValidatedTypedDict, total=False):
+    """One transaction as status shows it (`journal.open`, `journal.last`); every key is
+    there when the journal wrote it, a status document read back may hold fewer."""
+
+    txn: str
+    kind: str
+    version: int | None
+    mode: str | None
+    subsystems: list[str]
+    began_at: str | None
+    ended_at: str | None
+    state: str  # open | commit | rolled_back
+    outcome: str | None
+    recovered: bool
+    applied: list[str]
+    failed: dict[str, str | None]
+    history: list[JSONObject]  # the journal's lines as written, before-images and scope left out
+
+
+class DamageRecord(ValidatedTypedDict):
+    """A damaged state file as status shows it (`trueup.journal.damage.Damage.to_json`)."""
+
+    path: str
+    file: str
+    problem: str
+    blocks: str  # writes | heals | none
+    consequence: str

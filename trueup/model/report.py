@@ -1,6 +1,6 @@
 """The report an agent sends the control plane: one typed model for both sides.
 
-The agent builds it from its status (`trueup.agent.cpclient.report_from_status`)
+The agent builds it from its status (`trueup.agent.cpreport.report_from_status`)
 and the server validates it (`POST /api/v1/agents/report`). Unknown fields are
 kept with the report (evidence), so a newer agent can add fields without an
 older server refusing the report. Bounds match the server's columns: one

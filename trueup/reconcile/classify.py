@@ -21,7 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from trueup.model.jsontypes import JSONObject
 from trueup.model.reasons import Finding, ReasonCode
+from trueup.model.records import Applied, DamageRecord, TransactionSummary
 from trueup.subsystems.base import Difference
 
 __all__ = ["ClassifierInput", "classify"]
@@ -29,14 +31,14 @@ __all__ = ["ClassifierInput", "classify"]
 
 @dataclass
 class ClassifierInput:
-    applied: dict[str, Any]
-    open_transaction: dict[str, Any] | None = None
+    applied: Applied
+    open_transaction: TransactionSummary | None = None
     open_transaction_live: bool = False
     open_transaction_overdue: bool = False
     open_transaction_recovering: bool = False  # recovery holds the writer lock right now
-    last_transaction: dict[str, Any] | None = None
+    last_transaction: TransactionSummary | None = None
     last_commit_at: str | None = None
-    refusals: list[dict[str, Any]] = field(default_factory=list)
+    refusals: list[JSONObject] = field(default_factory=list)  # audit lines as read
     desired_version: int | None = None
     control_plane_version: int | None = None
     unsupported_schema: str | None = None
@@ -47,15 +49,31 @@ class ClassifierInput:
     attribution: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # Damaged state files (`trueup.journal.damage.Damage.to_json()`), and a console
     # management override with the applied revision's management facts beside it.
-    damaged: list[dict[str, Any]] = field(default_factory=list)
+    damaged: list[DamageRecord] = field(default_factory=list)
     management_override: dict[str, Any] | None = None
 
 
 def classify(facts: ClassifierInput) -> list[Finding]:
-    findings: list[Finding] = []
-    applied_version = int(facts.applied.get("version", 0))
-    open_txn = facts.open_transaction
+    findings = _transaction_findings(facts)
+    partial = _partial_findings(facts)
+    findings += partial
+    findings += _refusal_findings(facts.refusals)
+    findings += _failure_findings(facts.reconcile_failures)
+    if facts.unsupported_schema:
+        findings.append(Finding.of(ReasonCode.VERSION_SKEW, detail=facts.unsupported_schema))
+    findings += _damage_findings(facts.damaged)
+    if facts.management_override is not None:
+        findings.append(_override_finding(facts.management_override, facts.applied.version))
+    findings += _skew_findings(facts)
+    findings += _drift_findings(facts, explained={f.subsystem for f in partial if f.subsystem})
+    return findings
 
+
+def _transaction_findings(facts: ClassifierInput) -> list[Finding]:
+    """An open transaction not completed; the last one closed by crash recovery."""
+    findings: list[Finding] = []
+    applied_version = facts.applied.version
+    open_txn = facts.open_transaction
     if open_txn is not None and (not facts.open_transaction_live or facts.open_transaction_overdue):
         detail, action = _not_completed(open_txn, facts, applied_version)
         findings.append(
@@ -99,51 +117,57 @@ def classify(facts: ClassifierInput) -> list[Finding]:
                 evidence={"transaction": last, "recovery_complete": not errors},
             )
         )
+    return findings
 
-    partial_subsystems: set[str] = set()
-    if facts.applied.get("outcome") == "partial":
-        failed = dict(facts.applied.get("failed", {}))
-        partial_subsystems = set(failed)
-        for name, error in sorted(failed.items()):
-            findings.append(
-                Finding.of(
-                    ReasonCode.PARTIAL_UPDATE,
-                    subsystem=name,
-                    paths=[d.path for d in facts.differences.get(name, [])],
-                    since=facts.applied.get("applied_at"),
-                    detail=f"version {applied_version} applied without {name}: {error}",
-                )
-            )
 
-    for refusal in facts.refusals:
-        findings.append(
-            Finding.of(
-                ReasonCode.CONCURRENT_MODIFICATION,
-                since=refusal.get("at"),
-                detail=refusal.get("details", {}).get("message", "write refused"),
-                evidence={"actor": refusal.get("actor"), **refusal.get("details", {})},
-            )
+def _partial_findings(facts: ClassifierInput) -> list[Finding]:
+    """One `STATE_PARTIAL_UPDATE` per subsystem the last transaction committed without."""
+    applied = facts.applied
+    if applied.outcome != "partial":
+        return []
+    return [
+        Finding.of(
+            ReasonCode.PARTIAL_UPDATE,
+            subsystem=name,
+            paths=[d.path for d in facts.differences.get(name, [])],
+            since=applied.applied_at,
+            detail=f"version {applied.version} applied without {name}: {error}",
         )
+        for name, error in sorted(applied.failed.items())
+    ]
 
-    for name, failure in sorted(facts.reconcile_failures.items()):
-        findings.append(
-            Finding.of(
-                ReasonCode.RECONCILIATION_FAILED,
-                subsystem=name,
-                paths=list(failure.get("paths", [])),
-                since=failure.get("since"),
-                detail=str(failure.get("detail", "reconcile failed")),
-                evidence={k: v for k, v in failure.items() if k not in ("paths", "detail")},
-            )
+
+def _refusal_findings(refusals: list[JSONObject]) -> list[Finding]:
+    return [
+        Finding.of(
+            ReasonCode.CONCURRENT_MODIFICATION,
+            since=refusal.get("at"),
+            detail=refusal.get("details", {}).get("message", "write refused"),
+            evidence={"actor": refusal.get("actor"), **refusal.get("details", {})},
         )
+        for refusal in refusals
+    ]
 
-    if facts.unsupported_schema:
-        findings.append(Finding.of(ReasonCode.VERSION_SKEW, detail=facts.unsupported_schema))
-    findings += _damage_findings(facts.damaged)
-    if facts.management_override is not None:
-        findings.append(_override_finding(facts.management_override, applied_version))
-    override = facts.applied.get("override")
-    cp_applied = facts.applied.get("cp_version")
+
+def _failure_findings(failures: dict[str, dict[str, Any]]) -> list[Finding]:
+    return [
+        Finding.of(
+            ReasonCode.RECONCILIATION_FAILED,
+            subsystem=name,
+            paths=list(failure.get("paths", [])),
+            since=failure.get("since"),
+            detail=str(failure.get("detail", "reconcile failed")),
+            evidence={k: v for k, v in failure.items() if k not in ("paths", "detail")},
+        )
+        for name, failure in sorted(failures.items())
+    ]
+
+
+def _skew_findings(facts: ClassifierInput) -> list[Finding]:
+    """`STATE_VERSION_SKEW` for each version source the applied revision is not."""
+    findings: list[Finding] = []
+    applied = facts.applied
+    override = applied.override
     for source, version in (
         ("desired", facts.desired_version),
         ("control plane", facts.control_plane_version),
@@ -152,21 +176,21 @@ def classify(facts: ClassifierInput) -> list[Finding]:
             continue
         # Identity, not number: the control plane's revision is applied only when
         # it came from the control plane (a local apply may have taken its number).
-        differs = version != applied_version or (
+        differs = version != applied.version or (
             source == "control plane"
-            and cp_applied is not None
-            and facts.applied.get("origin") != "control-plane"
+            and applied.cp_version is not None
+            and applied.origin != "control-plane"
         )
         if not differs:
             continue
-        detail = f"{source} version {version}, applied version {applied_version}"
+        detail = f"{source} version {version}, applied version {applied.version}"
         if override:
             detail += (
-                f" (local override by {override.get('actor')} at {override.get('at')}: "
-                f"{override.get('reason')}; the next desired revision replaces it)"
+                f" (local override by {override.actor} at {override.at}: "
+                f"{override.reason}; the next desired revision replaces it)"
             )
-        elif version == applied_version:
-            detail += f" applied from {facts.applied.get('origin')}, not the control plane"
+        elif version == applied.version:
+            detail += f" applied from {applied.origin}, not the control plane"
         findings.append(
             Finding.of(
                 ReasonCode.VERSION_SKEW,
@@ -174,39 +198,44 @@ def classify(facts: ClassifierInput) -> list[Finding]:
                 evidence={
                     "source": source,
                     "version": version,
-                    "applied": applied_version,
-                    "applied_origin": facts.applied.get("origin"),
-                    "override": override,
+                    "applied": applied.version,
+                    "applied_origin": applied.origin,
+                    "override": override.to_json() if override else None,
                 },
             )
         )
+    return findings
 
+
+def _drift_findings(facts: ClassifierInput, explained: set[str]) -> list[Finding]:
+    """`STATE_DRIFT_DETECTED` per subsystem that differs, unless `explained` (a partial
+    update) or a running transaction is changing it."""
+    if not facts.applied.version:
+        return []
+    open_txn = facts.open_transaction
     # A running transaction explains differences only in the subsystems it is changing.
     running: set[str] = set()
     if open_txn is not None and facts.open_transaction_live:
         running = set(open_txn.get("subsystems") or facts.differences)
-    if applied_version:
-        for name, diffs in sorted(facts.differences.items()):
-            if not diffs or name in partial_subsystems or name in running:
-                continue
-            findings.append(
-                Finding.of(
-                    ReasonCode.DRIFT_DETECTED,
-                    subsystem=name,
-                    paths=[d.path for d in diffs],
-                    since=facts.drift_since.get(name, facts.observed_at),
-                    detail="; ".join(_describe(d) for d in diffs),
-                    evidence={
-                        "differences": [d.to_json() for d in diffs],
-                        "attribution": facts.attribution.get(name, []),
-                    },
-                )
-            )
-    return findings
+    return [
+        Finding.of(
+            ReasonCode.DRIFT_DETECTED,
+            subsystem=name,
+            paths=[d.path for d in diffs],
+            since=facts.drift_since.get(name, facts.observed_at),
+            detail="; ".join(_describe(d) for d in diffs),
+            evidence={
+                "differences": [d.to_json() for d in diffs],
+                "attribution": facts.attribution.get(name, []),
+            },
+        )
+        for name, diffs in sorted(facts.differences.items())
+        if diffs and name not in explained and name not in running
+    ]
 
 
 def _not_completed(
-    open_txn: dict[str, Any], facts: ClassifierInput, applied_version: int
+    open_txn: TransactionSummary, facts: ClassifierInput, applied_version: int
 ) -> tuple[str, str]:
     """An open transaction's detail and action, in the tense of what has happened so far.
 
@@ -237,7 +266,7 @@ def _not_completed(
     )
 
 
-def _damage_findings(damaged: list[dict[str, Any]]) -> list[Finding]:
+def _damage_findings(damaged: list[DamageRecord]) -> list[Finding]:
     """One finding per damaged file that forbids writes or heals (the rest is only listed)."""
     out: list[Finding] = []
     for damage in damaged:

@@ -151,7 +151,7 @@ def settle_at_startup(engine: Engine, now: float, *, actor: str = "startup") -> 
     """
     state = engine.state
     pending = read_pending(state)
-    applied_version = int(state.applied().get("version", 0))
+    applied_version = state.applied().version
     decision = decide(pending, applied_version, now)
     if pending is None or decision == "none":
         return None

@@ -55,7 +55,7 @@ def refusal(state: StateDir, message: str) -> dict[str, Any]:
     """The API's answer to a write refused before anything changed."""
     return {
         "ok": False,
-        "version": int(state.applied().get("version", 0)),
+        "version": state.applied().version,
         "outcome": "refused",
         "txn": None,
         "steps": [],
@@ -94,7 +94,7 @@ class ConfirmWait:
         pending = self.pending
         if pending is None or pending.get("state") != "applying":
             return
-        applied = int(self.state.applied().get("version", 0))
+        applied = self.state.applied().version
         if applied == int(pending.get("confirmed_version", 0)):
             return  # the apply never took effect: `check` drops the record
         pending.update(state="pending", version=applied, adopted_after_restart=True)
@@ -172,7 +172,7 @@ class ConfirmWait:
             # Settling it is a write; a damaged state file refuses those (and the
             # damaged pending record itself stays as evidence).
             return False
-        applied_version = int(self.state.applied().get("version", 0))
+        applied_version = self.state.applied().version
         decision = decide(pending, applied_version, now)
         if decision in ("stale", "superseded"):
             clear_pending(self.state, decision, applied_version=applied_version)
@@ -266,7 +266,7 @@ class ConfirmWait:
         state = self.state
         actor = change.actor
         pending_before = self.pending
-        applied_version = int(state.applied().get("version", 0))
+        applied_version = state.applied().version
         confirmed_version = (
             int(pending_before["confirmed_version"]) if pending_before else applied_version
         )

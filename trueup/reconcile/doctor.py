@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
+from trueup.model.jsontypes import JSONObject
 from trueup.model.reasons import ReasonCode
 
 __all__ = [
@@ -99,6 +100,18 @@ class AgentPresence:
     pid: int | None = None
 
 
+class DoctorFindingJSON(TypedDict):
+    """A finding as `trueup doctor -o json` prints it."""
+
+    check: str
+    ok: bool
+    message: str
+    code: str | None
+    action: str
+    subsystem: str | None
+    paths: list[str]
+
+
 @dataclass(frozen=True)
 class DoctorFinding:
     check: str
@@ -109,7 +122,7 @@ class DoctorFinding:
     subsystem: str | None = None
     paths: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> DoctorFindingJSON:
         return {
             "check": self.check,
             "ok": self.ok,
@@ -159,7 +172,7 @@ def log_errors(lines: list[str], now: datetime | None = None) -> tuple[list[str]
 
 
 def run_checks(
-    status: dict[str, Any],
+    status: JSONObject,
     agent: AgentPresence,
     *,
     log_lines: list[str] | None = None,
@@ -169,32 +182,59 @@ def run_checks(
     blockers: list[tuple[str, str]] | None = None,
     now: datetime | None = None,
 ) -> list[DoctorFinding]:
-    """Every runbook check over one status document and what was read beside it."""
+    """Every runbook check over one status document and what was read beside it.
+
+    `status` is the document as served (an agent's `/v1/status`, or `gather`'s),
+    read key by key: doctor also runs on what an older agent or a damaged state
+    directory gives, where a key may be missing.
+    """
     now = now or datetime.now(UTC)
-    out: list[DoctorFinding] = []
-    if agent.answering:
-        out.append(_ok("agent", f"agent pid {agent.pid} running and answering"))
-    elif agent.running:
-        out.append(
-            _fail("agent", AGENT_NOT_ANSWERING, f"agent pid {agent.pid} runs but does not answer")
-        )
-    else:
-        out.append(
-            _fail("agent", AGENT_NOT_RUNNING, "no agent runs on this state directory: healing off")
-        )
+    out = [_agent_check(agent)]
     # desired vs observed, versions, concurrency, partial/open transactions: the reason codes
-    for f in status.get("reason_codes", []):
-        out.append(
-            DoctorFinding(
-                _CHECK_OF.get(str(f.get("code")), "reason code"),
-                False,
-                str(f.get("detail") or f.get("code")),
-                str(f.get("code")),
-                str(f.get("action") or ""),
-                f.get("subsystem"),
-                list(f.get("paths") or []),
-            )
+    out.extend(_reason_code_checks(status))
+    out.extend(_state_checks(status))
+    out.extend(_control_plane(status, now))
+    out.extend(_log_check(log_lines, log_source, now))
+    if tampered:
+        out.append(_fail("changes outside trueup", STATE_FILES_EDITED, "; ".join(tampered[:5])))
+    for check, message in blockers or []:
+        out.append(_fail(check, STARTUP_BLOCKER, message))
+    if audit_problems:
+        out.append(_fail("audit log", AUDIT_CHAIN_BROKEN, audit_problems[0]))
+    elif audit_problems is not None:
+        out.append(_ok("audit log", "hash chain intact"))
+    return out
+
+
+def _agent_check(agent: AgentPresence) -> DoctorFinding:
+    if agent.answering:
+        return _ok("agent", f"agent pid {agent.pid} running and answering")
+    if agent.running:
+        return _fail(
+            "agent", AGENT_NOT_ANSWERING, f"agent pid {agent.pid} runs but does not answer"
         )
+    return _fail("agent", AGENT_NOT_RUNNING, "no agent runs on this state directory: healing off")
+
+
+def _reason_code_checks(status: JSONObject) -> list[DoctorFinding]:
+    return [
+        DoctorFinding(
+            _CHECK_OF.get(str(f.get("code")), "reason code"),
+            False,
+            str(f.get("detail") or f.get("code")),
+            str(f.get("code")),
+            str(f.get("action") or ""),
+            f.get("subsystem"),
+            list(f.get("paths") or []),
+        )
+        for f in status.get("reason_codes", [])
+    ]
+
+
+def _state_checks(status: JSONObject) -> list[DoctorFinding]:
+    """Desired vs observed, versions, concurrent writers and management, where no reason
+    code already says it."""
+    out: list[DoctorFinding] = []
     codes = {str(f.get("code")) for f in status.get("reason_codes", [])}
     diffs = [d for s in status.get("subsystems", {}).values() for d in s.get("differences", [])]
     accepted = [d for s in status.get("subsystems", {}).values() for d in s.get("accepted", [])]
@@ -243,7 +283,7 @@ def run_checks(
     elif ReasonCode.CONCURRENT_MODIFICATION.value not in codes:
         out.append(_ok("concurrent operations", "no write in progress, no refused write"))
     management = status.get("management", {})
-    if status.get("versions", {}).get("applied") and not management.get("ready", True):
+    if versions.get("applied") and not management.get("ready", True):
         out.append(
             _fail(
                 "management",
@@ -251,16 +291,6 @@ def run_checks(
                 f"missing {', '.join(management.get('missing_addresses') or []) or 'its state'}",
             )
         )
-    out.extend(_control_plane(status, now))
-    out.extend(_log_check(log_lines, log_source, now))
-    if tampered:
-        out.append(_fail("changes outside trueup", STATE_FILES_EDITED, "; ".join(tampered[:5])))
-    for check, message in blockers or []:
-        out.append(_fail(check, STARTUP_BLOCKER, message))
-    if audit_problems:
-        out.append(_fail("audit log", AUDIT_CHAIN_BROKEN, audit_problems[0]))
-    elif audit_problems is not None:
-        out.append(_ok("audit log", "hash chain intact"))
     return out
 
 
@@ -280,7 +310,7 @@ def _runbook(code: ReasonCode) -> str:
     return CORRECTIVE_ACTIONS[code]
 
 
-def _control_plane(status: dict[str, Any], now: datetime) -> list[DoctorFinding]:
+def _control_plane(status: JSONObject, now: datetime) -> list[DoctorFinding]:
     plane = status.get("control_plane")
     if not plane:
         return [_ok("control plane", "not managed by a control plane")]
@@ -325,7 +355,7 @@ _RECONCILE_ERRORS = {
 }
 
 
-def stop_conditions(status: dict[str, Any], agent: AgentPresence) -> dict[str, tuple[bool, str]]:
+def stop_conditions(status: JSONObject, agent: AgentPresence) -> dict[str, tuple[bool, str]]:
     """The runbook's stop conditions now: name → (met, what is seen)."""
     codes = {str(f.get("code")) for f in status.get("reason_codes", [])}
     diffs = [

@@ -313,7 +313,7 @@ class Healer:
         rounds); `attempted` makes each subsystem count once.
         """
         now = self.clock()
-        version = int(self.engine.state.applied().get("version", 0))
+        version = self.engine.state.applied().version
         lines: AuditLines = []
         for name in [*healed, *failed]:
             if name in attempted or name in waiting:

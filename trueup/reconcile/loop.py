@@ -366,9 +366,9 @@ class ReconcileLoop:
     def _document(self) -> DeviceState | None:
         applied = self.state.applied()
         key = (
-            applied.get("version"),
-            applied.get("txn"),
-            applied.get("digest"),
+            applied.version,
+            applied.txn,
+            applied.digest,
             self.engine.override_signature(),  # a console override is adopted at once
         )
         if self._document_cache[0] != key:
@@ -691,11 +691,7 @@ class ReconcileLoop:
             applied = self.state.applied()
         except (StateFileError, OSError, ValueError):  # damaged: reported elsewhere
             return set(self.engine.failing)
-        return (
-            set(self.engine.failing)
-            | set(applied.get("failed") or {})
-            | set(applied.get("carried") or {})
-        )
+        return set(self.engine.failing) | set(applied.failed) | set(applied.carried)
 
     # -- operator writes ----------------------------------------------------
     @contextmanager
@@ -743,7 +739,7 @@ class ReconcileLoop:
         override: str | None = None,
     ) -> dict[str, Any]:
         """`trueup rollback`: an earlier revision as a new version, guarded like an apply."""
-        applied_version = int(self.state.applied().get("version", 0))
+        applied_version = self.state.applied().version
         target, document = self.engine.revision_document(to)
         change = Change(
             document,
@@ -803,7 +799,7 @@ class ReconcileLoop:
                 "reconcile_requested", actor, subsystems=names, breakers_closed=closed
             )
             report = self.run_pass(force=names, actor=actor, lock_wait=5.0)
-        applied_version = int(self.state.applied().get("version", 0))
+        applied_version = self.state.applied().version
         return report.reconcile_answer(names, applied_version, breakers_closed=closed)
 
     def acknowledge(

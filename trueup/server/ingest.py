@@ -39,7 +39,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy import Connection, and_, bindparam, case, select
 from sqlalchemy import exc as sa_exc
@@ -47,6 +47,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from starlette.concurrency import run_in_threadpool
 
+from trueup.model.jsontypes import JSONObject
 from trueup.server import audit
 from trueup.server.confirmation import confirmation_row, write_confirmations
 from trueup.server.db import Database, is_transient, is_unavailable, original_error
@@ -91,7 +92,7 @@ def _rejection(exc: BaseException) -> ReportRejected | None:
 class PendingReport:
     device_id: int
     received_at: float
-    payload: dict[str, Any]
+    payload: JSONObject  # the report's body as received (`AgentReport`, validated), stored as is
     future: asyncio.Future[None] | None = None
     loop: asyncio.AbstractEventLoop | None = None
 
@@ -112,7 +113,13 @@ def _settle(item: PendingReport, error: BaseException | None) -> None:
     item.loop.call_soon_threadsafe(settle)
 
 
-def _identity(payload: dict[str, Any]) -> dict[str, Any]:
+class _Identity(TypedDict):
+    applied_digest: str | None
+    applied_origin: str | None
+    override: str | None  # JSON text
+
+
+def _identity(payload: JSONObject) -> _Identity:
     """The applied revision's identity columns: digest, origin and override (JSON or None)."""
     override = payload.get("override")
     return {
@@ -163,7 +170,7 @@ class ReportIngest:
             self._thread.join(timeout=30)
             self._thread = None
 
-    async def submit(self, device_id: int, payload: dict[str, Any]) -> None:
+    async def submit(self, device_id: int, payload: JSONObject) -> None:
         item = PendingReport(device_id, time.time(), payload)
         if self.mode == "naive":
             await self._submit_naive(item)

@@ -310,7 +310,7 @@ class Orchestrator:
             applied = self.engine.state.applied()
         except (StateFileError, ValueError):
             return False
-        return self.engine.managed_by() is not None and applied.get("cp_version") is not None
+        return self.engine.managed_by() is not None and applied.cp_version is not None
 
     def _prepare_and_apply(
         self, document: DeviceState, names: list[str], *, kind: Kind

@@ -129,12 +129,66 @@ def preflight(
     agent_pid: int | None = None,
     runner: Runner | None = None,
 ) -> list[Finding]:
-    findings: list[Finding] = []
-    new_document: DeviceState | None = None
     state = StateDir(state_dir)
-    document: DeviceState | None = None
+    findings = _state_dir_findings(state)
+    findings += _journal_findings(state)
+    found, document = _applied_revision(state)
+    findings += found
+    new_document: DeviceState | None = None
+    for label, doc_path in (("config", config), ("fallback", fallback)):
+        if doc_path is None:
+            continue
+        try:
+            loaded = load_document(doc_path)
+            findings.append(Finding("ok", f"{label} document", f"{doc_path} is valid"))
+            document = document or loaded
+            if label == "config":
+                new_document = loaded
+        except DocumentError as exc:
+            findings.append(
+                Finding("blocker", f"{label} document", f"{doc_path}: {'; '.join(exc.problems)}")
+            )
+    if state_dir.is_dir():
+        found, facts_document = _management_facts(state, config, fallback)
+        findings += found
+        document = document or facts_document
+    if document is None and not any(f.check == "management configuration" for f in findings):
+        findings.append(
+            Finding(
+                "blocker",
+                "management configuration",
+                "no accepted revision, no --config and no --management-fallback: the agent would "
+                "have no management address to bring up",
+            )
+        )
 
-    # State directory and its schema.
+    # What the machine must have for the document the new agent will run: the new
+    # document when --config names one (valid), else the one it would start from.
+    needs_document = new_document or document
+    if needs_document is not None:
+        whose = f"--config {config}" if new_document is not None else "the document it starts from"
+        configured = [s.name for s in subsystems if s.configured(needs_document)]
+        findings.append(
+            Finding(
+                "ok",
+                "requirements",
+                f"checking what {whose} needs: {', '.join(configured) or 'no subsystem'}",
+            )
+        )
+        findings += _requirement_findings(
+            needs_document, subsystems, runner if runner is not None else SubprocessRunner()
+        )
+
+    # The management port.
+    if document is not None:
+        findings.append(_port_state(document.spec.management.api.port, agent_pid))
+    return findings
+
+
+def _state_dir_findings(state: StateDir) -> list[Finding]:
+    """The state directory and its schema; every damaged file in it."""
+    state_dir = state.root
+    findings: list[Finding] = []
     if not state_dir.exists():
         findings.append(
             Finding(
@@ -176,8 +230,13 @@ def preflight(
                     f"{damage.sentence()} — {damage.to_json()['consequence']}",
                 )
             )
+    return findings
 
-    # Journal.
+
+def _journal_findings(state: StateDir) -> list[Finding]:
+    """An open transaction (rolled back at start); a writer holding the lock now."""
+    state_dir = state.root
+    findings: list[Finding] = []
     journal_path = state_dir / "journal.jsonl"
     if journal_path.exists():
         try:
@@ -201,101 +260,61 @@ def preflight(
     holder = lock_holder(state_dir / "lock") if state_dir.exists() else None
     if holder:
         findings.append(Finding("warning", "writer lock", f"held now by {holder}"))
+    return findings
 
-    # Management configuration.
-    version = int(state.applied().get("version", 0)) if state.exists() else 0
-    if version:
-        damaged = False
-        try:
-            record = state.revision(version)
-        except StateFileError:
-            record, damaged = None, True  # reported as damaged above
-        if damaged:
-            pass
-        elif record is None:
-            findings.append(
-                Finding(
-                    "blocker",
-                    "management configuration",
-                    f"applied revision {version} is missing from revisions/",
-                )
-            )
-        else:
-            try:
-                document = parse_document(record["document"], f"revision {version}")
-                findings.append(
-                    Finding("ok", "management configuration", f"from accepted revision {version}")
-                )
-            except DocumentError as exc:
-                findings.append(
-                    Finding(
-                        "blocker",
-                        "management configuration",
-                        f"revision {version} uses a schema this agent does not support "
-                        f"(STATE_VERSION_SKEW): {'; '.join(exc.problems)}",
-                    )
-                )
-    for label, doc_path in (("config", config), ("fallback", fallback)):
-        if doc_path is None:
-            continue
-        try:
-            loaded = load_document(doc_path)
-            findings.append(Finding("ok", f"{label} document", f"{doc_path} is valid"))
-            document = document or loaded
-            if label == "config":
-                new_document = loaded
-        except DocumentError as exc:
-            findings.append(
-                Finding("blocker", f"{label} document", f"{doc_path}: {'; '.join(exc.problems)}")
-            )
-    if state_dir.is_dir():
-        config_document = None
-        if config is not None:
-            with contextlib.suppress(DocumentError):
-                config_document = load_document(config)
-        source = management_source(
-            state,
-            config=config_document,
-            config_path=str(config) if config else None,
-            fallback_path=fallback,
-        )
-        for why in source.skipped:
-            findings.append(Finding("warning", "management facts", f"not used: {why}"))
-        if source.document is not None:
-            findings.append(
-                Finding(
-                    "ok", "management facts", f"phase 1 brings management up from {source.source}"
-                )
-            )
-            document = document or source.document
-    if document is None and not any(f.check == "management configuration" for f in findings):
-        findings.append(
+
+def _applied_revision(state: StateDir) -> tuple[list[Finding], DeviceState | None]:
+    """Whether the applied revision is there and this agent can read it (and then it)."""
+    version = state.applied().version if state.exists() else 0
+    if not version:
+        return [], None
+    try:
+        record = state.revision(version)
+    except StateFileError:
+        return [], None  # reported as damaged
+    if record is None:
+        return [
             Finding(
                 "blocker",
                 "management configuration",
-                "no accepted revision, no --config and no --management-fallback: the agent would "
-                "have no management address to bring up",
+                f"applied revision {version} is missing from revisions/",
             )
-        )
-
-    # What the machine must have for the document the new agent will run: the new
-    # document when --config names one (valid), else the one it would start from.
-    needs_document = new_document or document
-    if needs_document is not None:
-        whose = f"--config {config}" if new_document is not None else "the document it starts from"
-        configured = [s.name for s in subsystems if s.configured(needs_document)]
-        findings.append(
+        ], None
+    try:
+        document = parse_document(record["document"], f"revision {version}")
+    except DocumentError as exc:
+        return [
             Finding(
-                "ok",
-                "requirements",
-                f"checking what {whose} needs: {', '.join(configured) or 'no subsystem'}",
+                "blocker",
+                "management configuration",
+                f"revision {version} uses a schema this agent does not support "
+                f"(STATE_VERSION_SKEW): {'; '.join(exc.problems)}",
             )
-        )
-        findings += _requirement_findings(
-            needs_document, subsystems, runner if runner is not None else SubprocessRunner()
-        )
+        ], None
+    return [
+        Finding("ok", "management configuration", f"from accepted revision {version}")
+    ], document
 
-    # The management port.
-    if document is not None:
-        findings.append(_port_state(document.spec.management.api.port, agent_pid))
-    return findings
+
+def _management_facts(
+    state: StateDir, config: Path | None, fallback: Path | None
+) -> tuple[list[Finding], DeviceState | None]:
+    """Where phase 1 would take the management facts from, and what it would skip."""
+    config_document = None
+    if config is not None:
+        with contextlib.suppress(DocumentError):
+            config_document = load_document(config)
+    source = management_source(
+        state,
+        config=config_document,
+        config_path=str(config) if config else None,
+        fallback_path=fallback,
+    )
+    findings = [
+        Finding("warning", "management facts", f"not used: {why}") for why in source.skipped
+    ]
+    if source.document is not None:
+        findings.append(
+            Finding("ok", "management facts", f"phase 1 brings management up from {source.source}")
+        )
+    return findings, source.document

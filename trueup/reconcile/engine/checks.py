@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState, document_digest
 from trueup.model.reasons import ReasonCode
+from trueup.model.records import Applied
 from trueup.reconcile.changes import _LOCAL_ORIGINS, Change, Kind, NeedsConfirmation, Refused
 from trueup.reconcile.engine.override import override_document
 from trueup.reconcile.engine.run import TransactionRun
@@ -141,7 +142,7 @@ def check(
 ) -> TransactionRun:
     """The checked run of `change` under the writer lock; raises `Refused`/`NeedsConfirmation`."""
     applied = engine.state.applied()
-    applied_version = int(applied.get("version", 0))
+    applied_version = applied.version
     # Before any revision, a console override is what management must not lose.
     previous = engine.applied_document() or override_document(engine.state)
     # A heal converges to what is applied *now*, under the lock: the caller
@@ -208,11 +209,11 @@ def unchanged_of(
 
 
 def _resolve_version(
-    engine: Engine, change: Change, applied: Mapping[str, Any], digest: str
+    engine: Engine, change: Change, applied: Applied, digest: str
 ) -> tuple[int, bool]:
     """The version this change gets, and whether it is the applied one again."""
     actor = change.actor
-    applied_version = int(applied.get("version", 0))
+    applied_version = applied.version
     if change.expect_version is not None and change.expect_version != applied_version:
         raise refuse(
             engine.state,
@@ -231,7 +232,7 @@ def _resolve_version(
     if change.origin == "control-plane":
         if version is None:
             raise ValueError("a control-plane revision carries its version")
-        cp_version = applied.get("cp_version")
+        cp_version = applied.cp_version
         if cp_version is not None and version < int(cp_version):
             raise refuse(
                 engine.state,
@@ -242,12 +243,12 @@ def _resolve_version(
                 document_version=version,
                 applied=applied_version,
             )
-        same = version == applied_version and applied.get("digest") == digest
-        return version, same and not applied.get("override")
+        same = version == applied_version and applied.digest == digest
+        return version, same and not applied.override
     if version is None:
-        same = applied.get("digest") == digest and applied.get("outcome") == "committed"
+        same = applied.digest == digest and applied.outcome == "committed"
         # A restore replaces a local override even with the same document: committed anew.
-        same = same and not (change.replaces_override and applied.get("override"))
+        same = same and not (change.replaces_override and applied.override)
         if same and applied_version:
             return applied_version, True
         return applied_version + 1, False
@@ -261,7 +262,7 @@ def _resolve_version(
             document_version=version,
             applied=applied_version,
         )
-    if version == applied_version and applied.get("digest") != digest:
+    if version == applied_version and applied.digest != digest:
         raise refuse(
             engine.state,
             ReasonCode.VERSION_SKEW,
@@ -274,13 +275,13 @@ def _resolve_version(
     return version, version == applied_version
 
 
-def _check_origin(engine: Engine, change: Change, applied: Mapping[str, Any]) -> None:
+def _check_origin(engine: Engine, change: Change, applied: Applied) -> None:
     if change.origin not in _LOCAL_ORIGINS or change.override is not None:
         return
     url = engine.managed_by()
     if url is None:
         return
-    cp = applied.get("cp_version")
+    cp = applied.cp_version
     raise refuse(
         engine.state,
         ReasonCode.VERSION_SKEW,

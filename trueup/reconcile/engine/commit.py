@@ -87,17 +87,15 @@ def commit(engine: Engine, run: TransactionRun, records: AuditLines) -> None:
         # A heal converges to the applied revision; the applied record changes
         # only when a subsystem that had failed is now in place.
         applied = run.applied
-        before_failed = dict(applied.get("failed", {}))
+        before_failed = dict(applied.failed)
         now_failed = {n: e for n, e in before_failed.items() if n not in settled}
-        before_carried = dict(applied.get("carried", {}))
+        before_carried = dict(applied.carried)
         now_carried = {n: e for n, e in before_carried.items() if n not in settled}
         changed = now_failed != before_failed or now_carried != before_carried
-        if changed and applied.get("version"):
-            record = dict(applied)
-            record["failed"] = now_failed
-            record["carried"] = now_carried
-            if applied.get("outcome") == "partial" and not now_failed:
-                record["outcome"] = Outcome.COMMITTED.value
+        if changed and applied.version:
+            record = applied.model_copy(update={"failed": now_failed, "carried": now_carried})
+            if applied.outcome == Outcome.PARTIAL and not now_failed:
+                record.outcome = Outcome.COMMITTED.value
             state.set_applied(record)
     else:
         document = run.document
@@ -202,7 +200,7 @@ def settle_recovered(engine: Engine, run: TransactionRun) -> str | None:
         all_subsystems=[],
         scope=run.scope.to_json(),
         before={},
-        previous_applied=state.applied(),
+        previous_applied=state.applied().to_json(),
         steps={},
     )
     details = {

@@ -127,10 +127,8 @@ class Engine:
         self._wanted_lock = threading.Lock()
         # Status' bounded looks at subsystems that may block (`trueup.reconcile.probes`).
         self.status_probes = StatusProbes(self.sources)
-        # Subsystems whose last convergence failed (subsystem → error): a write that
-        # leaves their section unchanged carries the failure instead of waiting on it.
-        self.failing: dict[str, str] = dict(state.applied().get("failed") or {})
-        self.failing.update(state.applied().get("carried") or {})
+        self.failing: dict[str, str] = dict(state.applied().failed)
+        self.failing.update(state.applied().carried)
 
     @contextmanager
     def sources(self, memo: dict[str, Any] | None = None) -> Iterator[Sources]:
@@ -161,8 +159,8 @@ class Engine:
 
     def _applied_key(self) -> tuple[int, tuple[object, ...]]:
         applied = self.state.applied()
-        version = int(applied.get("version", 0))
-        key = (version, applied.get("digest"), file_identity(self.state.revision_file(version)))
+        version = applied.version
+        key = (version, applied.digest, file_identity(self.state.revision_file(version)))
         return version, key
 
     def applied_revision(self) -> DeviceState | None:
@@ -197,7 +195,7 @@ class Engine:
 
     def revision_document(self, version: int | None) -> tuple[int, DeviceState]:
         """An accepted revision to roll back to (default: the one before the applied one)."""
-        applied_version = int(self.state.applied().get("version", 0))
+        applied_version = self.state.applied().version
         candidates = [v for v in self.state.revision_versions() if v < applied_version]
         target = version if version is not None else (candidates[-1] if candidates else None)
         record = self.state.revision(target) if target is not None else None
@@ -458,7 +456,7 @@ class Engine:
         override: str | None = None,
     ) -> ApplyResult:
         """Re-apply an earlier accepted revision's content as a new version."""
-        applied_version = int(self.state.applied().get("version", 0))
+        applied_version = self.state.applied().version
         target, document = self.revision_document(version)
         return self.transact(
             Change(
@@ -488,9 +486,9 @@ class Engine:
         for name in names:
             self.failing.pop(name, None)
         applied = self.state.applied()
-        failed = dict(applied.get("failed") or {})
-        carried = dict(applied.get("carried") or {})
-        if not names & (failed.keys() | carried.keys()) or not applied.get("version"):
+        failed = dict(applied.failed)
+        carried = dict(applied.carried)
+        if not names & (failed.keys() | carried.keys()) or not applied.version:
             return []
         try:
             with self.writer("reconcile", actor, quiet=True):
@@ -500,21 +498,25 @@ class Engine:
 
     def _settle_in_sync_locked(self, names: set[str], actor: str) -> list[str]:
         applied = self.state.applied()  # under the lock: what is recorded now
-        failed = dict(applied.get("failed") or {})
-        carried = dict(applied.get("carried") or {})
+        failed = dict(applied.failed)
+        carried = dict(applied.carried)
         settled = sorted(names & (failed.keys() | carried.keys()))
-        if not settled or not applied.get("version"):
+        if not settled or not applied.version:
             return []
-        record = dict(applied)
-        record["failed"] = {n: e for n, e in failed.items() if n not in names}
-        record["carried"] = {n: e for n, e in carried.items() if n not in names}
-        if applied.get("outcome") == "partial" and not record["failed"]:
-            record["outcome"] = Outcome.COMMITTED.value
+        still_failed = {n: e for n, e in failed.items() if n not in names}
+        record = applied.model_copy(
+            update={
+                "failed": still_failed,
+                "carried": {n: e for n, e in carried.items() if n not in names},
+            }
+        )
+        if applied.outcome == Outcome.PARTIAL and not still_failed:
+            record.outcome = Outcome.COMMITTED.value
         self.state.set_applied(record)
         self.state.audit.append(
             "failure_settled",
             actor,
-            version=applied.get("version"),
+            version=applied.version,
             subsystems=settled,
             why="seen in sync with the applied revision",
         )

@@ -149,6 +149,7 @@ def _recovery_names(
 
 
 def _committed_document(engine: Engine, applied: Mapping[str, Any]) -> DeviceState | None:
+    """The revision `applied` (the journal's `previous_applied`, as written) names."""
     version = int(applied.get("version", 0))
     if not version:
         return None

@@ -8,11 +8,11 @@ state: the engine keeps only which run is under way (`Engine.running`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trueup.model.document import DeviceState
+from trueup.model.records import Applied
 from trueup.reconcile import faults
 from trueup.reconcile.changes import ApplyResult, Change, Kind, Mode, Outcome
 from trueup.subsystems.base import Facts, Plan, Scope, StepError
@@ -71,7 +71,7 @@ class TransactionRun:
     """
 
     change: Change
-    applied: Mapping[str, Any]  # the applied record when the transaction started
+    applied: Applied  # the applied record when the transaction started
     previous: DeviceState | None
     document: DeviceState
     version: int
@@ -112,7 +112,7 @@ class TransactionRun:
 
     @property
     def applied_version(self) -> int:
-        return int(self.applied.get("version", 0))
+        return self.applied.version
 
     @property
     def outcome(self) -> Outcome:

@@ -45,7 +45,7 @@ def _unchanged(run: TransactionRun) -> bool:
         not run.skipped
         and not any(p.changes for p in run.plans.values())
         and run.same_version
-        and (run.heal or run.applied.get("outcome") == "committed")
+        and (run.heal or run.applied.outcome == "committed")
     )
 
 
@@ -101,7 +101,7 @@ def _converge_and_commit(engine: Engine, net: Sources, run: TransactionRun) -> A
         # Subsystems outside this transaction keep the failures they had.
         run.failed.update(
             (name, error)
-            for name, error in dict(run.applied.get("failed", {})).items()
+            for name, error in dict(run.applied.failed).items()
             if name not in change.only
         )
     for name, reason in run.skipped.items():

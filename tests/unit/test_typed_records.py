@@ -1,0 +1,116 @@
+"""Records carry their types: `dict[str, Any]` only shrinks, and typed modules stay typed.
+
+* A ratchet on `dict[str, Any]` in `trueup/` (migrations aside): the count may
+  go down, never up. A new record gets a type (a dataclass, a TypedDict, a
+  pydantic model, an enum); a JSON object at the edge whose shape is not
+  trueup's is `trueup.model.jsontypes.JSONObject`.
+* The modules whose records are typed end to end (the status document, the
+  drift and control-plane reports, the applied record, the report ingest)
+  offer no function to another package that takes or returns a
+  `dict[str, Any]`.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2] / "trueup"
+UNTYPED = "dict[str, Any]"
+
+# The count after the records were typed; lower it when you type more, never raise it.
+CEILING = 817
+
+# Modules whose cross-package functions are typed (no `dict[str, Any]` in a signature).
+TYPED_MODULES = (
+    "trueup.model",
+    "trueup.reconcile.status",
+    "trueup.reconcile.statuslook",
+    "trueup.reconcile.classify",
+    "trueup.reconcile.doctor",
+    "trueup.agent.cpclient",
+    "trueup.agent.cpreport",
+    "trueup.agent.cpsync",
+    "trueup.server.ingest",
+    "trueup.backup.analysis",
+    "trueup.backup.evidence",
+)
+
+
+def _sources() -> Iterator[Path]:
+    for path in sorted(ROOT.rglob("*.py")):
+        if "migrations" not in path.relative_to(ROOT).parts:
+            yield path
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _package(module: str) -> str:
+    """The layer a module belongs to: `trueup.reconcile.status` → `reconcile`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _untyped_signature(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    args = node.args
+    annotated = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+    annotated += [a for a in (args.vararg, args.kwarg) if a is not None]
+    annotations = [a.annotation for a in annotated if a.annotation is not None]
+    if node.returns is not None:
+        annotations.append(node.returns)
+    return any(UNTYPED in ast.unparse(a) for a in annotations)
+
+
+def _typed(module: str) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in TYPED_MODULES)
+
+
+def test_dict_str_any_only_goes_down() -> None:
+    count = sum(UNTYPED in line for path in _sources() for line in path.read_text().splitlines())
+    assert count <= CEILING, (
+        f"{count} `{UNTYPED}` in trueup/ (ceiling {CEILING}): give the new record a type "
+        "(a dataclass, a TypedDict, a pydantic model, an enum) instead; a JSON object at "
+        "the edge whose shape is not trueup's is trueup.model.jsontypes.JSONObject"
+    )
+
+
+def test_the_count_is_real() -> None:
+    """The ratchet reads the tree it claims to: the JSONObject alias itself is among what it sees."""
+    assert UNTYPED in (ROOT / "model" / "jsontypes.py").read_text()
+    assert sum(1 for _ in _sources()) > 100
+
+
+def test_typed_modules_offer_no_untyped_function_to_another_package() -> None:
+    trees = {_module(path): ast.parse(path.read_text()) for path in _sources()}
+    untyped = {
+        (module, node.name)
+        for module, tree in trees.items()
+        if _typed(module)
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _untyped_signature(node)
+    }
+    offenders = sorted(
+        f"{source}.{name} (used by {module})"
+        for module, tree in trees.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module
+        for alias in node.names
+        for source, name in [(node.module, alias.name)]
+        if (source, name) in untyped and _package(source) != _package(module)
+    )
+    assert not offenders, (
+        f"functions called from another package take or return `{UNTYPED}`: {offenders}; "
+        "give the record a type (or JSONObject for a JSON body whose shape is not trueup's)"
+    )
+
+
+def test_the_signature_check_sees_an_untyped_record() -> None:
+    tree = ast.parse("def f(x: dict[str, Any]) -> int: ...\ndef g(x: int) -> Status: ...")
+    found = [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and _untyped_signature(n)]
+    assert found == ["f"]
