@@ -51,7 +51,7 @@ def begin(engine: Engine, run: TransactionRun) -> None:
         all_subsystems=run.names,
         scope=run.scope.to_json(),
         before=run.before,
-        previous_applied=dict(run.applied),
+        previous_applied=run.applied.to_json(),
         steps={n: len(p.steps) for n, p in run.plans.items() if p.changes},
     )
 
@@ -134,7 +134,7 @@ def commit(engine: Engine, run: TransactionRun, records: AuditLines) -> None:
 
 def _applied_record(engine: Engine, run: TransactionRun) -> Applied:
     change = run.change
-    previous = Applied.model_validate(dict(run.applied))
+    previous = run.applied
     cp_version, override = previous.cp_version, previous.override
     if change.origin == "control-plane":
         cp_version, override = run.version, None

@@ -167,7 +167,7 @@ def _storage_failure(
     errors = [] if heal else roll_back_images(engine, net, run.before, run.scope, run.touched)
     closed = True
     try:
-        engine.state.set_applied(dict(run.applied))
+        engine.state.set_applied(run.applied)
         engine.state.journal.record(
             run.txn, "rolled_back", recovered=False, reason=f"state directory: {exc}", errors=errors
         )
