@@ -14,6 +14,7 @@ from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
 from trueup.reconcile.healing import HealingOptions
 from trueup.reconcile.loop import ReconcileLoop
+from trueup.reconcile.requests import Requests
 from trueup.reconcile.transaction import Engine
 from trueup.subsystems.firewall import FirewallSubsystem
 from trueup.subsystems.firewall.monitor import prove
@@ -75,7 +76,7 @@ class Rig:
     def apply(self, firewall: dict[str, Any], policy: str = "notify") -> None:
         spec: dict[str, Any] = {"firewall": firewall, "convergence": {"default": policy}}
         document = parse_document(base_document(routes=[], **spec))
-        assert self.loop.apply(document, actor="test")["ok"]
+        assert Requests(self.engine, lambda: self.loop).apply(document, actor="test")["ok"]
 
     def monitor(self, *lines: str) -> None:
         for line in lines:

@@ -132,7 +132,7 @@ def _start_sync(agent: Agent, url: str, token_file: Path, heartbeat: float) -> S
             )
             window = None
         try:
-            result = agent.apply(
+            result = agent.requests.apply(
                 parsed, actor="control-plane", origin="control-plane", confirm_within=window
             )
         except StorageError as exc:

@@ -475,13 +475,10 @@ def _apply(engine: Engine, record: dict[str, Any], actor: str) -> None:
                 record.setdefault("notes", []).append(line)
         try:
             result = engine.transact(
-                Change(
+                Change.restore(
                     document,
-                    kind="restore",
-                    origin="restore",
                     actor=actor,
                     source=f"restore {record['id']} of {record['archive']}",
-                    replaces_override=True,
                 )
             )
         except (Refused, NeedsConfirmation) as exc:
@@ -510,9 +507,7 @@ def _roll_back(engine: Engine, record: dict[str, Any], actor: str, problem: str)
         current = engine.applied_document()
         if current is not None and at_previous:
             try:  # level-based: Kea stopped for the lease swap is started again
-                result = engine.transact(
-                    Change(current, kind="restore", origin="restore", actor=actor)
-                )
+                result = engine.transact(Change.restore_undone(current, actor=actor))
                 at_previous = result.ok
             except (Refused, NeedsConfirmation):
                 at_previous = False

@@ -103,19 +103,8 @@ def roll_back_unconfirmed(engine: Engine, pending: dict[str, Any], *, actor: str
         raise RuntimeError(f"confirmed revision {target} is missing from {state.root}/revisions")
     document = parse_document(record["document"], f"revision {target}")
     result = engine.transact(
-        Change(
-            document,
-            kind="confirm-timeout",
-            origin="confirm-timeout",
-            # As much of the confirmed revision as possible: an unrelated failing
-            # subsystem (a link deleted meanwhile) must not keep management away.
-            mode="best-effort",
-            actor=actor,
-            new_version=True,
-            management_confirmed=True,  # back to what was confirmed
-            lock_wait=2.0,
-            source=f"confirmation of version {pending.get('version')} missed its deadline; "
-            f"back to revision {target}",
+        Change.confirm_timeout(
+            document, target=target, unconfirmed=pending.get("version"), actor=actor
         )
     )
     if result.outcome in ("committed", "partial"):

@@ -196,13 +196,10 @@ class Healer:
         ) -> AuditLines:
             return self._book(txn, differences, drift, failed, waiting, healed, attempted, actor)
 
-        change = Change(
+        change = Change.heal(
             document,
-            kind="reconcile",
-            origin="reconcile",
             actor=actor,
-            mode="best-effort",
-            only=frozenset(healable),
+            only=healable,
             contested=contested,
             lock_wait=lock_wait,
             audit=audit_lines,

@@ -71,7 +71,6 @@ from trueup.reconcile.transaction import (
     Change,
     DamagedState,
     Engine,
-    Origin,
     Refused,
     StorageError,
 )
@@ -715,53 +714,6 @@ class ReconcileLoop:
             finally:
                 with self._applying_lock:
                     self._applying -= 1
-
-    def apply(
-        self,
-        document: DeviceState,
-        *,
-        mode: str = "atomic",
-        expect_version: int | None = None,
-        actor: str = "api",
-        confirm_within: float | None = None,
-        origin: Origin = "local-cli",
-        override: str | None = None,
-    ) -> dict[str, Any]:
-        """Apply through the engine; guard it with a pending confirmation when asked."""
-        change = Change(
-            document,
-            kind="apply",
-            origin=origin,
-            actor=actor,
-            mode="best-effort" if mode == "best-effort" else "atomic",
-            expect_version=expect_version,
-            override=override,
-        )
-        return self.write(change, confirm_within)
-
-    def rollback(
-        self,
-        to: int | None,
-        *,
-        expect_version: int | None = None,
-        actor: str = "api",
-        confirm_within: float | None = None,
-        override: str | None = None,
-    ) -> dict[str, Any]:
-        """`trueup rollback`: an earlier revision as a new version, guarded like an apply."""
-        applied_version = int(self.state.applied().get("version", 0))
-        target, document = self.engine.revision_document(to)
-        change = Change(
-            document,
-            kind="rollback",
-            origin="rollback",
-            actor=actor,
-            expect_version=applied_version if expect_version is None else expect_version,
-            new_version=True,
-            override=override,
-            source=f"revision {target}",
-        )
-        return self.write(change, confirm_within)
 
     def write(self, change: Change, confirm_within: float | None) -> dict[str, Any]:
         """Run an operator's change (apply or rollback), with confirm-or-rollback when asked.
