@@ -83,7 +83,7 @@ class Rig:
             self.events.emit(NetlinkEvent("command", "nft", 0.0, detail={"line": line}))
 
     def drift(self) -> dict[str, Any] | None:
-        record = self.loop._drift.get("firewall")
+        record = self.loop.drifts.book.get("firewall")
         return None if record is None else record.to_json()
 
 

@@ -96,6 +96,7 @@ def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
         _bearer(app, agent)
     _health_routes(app, agent)
     _write_routes(app, agent)
+    _loop_routes(app, agent)
     _limitation_routes(app, agent)
     _restore_routes(app, agent)
     return app
@@ -167,8 +168,7 @@ def _health_routes(app: FastAPI, agent: Agent) -> None:
 
 
 def _write_routes(app: FastAPI, agent: Agent) -> None:
-    """The operator's requests (`trueup.reconcile.requests`): plan, apply, rollback, confirm,
-    reconcile, ack."""
+    """The operator's writes and their plan (`trueup.reconcile.requests`)."""
 
     @app.post("/v1/apply")
     def apply(
@@ -225,6 +225,10 @@ def _write_routes(app: FastAPI, agent: Agent) -> None:
         except UnknownRevision as exc:
             raise HTTPException(404, str(exc)) from None
         return JSONResponse(status_code=_result_status(result), content=result)
+
+
+def _loop_routes(app: FastAPI, agent: Agent) -> None:
+    """What the reconcile loop answers once it runs: confirm, reconcile, ack."""
 
     @app.post("/v1/confirm")
     def confirm() -> JSONResponse:

@@ -5,9 +5,14 @@ run before anything else; the API then serves on the unix socket and on the
 management port; recovery, subsystems and the reconcile loop follow on a
 background thread, so no later work can hold management hostage.
 
-Why this module is over 400 lines: it is the agent's process — API surface,
-listeners with their fallback and handover, systemd notification and the
-startup thread — kept together because they share the agent's lifetime.
+An operator's requests (apply, rollback, plan, confirm, reconcile, ack) take
+one route, `Agent.requests` (`trueup.reconcile.requests`): into the reconcile
+loop once it runs, to the engine before.
+
+Why this module is over 400 lines: it is the agent's process — what it
+reports (health, status, metrics), listeners with their fallback and
+handover, systemd notification and the startup thread — kept together
+because they share the agent's lifetime.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from trueup.agent.reportwatch import StatusWatch, operator_facts
 from trueup.agent.selfconfirm import SelfConfirm
 from trueup.model.document import document_digest, parse_document
 from trueup.model.reasons import ReasonCode
+from trueup.reconcile.healing import HealingOptions
 from trueup.reconcile.loop import ReconcileLoop
 from trueup.reconcile.transaction import CONTROL_PLANE_FILE, Refused, StorageError
 from trueup.system.safefile import open_file
@@ -60,7 +61,14 @@ def _control_plane_record(agent: Agent) -> dict[str, Any] | None:
 
 
 def _reconcile_loop(agent: Agent) -> ReconcileLoop:
-    return ReconcileLoop.from_env(agent.engine)
+    """The agent's loop: woken by the subsystems' watches, options from `TRUEUP_*` variables."""
+    from trueup.system.watches import event_source_for
+
+    engine = agent.engine
+    events = event_source_for(
+        (w for sub in engine.subsystems for w in sub.watches), engine.state.root
+    )
+    return ReconcileLoop(engine, options=HealingOptions.from_env(), events=events)
 
 
 def _fetch_secrets(client: ControlPlaneClient, state_dir: Path, document: dict[str, Any]) -> None:
