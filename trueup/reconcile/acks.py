@@ -13,16 +13,26 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from trueup.journal.state import StateDir
 from trueup.reconcile.healing import MANAGEMENT, Governor
 from trueup.system.events import iso_time
 
-__all__ = ["ENDED_ACKS", "Acknowledgements", "EndedAck"]
+__all__ = ["ENDED_ACKS", "AckAnswer", "Acknowledgements", "EndedAck"]
 
 ENDED_ACKS = 10  # expired or withdrawn acknowledgements shown (status, reports)
 ACTOR = "reconciler"
+
+
+class AckAnswer(TypedDict, total=False):
+    """What `POST /v1/ack` and `DELETE /v1/ack` answer."""
+
+    ok: bool
+    message: str
+    subsystem: str
+    until: str  # an acknowledgement given: when it expires
+    cleared: bool  # a withdrawal: whether there was one to withdraw
 
 
 @dataclass(frozen=True)
@@ -56,7 +66,7 @@ class Acknowledgements:
         self.clock = clock
         self.ended: deque[EndedAck] = deque(maxlen=ENDED_ACKS)
 
-    def refusal(self, subsystem: str, seconds: float) -> dict[str, Any] | None:
+    def refusal(self, subsystem: str, seconds: float) -> AckAnswer | None:
         """The answer to an acknowledgement that cannot be given, None when it can."""
         if seconds <= 0:
             return {"ok": False, "message": "--for must be a positive duration"}
@@ -68,7 +78,7 @@ class Acknowledgements:
             }
         return None
 
-    def give(self, subsystem: str, seconds: float, reason: str, actor: str) -> dict[str, Any]:
+    def give(self, subsystem: str, seconds: float, reason: str, actor: str) -> AckAnswer:
         """Pause `subsystem`'s healing for `seconds` (audited `acknowledged`)."""
         ack = self.governor.acknowledge(subsystem, self.clock(), seconds, reason, actor)
         self.state.audit.append(
@@ -82,7 +92,7 @@ class Acknowledgements:
             "drift is still detected and reported",
         }
 
-    def withdraw(self, subsystem: str, actor: str) -> dict[str, Any]:
+    def withdraw(self, subsystem: str, actor: str) -> AckAnswer:
         """Withdraw `subsystem`'s acknowledgement now (audited `ack_cleared`)."""
         ack = self.governor.acks.pop(subsystem, None)
         if ack is None:

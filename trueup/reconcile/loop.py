@@ -53,7 +53,7 @@ from trueup.journal.atomic import StateFileError
 from trueup.journal.lock import lock_holder
 from trueup.model.document import DeviceState, DocumentError
 from trueup.reconcile import reconcilefile
-from trueup.reconcile.acks import Acknowledgements
+from trueup.reconcile.acks import AckAnswer, Acknowledgements
 from trueup.reconcile.attribution import DriftRecord
 from trueup.reconcile.confirmwait import ConfirmWait
 from trueup.reconcile.driftwatch import ACTOR, DriftWatch, Look
@@ -531,7 +531,7 @@ class ReconcileLoop:
 
     def acknowledge(
         self, subsystem: str, seconds: float, reason: str, *, actor: str = "api"
-    ) -> dict[str, Any]:
+    ) -> AckAnswer:
         """`trueup ack`: pause `subsystem`'s healing, never its detection, for `seconds`."""
         refused = self.acks.refusal(subsystem, seconds)
         if refused is not None:
@@ -543,11 +543,11 @@ class ReconcileLoop:
         self.wake()
         return answer
 
-    def clear_acknowledgement(self, subsystem: str, *, actor: str = "api") -> dict[str, Any]:
+    def clear_acknowledgement(self, subsystem: str, *, actor: str = "api") -> AckAnswer:
         """Withdraw `subsystem`'s acknowledgement now (audited `ack_cleared`); healing resumes."""
         with self._lock:
             answer = self.acks.withdraw(subsystem, actor)
-            if not answer["cleared"]:
+            if not answer.get("cleared"):
                 return answer
             self._persist()
             self._refresh_view()

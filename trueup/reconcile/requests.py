@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from trueup.model.document import DeviceState
 from trueup.model.reasons import ReasonCode
+from trueup.reconcile.acks import AckAnswer
 from trueup.reconcile.changes import Change, NeedsConfirmation, Origin, Refused
 from trueup.reconcile.confirmwait import WRITE_LOCK_WAIT, refusal
 from trueup.reconcile.planning import PlanAnswer, plan_answer
@@ -48,9 +49,9 @@ class Handler(Protocol):
 
     def acknowledge(
         self, subsystem: str, seconds: float, reason: str, *, actor: str = "api"
-    ) -> dict[str, Any]: ...
+    ) -> AckAnswer: ...
 
-    def clear_acknowledgement(self, subsystem: str, *, actor: str = "api") -> dict[str, Any]: ...
+    def clear_acknowledgement(self, subsystem: str, *, actor: str = "api") -> AckAnswer: ...
 
 
 class BeforeLoop:
@@ -86,10 +87,10 @@ class BeforeLoop:
 
     def acknowledge(
         self, subsystem: str, seconds: float, reason: str, *, actor: str = "api"
-    ) -> dict[str, Any]:
+    ) -> AckAnswer:
         return {"ok": False, "message": STARTING}
 
-    def clear_acknowledgement(self, subsystem: str, *, actor: str = "api") -> dict[str, Any]:
+    def clear_acknowledgement(self, subsystem: str, *, actor: str = "api") -> AckAnswer:
         return {"ok": False, "message": STARTING}
 
 
@@ -171,11 +172,11 @@ class Requests:
 
     def acknowledge(
         self, subsystem: str, seconds: float, reason: str, *, actor: str = "api"
-    ) -> dict[str, Any]:
+    ) -> AckAnswer:
         self._known(subsystem)
         return self.handler().acknowledge(subsystem, seconds, reason, actor=actor)
 
-    def clear_acknowledgement(self, subsystem: str, *, actor: str = "api") -> dict[str, Any]:
+    def clear_acknowledgement(self, subsystem: str, *, actor: str = "api") -> AckAnswer:
         self._known(subsystem)
         return self.handler().clear_acknowledgement(subsystem, actor=actor)
 
