@@ -24,7 +24,7 @@ def _failing_addresses(tmp_path: Path) -> Rig:
     """A rig whose first (best-effort) apply left `addresses` failing."""
     rig = Rig(tmp_path)
     rig.net.fail_on["on lan0"] = NetlinkError("add address", "Permission denied", errno.EPERM)
-    answer = rig.loop.apply(parse_document(base_document(routes=[])), mode="best-effort")
+    answer = rig.requests.apply(parse_document(base_document(routes=[])), mode="best-effort")
     assert answer["outcome"] == "partial" and "addresses" in answer["failed"], answer
     assert "addresses" in rig.engine.failing
     return rig
@@ -42,7 +42,7 @@ def _health(rig: Rig, name: str) -> tuple[str, str]:
 
 def test_an_atomic_apply_carries_a_failing_subsystem_it_leaves_unchanged(tmp_path: Path) -> None:
     rig = _failing_addresses(tmp_path)
-    answer = rig.loop.apply(parse_document(_with_route()), actor="test")
+    answer = rig.requests.apply(parse_document(_with_route()), actor="test")
     assert answer["ok"] and answer["outcome"] == "committed", answer
     assert "addresses" in answer["carried"], answer
     assert rig.state.applied().carried.keys() == {"addresses"}
@@ -52,7 +52,7 @@ def test_an_atomic_apply_carries_a_failing_subsystem_it_leaves_unchanged(tmp_pat
 
 def test_a_carried_subsystem_that_recovers_by_itself_is_failing_no_more(tmp_path: Path) -> None:
     rig = _failing_addresses(tmp_path)
-    assert rig.loop.apply(parse_document(_with_route()), actor="test")["ok"]
+    assert rig.requests.apply(parse_document(_with_route()), actor="test")["ok"]
     # Someone else puts the addresses in place: in sync, and nothing left to heal.
     rig.net.fail_on.clear()
     rig.net.add_address("lan0", LAN)
@@ -67,7 +67,7 @@ def test_a_carried_subsystem_that_recovers_by_itself_is_failing_no_more(tmp_path
     # The next write converges it as usual instead of carrying a failure that is gone.
     document = _with_route()
     document["spec"]["routes"].append({"to": "198.51.100.128/25", "via": "198.51.100.1"})
-    answer = rig.loop.apply(parse_document(document), actor="test")
+    answer = rig.requests.apply(parse_document(document), actor="test")
     assert answer["ok"] and not answer.get("carried"), answer
     assert _health(rig, "addresses")[0] == "ok"
 

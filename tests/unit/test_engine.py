@@ -151,7 +151,7 @@ def test_agent_refuses_an_unsafe_apply_before_its_loop_runs(engine: Engine) -> N
     agent = Agent(engine.state.root)
     moved = base_document()
     moved["spec"]["management"]["addresses"] = ["198.51.100.9/24"]
-    result = agent.apply(parse_document(moved))
+    result = agent.requests.apply(parse_document(moved))
     assert result["ok"] is False and result["outcome"] == "refused"
     assert "removes management address 198.51.100.2/24" in result["message"]
     assert engine.state.applied().version == 1

@@ -15,6 +15,7 @@ from trueup.model.document import parse_document
 from trueup.reconcile.engine import Engine
 from trueup.reconcile.healing import HealingOptions
 from trueup.reconcile.loop import ReconcileLoop
+from trueup.reconcile.requests import Requests
 from trueup.subsystems.firewall import FirewallSubsystem
 from trueup.subsystems.firewall.monitor import prove
 from trueup.subsystems.registry import default_subsystems
@@ -75,14 +76,14 @@ class Rig:
     def apply(self, firewall: dict[str, Any], policy: str = "notify") -> None:
         spec: dict[str, Any] = {"firewall": firewall, "convergence": {"default": policy}}
         document = parse_document(base_document(routes=[], **spec))
-        assert self.loop.apply(document, actor="test")["ok"]
+        assert Requests(self.engine, lambda: self.loop).apply(document, actor="test")["ok"]
 
     def monitor(self, *lines: str) -> None:
         for line in lines:
             self.events.emit(NetlinkEvent("command", "nft", 0.0, detail={"line": line}))
 
     def drift(self) -> dict[str, Any] | None:
-        record = self.loop._drift.get("firewall")
+        record = self.loop.drifts.book.get("firewall")
         return None if record is None else record.to_json()
 
 

@@ -278,7 +278,7 @@ def test_a_failure_without_evidence_names_paths_and_no_other_writer(rig: Rig) ->
     healer = rig.loop.healer
     diff = Difference("addresses", LAN_ADDRESSES, [LAN], [], missing=[LAN])
     error = f"still differs after 3 passes: {LAN_ADDRESSES}"
-    rig.loop._pass_context = (
+    rig.loop.drifts.pass_context = (
         Scope(interfaces=frozenset({"lan0"}), management_interface="mgmt0"),
         0,
     )

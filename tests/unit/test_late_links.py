@@ -24,7 +24,7 @@ def _late_rig(tmp_path: Path, **spec: Any) -> Rig:
     rig = Rig(tmp_path, HealingOptions(jitter=0.0, breaker_threshold=2, retry_budget=3))
     del rig.net.link_state["lan0"]
     document = parse_document(base_document(routes=[], **spec))
-    answer = rig.loop.apply(document, mode="best-effort", actor="test")
+    answer = rig.requests.apply(document, mode="best-effort", actor="test")
     assert answer["ok"], answer
     return rig
 

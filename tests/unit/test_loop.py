@@ -17,6 +17,7 @@ from trueup.reconcile.confirm import decide, settle_at_startup, unsafe_managemen
 from trueup.reconcile.engine import Engine
 from trueup.reconcile.healing import Governor, HealingOptions
 from trueup.reconcile.loop import ReconcileLoop
+from trueup.reconcile.requests import Requests
 from trueup.system.events import FakeEventSource, NetlinkEvent
 from trueup.system.fake import FakeNetlink
 from trueup.system.netlink import NetlinkError
@@ -59,9 +60,14 @@ class Rig:
         self.events.start(loop._on_event)
         return loop
 
+    @property
+    def requests(self) -> Requests:
+        """The agent's route for operator requests, into this rig's loop."""
+        return Requests(self.engine, lambda: self.loop)
+
     def apply(self, **spec: Any) -> dict[str, Any]:
         document = parse_document(base_document(routes=[], **spec))
-        return self.loop.apply(document, actor="test")
+        return self.requests.apply(document, actor="test")
 
     def delete_address(self, sender_port: int = 4242) -> None:
         self.net.del_address("lan0", LAN)
@@ -270,7 +276,7 @@ def test_ack_stops_healing_until_it_expires_by_itself(rig: Rig) -> None:
 # -- confirm-or-rollback --------------------------------------------------------
 def test_confirm_within_the_window_keeps_the_version(rig: Rig) -> None:
     document = parse_document(base_document(routes=[], interfaces=[{"name": "lan0"}]))
-    result = rig.loop.apply(document, actor="test", confirm_within=30)
+    result = rig.requests.apply(document, actor="test", confirm_within=30)
     assert result["ok"] and result["pending_confirmation"]["version"] == 2
     assert read_pending(rig.state) is not None
     rig.clock.advance(10)
@@ -284,7 +290,7 @@ def test_confirm_within_the_window_keeps_the_version(rig: Rig) -> None:
 
 def test_missed_confirmation_rolls_back_to_the_last_confirmed_version(rig: Rig) -> None:
     document = parse_document(base_document(routes=[], interfaces=[{"name": "lan0"}]))
-    assert rig.loop.apply(document, actor="test", confirm_within=30)["ok"]
+    assert rig.requests.apply(document, actor="test", confirm_within=30)["ok"]
     assert not rig.has_address()
     rig.clock.advance(31)
     rig.loop.run_pass()
@@ -298,7 +304,7 @@ def test_missed_confirmation_rolls_back_to_the_last_confirmed_version(rig: Rig) 
 def test_unsafe_management_change_is_refused_without_confirm_within(rig: Rig) -> None:
     spec = base_document(routes=[])
     spec["spec"]["management"]["addresses"] = ["198.51.100.9/24"]
-    result = rig.loop.apply(parse_document(spec), actor="test")
+    result = rig.requests.apply(parse_document(spec), actor="test")
     assert not result["ok"] and result["outcome"] == "refused"
     assert "removes management address 198.51.100.2/24" in result["failed"]["management"]
     assert rig.state.applied().version == 1
@@ -308,7 +314,7 @@ def test_unsafe_management_change_is_refused_without_confirm_within(rig: Rig) ->
 
 def test_settle_at_startup_rolls_back_expired_and_drops_stale(rig: Rig) -> None:
     document = parse_document(base_document(routes=[], interfaces=[{"name": "lan0"}]))
-    assert rig.loop.apply(document, actor="test", confirm_within=30)["ok"]
+    assert rig.requests.apply(document, actor="test", confirm_within=30)["ok"]
     pending = read_pending(rig.state)
     assert pending is not None
     assert decide(pending, 2, rig.clock() + 1) == "waiting"
@@ -334,7 +340,7 @@ def test_routes_wait_on_acknowledged_addresses_and_never_open_the_breaker(
 ) -> None:
     rig = Rig(tmp_path, HealingOptions(jitter=0.0, breaker_threshold=2))
     routes = [{"to": "192.0.2.0/24", "via": "203.0.113.254"}]
-    assert rig.loop.apply(parse_document(base_document(routes=routes)), actor="test")["ok"]
+    assert rig.requests.apply(parse_document(base_document(routes=routes)), actor="test")["ok"]
     assert rig.loop.acknowledge("addresses", 3600, "rewiring lan0", actor="test")["ok"]
     rig.delete_address()  # the kernel flushes the route through it as well
     assert not [r for r in rig.net.route_table if r.to == "192.0.2.0/24"]
@@ -356,7 +362,7 @@ def test_routes_wait_on_acknowledged_addresses_and_never_open_the_breaker(
 
 def test_a_failing_dependency_makes_its_dependents_wait_inside_the_heal(rig: Rig) -> None:
     routes = [{"to": "192.0.2.0/24", "via": "203.0.113.254"}]
-    assert rig.loop.apply(parse_document(base_document(routes=routes)), actor="test")["ok"]
+    assert rig.requests.apply(parse_document(base_document(routes=routes)), actor="test")["ok"]
     rig.net.fail_on["add address"] = NetlinkError("add address", "No such device", errno.ENODEV)
     rig.delete_address()
     report = rig.loop.run_pass()
@@ -377,7 +383,7 @@ def test_a_subsystem_that_cannot_be_observed_does_not_stop_the_pass(rig: Rig) ->
 
     rig.engine.files = Unreadable()
     document = parse_document(base_document(routes=[], sysctl={"net.ipv4.ip_forward": 1}))
-    result = rig.loop.apply(document, actor="test", mode="best-effort")
+    result = rig.requests.apply(document, actor="test", mode="best-effort")
     assert result["outcome"] == "partial"
     rig.delete_address()
     report = rig.loop.run_pass()
@@ -394,7 +400,7 @@ def test_a_tick_is_not_a_notification_and_looks_only_where_it_was_asked(rig: Rig
     assert rig.loop._ticking() == []  # no spec.sysctl: a tick costs nothing
     rig.engine.files = FakeFiles({"/proc/sys/net/ipv4/ip_forward": "0\n"})
     document = parse_document(base_document(routes=[], sysctl={"net.ipv4.ip_forward": 1}))
-    assert rig.loop.apply(document, actor="test")["ok"]
+    assert rig.requests.apply(document, actor="test")["ok"]
     assert rig.loop._ticking() == ["sysctl"]
     rig.engine.files.files["/proc/sys/net/ipv4/ip_forward"] = "0\n"  # type: ignore[attr-defined]
     rig.delete_address()  # drift elsewhere is left to its own notification

@@ -44,7 +44,7 @@ class Contact:
 def rig(tmp_path: Path) -> Rig:
     rig = Rig(tmp_path)
     first = parse_document(base_document(routes=[])).with_version(1)
-    assert rig.loop.apply(first, actor="control-plane", origin="control-plane")["ok"]
+    assert rig.requests.apply(first, actor="control-plane", origin="control-plane")["ok"]
     return rig
 
 
@@ -69,7 +69,7 @@ def _confirmer(rig: Rig, contact: Contact) -> SelfConfirm:
 
 def _pulled(rig: Rig, window: float = 30) -> dict[str, Any]:
     """A control-plane revision with a confirmation window, as the wiring applies it."""
-    return rig.loop.apply(
+    return rig.requests.apply(
         SECOND, actor="control-plane", origin="control-plane", confirm_within=window
     )
 
@@ -155,7 +155,7 @@ def test_an_operators_confirm_within_is_left_to_the_operator(rig: Rig) -> None:
     contact.at = rig.clock() + 100
     confirmer = _confirmer(rig, contact)
     local = parse_document(base_document(routes=[], interfaces=[{"name": "lan0"}]))
-    assert rig.loop.apply(local, actor="ops", confirm_within=30, override="test")["ok"]
+    assert rig.requests.apply(local, actor="ops", confirm_within=30, override="test")["ok"]
     assert confirmer.check() is None
     assert read_pending(rig.state) is not None
     record = rig.loop.confirmation.record()
@@ -216,7 +216,7 @@ def test_a_partial_apply_is_never_confirmed_by_the_agent(rig: Rig) -> None:
 def test_a_windowed_revision_whose_apply_fails_is_reported_rolled_back(rig: Rig) -> None:
     rig.net.fail_on["add address"] = NetlinkError("add address", "busy", errno.EBUSY)
     failing = base_document(routes=[], interfaces=[{"name": "lan0", "addresses": [SPARE]}])
-    result = rig.loop.apply(
+    result = rig.requests.apply(
         parse_document(failing).with_version(2),
         actor="control-plane",
         origin="control-plane",
@@ -262,10 +262,10 @@ def test_a_firewall_that_drops_the_api_is_never_confirmed_by_the_agent_itself(
     rig.engine = Engine(rig.state, subsystems, netlink_factory=lambda: rig.net, nft=nft)
     rig.loop = rig.new_loop()
     first = parse_document(base_document(routes=[], firewall=SAFE)).with_version(1)
-    assert rig.loop.apply(first, actor="control-plane", origin="control-plane")["ok"]
+    assert rig.requests.apply(first, actor="control-plane", origin="control-plane")["ok"]
     dropping = _firewall("tcp dport 7443 drop", *SAFE["chains"][0]["rules"], policy="accept")
     second = parse_document(base_document(routes=[], firewall=dropping)).with_version(2)
-    pulled = rig.loop.apply(
+    pulled = rig.requests.apply(
         second, actor="control-plane", origin="control-plane", confirm_within=30
     )
     assert pulled["ok"] and pulled["pending_confirmation"]["version"] == 2
@@ -289,9 +289,9 @@ def test_a_firewall_that_drops_the_api_is_never_confirmed_by_the_agent_itself(
     # A firewall that keeps the API reachable is confirmed by the agent as before.
     ssh = _firewall(*SAFE["chains"][0]["rules"], "tcp dport 22 accept")
     kept = parse_document(base_document(routes=[], firewall=ssh)).with_version(9)
-    assert rig.loop.apply(kept, actor="control-plane", origin="control-plane", confirm_within=30)[
-        "ok"
-    ]
+    assert rig.requests.apply(
+        kept, actor="control-plane", origin="control-plane", confirm_within=30
+    )["ok"]
     contact.at = rig.clock() + 1
     rig.clock.advance(2)
     assert confirmer.check() is None

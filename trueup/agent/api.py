@@ -29,6 +29,7 @@ from trueup.journal.lock import LockBusy
 from trueup.journal.restore import read_record
 from trueup.model.digests import token_hash
 from trueup.model.document import DeviceState, DocumentError, parse_document
+from trueup.model.jsontypes import JSONObject
 from trueup.model.reasons import ReasonCode
 from trueup.reconcile.changes import Refused, StorageError, UnknownRevision
 
@@ -61,7 +62,7 @@ def _result_status(result: dict[str, Any]) -> int:
     return 428 if result.get("outcome") == "refused" else 500
 
 
-def _parse(document: dict[str, Any]) -> DeviceState | JSONResponse:
+def _parse(document: JSONObject) -> DeviceState | JSONResponse:
     try:
         return parse_document(document, "request body")
     except DocumentError as exc:
@@ -88,7 +89,21 @@ def _if_match(value: str | None) -> int | None:
 
 
 def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
+    """The agent's API; `require_token` on the management port (the unix socket has none)."""
     app = FastAPI(title="trueup agent", version="1")
+    _errors(app)
+    if require_token:
+        _bearer(app, agent)
+    _health_routes(app, agent)
+    _write_routes(app, agent)
+    _loop_routes(app, agent)
+    _limitation_routes(app, agent)
+    _restore_routes(app, agent)
+    return app
+
+
+def _errors(app: FastAPI) -> None:
+    """A refused write to the state directory is a 507; a damaged state file a 500."""
 
     @app.exception_handler(StorageError)
     async def storage_error(request: Request, exc: StorageError) -> JSONResponse:
@@ -100,23 +115,27 @@ def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
         del request
         return JSONResponse(status_code=500, content={"ok": False, "message": str(exc)})
 
-    if require_token:
 
-        @app.middleware("http")
-        async def bearer(request: Request, call_next: Any) -> Response:
-            if request.url.path not in _PUBLIC:
-                header = request.headers.get("authorization", "")
-                token = (
-                    header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
+def _bearer(app: FastAPI, agent: Agent) -> None:
+    """Every route but the two health probes asks for a bearer token."""
+
+    @app.middleware("http")
+    async def bearer(request: Request, call_next: Any) -> Response:
+        if request.url.path not in _PUBLIC:
+            header = request.headers.get("authorization", "")
+            token = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
+            if not token or not agent.token_valid(token):
+                return JSONResponse(
+                    status_code=401,
+                    content={"message": "bearer token required (trueup agent token create)"},
+                    headers={"WWW-Authenticate": "Bearer"},
                 )
-                if not token or not agent.token_valid(token):
-                    return JSONResponse(
-                        status_code=401,
-                        content={"message": "bearer token required (trueup agent token create)"},
-                        headers={"WWW-Authenticate": "Bearer"},
-                    )
-            response: Response = await call_next(request)
-            return response
+        response: Response = await call_next(request)
+        return response
+
+
+def _health_routes(app: FastAPI, agent: Agent) -> None:
+    """What the agent reports: health, status, drift, evidence, metrics."""
 
     @app.get("/v1/health/management")
     def health_management() -> JSONResponse:
@@ -135,9 +154,25 @@ def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
     def drift() -> dict[str, Any]:
         return agent.drift()
 
+    @app.get("/v1/evidence")
+    def evidence() -> Response:
+        return Response(
+            content=agent.evidence(),
+            media_type="application/gzip",
+            headers={"Content-Disposition": 'attachment; filename="trueup-evidence.tar.gz"'},
+        )
+
+    @app.get("/metrics")
+    def metrics() -> PlainTextResponse:
+        return PlainTextResponse(agent.metrics(), media_type="text/plain; version=0.0.4")
+
+
+def _write_routes(app: FastAPI, agent: Agent) -> None:
+    """The operator's writes and their plan (`trueup.reconcile.requests`)."""
+
     @app.post("/v1/apply")
     def apply(
-        document: dict[str, Any] = Body(...),
+        document: JSONObject = Body(...),
         if_match: str | None = Header(None),
         mode: str = "atomic",
         confirm_within: float | None = None,
@@ -150,7 +185,7 @@ def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
         if isinstance(parsed, JSONResponse):
             return parsed
         try:
-            result = agent.apply(
+            result = agent.requests.apply(
                 parsed,
                 mode=mode,
                 expect_version=_if_match(if_match),
@@ -163,11 +198,11 @@ def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
         return JSONResponse(status_code=_result_status(result), content=result)
 
     @app.post("/v1/plan")
-    def plan(document: dict[str, Any] = Body(...)) -> JSONResponse:
+    def plan(document: JSONObject = Body(...)) -> JSONResponse:
         parsed = _parse(document)
         if isinstance(parsed, JSONResponse):
             return parsed
-        return JSONResponse(content=agent.plan(parsed))
+        return JSONResponse(content=agent.requests.plan(parsed).to_json())
 
     @app.post("/v1/rollback")
     def rollback(
@@ -178,7 +213,7 @@ def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
         override: str | None = None,
     ) -> JSONResponse:
         try:
-            result = agent.rollback(
+            result = agent.requests.rollback(
                 to,
                 expect_version=_if_match(if_match),
                 actor=actor,
@@ -191,17 +226,21 @@ def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
             raise HTTPException(404, str(exc)) from None
         return JSONResponse(status_code=_result_status(result), content=result)
 
+
+def _loop_routes(app: FastAPI, agent: Agent) -> None:
+    """What the reconcile loop answers once it runs: confirm, reconcile, ack."""
+
     @app.post("/v1/confirm")
     def confirm() -> JSONResponse:
         try:
-            return JSONResponse(content=agent.confirm())
+            return JSONResponse(content=agent.requests.confirm())
         except Refused as exc:
             return _refusal(exc)
 
     @app.post("/v1/reconcile")
     def reconcile(subsystem: str | None = None) -> JSONResponse:
         try:
-            result = agent.reconcile(subsystem)
+            result = agent.requests.reconcile(subsystem)
         except Refused as exc:
             return _refusal(exc)
         except KeyError as exc:
@@ -211,24 +250,31 @@ def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
     @app.post("/v1/ack")
     def ack(subsystem: str, seconds: float, reason: str, actor: str = "api") -> JSONResponse:
         try:
-            return JSONResponse(content=agent.acknowledge(subsystem, seconds, reason, actor))
+            answer = agent.requests.acknowledge(subsystem, seconds, reason, actor=actor)
         except KeyError as exc:
             raise HTTPException(404, f"unknown subsystem {exc.args[0]!r}") from None
+        return JSONResponse(content=answer)
 
     @app.delete("/v1/ack")
     def clear_ack(subsystem: str, actor: str = "api") -> JSONResponse:
         """Withdraw an acknowledgement before it expires (audited `ack_cleared`)."""
         try:
-            return JSONResponse(content=agent.clear_acknowledgement(subsystem, actor))
+            return JSONResponse(
+                content=agent.requests.clear_acknowledgement(subsystem, actor=actor)
+            )
         except KeyError as exc:
             raise HTTPException(404, f"unknown subsystem {exc.args[0]!r}") from None
+
+
+def _limitation_routes(app: FastAPI, agent: Agent) -> None:
+    """Known limitations: permanent, reviewed accepted differences."""
 
     @app.get("/v1/limitations")
     def limitations(all: bool = False) -> dict[str, Any]:
         return {"limitations": list_limitations(agent.state.root, include_withdrawn=all)}
 
     @app.post("/v1/limitations")
-    def limitation_add(body: dict[str, Any] = Body(...)) -> JSONResponse:
+    def limitation_add(body: JSONObject = Body(...)) -> JSONResponse:
         try:
             record = add_limitation(
                 agent.state.root,
@@ -245,7 +291,7 @@ def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
         return JSONResponse(status_code=201, content=record)
 
     @app.post("/v1/limitations/{limitation_id}/withdraw")
-    def limitation_withdraw(limitation_id: str, body: dict[str, Any] = Body(...)) -> JSONResponse:
+    def limitation_withdraw(limitation_id: str, body: JSONObject = Body(...)) -> JSONResponse:
         try:
             record = withdraw_limitation(
                 agent.state.root,
@@ -259,20 +305,16 @@ def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
             raise HTTPException(404, f"unknown limitation {limitation_id!r}") from None
         return JSONResponse(content=record)
 
-    @app.get("/v1/evidence")
-    def evidence() -> Response:
-        return Response(
-            content=agent.evidence(),
-            media_type="application/gzip",
-            headers={"Content-Disposition": 'attachment; filename="trueup-evidence.tar.gz"'},
-        )
+
+def _restore_routes(app: FastAPI, agent: Agent) -> None:
+    """The restore state machine (`trueup.agent.restoring`): status, analyze, apply."""
 
     @app.get("/v1/restore")
     def restore() -> dict[str, Any]:
         return restore_status(agent)
 
     @app.post("/v1/restore/analyze")
-    def restore_analyze_route(body: dict[str, Any] = Body(...)) -> JSONResponse:
+    def restore_analyze_route(body: JSONObject = Body(...)) -> JSONResponse:
         archive, mappings = body.get("archive"), body.get("mappings") or {}
         if not isinstance(archive, str) or not isinstance(mappings, dict):
             raise HTTPException(422, "body: {archive: PATH, mappings: {OLD: NEW}}")
@@ -286,7 +328,7 @@ def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
             )
 
     @app.post("/v1/restore/apply")
-    def restore_apply_route(body: dict[str, Any] = Body(...)) -> JSONResponse:
+    def restore_apply_route(body: JSONObject = Body(...)) -> JSONResponse:
         archive, mode = body.get("archive"), body.get("mode")
         mappings = body.get("mappings") or {}
         if not isinstance(archive, str) or mode not in ("config-only", "full"):
@@ -303,34 +345,31 @@ def create_app(agent: Agent, *, require_token: bool) -> FastAPI:
                 actor=str(body.get("actor") or "api"),
             )
         except RestoreRefused as exc:
-            return _restore_refusal(str(exc), exc.problems)
+            return _restore_refusal(agent, str(exc), exc.problems)
         except Refused as exc:
-            return _restore_refusal(str(exc), [])
+            return _restore_refusal(agent, str(exc), [])
         except LockBusy as exc:
-            return _restore_refusal(f"{exc}; the agent retries by itself", [])
+            return _restore_refusal(agent, f"{exc}; the agent retries by itself", [])
         except Exception as exc:  # never a 500: a refusal with its next step
             log.exception("restore apply of %s failed", archive)
-            return _restore_refusal(f"the restore could not go on: {type(exc).__name__}: {exc}", [])
+            return _restore_refusal(
+                agent, f"the restore could not go on: {type(exc).__name__}: {exc}", []
+            )
         return JSONResponse(content=record)
 
-    def _restore_refusal(message: str, problems: list[dict[str, Any]]) -> JSONResponse:
-        """409: what refused, the record (when one is pending) and the next step."""
-        pending = read_record(agent.state.root)
-        content: dict[str, Any] = {"message": message, "problems": problems}
-        if pending is not None and pending.get("state") not in ("completed", "rolled_back"):
-            content["restore"] = pending
-            content["next"] = pending.get("next")
-        else:
-            content["next"] = (
-                "nothing was changed: `trueup restore analyze ARCHIVE` names every problem"
-            )
-        return JSONResponse(status_code=409, content=content)
 
-    @app.get("/metrics")
-    def metrics() -> PlainTextResponse:
-        return PlainTextResponse(agent.metrics(), media_type="text/plain; version=0.0.4")
-
-    return app
+def _restore_refusal(agent: Agent, message: str, problems: list[dict[str, Any]]) -> JSONResponse:
+    """409: what refused, the record (when one is pending) and the next step."""
+    pending = read_record(agent.state.root)
+    content: dict[str, Any] = {"message": message, "problems": problems}
+    if pending is not None and pending.get("state") not in ("completed", "rolled_back"):
+        content["restore"] = pending
+        content["next"] = pending.get("next")
+    else:
+        content["next"] = (
+            "nothing was changed: `trueup restore analyze ARCHIVE` names every problem"
+        )
+    return JSONResponse(status_code=409, content=content)
 
 
 def token_matches(stored: list[str], token: str) -> bool:

@@ -5,9 +5,14 @@ run before anything else; the API then serves on the unix socket and on the
 management port; recovery, subsystems and the reconcile loop follow on a
 background thread, so no later work can hold management hostage.
 
-Why this module is over 400 lines: it is the agent's process — API surface,
-listeners with their fallback and handover, systemd notification and the
-startup thread — kept together because they share the agent's lifetime.
+An operator's requests (apply, rollback, plan, confirm, reconcile, ack) take
+one route, `Agent.requests` (`trueup.reconcile.requests`): into the reconcile
+loop once it runs, to the engine before.
+
+Why this module is over 400 lines: it is the agent's process — what it
+reports (health, status, metrics), listeners with their fallback and
+handover, systemd notification and the startup thread — kept together
+because they share the agent's lifetime.
 """
 
 from __future__ import annotations
@@ -37,11 +42,10 @@ from trueup.journal.atomic import StateFileError
 from trueup.journal.audit import now_iso
 from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState
-from trueup.model.reasons import ReasonCode
 from trueup.model.virtual import is_virtual, virtual_addresses
-from trueup.reconcile.changes import Change, Kind, NeedsConfirmation, Origin, Refused
 from trueup.reconcile.engine import Engine
-from trueup.reconcile.guard import subsystem_risks, unsafe_management_changes
+from trueup.reconcile.loop import ReconcileLoop
+from trueup.reconcile.requests import Requests
 from trueup.reconcile.status import AgentInfo, build_status, drift_report
 from trueup.startup.orchestrator import Orchestrator
 from trueup.subsystems.base import Subsystem
@@ -78,14 +82,6 @@ def create_api_token(state: StateDir, name: str) -> str:
     state.write(TOKENS_FILE, tokens)
     state.audit.append("api_token_created", "local", name=name)
     return token
-
-
-def _netns_id() -> str | None:
-    """The network namespace this process observes (`net:[INODE]`), for plan's answer."""
-    try:
-        return os.readlink("/proc/self/ns/net")
-    except OSError:
-        return None
 
 
 class _QuietServer(uvicorn.Server):
@@ -139,12 +135,12 @@ class Agent:
         self.notifier = Notifier()
         self.status_interval = 5.0
         self.retry_base_seconds = retry_base_seconds
-        self.loop: Any = None  # the reconcile loop, once phase 4 starts
+        self.loop: ReconcileLoop | None = None  # the reconcile loop, once phase 4 starts
         self.sync: Any = None  # the control-plane sync, when wired
         self.on_steady: list[Callable[[Agent], None]] = []
         self.on_stop: list[Callable[[], None]] = []
         # Set by trueup.agent.wiring; builds the loop in phase 4.
-        self.loop_factory: Callable[[Agent], Any] | None = None
+        self.loop_factory: Callable[[Agent], ReconcileLoop] | None = None
         self._metrics = AgentMetrics(
             self.status, lambda: self.loop.view() if self.loop is not None else None
         )
@@ -271,160 +267,10 @@ class Agent:
     def drift(self) -> dict[str, Any]:
         return drift_report(self.status())
 
-    def apply(
-        self,
-        document: DeviceState,
-        *,
-        mode: str = "atomic",
-        expect_version: int | None = None,
-        actor: str = "api",
-        confirm_within: float | None = None,
-        origin: Origin = "local-cli",
-        override: str | None = None,
-    ) -> dict[str, Any]:
-        if self.loop is not None:
-            return dict(
-                self.loop.apply(
-                    document,
-                    mode=mode,
-                    expect_version=expect_version,
-                    actor=actor,
-                    confirm_within=confirm_within,
-                    origin=origin,
-                    override=override,
-                )
-            )
-        # Before phase 4 there is no loop to hold a confirmation; the engine's
-        # management guard applies as everywhere.
-        if confirm_within is not None:
-            return self._refused(
-                actor, "the agent is still starting; --confirm-within is available once it runs"
-            )
-        try:
-            result = self.engine.transact(
-                Change(
-                    document,
-                    origin=origin,
-                    actor=actor,
-                    mode="best-effort" if mode == "best-effort" else "atomic",
-                    expect_version=expect_version,
-                    override=override,
-                    lock_wait=5.0,
-                )
-            )
-        except NeedsConfirmation as exc:
-            return self._refused(actor, str(exc), audited=True)
-        return result.to_json()
-
-    def _refused(self, actor: str, message: str, *, audited: bool = False) -> dict[str, Any]:
-        if not audited:
-            self.state.audit.append("apply_refused", actor, message=message)
-        return {
-            "ok": False,
-            "version": self.state.applied().version,
-            "outcome": "refused",
-            "txn": None,
-            "steps": [],
-            "failed": {"management": message},
-            "rollback_errors": [],
-            "message": message,
-        }
-
-    def rollback(
-        self,
-        to: int | None,
-        expect_version: int | None = None,
-        *,
-        actor: str = "api",
-        confirm_within: float | None = None,
-        override: str | None = None,
-    ) -> dict[str, Any]:
-        if self.loop is not None:
-            return dict(
-                self.loop.rollback(
-                    to,
-                    expect_version=expect_version,
-                    actor=actor,
-                    confirm_within=confirm_within,
-                    override=override,
-                )
-            )
-        if confirm_within is not None:
-            return self._refused(
-                actor, "the agent is still starting; --confirm-within is available once it runs"
-            )
-        try:
-            result = self.engine.rollback_to(
-                to, actor=actor, expect_version=expect_version, override=override
-            )
-        except NeedsConfirmation as exc:
-            return self._refused(actor, str(exc), audited=True)
-        return result.to_json()
-
-    def plan(self, document: DeviceState) -> dict[str, Any]:
-        """What applying `document` would change, observed where this agent runs."""
-        plans = self.engine.plan(document)
-        previous = self._current_document()
-        unsafe = unsafe_management_changes(previous, document) + subsystem_risks(
-            self.engine.subsystems, previous, document, self.engine.api_port
-        )
-        return {
-            "changes": any(p.changes for p in plans),
-            "plans": [
-                {
-                    "subsystem": p.subsystem,
-                    "steps": [p.step_json(s) for s in p.steps],
-                    "noop": p.noop_reasons,
-                    "error": p.error,
-                }
-                for p in plans
-            ],
-            "failed": {p.subsystem: p.error for p in plans if p.error},
-            "management_changes": unsafe,
-            "needs_confirmation": bool(unsafe),
-            "managed_by": self.engine.managed_by(),
-            "observed_by": {
-                "agent_pid": os.getpid(),
-                "state_dir": str(self.state.root),
-                "netns": _netns_id(),
-                "applied_version": self.state.applied().version,
-            },
-        }
-
-    def confirm(self) -> dict[str, Any]:
-        if self.loop is None:
-            raise Refused(ReasonCode.APPLY_NOT_COMPLETED, "agent still starting; retry")
-        return dict(self.loop.confirm(actor="api"))
-
-    def reconcile(self, subsystem: str | None) -> dict[str, Any]:
-        if subsystem is not None and subsystem not in self.engine.by_name:
-            raise KeyError(subsystem)
-        if self.loop is not None:
-            return dict(self.loop.reconcile_now(subsystem, actor="api"))
-        self.engine.refuse_if_damaged()
-        document = self.engine.applied_document()
-        if document is None:
-            return {"ok": True, "outcome": "nothing applied"}
-        result = self.engine.apply_document(
-            document, actor="api", kind=Kind.RECONCILE, origin="reconcile", lock_wait=5.0
-        )
-        return result.to_json()
-
-    def acknowledge(
-        self, subsystem: str, seconds: float, reason: str, actor: str = "api"
-    ) -> dict[str, Any]:
-        if subsystem not in self.engine.by_name:
-            raise KeyError(subsystem)
-        if self.loop is None:
-            return {"ok": False, "message": "agent still starting"}
-        return dict(self.loop.acknowledge(subsystem, seconds, reason, actor=actor))
-
-    def clear_acknowledgement(self, subsystem: str, actor: str = "api") -> dict[str, Any]:
-        if subsystem not in self.engine.by_name:
-            raise KeyError(subsystem)
-        if self.loop is None:
-            return {"ok": False, "message": "agent still starting"}
-        return dict(self.loop.clear_acknowledgement(subsystem, actor=actor))
+    @property
+    def requests(self) -> Requests:
+        """Apply, rollback, plan, confirm, reconcile, ack: into the loop once it runs."""
+        return Requests(self.engine, lambda: self.loop)
 
     def evidence(self) -> bytes:
         """The runbook's evidence bundle (`trueup.backup.evidence`), with the live status."""
@@ -707,13 +553,11 @@ class Agent:
     def start_loop(self) -> None:
         """Phase 4; the reconcile loop when it is wired in."""
         if self.loop_factory is not None:
-            self.loop = self.loop_factory(self)
+            self.loop = loop = self.loop_factory(self)
             # What the start left pending (a late link) or failed is finished by the
             # loop under every policy; `notify` governs only later changes.
-            finish_start = getattr(self.loop, "finish_start", None)
-            if callable(finish_start):
-                finish_start(self.orchestrator.unsettled())
-            self.loop.start()
+            loop.finish_start(self.orchestrator.unsettled())
+            loop.start()
 
     def stop(self) -> None:
         self._request_stop()

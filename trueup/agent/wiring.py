@@ -26,6 +26,7 @@ from trueup.model.document import document_digest, parse_document
 from trueup.model.reasons import ReasonCode
 from trueup.model.records import Applied
 from trueup.reconcile.changes import CONTROL_PLANE_FILE, Refused, StorageError
+from trueup.reconcile.healing import HealingOptions
 from trueup.reconcile.loop import ReconcileLoop
 from trueup.system.safefile import open_file
 from trueup.system.secretstore import SecretError, secret_references, write_secret
@@ -61,7 +62,14 @@ def _control_plane_record(agent: Agent) -> dict[str, Any] | None:
 
 
 def _reconcile_loop(agent: Agent) -> ReconcileLoop:
-    return ReconcileLoop.from_env(agent.engine)
+    """The agent's loop: woken by the subsystems' watches, options from `TRUEUP_*` variables."""
+    from trueup.system.watches import event_source_for
+
+    engine = agent.engine
+    events = event_source_for(
+        (w for sub in engine.subsystems for w in sub.watches), engine.state.root
+    )
+    return ReconcileLoop(engine, options=HealingOptions.from_env(), events=events)
 
 
 def _fetch_secrets(client: ControlPlaneClient, state_dir: Path, document: dict[str, Any]) -> None:
@@ -133,7 +141,7 @@ def _start_sync(agent: Agent, url: str, token_file: Path, heartbeat: float) -> S
             )
             window = None
         try:
-            result = agent.apply(
+            result = agent.requests.apply(
                 parsed, actor="control-plane", origin="control-plane", confirm_within=window
             )
         except StorageError as exc:

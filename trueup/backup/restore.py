@@ -65,7 +65,7 @@ from trueup.backup.restorechecks import assert_allocator, differences, fence_kea
 from trueup.journal.restore import TERMINAL, boot_id, read_record, record_path, write_record
 from trueup.model.document import DocumentError, parse_document
 from trueup.reconcile import faults
-from trueup.reconcile.changes import Change, Kind, NeedsConfirmation, Refused
+from trueup.reconcile.changes import Change, NeedsConfirmation, Refused
 from trueup.reconcile.engine import Engine
 from trueup.system.atomicfile import write_atomic
 from trueup.system.fence import hold_fence, lift_fence
@@ -476,13 +476,10 @@ def _apply(engine: Engine, record: dict[str, Any], actor: str) -> None:
                 record.setdefault("notes", []).append(line)
         try:
             result = engine.transact(
-                Change(
+                Change.restore(
                     document,
-                    kind=Kind.RESTORE,
-                    origin="restore",
                     actor=actor,
                     source=f"restore {record['id']} of {record['archive']}",
-                    replaces_override=True,
                 )
             )
         except (Refused, NeedsConfirmation) as exc:
@@ -511,9 +508,7 @@ def _roll_back(engine: Engine, record: dict[str, Any], actor: str, problem: str)
         current = engine.applied_document()
         if current is not None and at_previous:
             try:  # level-based: Kea stopped for the lease swap is started again
-                result = engine.transact(
-                    Change(current, kind=Kind.RESTORE, origin="restore", actor=actor)
-                )
+                result = engine.transact(Change.restore_undone(current, actor=actor))
                 at_previous = result.ok
             except (Refused, NeedsConfirmation):
                 at_previous = False

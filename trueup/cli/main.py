@@ -320,37 +320,11 @@ def plan(file: Path, state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "
             file,
         )
         return
-    from trueup.reconcile.guard import subsystem_risks, unsafe_management_changes
+    from trueup.reconcile.planning import plan_answer
 
     engine = _engine(state_dir, create=False)
-    plans = engine.plan(document)
-    previous = engine.applied_document()
-    try:
-        netns: str | None = os.readlink("/proc/self/ns/net")
-    except OSError:
-        netns = None
-    body = {
-        "changes": any(p.changes for p in plans),
-        "plans": [
-            {
-                "subsystem": p.subsystem,
-                "steps": [p.step_json(s) for s in p.steps],
-                "noop": p.noop_reasons,
-                "error": p.error,
-            }
-            for p in plans
-        ],
-        "failed": {p.subsystem: p.error for p in plans if p.error},
-        "management_changes": unsafe_management_changes(previous, document)
-        + subsystem_risks(engine.subsystems, previous, document, engine.api_port),
-        "managed_by": engine.managed_by(),
-        "observed_by": {
-            "agent_pid": None,
-            "socket": str(state_dir / "agent.sock"),
-            "state_dir": str(state_dir),
-            "netns": netns,
-        },
-    }
+    answer = plan_answer(engine, document, previous=engine.applied_document(), agent_pid=None)
+    body = answer.to_json()
     _print_plan(body, output, file)
 
 
@@ -416,11 +390,11 @@ def apply(
     engine = _engine(state_dir, create=True, init=init, device=document.metadata.device)
     try:
         result = engine.transact(
-            Change(
+            Change.apply(
                 document,
                 origin="local-cli",
                 actor=actor,
-                mode="best-effort" if mode == "best-effort" else "atomic",
+                mode=mode,
                 expect_version=expect_version,
                 override=override,
                 source=str(file),

@@ -113,7 +113,7 @@ def print_plan(body: dict[str, Any], output: str, source: str = "the document") 
         )
     else:
         echo(
-            f"observed by this process (no agent answers on {where.get('socket')}): "
+            f"observed by this process (no agent answers on {where.get('state_dir')}/agent.sock): "
             f"network namespace {where.get('netns')}; run plan where the agent runs"
         )
     for p in body["plans"]:

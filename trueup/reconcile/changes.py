@@ -142,7 +142,7 @@ class NeedsConfirmation(Exception):
 
 @dataclass(frozen=True)
 class Change:
-    """What a caller asks of the engine. Every writer fills one of these in.
+    """What a caller asks of the engine: every writer builds one with a constructor below.
 
     `only` limits the subsystems the transaction may change (a heal names the
     ones it heals); `contested` pins paths another writer keeps changing to
@@ -178,6 +178,151 @@ class Change:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", Kind(self.kind))  # "apply" read from a file, too
+
+    # -- the writers: every `Change` in trueup is built by one of these -------
+    @classmethod
+    def apply(
+        cls,
+        document: DeviceState,
+        *,
+        origin: Origin = "local-cli",
+        actor: str = "local",
+        mode: str = "atomic",
+        expect_version: int | None = None,
+        override: str | None = None,
+        source: str = "",
+        lock_wait: float = 0.0,
+        only: Collection[str] | None = None,
+        skipped: Mapping[str, str] | None = None,
+        deadlines: Mapping[str, float] | None = None,
+        management_confirmed: bool = False,
+        former_virtual: Collection[str] = (),
+    ) -> Change:
+        """An apply of `document`: an operator's (CLI, API), the control plane's, the start's.
+
+        `mode` is `best-effort` or anything else for `atomic`.
+        """
+        return cls(
+            document,
+            kind=Kind.APPLY,
+            origin=origin,
+            actor=actor,
+            mode="best-effort" if mode == "best-effort" else "atomic",
+            expect_version=expect_version,
+            only=frozenset(only) if only is not None else None,
+            skipped=dict(skipped or {}),
+            management_confirmed=management_confirmed,
+            override=override,
+            lock_wait=lock_wait,
+            source=source,
+            deadlines=deadlines,
+            former_virtual=frozenset(former_virtual),
+        )
+
+    @classmethod
+    def heal(
+        cls,
+        document: DeviceState,
+        *,
+        actor: str,
+        origin: Origin = "reconcile",
+        only: Collection[str] | None = None,
+        contested: Mapping[str, Collection[str]] | None = None,
+        lock_wait: float = 0.0,
+        audit: AuditBuilder | None = None,
+        source: str = "",
+        skipped: Mapping[str, str] | None = None,
+        deadlines: Mapping[str, float] | None = None,
+        former_virtual: Collection[str] = (),
+    ) -> Change:
+        """A heal (`reconcile`) towards the committed revision `document`, best-effort.
+
+        What works stays, so a failing link never takes restored management
+        addresses away; `only` names the subsystems it heals, `contested` the
+        paths it leaves alone.
+        """
+        return cls(
+            document,
+            kind=Kind.RECONCILE,
+            origin=origin,
+            actor=actor,
+            mode="best-effort",
+            only=frozenset(only) if only is not None else None,
+            contested=dict(contested or {}),
+            skipped=dict(skipped or {}),
+            lock_wait=lock_wait,
+            source=source,
+            deadlines=deadlines,
+            former_virtual=frozenset(former_virtual),
+            audit=audit,
+        )
+
+    @classmethod
+    def rollback(
+        cls,
+        document: DeviceState,
+        *,
+        target: int,
+        applied_version: int,
+        actor: str,
+        expect_version: int | None = None,
+        override: str | None = None,
+        management_confirmed: bool = False,
+    ) -> Change:
+        """`trueup rollback`: accepted revision `target` (its `document`) again, as a new version.
+
+        It expects `applied_version` unless the caller names another.
+        """
+        return cls(
+            document,
+            kind=Kind.ROLLBACK,
+            origin="rollback",
+            actor=actor,
+            expect_version=applied_version if expect_version is None else expect_version,
+            new_version=True,
+            management_confirmed=management_confirmed,
+            override=override,
+            source=f"revision {target}",
+        )
+
+    @classmethod
+    def confirm_timeout(
+        cls, document: DeviceState, *, target: int, unconfirmed: int | None, actor: str
+    ) -> Change:
+        """A missed confirmation: the last confirmed revision `target` again, as a new version.
+
+        As much of it as possible (best-effort): an unrelated failing subsystem
+        (a link deleted meanwhile) must not keep management away.
+        """
+        return cls(
+            document,
+            kind=Kind.CONFIRM_TIMEOUT,
+            origin="confirm-timeout",
+            mode="best-effort",
+            actor=actor,
+            new_version=True,
+            management_confirmed=True,  # back to what was confirmed
+            lock_wait=2.0,
+            source=f"confirmation of version {unconfirmed} missed its deadline; "
+            f"back to revision {target}",
+        )
+
+    @classmethod
+    def restore(cls, document: DeviceState, *, actor: str, source: str) -> Change:
+        """A restore's revision: it replaces a local override as a local apply does."""
+        return cls(
+            document,
+            kind=Kind.RESTORE,
+            origin="restore",
+            actor=actor,
+            source=source,
+            replaces_override=True,
+        )
+
+    @classmethod
+    def restore_undone(cls, document: DeviceState, *, actor: str) -> Change:
+        """A failed restore's way back: the revision before it converged again."""
+        return cls(document, kind=Kind.RESTORE, origin="restore", actor=actor)
 
 
 @dataclass(kw_only=True)

@@ -21,7 +21,7 @@ from trueup.journal.audit import now_iso
 from trueup.journal.confirm import clear_pending, read_pending, write_outcome
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
-from trueup.reconcile.changes import ApplyResult, Change, Kind, Outcome
+from trueup.reconcile.changes import ApplyResult, Change, Outcome
 from trueup.reconcile.engine import Engine
 from trueup.reconcile.guard import management_guard, unsafe_management_changes
 
@@ -104,19 +104,8 @@ def roll_back_unconfirmed(engine: Engine, pending: dict[str, Any], *, actor: str
         raise RuntimeError(f"confirmed revision {target} is missing from {state.root}/revisions")
     document = parse_document(record["document"], f"revision {target}")
     result = engine.transact(
-        Change(
-            document,
-            kind=Kind.CONFIRM_TIMEOUT,
-            origin="confirm-timeout",
-            # As much of the confirmed revision as possible: an unrelated failing
-            # subsystem (a link deleted meanwhile) must not keep management away.
-            mode="best-effort",
-            actor=actor,
-            new_version=True,
-            management_confirmed=True,  # back to what was confirmed
-            lock_wait=2.0,
-            source=f"confirmation of version {pending.get('version')} missed its deadline; "
-            f"back to revision {target}",
+        Change.confirm_timeout(
+            document, target=target, unconfirmed=pending.get("version"), actor=actor
         )
     )
     if result.outcome in (Outcome.COMMITTED, Outcome.PARTIAL):

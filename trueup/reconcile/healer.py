@@ -220,13 +220,10 @@ class Healer:
         ) -> AuditLines:
             return self._book(txn, differences, drift, failed, waiting, healed, attempted, actor)
 
-        change = Change(
+        change = Change.heal(
             document,
-            kind=Kind.RECONCILE,
-            origin="reconcile",
             actor=actor,
-            mode="best-effort",
-            only=frozenset(healable),
+            only=healable,
             contested=contested,
             lock_wait=lock_wait,
             audit=audit_lines,

@@ -1,8 +1,9 @@
 """The reconcile loop: scheduling and passes — event-driven, level-based, bounded healing.
 
 Who calls this: the agent (`trueup.agent.process.Agent.start_loop`, wired in
-`trueup.agent.wiring`). The agent delegates `apply`, `rollback`, `confirm`,
-`reconcile`, `ack`, status and metrics here once the loop runs.
+`trueup.agent.wiring`). Once it runs, the agent's requests
+(`trueup.reconcile.requests`) come here: `write` (an apply or a rollback),
+`confirm`, `reconcile_now`, `acknowledge`, `clear_acknowledgement`.
 
 How a pass works (controller-runtime style: the event names nothing):
 
@@ -10,7 +11,7 @@ How a pass works (controller-runtime style: the event names nothing):
    (`resync_seconds`, default 60 s) only *wake* the loop;
 2. every pass re-reads the system for every subsystem and diffs it against
    the applied document — detection never depends on the event's content and
-   can never be switched off;
+   can never be switched off (`trueup.reconcile.driftwatch`);
 3. each subsystem with drift gets a drift record (since, paths, the
    notifications that explain it: `trueup.reconcile.attribution`) and flap
    bookkeeping (`trueup.reconcile.healing.Governor`);
@@ -23,19 +24,18 @@ change (`_record_proven_drift`; the firewall's `nft monitor` lines can). A
 proof is recorded as drift at once, so detection does not wait for a
 listing of thousands of rules; the pass still observes, confirms and heals.
 
-The other parts, each in its own module:
+The other parts, each in its own module: confirm-or-rollback
+(`trueup.reconcile.confirmwait`), acknowledgements (`trueup.reconcile.acks`),
+closing a transaction a storage fault left open
+(`trueup.reconcile.interrupted`), the governor's file
+(`trueup.reconcile.reconcilefile`), what status shows
+(`trueup.reconcile.view`, read lock-free by API threads).
 
-* confirm-or-rollback (`apply --confirm-within`): `trueup.reconcile.confirmwait`
-  (the pending record survives restarts: `trueup.reconcile.confirm`);
-* what status shows: `trueup.reconcile.view` (read lock-free by API threads).
-
-Why this module is over 400 lines: besides scheduling and passes it is the
-agent's one entry for operator requests (apply, rollback, confirm, reconcile,
-ack). Each is a few lines that delegate to the modules above; they stay here
-because they take the loop's lock, hold passes off while they write, and
-wake the loop afterwards. Drift proven by notifications is recorded here
-too, because it must see the same drift book, writers and event log as the
-pass under the same lock.
+Why this module is over 400 lines: scheduling (the thread, waiting for
+writers, drift proven between passes), the pass and the operator's requests
+share one lock and the state it guards (what is applied, which subsystems
+the start left unfinished, when to look again); each part here is the few
+lines that take that lock and hand the work to the modules above.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ import logging
 import random
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -53,39 +52,28 @@ from typing import Any
 from trueup.journal.atomic import StateFileError
 from trueup.journal.lock import lock_holder
 from trueup.model.document import DeviceState, DocumentError
-from trueup.model.health import SubsystemHealth
-from trueup.reconcile.attribution import (
-    MAX_ATTRIBUTION,
-    DriftBook,
-    DriftRecord,
-    EventLog,
-    attribute,
-    event_kinds,
-    item_paths,
-    writers,
-)
-from trueup.reconcile.changes import Change, DamagedState, Kind, Origin, Refused, StorageError
+from trueup.reconcile import reconcilefile
+from trueup.reconcile.acks import AckAnswer, Acknowledgements
+from trueup.reconcile.attribution import DriftRecord
+from trueup.reconcile.changes import Change
 from trueup.reconcile.confirmwait import ConfirmWait
+from trueup.reconcile.driftwatch import ACTOR, DriftWatch, Look
 from trueup.reconcile.engine import Engine
 from trueup.reconcile.healer import Healer, PassReport
-from trueup.reconcile.healing import MANAGEMENT, Governor, HealingOptions
-from trueup.reconcile.view import LoopActivity, LoopView, build_view
-from trueup.subsystems.base import Difference, Scope, Subsystem
+from trueup.reconcile.healing import HealingOptions
+from trueup.reconcile.interrupted import InterruptedCloser
+from trueup.reconcile.reconcilefile import RECONCILE_FILE
+from trueup.reconcile.view import LoopActivity, LoopView, Shown, build_view
+from trueup.subsystems.base import Difference, Scope
 from trueup.subsystems.registry import scope_for
-from trueup.system.events import EventSource, NetlinkEvent, iso_time
+from trueup.system.events import EventSource, NetlinkEvent
 
 __all__ = ["RECONCILE_FILE", "DriftRecord", "PassReport", "ReconcileLoop"]
 
 log = logging.getLogger("trueup.reconcile")
 
-RECONCILE_FILE = "reconcile.json"
-ACTOR = "reconciler"
 RETRY_SOON = 0.1  # after a pass skipped for a writer, or a deferred rollback
-# Closing a transaction a full or read-only state directory left open: retried
-# after 0.5 s, doubling up to 2 s, until the directory takes writes again.
-CLOSE_RETRY_FIRST = 0.5
-CLOSE_RETRY_CAP = 2.0
-ENDED_ACKS = 10  # expired or withdrawn acknowledgements shown (status, reports)
+COUNTERS = ("passes", "events", "heals_ok", "heals_failed", "overflows", "ticks")
 PROOF_WAIT = 0.1  # longest wait for the rest of a change being reported (`_record_proven_drift`)
 
 
@@ -104,39 +92,18 @@ class ReconcileLoop:
         self.options = options or HealingOptions()
         self.events = events
         self.clock = clock
-        self.governor = Governor(self.options, rng)
-        try:
-            self.governor.load(self.state.read(RECONCILE_FILE, {}))
-        except (ValueError, TypeError, AttributeError, KeyError, OSError) as exc:
-            # Reported as damage (automatic heals wait until it is repaired); the
-            # loop itself must run: detection never stops.
-            log.error(
-                "%s/%s: %s; acknowledgements and breakers start empty",
-                self.state.root,
-                RECONCILE_FILE,
-                exc,
-            )
-            self.governor.load({})
-        self.counters: dict[str, int] = {
-            "passes": 0,
-            "events": 0,
-            "heals_ok": 0,
-            "heals_failed": 0,
-            "overflows": 0,
-            "ticks": 0,
-        }
+        self.governor = reconcilefile.load(engine, self.options, rng)
+        self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._events = EventLog()
-        self._pass_from_seq = 0  # events up to this one were seen by an earlier pass
+        self.drifts = DriftWatch(engine, self.governor, clock, self.options.attribution_window)
+        self.acks = Acknowledgements(self.governor, self.state, clock)
         self._events_since_pass = 0
         self._applying = 0
-        self._applying_lock = (
-            threading.Lock()
-        )  # never the pass's lock: a write never waits on a pass
-        self._drift = DriftBook()
+        # Never the pass's lock: a write never waits on a pass.
+        self._applying_lock = threading.Lock()
         self._waiting: dict[str, str] = {}  # subsystem → the dependency it waits on (last pass)
         # What the agent's start left unfinished (pending on a late link, or failed): healed
         # under every policy until a pass sees it in sync (`finish_start`).
@@ -146,40 +113,23 @@ class ReconcileLoop:
         self._retry_soon = False
         self._tick_due = False
         self._retry_after: float | None = None
-        self._close_delay = CLOSE_RETRY_FIRST
+        self.closer = InterruptedCloser(engine)
         self._document_cache: tuple[Any, DeviceState | None] = (None, None)
-        # subsystem → (its observation mark, the event seq its pass started at, the
-        # applied document's key), kept while its last pass found it in sync.
-        self._in_sync: dict[str, tuple[object, int, Any]] = {}
         self.healer = Healer(engine, self.governor, clock, self.counters)
-        self.healer.evidence = self._evidence
-        self.healer.disturbance = self._disturbance
-        self._pass_context: tuple[Scope, int] | None = None  # the running pass's scope, first event
-        self._heal_seq = 0  # the last event before the running heal began
+        self.healer.evidence = self.drifts.evidence
+        self.healer.disturbance = self.drifts.disturbance
         # Called (without arguments, on the loop's thread) when a writer is found fighting
         # management: the agent sends a report to the control plane at once.
         self.on_fought: list[Callable[[], None]] = []
-        # Called (without arguments, under the loop's lock: it must only signal) when what
-        # an operator sees of the loop changed (`LoopView.operator_digest`), and when an
+        # What API threads read; its `on_change` is called (under the loop's lock: it must
+        # only signal) when what an operator sees of the loop changed, and when an
         # operator's write begins: the agent reports to the control plane.
-        self.on_change: list[Callable[[], None]] = []
-        self._shown_digest: str | None = None
-        self._ended_acks: deque[dict[str, Any]] = deque(maxlen=ENDED_ACKS)
+        self.shown = Shown()
+        self.on_change = self.shown.on_change
         self.confirmation = ConfirmWait(
             engine, clock=clock, lock=self._lock, on_converged=self._start_over
         )
-        self._view = LoopView()
         self._refresh_view()
-
-    @classmethod
-    def from_env(cls, engine: Engine) -> ReconcileLoop:
-        """The agent's loop: the subsystems' watches, options from `TRUEUP_*` variables."""
-        from trueup.system.watches import event_source_for
-
-        events = event_source_for(
-            (w for sub in engine.subsystems for w in sub.watches), engine.state.root
-        )
-        return cls(engine, options=HealingOptions.from_env(), events=events)
 
     # -- lifecycle ----------------------------------------------------------
     def finish_start(self, names: Collection[str]) -> None:
@@ -219,7 +169,7 @@ class ReconcileLoop:
             self._tick_due = True
             self._wake.set()
             return
-        self._events.append(event)
+        self.drifts.events.append(event)
         self.counters["events"] += 1
         if event.kind == "overflow":
             self.counters["overflows"] += 1
@@ -233,7 +183,7 @@ class ReconcileLoop:
             self._wake.clear()
             if self._stop.is_set():
                 return
-            if self._events_since_pass and self._in_sync:
+            if self._events_since_pass and self.drifts.in_sync:
                 self._record_proven_drift()
             self._await_writers()
             names: list[str] | None = None
@@ -283,39 +233,23 @@ class ReconcileLoop:
         Listing a large table takes hundreds of milliseconds; the notification
         that names the change arrives in a few. A subsystem whose last pass
         found it in sync at an exact state (`observation_mark`) is asked whether
-        the notifications since prove a change (`proven_change`): only a proof
-        counts, never a guess, so the record is true when it is written — a
-        change trueup made itself is never proven (the firewall's own loads
-        delete and re-create the table, which proves nothing). Nothing is
-        proven while a trueup transaction runs, after notifications were lost,
-        or against a document other than the one the pass compared with. The
-        pass that follows observes, fills in the paths, heals per policy, and
-        ends the record if the system is in sync again.
+        the notifications since prove a change (`proven_change`,
+        `DriftWatch.prove`): only a proof counts, never a guess, so the record
+        is true when it is written — a change trueup made itself is never
+        proven (the firewall's own loads delete and re-create the table, which
+        proves nothing). Nothing is proven while a trueup transaction runs.
+        The pass that follows observes, fills in the paths, heals per policy,
+        and ends the record if the system is in sync again.
         """
         deadline: float | None = None
         while not self._stop.is_set():
-            pending = False
             with self._lock:
                 if self._applying or self.engine.active or lock_holder(self.state.root / "lock"):
                     return
                 self._document()
-                key = self._document_cache[0]
-                recorded = False
-                for sub in self.engine.subsystems:
-                    entry = self._in_sync.get(sub.name)
-                    if entry is None or self._drift.get(sub.name) is not None:
-                        continue
-                    mark, seq, document_key = entry
-                    events = self._events.complete_after(seq)
-                    if document_key != key or events is None:
-                        continue
-                    if any(event.kind == "overflow" for _, event in events):
-                        continue  # a watch restarted: what it missed proves nothing
-                    verdict = sub.proven_change(mark, events)
-                    pending = pending or verdict.pending
-                    if verdict.paths:
-                        self._record_proof(sub.name, verdict.paths, verdict.lines, events)
-                        recorded = True
+                recorded, pending = self.drifts.prove(
+                    self.engine.subsystems, self._document_cache[0]
+                )
                 if recorded:
                     self._refresh_view()
             if not pending:
@@ -327,25 +261,6 @@ class ReconcileLoop:
             if now >= deadline or not self._wake.wait(deadline - now):
                 return
             self._wake.clear()
-
-    def _record_proof(
-        self,
-        name: str,
-        paths: tuple[str, ...],
-        lines: tuple[int, ...],
-        events: list[tuple[int, NetlinkEvent]],
-    ) -> None:
-        del self._in_sync[name]
-        record = self._drift.start(name, self.clock(), "event")
-        record.paths = list(paths)
-        proving = set(lines)
-        record.attribution = [
-            {**event.to_json(), "match": "proves the change"}
-            for seq, event in events
-            if seq in proving
-        ][-MAX_ATTRIBUTION:]
-        record.seen_events = max(proving, default=record.seen_events)
-        log.warning("%s: drift proven by notifications: %s", name, ", ".join(paths))
 
     def _timeout(self) -> float:
         """Seconds until the next pass is due, whatever wakes the loop before."""
@@ -385,12 +300,7 @@ class ReconcileLoop:
         A management NIC that shows up late at boot must not wait out a
         back-off grown while it was absent.
         """
-        appeared = {
-            event.ifname
-            for _seq, event in self._events.after(since_seq)
-            if event.kind == "link" and event.message == "RTM_NEWLINK"
-        }
-        if not appeared & (scope.interfaces | {scope.management_interface}):
+        if not self.drifts.links_appeared(since_seq, scope):
             return
         now = self.clock()
         for sub in self.engine.subsystems:
@@ -418,99 +328,39 @@ class ReconcileLoop:
         """Observe everything, record drift, heal what policy and bounds allow.
 
         `force` names subsystems to heal regardless of policy, acknowledgement
-        and bounds (an explicit `trueup reconcile`).
+        and bounds (an explicit `trueup reconcile`); `names` limits the pass to
+        those subsystems (a periodic look).
         """
         with self._lock:
             report = PassReport()
             now = self.clock()
-            self.counters["passes"] += 1
-            triggered_by_events = self._events_since_pass > 0 and names is None
-            self._events_since_pass = 0
-            since_seq, self._pass_from_seq = self._pass_from_seq, self._events.last_seq
-            self._retry_soon = False
-            self._retry_after = None
-            self._expire_acks(now)
-            self._expire_contested(now)
-            if not self._applying and self.confirmation.check(now):
-                self._retry_soon = True
-            writer_waits = self.engine.writer_wanted()
-            if (
-                self._applying
-                or (writer_waits and force is None)
-                or (force is None and lock_holder(self.state.root / "lock"))
-            ):
+            triggered_by_events, since_seq = self._begin_pass(now, names)
+            if self._writer_busy(force is not None):
                 # Someone is writing: what we would see is half-applied. Look again soon.
-                self._retry_soon = True
-                report.skipped = "a writer holds the device"
-                self._refresh_view()
-                return report
+                return self._skip(report, "a writer holds the device")
             self._close_interrupted(now)
             document = self._document()
             self._last_pass_at = now
             if not triggered_by_events and names is None:
                 self._last_resync_at = now
             if document is None:
-                self._drift.forget()
-                self._in_sync.clear()
-                self._refresh_view()
-                report.skipped = "nothing applied"
-                return report
+                self.drifts.forget()
+                return self._skip(report, "nothing applied", retry=False)
             scope = scope_for(document)
             detected_by = "request" if force else ("event" if triggered_by_events else "resync")
-            differences: dict[str, list[Difference]] = {}
-            recovered: list[str] = []  # recorded as failing, seen in sync now
-            failing = self._recorded_failing()
-            with self.engine.sources() as net:
-                seen = self.engine.observe_bounded(
-                    net,
-                    scope,
-                    names,
-                    errors=report.unobservable,
-                    # An operator's write waits: a daemon that does not answer must not
-                    # keep the pass (and its lock) from yielding to it.
-                    give_up=(lambda: False) if force else self.engine.writer_wanted,
-                )
-                if seen is None:
-                    self._retry_soon = True
-                    report.skipped = "a writer is waiting"
-                    self._refresh_view()
-                    return report
-                observed_all = seen
-                for sub in self.engine.subsystems:
-                    if sub.name not in observed_all:
-                        if sub.name not in report.unobservable:
-                            continue  # not looked at in this pass (a periodic look)
-                        # Cannot be seen now (a daemon that does not answer): reported, and
-                        # what depends on it waits; the other subsystems carry on.
-                        log.warning("%s", report.unobservable[sub.name])
-                        continue
-                    desired = sub.desired(document, scope)
-                    differences[sub.name] = diffs = sub.diff(desired, observed_all[sub.name])
-                    self._note_sync(sub, diffs, observed_all[sub.name])
-                    self._record_drift(sub, diffs, scope, now, detected_by, since_seq)
-                    report.drift[sub.name] = [d.path for d in diffs]
-                    if (
-                        not diffs
-                        and sub.name in self._starting
-                        and not _pending(sub, net, document)
-                    ):
-                        self._starting.discard(sub.name)
-                        log.info("%s: at the committed revision since the start", sub.name)
-                    if not diffs and sub.name in failing and not _pending(sub, net, document):
-                        recovered.append(sub.name)
-            if recovered:
-                # Failing no more although nothing healed it (a daemon restarted by its
-                # supervisor): a later write must not carry the old failure.
-                settled = self.engine.settle_in_sync(recovered, actor)
-                if settled:
-                    log.info("%s: in sync again, its recorded failure cleared", ", ".join(settled))
+            look = Look(
+                scope, names, now, detected_by, since_seq, bool(force), self._document_cache[0]
+            )
+            differences = self._observe(document, look, report, actor)
+            if differences is None:
+                return self._skip(report, "a writer is waiting")
             self._retry_for_new_links(since_seq, scope)
-            self._pass_context = (scope, since_seq)
-            self._heal_seq = self._events.last_seq
+            self.drifts.pass_context = (scope, since_seq)
+            self.drifts.heal_seq = self.drifts.events.last_seq
             retry_in = self.healer.heal(
                 document,
                 differences,
-                self._drift.current,
+                self.drifts.book.current,
                 report,
                 actor=actor,
                 lock_wait=lock_wait,
@@ -525,164 +375,82 @@ class ReconcileLoop:
             self._refresh_view()
             return report
 
-    def _close_interrupted(self, now: float) -> None:
-        """Close a transaction a storage fault left open, as soon as the directory takes writes.
+    def _begin_pass(self, now: float, names: list[str] | None) -> tuple[bool, int]:
+        """A pass's bookkeeping: whether notifications (not a resync) triggered it, and the
+        last notification an earlier pass saw."""
+        self.counters["passes"] += 1
+        triggered_by_events = self._events_since_pass > 0 and names is None
+        self._events_since_pass = 0
+        drifts = self.drifts
+        since_seq, drifts.pass_from_seq = drifts.pass_from_seq, drifts.events.last_seq
+        self._retry_soon = False
+        self._retry_after = None
+        self.acks.expire(now)
+        self.drifts.expire_contested(now, self.options.flap_window)
+        if not self._applying and self.confirmation.check(now):
+            self._retry_soon = True
+        return triggered_by_events, since_seq
 
-        A full or read-only state directory can refuse the very record that
-        would close a transaction (`_storage_failure`): it stays open, and
-        `STATE_APPLY_NOT_COMPLETED` is reported from it. Each pass — and a
-        timer with back-off while it stays open — tries the recovery again
-        (converge to the committed revision, close it `rolled_back`), so it is
-        closed without waiting for the next write.
-        """
-        try:
-            if self.state.journal.open_transaction() is None:
-                self._close_delay = CLOSE_RETRY_FIRST
-                return
-            recovered = self.engine.recover(actor=ACTOR, wait=0.0, quiet=True)
-        except DamagedState:
-            return  # reported as damage; recovery waits for the repair
-        except Refused:
-            self._retry_soon = True  # a writer took the lock meanwhile: it recovers, or we do
-            return
-        except (OSError, StorageError, StateFileError) as exc:
-            log.warning("an interrupted transaction stays open: %s", exc)
-            self._retry_after = now + self._close_delay
-            self._close_delay = min(CLOSE_RETRY_CAP, self._close_delay * 2)
-            return
-        except Exception:  # the pass goes on: management is restored whatever recovery does
-            log.exception("an interrupted transaction stays open: its recovery failed")
-            self._retry_after = now + self._close_delay
-            self._close_delay = min(CLOSE_RETRY_CAP, self._close_delay * 2)
-            return
-        self._close_delay = CLOSE_RETRY_FIRST
-        if recovered is not None:
-            log.warning("closed transaction %s left open by a storage fault", recovered.txn)
+    def _writer_busy(self, forced: bool) -> bool:
+        """Whether a writer holds or wants the device (a forced pass waits only for ours)."""
+        if self._applying:
+            return True
+        if forced:
+            return False
+        return self.engine.writer_wanted() or bool(lock_holder(self.state.root / "lock"))
+
+    def _skip(self, report: PassReport, why: str, *, retry: bool = True) -> PassReport:
+        if retry:
+            self._retry_soon = True
+        report.skipped = why
+        self._refresh_view()
+        return report
+
+    def _observe(
+        self, document: DeviceState, look: Look, report: PassReport, actor: str
+    ) -> dict[str, list[Difference]] | None:
+        """Observe and diff each subsystem, recording drift; None when a writer came first."""
+        failing = self._recorded_failing()
+        seen = self.drifts.look(document, look, report, self._starting | failing)
+        if seen is None:
+            return None
+        if seen.fought:
+            self._fought()
+        for name in seen.settled:
+            if name in self._starting:
+                self._starting.discard(name)
+                log.info("%s: at the committed revision since the start", name)
+        recovered = [name for name in seen.settled if name in failing]
+        if recovered:
+            # Failing no more although nothing healed it (a daemon restarted by its
+            # supervisor): a later write must not carry the old failure.
+            settled = self.engine.settle_in_sync(recovered, actor)
+            if settled:
+                log.info("%s: in sync again, its recorded failure cleared", ", ".join(settled))
+        return seen.differences
+
+    def _close_interrupted(self, now: float) -> None:
+        """A transaction a storage fault left open: closed once the directory takes writes."""
+        closing = self.closer.close(now)
+        if closing.retry_soon:
+            self._retry_soon = True
+        if closing.retry_at is not None:
+            self._retry_after = closing.retry_at
+        if closing.closed:
             self._start_over()
 
-    def _note_sync(self, sub: Subsystem, diffs: list[Difference], observed: Any) -> None:
-        """In sync at an exact state: notifications from here on may prove drift."""
-        mark = None if diffs else sub.observation_mark(observed)
-        if mark is None:
-            self._in_sync.pop(sub.name, None)
-        else:
-            self._in_sync[sub.name] = (mark, self._pass_from_seq, self._document_cache[0])
-
-    def _record_drift(
-        self,
-        sub: Subsystem,
-        diffs: list[Difference],
-        scope: Scope,
-        now: float,
-        detected_by: str,
-        since_seq: int,
-    ) -> None:
-        """Flap bookkeeping for what differs, and the drift record with its attribution."""
-        name = sub.name
-        kinds = event_kinds(sub)
-        differing = item_paths(diffs)
-        written = writers(diffs, scope, kinds, self._events.after(since_seq))
-        fought = False
-        for path, marked in self.governor.observe(name, differing, now, written):
-            kind = marked.pop("kind")
-            fought = fought or kind == "fought"
-            if kind == "fought":
-                log.error("%s: %s", name, marked["reason"])
-            else:
-                log.warning("%s: %s", name, marked["reason"])
-            self.state.audit.append(
-                "management_fought" if kind == "fought" else "contested",
-                ACTOR,
-                subsystem=name,
-                path=path,
-                **{k: v for k, v in marked.items() if k not in ("value", "last_written_at")},
-            )
-        if fought:
-            for callback in self.on_fought:
-                try:
-                    callback()
-                except Exception:  # a report that cannot go out must not stop the pass
-                    log.exception("management fight not reported upstream")
-        if not diffs:
-            # In sync again, whoever fixed it: failures against it are over.
-            self.governor.record_resolved(name)
-            self._drift.end(name, now)
-            return
-        # Stamped after this subsystem's observation: when the drift was known.
-        record = self._drift.start(name, self.clock(), detected_by)
-        record.paths = [d.path for d in diffs]
-        events = self._events.after(record.seen_events)
-        attribute(record, diffs, scope, kinds, events, self.options.attribution_window)
-
-    def _evidence(self, name: str, diffs: list[Difference]) -> dict[str, str]:
-        """Who other than the kernel wrote `diffs` since the running pass began (path → who)."""
-        sub = self.engine.by_name.get(name)
-        if sub is None or self._pass_context is None:
-            return {}
-        scope, since_seq = self._pass_context
-        return writers(diffs, scope, event_kinds(sub), self._events.after(since_seq))
-
-    def _disturbance(self, name: str) -> str | None:
-        """Why `name`'s failed heal was a link's doing: a managed link changed while it ran.
-
-        Only for subsystems that depend on links (addresses, routes): a route
-        cannot be added through a link that just went down. They wait on
-        `links`; the breaker does not count it, and the link's return retries.
-        """
-        sub = self.engine.by_name.get(name)
-        if sub is None or "links" not in sub.depends_on or self._pass_context is None:
-            return None
-        scope = self._pass_context[0]
-        managed = scope.interfaces | {scope.management_interface}
-        for _seq, event in self._events.after(self._heal_seq):
-            if event.kind == "link" and event.ifname in managed:
-                state = event.detail.get("admin_state") or event.message
-                return f"waiting on links: {event.ifname} changed ({event.message}, {state}) during the heal"
-        return None
-
-    def _expire_contested(self, now: float) -> None:
-        """Contested (and fought) paths no writer touched for the flap window: healed again."""
-        for name, path, record in self.governor.expire_contested(now):
-            log.warning(
-                "%s: %s: no writer seen for %gs; healing resumes",
-                name,
-                path,
-                self.options.flap_window,
-            )
-            self.state.audit.append(
-                "contested_cleared",
-                ACTOR,
-                subsystem=name,
-                path=path,
-                writer=record.get("writer"),
-                quiet_seconds=self.options.flap_window,
-            )
-
-    def _expire_acks(self, now: float) -> None:
-        for name, ack in self.governor.expire_acks(now):
-            self.state.audit.append(
-                "ack_expired", ACTOR, subsystem=name, until=ack["until_at"], reason=ack["reason"]
-            )
-            self._ack_ended(name, ack, "expired", now)
-
-    def _ack_ended(self, name: str, ack: dict[str, Any], how: str, now: float) -> None:
-        self._ended_acks.appendleft(
-            {
-                "subsystem": name,
-                "until": ack.get("until_at"),
-                "by": ack.get("actor"),
-                "reason": ack.get("reason"),
-                "at": ack.get("at"),
-                "ended": how,
-                "ended_at": iso_time(now),
-            }
-        )
+    def _fought(self) -> None:
+        """A writer fights management: reported upstream at once, not at the heartbeat."""
+        for callback in self.on_fought:
+            try:
+                callback()
+            except Exception:  # a report that cannot go out must not stop the pass
+                log.exception("management fight not reported upstream")
 
     def _start_over(self) -> None:
         """What is applied changed (an apply, a rollback): bounds and drift records start over."""
         self.governor.reset(s.name for s in self.engine.subsystems)
-        self._drift.forget()
-        self._in_sync.clear()
+        self.drifts.forget()
         self._persist()
 
     def _recorded_failing(self) -> set[str]:
@@ -706,60 +474,13 @@ class ReconcileLoop:
                 with self._applying_lock:
                     self._applying -= 1
 
-    def apply(
-        self,
-        document: DeviceState,
-        *,
-        mode: str = "atomic",
-        expect_version: int | None = None,
-        actor: str = "api",
-        confirm_within: float | None = None,
-        origin: Origin = "local-cli",
-        override: str | None = None,
-    ) -> dict[str, Any]:
-        """Apply through the engine; guard it with a pending confirmation when asked."""
-        change = Change(
-            document,
-            kind=Kind.APPLY,
-            origin=origin,
-            actor=actor,
-            mode="best-effort" if mode == "best-effort" else "atomic",
-            expect_version=expect_version,
-            override=override,
-        )
-        return self.write(change, confirm_within)
-
-    def rollback(
-        self,
-        to: int | None,
-        *,
-        expect_version: int | None = None,
-        actor: str = "api",
-        confirm_within: float | None = None,
-        override: str | None = None,
-    ) -> dict[str, Any]:
-        """`trueup rollback`: an earlier revision as a new version, guarded like an apply."""
-        applied_version = self.state.applied().version
-        target, document = self.engine.revision_document(to)
-        change = Change(
-            document,
-            kind=Kind.ROLLBACK,
-            origin="rollback",
-            actor=actor,
-            expect_version=applied_version if expect_version is None else expect_version,
-            new_version=True,
-            override=override,
-            source=f"revision {target}",
-        )
-        return self.write(change, confirm_within)
-
     def write(self, change: Change, confirm_within: float | None) -> dict[str, Any]:
         """Run an operator's change (apply or rollback), with confirm-or-rollback when asked.
 
         Passes wait while it runs (`_applying`), then one pass sees its result.
         """
         with self._applying_guard():
-            self._changed()  # a transaction begins: shown upstream while it runs
+            self.shown.changed()  # a transaction begins: shown upstream while it runs
             out = self.confirmation.write(change, confirm_within)
             with self._lock:
                 self._refresh_view()
@@ -794,7 +515,7 @@ class ReconcileLoop:
             # Drift records stay: the heal below names itself on them, and they end
             # as the last drift ("healed … by trueup heal TXN"), not forgotten.
             for name in names:
-                self._in_sync.pop(name, None)
+                self.drifts.in_sync.pop(name, None)
             self.state.audit.append(
                 "reconcile_requested", actor, subsystems=names, breakers_closed=closed
             )
@@ -804,82 +525,36 @@ class ReconcileLoop:
 
     def acknowledge(
         self, subsystem: str, seconds: float, reason: str, *, actor: str = "api"
-    ) -> dict[str, Any]:
-        if seconds <= 0:
-            return {"ok": False, "message": "--for must be a positive duration"}
-        if subsystem == MANAGEMENT:
-            return {
-                "ok": False,
-                "message": "management cannot be acknowledged: trueup always restores the "
-                "management address and route (use `trueup management set` to change them)",
-            }
+    ) -> AckAnswer:
+        """`trueup ack`: pause `subsystem`'s healing, never its detection, for `seconds`."""
+        refused = self.acks.refusal(subsystem, seconds)
+        if refused is not None:
+            return refused
         with self._lock:
-            ack = self.governor.acknowledge(subsystem, self.clock(), seconds, reason, actor)
-            self.state.audit.append(
-                "acknowledged", actor, subsystem=subsystem, until=ack["until_at"], reason=reason
-            )
+            answer = self.acks.give(subsystem, seconds, reason, actor)
             self._persist()
             self._refresh_view()
         self.wake()
-        return {
-            "ok": True,
-            "subsystem": subsystem,
-            "until": ack["until_at"],
-            "message": f"{subsystem}: healing paused until {ack['until_at']} ({reason}); "
-            "drift is still detected and reported",
-        }
+        return answer
 
-    def clear_acknowledgement(self, subsystem: str, *, actor: str = "api") -> dict[str, Any]:
+    def clear_acknowledgement(self, subsystem: str, *, actor: str = "api") -> AckAnswer:
         """Withdraw `subsystem`'s acknowledgement now (audited `ack_cleared`); healing resumes."""
         with self._lock:
-            ack = self.governor.acks.pop(subsystem, None)
-            if ack is None:
-                return {
-                    "ok": True,
-                    "subsystem": subsystem,
-                    "cleared": False,
-                    "message": f"{subsystem}: no acknowledgement to withdraw",
-                }
-            self.governor.dirty = True
-            self._ack_ended(subsystem, ack, "withdrawn", self.clock())
-            self.state.audit.append(
-                "ack_cleared",
-                actor,
-                subsystem=subsystem,
-                until=ack["until_at"],
-                reason=ack["reason"],
-            )
+            answer = self.acks.withdraw(subsystem, actor)
+            if not answer.get("cleared"):
+                return answer
             self._persist()
             self._refresh_view()
         self.wake()
-        return {
-            "ok": True,
-            "subsystem": subsystem,
-            "cleared": True,
-            "message": f"{subsystem}: acknowledgement until {ack['until_at']} withdrawn; "
-            "healing follows the policy again",
-        }
+        return answer
 
     # -- reporting ----------------------------------------------------------
     def _persist(self) -> None:
-        if not self.governor.dirty:
-            return
-        if any(d.file == RECONCILE_FILE for d in self.engine.check.blocking("heals")):
-            return  # the damaged file stays as evidence until it is repaired
-        try:
-            self.state.write(RECONCILE_FILE, self.governor.to_json())
-        except OSError as exc:  # a read-only or full state directory: kept in memory
-            log.warning("%s: not saved: %s", RECONCILE_FILE, exc)
-            return
-        self.governor.dirty = False
+        reconcilefile.save(self.engine, self.governor)
 
     def _refresh_view(self) -> None:
         """Rebuild what status shows; read without locks by API threads."""
-        self._view = replace(self._built_view(), ended_acks=[dict(a) for a in self._ended_acks])
-        digest = self._view.operator_digest()
-        if digest != self._shown_digest:
-            self._shown_digest = digest
-            self._changed()
+        self.shown.show(replace(self._built_view(), ended_acks=self.acks.ended_json()))
 
     def _built_view(self) -> LoopView:
         return build_view(
@@ -887,20 +562,13 @@ class ReconcileLoop:
             document=self._document_cache[1],
             governor=self.governor,
             options=self.options,
-            drift=self._drift,
+            drift=self.drifts.book,
             waiting=self._waiting,
             pending_confirmation=self.confirmation.summary(),
             confirmation=self.confirmation.record(),
             activity=self._activity(),
             now=self.clock(),
         )
-
-    def _changed(self) -> None:
-        for callback in self.on_change:
-            try:
-                callback()
-            except Exception:  # a report that cannot be asked for must not stop the loop
-                log.exception("a change of status not reported upstream")
 
     def _activity(self) -> LoopActivity:
         return LoopActivity(
@@ -913,18 +581,8 @@ class ReconcileLoop:
 
     def view(self) -> LoopView:
         """What status and metrics show, with the counters as they are now."""
-        view = self._view
-        return replace(view, activity=replace(view.activity, counters=dict(self.counters)))
+        return self.shown.now(self.counters)
 
     def status_inputs(self) -> dict[str, Any]:
         """The view as one dict (`policies`, `reconcile_failures`, …, `extra`)."""
         return self.view().status_inputs()
-
-
-def _pending(sub: Subsystem, net: Any, document: DeviceState) -> bool:
-    """Whether `sub` says it waits (a link not there yet) although its facts agree."""
-    try:
-        condition = sub.condition(net, document)
-    except Exception:  # a condition that cannot be read proves nothing
-        return False
-    return condition is not None and condition[0] == SubsystemHealth.PENDING

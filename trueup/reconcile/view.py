@@ -15,8 +15,9 @@ subsystem `policy`, `healing`, `breaker`, `consecutive_failures`,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trueup.model.digests import json_digest
@@ -28,11 +29,15 @@ from trueup.system.events import iso_time
 __all__ = [
     "LoopActivity",
     "LoopView",
+    "Shown",
     "build_view",
     "failure_entry",
     "fought_finding_inputs",
     "policy_entry",
 ]
+
+
+log = logging.getLogger("trueup.reconcile")
 
 
 def _iso(seconds: float | None) -> str | None:
@@ -230,3 +235,36 @@ def build_view(
         activity=activity,
         drift_history=drift.history_json(),
     )
+
+
+class Shown:
+    """The loop's view as API threads read it, and who hears when an operator would see a change.
+
+    `show` replaces the view (under the loop's lock); when its
+    `operator_digest` changed, every `on_change` callback is called (it must
+    only signal: the agent reports to the control plane).
+    """
+
+    def __init__(self) -> None:
+        self.view = LoopView()
+        self.on_change: list[Callable[[], None]] = []
+        self._digest: str | None = None
+
+    def show(self, view: LoopView) -> None:
+        self.view = view
+        digest = view.operator_digest()
+        if digest != self._digest:
+            self._digest = digest
+            self.changed()
+
+    def changed(self) -> None:
+        for callback in self.on_change:
+            try:
+                callback()
+            except Exception:  # a report that cannot be asked for must not stop the loop
+                log.exception("a change of status not reported upstream")
+
+    def now(self, counters: Mapping[str, int]) -> LoopView:
+        """The view with the counters as they are now."""
+        view = self.view
+        return replace(view, activity=replace(view.activity, counters=dict(counters)))

@@ -26,6 +26,7 @@ __all__ = [
     "agent_log_lines",
     "daemon_versions",
     "kernel",
+    "network_namespace",
     "systemd_unit",
     "unit_of_cgroup",
 ]
@@ -46,6 +47,14 @@ _VERSION_PROBES: dict[str, list[str]] = {
 def kernel() -> dict[str, str]:
     uname = platform.uname()
     return {"system": uname.system, "release": uname.release, "version": uname.version}
+
+
+def network_namespace() -> str | None:
+    """The network namespace this process observes (`net:[INODE]`), None when unreadable."""
+    try:
+        return os.readlink("/proc/self/ns/net")
+    except OSError:
+        return None
 
 
 def daemon_versions(runner: Runner | None = None) -> dict[str, str | None]:

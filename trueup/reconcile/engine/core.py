@@ -427,24 +427,36 @@ class Engine:
         former_virtual: Collection[str] = (),
     ) -> ApplyResult:
         """`transact` with keyword arguments; raises `Refused` or `NeedsConfirmation`."""
-        return self.transact(
-            Change(
-                document,
-                kind=kind,
-                origin=origin,
-                actor=actor,
-                mode=mode,
-                expect_version=expect_version,
-                only=frozenset(only) if only is not None else None,
-                skipped=dict(skipped or {}),
-                management_confirmed=management_confirmed,
-                override=override,
-                lock_wait=lock_wait,
-                source=source,
-                deadlines=deadlines,
-                former_virtual=frozenset(former_virtual),
+        if kind == "reconcile":
+            return self.transact(
+                Change.heal(
+                    document,
+                    actor=actor,
+                    origin=origin,
+                    only=only,
+                    skipped=skipped,
+                    lock_wait=lock_wait,
+                    source=source,
+                    deadlines=deadlines,
+                    former_virtual=former_virtual,
+                )
             )
+        change = Change.apply(
+            document,
+            origin=origin,
+            actor=actor,
+            mode=mode,
+            expect_version=expect_version,
+            override=override,
+            source=source,
+            lock_wait=lock_wait,
+            only=only,
+            skipped=skipped,
+            deadlines=deadlines,
+            management_confirmed=management_confirmed,
+            former_virtual=former_virtual,
         )
+        return self.transact(change if kind == "apply" else replace(change, kind=kind))
 
     def rollback_to(
         self,
@@ -459,16 +471,14 @@ class Engine:
         applied_version = self.state.applied().version
         target, document = self.revision_document(version)
         return self.transact(
-            Change(
+            Change.rollback(
                 document,
-                kind=Kind.ROLLBACK,
-                origin="rollback",
+                target=target,
+                applied_version=applied_version,
                 actor=actor,
-                expect_version=applied_version if expect_version is None else expect_version,
-                new_version=True,
+                expect_version=expect_version,
                 management_confirmed=management_confirmed,
                 override=override,
-                source=f"revision {target}",
             )
         )
 
