@@ -1,7 +1,13 @@
 """What a caller hands the engine and what it gets back: changes, results, refusals.
 
 Types only (`trueup.reconcile.engine.Engine` does the work); split out so the
-engine's modules share one vocabulary.
+engine's modules share one vocabulary. Every `Change` in trueup is built here,
+by one named constructor per purpose (`Change.apply`, `.heal`, `.rollback`,
+`.confirm_timeout`, `.restore`, `.restore_undone`).
+
+Why this module is over 400 lines: the constructors are the one place each
+kind of change is decided (its mode, version rule, confirmation and source
+text); spread over their callers they were ten copies that drifted apart.
 """
 
 from __future__ import annotations
