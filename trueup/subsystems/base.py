@@ -11,9 +11,9 @@ journal's before-images one format.
 * `plan(desired, observed, scope)` — steps, or a no-op with its reason;
 * `execute(sources, step)` — one step.
 
-Next to them a subsystem declares its section of `spec` (`section`, a
-pydantic model registered with the document when the subsystem is
-registered), what it watches (`watches`: rtnetlink kinds, files, a period, a
+Next to them a subsystem declares its section of `spec` (`section`: the
+`trueup.model.sections.Section` of its light `section.py`, which the catalog
+lists too, registered with the document), what it watches (`watches`: rtnetlink kinds, files, a period, a
 program), what it depends on and its tier. docs/architecture.md walks
 through adding one.
 
@@ -33,6 +33,7 @@ from pydantic import BaseModel
 from trueup.model.document import DeviceState
 from trueup.model.health import SubsystemHealth, Tier
 from trueup.model.order import natural_sorted
+from trueup.model.sections import Section
 from trueup.subsystems.scope import Scope
 from trueup.system.events import NetlinkEvent
 from trueup.system.requirements import Requirement, binary, regular_file
@@ -201,9 +202,9 @@ class Subsystem(ABC):
     # Whether a step can hang (a daemon, a socket): such subsystems converge on a
     # worker thread that is abandoned at the deadline. Netlink ones run inline.
     may_block: ClassVar[bool] = True
-    # The section of `spec` this subsystem owns: (name, pydantic model), registered
-    # with the document model by `trueup.subsystems.registry`.
-    section: ClassVar[tuple[str, type[BaseModel]] | None] = None
+    # The section of `spec` this subsystem owns, registered with the document model by
+    # `trueup.subsystems.registry`: its `Section` (a plugin may give (name, model)).
+    section: ClassVar[Section[Any] | tuple[str, type[BaseModel]] | None] = None
     # What can change this subsystem's part of the system (`trueup.system.watches`).
     watches: ClassVar[tuple[Watch, ...]] = ()
     # A plugin's short declaration of what it needs (presence only, no package named);

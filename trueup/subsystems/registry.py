@@ -29,8 +29,10 @@ _REGISTERED: dict[str, type[Subsystem]] = {}
 
 def register(cls: type[Subsystem]) -> None:
     """Make a subsystem known: its section of `spec` and its scope keys."""
-    if cls.section is not None:
+    if isinstance(cls.section, tuple):
         register_section(*cls.section)
+    elif cls.section is not None:
+        register_section(cls.section)
     _REGISTERED[cls.name] = cls
 
 
