@@ -26,6 +26,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
@@ -44,6 +45,7 @@ __all__ = [
     "Difference",
     "EventVerdict",
     "Facts",
+    "FenceFollowed",
     "Plan",
     "Requirement",
     "Scope",
@@ -57,6 +59,19 @@ __all__ = [
 ]
 
 Facts = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class FenceFollowed:
+    """What one running daemon did when told to follow its subsystem's fence now."""
+
+    daemon: str
+    # What it does now ("disabled", "enabled"); "" when it was not told.
+    state: str = ""
+    # Why it was not told (it follows the record at its next start).
+    problem: str = ""
+    # It did not answer at all (hung) and was ended instead (`end_hung`).
+    ended: bool = False
 
 
 class StepError(RuntimeError):
@@ -205,6 +220,8 @@ class Subsystem(ABC):
     # The section of `spec` this subsystem owns, registered with the document model by
     # `trueup.subsystems.registry`: its `Section` (a plugin may give (name, model)).
     section: ClassVar[Section[Any] | tuple[str, type[BaseModel]] | None] = None
+    # The durable fence (`trueup.system.fence`) its daemons follow (`follow_fence`), if any.
+    fence: ClassVar[str | None] = None
     # What can change this subsystem's part of the system (`trueup.system.watches`).
     watches: ClassVar[tuple[Watch, ...]] = ()
     # A plugin's short declaration of what it needs (presence only, no package named);
@@ -248,6 +265,26 @@ class Subsystem(ABC):
         tier, and must not change the system. The default needs nothing.
         """
         del document
+
+    def follow_fence(
+        self,
+        state_dir: Path,
+        *,
+        fenced: bool | None = None,
+        wait: float = 5.0,
+        end_hung: bool = False,
+    ) -> list[FenceFollowed]:
+        """Make this subsystem's running daemons follow its fence (`fence`) now, as the
+        record in `state_dir` says or as `fenced` says (a fence enforced before it is
+        recorded), and the files they start from too; one entry per running daemon.
+
+        The hook the CLI (`trueup dhcp fence hold|lift`) and the restore call right
+        after holding or lifting a fence, with or without an agent; the subsystem
+        asserts it at every start too. `end_hung` ends a daemon that does not answer
+        at all instead of reporting it. The default holds no fence.
+        """
+        del state_dir, fenced, wait, end_hung
+        return []
 
     def condition(
         self, sources: Sources, document: DeviceState

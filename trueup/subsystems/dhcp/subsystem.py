@@ -46,6 +46,7 @@ from trueup.model.health import SubsystemHealth, Tier, waiting_on_links
 from trueup.subsystems.base import (
     Difference,
     Facts,
+    FenceFollowed,
     Plan,
     Scope,
     Sources,
@@ -54,7 +55,13 @@ from trueup.subsystems.base import (
     Subsystem,
     daemon_failure,
 )
-from trueup.subsystems.dhcp.allocator import CONSISTENT, allocation_state, enforce, wait_for_socket
+from trueup.subsystems.dhcp.allocator import (
+    CONSISTENT,
+    allocation_state,
+    enforce,
+    follow_fence,
+    wait_for_socket,
+)
 from trueup.subsystems.dhcp.changes import config_changes
 from trueup.subsystems.dhcp.keaconfig import (
     compile_config,
@@ -115,6 +122,8 @@ class DhcpSubsystem(Subsystem):
     tier = Tier.SERVICES
     depends_on = ("addresses",)
     section = SECTION
+    # Kea follows the durable `dhcp` fence (the allocator): `follow_fence` is its hook.
+    fence = "dhcp"
     # Kea's config changed through its socket sends no event: look every few seconds.
     # A link appearing may let a waiting interface be served.
     watches = (every(5.0), rtnetlink("link"))
@@ -426,6 +435,17 @@ class DhcpSubsystem(Subsystem):
         write_atomic(
             paths.run_dir / "applied.json", json.dumps(applied).encode(), 0o600, durable=False
         )
+
+    # -- the fence hook (the CLI and the restore) -----------------------------------
+    def follow_fence(
+        self,
+        state_dir: Path,
+        *,
+        fenced: bool | None = None,
+        wait: float = 5.0,
+        end_hung: bool = False,
+    ) -> list[FenceFollowed]:
+        return follow_fence(state_dir, fenced=fenced, wait=wait, end_hung=end_hung)
 
     # -- health beyond facts ------------------------------------------------------
     def condition(
