@@ -39,10 +39,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from trueup.model.document import DeviceState
 from trueup.model.health import SubsystemHealth, Tier, waiting_on_links
+from trueup.model.jsontypes import JSONObject
 from trueup.subsystems.base import (
     Difference,
     Facts,
@@ -55,6 +56,7 @@ from trueup.subsystems.base import (
     Subsystem,
     daemon_failure,
 )
+from trueup.subsystems.daemonkit import RunRecord, read_json, read_text, write_file
 from trueup.subsystems.dhcp.allocator import (
     CONSISTENT,
     allocation_state,
@@ -71,7 +73,6 @@ from trueup.subsystems.dhcp.keaconfig import (
     with_fence,
 )
 from trueup.subsystems.dhcp.section import SECTION, DhcpSection
-from trueup.system.atomicfile import write_atomic
 from trueup.system.daemon import DaemonError, DaemonSpec
 from trueup.system.fence import read_fence
 from trueup.system.kea import (
@@ -86,7 +87,7 @@ from trueup.system.kea import (
 from trueup.system.kea import answers as kea_answers
 from trueup.system.kea import requirements as kea_requirements
 from trueup.system.requirements import Requirement
-from trueup.system.safefile import ensure_dir, read_file
+from trueup.system.sources import Files
 from trueup.system.watches import every, rtnetlink
 
 __all__ = ["DhcpSection", "DhcpSubsystem"]
@@ -109,11 +110,54 @@ def _canonical_paths(family: int) -> KeaPaths:
     )
 
 
+class AppliedEntry(TypedDict):
+    """What trueup set for one Kea digest: the document's digest and its interfaces."""
+
+    desired: str
+    # The interfaces present when it was set, and those the section declares.
+    interfaces: list[str]
+    declared: list[str]
+
+
+class Applied(TypedDict, total=False):
+    """The run record `applied.json`: which Kea digests are trueup's, newest last.
+
+    `kea`: digests of what `config-get` answered; `file`: of the file Kea starts
+    from. A cache (lost, the next observation shows a foreign digest and the next
+    pass sets the configuration again): written without fsync, in insertion order
+    (the oldest entries are dropped first).
+    """
+
+    kea: dict[str, AppliedEntry]
+    file: dict[str, AppliedEntry]
+
+
+class Reference(TypedDict, total=False):
+    """The run record `reference.json`: what Kea answered for trueup's configuration
+    (a foreign configuration is compared with it)."""
+
+    desired: str
+    body: JSONObject
+
+
+def _applied_record(paths: KeaPaths) -> RunRecord[Applied]:
+    return RunRecord(paths.run_dir / "applied.json", sort_keys=False, durable=False)
+
+
+def _reference_record(paths: KeaPaths) -> RunRecord[Reference]:
+    return RunRecord(paths.run_dir / "reference.json", sort_keys=False, durable=False)
+
+
+def _stored_section(paths: KeaPaths, wanted: str) -> Path:
+    """Where the section a digest names is kept (for a rollback after an agent restart)."""
+    return paths.run_dir / "sections" / f"{wanted.split(':')[-1]}.json"
+
+
 def _path(family: int, what: str) -> str:
     return f"spec.dhcp.dhcp{family}.{what}"
 
 
-def _body(config: dict[str, Any], family: int) -> Any:
+def _body(config: JSONObject, family: int) -> Any:
     return config.get(f"Dhcp{family}") if isinstance(config, dict) else None
 
 
@@ -175,7 +219,7 @@ class DhcpSubsystem(Subsystem):
                 continue
             facts[_path(family, "running")] = True
             paths = kea_paths(sources.daemons.run_dir(name), family)
-            applied = _applied(paths)
+            applied = _applied_record(paths).read(sources.files)
             try:
                 running = _config_get(sources, paths, status.pid)
             except KeaError as exc:
@@ -195,31 +239,35 @@ class DhcpSubsystem(Subsystem):
                 facts[_path(family, "config")] = entry["desired"] if entry else f"foreign:{key}"
                 if entry is None:
                     # Not only that it differs: where (shown beside the digest by `diff`).
-                    changes = self._changes(paths, unfenced(body))
+                    changes = self._changes(sources.files, paths, unfenced(body))
                     if changes:
                         facts[_path(family, "changes")] = changes
                 facts[_path(family, "ha")] = has_ha(running)
                 interfaces = set(body.get("interfaces-config", {}).get("interfaces", []))
                 waiting = set(entry.get("declared", [])) - present if entry else set()
                 facts[_path(family, "interfaces")] = sorted(interfaces | waiting)
-            facts[_path(family, "file")] = _file_fact(paths, applied, family)
+            facts[_path(family, "file")] = _file_fact(sources.files, paths, applied, family)
             facts[_path(family, "allocation")] = allocation_state(
-                paths, sources.state_dir, status.pid, running if body is not None else None
+                paths,
+                sources.state_dir,
+                status.pid,
+                running if body is not None else None,
+                files=sources.files,
             )
         return facts
 
-    def _changes(self, paths: KeaPaths, body: Any) -> list[dict[str, Any]]:
+    def _changes(self, files: Files, paths: KeaPaths, body: Any) -> list[dict[str, Any]]:
         """What differs in Kea's running `body` from what it answered when trueup set it."""
-        reference = _read_json(paths.run_dir / "reference.json")
+        reference = _reference_record(paths).read(files)
         known = reference.get("body")
         if not isinstance(known, dict) or not isinstance(body, dict):
             return []
         wanted = str(reference.get("desired") or "")
         section = self._sections.get(wanted)
         if section is None and wanted:
-            stored = paths.run_dir / "sections" / f"{wanted.split(':')[-1]}.json"
             try:
-                section = DhcpSection.model_validate(json.loads(read_file(stored)))
+                stored = files.read_private(_stored_section(paths, wanted))
+                section = DhcpSection.model_validate(json.loads(stored))
             except (OSError, ValueError):
                 section = None
         return config_changes(known, body, paths.family, section)
@@ -289,19 +337,19 @@ class DhcpSubsystem(Subsystem):
                 # enforce may set Kea's configuration again (the fence class): the
                 # verification asks Kea, not this work's earlier answer.
                 sources.memo.pop(_memo_key(paths), None)
-                enforce(paths, sources.state_dir, status.pid)
+                enforce(paths, sources.state_dir, status.pid, files=sources.files)
             else:
                 raise ValueError(f"unknown dhcp step {step.action}")
         except (KeaError, DaemonError, OSError) as exc:
             raise StepError(step, str(exc)) from exc
 
-    def _section(self, step: Step, paths: KeaPaths) -> DhcpSection:
+    def _section(self, files: Files, step: Step, paths: KeaPaths) -> DhcpSection:
         wanted = str(step.args["digest"])
         section = self._sections.get(wanted)
         if section is None:
-            stored = paths.run_dir / "sections" / f"{wanted.split(':')[-1]}.json"
             try:
-                section = DhcpSection.model_validate(json.loads(read_file(stored)))
+                stored = files.read_private(_stored_section(paths, wanted))
+                section = DhcpSection.model_validate(json.loads(stored))
             except (OSError, ValueError) as exc:
                 raise StepError(step, f"no configuration known for {wanted}: {exc}") from exc
             self._sections[wanted] = section
@@ -309,20 +357,19 @@ class DhcpSubsystem(Subsystem):
 
     def _compiled(
         self, sources: Sources, step: Step, paths: KeaPaths
-    ) -> tuple[dict[str, Any], DhcpSection, list[str]]:
-        section = self._section(step, paths)
+    ) -> tuple[JSONObject, DhcpSection, list[str]]:
+        section = self._section(sources.files, step, paths)
         present = {link.name for link in sources.netlink.links()}
         interfaces = [i for i in section.interfaces if i in present]
         config = compile_config(section, paths.family, paths, interfaces)
         # Kept for a rollback after an agent restart (the section, not Kea's leases).
-        stored = paths.run_dir / "sections" / f"{str(step.args['digest']).split(':')[-1]}.json"
-        if not stored.exists():
-            ensure_dir(stored.parent)
-            write_atomic(stored, section.model_dump_json(by_alias=True).encode(), 0o600)
+        stored = _stored_section(paths, str(step.args["digest"]))
+        if read_text(sources.files, stored) is None:
+            write_file(sources.files, stored, section.model_dump_json(by_alias=True))
         return config, section, interfaces
 
-    def _spec(self, sources: Sources, paths: KeaPaths, config: dict[str, Any]) -> DaemonSpec:
-        state_dir = sources.state_dir
+    def _spec(self, sources: Sources, paths: KeaPaths, config: JSONObject) -> DaemonSpec:
+        state_dir, files = sources.state_dir, sources.files
 
         def before_start() -> None:
             # Every start begins from trueup's configuration: whatever the file holds
@@ -331,14 +378,14 @@ class DhcpSubsystem(Subsystem):
             # before `dhcp-disable` can be sent.
             held = read_fence(state_dir, "dhcp") is not None
             text = json.dumps(with_fence(config, held), indent=2, sort_keys=True) + "\n"
-            write_atomic(paths.config, text.encode(), 0o600)
+            write_file(files, paths.config, text)
             make_socket_dir(paths)
             # A killed Kea's pid file naming a zombie or a reused pid would make
             # this start fail until the supervisor retries.
             clear_stale_pidfile(paths)
 
         def after_start(pid: int) -> None:
-            enforce(paths, state_dir, pid)
+            enforce(paths, state_dir, pid, files=files)
 
         return DaemonSpec(
             daemon_name(paths.family),
@@ -357,9 +404,12 @@ class DhcpSubsystem(Subsystem):
         wait_for_socket(paths)
         if status.pid is not None:
             running = _config_get(sources, paths, status.pid)
-            if allocation_state(paths, sources.state_dir, status.pid, running) != CONSISTENT:
+            state = allocation_state(
+                paths, sources.state_dir, status.pid, running, files=sources.files
+            )
+            if state != CONSISTENT:
                 sources.memo.pop(_memo_key(paths), None)
-                enforce(paths, sources.state_dir, status.pid)
+                enforce(paths, sources.state_dir, status.pid, files=sources.files)
         self._remember(sources, paths, step, section, interfaces, status.pid)
 
     def _configure(self, sources: Sources, step: Step, paths: KeaPaths) -> None:
@@ -382,12 +432,12 @@ class DhcpSubsystem(Subsystem):
         status = sources.daemons.ensure(self._spec(sources, paths, config))
         if status.pid is not None and (held or read_fence(sources.state_dir, "dhcp") is not None):
             # Kea re-enables allocation on some reconfigurations: assert it again.
-            enforce(paths, sources.state_dir, status.pid)
+            enforce(paths, sources.state_dir, status.pid, files=sources.files)
         # Kea confirmed the configuration twice: config-set accepted it, and config-write
         # wrote what it now runs (the same serialisation config-get answers with). That
         # file is what this piece of work's verification sees, without asking again; the
         # next observation (a new piece of work) asks Kea itself.
-        written = _read_json(paths.config)
+        written = read_json(sources.files, paths.config)
         if _body(written, paths.family) is not None and status.pid == pid:
             sources.memo[_memo_key(paths)] = (pid, written)
         self._remember(sources, paths, step, section, interfaces, status.pid)
@@ -402,8 +452,9 @@ class DhcpSubsystem(Subsystem):
         pid: int | None,
     ) -> None:
         """Record which Kea digests are trueup's: config-get's and the file's."""
+        files = sources.files
         running = _config_get(sources, paths, pid)
-        entry = {
+        entry: AppliedEntry = {
             "desired": str(step.args["digest"]),
             "interfaces": interfaces,
             "declared": list(section.interfaces),
@@ -411,30 +462,30 @@ class DhcpSubsystem(Subsystem):
         reference = _body(running, paths.family)
         if reference is not None:
             # What Kea answered for trueup's configuration: what a foreign one is compared with.
-            write_atomic(
-                paths.run_dir / "reference.json",
-                json.dumps({"desired": entry["desired"], "body": unfenced(reference)}).encode(),
-                0o600,
-                durable=False,
+            _reference_record(paths).write(
+                files, {"desired": entry["desired"], "body": unfenced(reference)}
             )
-        applied = _applied(paths)
-        for kind, body in (
-            ("kea", _body(running, paths.family)),
-            ("file", _body(_read_json(paths.config), paths.family)),
-        ):
-            if body is None:
-                continue
-            table = applied.setdefault(kind, {})
-            key = digest(unfenced(body))
-            table.pop(key, None)
-            table[key] = entry
-            while len(table) > _KEEP:
-                table.pop(next(iter(table)))
+
+        def remembered(applied: Applied) -> None:
+            for kind, body in (
+                ("kea", _body(running, paths.family)),
+                ("file", _body(read_json(files, paths.config), paths.family)),
+            ):
+                if body is None:
+                    continue
+                if kind == "kea":
+                    table = applied.setdefault("kea", {})
+                else:
+                    table = applied.setdefault("file", {})
+                key = digest(unfenced(body))
+                table.pop(key, None)
+                table[key] = entry
+                while len(table) > _KEEP:
+                    table.pop(next(iter(table)))
+
         # A cache of what trueup set (lost, the next observation shows a foreign digest
         # and the next pass sets the configuration again): no fsync needed.
-        write_atomic(
-            paths.run_dir / "applied.json", json.dumps(applied).encode(), 0o600, durable=False
-        )
+        _applied_record(paths).update(files, remembered)
 
     # -- the fence hook (the CLI and the restore) -----------------------------------
     def follow_fence(
@@ -465,7 +516,7 @@ class DhcpSubsystem(Subsystem):
         return waiting_on_links([i for i in section.interfaces if i not in present])
 
 
-def _testable(config: dict[str, Any], running: dict[str, Any], family: int) -> dict[str, Any]:
+def _testable(config: JSONObject, running: JSONObject, family: int) -> JSONObject:
     """`config` as `config-test` can judge it: only interfaces Kea has detected already.
 
     Kea detects interfaces when it starts and at each `config-set` (`re-detect`),
@@ -499,7 +550,7 @@ def _timed_out(exc: BaseException) -> bool:
     return False
 
 
-def _config_get(sources: Sources, paths: KeaPaths, pid: int | None) -> dict[str, Any]:
+def _config_get(sources: Sources, paths: KeaPaths, pid: int | None) -> JSONObject:
     """Kea's running configuration, asked once per piece of work and Kea process.
 
     Reused only within one `Sources` (one observation, or one transaction and its
@@ -515,20 +566,8 @@ def _config_get(sources: Sources, paths: KeaPaths, pid: int | None) -> dict[str,
     return running
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(read_file(path))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _applied(paths: KeaPaths) -> dict[str, Any]:
-    return _read_json(paths.run_dir / "applied.json")
-
-
-def _file_fact(paths: KeaPaths, applied: dict[str, Any], family: int) -> str | None:
-    body = _body(_read_json(paths.config), family)
+def _file_fact(files: Files, paths: KeaPaths, applied: Applied, family: int) -> str | None:
+    body = _body(read_json(files, paths.config), family)
     if body is None:
         return None
     key = digest(unfenced(body))

@@ -43,9 +43,8 @@ static and lease records last written); split, each would re-derive it.
 
 from __future__ import annotations
 
-import json
 import time
-from typing import Any
+from typing import TypedDict
 
 from trueup.model.document import DeviceState
 from trueup.model.health import SubsystemHealth, Tier
@@ -59,6 +58,7 @@ from trueup.subsystems.base import (
     Subsystem,
     daemon_failure,
 )
+from trueup.subsystems.daemonkit import RunRecord, read_text, write_file
 from trueup.subsystems.dns.records import (
     LeaseSettings,
     lease_records,
@@ -66,7 +66,6 @@ from trueup.subsystems.dns.records import (
     render_zone_file,
 )
 from trueup.subsystems.dns.section import SECTION, DnsSection
-from trueup.system.atomicfile import write_atomic
 from trueup.system.daemon import DaemonError, DaemonSpec
 from trueup.system.kea import daemon_name, kea_paths
 from trueup.system.kealeases import Lease, read_leases
@@ -81,8 +80,9 @@ from trueup.system.knot import (
 )
 from trueup.system.knot import REQUIREMENTS as KNOT_REQUIREMENTS
 from trueup.system.requirements import Requirement
-from trueup.system.safefile import UnsafeFile, ensure_dir, read_file
+from trueup.system.safefile import ensure_dir
 from trueup.system.sockets import make_socket_dir
+from trueup.system.sources import Files
 from trueup.system.watches import every
 
 __all__ = ["DnsSection", "DnsSubsystem"]
@@ -95,6 +95,31 @@ RUNNING, LISTEN, ZONES, LEASES = (
     "spec.dns.leases",
 )
 _READY_TIMEOUT = 15.0
+
+
+class DnsLeaseSettings(TypedDict):
+    """What lease records are made from (`spec.dns.leases`, as the last sync used it)."""
+
+    zone: str
+    ttl: int
+    reverse: list[str]
+    lease4_file: str | None
+    lease6_file: str | None
+
+
+class DnsState(TypedDict, total=False):
+    """The run record (`run/knot/trueup-dns.json`): the records trueup last wrote."""
+
+    # Zone → the static records set (the document's).
+    static: dict[str, list[str]]
+    # Zone → the records written from the leases at the last sync.
+    dynamic: dict[str, list[str]]
+    # The lease settings of the last sync (None: no lease records).
+    leases: DnsLeaseSettings | None
+
+
+def _record(paths: KnotPaths) -> RunRecord[DnsState]:
+    return RunRecord(paths.state)
 
 
 def _zone_path(zone: str, what: str) -> str:
@@ -170,9 +195,9 @@ class DnsSubsystem(Subsystem):
         except KnotError:
             return facts  # not answering (yet): listen differs, and a restart is planned
         facts[ZONES] = zones
-        state = _state(paths)
-        static: dict[str, list[str]] = state.get("static", {})
-        applied: dict[str, list[str]] = state.get("dynamic", {})
+        state = _record(paths).read(sources.files)
+        static = state.get("static", {})
+        applied = state.get("dynamic", {})
         settings = state.get("leases")
         expected: dict[str, set[str]] = {}
         problem = ""
@@ -184,7 +209,7 @@ class DnsSubsystem(Subsystem):
         missing: list[str] = []
         stale: list[str] = []
         for zone in zones:
-            facts[_zone_path(zone, "file")] = _zone_file(paths, zone)
+            facts[_zone_path(zone, "file")] = _zone_file(sources.files, paths, zone)
             try:
                 live = {r for r in knot.read_zone(zone) if not _soa(r)}
             except KnotError:
@@ -250,10 +275,15 @@ class DnsSubsystem(Subsystem):
                 self._start(sources, step, paths, knot)
             elif step.action == "write-zone-file":
                 zone, records = step.args["zone"], list(step.args["records"])
-                _write_zone_file(paths, zone, records)
-                _update_state(paths, lambda s: s.setdefault("static", {}).update({zone: records}))
+                _write_zone_file(sources.files, paths, zone, records)
+
+                def written(state: DnsState) -> None:
+                    state.setdefault("static", {})[zone] = records
+
+                _record(paths).update(sources.files, written)
             elif step.action == "set-records":
-                self._set_records(paths, knot, step.args["zone"], list(step.args["records"]))
+                zone, records = str(step.args["zone"]), list(step.args["records"])
+                self._set_records(sources.files, paths, knot, zone, records)
             elif step.action == "sync-leases":
                 self._sync_leases(sources, paths, knot, step)
             else:
@@ -264,27 +294,31 @@ class DnsSubsystem(Subsystem):
     def _start(self, sources: Sources, step: Step, paths: KnotPaths, knot: KnotControl) -> None:
         static: dict[str, list[str]] = {z: list(r) for z, r in step.args["static"].items()}
         config = render_config(paths, step.args["listen"], step.args["zones"])
+        files, run_record = sources.files, _record(paths)
         for directory in (paths.zones, paths.db):
             ensure_dir(directory)
 
-        def record(state: dict[str, Any]) -> None:
-            state["static"] = static
+        def no_lease_records(state: DnsState) -> None:
             state["dynamic"] = {}  # Knot starts from the zone files: no lease records yet
+
+        def record(state: DnsState) -> None:
+            state["static"] = static
+            no_lease_records(state)
 
         def before_start() -> None:
             # Every start begins from trueup's files: the config, and zone files
             # holding the static records trueup last set.
-            write_atomic(paths.config, config.encode(), 0o600)
+            write_file(files, paths.config, config)
             make_socket_dir(paths.socket.parent, paths.run_dir)  # when moved out of run/
             # A killed Knot's pid file naming its zombie (or a reused pid) would make
             # this start fail ("already running").
             clear_stale_pidfile(paths)
-            current = _state(paths).get("static", static)
+            current = run_record.read(files).get("static", static)
             for zone in step.args["zones"]:
-                _write_zone_file(paths, zone, current.get(zone, []))
-            _update_state(paths, lambda s: s.update(dynamic={}))
+                _write_zone_file(files, paths, zone, current.get(zone, []))
+            run_record.update(files, no_lease_records)
 
-        _update_state(paths, record)
+        run_record.update(files, record)
         # Started means knotc reaches it: one that exits at once fails with its last lines.
         spec = DaemonSpec(
             DAEMON,
@@ -301,9 +335,9 @@ class DnsSubsystem(Subsystem):
         knot.wait_ready(_READY_TIMEOUT)
 
     def _set_records(
-        self, paths: KnotPaths, knot: KnotControl, zone: str, records: list[str]
+        self, files: Files, paths: KnotPaths, knot: KnotControl, zone: str, records: list[str]
     ) -> None:
-        state = _state(paths)
+        state = _record(paths).read(files)
         dynamic = set(state.get("dynamic", {}).get(zone, [])) - set(records)
         live = {r for r in knot.read_zone(zone) if not _soa(r)}
         current = live - dynamic
@@ -311,26 +345,26 @@ class DnsSubsystem(Subsystem):
             zone, remove=sorted(current - set(records)), add=sorted(set(records) - live)
         )
 
-        def record(s: dict[str, Any]) -> None:
+        def record(s: DnsState) -> None:
             s.setdefault("static", {})[zone] = records
-            kept = set(s.setdefault("dynamic", {}).get(zone, [])) - set(records)
-            s["dynamic"][zone] = sorted(kept)
+            dynamic = s.setdefault("dynamic", {})
+            dynamic[zone] = sorted(set(dynamic.get(zone, [])) - set(records))
 
-        _update_state(paths, record)
+        _record(paths).update(files, record)
 
     def _sync_leases(
         self, sources: Sources, paths: KnotPaths, knot: KnotControl, step: Step
     ) -> None:
-        settings: dict[str, Any] | None = step.args["settings"]
-        state = _state(paths)
-        static: dict[str, list[str]] = state.get("static", {})
+        settings: DnsLeaseSettings | None = step.args["settings"]
+        state = _record(paths).read(sources.files)
+        static = state.get("static", {})
         expected: dict[str, set[str]] = {}
         if settings is not None:
             try:
                 expected = _expected(sources, settings, static, step.args["static_owners"])
             except (OSError, ValueError) as exc:
                 raise StepError(step, f"seeding from the leases failed: {exc}") from exc
-        applied: dict[str, list[str]] = state.get("dynamic", {})
+        applied = state.get("dynamic", {})
         written: dict[str, list[str]] = {}
         for zone in sorted(set(expected) | set(applied)):
             try:
@@ -343,11 +377,11 @@ class DnsSubsystem(Subsystem):
             knot.change_zone(zone, remove=sorted(stale), add=sorted(wanted - live))
             written[zone] = sorted(wanted)
 
-        def record(s: dict[str, Any]) -> None:
+        def record(s: DnsState) -> None:
             s["dynamic"] = written
             s["leases"] = settings
 
-        _update_state(paths, record)
+        _record(paths).update(sources.files, record)
 
 
 def _verdict(missing: list[str], stale: list[str]) -> str:
@@ -361,11 +395,11 @@ def _verdict(missing: list[str], stale: list[str]) -> str:
     return "; ".join(parts)
 
 
-def _leases(sources: Sources, settings: dict[str, Any]) -> list[Lease]:
+def _leases(sources: Sources, settings: DnsLeaseSettings) -> list[Lease]:
     """Every lease, Kea running or not: its socket if it answers, else its memfile."""
     out: list[Lease] = []
     for family in (4, 6):
-        override = settings.get(f"lease{family}_file")
+        override = settings.get("lease4_file") if family == 4 else settings.get("lease6_file")
         if override:
             _source, leases = read_leases(family, socket_path=None, lease_file=override)
         else:
@@ -377,7 +411,7 @@ def _leases(sources: Sources, settings: dict[str, Any]) -> list[Lease]:
 
 def _expected(
     sources: Sources,
-    settings: dict[str, Any],
+    settings: DnsLeaseSettings,
     static: dict[str, list[str]],
     owners: list[str] | None = None,
 ) -> dict[str, set[str]]:
@@ -392,30 +426,12 @@ def _expected(
     return lease_records(_leases(sources, settings), lease_settings, time.time()).records
 
 
-def _state(paths: KnotPaths) -> dict[str, Any]:
-    try:
-        data = json.loads(read_file(paths.state))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+def _zone_file(files: Files, paths: KnotPaths, zone: str) -> list[str] | None:
+    text = read_text(files, paths.zone_file(zone))  # None: missing, or the write names it
+    return parse_zone_file(text) if text is not None else None
 
 
-def _update_state(paths: KnotPaths, change: Any) -> None:
-    state = _state(paths)
-    change(state)
-    ensure_dir(paths.run_dir)
-    write_atomic(paths.state, json.dumps(state, sort_keys=True).encode(), 0o600)
-
-
-def _zone_file(paths: KnotPaths, zone: str) -> list[str] | None:
-    try:
-        return parse_zone_file(read_file(paths.zone_file(zone)).decode("utf-8", errors="replace"))
-    except (FileNotFoundError, UnsafeFile):  # the write names what is there
-        return None
-
-
-def _write_zone_file(paths: KnotPaths, zone: str, records: list[str]) -> None:
+def _write_zone_file(files: Files, paths: KnotPaths, zone: str, records: list[str]) -> None:
     # The daemon's files are the agent's alone (0600 in a 0700 directory).
     text = render_zone_file(zone, records, serial=int(time.time()))
-    ensure_dir(paths.zones)
-    write_atomic(paths.zone_file(zone), text.encode(), 0o600)
+    write_file(files, paths.zone_file(zone), text)

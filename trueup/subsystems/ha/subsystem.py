@@ -29,11 +29,10 @@ start), `configure` (files, test, SIGHUP), `stop` (keepalived sends priority
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import signal
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 from trueup.model.document import DeviceState
 from trueup.model.health import SubsystemHealth, Tier
@@ -48,8 +47,8 @@ from trueup.subsystems.base import (
     Subsystem,
     daemon_failure,
 )
+from trueup.subsystems.daemonkit import RunRecord, check, ensure_or_reload, read_text, write_file
 from trueup.subsystems.ha.section import SECTION, HaSection
-from trueup.system.atomicfile import write_atomic
 from trueup.system.daemon import DaemonError, DaemonSpec
 from trueup.system.keepalived import (
     DAEMON,
@@ -57,14 +56,11 @@ from trueup.system.keepalived import (
     configured_priority,
     instances_for,
     keepalived_paths,
-    read_config,
     render_config,
     vrrp_running,
-    write_config,
 )
 from trueup.system.keepalived import REQUIREMENTS as KEEPALIVED_REQUIREMENTS
 from trueup.system.requirements import Requirement
-from trueup.system.safefile import ensure_dir, read_file
 from trueup.system.watches import every
 
 __all__ = ["HaSection", "HaSubsystem"]
@@ -74,6 +70,28 @@ log = logging.getLogger("trueup.ha")
 RUNNING, CONFIG, UNHELD = "spec.ha.running", "spec.ha.config", "spec.ha.unheld"
 # Released addresses kept in the record (the newest).
 _KEEP_RELEASED = 50
+
+
+class Released(TypedDict):
+    """A virtual address this node removed because nobody held it."""
+
+    interface: str
+    address: str
+    reason: str
+    at: float
+
+
+class HaRecord(TypedDict, total=False):
+    """The run record (`run/keepalived/trueup-ha.json`)."""
+
+    # When trueup last wrote keepalived's configuration (epoch seconds).
+    config_written: float
+    # The newest released addresses, oldest first.
+    released: list[Released]
+
+
+def _record(paths: KeepalivedPaths) -> RunRecord[HaRecord]:
+    return RunRecord(paths.record)
 
 
 def compile_config(document: DeviceState) -> str | None:
@@ -135,7 +153,7 @@ class HaSubsystem(Subsystem):
         facts: Facts = {RUNNING: True if running else None, UNHELD: []}
         if running or scope.virtual_addresses:
             paths = keepalived_paths(sources.daemons.run_dir(DAEMON))
-            text = read_config(paths)
+            text = read_text(sources.files, paths.config)
             if text is not None:
                 facts[CONFIG] = text
         if not running and scope.virtual_addresses:
@@ -202,24 +220,23 @@ class HaSubsystem(Subsystem):
         if known is None:
             raise StepError(step, "no configuration known for this digest (plan again)")
         config = known
+        files = sources.files
         # Checked from a scratch copy first: a refused configuration never replaces
         # the one keepalived runs.
-        ensure_dir(paths.run_dir)
         scratch = paths.run_dir / "keepalived.conf.check"
-        write_atomic(scratch, config.encode(), 0o600)
-        try:
-            result = sources.runner.run(paths.test_argv(scratch), timeout=15.0)
-        finally:
-            scratch.unlink(missing_ok=True)
+        result = check(sources, scratch, config, paths.test_argv(scratch), timeout=15.0)
         if result.returncode != 0:
             output = " ".join((result.stderr or result.stdout or "").split())[:400]
             raise StepError(step, f"keepalived refused the configuration: {output}")
 
         def before_start() -> None:
-            write_config(paths, config)
+            write_file(files, paths.config, config)
             paths.clear_stale_pid_files()
 
-        _update_record(paths, lambda r: r.update(config_written=time.time()))
+        def written(record: HaRecord) -> None:
+            record["config_written"] = time.time()
+
+        _record(paths).update(files, written)
         # Started means its VRRP child runs: a keepalived that exits at once is a
         # failed step with its own last lines (the supervisor's DaemonError), not a heal.
         spec = DaemonSpec(
@@ -228,13 +245,17 @@ class HaSubsystem(Subsystem):
             before_start=before_start,
             ready=lambda pid: vrrp_running(paths, pid),
         )
-        if step.action == "start" or not sources.daemons.running(DAEMON):
+        if step.action == "start":
             sources.daemons.ensure(spec)
             return
-        write_config(paths, config)
-        sources.daemons.ensure(spec)
-        if not sources.daemons.signal(DAEMON, signal.SIGHUP):
-            raise StepError(step, "keepalived is not running; cannot reload it")
+        # Running: the new file, then SIGHUP (keepalived reads it again).
+        ensure_or_reload(
+            sources,
+            spec,
+            signal.SIGHUP,
+            before_reload=lambda: write_file(files, paths.config, config),
+            gone="keepalived is not running; cannot reload it",
+        )
 
     def _release(self, sources: Sources, paths: KeepalivedPaths, step: Step) -> None:
         reason = str(step.args.get("reason", ""))
@@ -247,7 +268,7 @@ class HaSubsystem(Subsystem):
             ]
         else:
             present = list(step.args["present"])
-        released: list[dict[str, Any]] = []
+        released: list[Released] = []
         for entry in present:
             ifname, prefix = entry.split(" ", 1)
             try:
@@ -266,12 +287,11 @@ class HaSubsystem(Subsystem):
                 {"interface": ifname, "address": prefix, "reason": reason, "at": time.time()}
             )
         if released:
-            _update_record(
-                paths,
-                lambda r: r.update(
-                    released=(list(r.get("released", [])) + released)[-_KEEP_RELEASED:]
-                ),
-            )
+
+            def add(record: HaRecord) -> None:
+                record["released"] = (list(record.get("released", [])) + released)[-_KEEP_RELEASED:]
+
+            _record(paths).update(sources.files, add)
 
     # -- status -----------------------------------------------------------------
     def report(self, sources: Sources, scope: Scope) -> dict[str, Any]:
@@ -282,7 +302,7 @@ class HaSubsystem(Subsystem):
             for a in sources.netlink.addresses()
             if scope.is_virtual(a.prefix)
         )
-        config = read_config(paths) if status.running else None
+        config = read_text(sources.files, paths.config) if status.running else None
         mine = _configured_addresses(config)
         held = [p for p in present if p in mine]
         if not status.running:
@@ -295,7 +315,7 @@ class HaSubsystem(Subsystem):
             state = "BACKUP"
         else:
             state = "partial"
-        record = _record(paths)
+        record = _record(paths).read(sources.files)
         return {
             "keepalived": status.to_json(),
             # From the kernel: MASTER holds every configured address, BACKUP none.
@@ -315,18 +335,3 @@ def _configured_addresses(config: str | None) -> set[str]:
         if len(parts) == 3 and parts[1] == "dev" and "/" in parts[0]:
             out.add(f"{parts[2]} {parts[0]}")
     return out
-
-
-def _record(paths: KeepalivedPaths) -> dict[str, Any]:
-    try:
-        data = json.loads(read_file(paths.record))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _update_record(paths: KeepalivedPaths, change: Any) -> None:
-    record = _record(paths)
-    change(record)
-    ensure_dir(paths.run_dir)
-    write_atomic(paths.record, json.dumps(record, sort_keys=True).encode(), 0o600)

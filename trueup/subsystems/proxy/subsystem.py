@@ -22,6 +22,11 @@ waiting (its `bound` fact holds, as DHCP's interfaces that are not there yet
 do), `condition()` reports the subsystem `pending` with a reason naming the
 address, and the address watch (`rtnetlink("address")`) brings it in when the
 address appears: `bound` then differs, and the heal writes and reloads.
+
+Why this module is over 400 lines: the facts, the steps and the reload's
+waits share one reading of the run record (the section written, the frontends
+left out, the digests written and loaded) and of the master's answers; split,
+each would re-derive it.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import json
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from trueup.model.document import DeviceState
 from trueup.model.health import SubsystemHealth, Tier
@@ -44,26 +49,32 @@ from trueup.subsystems.base import (
     Subsystem,
     daemon_failure,
 )
+from trueup.subsystems.daemonkit import (
+    RunRecord,
+    check,
+    ensure_or_reload,
+    read_text,
+    remove_file,
+)
 from trueup.subsystems.proxy.section import SECTION, ProxySection, split_endpoint
-from trueup.system.atomicfile import write_atomic
 from trueup.system.daemon import DaemonError, DaemonSpec
 from trueup.system.haproxy import (
     DAEMON,
     HaproxyError,
     HaproxyPaths,
-    check_config,
+    check_argv,
+    check_problem,
     digest_text,
     haproxy_paths,
     parse_proc,
     parse_stat,
     query,
-    remove_quietly,
     render_config,
 )
 from trueup.system.haproxy import REQUIREMENTS as HAPROXY_REQUIREMENTS
 from trueup.system.requirements import Requirement
-from trueup.system.safefile import UnsafeFile, ensure_dir, read_file
 from trueup.system.sockets import make_socket_dir
+from trueup.system.sources import Files
 from trueup.system.watches import STATE_DIR, every, files, rtnetlink
 
 __all__ = ["ProxySection", "ProxySubsystem"]
@@ -76,6 +87,22 @@ _REPORT_TIMEOUT = 1.0
 
 def _bound(name: str) -> str:
     return f"spec.proxies[{name}].bound"
+
+
+class ProxyState(TypedDict, total=False):
+    """The run record (`run/haproxy/trueup-proxy.json`): what trueup last wrote."""
+
+    # The canonical section the file was rendered from (`ProxySection.canonical()`).
+    section: list[dict[str, Any]]
+    # Frontends left out of the file while their bind address is absent.
+    omitted: list[str]
+    # The digest of the file trueup wrote, and of the file the master last loaded.
+    digest: str
+    loaded: str
+
+
+def _record(paths: HaproxyPaths) -> RunRecord[ProxyState]:
+    return RunRecord(paths.state)
 
 
 class ProxySubsystem(Subsystem):
@@ -115,15 +142,14 @@ class ProxySubsystem(Subsystem):
 
     def observe(self, sources: Sources, scope: Scope) -> Facts:
         paths = haproxy_paths(sources.daemons.run_dir(DAEMON))
-        state = _state(paths)
-        facts: Facts = {CONFIG: _observed_config(paths, state)}
+        state = _record(paths).read(sources.files)
+        facts: Facts = {CONFIG: _observed_config(sources.files, paths, state)}
         if not sources.daemons.running(DAEMON):
             facts[RUNNING] = None
             return facts
         facts[RUNNING] = True
-        facts[LOADED] = _file_digest(paths) is not None and state.get("loaded") == _file_digest(
-            paths
-        )
+        loaded = _file_digest(sources.files, paths)
+        facts[LOADED] = loaded is not None and state.get("loaded") == loaded
         section = state.get("section") or []
         present = _present(sources) | {"*"}
         omitted = set(state.get("omitted") or [])
@@ -170,8 +196,8 @@ class ProxySubsystem(Subsystem):
         try:
             if step.action == "stop":
                 sources.daemons.stop(DAEMON)
-                remove_quietly(paths.config)
-                remove_quietly(paths.state)
+                remove_file(sources.files, paths.config)
+                remove_file(sources.files, paths.state)
             elif step.action == "write-config":
                 section = self._sections.get(step.args["section"])
                 if section is None:
@@ -211,8 +237,8 @@ class ProxySubsystem(Subsystem):
 
     def report(self, sources: Sources, scope: Scope) -> dict[str, Any]:
         paths = haproxy_paths(sources.daemons.run_dir(DAEMON))
-        state = _state(paths)
-        section: list[dict[str, Any]] = state.get("section") or []
+        state = _record(paths).read(sources.files)
+        section = state.get("section") or []
         if not section and not sources.daemons.running(DAEMON):
             return {}
         out: dict[str, Any] = {"running": sources.daemons.running(DAEMON), "frontends": {}}
@@ -261,21 +287,23 @@ def _write_config(
     sources: Sources, step: Step, paths: HaproxyPaths, proxies: list[dict[str, Any]]
 ) -> None:
     text, omitted = render_config(paths, proxies, _present(sources))
-    ensure_dir(paths.run_dir)
-    write_atomic(paths.candidate, text.encode(), 0o600)
-    problem = check_config(sources.runner, paths.candidate)
+    done = check(sources, paths.candidate, text, check_argv(paths.candidate), keep=True)
+    problem = check_problem(done)
     if problem is not None:
-        remove_quietly(paths.candidate)
         raise StepError(step, f"HAProxy refuses the configuration (nothing changed): {problem}")
-    state = _state(paths)
+
+    def written(state: ProxyState) -> None:
+        state["section"] = proxies
+        state["omitted"] = omitted
+        state["digest"] = digest_text(text)
+
     # The state first: a crash between the two leaves a file trueup can still name.
-    state.update(section=proxies, omitted=omitted, digest=digest_text(text))
-    _write_state(paths, state)
-    paths.candidate.replace(paths.config)
+    _record(paths).update(sources.files, written)
+    sources.files.replace_private(paths.candidate, paths.config)
 
 
 def _reload(sources: Sources, step: Step, paths: HaproxyPaths) -> None:
-    digest = _file_digest(paths)
+    digest = _file_digest(sources.files, paths)
     if digest is None:
         raise StepError(step, f"{paths.config} is missing")
     # Started means the master answers on its CLI: one that exits at once (a port
@@ -290,22 +318,34 @@ def _reload(sources: Sources, step: Step, paths: HaproxyPaths) -> None:
         ready=lambda pid: _answers(paths.master, "show proc"),
         sockets=paths.master.parent,
     )
-    if not sources.daemons.running(DAEMON):
-        sources.daemons.ensure(spec)
+    seen: list[tuple[int, int]] = []  # the master's reloads and failures before the reload
+
+    def before_reload() -> None:
+        before = parse_proc(wait_for(paths.master, "show proc", _READY_TIMEOUT))
+        seen.append((before.reloads, before.failed))
+
+    # SIGUSR2 to a running master: a seamless reload, listeners handed to the new worker.
+    started = ensure_or_reload(
+        sources,
+        spec,
+        signal.SIGUSR2,
+        before_reload=before_reload,
+        gone="HAProxy stopped before it could be reloaded",
+    )
+    if started:
         try:
             wait_for(paths.master, "show proc", _READY_TIMEOUT)
         except HaproxyError as exc:
-            raise StepError(step, f"HAProxy did not start: {_alerts(paths) or exc}") from exc
+            alerts = _alerts(sources.files, paths)
+            raise StepError(step, f"HAProxy did not start: {alerts or exc}") from exc
     else:
-        sources.daemons.ensure(spec)  # supervised by this agent (adopted after a restart)
-        before = parse_proc(wait_for(paths.master, "show proc", _READY_TIMEOUT))
-        if not sources.daemons.signal(DAEMON, signal.SIGUSR2):
-            raise StepError(step, "HAProxy stopped before it could be reloaded")
-        _wait_reloaded(step, paths, before.reloads, before.failed)
+        _wait_reloaded(step, paths, *seen[-1])
     _wait_serving(step, paths)
-    state = _state(paths)
-    state["loaded"] = digest
-    _write_state(paths, state)
+
+    def loaded(state: ProxyState) -> None:
+        state["loaded"] = digest
+
+    _record(paths).update(sources.files, loaded)
 
 
 def _wait_reloaded(step: Step, paths: HaproxyPaths, reloads: int, failed: int) -> None:
@@ -357,40 +397,25 @@ def wait_for(path: Path, command: str, timeout: float) -> str:
             time.sleep(0.02)
 
 
-def _alerts(paths: HaproxyPaths) -> str:
+def _alerts(files: Files, paths: HaproxyPaths) -> str:
     """HAProxy's last alerts in its log (why it did not start: a port already taken, …)."""
     try:
         log_file = paths.run_dir / f"{DAEMON}.log"
-        lines = read_file(log_file).decode("utf-8", errors="replace").splitlines()
+        lines = files.read_private(log_file).decode("utf-8", errors="replace").splitlines()
     except OSError:
         return ""
     return "; ".join(line.split(" : ", 1)[-1] for line in lines[-50:] if "ALERT" in line)[-600:]
 
 
-def _file_digest(paths: HaproxyPaths) -> str | None:
-    try:
-        return digest_text(read_file(paths.config).decode("utf-8", errors="replace"))
-    except (FileNotFoundError, UnsafeFile):  # rewritten, or the write names what is there
-        return None
+def _file_digest(files: Files, paths: HaproxyPaths) -> str | None:
+    text = read_text(files, paths.config)  # None: rewritten, or the write names what is there
+    return digest_text(text) if text is not None else None
 
 
-def _observed_config(paths: HaproxyPaths, state: dict[str, Any]) -> Any:
-    digest = _file_digest(paths)
+def _observed_config(files: Files, paths: HaproxyPaths, state: ProxyState) -> Any:
+    digest = _file_digest(files, paths)
     if digest is None:
         return None
     if digest != state.get("digest"):
         return f"edited outside trueup ({digest})"
     return state.get("section")
-
-
-def _state(paths: HaproxyPaths) -> dict[str, Any]:
-    try:
-        data = json.loads(read_file(paths.state))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _write_state(paths: HaproxyPaths, state: dict[str, Any]) -> None:
-    ensure_dir(paths.run_dir)
-    write_atomic(paths.state, json.dumps(state, sort_keys=True).encode(), 0o600)
