@@ -64,7 +64,7 @@ from trueup.subsystems.dhcp.allocator import (
     follow_fence,
     wait_for_socket,
 )
-from trueup.subsystems.dhcp.changes import config_changes
+from trueup.subsystems.dhcp.changes import ConfigChange, config_changes
 from trueup.subsystems.dhcp.keaconfig import (
     compile_config,
     digest,
@@ -256,7 +256,7 @@ class DhcpSubsystem(Subsystem):
             )
         return facts
 
-    def _changes(self, files: Files, paths: KeaPaths, body: Any) -> list[dict[str, Any]]:
+    def _changes(self, files: Files, paths: KeaPaths, body: Any) -> list[ConfigChange]:
         """What differs in Kea's running `body` from what it answered when trueup set it."""
         reference = _reference_record(paths).read(files)
         known = reference.get("body")
