@@ -98,7 +98,7 @@ def _document(address: str, role: str) -> dict[str, Any]:
 class _Rig:
     def __init__(self, work: Path) -> None:
         from trueup.model.document import parse_document
-        from trueup.subsystems.ha import compile_config
+        from trueup.subsystems.ha.subsystem import compile_config
         from trueup.system.keepalived import keepalived_paths, write_config
 
         tag = f"tu-bench-{os.getpid()}-ha"

@@ -168,7 +168,7 @@ def test_a_damaged_fence_record_counts_as_held(tmp_path: Path) -> None:
 def test_kea_is_asked_once_per_piece_of_work_and_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import trueup.subsystems.dhcp as dhcp
+    import trueup.subsystems.dhcp.subsystem as dhcp
 
     asked: list[str] = []
 
@@ -342,7 +342,7 @@ def test_kea_starts_from_a_fenced_file_while_the_fence_is_held(
 ) -> None:
     import json
 
-    import trueup.subsystems.dhcp as dhcp
+    import trueup.subsystems.dhcp.subsystem as dhcp
     from trueup.subsystems.dhcp.keaconfig import has_fence
 
     monkeypatch.setattr(dhcp, "make_socket_dir", lambda paths: None)

@@ -13,7 +13,6 @@ from trueup.journal.state import StateDir
 from trueup.model.document import DocumentError, parse_document
 from trueup.reconcile.engine import Engine
 from trueup.subsystems.base import StepError
-from trueup.subsystems.dns import FOLLOWS, DnsSubsystem
 from trueup.subsystems.dns.records import (
     LeaseSettings,
     lease_records,
@@ -21,6 +20,7 @@ from trueup.subsystems.dns.records import (
     render_zone_file,
     reverse_zone,
 )
+from trueup.subsystems.dns.subsystem import FOLLOWS, DnsSubsystem
 from trueup.subsystems.registry import scope_for
 from trueup.system.daemon import DaemonSpec
 from trueup.system.fake import FakeDaemons, FakeFiles, FakeNetlink

@@ -12,7 +12,7 @@ from tests.routers import base_document
 from trueup.model.document import DocumentError, parse_document
 from trueup.subsystems.addresses import AddressesSubsystem
 from trueup.subsystems.base import Scope, StepError
-from trueup.subsystems.ha import HaSubsystem, compile_config
+from trueup.subsystems.ha.subsystem import HaSubsystem, compile_config
 from trueup.subsystems.management import ManagementSubsystem
 from trueup.subsystems.registry import scope_for
 from trueup.system.fake import FakeDaemons, FakeFiles, FakeNetlink, FakeRunner
@@ -333,8 +333,8 @@ def test_a_role_change_never_activates_a_fenced_allocator(
 ) -> None:
     import json
 
-    import trueup.subsystems.dhcp as dhcp
     import trueup.subsystems.dhcp.allocator as allocator
+    import trueup.subsystems.dhcp.subsystem as dhcp
     from trueup.journal.state import StateDir
     from trueup.reconcile.engine import Engine
     from trueup.system.fence import hold_fence, read_fence

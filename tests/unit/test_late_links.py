@@ -14,7 +14,7 @@ from tests.unit.test_loop import Rig
 from trueup.model.document import parse_document
 from trueup.model.health import SubsystemHealth, waiting_on_links
 from trueup.reconcile.healing import HealingOptions
-from trueup.subsystems.dhcp import _testable
+from trueup.subsystems.dhcp.subsystem import _testable
 from trueup.system.events import NetlinkEvent
 from trueup.system.netlink import LinkInfo
 

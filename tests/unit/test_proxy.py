@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-import trueup.subsystems.proxy as proxy_module
+import trueup.subsystems.proxy.subsystem as proxy_module
 from tests.routers import base_document
 from trueup.model.document import DocumentError, parse_document
 from trueup.model.health import SubsystemHealth
 from trueup.subsystems.base import Scope, StepError
-from trueup.subsystems.proxy import CONFIG, LOADED, RUNNING, ProxySubsystem
 from trueup.subsystems.proxy.section import ProxySection, split_endpoint
+from trueup.subsystems.proxy.subsystem import CONFIG, LOADED, RUNNING, ProxySubsystem
 from trueup.system.daemon import DaemonStatus
 from trueup.system.fake import FakeDaemons, FakeNetlink, FakeRunner
 from trueup.system.haproxy import (

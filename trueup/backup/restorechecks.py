@@ -2,28 +2,24 @@
 
 Who calls this: `trueup.backup.restore` — `verify` in `verifying`,
 `differences` to decide whether a rolled-back restore is back at its
-previous revision, `assert_allocator` right after the fence is held or
-lifted. Everything here reads (Kea's leases through `read_leases`: its
-socket, else the memfile — never by starting or stopping Kea) except
-`assert_allocator`, which tells a running Kea to follow the fence record.
+previous revision, `fence_kea` before the fence is recorded and
+`assert_allocator` right after it is held or lifted. Everything here reads
+(Kea's leases through `read_leases`: its socket, else the memfile — never by
+starting or stopping Kea) except those two, which tell every Kea to follow
+the fence through the DHCP subsystem's fence hook (`follow_fence`, found
+through the registry: the one the CLI uses too).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import signal
 from pathlib import Path
 from typing import Any
 
 from trueup.backup.format import LEASES
 from trueup.reconcile.engine import Engine
-from trueup.system.daemon import proc_start_time, verified_pid
-from trueup.system.fence import read_fence
-from trueup.system.kea import KeaError, kea_paths
+from trueup.subsystems.registry import fence_follower
+from trueup.system.kea import kea_paths
 from trueup.system.kealeases import KeaSocketError, read_leases
-from trueup.system.processes import signal_all, wait_gone
-from trueup.system.safefile import read_file
 
 __all__ = ["assert_allocator", "differences", "fence_kea", "verify"]
 
@@ -82,82 +78,21 @@ def verify(engine: Engine, record: dict[str, Any], staged: Path) -> str:
     return ""
 
 
-def _kea_runs(engine: Engine) -> list[tuple[int, Path]]:
-    out = []
-    for family in (4, 6):
-        run = engine.state.root / "run" / f"kea-dhcp{family}"
-        if run.is_dir():
-            out.append((family, run))
-    return out
-
-
-def _kea_pid(run: Path, family: int) -> int | None:
-    try:
-        return verified_pid(json.loads(read_file(run / f"kea-dhcp{family}.pid")))
-    except (OSError, ValueError):
-        return None
-
-
 def fence_kea(engine: Engine) -> None:
     """Before the fence is recorded as held: every Kea trueup runs drops every packet and is
     told `dhcp-disable`, and the file each starts from carries the fence class (a Kea
     started from it by anyone, the agent down, drops too).
 
     Raises `KeaError` naming the Kea that did not take the fence: the restore then
-    does not record the fence (nor go on) while that Kea may still serve.
+    does not record the fence (nor go on) while that Kea may still serve. A hung Kea
+    (its socket takes the command, nothing answers) could serve again the moment it
+    goes on: it is ended instead, and its next start is from the fenced file.
     """
-    from trueup.subsystems.dhcp.allocator import enforce, fence_config_file
-
-    for family, run in _kea_runs(engine):
-        paths = kea_paths(run, family)
-        fence_config_file(paths, True)
-        pid = _kea_pid(run, family)
-        if pid is None:
-            continue
-        try:
-            enforce(paths, engine.state.root, pid, wait=5.0, fenced=True)
-        except (KeaError, OSError) as exc:
-            if _timed_out(exc) and _ended(pid):
-                # A hung Kea (its socket takes the command, nothing answers) could serve
-                # again the moment it goes on: ended instead. Its next start is from the
-                # file that carries the fence class.
-                continue
-            raise KeaError(f"kea-dhcp{family} (pid {pid}) did not take the fence: {exc}") from exc
-
-
-def _timed_out(exc: BaseException) -> bool:
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, TimeoutError) or "timed out" in str(seen):
-            return True
-        seen = seen.__cause__
-    return False
-
-
-def _ended(pid: int) -> bool:
-    """SIGKILL to `pid` (still the process it was); True once it is gone."""
-    begun = proc_start_time(pid)
-    if begun is None:
-        return True
-    members = {pid: begun}
-    signal_all(members, signal.SIGKILL)
-    return wait_gone(members, 10.0)
+    fence_follower("dhcp").follow_fence(engine.state.root, fenced=True, end_hung=True)
 
 
 def assert_allocator(engine: Engine) -> None:
     """Tell each running Kea to follow the fence now (the agent asserts it at every start too),
-    and make the file each Kea starts from follow it."""
-    from trueup.subsystems.dhcp.allocator import enforce, fence_config_file
-
-    held = read_fence(engine.state.root, "dhcp") is not None
-    for family, run in _kea_runs(engine):
-        paths = kea_paths(run, family)
-        with contextlib.suppress(OSError):  # the supervisor writes it before Kea's next start
-            fence_config_file(paths, held)
-        pid = _kea_pid(run, family)
-        if pid is None:
-            continue
-        try:
-            enforce(paths, engine.state.root, pid, wait=5.0)
-        except (KeaError, OSError):
-            continue  # the DHCP subsystem sees the disagreement and asserts it
+    and make the file each Kea starts from follow it; a Kea that does not answer is left
+    to the DHCP subsystem, which sees the disagreement and asserts it."""
+    fence_follower("dhcp").follow_fence(engine.state.root)

@@ -7,13 +7,15 @@ starts, stops or reconfigures Kea and works with the agent stopped.
 `fence hold` writes the `dhcp` fence (durably, before anything else) and then
 tells a running Kea to stop allocating (`dhcp-disable`, and its configuration
 set again with the fence class that drops every packet); `fence lift` removes
-it, removes the class and re-enables allocation. Both are audited (`fence_held`, `fence_lifted`).
+it, removes the class and re-enables allocation. Both go through the DHCP
+subsystem's fence hook (`follow_fence`, found through the registry), which
+the restore uses too; it also makes the file each Kea starts from follow the
+record. Both are audited (`fence_held`, `fence_lifted`).
 The agent re-asserts the fence at every Kea (re)start, whatever the CLI did.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 from pathlib import Path
@@ -112,26 +114,18 @@ def _operator() -> str:
 
 
 def _assert_allocator(state_dir: Path) -> list[str]:
-    """Make each running Kea follow the fence now; what happened, per family."""
-    from trueup.subsystems.dhcp.allocator import enforce
-    from trueup.system.daemon import verified_pid
-    from trueup.system.kea import KeaError, kea_paths
+    """Make each running Kea follow the fence now (the DHCP subsystem's fence hook, the
+    restore's too); what happened, per family."""
+    from trueup.subsystems.registry import fence_follower
 
     done = []
-    for family in (4, 6):
-        run = _run_dir(state_dir, family)
-        try:
-            pid = verified_pid(json.loads((run / f"kea-dhcp{family}.pid").read_text()))
-        except (OSError, ValueError):
-            pid = None
-        if pid is None:
-            continue
-        try:
-            state = enforce(kea_paths(run, family), state_dir, pid, wait=5.0)
-        except (KeaError, OSError) as exc:
-            done.append(f"kea-dhcp{family}: not told yet ({exc}); the agent asserts it")
-            continue
-        done.append(f"kea-dhcp{family}: allocation {state}")
+    for followed in fence_follower("dhcp").follow_fence(state_dir, wait=5.0):
+        if followed.state:
+            done.append(f"{followed.daemon}: allocation {followed.state}")
+        else:
+            done.append(
+                f"{followed.daemon}: not told yet ({followed.problem}); the agent asserts it"
+            )
     if not done:
         done.append(
             f"no Kea runs from {state_dir}: the agent asserts the fence whenever it starts Kea"

@@ -1,11 +1,15 @@
 """Every subsystem trueup ships, by name: adding a subsystem is one line here.
 
-Pure data — `module:Class` strings — so that the document model can find the
-sections of `spec` that subsystems own without importing them statically
-(`trueup.model.sections` loads them by name the first time it meets a
-section it does not know), and `trueup.subsystems.registry` builds the
-agent's subsystems from the same list. Extra subsystems (`agent run
---plugin MODULE:FACTORY`) register themselves when loaded.
+Pure data — `module:attribute` strings. `SUBSYSTEMS` names each subsystem's
+class: `trueup.subsystems.registry` builds the agent's subsystems from it.
+`SECTIONS` names the sections of `spec` that subsystems own, each a
+`trueup.model.sections.Section` in a light module of its own
+(`trueup/subsystems/NAME/section.py`): the document model loads them by name
+the first time it meets a section it does not know, and loading them imports
+no `trueup.system` module and no subsystem's implementation, so whoever
+parses a document (CLI, agent, control plane) imports only pure data. A
+subsystem that owns a section has a line in each. Extra subsystems (`agent
+run --plugin MODULE:FACTORY`) register themselves when loaded.
 """
 
 from __future__ import annotations
@@ -13,20 +17,30 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["SUBSYSTEMS", "load"]
+__all__ = ["SECTIONS", "SUBSYSTEMS", "load"]
 
 SUBSYSTEMS: tuple[str, ...] = (
     "trueup.subsystems.management:ManagementSubsystem",
     "trueup.subsystems.links:LinksSubsystem",
     "trueup.subsystems.addresses:AddressesSubsystem",
     "trueup.subsystems.routes:RoutesSubsystem",
-    "trueup.subsystems.sysctl:SysctlSubsystem",
-    "trueup.subsystems.firewall:FirewallSubsystem",
-    "trueup.subsystems.dhcp:DhcpSubsystem",
-    "trueup.subsystems.dns:DnsSubsystem",
-    "trueup.subsystems.ha:HaSubsystem",
-    "trueup.subsystems.proxy:ProxySubsystem",
-    "trueup.subsystems.wireguard:WireguardSubsystem",
+    "trueup.subsystems.sysctl.subsystem:SysctlSubsystem",
+    "trueup.subsystems.firewall.subsystem:FirewallSubsystem",
+    "trueup.subsystems.dhcp.subsystem:DhcpSubsystem",
+    "trueup.subsystems.dns.subsystem:DnsSubsystem",
+    "trueup.subsystems.ha.subsystem:HaSubsystem",
+    "trueup.subsystems.proxy.subsystem:ProxySubsystem",
+    "trueup.subsystems.wireguard.subsystem:WireguardSubsystem",
+)
+
+SECTIONS: tuple[str, ...] = (
+    "trueup.subsystems.sysctl.section:SECTION",
+    "trueup.subsystems.firewall.section:SECTION",
+    "trueup.subsystems.dhcp.section:SECTION",
+    "trueup.subsystems.dns.section:SECTION",
+    "trueup.subsystems.ha.section:SECTION",
+    "trueup.subsystems.proxy.section:SECTION",
+    "trueup.subsystems.wireguard.section:SECTION",
 )
 
 

@@ -28,7 +28,7 @@ from trueup.model.digests import json_digest
 from trueup.model.jsontypes import JSONObject
 from trueup.model.limits import DOCUMENT_BYTES, PROBLEM_CHARS, input_excerpt, quoted
 from trueup.model.problems import Checked, PathError, check, describe
-from trueup.model.sections import registered_sections, section_model
+from trueup.model.sections import cross_problems, registered_sections, section_model
 from trueup.model.types import IfName, IpAddress, IpNetwork, IpPrefix, family_of
 
 __all__ = [
@@ -319,14 +319,9 @@ class DeviceSpec(_Section):
 
     @check
     def _sections_fit(self) -> list[tuple[str, str]]:
-        problems: list[tuple[str, str]] = []
-        for _name, value in sorted((self.model_extra or {}).items()):
-            # A registered section may check itself against the rest of the document
-            # (`cross_check(spec)` → (path below spec, message) pairs).
-            cross_check = getattr(value, "cross_check", None)
-            if callable(cross_check):
-                problems.extend(cross_check(self))
-        return problems
+        # Each registered section's declared checks against the rest of the document
+        # (`trueup.model.sections.CrossCheck`: (path below spec, message) pairs).
+        return cross_problems(self)
 
     def table_number(self, table: int | str) -> int:
         return route_table_number(table, self.tables)

@@ -11,9 +11,9 @@ journal's before-images one format.
 * `plan(desired, observed, scope)` — steps, or a no-op with its reason;
 * `execute(sources, step)` — one step.
 
-Next to them a subsystem declares its section of `spec` (`section`, a
-pydantic model registered with the document when the subsystem is
-registered), what it watches (`watches`: rtnetlink kinds, files, a period, a
+Next to them a subsystem declares its section of `spec` (`section`: the
+`trueup.model.sections.Section` of its light `section.py`, which the catalog
+lists too, registered with the document), what it watches (`watches`: rtnetlink kinds, files, a period, a
 program), what it depends on and its tier. docs/architecture.md walks
 through adding one.
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
@@ -33,6 +34,7 @@ from pydantic import BaseModel
 from trueup.model.document import DeviceState
 from trueup.model.health import SubsystemHealth, Tier
 from trueup.model.order import natural_sorted
+from trueup.model.sections import Section
 from trueup.subsystems.scope import Scope
 from trueup.system.events import NetlinkEvent
 from trueup.system.requirements import Requirement, binary, regular_file
@@ -43,6 +45,7 @@ __all__ = [
     "Difference",
     "EventVerdict",
     "Facts",
+    "FenceFollowed",
     "Plan",
     "Requirement",
     "Scope",
@@ -56,6 +59,19 @@ __all__ = [
 ]
 
 Facts = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class FenceFollowed:
+    """What one running daemon did when told to follow its subsystem's fence now."""
+
+    daemon: str
+    # What it does now ("disabled", "enabled"); "" when it was not told.
+    state: str = ""
+    # Why it was not told (it follows the record at its next start).
+    problem: str = ""
+    # It did not answer at all (hung) and was ended instead (`end_hung`).
+    ended: bool = False
 
 
 class StepError(RuntimeError):
@@ -201,9 +217,11 @@ class Subsystem(ABC):
     # Whether a step can hang (a daemon, a socket): such subsystems converge on a
     # worker thread that is abandoned at the deadline. Netlink ones run inline.
     may_block: ClassVar[bool] = True
-    # The section of `spec` this subsystem owns: (name, pydantic model), registered
-    # with the document model by `trueup.subsystems.registry`.
-    section: ClassVar[tuple[str, type[BaseModel]] | None] = None
+    # The section of `spec` this subsystem owns, registered with the document model by
+    # `trueup.subsystems.registry`: its `Section` (a plugin may give (name, model)).
+    section: ClassVar[Section[Any] | tuple[str, type[BaseModel]] | None] = None
+    # The durable fence (`trueup.system.fence`) its daemons follow (`follow_fence`), if any.
+    fence: ClassVar[str | None] = None
     # What can change this subsystem's part of the system (`trueup.system.watches`).
     watches: ClassVar[tuple[Watch, ...]] = ()
     # A plugin's short declaration of what it needs (presence only, no package named);
@@ -247,6 +265,26 @@ class Subsystem(ABC):
         tier, and must not change the system. The default needs nothing.
         """
         del document
+
+    def follow_fence(
+        self,
+        state_dir: Path,
+        *,
+        fenced: bool | None = None,
+        wait: float = 5.0,
+        end_hung: bool = False,
+    ) -> list[FenceFollowed]:
+        """Make this subsystem's running daemons follow its fence (`fence`) now, as the
+        record in `state_dir` says or as `fenced` says (a fence enforced before it is
+        recorded), and the files they start from too; one entry per running daemon.
+
+        The hook the CLI (`trueup dhcp fence hold|lift`) and the restore call right
+        after holding or lifting a fence, with or without an agent; the subsystem
+        asserts it at every start too. `end_hung` ends a daemon that does not answer
+        at all instead of reporting it. The default holds no fence.
+        """
+        del state_dir, fenced, wait, end_hung
+        return []
 
     def condition(
         self, sources: Sources, document: DeviceState

@@ -19,7 +19,15 @@ from trueup.model.types import family_of
 from trueup.model.virtual import virtual_addresses
 from trueup.subsystems.base import Scope, Subsystem
 
-__all__ = ["SUBSYSTEMS", "default_subsystems", "load_plugin", "ordered", "register", "scope_for"]
+__all__ = [
+    "SUBSYSTEMS",
+    "default_subsystems",
+    "fence_follower",
+    "load_plugin",
+    "ordered",
+    "register",
+    "scope_for",
+]
 
 # Every subsystem trueup ships (the catalog lists them by name).
 SUBSYSTEMS: list[type[Subsystem]] = [catalog.load(ref) for ref in catalog.SUBSYSTEMS]
@@ -29,8 +37,10 @@ _REGISTERED: dict[str, type[Subsystem]] = {}
 
 def register(cls: type[Subsystem]) -> None:
     """Make a subsystem known: its section of `spec` and its scope keys."""
-    if cls.section is not None:
+    if isinstance(cls.section, tuple):
         register_section(*cls.section)
+    elif cls.section is not None:
+        register_section(cls.section)
     _REGISTERED[cls.name] = cls
 
 
@@ -40,6 +50,14 @@ for _cls in SUBSYSTEMS:
 
 def default_subsystems() -> list[Subsystem]:
     return ordered(cls() for cls in SUBSYSTEMS)
+
+
+def fence_follower(fence: str) -> Subsystem:
+    """The subsystem whose daemons follow the durable fence `fence` (its `follow_fence`)."""
+    for cls in SUBSYSTEMS:
+        if cls.fence == fence:
+            return cls()
+    raise LookupError(f"no subsystem follows the {fence!r} fence")
 
 
 def load_plugin(reference: str) -> Subsystem:

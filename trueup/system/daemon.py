@@ -5,29 +5,18 @@ sure their daemon runs with the argv they compiled; the agent keeps one
 `DaemonSupervisor` for its lifetime, so supervision outlives any one
 transaction. Unit tests hand subsystems `trueup.system.fake.FakeDaemons`.
 
-```python
-spec = DaemonSpec(
-    name="kea-dhcp4",
-    argv=("kea-dhcp4", "-c", "/var/lib/trueup/run/kea-dhcp4/kea-dhcp4.conf"),
-    before_start=write_config_without_ha,   # every (re)start, before exec
-    after_start=reassert_fence,             # every (re)start, once the pid exists
-)
-sources.daemons.ensure(spec)       # adopt a running instance, or start one
-sources.daemons.running("kea-dhcp4")
-sources.daemons.run_dir("kea-dhcp4")   # STATE_DIR/run/kea-dhcp4 (0700)
-```
+The interface (`DaemonSpec`, `DaemonStatus`, the `Daemons` protocol,
+`DaemonError`) is `trueup.system.daemonspec`; the pid record and its
+verification are `trueup.system.pidrecord`; both are re-exported here.
 
 Rules:
 
 * A daemon runs in the agent's own network namespace (the agent runs inside
   the router's namespace; children inherit it), in a new session, with its
   output appended to `RUN_DIR/NAME/NAME.log`.
-* Each daemon has a pid record `RUN_DIR/NAME/NAME.pid` (JSON: pid, argv,
-  kernel start time). A new supervisor (after an agent restart, even after
-  SIGKILL) *adopts* the instance the record names only when
-  `/proc/PID/cmdline` equals the recorded argv and `/proc/PID/stat`'s start
-  time equals the recorded one: a recycled pid is never trusted, never
-  signalled.
+* Each daemon has a pid record `RUN_DIR/NAME/NAME.pid`; a new supervisor
+  (after an agent restart, even after SIGKILL) *adopts* the instance it
+  names only when it verifiably still is that process (`pidrecord`).
 * Signals go to that one verified pid — never a name pattern. The one
   exception is what an instance leaves behind: a daemon runs in a session of
   its own (its pid is the session id), and the processes still in that
@@ -44,9 +33,6 @@ Rules:
   polled until `ready_timeout`): `ensure` raises `DaemonError` when it exits
   first or does not answer in time, with the daemon's own last log lines as
   the cause — a heal that restarted it is then a failure, never `healed`.
-* A daemon that re-executes itself on a reload with words added to its argv
-  (HAProxy's master: `-sf PIDS -x SOCKET`; `DaemonSpec.reexec`) is verified
-  by its program name and start time instead of its whole cmdline.
 * A daemon that exits without being asked to is restarted with exponential
   back-off (1 s doubling to 30 s, reset after 60 s of good running);
   `before_start` and `after_start` run on every restart too, so an invariant
@@ -54,12 +40,11 @@ Rules:
 * The supervisor never stops daemons when the agent exits: DHCP keeps
   serving while the agent restarts, and the next agent adopts it.
 
-Why this module is over 400 lines: the public interface (spec, status, the
-`Daemons` protocol), the pid record and its verification, one daemon's
-process handling (its session's leftovers, its readiness, its socket
-directory) and the supervisor's restart loop share one record format and one
-lock discipline; apart, each would have to re-state them. What reads the
-kernel's view of processes alone is `trueup.system.processes`.
+Why this module is over 400 lines: one daemon's process handling (its
+session's leftovers, its readiness, its socket directory) and the
+supervisor's restart loop share one lock discipline; apart, each would have
+to re-state it. What reads the kernel's view of processes alone is
+`trueup.system.processes`.
 """
 
 from __future__ import annotations
@@ -74,12 +59,17 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
 
 from trueup.system.atomicfile import write_atomic
+from trueup.system.daemonspec import DaemonError, Daemons, DaemonSpec, DaemonStatus
+from trueup.system.pidrecord import (
+    INSTANCE_ENV,
+    PidRecord,
+    proc_start_time,
+    record_argv,
+    verified_pid,
+)
 from trueup.system.processes import (
     START_MARK,
     log_tail,
@@ -92,6 +82,7 @@ from trueup.system.safefile import UnsafeFile, ensure_dir, open_file, read_file,
 from trueup.system.sockets import remove_socket_dir
 
 __all__ = [
+    "INSTANCE_ENV",
     "DaemonError",
     "DaemonSpec",
     "DaemonStatus",
@@ -104,169 +95,11 @@ __all__ = [
 log = logging.getLogger("trueup.daemon")
 
 BACKOFF_FIRST = 1.0
-# The environment variable marking an instance and everything it forks (its value is in
-# the pid record): a leftover is signalled only when it carries its instance's mark.
-INSTANCE_ENV = "TRUEUP_DAEMON_INSTANCE"
 # How long leftovers get after SIGKILL before the start goes ahead regardless.
 KILL_WAIT = 5.0
 BACKOFF_MAX = 30.0
 # A daemon that ran this long before exiting is restarted after the first back-off again.
 STABLE_AFTER = 60.0
-
-
-class DaemonError(RuntimeError):
-    """A daemon that could not be started or stopped; names the daemon and the cause."""
-
-
-@dataclass(frozen=True)
-class DaemonSpec:
-    """What to run. `name` is also the run directory and pid record name."""
-
-    name: str
-    argv: tuple[str, ...]
-    env: tuple[tuple[str, str], ...] = ()
-    # Called before every (re)start: write the configuration the daemon reads.
-    before_start: Callable[[], None] | None = field(default=None, compare=False)
-    # Called after every (re)start with the new pid (re-assert state over its socket).
-    after_start: Callable[[int], None] | None = field(default=None, compare=False)
-    # How long `stop` waits after SIGTERM before SIGKILL.
-    stop_timeout: float = 10.0
-    # Files and sockets the daemon creates are the agent's alone.
-    umask: int = 0o077
-    # The daemon re-executes itself on a reload with words of its own added to
-    # its argv (HAProxy's master: `-sf PIDS -x SOCKET`), and its cmdline reads
-    # empty while it does: it is verified by its program name and start time.
-    reexec: bool = False
-    # Whether the instance with this pid answers (its socket, its VRRP child): `ensure`
-    # returns only once it does. None: running is enough.
-    ready: Callable[[int], bool] | None = field(default=None, compare=False)
-    # How long `ensure` waits for `ready` (generous: a loaded machine starts slowly).
-    ready_timeout: float = 30.0
-    # Where its sockets are when not in its run directory (`trueup.system.sockets`):
-    # removed once it is stopped, and when the agent exits while it does not run.
-    sockets: Path | None = field(default=None, compare=False)
-
-
-@dataclass(frozen=True)
-class DaemonStatus:
-    """What the supervisor knows about one daemon."""
-
-    name: str
-    running: bool
-    pid: int | None = None
-    since: float | None = None
-    restarts: int = 0
-    adopted: bool = False
-    last_exit: int | None = None
-    last_error: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "running": self.running,
-            "pid": self.pid,
-            "since": self.since,
-            "restarts": self.restarts,
-            "adopted": self.adopted,
-            "last_exit": self.last_exit,
-            "last_error": self.last_error,
-        }
-
-
-class Daemons(Protocol):
-    """The daemon supervisor as subsystems see it (`Sources.daemons`)."""
-
-    def run_dir(self, name: str) -> Path:
-        """The daemon's private directory (0700): sockets, config, pid record, log."""
-        ...
-
-    def ensure(self, spec: DaemonSpec) -> DaemonStatus:
-        """Adopt a verified running instance with this argv, or start one; supervise it.
-
-        A running instance with another argv is stopped and started anew.
-        Raises DaemonError when it cannot be started (the supervisor keeps
-        retrying with back-off).
-        """
-        ...
-
-    def stop(self, name: str) -> None:
-        """Stop it (SIGTERM, then SIGKILL after the spec's timeout) and stop supervising it."""
-        ...
-
-    def restart(self, name: str) -> DaemonStatus:
-        """Stop and start it again (`before_start`/`after_start` run)."""
-        ...
-
-    def running(self, name: str) -> bool:
-        """Whether a verified instance runs (adopting one from its pid record if needed)."""
-        ...
-
-    def signal(self, name: str, sig: int) -> bool:
-        """Send `sig` to the verified running instance (a reload: HAProxy's SIGUSR2,
-        keepalived's SIGHUP); False when none runs."""
-        ...
-
-    def status(self, name: str) -> DaemonStatus:
-        """Pid, since, restarts, last exit and error."""
-        ...
-
-
-def proc_start_time(pid: int) -> int | None:
-    """The kernel's start time of `pid` (clock ticks since boot), or None when it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name may contain spaces and parentheses: fields start after the last ')'.
-    fields = stat[stat.rfind(")") + 2 :].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def _cmdline(pid: int) -> tuple[str, ...] | None:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return tuple(part.decode(errors="replace") for part in raw.split(b"\0") if part)
-
-
-def _record_argv(record: dict[str, Any]) -> tuple[str, ...]:
-    argv = record.get("argv")
-    return tuple(str(a) for a in argv) if isinstance(argv, list) else ()
-
-
-def _same_program(cmdline: tuple[str, ...], argv: tuple[str, ...], reexec: bool) -> bool:
-    if cmdline == argv:
-        return True
-    # A self-re-executing daemon (the record says so): its program name, or an
-    # empty cmdline while the exec is in progress; the start time is checked too.
-    return reexec and (not cmdline or cmdline[0] == argv[0])
-
-
-def verified_pid(record: dict[str, Any]) -> int | None:
-    """The record's pid when that process still is the one recorded (argv and start time)."""
-    try:
-        pid = int(str(record["pid"]))
-        argv = _record_argv(record)
-        started = int(str(record["start_time"]))
-    except (KeyError, TypeError, ValueError):
-        return None
-    if pid <= 1 or not argv or proc_start_time(pid) != started:
-        return None
-    cmdline = _cmdline(pid)
-    for _ in range(200):
-        # Empty while the kernel is still laying out a fresh exec's arguments (just
-        # after `Popen` returns): look again for up to about 0.2 s.
-        if cmdline != ():
-            break
-        time.sleep(0.001)
-        cmdline = _cmdline(pid)
-    if cmdline is None or not _same_program(cmdline, argv, bool(record.get("reexec"))):
-        return None
-    return pid
 
 
 class _Daemon:
@@ -371,7 +204,8 @@ class _Daemon:
                 )
         return sorted(found)
 
-    def read_record(self) -> dict[str, Any] | None:
+    def read_record(self) -> dict[str, object] | None:
+        """The pid record as found (read field by field: it may be damaged)."""
         try:
             data = json.loads(read_file(self.record_path, 1 << 16))
         except (OSError, ValueError):  # missing, unreadable, or not a regular file of ours
@@ -402,7 +236,7 @@ class _Daemon:
             return False
         if self.child is not None:
             return self.child.poll() is None
-        record = {
+        record: PidRecord = {
             "pid": self.pid,
             "argv": list(self.spec.argv),
             "start_time": self._started,
@@ -483,7 +317,7 @@ class _Daemon:
             time.sleep(0.001)
         self.pid, self.child, self.adopted, self._started = child.pid, child, False, started
         self.since = time.time()
-        record: dict[str, Any] = {
+        record: PidRecord = {
             "pid": child.pid,
             "argv": list(spec.argv),
             "start_time": started,
@@ -615,9 +449,9 @@ class DaemonSupervisor:
         """Adopt from the pid record when nothing runs under this supervisor yet."""
         if daemon.pid is None and not daemon.spec.argv:
             record = daemon.read_record()
-            if record is not None and _record_argv(record):
+            if record is not None and record_argv(record):
                 daemon.spec = DaemonSpec(
-                    daemon.spec.name, _record_argv(record), reexec=bool(record.get("reexec"))
+                    daemon.spec.name, record_argv(record), reexec=bool(record.get("reexec"))
                 )
         if daemon.pid is None:
             daemon.adopt()
@@ -628,7 +462,7 @@ class DaemonSupervisor:
         daemon = self._daemon(spec, spec.name)
         with daemon.lock:
             self._recorded(daemon)
-            stale = _record_argv(daemon.read_record() or {}) != spec.argv
+            stale = record_argv(daemon.read_record() or {}) != spec.argv
             if daemon.pid is not None and daemon.alive() and stale:
                 daemon.terminate()
             if daemon.pid is None or not daemon.alive():

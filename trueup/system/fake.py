@@ -15,10 +15,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+from trueup.system.atomicfile import write_atomic
 from trueup.system.daemon import DaemonError, DaemonSpec, DaemonStatus
 from trueup.system.netlink import AddrInfo, LinkInfo, NetlinkError, RouteInfo
 from trueup.system.nft import NftError
 from trueup.system.runner import Completed
+from trueup.system.safefile import ensure_dir, read_file
 
 __all__ = [
     "FakeAnnouncer",
@@ -119,12 +121,15 @@ class FakeAnnouncer:
 
 
 class FakeFiles:
-    """Files in memory (`path → text`); `fail_on` maps a path to the OSError a write raises."""
+    """Files in memory (`path → text`); `fail_on` maps a path to the OSError a write raises.
+
+    The agent's own files (`read_private`, `write_private`, …) are real files, recorded."""
 
     def __init__(self, files: dict[str, str] | None = None) -> None:
         self.files: dict[str, str] = dict(files or {})
         self.fail_on: dict[str, OSError] = {}
         self.writes: list[tuple[str, str]] = []
+        self.private_writes: list[Path] = []
 
     def read(self, path: str) -> str | None:
         return self.files.get(path)
@@ -139,6 +144,33 @@ class FakeFiles:
         if path in self.fail_on:
             raise self.fail_on[path]
         self.files.pop(path, None)
+
+    # The agent's own files (run directories) are real files below the test's directory,
+    # where the daemons and their fakes read them; each write is recorded, and a path in
+    # `fail_on` fails as the host would.
+
+    def read_private(self, path: Path) -> bytes:
+        if str(path) in self.fail_on:
+            raise self.fail_on[str(path)]
+        return read_file(path)
+
+    def write_private(self, path: Path, data: bytes, *, durable: bool = True) -> None:
+        if str(path) in self.fail_on:
+            raise self.fail_on[str(path)]
+        self.private_writes.append(path)
+        ensure_dir(path.parent)
+        write_atomic(path, data, 0o600, durable=durable)
+
+    def remove_private(self, path: Path) -> None:
+        if str(path) in self.fail_on:
+            raise self.fail_on[str(path)]
+        path.unlink(missing_ok=True)
+
+    def replace_private(self, source: Path, target: Path) -> None:
+        if str(target) in self.fail_on:
+            raise self.fail_on[str(target)]
+        self.private_writes.append(target)
+        source.replace(target)
 
 
 class FakeNetlink:

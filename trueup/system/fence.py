@@ -16,17 +16,34 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from trueup.system.atomicfile import fsync_dir, path_error, write_atomic
 from trueup.system.safefile import UnsafeFile, ensure_dir, read_file, unsafe_entry
 
-__all__ = ["Fence", "fence_path", "hold_fence", "lift_fence", "read_fence", "read_fences"]
+__all__ = [
+    "Fence",
+    "FenceJSON",
+    "fence_path",
+    "hold_fence",
+    "lift_fence",
+    "read_fence",
+    "read_fences",
+]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+
+
+class FenceJSON(TypedDict):
+    """A fence record as the file, status and the agent API hold it."""
+
+    subsystem: str
+    owner: str
+    reason: str
+    since: str
 
 
 @dataclass(frozen=True)
@@ -36,8 +53,10 @@ class Fence:
     reason: str
     since: str  # ISO 8601, UTC
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> FenceJSON:
+        return FenceJSON(
+            subsystem=self.subsystem, owner=self.owner, reason=self.reason, since=self.since
+        )
 
 
 def fence_path(state_dir: Path, subsystem: str) -> Path:

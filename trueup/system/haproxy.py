@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from trueup.system.requirements import Requirement, binary
-from trueup.system.runner import Runner
+from trueup.system.runner import Completed, Runner
 from trueup.system.sockets import HAPROXY_MAX, socket_dir
 
 __all__ = [
@@ -52,7 +52,9 @@ __all__ = [
     "HaproxyPaths",
     "MasterState",
     "Stats",
+    "check_argv",
     "check_config",
+    "check_problem",
     "digest_text",
     "haproxy_paths",
     "parse_proc",
@@ -172,9 +174,18 @@ def render_config(
     return "\n".join(lines) + "\n", omitted
 
 
+def check_argv(path: Path) -> list[str]:
+    """HAProxy's own check of the configuration file `path`."""
+    return ["haproxy", "-c", "-f", str(path)]
+
+
 def check_config(runner: Runner, path: Path) -> str | None:
     """`haproxy -c -f PATH`: None when valid, else HAProxy's own words (its alerts)."""
-    done = runner.run(["haproxy", "-c", "-f", str(path)], timeout=30.0)
+    return check_problem(runner.run(check_argv(path), timeout=30.0))
+
+
+def check_problem(done: Completed) -> str | None:
+    """What `haproxy -c` said: None when it accepted the file, else its alerts."""
     if done.ok:
         return None
     text = (done.stderr + done.stdout).strip()

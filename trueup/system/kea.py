@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from trueup.model.jsontypes import JSONObject
 from trueup.system.kealeases import KeaSocketError, kea_command
 from trueup.system.processes import clear_stale_pidfile as clear_pidfile
 from trueup.system.requirements import Requirement, binary, library
@@ -141,8 +141,8 @@ def answers(paths: KeaPaths) -> bool:
 
 
 def kea_call(
-    paths: KeaPaths, command: str, arguments: dict[str, Any] | None = None, timeout: float = 10.0
-) -> dict[str, Any]:
+    paths: KeaPaths, command: str, arguments: JSONObject | None = None, timeout: float = 10.0
+) -> JSONObject:
     """Run one command; its `arguments` on success. Raises KeaError naming the command."""
     try:
         answer = kea_command(paths.socket, command, arguments, timeout=timeout)

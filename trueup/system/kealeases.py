@@ -41,6 +41,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from trueup.model.jsontypes import JSONObject
 from trueup.system.safefile import open_file
 
 __all__ = [
@@ -92,16 +93,16 @@ class Lease(NamedTuple):
 def kea_command(
     socket_path: Path | str,
     command: str,
-    arguments: dict[str, Any] | None = None,
+    arguments: JSONObject | None = None,
     *,
     timeout: float = 10.0,
-) -> dict[str, Any]:
+) -> JSONObject:
     """Send one command to a Kea control socket; the response object (`result`, `text`, …).
 
     Raises KeaSocketError when nobody answers. Kea answers one command per
     connection and closes it; the response may arrive in several reads.
     """
-    request: dict[str, Any] = {"command": command}
+    request: JSONObject = {"command": command}
     if arguments is not None:
         request["arguments"] = arguments
     try:
@@ -135,7 +136,7 @@ def kea_command(
     return answer
 
 
-def _from_json(family: int, item: dict[str, Any]) -> Lease:
+def _from_json(family: int, item: JSONObject) -> Lease:
     cltt = int(item.get("cltt", 0))
     valid = int(item.get("valid-lft", 0))
     return Lease(

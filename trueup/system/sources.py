@@ -8,8 +8,12 @@ and `/proc/sys`), `runner` (external programs: `nft`, `keactrl`, …),
 `trueup.system.daemon`: Kea, Knot, … run and supervised in the agent's
 namespace) and `state_dir` (the agent's state directory; daemons keep their
 private files under `daemons.run_dir(NAME)` = `STATE_DIR/run/NAME`, and durable
-records such as fences go in `state_dir` itself). A subsystem uses only what it
-needs, and unit tests hand it fakes (`trueup.system.fake`).
+records such as fences go in `state_dir` itself). Every read and write of a
+daemon's run directory goes through `files` too (`read_private`,
+`write_private`, …: 0600 files in 0700 directories, never through a link);
+`trueup.subsystems.daemonkit` is how daemon-backed subsystems use it. A
+subsystem uses only what it needs, and unit tests hand it fakes
+(`trueup.system.fake`).
 
 Who opens one: `trueup.reconcile.engine.Engine.sources()`, for one
 observation or one transaction.
@@ -27,6 +31,7 @@ from trueup.system.daemon import Daemons, DaemonSupervisor
 from trueup.system.netlink import Netlink
 from trueup.system.nft import HostNftables, Nftables
 from trueup.system.runner import Runner, SubprocessRunner
+from trueup.system.safefile import ensure_dir, read_file
 
 __all__ = ["Files", "HostFiles", "Sources"]
 
@@ -47,6 +52,26 @@ class Files(Protocol):
 
     def remove(self, path: str) -> None:
         """Remove the file; one already gone counts as removed."""
+        ...
+
+    # Files of the agent's own: the state directory and the daemons' run directories.
+    # Never opened through a link, never another user's (`trueup.system.safefile`).
+
+    def read_private(self, path: Path) -> bytes:
+        """The file's bytes; FileNotFoundError when absent, `UnsafeFile` when it is not ours."""
+        ...
+
+    def write_private(self, path: Path, data: bytes, *, durable: bool = True) -> None:
+        """Replace the file atomically, 0600, in a 0700 directory of ours (made if needed);
+        `durable=False` for a cache whose loss is harmless (no fsync)."""
+        ...
+
+    def remove_private(self, path: Path) -> None:
+        """Remove the file; one already gone counts as removed."""
+        ...
+
+    def replace_private(self, source: Path, target: Path) -> None:
+        """Rename `source` over `target` (a candidate that passed its check)."""
         ...
 
 
@@ -89,6 +114,21 @@ class HostFiles:
             return
         except OSError as exc:
             raise path_error(target, exc) from exc
+
+    # The agent's own files are where the state directory says (`root` is not applied).
+
+    def read_private(self, path: Path) -> bytes:
+        return read_file(path)
+
+    def write_private(self, path: Path, data: bytes, *, durable: bool = True) -> None:
+        ensure_dir(path.parent)
+        write_atomic(path, data, 0o600, durable=durable)
+
+    def remove_private(self, path: Path) -> None:
+        path.unlink(missing_ok=True)
+
+    def replace_private(self, source: Path, target: Path) -> None:
+        source.replace(target)
 
 
 @dataclass

@@ -18,27 +18,39 @@ Two layers, so that a fenced Kea never answers a client at any moment:
 `allocation_state` compares both with the fence record (a new pid means
 nothing was asserted yet); `enforce` makes Kea follow the record: the
 supervisor calls it after every (re)start, the subsystem whenever they
-disagree, and the CLI and the restore right after holding or lifting the
-fence. Holding disables first and then sets the fence class; lifting removes
+disagree, and `follow_fence` — the subsystem's fence hook
+(`DhcpSubsystem.follow_fence`), which the CLI and the restore call right
+after holding or lifting the fence — for every Kea trueup runs from a state
+directory, with or without an agent. Holding disables first and then sets the fence class; lifting removes
 the class and then enables, so a client is answered again at once.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
+from trueup.model.jsontypes import JSONObject
+from trueup.subsystems.base import FenceFollowed
+from trueup.subsystems.daemonkit import RunRecord, read_json, write_file
 from trueup.subsystems.dhcp.keaconfig import has_fence, with_fence
-from trueup.system.atomicfile import write_atomic
-from trueup.system.daemon import proc_start_time
 from trueup.system.fence import read_fence
-from trueup.system.kea import KeaError, KeaPaths, kea_call
-from trueup.system.processes import stat_fields
-from trueup.system.safefile import read_file
+from trueup.system.kea import KeaError, KeaPaths, daemon_name, kea_call, kea_paths
+from trueup.system.pidrecord import proc_start_time, verified_pid
+from trueup.system.processes import signal_all, stat_fields, wait_gone
+from trueup.system.sources import Files, HostFiles
 
-__all__ = ["CONSISTENT", "allocation_state", "enforce", "fence_config_file", "wait_for_socket"]
+__all__ = [
+    "CONSISTENT",
+    "allocation_state",
+    "enforce",
+    "fence_config_file",
+    "follow_fence",
+    "wait_for_socket",
+]
 
 CONSISTENT = "follows-fence"
 
@@ -66,16 +78,26 @@ def _exists(pid: int) -> bool:
     return fields is not None and fields[0] not in ("Z", "X")
 
 
-def _record(paths: KeaPaths) -> dict[str, object]:
-    try:
-        data = json.loads(read_file(paths.allocator))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+class Asserted(TypedDict, total=False):
+    """The run record `allocator.json`: what trueup asserted for which Kea process."""
+
+    pid: int
+    # The process's kernel start time (a new Kea with a reused pid asserted nothing yet).
+    start_time: int | None
+    state: str  # "disabled" | "enabled"
+
+
+def _asserted(paths: KeaPaths) -> RunRecord[Asserted]:
+    return RunRecord(paths.allocator, sort_keys=False)
 
 
 def allocation_state(
-    paths: KeaPaths, state_dir: Path, pid: int | None, running: dict[str, Any] | None = None
+    paths: KeaPaths,
+    state_dir: Path,
+    pid: int | None,
+    running: JSONObject | None = None,
+    *,
+    files: Files | None = None,
 ) -> str:
     """`follows-fence`, or what is wrong: `serving while fenced`, `dropping without a
     fence` (the fence class), `disabled without a fence` (`dhcp-disable`).
@@ -90,7 +112,7 @@ def allocation_state(
             return "serving while fenced"
         if dropping and not fenced:
             return "dropping without a fence"
-    record = _record(paths)
+    record = _asserted(paths).read(files or HostFiles())
     disabled = (
         pid is not None
         and record.get("pid") == pid
@@ -104,7 +126,7 @@ def allocation_state(
     return CONSISTENT
 
 
-def fence_config_file(paths: KeaPaths, held: bool) -> bool:
+def fence_config_file(paths: KeaPaths, held: bool, *, files: Files | None = None) -> bool:
     """The configuration file Kea starts from, with the fence class exactly when `held`.
 
     A Kea started from it by anyone (the supervisor, an operator, a crash
@@ -112,14 +134,13 @@ def fence_config_file(paths: KeaPaths, held: bool) -> bool:
     held. Nothing else in the file changes; no file, nothing to do. True when
     the file was rewritten.
     """
-    try:
-        config = json.loads(read_file(paths.config))
-    except (OSError, ValueError):
-        return False  # none, or unreadable: no Kea starts from it (the supervisor writes it)
-    if not isinstance(config, dict) or has_fence(config) == held:
+    files = files or HostFiles()
+    # {}: none, or unreadable: no Kea starts from it (the supervisor writes it).
+    config = read_json(files, paths.config)
+    if not config or has_fence(config) == held:
         return False
     text = json.dumps(with_fence(config, held), indent=2, sort_keys=True) + "\n"
-    write_atomic(paths.config, text.encode(), 0o600)
+    write_file(files, paths.config, text)
     return True
 
 
@@ -130,6 +151,7 @@ def enforce(
     *,
     wait: float = 15.0,
     fenced: bool | None = None,
+    files: Files | None = None,
 ) -> str:
     """Make Kea follow the fence: the fence class and `dhcp-disable` while held, else neither.
 
@@ -153,6 +175,81 @@ def enforce(
         kea_call(paths, "config-write", {"filename": str(paths.config)})
     # After a config-set too: a reconfiguration must not leave a fenced Kea enabled.
     kea_call(paths, "dhcp-disable" if fenced else "dhcp-enable")
-    record = {"pid": pid, "start_time": proc_start_time(pid), "state": state}
-    write_atomic(paths.allocator, json.dumps(record).encode(), 0o600)
+    record: Asserted = {"pid": pid, "start_time": proc_start_time(pid), "state": state}
+    _asserted(paths).write(files or HostFiles(), record)
     return state
+
+
+def follow_fence(
+    state_dir: Path,
+    *,
+    fenced: bool | None = None,
+    wait: float = 5.0,
+    end_hung: bool = False,
+) -> list[FenceFollowed]:
+    """Every Kea trueup runs from `state_dir` follows the fence now (the record, or `fenced`).
+
+    For each family with a run directory: the file it starts from gets the fence
+    class exactly while fenced (a Kea started from it by anyone drops), and a
+    running Kea (its verified pid) is made to follow (`enforce`). With `fenced`
+    given (the restore, enforcing before it records) a file that cannot be
+    written raises, and a Kea that does not take the fence raises `KeaError`
+    naming it — unless it did not answer at all and `end_hung` ended it (it could
+    serve the moment it went on; its next start is from the fenced file).
+    Otherwise what went wrong is reported (the subsystem asserts it again).
+    """
+    held = read_fence(state_dir, "dhcp") is not None if fenced is None else fenced
+    files = HostFiles()  # the CLI's and the restore's: no agent's Sources
+    out: list[FenceFollowed] = []
+    for family in (4, 6):
+        name = daemon_name(family)
+        run = state_dir / "run" / name
+        if not run.is_dir():
+            continue
+        paths = kea_paths(run, family)
+        try:
+            fence_config_file(paths, held, files=files)
+        except OSError:
+            if fenced is not None:
+                raise
+            # The supervisor writes it, fenced as the record says, before Kea's next start.
+        pid = _kea_pid(files, paths)
+        if pid is None:
+            continue
+        try:
+            state = enforce(paths, state_dir, pid, wait=wait, fenced=fenced, files=files)
+        except (KeaError, OSError) as exc:
+            if end_hung and _timed_out(exc) and _ended(pid):
+                out.append(FenceFollowed(name, problem=str(exc), ended=True))
+                continue
+            if fenced is not None:
+                raise KeaError(f"{name} (pid {pid}) did not take the fence: {exc}") from exc
+            out.append(FenceFollowed(name, problem=str(exc)))
+            continue
+        out.append(FenceFollowed(name, state=state))
+    return out
+
+
+def _kea_pid(files: Files, paths: KeaPaths) -> int | None:
+    """The running Kea's pid from the supervisor's record, when it still is that Kea."""
+    record = read_json(files, paths.run_dir / f"{daemon_name(paths.family)}.pid")
+    return verified_pid(record) if record else None
+
+
+def _timed_out(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, TimeoutError) or "timed out" in str(seen):
+            return True
+        seen = seen.__cause__
+    return False
+
+
+def _ended(pid: int) -> bool:
+    """SIGKILL to `pid` (still the process it was); True once it is gone."""
+    begun = proc_start_time(pid)
+    if begun is None:
+        return True
+    members = {pid: begun}
+    signal_all(members, signal.SIGKILL)
+    return wait_gone(members, 10.0)

@@ -13,11 +13,12 @@ document path it comes from when there is one
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, TypedDict
 
+from trueup.model.jsontypes import JSONObject
 from trueup.subsystems.dhcp.section import DhcpSection
 
-__all__ = ["MAX_CHANGES", "config_changes"]
+__all__ = ["MAX_CHANGES", "ConfigChange", "config_changes"]
 
 MAX_CHANGES = 20
 _ABSENT = "absent"
@@ -58,7 +59,7 @@ def _leaves(want: Any, have: Any, path: str, out: list[tuple[str, Any, Any]], li
 
 
 def _document_path(
-    section: DhcpSection | None, family: int, reference: dict[str, Any], kea_path: str
+    section: DhcpSection | None, family: int, reference: JSONObject, kea_path: str
 ) -> str:
     """The document path a Kea path comes from, else the Kea path under `config`."""
     fallback = f"spec.dhcp.dhcp{family}.config[Dhcp{family}.{kea_path}]"
@@ -103,13 +104,21 @@ def _document_path(
     return fallback
 
 
+class ConfigChange(TypedDict):
+    """One value of Kea's running body that differs from what trueup set."""
+
+    path: str  # the document's path when it names one, else Kea's
+    desired: Any
+    observed: Any
+
+
 def config_changes(
-    reference: dict[str, Any],
-    running: dict[str, Any],
+    reference: JSONObject,
+    running: JSONObject,
     family: int,
     section: DhcpSection | None,
     limit: int = MAX_CHANGES,
-) -> list[dict[str, Any]]:
+) -> list[ConfigChange]:
     """`[{"path", "desired", "observed"}]`: each value of Kea's running body (`Dhcp4`'s
     contents) that differs from `reference`, the body Kea answered when trueup set it."""
     found: list[tuple[str, Any, Any]] = []

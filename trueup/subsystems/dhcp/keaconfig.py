@@ -37,6 +37,7 @@ import hashlib
 import json
 from typing import Any
 
+from trueup.model.jsontypes import JSONObject
 from trueup.subsystems.dhcp.section import DhcpSection, OptionValue, Subnet
 from trueup.system.kea import HA_HOOK, LEASE_CMDS_HOOK, KeaPaths
 
@@ -53,7 +54,7 @@ __all__ = [
 # Kea drops every packet classified `DROP`, right after parsing it and before any
 # lease is touched; the test is a constant, so every packet is classified.
 FENCE_TEST = "'trueup-fence' == 'trueup-fence'"
-FENCE_CLASS: dict[str, Any] = {"name": "DROP", "test": FENCE_TEST}
+FENCE_CLASS: JSONObject = {"name": "DROP", "test": FENCE_TEST}
 
 
 def digest(config: Any) -> str:
@@ -61,7 +62,7 @@ def digest(config: Any) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def _option_data(options: dict[str, OptionValue]) -> list[dict[str, Any]]:
+def _option_data(options: dict[str, OptionValue]) -> list[JSONObject]:
     out = []
     for name, value in sorted(options.items()):
         if isinstance(value, list):
@@ -74,8 +75,8 @@ def _option_data(options: dict[str, OptionValue]) -> list[dict[str, Any]]:
     return out
 
 
-def _subnet(section: DhcpSection, index: int, subnet: Subnet, family: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"id": section.subnet_id(index), "subnet": subnet.subnet}
+def _subnet(section: DhcpSection, index: int, subnet: Subnet, family: int) -> JSONObject:
+    out: JSONObject = {"id": section.subnet_id(index), "subnet": subnet.subnet}
     if subnet.interface is not None:
         out["interface"] = subnet.interface
     out["pools"] = [{"pool": pool} for pool in subnet.pools]
@@ -85,7 +86,7 @@ def _subnet(section: DhcpSection, index: int, subnet: Subnet, family: int) -> di
         out["valid-lifetime"] = subnet.valid_lifetime
     reservations = []
     for reservation in subnet.reservations:
-        entry: dict[str, Any] = {}
+        entry: JSONObject = {}
         if reservation.hw_address is not None:
             entry["hw-address"] = reservation.hw_address
         if reservation.duid is not None:
@@ -102,7 +103,7 @@ def _subnet(section: DhcpSection, index: int, subnet: Subnet, family: int) -> di
     return out
 
 
-def has_ha(config: dict[str, Any]) -> bool:
+def has_ha(config: JSONObject) -> bool:
     """Whether a Kea configuration carries any HA hook or HA parameters."""
     for body in config.values():
         if not isinstance(body, dict):
@@ -121,7 +122,7 @@ def _is_fence(entry: Any) -> bool:
     )
 
 
-def _bodies(config: Any) -> list[dict[str, Any]]:
+def _bodies(config: Any) -> list[JSONObject]:
     if not isinstance(config, dict):
         return []
     return [
@@ -150,7 +151,7 @@ def unfenced(body: Any) -> Any:
     return out
 
 
-def with_fence(config: dict[str, Any], held: bool) -> dict[str, Any]:
+def with_fence(config: JSONObject, held: bool) -> JSONObject:
     """`config` with the fence class first in every body (`held`), or with none."""
     out = copy.deepcopy(config)
     for key, body in list(out.items()):
@@ -165,9 +166,9 @@ def with_fence(config: dict[str, Any], held: bool) -> dict[str, Any]:
 
 def compile_config(
     section: DhcpSection, family: int, paths: KeaPaths, interfaces: list[str]
-) -> dict[str, Any]:
+) -> JSONObject:
     lifetimes = section.lifetimes
-    hooks: list[dict[str, Any]] = [{"library": str(LEASE_CMDS_HOOK)}]
+    hooks: list[JSONObject] = [{"library": str(LEASE_CMDS_HOOK)}]
     if section.ha is not None:
         ha = section.ha
         hooks.append(
@@ -192,7 +193,7 @@ def compile_config(
                 },
             }
         )
-    body: dict[str, Any] = {
+    body: JSONObject = {
         "interfaces-config": {
             "interfaces": sorted(interfaces),
             "re-detect": True,

@@ -39,8 +39,9 @@ from pydantic import AfterValidator, ConfigDict, Field
 from trueup.model.document import _PathError  # the document's path-carrying error
 from trueup.model.limits import quoted
 from trueup.model.problems import Checked, check
+from trueup.model.sections import Section
 
-__all__ = ["DhcpSection", "HaPeer", "HaSettings", "Lifetimes", "Reservation", "Subnet"]
+__all__ = ["SECTION", "DhcpSection", "HaPeer", "HaSettings", "Lifetimes", "Reservation", "Subnet"]
 
 _IFNAME = re.compile(r"^[A-Za-z0-9_.\-]{1,15}$")
 _MAC = re.compile(r"^([0-9A-Fa-f]{2}:){5}[0-9A-Fa-f]{2}$")
@@ -240,3 +241,6 @@ class DhcpSection(_Model):
 
     def families(self) -> list[int]:
         return sorted({s.family for s in self.subnets})
+
+
+SECTION = Section("dhcp", DhcpSection)

@@ -25,6 +25,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+# Records in canonical text are the section's (the document's values are canonical).
+from trueup.subsystems.dns.section import canonical_name, canonical_record, reverse_zone
 from trueup.system.kealeases import Lease
 
 __all__ = [
@@ -38,71 +40,7 @@ __all__ = [
     "reverse_zone",
 ]
 
-_LABEL = re.compile(r"^[a-z0-9_]([a-z0-9_\-]{0,61}[a-z0-9_])?$")
 _HOST = re.compile(r"^[a-z0-9]([a-z0-9\-]{0,61}[a-z0-9])?$")
-
-
-def canonical_name(name: str, zone: str) -> str:
-    """`name` made absolute in `zone` (`@` is the zone), lower-case, checked."""
-    text = name.strip().lower()
-    if text == "@":
-        text = zone
-    elif not text.endswith("."):
-        text = f"{text}.{zone}" if zone else f"{text}."
-    labels = text[:-1].split(".") if text != "." else []
-    if len(text) > 254 or not labels or not all(_LABEL.match(label) for label in labels):
-        raise ValueError(f"{name!r} is not a domain name")
-    return text
-
-
-def _txt(value: str) -> str:
-    if not all(32 <= ord(c) < 127 for c in value):
-        raise ValueError("TXT values are printable ASCII")
-    if len(value) > 255:
-        raise ValueError("a TXT value is at most 255 characters")
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _numbers(value: str, count: int, what: str) -> list[str]:
-    words = value.split()
-    if len(words) != count + 1 or not all(w.isdigit() and int(w) < 65536 for w in words[:count]):
-        raise ValueError(f"{value!r} is not {what}")
-    return [str(int(w)) for w in words[:count]] + [words[count]]
-
-
-def canonical_record(name: str, rtype: str, value: str, ttl: int, zone: str) -> str:
-    """One record as canonical text; ValueError says what is wrong with it."""
-    owner = canonical_name(name, zone)
-    if rtype in ("A", "AAAA"):
-        try:
-            address = ipaddress.ip_address(value.strip())
-        except ValueError as exc:
-            raise ValueError(f"value {value!r} is not an address") from exc
-        if address.version != (4 if rtype == "A" else 6):
-            raise ValueError(f"value {value!r} is not an IPv{4 if rtype == 'A' else 6} address")
-        rdata = str(address)
-    elif rtype in ("CNAME", "PTR"):
-        rdata = canonical_name(value, zone)
-    elif rtype == "MX":
-        preference, target = _numbers(value, 1, "PREFERENCE TARGET")
-        rdata = f"{preference} {canonical_name(target, zone)}"
-    elif rtype == "SRV":
-        *numbers, target = _numbers(value, 3, "PRIORITY WEIGHT PORT TARGET")
-        rdata = " ".join([*numbers, canonical_name(target, zone)])
-    elif rtype == "TXT":
-        rdata = _txt(value)
-    else:
-        raise ValueError(f"record type {rtype} is not supported")
-    return f"{owner} {ttl} {rtype} {rdata}"
-
-
-def reverse_zone(prefix: str) -> str:
-    """`203.0.113.0/24` → `113.0.203.in-addr.arpa.` (octet or nibble boundaries)."""
-    network = ipaddress.ip_network(prefix)
-    labels = network.network_address.reverse_pointer.split(".")
-    keep = network.prefixlen // (8 if network.version == 4 else 4)
-    drop = (4 if network.version == 4 else 32) - keep
-    return ".".join(labels[drop:]) + "."
 
 
 @dataclass(frozen=True)

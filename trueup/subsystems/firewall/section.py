@@ -33,8 +33,9 @@ from pydantic import AfterValidator, ConfigDict, Field
 from trueup.model.document import _PathError  # the document's path-carrying error
 from trueup.model.limits import quoted
 from trueup.model.problems import Checked, check
+from trueup.model.sections import Section
 
-__all__ = ["Chain", "FirewallSection", "NftSet", "rule_path"]
+__all__ = ["SECTION", "Chain", "FirewallSection", "NftSet", "rule_path"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$")
 _PRIORITY_NAMES = {"raw", "mangle", "dstnat", "filter", "security", "srcnat"}
@@ -152,3 +153,6 @@ class FirewallSection(_Model):
 
 def rule_path(chain: str, index: int) -> str:
     return f"spec.firewall.chains[{chain}].rules[{index}]"
+
+
+SECTION = Section("firewall", FirewallSection)

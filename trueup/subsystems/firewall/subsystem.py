@@ -62,7 +62,7 @@ from trueup.subsystems.firewall.canonical import (
 from trueup.subsystems.firewall.monitor import prove
 from trueup.subsystems.firewall.risks import management_findings
 from trueup.subsystems.firewall.ruletext import rule_text
-from trueup.subsystems.firewall.section import FirewallSection, rule_path
+from trueup.subsystems.firewall.section import SECTION, FirewallSection, rule_path
 from trueup.system.events import NetlinkEvent
 from trueup.system.nft import REQUIREMENTS as NFT_REQUIREMENTS
 from trueup.system.nft import HostNftables, Nftables, NftError
@@ -88,7 +88,7 @@ def _digest(section: FirewallSection) -> str:
 class FirewallSubsystem(Subsystem):
     name = "firewall"
     tier = Tier.NETWORK
-    section = ("firewall", FirewallSection)
+    section = SECTION
     observed_only_matters = True  # a rule or chain someone added to trueup's table is drift
     may_block = True
     watches = (command("nft", "monitor"),)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -38,8 +38,13 @@ from pydantic import (
 from trueup.model.document import _PathError, refuse_duplicates  # path-carrying errors
 from trueup.model.limits import quoted
 from trueup.model.problems import Checked, check
+from trueup.model.sections import CrossCheck, OtherSections, Problem, Section
+
+if TYPE_CHECKING:
+    from trueup.model.document import DeviceSpec
 
 __all__ = [
+    "SECTION",
     "Backend",
     "HealthCheck",
     "Proxy",
@@ -244,24 +249,6 @@ class ProxySection(RootModel[list[Proxy]]):
             raise _PathError.many(problems)
         return self
 
-    def cross_check(self, spec: Any) -> list[tuple[str, str]]:
-        """A frontend never takes the management API's address:port (the way in stays open)."""
-        api_port = spec.management.api.port
-        api_bind = spec.api_bind_address()
-        problems: list[tuple[str, str]] = []
-        for index, proxy in enumerate(self.root):
-            if proxy.port != api_port:
-                continue
-            if api_bind is None or proxy.address == "*" or proxy.address == api_bind:
-                problems.append(
-                    (
-                        f"proxies[{index}].bind",
-                        f"{proxy.bind} takes the management API's port {api_port} "
-                        f"(spec.management.api); use another port",
-                    )
-                )
-        return problems
-
     def canonical(self) -> list[dict[str, Any]]:
         """The section as canonical JSON (defaults filled in, keys sorted), sorted by name.
 
@@ -270,3 +257,28 @@ class ProxySection(RootModel[list[Proxy]]):
         entries = sorted((p.model_dump(mode="json") for p in self.root), key=lambda p: p["name"])
         result: list[dict[str, Any]] = json.loads(json.dumps(entries, sort_keys=True))
         return result
+
+
+def _keeps_api_port(
+    proxies: ProxySection, spec: DeviceSpec, others: OtherSections
+) -> list[Problem]:
+    """A frontend never takes the management API's address:port (the way in stays open)."""
+    del others
+    api_port = spec.management.api.port
+    api_bind = spec.api_bind_address()
+    problems: list[Problem] = []
+    for index, proxy in enumerate(proxies.root):
+        if proxy.port != api_port:
+            continue
+        if api_bind is None or proxy.address == "*" or proxy.address == api_bind:
+            problems.append(
+                (
+                    f"proxies[{index}].bind",
+                    f"{proxy.bind} takes the management API's port {api_port} "
+                    f"(spec.management.api); use another port",
+                )
+            )
+    return problems
+
+
+SECTION = Section("proxies", ProxySection, checks=(CrossCheck(_keeps_api_port),))

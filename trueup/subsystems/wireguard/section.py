@@ -24,15 +24,19 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 
 from trueup.model.document import refuse_duplicates  # path-carrying errors
 from trueup.model.limits import quoted
 from trueup.model.problems import Checked, check
+from trueup.model.sections import CrossCheck, OtherSections, Problem, Section
 
-__all__ = ["WgInterface", "WgPeerSection", "WireguardSection", "ref_name", "secret_name"]
+if TYPE_CHECKING:
+    from trueup.model.document import DeviceSpec
+
+__all__ = ["SECTION", "WgInterface", "WgPeerSection", "WireguardSection", "ref_name", "secret_name"]
 
 _SECRET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 _PUBLIC_KEY = re.compile(r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw480]=\Z")
@@ -195,24 +199,31 @@ class WireguardSection(Checked):
         )
         return self
 
-    def cross_check(self, spec: Any) -> list[tuple[str, str]]:
-        """A WireGuard interface never takes the name of a link spec.management/interfaces own."""
-        owned = {spec.management.interface: "spec.management.interface"}
-        for i, link in enumerate(spec.interfaces):
-            owned.setdefault(link.name, f"spec.interfaces[{i}].name")
-        return [
-            (
-                f"wireguard.interfaces[{index}].name",
-                f"{interface.name} is already {owned[interface.name]}; name the WireGuard "
-                "interface differently",
-            )
-            for index, interface in enumerate(self.interfaces)
-            if interface.name in owned
-        ]
-
     def secret_names(self) -> set[str]:
         names = set()
         for interface in self.interfaces:
             names.add(ref_name(interface.private_key))
             names |= {ref_name(p.preshared_key) for p in interface.peers if p.preshared_key}
         return names
+
+
+def _own_names(
+    wireguard: WireguardSection, spec: DeviceSpec, others: OtherSections
+) -> list[Problem]:
+    """A WireGuard interface never takes the name of a link spec.management/interfaces own."""
+    del others
+    owned = {spec.management.interface: "spec.management.interface"}
+    for i, link in enumerate(spec.interfaces):
+        owned.setdefault(link.name, f"spec.interfaces[{i}].name")
+    return [
+        (
+            f"wireguard.interfaces[{index}].name",
+            f"{interface.name} is already {owned[interface.name]}; name the WireGuard "
+            "interface differently",
+        )
+        for index, interface in enumerate(wireguard.interfaces)
+        if interface.name in owned
+    ]
+
+
+SECTION = Section("wireguard", WireguardSection, checks=(CrossCheck(_own_names),))

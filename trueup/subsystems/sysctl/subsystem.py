@@ -7,9 +7,8 @@ spec:
     net.ipv6.conf.all.forwarding: 1
 ```
 
-Everything a subsystem is, in one module (docs/architecture.md walks
-through it): its section of `spec` (`SysctlSection`, registered by
-`trueup.subsystems.registry`), its facts (`spec.sysctl[NAME]` → the value as
+Everything a subsystem is, beside its section (`section.py`: `SysctlSection`,
+listed in the catalog; docs/architecture.md walks through both): its facts (`spec.sysctl[NAME]` → the value as
 the kernel prints it), a plan (set the ones that differ), one kind of step
 (write `/proc/sys/...` through `sources.files`), what it watches (a periodic
 look: `/proc/sys` sends no inotify events) and its scope (the names the
@@ -19,40 +18,13 @@ Inside a network namespace the `net.*` parameters are the namespace's own.
 
 from __future__ import annotations
 
-import re
-from typing import Annotated
-
-from pydantic import AfterValidator, RootModel
-
 from trueup.model.document import DeviceState
 from trueup.model.health import Tier
 from trueup.subsystems.base import Facts, Plan, Scope, Sources, Step, StepError, Subsystem
+from trueup.subsystems.sysctl.section import SECTION, SysctlSection
 from trueup.system.watches import every
 
 __all__ = ["SysctlSection", "SysctlSubsystem"]
-
-_NAME = re.compile(r"^[a-z0-9_]+(\.[A-Za-z0-9_\-]+)+$")
-
-
-def _name(value: str) -> str:
-    if not _NAME.match(value):
-        raise ValueError(f"{value!r} is not a sysctl name like net.ipv4.ip_forward")
-    return value
-
-
-def _value(value: str | int) -> str:
-    text = " ".join(str(value).split())
-    if not text:
-        raise ValueError("empty sysctl value")
-    return text
-
-
-SysctlName = Annotated[str, AfterValidator(_name)]
-SysctlValue = Annotated[str | int, AfterValidator(_value)]
-
-
-class SysctlSection(RootModel[dict[SysctlName, SysctlValue]]):
-    """`spec.sysctl`: sysctl name → value (numbers or strings; whitespace normalised)."""
 
 
 def _path(name: str) -> str:
@@ -66,7 +38,7 @@ def _proc(name: str) -> str:
 class SysctlSubsystem(Subsystem):
     name = "sysctl"
     tier = Tier.NETWORK
-    section = ("sysctl", SysctlSection)
+    section = SECTION
     watches = (every(10.0),)
     releases_unmanaged = True  # a name dropped from the document keeps its value
 
