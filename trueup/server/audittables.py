@@ -322,6 +322,8 @@ def _secret(r: Reading, _previous: SecretFact | None) -> SecretFact:
     return SecretFact(r.seq, r.tenant_id, _device_of(r), name)
 
 
+# Every audited action, by table; the actions of one name apply in the order declared
+# here (an `audit.seal` entry's tokens before its users).
 _DECLARED: tuple[Action[Any, Any], ...] = (
     Action(
         "tenant.create",

@@ -69,64 +69,48 @@ class Malformed(Exception):
 # -- replaying -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
 class Reading:
     """One entry being replayed: its columns, its detail read field by field, and the facts
     so far (an action may look up a row named by an earlier one)."""
 
-    entry: RowMapping
-    detail: JSONObject
-    facts: Facts
+    __slots__ = ("detail", "entry", "facts", "seq", "target", "tenant_id")
 
-    @property
-    def seq(self) -> int:
-        return int(self.entry["seq"])
-
-    @property
-    def tenant_id(self) -> int | None:
-        tenant_id: int | None = self.entry["tenant_id"]
-        return tenant_id
-
-    @property
-    def target(self) -> str:
-        return str(self.entry["target"])
+    def __init__(self, entry: RowMapping, detail: JSONObject, facts: Facts) -> None:
+        self.entry = entry
+        self.detail = detail
+        self.facts = facts
+        self.seq: int = entry["seq"]
+        self.tenant_id: int | None = entry["tenant_id"]
+        self.target: str = entry["target"]
 
     def after(self, prefix: str) -> str | None:
         """The target past `prefix` ("user:ops" -> "ops"), or None if it has another."""
-        target = self.entry["target"]
+        target = self.target
         return target[len(prefix) :] if target.startswith(prefix) else None
 
     def optional_int(self, key: str) -> int | None:
-        return self._int(key, required=False)
+        value = self.detail.get(key)
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+            return value
+        raise Malformed(f"{key!r} is not an integer")
 
     def required_int(self, key: str) -> int:
-        value = self._int(key, required=True)
-        assert value is not None
-        return value
-
-    def _int(self, key: str, *, required: bool) -> int | None:
         value = self.detail.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if required or value is not None:
-            raise Malformed(f"{key!r} is {'missing' if value is None else 'not an integer'}")
-        return None
+        raise Malformed(f"{key!r} is {'missing' if value is None else 'not an integer'}")
 
     def optional_str(self, key: str) -> str | None:
-        return self._str(key, required=False)
+        value = self.detail.get(key)
+        if value is None or isinstance(value, str):
+            return value
+        raise Malformed(f"{key!r} is not a string")
 
     def required_str(self, key: str) -> str:
-        value = self._str(key, required=True)
-        assert value is not None
-        return value
-
-    def _str(self, key: str, *, required: bool) -> str | None:
         value = self.detail.get(key)
         if isinstance(value, str):
             return value
-        if required or value is not None:
-            raise Malformed(f"{key!r} is {'missing' if value is None else 'not a string'}")
-        return None
+        raise Malformed(f"{key!r} is {'missing' if value is None else 'not a string'}")
 
     def ints(self, key: str) -> list[int]:
         """A list of integers (none if the key is absent)."""
@@ -211,21 +195,22 @@ class Action(Generic[K, F]):
             self._apply(reading.item(item))
 
     def _apply(self, reading: Reading) -> None:
-        facts = reading.facts.of(self.table)
+        rows = reading.facts.of(self.table).rows
         key = self.key(reading)
         for step in self.first:
             step(reading)
         if self.deletes:
-            facts.rows.pop(key, None)
-            facts.deleted[key] = reading.seq
+            rows.pop(key, None)
+            reading.facts.of(self.table).deleted[key] = reading.seq
         if self.creates is not None:
-            fact = facts.rows[key] = self.creates(reading, facts.rows.get(key))
+            fact = rows[key] = self.creates(reading, rows.get(key))
             name = None if self.names is None else self.names(fact)
             if name is not None:
-                facts.ids[(reading.tenant_id, name)] = key
-        known = facts.rows.get(key)
-        if self.changes is not None and known is not None:
-            self.changes(known, reading)
+                reading.facts.of(self.table).ids[(reading.tenant_id, name)] = key
+        if self.changes is not None:
+            known = rows.get(key)
+            if known is not None:
+                self.changes(known, reading)
 
 
 def replay(
