@@ -28,7 +28,7 @@ from typing import Any
 import psycopg
 from sqlalchemy import select
 
-from trueup.server.audit import _row_hash
+from trueup.server.auditchain import entry_hash
 from trueup.server.db import Database
 from trueup.server.keys import ServerKey, load_or_create_server_key
 from trueup.server.service import ControlPlane
@@ -45,7 +45,7 @@ def _floor_walk(db: Database, key: ServerKey) -> float:
     with db.read() as conn:
         rows = list(conn.execute(select(audit_log).order_by(audit_log.c.seq)).mappings())
     for row in rows:
-        _row_hash(derived, row)
+        entry_hash(derived, row)
     return time.perf_counter() - started
 
 

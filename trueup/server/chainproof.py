@@ -40,9 +40,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, RowMapping, select
 
-from trueup.server.audit import GENESIS, AuditProblem, _Facts, _replay, _row_hash
+from trueup.server.auditchain import GENESIS, AuditProblem, entry_hash
+from trueup.server.audittables import TOKENS, USERS, replay
+from trueup.server.auditverify import Facts
 from trueup.server.keys import ServerKey
 from trueup.server.tables import audit_log, devices, tenants, tokens, users
 
@@ -64,7 +66,7 @@ class ChainBreak:
 class _Walk:
     """Rows verified in seq order; only the ones that verify are replayed into `facts`."""
 
-    facts: _Facts = field(default_factory=_Facts)
+    facts: Facts = field(default_factory=Facts)
     breaks: list[ChainBreak] = field(default_factory=list)
     expected: int = 1
     # The hash the next row must link to; None right after a break (nothing to link to).
@@ -72,7 +74,7 @@ class _Walk:
     # The last row read (seq, stored hash), verified or not: where the next read resumes.
     last: tuple[int, str] = (0, GENESIS)
 
-    def feed(self, key: bytes, rows: Iterable[Any]) -> None:
+    def feed(self, key: bytes, rows: Iterable[RowMapping]) -> None:
         for row in rows:
             seq = int(row["seq"])
             self.last = (seq, str(row["row_hash"]))
@@ -81,7 +83,7 @@ class _Walk:
                 self._break(self.expected, f"seq {self.expected}{gap} deleted")
             self.expected = seq + 1
             try:
-                intact = hmac.compare_digest(_row_hash(key, row), str(row["row_hash"]))
+                intact = hmac.compare_digest(entry_hash(key, row), str(row["row_hash"]))
             except (TypeError, ValueError):
                 intact = False
             if not intact:
@@ -90,7 +92,7 @@ class _Walk:
             if self.link is not None and row["prev_hash"] != self.link:
                 self._break(seq, "it does not link to the row before it: replaced or reordered")
             self.link = str(row["row_hash"])
-            _replay([row], self.facts)
+            replay([row], self.facts)
 
     def _break(self, seq: int, problem: str) -> None:
         self.link = None
@@ -102,7 +104,7 @@ class _Walk:
         return self.breaks[index] if index < len(self.breaks) else None
 
     def token_refusal(self, token_id: int) -> str | None:
-        token = self.facts.tokens.get(token_id)
+        token = self.facts.of(TOKENS).get(token_id)
         if token is None:
             return "no verified audit record issues it" + self._anywhere()
         if token.revoked_seq is not None:
@@ -113,7 +115,7 @@ class _Walk:
         return None
 
     def role_refusal(self, user_id: int, role: str | None, subject: str = "its user") -> str | None:
-        user = self.facts.users.get(user_id)
+        user = self.facts.of(USERS).get(user_id)
         if user is None:
             return f"no verified audit record creates {subject} (id {user_id})" + self._anywhere()
         if role is not None and user.role != role:
@@ -133,7 +135,7 @@ class _Walk:
         return f" (the audit chain is broken at {self.breaks[0]})" if self.breaks else ""
 
 
-def _rows_from(conn: Connection, seq: int) -> list[Any]:
+def _rows_from(conn: Connection, seq: int) -> list[RowMapping]:
     return list(
         conn.execute(
             select(audit_log).where(audit_log.c.seq >= seq).order_by(audit_log.c.seq)
@@ -195,7 +197,7 @@ def credential_name(row: Any) -> str:
 
 
 def _token_problem(walk: _Walk, row: Any) -> str | None:
-    token = walk.facts.tokens.get(row["id"])
+    token = walk.facts.of(TOKENS).get(row["id"])
     if token is not None and token.revoked_seq is not None:
         return (
             f"revoked at seq {token.revoked_seq} by the log, but the live row says active — refused"
