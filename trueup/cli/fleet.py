@@ -52,8 +52,7 @@ __all__ = [
     "render_table",
 ]
 
-fleet_app = typer.Typer(
-    help="The fleet on the control plane: devices, profiles and variables, the fleet plan.",
+fleet_app = typer.Typer(  # its help: trueup.cli.commands.GROUPS
     no_args_is_help=False,
     invoke_without_command=True,
 )
