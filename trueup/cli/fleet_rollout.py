@@ -22,7 +22,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from trueup.cli.fleet import CaFileOpt, OutputOpt, ServerOpt, TokenFileOpt, _connection
-from trueup.cli.fleetapi import several_documents, table
+from trueup.cli.fleetapi import Connection, several_documents, table
 from trueup.cli.output import emit, readable
 
 __all__ = ["render_rollout", "rollout_app"]
@@ -40,7 +40,7 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(1)
 
 
-def _call(c: dict[str, Any], method: str, path: str, body: Any = None) -> Any:
+def _call(c: Connection, method: str, path: str, body: Any = None) -> Any:
     """`method path` on the control plane; exits 1 with the reason when that fails."""
     import httpx
 
@@ -286,7 +286,7 @@ def status(
         emit(answer, output)
 
 
-def _action(name: str, rollout_id: int, reason: str, c: dict[str, Any], output: str) -> None:
+def _action(name: str, rollout_id: int, reason: str, c: Connection, output: str) -> None:
     body = {"reason": reason} if reason else {}
     answer = _call(c, "POST", f"/api/v1/rollouts/{rollout_id}/{name}", body)
     if output == "table":
