@@ -327,11 +327,13 @@ def test_the_state_directory_comes_from_the_option_then_the_environment_then_the
 
 
 def test_constants_shared_with_the_heavy_modules_agree() -> None:
+    from trueup.cli.output import PARTIAL_UPDATE
     from trueup.journal.state import DEFAULT_STATE_DIR
-    from trueup.model.reasons import EXIT_CODES
+    from trueup.model.reasons import EXIT_CODES, ReasonCode
 
     assert fast.DEFAULT_STATE_DIR == DEFAULT_STATE_DIR
     assert {code.value: exit_code for code, exit_code in EXIT_CODES.items()} == REFUSAL_EXIT_CODES
+    assert ReasonCode.PARTIAL_UPDATE.value == PARTIAL_UPDATE
 
 
 @pytest.mark.parametrize(
@@ -718,6 +720,8 @@ def test_the_fast_path_imports_nothing_heavy(agent: FakeAgent, argv: list[str]) 
         "trueup.agent",
         "trueup.agent.client",
         "trueup.cli",
+        "trueup.cli.agentdevice",
+        "trueup.cli.commands",
         "trueup.cli.fast",
         "trueup.cli.output",
     ]

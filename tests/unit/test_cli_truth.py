@@ -317,9 +317,7 @@ def test_a_failed_atomic_apply_names_the_version_that_remains(
     kernel: FakeNetlink,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    import typer
-
-    from trueup.cli.main import _print_apply
+    from trueup.cli.output import print_apply
 
     engine.apply_document(parse_document(base_document()))
     kernel.fail_on["add route to 192.0.2.128/25"] = NetlinkError("add route", "Network is down")
@@ -327,8 +325,7 @@ def test_a_failed_atomic_apply_names_the_version_that_remains(
     result = engine.apply_document(parse_document(bad)).to_json()
     assert result["outcome"] == "rolled_back" and result["attempted_version"] == 2
     capsys.readouterr()
-    with pytest.raises(typer.Exit):
-        _print_apply(result, "table")
+    assert print_apply(result, "table") == 1
     out, _ = capsys.readouterr()
     assert "version 2 was not applied; version 1 remains (rolled back: routes: " in out
     assert "Network is down" in out

@@ -24,11 +24,9 @@ from trueup.cli.statedir import NewStateDirOpt, StateDirOpt, require_new
 
 __all__ = ["backup_app", "restore_app", "upload_archive"]
 
-backup_app = typer.Typer(
-    help="Back the router up into one archive; send it to the control plane.",
-    no_args_is_help=True,
-)
-restore_app = typer.Typer(help="Analyse (and restore) a backup archive.", no_args_is_help=True)
+# Their help: trueup.cli.commands.GROUPS.
+backup_app = typer.Typer(no_args_is_help=True)
+restore_app = typer.Typer(no_args_is_help=True)
 
 DEFAULT_DIR = Path("/var/lib/trueup")
 
@@ -62,6 +60,7 @@ def create(
 
 
 def _links() -> list[str]:
+    """The names of this host's network interfaces (what an archive's are mapped onto)."""
     return [name for _index, name in socket.if_nameindex()]
 
 
@@ -269,10 +268,8 @@ def apply(
     Exit 0 when it completed or waits for the reboot `--reboot` asked for; 1 when it was
     refused (nothing changed), rolled back, or stopped with a problem (`trueup restore status`).
     """
-    import os
 
     from trueup.backup.interfaces import parse_mappings
-    from trueup.cli.output import echo
 
     if mode is None:
         raise typer.BadParameter(
@@ -289,51 +286,9 @@ def apply(
         mappings = parse_mappings(maps or [])
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    actor = f"cli:{os.getuid()}"
-    body = {
-        "archive": str(file.absolute()),
-        "mode": mode,
-        "mappings": mappings,
-        "reboot": reboot,
-        "actor": actor,
-    }
-    from trueup.agent.client import AgentClient
+    from trueup.cli.device import device_for
 
-    client = AgentClient.connect(state_dir)
-    if client is not None:
-        # A full restore stops Kea, swaps the leases, applies and verifies: longer than an apply.
-        client.timeout = max(client.timeout, 900.0)
-        response = client.request("POST", "/v1/restore/apply", json=body)
-        try:
-            result = response.json()
-        except ValueError:
-            result = None
-        if not isinstance(result, dict):
-            # Not the agent's JSON (a proxy, a crash page): its status and text, never a traceback.
-            echo(
-                f"trueup restore apply: the agent answered HTTP {response.status_code} with a "
-                f"body that is not JSON: {response.text[:2000].strip() or '(empty)'}; "
-                "`trueup restore status` shows the record",
-                err=True,
-            )
-            raise typer.Exit(1)
-        if response.status_code != 200:
-            why = result.get("message") or result.get("detail") or response.text
-            echo(f"trueup restore apply: {why}", err=True)
-            if result.get("next"):
-                echo(f"next: {result['next']}", err=True)
-            raise typer.Exit(1)
-        _print_restore(result, output)
-        raise typer.Exit(_exit_code(result))
-    from trueup.backup.restore import RestoreRefused, start_restore
-    from trueup.cli.main import _engine
-
-    engine = _engine(state_dir, create=True, created_by="trueup restore apply")
-    try:
-        record = start_restore(engine, file, mode, mappings, _links(), reboot=reboot, actor=actor)
-    except RestoreRefused as exc:
-        echo(f"trueup restore apply: {exc}", err=True)
-        raise typer.Exit(1) from None
+    record = device_for(state_dir).restore(file, mode, mappings, reboot=reboot)
     _print_restore(record, output)
     raise typer.Exit(_exit_code(record))
 

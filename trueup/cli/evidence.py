@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from trueup.agent.client import AgentClient, AgentUnavailable
+from trueup.cli.commands import OUTPUT
+from trueup.cli.device import LocalDevice, device_for
+from trueup.cli.exitcodes import command_option, option
 from trueup.cli.statedir import StateDirOpt, require_state_dir
 
 if TYPE_CHECKING:
@@ -31,10 +33,8 @@ if TYPE_CHECKING:
 
 __all__ = ["doctor", "evidence", "require_state_dir"]
 
-OutputOpt = Annotated[str, typer.Option("-o", "--output", help="json | yaml | table")]
+OutputOpt = Annotated[str, option(OUTPUT)]
 DEFAULT_DIR = Path("/var/lib/trueup")
-EVIDENCE_TIMEOUT = 30.0  # the agent collects its bundle in a few seconds; a hung one gets this
-STATUS_TIMEOUT = 15.0
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
@@ -42,67 +42,24 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _engine(state_dir: Path) -> Engine:
-    import trueup.subsystems.registry  # noqa: F401  (registers the document's sections)
-    from trueup.journal.state import StateDir
-    from trueup.reconcile.engine import Engine
-
-    return Engine(StateDir(state_dir))
-
-
-def _presence(state_dir: Path, client: AgentClient | None) -> AgentPresence:
+def _presence(state_dir: Path, answered: bool) -> AgentPresence:
     from trueup.journal.agentlock import agent_holder
     from trueup.reconcile.doctor import AgentPresence
 
     holder = agent_holder(state_dir)
     pid = int(holder["pid"]) if holder and holder.get("pid") else None
-    return AgentPresence(running=pid is not None, answering=client is not None, pid=pid)
+    return AgentPresence(running=pid is not None, answering=answered, pid=pid)
 
 
 # -- evidence ----------------------------------------------------------------------
 def evidence(
-    out: Annotated[Path, typer.Option("--out", help="where to write the tar.gz (0600)")],
+    out: Annotated[Path, command_option("evidence", "out")],
     state_dir: StateDirOpt = DEFAULT_DIR,
-    upload: Annotated[
-        bool, typer.Option("--upload", help="also upload it to the control plane")
-    ] = False,
-    control_plane: Annotated[
-        str | None,
-        typer.Option(
-            envvar="TRUEUP_CONTROL_PLANE",
-            help="control-plane URL (default: the one the agent last synced with)",
-        ),
-    ] = None,
-    token_file: Annotated[
-        Path | None,
-        typer.Option(envvar="TRUEUP_TOKEN_FILE", help="the agent's device credential file"),
-    ] = None,
+    upload: Annotated[bool, command_option("evidence", "upload")] = False,
+    control_plane: Annotated[str | None, command_option("evidence", "control_plane")] = None,
+    token_file: Annotated[Path | None, command_option("evidence", "token_file")] = None,
 ) -> None:
-    """Collect the runbook's evidence bundle; works with the agent stopped or hung."""
-    data: bytes | None = None
-    why: str
-    client = AgentClient.connect(state_dir)
-    if client is None:
-        why = f"no agent answered on {state_dir / 'agent.sock'} within its health timeout"
-    else:
-        client.timeout = EVIDENCE_TIMEOUT
-        try:
-            response = client.request("GET", "/v1/evidence")
-            if response.status_code == 200:
-                data = response.content
-            why = f"the agent answered {response.status_code}: {response.text[:200]}"
-        except AgentUnavailable as exc:
-            why = f"the agent stopped answering: {exc.reason}"
-    source = "agent"
-    if data is None:
-        from trueup.backup.evidence import collect_evidence
-
-        source = f"state directory {state_dir}, read by `trueup evidence` ({why})"
-        data = collect_evidence(
-            _engine(state_dir),
-            source=source,
-            missing={"live agent view": why},
-        )
+    data, source = device_for(state_dir).evidence()
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
@@ -162,25 +119,9 @@ def _missing(data: bytes) -> dict[str, str]:
 
 # -- doctor ------------------------------------------------------------------------
 def _snapshot(state_dir: Path) -> tuple[dict[str, Any], AgentPresence, Engine]:
-    from trueup.reconcile.status import gather
-
-    client = AgentClient.connect(state_dir)
-    engine = _engine(state_dir)
-    status: dict[str, Any] | None = None
-    if client is not None:
-        client.timeout = STATUS_TIMEOUT
-        try:
-            response = client.request("GET", "/v1/status")
-            if response.status_code == 200:
-                status = dict(response.json())
-        except (AgentUnavailable, ValueError):
-            client = None
-    presence = _presence(state_dir, client)
-    if status is None:
-        from trueup.backup.evidence import recorded_control_plane_version
-
-        status = gather(engine, control_plane_version=recorded_control_plane_version(engine))
-    return status, presence, engine
+    local = LocalDevice(state_dir)
+    status, answered = device_for(state_dir, local).doctor_status()
+    return status, _presence(state_dir, answered), local.reader()
 
 
 def _report(state_dir: Path) -> tuple[list[Any], dict[str, Any], AgentPresence]:
@@ -223,24 +164,9 @@ def _print_findings(findings: list[Any]) -> None:
 def doctor(
     state_dir: StateDirOpt = DEFAULT_DIR,
     output: OutputOpt = "table",
-    until_stable: Annotated[
-        str | None,
-        typer.Option(
-            "--until-stable",
-            help="wait until the stop conditions hold for this long (e.g. 5m)",
-        ),
-    ] = None,
-    timeout: Annotated[
-        str | None,
-        typer.Option(
-            help="with --until-stable: give up after this long (default twice the window plus 60s)"
-        ),
-    ] = None,
+    until_stable: Annotated[str | None, command_option("doctor", "until_stable")] = None,
+    timeout: Annotated[str | None, command_option("doctor", "timeout")] = None,
 ) -> None:
-    """Run the runbook's safe checks: each finding with its code and corrective action.
-
-    Exit 0 when every check passes, 1 otherwise (also when no agent runs).
-    """
     from trueup.cli.fast import duration_seconds
 
     if until_stable is not None:

@@ -1,5 +1,6 @@
-"""What the typer commands share: help paragraphs on one line, and usage errors of the
-commands whose exit 2 means something (`plan`, `fleet plan`: changes; `drift`: drift).
+"""What the typer commands share: their declaration (`trueup.cli.commands`) made typer's,
+help paragraphs on one line, and usage errors of the commands whose exit 2 means something
+(`plan`, `fleet plan`: changes; `drift`: drift).
 
 Click exits 2 on a usage error (an unknown option, a missing value); for those commands a
 script would read that as "changes", so their usage errors exit 1 instead, as every other
@@ -8,14 +9,49 @@ error of theirs does (terraform's `-detailed-exitcode`: 1 is an error).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import typer
 from typer._click.core import Context  # typer vendors click: its own classes, not click's
 from typer._click.exceptions import UsageError
 from typer.core import TyperCommand
 
-__all__ = ["DetailedExitCommand", "reflow_help"]
+from trueup.cli.commands import COMMANDS, Option
+
+__all__ = ["DetailedExitCommand", "command_option", "declared", "option", "reflow_help"]
+
+Verb = TypeVar("Verb", bound=Callable[..., None])
+
+
+def option(spec: Option, **typer_only: Any) -> Any:
+    """The typer option declared as `spec` (its flags, help, environment variable, metavar);
+    `typer_only`: what only typer needs (a callback, `is_eager`)."""
+    return typer.Option(
+        *spec.flags, help=spec.help, envvar=spec.envvar, metavar=spec.metavar, **typer_only
+    )
+
+
+def command_option(command: str, dest: str, **typer_only: Any) -> Any:
+    """The typer option of `COMMANDS[command]` filling `dest`."""
+    return option(COMMANDS[command].option(dest), **typer_only)
+
+
+def declared(app: typer.Typer, name: str) -> Callable[[Verb], Verb]:
+    """Register a function as the command `name` of `trueup.cli.commands.COMMANDS` on `app`
+    (its last word; `app` is the group's): its name, help and usage-error exit code."""
+    spec = COMMANDS[name]
+    register = app.command(
+        name.rpartition(" ")[2],
+        help=spec.help,
+        cls=DetailedExitCommand if spec.usage_exit_1 else None,
+    )
+
+    def decorate(verb: Verb) -> Verb:
+        register(verb)
+        return verb
+
+    return decorate
 
 
 class DetailedExitCommand(TyperCommand):

@@ -4,9 +4,10 @@
 are a request on the unix socket and a few lines of output; importing typer,
 pydantic, the engine and the subsystems costs several times that. `run(argv)`
 handles exactly those commands when an agent answers on the state directory's
-socket, with the options the typer commands take (`--state-dir`, then
-`TRUEUP_STATE_DIR`, then the default; `-o json|yaml|table`), and prints through
-the renderers the typer commands use (`trueup.cli.output`). Everything else —
+socket, with the options the typer commands take (both parse what
+`trueup.cli.commands` declares: `--state-dir`, then `TRUEUP_STATE_DIR`, then
+the default; `-o json|yaml|table`), and prints through the renderers the typer
+commands use (`trueup.cli.output`). Everything else —
 another command, an option it does not know, `--help` on a command, a value
 typer would refuse, no agent answering, an answer it does not expect before
 anything was changed — is handed to the full typer CLI (`run` returns None),
@@ -15,7 +16,8 @@ which behaves as it always did. `trueup --help` is `trueup.cli.helptext`.
 Reads (`status`, `drift`, `plan`) go straight to their route with the health
 check's 2 s timeout and are repeated by the full CLI when not answered; writes
 (`confirm`, `ack`) ask first whether an agent answers, as the full CLI does,
-and are sent once: an agent that stops answering then is one line and exit 1.
+and are sent once through the same `trueup.cli.agentdevice.AgentDevice` the
+typer commands use: an agent that stops answering then is one line and exit 1.
 `plan` sends the document as decoded from the file and lets the agent validate
 it; a 422 hands over to the full CLI, which prints each problem with its path
 in the file, as before.
@@ -26,11 +28,23 @@ from __future__ import annotations
 import os
 
 from trueup.agent.client import HEALTH_TIMEOUT, AgentClient, AgentUnavailable
-from trueup.cli.output import api_result, echo, print_drift, print_plan, print_status
+from trueup.cli.agentdevice import AgentDevice, Failed
+from trueup.cli.commands import COMMANDS, STATE_DIR
+from trueup.cli.output import (
+    echo,
+    print_acknowledged,
+    print_confirmed,
+    print_drift,
+    print_plan,
+    print_status,
+)
 
 TYPE_CHECKING = False  # typing's import time is measurable on the fast path
 if TYPE_CHECKING:
     from typing import Any
+
+    from trueup.cli.bodies import PlanBody
+    from trueup.model.jsontypes import JSONObject
 
 __all__ = [
     "DEFAULT_STATE_DIR",
@@ -43,19 +57,20 @@ __all__ = [
 
 # = trueup.journal.state.DEFAULT_STATE_DIR (a unit test keeps them equal).
 DEFAULT_STATE_DIR = "/var/lib/trueup"
-STATE_DIR_ENV = "TRUEUP_STATE_DIR"
+STATE_DIR_ENV = STATE_DIR.envvar or "TRUEUP_STATE_DIR"
 DEVICE_ENV = "TRUEUP_DEVICE"  # = trueup.journal.identity.DEVICE_ENV
 FORMATS = ("json", "yaml", "table")
 
-_STATE = {"--state-dir": "state_dir"}
-_OUTPUT = {"-o": "output", "--output": "output"}
-# command: (positional parameters, options taking a value, required options)
+# command: (positional parameters, options taking a value by flag, required options), from
+# the commands the declaration marks `fast`; a flag (`ack --clear`) is left to typer.
 _COMMANDS: dict[str, tuple[tuple[str, ...], dict[str, str], tuple[str, ...]]] = {
-    "status": ((), _STATE | _OUTPUT, ()),
-    "drift": ((), _STATE | _OUTPUT, ()),
-    "plan": (("file",), _STATE | _OUTPUT, ()),
-    "confirm": ((), _STATE, ()),
-    "ack": (("subsystem",), _STATE | {"--for": "for_", "--reason": "reason"}, ("for_", "reason")),
+    command.name: (
+        command.arguments,
+        {flag: o.dest for o in command.options if o.takes_value for flag in o.flags},
+        command.fast_requires,
+    )
+    for command in COMMANDS.values()
+    if command.fast
 }
 
 
@@ -146,16 +161,16 @@ def run(argv: list[str]) -> int | None:
     if parsed is None:
         return None
     command, options = parsed
-    values: dict[str, Any] = dict(options)
-    if command == "ack" and not (duration_seconds(values["for_"]) or 0) > 0:
+    if command == "ack" and not (duration_seconds(options["for_"]) or 0) > 0:
         return None  # typer's usage error, or its refusal of a duration that is not positive
+    document: JSONObject | None = None
     if command == "plan":
         document = _read_document(options["file"])
         if document is None:
             return None  # the full CLI prints why the file is not a document
     if missing_state_dir(options["state_dir"]) is not None or os.environ.get(DEVICE_ENV):
         return None  # the full CLI names what is wrong, or checks the device named
-    if command == "plan" and not _same_device(options["state_dir"], document):
+    if document is not None and not _same_device(options["state_dir"], document):
         return None  # the full CLI refuses a document for another device (or finds out)
     if command in ("confirm", "ack"):
         # A write is sent once: ask first whether an agent answers, as the full CLI does.
@@ -166,12 +181,10 @@ def run(argv: list[str]) -> int | None:
         client = AgentClient.at(options["state_dir"], timeout=HEALTH_TIMEOUT)
     if client is None:
         return None  # no agent: the full CLI works without one, or says so
-    if command == "plan":
-        values["document"] = document
-    return _HANDLERS[command](client, values)
+    return _HANDLERS[command](client, options, document)
 
 
-def _same_device(state_dir: str, document: dict[str, Any]) -> bool:
+def _same_device(state_dir: str, document: JSONObject) -> bool:
     """Whether the document is for the device whose state directory this is, as far as
     `state.json` tells; False when it cannot tell (no device recorded, something applied):
     the full CLI then compares with the applied document (`trueup.cli.statedir`)."""
@@ -185,7 +198,7 @@ def _same_device(state_dir: str, document: dict[str, Any]) -> bool:
     return not wanted or not os.path.lexists(os.path.join(state_dir, "applied.json"))
 
 
-def _read_document(file: str) -> Any:
+def _read_document(file: str) -> JSONObject | None:
     """The file decoded as `trueup.model.document.decode_text` does; None on any problem."""
     from trueup.model.decode import decode_json, decode_yaml
 
@@ -202,15 +215,17 @@ def _read_document(file: str) -> Any:
     return data if isinstance(data, dict) else None
 
 
-def _status(client: AgentClient, values: dict[str, Any]) -> int | None:
-    def render(body: dict[str, Any]) -> int:
+# A handler: the agent's client, the options parsed, the document (`plan`'s, decoded from
+# its file); the exit code, or None to hand over to the full CLI.
+def _status(client: AgentClient, values: dict[str, str], document: JSONObject | None) -> int | None:
+    def render(body: Any) -> int:
         print_status(body, values["output"])
         return 0
 
     return _read(client, "/v1/status", render)
 
 
-def _drift(client: AgentClient, values: dict[str, Any]) -> int | None:
+def _drift(client: AgentClient, values: dict[str, str], document: JSONObject | None) -> int | None:
     # The agent's /v1/drift is `drift_report(status)`, what the full CLI derives from /v1/status.
     return _read(client, "/v1/drift", lambda body: print_drift(body, values["output"]))
 
@@ -227,10 +242,10 @@ def _read(client: AgentClient, path: str, render: Any) -> int | None:
     return code
 
 
-def _plan(client: AgentClient, values: dict[str, Any]) -> int | None:
+def _plan(client: AgentClient, values: dict[str, str], document: JSONObject | None) -> int | None:
     try:
-        response = client.request("POST", "/v1/plan", json=values["document"])
-        body = response.json() if response.status_code == 200 else None
+        response = client.request("POST", "/v1/plan", json=document)
+        body: PlanBody | None = response.json() if response.status_code == 200 else None
     except (AgentUnavailable, ValueError, TypeError):
         return None  # planning changes nothing: the full CLI plans again, its own way
     if not isinstance(body, dict):
@@ -238,53 +253,33 @@ def _plan(client: AgentClient, values: dict[str, Any]) -> int | None:
     return print_plan(body, values["output"], source=str(values["file"]))
 
 
-def _confirm(client: AgentClient, values: dict[str, Any]) -> int | None:
-    del values
+def _confirm(
+    client: AgentClient, values: dict[str, str], document: JSONObject | None
+) -> int | None:
+    return _write(lambda device: print_confirmed(device.confirm()), client)
+
+
+def _ack(client: AgentClient, values: dict[str, str], document: JSONObject | None) -> int | None:
+    seconds = duration_seconds(values["for_"]) or 0.0
+    return _write(
+        lambda device: print_acknowledged(
+            device.acknowledge(values["subsystem"], seconds, values["reason"])
+        ),
+        client,
+    )
+
+
+def _write(verb: Any, client: AgentClient) -> int:
+    """A write through the agent device, sent once: its exit code (1 when the agent stops
+    answering, with the line saying what to run next)."""
     try:
-        response = client.request("POST", "/v1/confirm")
+        code: int = verb(AgentDevice(client))
+    except Failed as failed:
+        return failed.exit_code
     except AgentUnavailable as exc:
         echo(exc.next_step(), err=True)
         return 1
-    body = api_result(response)
-    if isinstance(body, int):
-        return body
-    echo(body.get("message", _json(body)))
-    return 0 if body.get("ok", True) else 1
-
-
-def _ack(client: AgentClient, values: dict[str, Any]) -> int | None:
-    params = {
-        "subsystem": values["subsystem"],
-        "seconds": duration_seconds(values["for_"]),
-        "reason": values["reason"],
-        "actor": f"cli:{os.getuid()}",  # as the full CLI names itself
-    }
-    try:
-        response = client.request("POST", "/v1/ack", params=params)
-    except AgentUnavailable as exc:
-        echo(exc.next_step(), err=True)
-        return 1
-    if response.status_code == 404:
-        try:
-            detail = response.json().get("detail", "unknown subsystem")
-        except (ValueError, AttributeError):
-            detail = "unknown subsystem"
-        echo(f"trueup: {detail}", err=True)
-        return 1
-    body = api_result(response)
-    if isinstance(body, int):
-        return body
-    if not body.get("ok", True):
-        echo(f"trueup: {body.get('message', _json(body))}", err=True)
-        return 1
-    echo(body.get("message", _json(body)))
-    return 0
-
-
-def _json(value: Any) -> str:
-    import json
-
-    return json.dumps(value)
+    return code
 
 
 _HANDLERS = {

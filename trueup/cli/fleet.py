@@ -36,6 +36,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from trueup.cli.fleetapi import Connection
 from trueup.cli.output import emit, readable
 from trueup.model.layering import SelectorError, label_key_problem, parse_selector
 from trueup.server.fleet import FILTER_CHOICES, filter_problems
@@ -52,8 +53,7 @@ __all__ = [
     "render_table",
 ]
 
-fleet_app = typer.Typer(
-    help="The fleet on the control plane: devices, profiles and variables, the fleet plan.",
+fleet_app = typer.Typer(  # its help: trueup.cli.commands.GROUPS
     no_args_is_help=False,
     invoke_without_command=True,
 )
@@ -281,10 +281,16 @@ def _fleet(
         _list(server, token_file, ca_file, status, search, output, selector)
 
 
-def _connection(ctx: typer.Context, **given: Any) -> dict[str, Any]:
+def _connection(
+    ctx: typer.Context, *, server: str | None, token_file: Path | None, ca_file: Path | None
+) -> Connection:
     """The subcommand's own options, else those given before it (`trueup fleet --server … list`)."""
-    parent = dict(ctx.obj or {})
-    return {k: v if v is not None else parent.get(k) for k, v in given.items()}
+    given = ctx.obj or {}
+    return {
+        "server": server if server is not None else given.get("server"),
+        "token_file": token_file if token_file is not None else given.get("token_file"),
+        "ca_file": ca_file if ca_file is not None else given.get("ca_file"),
+    }
 
 
 @fleet_app.command("list")

@@ -23,7 +23,16 @@ from typing import Annotated, Any
 import typer
 
 from trueup.cli.fleet import CaFileOpt, OutputOpt, ServerOpt, TokenFileOpt
-from trueup.cli.fleetapi import call, checked, conn, fail, profile_url, read_document, table
+from trueup.cli.fleetapi import (
+    Connection,
+    call,
+    checked,
+    conn,
+    fail,
+    profile_url,
+    read_document,
+    table,
+)
 from trueup.cli.output import emit
 
 __all__ = ["CommentOpt", "profile_app"]
@@ -124,7 +133,7 @@ def profile_edit(
 
 
 def _put_next(
-    c: dict[str, Any], name: str, version: int, document: Any, comment: str, output: str
+    c: Connection, name: str, version: int, document: Any, comment: str, output: str
 ) -> None:
     status, body, _ = call(
         c,

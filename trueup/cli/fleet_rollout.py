@@ -22,7 +22,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from trueup.cli.fleet import CaFileOpt, OutputOpt, ServerOpt, TokenFileOpt, _connection
-from trueup.cli.fleetapi import several_documents, table
+from trueup.cli.fleetapi import Connection, several_documents, table
 from trueup.cli.output import emit, readable
 
 __all__ = ["render_rollout", "rollout_app"]
@@ -40,7 +40,7 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(1)
 
 
-def _call(c: dict[str, Any], method: str, path: str, body: Any = None) -> Any:
+def _call(c: Connection, method: str, path: str, body: Any = None) -> Any:
     """`method path` on the control plane; exits 1 with the reason when that fails."""
     import httpx
 
@@ -185,23 +185,15 @@ def start(
     c = _connection(ctx, server=server, token_file=token_file, ca_file=ca_file)
     if from_plan == bool(files):
         _fail("give the documents to roll out, or --plan (the stored profiles), not both")
-    targets = []
-    for path in files or []:
-        data = _document(path)
-        targets.append({"device": data["metadata"]["device"], "document": data})
-    waves: list[dict[str, Any]] = []
-    if canary:
-        waves.append({"devices": list(canary)})
-    waves.extend({"percent": p} for p in (wave or [100]))
+    targets = _targets(files or [])
     if not re.fullmatch(r"[1-9][0-9]*|(100|[1-9][0-9]?)%", max_unavailable):
         _fail(
             f"--max-unavailable {max_unavailable!r}: expected a number of devices (2) or a "
             "percentage of the wave from 1% to 100% (25%)"
         )
     limit: int | str = int(max_unavailable) if max_unavailable.isdigit() else max_unavailable
-    body = {
-        "targets": targets,
-        "waves": waves,
+    body: dict[str, Any] = {
+        "waves": _waves(canary, wave),
         "max_unavailable": limit,
         "soak_seconds": soak,
         "failure_budget": failure_budget,
@@ -211,29 +203,49 @@ def start(
         "comment": comment,
     }
     if from_plan:
-        del body["targets"]
         if expect_digest is not None:
             body["expect_digest"] = expect_digest
         answer = _call(c, "POST", "/api/v1/plan/rollout", {**body, "selector": selector})
-        if output != "table":
-            emit(answer, output)
-        elif answer["rollout"] is None:
-            typer.echo("the plan changes no device: no rollout started")
-        else:
-            counts = answer["plan"]["counts"]
-            refused = [r["device"] for r in answer["plan"]["refused"]]
-            typer.echo(
-                f"plan: {counts['changed']} changed, {counts['refused']} refused"
-                + (f" ({', '.join(refused)}: never sent)" if refused else "")
-                + f", {counts['unchanged']} unchanged"
-            )
-            typer.echo(render_rollout(answer["rollout"]))
+        _print_plan_rollout(answer, output)
         return
-    answer = _call(c, "POST", "/api/v1/rollouts", body)
+    answer = _call(c, "POST", "/api/v1/rollouts", {"targets": targets, **body})
     if output == "table":
         typer.echo(render_rollout(answer))
     else:
         emit(answer, output)
+
+
+def _targets(files: list[Path]) -> list[dict[str, Any]]:
+    """One target per document: its device and the document as read."""
+    targets = []
+    for path in files:
+        data = _document(path)
+        targets.append({"device": data["metadata"]["device"], "document": data})
+    return targets
+
+
+def _waves(canary: list[str] | None, percents: list[int] | None) -> list[dict[str, Any]]:
+    """The canary wave (its devices, when named), then each cumulative percentage."""
+    waves: list[dict[str, Any]] = [{"devices": list(canary)}] if canary else []
+    waves.extend({"percent": p} for p in (percents or [100]))
+    return waves
+
+
+def _print_plan_rollout(answer: dict[str, Any], output: str) -> None:
+    """`rollout start --plan`'s answer: what the plan changes, then the rollout (if any)."""
+    if output != "table":
+        emit(answer, output)
+    elif answer["rollout"] is None:
+        typer.echo("the plan changes no device: no rollout started")
+    else:
+        counts = answer["plan"]["counts"]
+        refused = [r["device"] for r in answer["plan"]["refused"]]
+        typer.echo(
+            f"plan: {counts['changed']} changed, {counts['refused']} refused"
+            + (f" ({', '.join(refused)}: never sent)" if refused else "")
+            + f", {counts['unchanged']} unchanged"
+        )
+        typer.echo(render_rollout(answer["rollout"]))
 
 
 @rollout_app.command("status")
@@ -274,7 +286,7 @@ def status(
         emit(answer, output)
 
 
-def _action(name: str, rollout_id: int, reason: str, c: dict[str, Any], output: str) -> None:
+def _action(name: str, rollout_id: int, reason: str, c: Connection, output: str) -> None:
     body = {"reason": reason} if reason else {}
     answer = _call(c, "POST", f"/api/v1/rollouts/{rollout_id}/{name}", body)
     if output == "table":

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypedDict
 from urllib.parse import quote
 
 import typer
@@ -20,6 +20,7 @@ import typer
 from trueup.cli.output import readable
 
 __all__ = [
+    "Connection",
     "call",
     "checked",
     "conn",
@@ -36,19 +37,38 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(1)
 
 
-def conn(ctx: typer.Context, **given: Any) -> dict[str, Any]:
+class Connection(TypedDict):
+    """Which control plane and how to authenticate: `--server`, `--token-file`, `--ca-file`."""
+
+    server: str | None
+    token_file: Path | None
+    ca_file: Path | None
+
+
+def conn(
+    ctx: typer.Context, *, server: str | None, token_file: Path | None, ca_file: Path | None
+) -> Connection:
     """The command's own connection options, else those given to `trueup fleet`."""
-    found: dict[str, Any] = {}
+    return {
+        "server": server if server is not None else _nearest(ctx, "server"),
+        "token_file": token_file if token_file is not None else _nearest(ctx, "token_file"),
+        "ca_file": ca_file if ca_file is not None else _nearest(ctx, "ca_file"),
+    }
+
+
+def _nearest(ctx: typer.Context, key: str) -> Any:
+    """`key` as the nearest enclosing command recorded it (`ctx.obj`), else None."""
     context: typer.Context | None = ctx
     while context is not None:
-        for key, value in (context.obj or {}).items():
-            found.setdefault(key, value)
+        recorded = context.obj or {}
+        if key in recorded:
+            return recorded[key]
         context = context.parent  # type: ignore[assignment]
-    return {k: v if v is not None else found.get(k) for k, v in given.items()}
+    return None
 
 
 def call(
-    c: dict[str, Any],
+    c: Connection,
     method: str,
     path: str,
     *,

@@ -20,10 +20,6 @@ def generate() -> dict[str, Any]:
     """What `HELP` holds, from the typer app and typer's own rich helpers (as lists)."""
     import typer
     import typer.rich_utils as ru
-    from rich.cells import cell_len
-    from rich.color import ColorSystem
-    from rich.style import Style
-    from rich.text import Text
 
     from trueup.cli.main import app
 
@@ -33,42 +29,78 @@ def generate() -> dict[str, Any]:
     mode = group.rich_markup_mode
     if mode is None:
         raise ValueError("typer renders this help without rich: nothing to reproduce")
-    console = ru._get_rich_console()
+    rich = _Rich(ru._get_rich_console())
+    description = []
+    for renderable in ru._get_help_text(obj=group, markup_mode=mode).renderables:
+        description.append(rich.pieces(renderable))
+    prefix_rows, options, prefix = _option_rows(group, ctx, mode, rich)
+    commands = _command_rows(group, ctx, mode, rich)
+    help_: dict[str, Any] = _lists(
+        {
+            "usage": rich.pieces(ru.highlighter(group.get_usage(ctx)), ru.STYLE_USAGE_COMMAND),
+            "usage_style": rich.style(ru.STYLE_USAGE_COMMAND),
+            "description": description,
+            "options": [[lead, help_] for lead, help_ in zip(prefix_rows, options, strict=True)],
+            "options_prefix": prefix,
+            "commands": commands,
+            "command_width": max(len(c[0]) for c in commands),
+            "border": rich.style(ru.STYLE_OPTIONS_PANEL_BORDER),
+            "command_style": rich.style(ru.STYLE_COMMANDS_TABLE_FIRST_COLUMN),
+        }
+    )
+    return help_
 
-    def codes(style: Style | None) -> str:
-        return "" if style is None else style._make_ansi_codes(ColorSystem.STANDARD)
 
-    def pieces(text: Text, base: str = "") -> list[Piece]:
+class _Rich:
+    """Text as rich renders it on typer's console: pieces of text and their SGR codes."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+
+    def codes(self, style: Any) -> str:
+        from rich.color import ColorSystem
+
+        return "" if style is None else str(style._make_ansi_codes(ColorSystem.STANDARD))
+
+    def style(self, name: str) -> str:
+        return self.codes(self.console.get_style(name))
+
+    def pieces(self, text: Any, base: str = "") -> list[Piece]:
+        from rich.cells import cell_len
+        from rich.text import Text
+
+        assert isinstance(text, Text)
         if cell_len(text.plain) != len(text.plain):
             raise ValueError(f"{text.plain!r}: characters wider than one cell")
-        base_style = console.get_style(base) if base else None
+        base_style = self.console.get_style(base) if base else None
         out = []
-        for segment in text.render(console, end=""):
+        for segment in text.render(self.console, end=""):
             style = segment.style
             if base_style is not None:
                 style = base_style + style if style is not None else base_style
-            out.append((segment.text, codes(style)))
+            out.append((segment.text, self.codes(style)))
         return out
 
-    usage = pieces(ru.highlighter(group.get_usage(ctx)), ru.STYLE_USAGE_COMMAND)
-    description = []
-    for renderable in ru._get_help_text(obj=group, markup_mode=mode).renderables:
-        assert isinstance(renderable, Text)
-        description.append(pieces(renderable))
-    params = [p for p in group.get_params(ctx) if not getattr(p, "hidden", False)]
+
+def _option_rows(
+    group: Any, ctx: Any, mode: Any, rich: _Rich
+) -> tuple[list[list[Piece]], list[list[Piece]], int]:
+    """The options panel: each row's lead (flags, metavar) and help, and the help's column."""
+    import typer
+    import typer.rich_utils as ru
+    from rich.text import Text
+
     options = []
     cells: list[list[Text]] = []
-    for param in params:
+    for param in [p for p in group.get_params(ctx) if not getattr(p, "hidden", False)]:
         if getattr(param, "rich_help_panel", None) or not isinstance(param, typer.core.TyperOption):
             raise ValueError(f"{param.name}: only plain options are laid out here")
-        longs = [o for o in param.opts if "--" in o]
-        shorts = [o for o in param.opts if "--" not in o]
         types = Text(style=ru.STYLE_TYPES, overflow="fold")
         types.append(param.display_type_rich(ctx=ctx) or "")
         cells.append(
             [
-                ru.highlighter(",".join(longs)),
-                ru.highlighter(",".join(shorts)),
+                ru.highlighter(",".join(o for o in param.opts if "--" in o)),
+                ru.highlighter(",".join(o for o in param.opts if "--" not in o)),
                 ru.negative_highlighter(""),
                 ru.negative_highlighter(""),
                 ru.types_highlighter(types),
@@ -77,32 +109,41 @@ def generate() -> dict[str, Any]:
         columns = ru._get_parameter_help(param=param, ctx=ctx, markup_mode=mode)
         if len(columns.renderables) != 1:
             raise ValueError(f"{param.name}: defaults and env vars are not laid out here")
-        (help_text,) = columns.renderables
-        assert isinstance(help_text, Text)
-        options.append(pieces(help_text))
+        options.append(rich.pieces(columns.renderables[0]))
     widths = [max(len(row[i].plain) for row in cells) for i in range(5)]
-    prefix_rows = []
-    for row in cells:
-        lead: list[Piece] = []
-        for index, (cell, size) in enumerate(zip(row, widths, strict=True)):
-            if index:
-                lead.append((" ", ""))
-            pad = " " * (size - len(cell.plain))
-            if index == 4 and cell.plain and not cell.plain.startswith("<"):
-                # A metavar (`NAME`): typer styles it and its padding as one piece.
-                lead.append((cell.plain + pad, codes(console.get_style(ru.STYLE_TYPES))))
-                pad = ""
-            else:
-                lead += pieces(cell)
-            lead.append((pad + " ", ""))
-        lead.append((" ", ""))  # the help column's left padding
-        merged: list[Piece] = []
-        for text, style in lead:
-            if merged and not style and not merged[-1][1]:
-                merged[-1] = (merged[-1][0] + text, "")
-            elif text:
-                merged.append((text, style))
-        prefix_rows.append(merged)
+    return [_lead(row, widths, rich) for row in cells], options, sum(widths) + 2 * 5 - 1 + 1
+
+
+def _lead(row: list[Any], widths: list[int], rich: _Rich) -> list[Piece]:
+    """One option's cells padded to their columns, as rich lays the table out."""
+    import typer.rich_utils as ru
+
+    lead: list[Piece] = []
+    for index, (cell, size) in enumerate(zip(row, widths, strict=True)):
+        if index:
+            lead.append((" ", ""))
+        pad = " " * (size - len(cell.plain))
+        if index == 4 and cell.plain and not cell.plain.startswith("<"):
+            # A metavar (`NAME`): typer styles it and its padding as one piece.
+            lead.append((cell.plain + pad, rich.style(ru.STYLE_TYPES)))
+            pad = ""
+        else:
+            lead += rich.pieces(cell)
+        lead.append((pad + " ", ""))
+    lead.append((" ", ""))  # the help column's left padding
+    merged: list[Piece] = []
+    for text, style in lead:
+        if merged and not style and not merged[-1][1]:
+            merged[-1] = (merged[-1][0] + text, "")
+        elif text:
+            merged.append((text, style))
+    return merged
+
+
+def _command_rows(group: Any, ctx: Any, mode: Any, rich: _Rich) -> list[list[Any]]:
+    """The commands panel: each command's name and its help's first paragraph."""
+    import typer.rich_utils as ru
+
     commands: list[list[Any]] = []
     for name in group.list_commands(ctx):
         command = group.get_command(ctx, name)
@@ -113,22 +154,8 @@ def generate() -> dict[str, Any]:
         command_help = ru._make_command_help(
             help_text=command.short_help or command.help or "", markup_mode=mode
         )
-        assert isinstance(command_help, Text)
-        commands.append([command.name or "", pieces(command_help)])
-    help_: dict[str, Any] = _lists(
-        {
-            "usage": usage,
-            "usage_style": codes(console.get_style(ru.STYLE_USAGE_COMMAND)),
-            "description": description,
-            "options": [[lead, help_] for lead, help_ in zip(prefix_rows, options, strict=True)],
-            "options_prefix": sum(widths) + 2 * 5 - 1 + 1,
-            "commands": commands,
-            "command_width": max(len(c[0]) for c in commands),
-            "border": codes(console.get_style(ru.STYLE_OPTIONS_PANEL_BORDER)),
-            "command_style": codes(console.get_style(ru.STYLE_COMMANDS_TABLE_FIRST_COLUMN)),
-        }
-    )
-    return help_
+        commands.append([command.name or "", rich.pieces(command_help)])
+    return commands
 
 
 def write(path: str = helptext.__file__) -> None:

@@ -8,48 +8,20 @@ otherwise; either way the change is audited.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated
 
 import typer
 
-from trueup.agent.client import AgentClient
+from trueup.cli.device import device_for
 from trueup.cli.evidence import DEFAULT_DIR, OutputOpt
 from trueup.cli.statedir import StateDirOpt
 
 __all__ = ["limitation_app"]
 
-limitation_app = typer.Typer(
-    help="Known limitations: permanent, reviewed records of accepted differences.",
-    no_args_is_help=True,
-)
-
-
-def _fail(message: str, code: int = 1) -> NoReturn:
-    typer.echo(f"trueup: {message}", err=True)
-    raise typer.Exit(code)
+limitation_app = typer.Typer(no_args_is_help=True)  # its help: trueup.cli.commands.GROUPS
 
 
 # -- limitations -------------------------------------------------------------------
-def _actor() -> str:
-    return f"cli:{os.getuid()}"
-
-
-def _agent_or_none(state_dir: Path) -> AgentClient | None:
-    return AgentClient.connect(state_dir)
-
-
-def _body(response: Any) -> dict[str, Any]:
-    try:
-        body = response.json()
-    except ValueError:
-        _fail(f"agent answered {response.status_code}: {response.text[:200]}")
-    if response.status_code >= 400:
-        _fail(str(body.get("detail") or body.get("message") or body))
-    return dict(body)
-
-
 @limitation_app.command("add")
 def limitation_add(
     subsystem: str,
@@ -60,34 +32,9 @@ def limitation_add(
     state_dir: StateDirOpt = DEFAULT_DIR,
 ) -> None:
     """Record a permanent, reviewed accepted difference (audited; never expires)."""
-    client = _agent_or_none(state_dir)
-    body = {
-        "subsystem": subsystem,
-        "path": path,
-        "reason": reason,
-        "reviewed_by": reviewed_by,
-        "ticket": ticket,
-        "actor": _actor(),
-    }
-    if client is not None:
-        record = _body(client.request("POST", "/v1/limitations", json=body))
-    else:
-        from trueup.journal.limitations import LimitationError, add_limitation
-        from trueup.subsystems.registry import default_subsystems
-
-        try:
-            record = add_limitation(
-                state_dir,
-                subsystem,
-                path,
-                reason=reason,
-                reviewed_by=reviewed_by,
-                ticket=ticket,
-                actor=_actor(),
-                known_subsystems=[s.name for s in default_subsystems()],
-            )
-        except LimitationError as exc:
-            _fail(str(exc))
+    record = device_for(state_dir).add_limitation(
+        subsystem, path, reason=reason, reviewed_by=reviewed_by, ticket=ticket
+    )
     typer.echo(
         f"{record['id']}: {record['subsystem']} {record['path']} accepted (known limitation)"
     )
@@ -132,22 +79,5 @@ def limitation_withdraw(
     state_dir: StateDirOpt = DEFAULT_DIR,
 ) -> None:
     """Withdraw a known limitation: its differences count as drift again (audited)."""
-    client = _agent_or_none(state_dir)
-    if client is not None:
-        record = _body(
-            client.request(
-                "POST",
-                f"/v1/limitations/{limitation_id}/withdraw",
-                json={"reason": reason, "actor": _actor()},
-            )
-        )
-    else:
-        from trueup.journal.limitations import LimitationError, withdraw_limitation
-
-        try:
-            record = withdraw_limitation(state_dir, limitation_id, reason=reason, actor=_actor())
-        except LimitationError as exc:
-            _fail(str(exc))
-        except KeyError:
-            _fail(f"unknown limitation {limitation_id!r} (see `trueup limitation list --all`)")
+    record = device_for(state_dir).withdraw_limitation(limitation_id, reason)
     typer.echo(f"{record['id']}: withdrawn at {record['withdrawn_at']}")

@@ -18,15 +18,24 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
-from trueup.agent.client import AgentClient, AgentUnavailable
+from trueup.agent.client import AgentUnavailable
+from trueup.cli.agentdevice import AgentDevice
 from trueup.cli.backup import backup_app, restore_app
+from trueup.cli.commands import (
+    CONFIRM_WITHIN,
+    GROUPS,
+    OUTPUT,
+    OVERRIDE,
+    ROOT,
+)
+from trueup.cli.device import device_for, load_models
 from trueup.cli.dhcp import dhcp_app
 from trueup.cli.evidence import doctor, evidence
-from trueup.cli.exitcodes import DetailedExitCommand, reflow_help
+from trueup.cli.exitcodes import command_option, declared, option, reflow_help
 from trueup.cli.fast import DEFAULT_STATE_DIR, duration_seconds, missing_state_dir
 from trueup.cli.fleet import fleet_app
 from trueup.cli.fleet_inputs import add_commands as add_fleet_input_commands
@@ -34,8 +43,10 @@ from trueup.cli.fleet_rollout import rollout_app
 from trueup.cli.limitation import limitation_app
 from trueup.cli.management import management_app
 from trueup.cli.output import (
-    api_result,
     emit,
+    print_acknowledged,
+    print_apply,
+    print_confirmed,
     print_drift,
     print_plan,
     print_status,
@@ -53,7 +64,6 @@ from trueup.cli.statedir import (
 
 if TYPE_CHECKING:
     from trueup.model.document import DeviceState
-    from trueup.reconcile.engine import Engine
     from trueup.subsystems.base import Subsystem
 
 # Imports are lazy: the commands import the engine, the document model and the
@@ -66,26 +76,30 @@ __all__ = ["app", "main"]
 
 app = typer.Typer(
     name="trueup",
-    help="Keep Linux edge routers at their desired configuration.",
+    help=ROOT.help,
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
 )
-agent_app = typer.Typer(help="Run and administer the router agent.", no_args_is_help=True)
-audit_app = typer.Typer(help="The agent's hash-chained audit log.", no_args_is_help=True)
-app.add_typer(agent_app, name="agent")
-app.add_typer(audit_app, name="audit")
-app.add_typer(server_app, name="server")
+agent_app = typer.Typer(no_args_is_help=True)
+audit_app = typer.Typer(no_args_is_help=True)
 server_app.add_typer(notify_app, name="notify")
-app.add_typer(fleet_app, name="fleet")
 add_fleet_input_commands(fleet_app)
 fleet_app.add_typer(rollout_app, name="rollout")
-app.add_typer(management_app, name="management")
-app.add_typer(dhcp_app, name="dhcp")
-app.add_typer(backup_app, name="backup")
-app.add_typer(restore_app, name="restore")
-app.add_typer(secret_app, name="secret")
-app.add_typer(limitation_app, name="limitation")
+_GROUP_APPS = {
+    "agent": agent_app,
+    "audit": audit_app,
+    "server": server_app,
+    "fleet": fleet_app,
+    "management": management_app,
+    "dhcp": dhcp_app,
+    "backup": backup_app,
+    "restore": restore_app,
+    "secret": secret_app,
+    "limitation": limitation_app,
+}
+for _name, _group in GROUPS.items():  # in `trueup --help`'s order
+    app.add_typer(_GROUP_APPS[_name], name=_name, help=_group.help)
 
 _DEBUG = {"on": False}
 
@@ -95,14 +109,10 @@ def _version_line(state_dir: str) -> str:
     from trueup import __version__
 
     line = f"trueup {__version__}"
-    client = AgentClient.at(state_dir, timeout=2.0) if os.path.isdir(state_dir) else None
-    if client is not None:
-        try:
-            agent = client.request("GET", "/v1/status").json().get("agent", {})
-        except (AgentUnavailable, ValueError, AttributeError):
-            agent = {}
-        if agent.get("pid"):
-            line += f"\nagent {agent.get('version') or 'unknown'} (pid {agent['pid']}, {state_dir})"
+    device = AgentDevice.at(state_dir, timeout=2.0) if os.path.isdir(state_dir) else None
+    agent = device.agent() if device is not None else {}
+    if agent.get("pid"):
+        line += f"\nagent {agent.get('version') or 'unknown'} (pid {agent['pid']}, {state_dir})"
     return line
 
 
@@ -116,28 +126,11 @@ def _show_version(value: bool) -> None:
 @app.callback()
 def _root(
     version: Annotated[
-        bool,
-        typer.Option(
-            "--version",
-            callback=_show_version,
-            is_eager=True,
-            help="Print trueup's version (and the running agent's) and exit.",
-        ),
+        bool, option(ROOT.option("version"), callback=_show_version, is_eager=True)
     ] = False,
-    debug: Annotated[
-        bool,
-        typer.Option("--debug", help="Print the traceback when a command fails."),
-    ] = False,
-    device: Annotated[
-        str | None,
-        typer.Option(
-            "--device",
-            metavar="NAME",
-            help="Refuse another device's state directory (also TRUEUP_DEVICE).",
-        ),
-    ] = None,
+    debug: Annotated[bool, option(ROOT.option("debug"))] = False,
+    device: Annotated[str | None, option(ROOT.option("device"))] = None,
 ) -> None:
-    """Keep Linux edge routers at their desired configuration."""
     del version
     if device:
         # Read by every command's --state-dir check (trueup.cli.statedir).
@@ -145,13 +138,8 @@ def _root(
     _DEBUG["on"] = debug or os.environ.get("TRUEUP_DEBUG", "") not in ("", "0")
 
 
-OutputOpt = Annotated[str, typer.Option("-o", "--output", help="json | yaml | table")]
+OutputOpt = Annotated[str, option(OUTPUT)]
 DEFAULT_DIR = Path(DEFAULT_STATE_DIR)
-
-
-def _models() -> None:
-    """The document model with every subsystem's section of `spec` registered."""
-    import trueup.subsystems.registry  # noqa: F401
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
@@ -159,15 +147,8 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _refused(code: str, message: str) -> NoReturn:
-    from trueup.model.reasons import EXIT_CODES, ReasonCode
-
-    typer.echo(f"{code}: {message}", err=True)
-    raise typer.Exit(EXIT_CODES.get(ReasonCode(code), 1))
-
-
 def _load(file: Path) -> DeviceState:
-    _models()
+    load_models()
     from trueup.model.document import DocumentError, load_document
     from trueup.model.reasons import ReasonCode
 
@@ -180,358 +161,99 @@ def _load(file: Path) -> DeviceState:
         raise typer.Exit(1) from None
 
 
-def _engine(
-    state_dir: Path,
-    *,
-    create: bool,
-    init: bool = False,
-    device: str | None = None,
-    created_by: str | None = None,
-) -> Engine:
-    """The engine on a state directory its command already checked (trueup.cli.statedir)."""
-    _models()
-    from trueup.journal.state import StateDir, StateDirError
-    from trueup.reconcile.engine import Engine
-
-    state = StateDir(state_dir)
-    if create:
-        from trueup.journal.agentlock import agent_holder
-
-        holder = agent_holder(state.root)
-        if holder is not None and int(holder.get("pid", 0)) != os.getpid():
-            # An agent runs on this state directory but did not answer on its
-            # socket (hung, or starting): writing from here would observe and
-            # change this process's namespace, perhaps not the router's.
-            _fail(
-                f"an agent (pid {holder.get('pid')}) runs on {state.root} but does not answer "
-                f"on {state.root / 'agent.sock'}; nothing was changed. Check it (`trueup "
-                "doctor`, its log) or stop it, then retry"
-            )
-    try:
-        if create:
-            state.ensure(
-                created_by="trueup apply --init" if init else created_by,
-                device=device,
-                actor=f"cli:{os.getuid()}",
-            )
-        elif state.exists():
-            state.check_schema()
-    except (StateDirError, OSError) as exc:
-        _fail(str(exc))
-    return Engine(state)
-
-
-def _agent(state_dir: Path) -> AgentClient | None:
-    return AgentClient.connect(state_dir)
-
-
-def _api_result(response: Any) -> dict[str, Any]:
-    result = api_result(response)
-    if isinstance(result, int):
-        raise typer.Exit(result)
-    return result
-
-
-def _print_apply(result: dict[str, Any], output: str) -> None:
-    from trueup.model.reasons import ReasonCode
-
-    if output != "table":
-        emit(result, output)
-    else:
-        for step in result.get("steps", []):
-            typer.echo(f"  {step}")
-        outcome = result["outcome"]
-        txn = f" ({result['txn']})" if result.get("txn") else ""
-        if outcome == "rolled_back":
-            why = "; ".join(f"{n}: {e}" for n, e in result.get("failed", {}).items())
-            tried = result.get("attempted_version")
-            typer.echo(
-                (f"version {tried} was not applied; " if tried is not None else "not applied; ")
-                + f"version {result['version']} remains (rolled back: {why or 'a step failed'})"
-                + txn
-            )
-        else:
-            typer.echo(f"version {result['version']}: {outcome}{txn}")
-        for name, error in result.get("failed", {}).items():
-            typer.echo(f"  failed {name}: {error}", err=True)
-        for name, why in result.get("waiting", {}).items():
-            typer.echo(f"  waiting {name}: {why}", err=True)
-        for name, error in result.get("carried", {}).items():
-            typer.echo(
-                f"  still failing {name} (unchanged by this write; the agent keeps healing it): "
-                f"{error}",
-                err=True,
-            )
-        for error in result.get("rollback_errors", []):
-            typer.echo(f"  rollback error: {error}", err=True)
-        for cleared in result.get("cleared", []):
-            typer.echo(f"  {cleared}")
-        if result.get("pending_confirmation"):
-            pending = result["pending_confirmation"]
-            typer.echo(
-                f"pending confirmation: run `trueup confirm` before {pending['deadline']}"
-                " or this version is rolled back"
-            )
-    if outcome_code := {"partial": ReasonCode.PARTIAL_UPDATE}.get(result["outcome"]):
-        typer.echo(
-            f"{outcome_code.value}: failed subsystems: {', '.join(result.get('failed', {}))}",
-            err=True,
-        )
-    if not result["ok"]:
-        raise typer.Exit(1)
-
-
 # -- documents -----------------------------------------------------------------
-@app.command()
+@declared(app, "validate")
 def validate(file: Path) -> None:
-    """Validate a desired-state document: exit 0 valid, 1 invalid (every problem with its path)."""
     document = _load(file)
     typer.echo(f"{file}: valid ({document.apiVersion}, device {document.metadata.device})")
 
 
-@app.command()
+@declared(app, "schema")
 def schema() -> None:
-    """Print the JSON Schema of the desired-state document."""
-    _models()
+    load_models()
     from trueup.model.document import json_schema
 
     typer.echo(json.dumps(json_schema(), indent=2))
 
 
-def _print_plan(body: dict[str, Any], output: str, file: Path) -> NoReturn:
+@declared(app, "plan")
+def plan(file: Path, state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") -> None:
+    document = _load(file)
+    check_device(state_dir, document.metadata.device)
+    body = device_for(state_dir).plan(document)
     raise typer.Exit(print_plan(body, output, source=str(file)))
 
 
-@app.command(cls=DetailedExitCommand)
-def plan(file: Path, state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") -> None:
-    """Show what applying FILE would change: exit 0 no changes, 2 changes, 1 error.
-
-    With an agent running on the state directory, the agent observes (the same
-    system `apply` changes); without one, this process observes its own
-    network namespace and says so.
-    """
-    document = _load(file)
-    check_device(state_dir, document.metadata.device)
-    client = _agent(state_dir)
-    if client is not None:
-        _print_plan(
-            _api_result(client.request("POST", "/v1/plan", json=document.canonical())),
-            output,
-            file,
-        )
-        return
-    from trueup.reconcile.planning import plan_answer
-
-    engine = _engine(state_dir, create=False)
-    answer = plan_answer(engine, document, previous=engine.applied_document(), agent_pid=None)
-    body = answer.to_json()
-    _print_plan(body, output, file)
+OverrideOpt = Annotated[str | None, option(OVERRIDE)]
+ConfirmOpt = Annotated[float | None, option(CONFIRM_WITHIN)]
 
 
-OverrideOpt = Annotated[
-    str | None,
-    typer.Option(
-        help="on a device managed by a control plane: apply locally anyway, reported "
-        "upstream as a local override with this reason"
-    ),
-]
-ConfirmOpt = Annotated[
-    float | None, typer.Option(help="roll back unless `trueup confirm` within SECONDS")
-]
-
-
-@app.command()
+@declared(app, "apply")
 def apply(
     file: Path,
     state_dir: NewStateDirOpt = DEFAULT_DIR,
-    mode: Annotated[str, typer.Option(help="atomic | best-effort")] = "atomic",
-    expect_version: Annotated[
-        int | None, typer.Option(help="refuse unless the applied version is this")
-    ] = None,
+    mode: Annotated[str, command_option("apply", "mode")] = "atomic",
+    expect_version: Annotated[int | None, command_option("apply", "expect_version")] = None,
     confirm_within: ConfirmOpt = None,
     override: OverrideOpt = None,
-    init: Annotated[
-        bool,
-        typer.Option(
-            "--init",
-            help="make the state directory if it is not one yet (first apply; "
-            "an empty or missing directory)",
-        ),
-    ] = False,
+    init: Annotated[bool, command_option("apply", "init")] = False,
     output: OutputOpt = "table",
 ) -> None:
-    """Apply FILE as one journaled transaction."""
     if mode not in ("atomic", "best-effort"):
         _fail("--mode: expected atomic or best-effort")
-    from trueup.reconcile.changes import Change, NeedsConfirmation, Refused
-
     (require_new if init else require_state_dir)(state_dir)
     document = _load(file)
     check_device(state_dir, document.metadata.device)
-    client = _agent(state_dir)
-    actor = f"cli:{os.getuid()}"
-    if client is not None:
-        headers = {"If-Match": str(expect_version)} if expect_version is not None else {}
-        params: dict[str, Any] = {"mode": mode, "actor": actor}
-        if confirm_within is not None:
-            params["confirm_within"] = confirm_within
-        if override is not None:
-            params["override"] = override
-        response = client.request(
-            "POST", "/v1/apply", json=document.canonical(), headers=headers, params=params
-        )
-        _print_apply(_api_result(response), output)
-        return
-    if confirm_within is not None:
-        _fail(
-            "--confirm-within needs a running agent to roll back on time "
-            "(start it with `trueup agent run`)"
-        )
-    engine = _engine(state_dir, create=True, init=init, device=document.metadata.device)
-    try:
-        result = engine.transact(
-            Change.apply(
-                document,
-                origin="local-cli",
-                actor=actor,
-                mode=mode,
-                expect_version=expect_version,
-                override=override,
-                source=str(file),
-            )
-        )
-    except Refused as exc:
-        _refused(exc.code.value, str(exc))
-    except NeedsConfirmation as exc:
-        _fail(str(exc))
-    _print_apply(result.to_json(), output)
+    result = device_for(state_dir).apply(
+        document,
+        source=file,
+        mode=mode,
+        expect_version=expect_version,
+        confirm_within=confirm_within,
+        override=override,
+        init=init,
+    )
+    raise typer.Exit(print_apply(result, output))
 
 
-@app.command()
+@declared(app, "rollback")
 def rollback(
     state_dir: StateDirOpt = DEFAULT_DIR,
-    to: Annotated[
-        int | None, typer.Option(help="an accepted revision; default the previous")
-    ] = None,
+    to: Annotated[int | None, command_option("rollback", "to")] = None,
     confirm_within: ConfirmOpt = None,
     override: OverrideOpt = None,
     output: OutputOpt = "table",
 ) -> None:
-    """Apply an earlier accepted revision again (as a new version)."""
-    client = _agent(state_dir)
-    actor = f"cli:{os.getuid()}"
-    if client is not None:
-        params: dict[str, Any] = {"actor": actor}
-        if to is not None:
-            params["to"] = to
-        if confirm_within is not None:
-            params["confirm_within"] = confirm_within
-        if override is not None:
-            params["override"] = override
-        response = client.request("POST", "/v1/rollback", params=params)
-        if response.status_code == 404:
-            _fail(response.json().get("detail", "unknown revision"))
-        _print_apply(_api_result(response), output)
-        return
-    if confirm_within is not None:
-        _fail(
-            "--confirm-within needs a running agent to roll back on time "
-            "(start it with `trueup agent run`)"
-        )
-    from trueup.reconcile.changes import NeedsConfirmation, Refused, UnknownRevision
-
-    engine = _engine(state_dir, create=True)
-    try:
-        result = engine.rollback_to(to, actor=actor, override=override)
-    except Refused as exc:
-        _refused(exc.code.value, str(exc))
-    except UnknownRevision as exc:
-        _fail(str(exc))
-    except NeedsConfirmation as exc:
-        _fail(str(exc))
-    _print_apply(result.to_json(), output)
+    result = device_for(state_dir).rollback(to, confirm_within=confirm_within, override=override)
+    raise typer.Exit(print_apply(result, output))
 
 
-@app.command()
+@declared(app, "confirm")
 def confirm(state_dir: StateDirOpt = DEFAULT_DIR) -> None:
-    """Keep the version applied with --confirm-within."""
-    client = _agent(state_dir)
-    if client is None:
-        _fail(f"no agent answers on {state_dir / 'agent.sock'}")
-    body = _api_result(client.request("POST", "/v1/confirm"))
-    typer.echo(body.get("message", json.dumps(body)))
-    if not body.get("ok", True):
-        raise typer.Exit(1)
+    raise typer.Exit(print_confirmed(device_for(state_dir).confirm()))
 
 
 # -- observation -----------------------------------------------------------------
-def _status(state_dir: Path) -> dict[str, Any]:
-    client = _agent(state_dir)
-    if client is not None:
-        try:
-            response = client.request("GET", "/v1/status")
-            return dict(response.json())
-        except AgentUnavailable:
-            pass
-    engine = _engine(state_dir, create=False)
-    from trueup.journal.agentlock import agent_holder
-    from trueup.reconcile.status import gather
-
-    current = gather(engine)
-    # No agent answering: nothing heals, nothing reports upstream; `status` says so (exit 0).
-    holder = agent_holder(state_dir)
-    current["agent"] = {
-        "running": holder is not None,
-        "answering": False,
-        "state_dir": str(state_dir),
-        **({"pid": holder.get("pid")} if holder else {}),
-    }
-    return current
-
-
-@app.command()
+@declared(app, "status")
 def status(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") -> None:
-    """Versions, management readiness, per-subsystem health, reason codes."""
-    print_status(_status(state_dir), output)
+    print_status(device_for(state_dir).status(), output)
 
 
-@app.command(cls=DetailedExitCommand)
+@declared(app, "drift")
 def drift(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") -> None:
-    """Differences between observed and applied state: exit 0 in sync, 2 drift."""
-    current = _status(state_dir)
+    current = device_for(state_dir).status()
     from trueup.reconcile.status import drift_report
 
     raise typer.Exit(print_drift(drift_report(current), output))
 
 
-@app.command()
+@declared(app, "reconcile")
 def reconcile(
     state_dir: StateDirOpt = DEFAULT_DIR,
-    subsystem: Annotated[str | None, typer.Option(help="only this subsystem")] = None,
+    subsystem: Annotated[str | None, command_option("reconcile", "subsystem")] = None,
     output: OutputOpt = "table",
 ) -> None:
-    """Converge now to the applied version (and close an open circuit breaker)."""
-    client = _agent(state_dir)
-    if client is not None:
-        params = {"subsystem": subsystem} if subsystem else {}
-        response = client.request("POST", "/v1/reconcile", params=params)
-        if response.status_code == 404:
-            _fail(response.json().get("detail", "unknown subsystem"))
-        _print_apply(_api_result(response), output)
-        return
-    from trueup.reconcile.changes import Kind, Refused
-
-    engine = _engine(state_dir, create=True)
-    document = engine.applied_document()
-    if document is None:
-        _fail("nothing applied yet; run `trueup apply FILE`")
-    try:
-        result = engine.apply_document(
-            document, actor=f"cli:{os.getuid()}", kind=Kind.RECONCILE, origin="reconcile"
-        )
-    except Refused as exc:
-        _refused(exc.code.value, str(exc))
-    _print_apply(result.to_json(), output)
+    raise typer.Exit(print_apply(device_for(state_dir).reconcile(subsystem), output))
 
 
 def parse_duration(text: str) -> float:
@@ -541,62 +263,33 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-@app.command()
+@declared(app, "ack")
 def ack(
     subsystem: str,
-    for_: Annotated[str | None, typer.Option("--for", help="how long, e.g. 2h")] = None,
-    reason: Annotated[str | None, typer.Option(help="why healing stops (audited)")] = None,
-    clear: Annotated[
-        bool, typer.Option("--clear", help="withdraw SUBSYSTEM's acknowledgement now (audited)")
-    ] = False,
+    for_: Annotated[str | None, command_option("ack", "for_")] = None,
+    reason: Annotated[str | None, command_option("ack", "reason")] = None,
+    clear: Annotated[bool, command_option("ack", "clear")] = False,
     state_dir: StateDirOpt = DEFAULT_DIR,
 ) -> None:
-    """Stop healing SUBSYSTEM (never detection) until the acknowledgement expires; --clear ends it."""
     if clear:
         if for_ is not None or reason is not None:
             _fail("--clear takes no --for or --reason")
-    else:
-        if for_ is None or reason is None:
-            _fail("ack needs --for DURATION and --reason TEXT (or --clear to withdraw one)")
-        seconds = parse_duration(for_)
-        if seconds <= 0:
-            _fail(f"--for {for_}: an acknowledgement needs a positive duration, e.g. 30m or 2h")
-    client = _agent(state_dir)
-    if client is None:
-        _fail(
-            f"no agent answers on {state_dir / 'agent.sock'}: acknowledgements are held by the "
-            "running agent (start it: trueup agent run)"
-        )
-    if clear:
-        response = client.request(
-            "DELETE", "/v1/ack", params={"subsystem": subsystem, "actor": f"cli:{os.getuid()}"}
-        )
-    else:
-        response = client.request(
-            "POST",
-            "/v1/ack",
-            params={
-                "subsystem": subsystem,
-                "seconds": seconds,
-                "reason": reason,
-                "actor": f"cli:{os.getuid()}",
-            },
-        )
-    if response.status_code == 404:
-        _fail(response.json().get("detail", "unknown subsystem"))
-    body = _api_result(response)
-    if not body.get("ok", True):
-        _fail(str(body.get("message", json.dumps(body))))
-    typer.echo(body.get("message", json.dumps(body)))
+        raise typer.Exit(print_acknowledged(device_for(state_dir).clear_acknowledgement(subsystem)))
+    if for_ is None or reason is None:
+        _fail("ack needs --for DURATION and --reason TEXT (or --clear to withdraw one)")
+    seconds = parse_duration(for_)
+    if seconds <= 0:
+        _fail(f"--for {for_}: an acknowledgement needs a positive duration, e.g. 30m or 2h")
+    body = device_for(state_dir).acknowledge(subsystem, seconds, reason)
+    raise typer.Exit(print_acknowledged(body))
 
 
-app.command()(evidence)  # trueup.cli.evidence: works with the agent stopped or hung
+declared(app, "evidence")(evidence)  # trueup.cli.evidence: works with the agent stopped or hung
 
 
 # -- audit -----------------------------------------------------------------------
-@audit_app.command("verify")
+@declared(audit_app, "audit verify")
 def audit_verify(state_dir: StateDirOpt = DEFAULT_DIR) -> None:
-    """Check the audit log's hash chain; name the first line edited, removed or reordered."""
     from trueup.journal.state import StateDir
 
     state = StateDir(state_dir)
@@ -611,24 +304,19 @@ def audit_verify(state_dir: StateDirOpt = DEFAULT_DIR) -> None:
 
 
 # -- agent -----------------------------------------------------------------------
-@agent_app.command("run")
+@declared(agent_app, "agent run")
 def agent_run(
-    config: Annotated[Path | None, typer.Option("--config", help="desired-state document")] = None,
+    config: Annotated[Path | None, command_option("agent run", "config")] = None,
     state_dir: NewStateDirOpt = DEFAULT_DIR,
-    control_plane: Annotated[str | None, typer.Option(help="control-plane URL")] = None,
-    token_file: Annotated[Path | None, typer.Option(help="device credential file")] = None,
+    control_plane: Annotated[str | None, command_option("agent run", "control_plane")] = None,
+    token_file: Annotated[Path | None, command_option("agent run", "token_file")] = None,
     management_fallback: Annotated[
-        Path | None, typer.Option(help="installer document used when nothing was accepted yet")
+        Path | None, command_option("agent run", "management_fallback")
     ] = None,
-    listen_port: Annotated[
-        int | None, typer.Option(help="override spec.management.api.port")
-    ] = None,
-    plugin: Annotated[
-        list[str] | None, typer.Option(help="extra subsystem MODULE:FACTORY (repeatable)")
-    ] = None,
-    log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
+    listen_port: Annotated[int | None, command_option("agent run", "listen_port")] = None,
+    plugin: Annotated[list[str] | None, command_option("agent run", "plugin")] = None,
+    log_level: Annotated[str, command_option("agent run", "log_level")] = "info",
 ) -> None:
-    """Run the agent: management first, then recovery, subsystems and the reconcile loop."""
     # The console entry sends `agent run` to trueup.agent.fastboot (management up
     # before this module is even imported); this is the same agent without it.
     from trueup.agent.fastboot import AgentOptions, agent_run_problem
@@ -662,15 +350,16 @@ def _subsystems(plugins: list[str] | None) -> list[Subsystem]:
     return ordered(subsystems)
 
 
-@app.command()
+@declared(app, "preflight")
 def preflight(
     state_dir: NewStateDirOpt = DEFAULT_DIR,
-    config: Annotated[Path | None, typer.Option(help="the document the new agent will use")] = None,
-    management_fallback: Annotated[Path | None, typer.Option(help="installer fallback")] = None,
-    plugin: Annotated[list[str] | None, typer.Option(help="extra subsystem MODULE:FACTORY")] = None,
+    config: Annotated[Path | None, command_option("preflight", "config")] = None,
+    management_fallback: Annotated[
+        Path | None, command_option("preflight", "management_fallback")
+    ] = None,
+    plugin: Annotated[list[str] | None, command_option("preflight", "plugin")] = None,
     output: OutputOpt = "table",
 ) -> None:
-    """Check startup prerequisites before an agent is replaced; changes nothing."""
     from trueup.startup.preflight import preflight as run_preflight
 
     # A directory an agent is about to make its state directory: it must exist (the
@@ -679,19 +368,12 @@ def preflight(
     if missing is not None:
         _fail(missing.removeprefix("trueup: "))
     require_new(state_dir)
-    agent_pid = None
-    client = _agent(state_dir)
-    if client is not None:
-        try:
-            agent_pid = client.request("GET", "/v1/status").json()["agent"]["pid"]
-        except (AgentUnavailable, KeyError, ValueError):
-            agent_pid = None
     findings = run_preflight(
         state_dir,
         _subsystems(plugin),
         config=config,
         fallback=management_fallback,
-        agent_pid=agent_pid,
+        agent_pid=device_for(state_dir).agent().get("pid"),
     )
     blockers = [f for f in findings if f.severity == "blocker"]
     if output != "table":
@@ -703,20 +385,15 @@ def preflight(
     raise typer.Exit(1 if blockers else 0)
 
 
-app.command()(doctor)  # trueup.cli.evidence: the runbook's checks, --until-stable
+declared(app, "doctor")(doctor)  # trueup.cli.evidence: the runbook's checks, --until-stable
 
 
-@agent_app.command("enroll")
+@declared(agent_app, "agent enroll")
 def agent_enroll(
-    bundle: Annotated[
-        Path, typer.Option(help="enrollment bundle from `trueup server device enroll`")
-    ],
-    token_file: Annotated[Path, typer.Option(help="where to store the device credential (0600)")],
-    control_plane: Annotated[
-        str | None, typer.Option(help="override the URL in the bundle")
-    ] = None,
+    bundle: Annotated[Path, command_option("agent enroll", "bundle")],
+    token_file: Annotated[Path, command_option("agent enroll", "token_file")],
+    control_plane: Annotated[str | None, command_option("agent enroll", "control_plane")] = None,
 ) -> None:
-    """Exchange a one-time enrollment bundle for this device's credential."""
     from trueup.agent.cpclient import ControlPlaneClient, ControlPlaneError
 
     client = ControlPlaneClient(control_plane, token_file)
@@ -729,12 +406,11 @@ def agent_enroll(
     typer.echo(f"enrolled: credential stored in {token_file} (control plane {client.url})")
 
 
-@agent_app.command("token")
+@declared(agent_app, "agent token")
 def agent_token(
-    name: Annotated[str, typer.Option(help="who the token is for")] = "operator",
+    name: Annotated[str, command_option("agent token", "name")] = "operator",
     state_dir: StateDirOpt = DEFAULT_DIR,
 ) -> None:
-    """Create a bearer token for the management port (printed once; stored hashed)."""
     from trueup.agent.process import create_api_token
     from trueup.journal.state import StateDir
 

@@ -20,11 +20,26 @@ TYPE_CHECKING = False  # typing's import time is measurable on the fast path
 if TYPE_CHECKING:
     from typing import Any, TextIO
 
+    from trueup.cli.bodies import (
+        Acknowledgement,
+        ApplyBody,
+        Attribution,
+        Finding,
+        LastDrift,
+        MessageBody,
+        PlanBody,
+        PlanStep,
+        SubsystemStatus,
+    )
+
 __all__ = [
     "REFUSAL_EXIT_CODES",
     "api_result",
     "echo",
     "emit",
+    "print_acknowledged",
+    "print_apply",
+    "print_confirmed",
     "print_drift",
     "print_plan",
     "print_status",
@@ -39,6 +54,8 @@ VALUE_LIMIT = 300
 # trueup.model.reasons.EXIT_CODES by value (a unit test keeps the two equal): the
 # process exit code of a refused write.
 REFUSAL_EXIT_CODES = {"STATE_CONCURRENT_MODIFICATION": 3, "STATE_VERSION_SKEW": 4}
+# trueup.model.reasons.ReasonCode.PARTIAL_UPDATE (the same unit test keeps them equal).
+PARTIAL_UPDATE = "STATE_PARTIAL_UPDATE"
 
 
 def echo(message: str = "", err: bool = False) -> None:
@@ -98,7 +115,72 @@ def api_result(response: Any) -> dict[str, Any] | int:
     return dict(body)
 
 
-def print_plan(body: dict[str, Any], output: str, source: str = "the document") -> int:
+def print_apply(result: ApplyBody, output: str) -> int:
+    """`apply`, `rollback` and `reconcile`'s output; the exit code: 0 done, 1 not."""
+    if output != "table":
+        emit(result, output)
+    else:
+        _apply_table(result)
+    if result["outcome"] == "partial":
+        echo(
+            f"{PARTIAL_UPDATE}: failed subsystems: {', '.join(result.get('failed', {}))}", err=True
+        )
+    return 0 if result["ok"] else 1
+
+
+def _apply_table(result: ApplyBody) -> None:
+    for step in result.get("steps", []):
+        echo(f"  {step}")
+    outcome = result["outcome"]
+    txn = f" ({result['txn']})" if result.get("txn") else ""
+    if outcome == "rolled_back":
+        why = "; ".join(f"{n}: {e}" for n, e in result.get("failed", {}).items())
+        tried = result.get("attempted_version")
+        echo(
+            (f"version {tried} was not applied; " if tried is not None else "not applied; ")
+            + f"version {result['version']} remains (rolled back: {why or 'a step failed'})"
+            + txn
+        )
+    else:
+        echo(f"version {result['version']}: {outcome}{txn}")
+    for name, error in result.get("failed", {}).items():
+        echo(f"  failed {name}: {error}", err=True)
+    for name, why in result.get("waiting", {}).items():
+        echo(f"  waiting {name}: {why}", err=True)
+    for name, error in result.get("carried", {}).items():
+        echo(
+            f"  still failing {name} (unchanged by this write; the agent keeps healing it): "
+            f"{error}",
+            err=True,
+        )
+    for error in result.get("rollback_errors", []):
+        echo(f"  rollback error: {error}", err=True)
+    for cleared in result.get("cleared", []):
+        echo(f"  {cleared}")
+    pending = result.get("pending_confirmation")
+    if pending:
+        echo(
+            f"pending confirmation: run `trueup confirm` before {pending['deadline']}"
+            " or this version is rolled back"
+        )
+
+
+def print_confirmed(body: MessageBody) -> int:
+    """`trueup confirm`'s output: the agent's line; exit 1 when nothing was confirmed."""
+    echo(body.get("message", json.dumps(body)))
+    return 0 if body.get("ok", True) else 1
+
+
+def print_acknowledged(body: MessageBody) -> int:
+    """`trueup ack`'s output: the agent's line (stderr and exit 1 when it did not)."""
+    if not body.get("ok", True):
+        echo(f"trueup: {body.get('message', json.dumps(body))}", err=True)
+        return 1
+    echo(body.get("message", json.dumps(body)))
+    return 0
+
+
+def print_plan(body: PlanBody, output: str, source: str = "the document") -> int:
     """`trueup plan`'s output; the exit code: 1 a subsystem refuses the document, 2 changes, 0 none."""
     steps = [s for p in body["plans"] for s in p["steps"]]
     failed: dict[str, str] = body.get("failed") or {}
@@ -151,7 +233,7 @@ def print_plan(body: dict[str, Any], output: str, source: str = "the document") 
     return 2 if steps else 0
 
 
-def _step_line(step: dict[str, Any]) -> str:
+def _step_line(step: PlanStep) -> str:
     """`~ links: set-mtu lan0: 1500 → 1400` for a value that changes, `+ …` for what is added,
     `- …` for what goes."""
     old, new = step.get("old"), step.get("new")
@@ -232,7 +314,7 @@ def _flat(value: Any) -> str:
     return json.dumps(value)
 
 
-def render_findings(findings: list[dict[str, Any]]) -> list[str]:
+def render_findings(findings: list[Finding]) -> list[str]:
     lines = []
     for f in findings:
         head = f["code"] + (f" [{f['subsystem']}]" if f.get("subsystem") else "")
@@ -268,6 +350,20 @@ def render_limitations(status: dict[str, Any]) -> list[str]:
 
 
 def render_status(status: dict[str, Any]) -> str:
+    """`trueup status` as a table: who answers, versions and management, the subsystems,
+    then what is open, pending or accepted, and the reason codes."""
+    lines = _status_head(status)
+    lines += _subsystem_table(status)
+    lines += _status_tail(status)
+    findings = status.get("reason_codes", [])
+    lines.append("")
+    lines.append("reason codes:" if findings else "reason codes: none")
+    lines.extend(render_findings(findings))
+    return "\n".join(lines)
+
+
+def _status_head(status: dict[str, Any]) -> list[str]:
+    """The agent's presence, the device, its versions, management, startup, a missed confirm."""
     versions = status["versions"]
     mgmt = status["management"]
     agent = status.get("agent") or {}
@@ -313,7 +409,12 @@ def render_status(status: dict[str, Any]) -> str:
             f"confirmation: MISSED — version {versions['applied']} is the last confirmed revision "
             "applied again because a --confirm-within deadline passed without `trueup confirm`"
         )
-    lines.append(f"{'SUBSYSTEM':<12} {'TIER':<11} {'HEALTH':<9} {'POLICY':<7} REASON")
+    return lines
+
+
+def _subsystem_table(status: dict[str, Any]) -> list[str]:
+    """One row per subsystem, then their drift, healing and acknowledgement details."""
+    lines = [f"{'SUBSYSTEM':<12} {'TIER':<11} {'HEALTH':<9} {'POLICY':<7} REASON"]
     for name, sub in status["subsystems"].items():
         policy = sub.get("policy") or "-"
         extra = []
@@ -342,6 +443,12 @@ def render_status(status: dict[str, Any]) -> str:
         n: sub["last_drift"] for n, sub in status["subsystems"].items() if sub.get("last_drift")
     }
     lines.extend(render_last_drift(last, status.get("observed_at")))
+    return lines
+
+
+def _status_tail(status: dict[str, Any]) -> list[str]:
+    """An open transaction, a pending or last confirmation, a restore, known limitations."""
+    lines: list[str] = []
     journal = status.get("journal", {})
     if journal.get("open"):
         txn = journal["open"]
@@ -367,14 +474,12 @@ def render_status(status: dict[str, Any]) -> str:
             + f"\n  next:      {restore.get('next')}"
         )
     lines.extend(render_limitations(status))
-    findings = status.get("reason_codes", [])
-    lines.append("")
-    lines.append("reason codes:" if findings else "reason codes: none")
-    lines.extend(render_findings(findings))
-    return "\n".join(lines)
+    return lines
 
 
-def _subsystem_details(subsystems: dict[str, Any], observed_at: str | None = None) -> list[str]:
+def _subsystem_details(
+    subsystems: dict[str, SubsystemStatus], observed_at: str | None = None
+) -> list[str]:
     """Drift records with who changed what, back-off and breaker, acknowledgements."""
     drift: list[str] = []
     healing: list[str] = []
@@ -416,7 +521,9 @@ def _subsystem_details(subsystems: dict[str, Any], observed_at: str | None = Non
     return out
 
 
-def _ack_line(name: str, sub: dict[str, Any], ack: dict[str, Any], observed_at: str | None) -> str:
+def _ack_line(
+    name: str, sub: SubsystemStatus, ack: Acknowledgement, observed_at: str | None
+) -> str:
     """An acknowledgement: the subsystem, until when (and how long that is), by whom, why."""
     until = sub.get("acknowledged_until") or ack.get("until_at")
     return (
@@ -428,7 +535,7 @@ def _ack_line(name: str, sub: dict[str, Any], ack: dict[str, Any], observed_at: 
     )
 
 
-def render_last_drift(last: dict[str, Any], observed_at: str | None) -> list[str]:
+def render_last_drift(last: dict[str, LastDrift], observed_at: str | None) -> list[str]:
     """The last drift of each subsystem that ended, healed or not: what differed, who, when.
 
     `addresses: healed 09:34:07Z (2 min ago) by trueup heal TXN; drifted since …`,
@@ -490,7 +597,7 @@ def _age(iso: str | None, now: str | None, future: bool = False) -> str:
     return f"in {span}" if future else f"{span} ago"
 
 
-def _who(event: dict[str, Any]) -> str:
+def _who(event: Attribution) -> str:
     """One attribution entry: what arrived, from whom, when."""
     if not event.get("message") and event.get("detail"):
         return f"{event['detail']} (at {event.get('received_at') or '-'})"

@@ -24,9 +24,7 @@ from trueup.cli.statedir import NewStateDirOpt, StateDirOpt, require_new
 
 __all__ = ["secret_app"]
 
-secret_app = typer.Typer(
-    help="The agent's secret store (keys documents refer to by name).", no_args_is_help=True
-)
+secret_app = typer.Typer(no_args_is_help=True)  # its help: trueup.cli.commands.GROUPS
 
 DEFAULT_DIR = Path("/var/lib/trueup")
 

@@ -21,6 +21,8 @@ from typing import Annotated, NoReturn
 
 import typer
 
+from trueup.cli.commands import NEW_STATE_DIR, STATE_DIR
+from trueup.cli.exitcodes import option
 from trueup.journal.identity import (
     DEVICE_ENV,
     creation_problem,
@@ -96,22 +98,5 @@ def _checked(value: Path) -> Path:
     return value
 
 
-StateDirOpt = Annotated[
-    Path,
-    typer.Option(
-        "--state-dir",
-        envvar="TRUEUP_STATE_DIR",
-        help="The agent's state directory (made by `trueup agent run` or `trueup apply --init`).",
-        show_default=True,
-        callback=_checked,
-    ),
-]
-NewStateDirOpt = Annotated[
-    Path,
-    typer.Option(
-        "--state-dir",
-        envvar="TRUEUP_STATE_DIR",
-        help="The agent's state directory.",
-        show_default=True,
-    ),
-]
+StateDirOpt = Annotated[Path, option(STATE_DIR, show_default=True, callback=_checked)]
+NewStateDirOpt = Annotated[Path, option(NEW_STATE_DIR, show_default=True)]
