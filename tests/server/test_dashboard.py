@@ -222,7 +222,7 @@ def test_the_timeline_marks_drift_heals_and_applies() -> None:
     ]
     revisions = [{"version": 2, "author": "user:t/ops", "created_at": 125.0}]
     events = timeline_events(list(reversed(reports)), revisions)
-    lanes = [(e["lane"], e["at"]) for e in events]
+    lanes = [(e.lane, e.at) for e in events]
     assert lanes == [("drift", 110.0), ("heal", 120.0), ("revision", 125.0), ("apply", 130.0)]
     svg = timeline_svg(events, 140.0)
     assert svg.startswith("<svg") and svg.count('class="ev drift"') == 1

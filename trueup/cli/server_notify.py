@@ -2,7 +2,8 @@
 
 The same operations as `/api/v1/notifications/…` (docs/notifications.md), run on
 the server's database directly like the other `trueup server` commands, audited
-with the actor `cli:<login>`.
+with the actor `cli:<login>`; each command's body runs in `admin` (serveradmin.py),
+which opens the control plane and turns the service's refusals into one line and exit 1.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import typer
 
-from trueup.cli.server import DbOption, KeyOption, OutputOption, _actor, _fail, _plane, _tenant
+from trueup.cli.serveradmin import DbOption, KeyOption, OutputOption, admin, fail
 
 __all__ = ["notify_app"]
 
@@ -23,24 +24,6 @@ notify_app = typer.Typer(
 TenantOption = typer.Option(..., "--tenant")
 
 
-def _run(call: Any) -> Any:
-    from trueup.server.service import ServiceError
-
-    try:
-        return call()
-    except ServiceError as exc:
-        raise _fail(str(exc)) from None
-
-
-def _show(data: dict[str, Any], output: str, table: list[str]) -> None:
-    from trueup.cli.output import emit
-
-    if output == "table":
-        typer.echo("\n".join(table))
-    else:
-        emit(data, output)
-
-
 @notify_app.command("targets")
 def targets(
     tenant: str = TenantOption,
@@ -49,17 +32,17 @@ def targets(
     key_file: Path | None = KeyOption,
 ) -> None:
     """The tenant's webhook targets (never their secrets)."""
-    plane = _plane(db, key_file)
-    tenant_id = _tenant(plane, tenant)
-    found = plane.notify_targets(tenant_id)
-    allowlist = plane.notify_allowlist(tenant_id)["entries"]
-    lines = [f"{'NAME':<24} {'HEADER':<16} URL"]
-    for t in found:
-        lines.append(f"{t['name']:<24} {t['auth_header'] or '-':<16} {t['url']}")
-        if t["problem"]:
-            lines.append(f"{'':<24} not delivered: {t['problem']}")
-    lines.append(f"allowlist: {', '.join(allowlist) or '(empty)'}")
-    _show({"targets": found, "allowlist": allowlist}, output, lines)
+    with admin(db, key_file) as run:
+        tenant_id = run.tenant(tenant)
+        found = run.plane.notify_targets(tenant_id)
+        allowlist = run.plane.notify_allowlist(tenant_id)["entries"]
+        lines = [f"{'NAME':<24} {'HEADER':<16} URL"]
+        for t in found:
+            lines.append(f"{t['name']:<24} {t['auth_header'] or '-':<16} {t['url']}")
+            if t["problem"]:
+                lines.append(f"{'':<24} not delivered: {t['problem']}")
+        lines.append(f"allowlist: {', '.join(allowlist) or '(empty)'}")
+        run.show({"targets": found, "allowlist": allowlist}, output, lines)
 
 
 @notify_app.command("add-target")
@@ -81,23 +64,21 @@ def add_target(
 ) -> None:
     """Add a webhook target; a generated secret is printed this once."""
     if (auth_header is None) != (auth_header_file is None):
-        raise _fail("--auth-header and --auth-header-file go together")
+        raise fail("--auth-header and --auth-header-file go together")
     secret = secret_file.read_text().strip() if secret_file else None
     header = (
         (auth_header, auth_header_file.read_text().strip())
         if auth_header is not None and auth_header_file is not None
         else None
     )
-    plane = _plane(db, key_file)
-    tenant_id = _tenant(plane, tenant)
-    made = _run(
-        lambda: plane.create_notify_target(
-            tenant_id, name, url, secret, _actor(), auth_header=header
+    with admin(db, key_file) as run:
+        tenant_id = run.tenant(tenant)
+        made = run.plane.create_notify_target(
+            tenant_id, name, url, secret, run.actor, auth_header=header
         )
-    )
-    typer.echo(f"target {name} -> {url}")
-    if "secret" in made:
-        typer.echo(f"signing secret (shown once): {made['secret']}")
+        run.say(f"target {name} -> {url}")
+        if "secret" in made:
+            run.say(f"signing secret (shown once): {made['secret']}")
 
 
 @notify_app.command("allowlist")
@@ -112,15 +93,15 @@ def allowlist(
     key_file: Path | None = KeyOption,
 ) -> None:
     """The tenant's internal receivers that targets may reach; `--set` replaces them."""
-    plane = _plane(db, key_file)
-    tenant_id = _tenant(plane, tenant)
-    if entries and not set_:
-        raise _fail("to change the allowlist, add --set (it replaces the whole list)")
-    if set_:
-        shown = _run(lambda: plane.set_notify_allowlist(tenant_id, list(entries or []), _actor()))
-    else:
-        shown = plane.notify_allowlist(tenant_id)
-    _show(shown, output, [f"allowlist: {', '.join(shown['entries']) or '(empty)'}"])
+    with admin(db, key_file) as run:
+        tenant_id = run.tenant(tenant)
+        if entries and not set_:
+            raise fail("to change the allowlist, add --set (it replaces the whole list)")
+        if set_:
+            shown = run.plane.set_notify_allowlist(tenant_id, list(entries or []), run.actor)
+        else:
+            shown = run.plane.notify_allowlist(tenant_id)
+        run.show(shown, output, [f"allowlist: {', '.join(shown['entries']) or '(empty)'}"])
 
 
 @notify_app.command("rules")
@@ -131,8 +112,12 @@ def rules(
     key_file: Path | None = KeyOption,
 ) -> None:
     """The tenant's routing rules."""
-    plane = _plane(db, key_file)
-    found = plane.notify_rules(_tenant(plane, tenant))
+    with admin(db, key_file) as run:
+        found = run.plane.notify_rules(run.tenant(tenant))
+        run.show({"rules": found}, output, _rule_lines(found))
+
+
+def _rule_lines(found: list[dict[str, Any]]) -> list[str]:
     lines = [f"{'NAME':<20} {'TARGET':<20} {'ESCALATE':<9} MATCH"]
     for r in found:
         m = r["match"]
@@ -146,7 +131,7 @@ def rules(
         lines.append(
             f"{r['name']:<20} {r['target']:<20} {escalate:<9} {' '.join(p for p in parts if p)}"
         )
-    _show({"rules": found}, output, lines)
+    return lines
 
 
 @notify_app.command("add-rule")
@@ -165,11 +150,11 @@ def add_rule(
     key_file: Path | None = KeyOption,
 ) -> None:
     """Route the events the match selects to a target (and escalate, with --escalate-after)."""
-    plane = _plane(db, key_file)
-    tenant_id = _tenant(plane, tenant)
     match = {"devices": device, "reason_codes": reason, "kinds": kind, "min_severity": min_severity}
-    _run(lambda: plane.create_notify_rule(tenant_id, name, target, match, escalate_after, _actor()))
-    typer.echo(f"rule {name} -> {target}")
+    with admin(db, key_file) as run:
+        tenant_id = run.tenant(tenant)
+        run.plane.create_notify_rule(tenant_id, name, target, match, escalate_after, run.actor)
+        run.say(f"rule {name} -> {target}")
 
 
 @notify_app.command("remove")
@@ -182,12 +167,13 @@ def remove(
 ) -> None:
     """Delete a rule, or a target no rule uses (its delivery log is kept)."""
     if what not in ("rule", "target"):
-        raise _fail(f"{what}: expected rule or target")
-    plane = _plane(db, key_file)
-    tenant_id = _tenant(plane, tenant)
-    delete = plane.delete_notify_rule if what == "rule" else plane.delete_notify_target
-    _run(lambda: delete(tenant_id, name, _actor()))
-    typer.echo(f"{what} {name} deleted")
+        raise fail(f"{what}: expected rule or target")
+    with admin(db, key_file) as run:
+        tenant_id = run.tenant(tenant)
+        plane = run.plane
+        delete = plane.delete_notify_rule if what == "rule" else plane.delete_notify_target
+        delete(tenant_id, name, run.actor)
+        run.say(f"{what} {name} deleted")
 
 
 @notify_app.command("deliveries")
@@ -202,16 +188,18 @@ def deliveries(
     key_file: Path | None = KeyOption,
 ) -> None:
     """The delivery log, newest first (`--state dead`: the dead letters)."""
-    plane = _plane(db, key_file)
-    tenant_id = _tenant(plane, tenant)
-    found = _run(lambda: plane.notify_delivery_log(tenant_id, state=state, limit=limit))
-    lines = [f"{'ID':>6} {'STATE':<10} {'KIND':<20} {'DEVICE':<20} {'TARGET':<16} TRIES LAST ERROR"]
-    for d in found:
-        lines.append(
-            f"{d['id']:>6} {d['state']:<10} {d['kind']:<20} {d['device']:<20} "
-            f"{d['target']:<16} {d['attempts']:>5} {d['last_error'] or '-'}"
-        )
-    _show({"deliveries": found}, output, lines)
+    with admin(db, key_file) as run:
+        tenant_id = run.tenant(tenant)
+        found = run.plane.notify_delivery_log(tenant_id, state=state, limit=limit)
+        lines = [
+            f"{'ID':>6} {'STATE':<10} {'KIND':<20} {'DEVICE':<20} {'TARGET':<16} TRIES LAST ERROR"
+        ]
+        for d in found:
+            lines.append(
+                f"{d['id']:>6} {d['state']:<10} {d['kind']:<20} {d['device']:<20} "
+                f"{d['target']:<16} {d['attempts']:>5} {d['last_error'] or '-'}"
+            )
+        run.show({"deliveries": found}, output, lines)
 
 
 @notify_app.command("redeliver")
@@ -222,10 +210,9 @@ def redeliver(
     key_file: Path | None = KeyOption,
 ) -> None:
     """Send a dead (or discarded) delivery again; the running server picks it up."""
-    plane = _plane(db, key_file)
-    tenant_id = _tenant(plane, tenant)
-    _run(lambda: plane.redeliver_notification(tenant_id, delivery, _actor()))
-    typer.echo(f"delivery {delivery} queued again")
+    with admin(db, key_file) as run:
+        run.plane.redeliver_notification(run.tenant(tenant), delivery, run.actor)
+        run.say(f"delivery {delivery} queued again")
 
 
 @notify_app.command("discard")
@@ -236,7 +223,6 @@ def discard(
     key_file: Path | None = KeyOption,
 ) -> None:
     """Stop trying a dead or pending delivery (it stays in the log)."""
-    plane = _plane(db, key_file)
-    tenant_id = _tenant(plane, tenant)
-    _run(lambda: plane.discard_notification(tenant_id, delivery, _actor()))
-    typer.echo(f"delivery {delivery} discarded")
+    with admin(db, key_file) as run:
+        run.plane.discard_notification(run.tenant(tenant), delivery, run.actor)
+        run.say(f"delivery {delivery} discarded")

@@ -35,7 +35,7 @@ __all__ = ["BodyTooLarge", "EdgeMiddleware"]
 log = logging.getLogger("trueup.server")
 
 # Routes that check their own credential, or need none: `session` is the dashboard's
-# (its session cookie, trueup.server.dashboard.routes).
+# (its session cookie, trueup.server.dashboard.pages).
 _OPEN = ("public", "enrollment", "session")
 
 

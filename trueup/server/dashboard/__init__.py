@@ -3,10 +3,12 @@
 session.py   the sealed session cookie and its CSRF token
 data.py      what the pages show, read through the service layer
 html.py      escaping, the layout, the login page, the fleet table
-device.py    the device page
+device.py    the device page's HTML
 timeline.py  the device timeline as inline SVG
 evidence.py  the per-device evidence bundle (tar.gz with a sha256 manifest)
-routes.py    the routes; `register(app, api)` adds them
+pages.py     how a page route is declared: session, role, CSRF, rendering, error pages
+routes.py    the routes: one registrar per page (fleetpage, devicepage, fleetroutes,
+             rolloutroutes, evidenceroutes, loginroutes), `register(app, api)` adds them
 static/      the page's CSS and JavaScript (no build step, no CDN)
 """
 

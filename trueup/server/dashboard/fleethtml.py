@@ -25,6 +25,7 @@ __all__ = [
     "EXIT_MEANING",
     "SHOWN_TARGETS",
     "PlanView",
+    "ProfileRow",
     "RolloutForm",
     "error_box",
     "hidden_field",
@@ -74,8 +75,20 @@ def _yaml(document: Mapping[str, Any]) -> str:
 # -- profiles ----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ProfileRow:
+    """One line of the profiles table."""
+
+    name: str
+    version: int
+    priority: object  # as the profile's metadata says (a number once validated)
+    selector: str
+    description: object
+    selected: int  # devices the selector selects now
+
+
 def profiles_page(
-    rows: Sequence[Mapping[str, Any]],
+    rows: Sequence[ProfileRow],
     *,
     csrf: str,
     operator: bool,
@@ -85,11 +98,11 @@ def profiles_page(
     """The tenant's profiles (name, version, priority, selector, devices selected) and a form
     for a new one."""
     body = "".join(
-        f'<tr><td><a href="/ui/profiles/{quote(r["name"])}">{esc(r["name"])}</a></td>'
-        f"<td>v{esc(r['version'])}</td><td>{esc(r['priority'])}</td>"
-        f"<td><code>{esc(r['selector'] or '(every device)')}</code></td>"
-        f'<td><a href="/?{urlencode({"selector": r["selector"]})}">{esc(r["selected"])}</a></td>'
-        f"<td>{esc(r['description'])}</td></tr>"
+        f'<tr><td><a href="/ui/profiles/{quote(r.name)}">{esc(r.name)}</a></td>'
+        f"<td>v{esc(r.version)}</td><td>{esc(r.priority)}</td>"
+        f"<td><code>{esc(r.selector or '(every device)')}</code></td>"
+        f'<td><a href="/?{urlencode({"selector": r.selector})}">{esc(r.selected)}</a></td>'
+        f"<td>{esc(r.description)}</td></tr>"
         for r in rows
     )
     if not rows:

@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, and_, select
+from sqlalchemy import Connection, RowMapping, and_, select
 
 from trueup.server.chainproof import credential_name
 from trueup.server.service.errors import Unauthorized
@@ -153,44 +153,28 @@ class Authenticator:
         with self.store.db.read() as conn:
             if self.cache_seconds <= 0:
                 self._check_chain(conn)
-            row = (
-                conn.execute(
-                    select(
-                        tokens.c.id,
-                        tokens.c.kind,
-                        tokens.c.token_hash,
-                        tokens.c.tenant_id,
-                        tokens.c.user_id,
-                        tokens.c.device_id,
-                        tokens.c.expires_at,
-                        tokens.c.seal,
-                        tenants.c.name.label("tenant"),
-                        users.c.tenant_id.label("user_tenant_id"),
-                        users.c.name.label("user"),
-                        users.c.role,
-                        users.c.seal.label("user_seal"),
-                        devices.c.name.label("device"),
-                    )
-                    .join(tenants, tenants.c.id == tokens.c.tenant_id)
-                    .outerjoin(users, users.c.id == tokens.c.user_id)
-                    .outerjoin(devices, devices.c.id == tokens.c.device_id)
-                    .where(
-                        and_(
-                            tokens.c.token_hash == token_hash,
-                            tokens.c.revoked_at.is_(None),
-                            tokens.c.kind != TokenKind.ENROLLMENT.value,
-                        )
-                    )
-                )
-                .mappings()
-                .one_or_none()
-            )
+            row = _token_row(conn, token_hash)
             refusal = None
             if row is not None:
                 refusal = self.store.credential_refusal(
                     conn, row["id"], row["user_id"], row["role"]
                 )
         self._refuse_if_rewound()
+        row = self._checked(row, token, refusal)
+        principal = _principal(row)
+        if self.cache_seconds > 0:
+            expiry = now + _HARD_EXPIRY_SECONDS
+            if row["expires_at"] is not None:
+                expiry = min(expiry, now + (row["expires_at"] - time.time()))
+            with self._cache_lock:
+                if len(self._cache) > _MAX_CACHED:
+                    self._cache.clear()
+                self._cache[token_hash] = (expiry, generation, principal)
+        return principal
+
+    def _checked(self, row: RowMapping | None, token: str, refusal: str | None) -> RowMapping:
+        """Raise Unauthorized unless the token row found is the token's, its seals hold,
+        the audit trail vouches for it and it has not expired."""
         if row is None or not tokens_equal(row["token_hash"], token):
             raise Unauthorized("unknown or revoked token")
         if not self.store.token_seal_ok(row):
@@ -218,23 +202,55 @@ class Authenticator:
             )
         if row["expires_at"] is not None and row["expires_at"] < time.time():
             raise Unauthorized("token expired")
-        principal = Principal(
-            tenant_id=row["tenant_id"],
-            tenant=row["tenant"],
-            kind=TokenKind(row["kind"]),
-            token_id=row["id"],
-            role=Role(row["role"]) if row["role"] else None,
-            user_id=row["user_id"],
-            user=row["user"],
-            device_id=row["device_id"],
-            device=row["device"],
+        return row
+
+
+def _token_row(conn: Connection, token_hash: str) -> RowMapping | None:
+    """The live (not revoked) user or device token with this hash, with its tenant, user
+    and device."""
+    return (
+        conn.execute(
+            select(
+                tokens.c.id,
+                tokens.c.kind,
+                tokens.c.token_hash,
+                tokens.c.tenant_id,
+                tokens.c.user_id,
+                tokens.c.device_id,
+                tokens.c.expires_at,
+                tokens.c.seal,
+                tenants.c.name.label("tenant"),
+                users.c.tenant_id.label("user_tenant_id"),
+                users.c.name.label("user"),
+                users.c.role,
+                users.c.seal.label("user_seal"),
+                devices.c.name.label("device"),
+            )
+            .join(tenants, tenants.c.id == tokens.c.tenant_id)
+            .outerjoin(users, users.c.id == tokens.c.user_id)
+            .outerjoin(devices, devices.c.id == tokens.c.device_id)
+            .where(
+                and_(
+                    tokens.c.token_hash == token_hash,
+                    tokens.c.revoked_at.is_(None),
+                    tokens.c.kind != TokenKind.ENROLLMENT.value,
+                )
+            )
         )
-        if self.cache_seconds > 0:
-            expiry = now + _HARD_EXPIRY_SECONDS
-            if row["expires_at"] is not None:
-                expiry = min(expiry, now + (row["expires_at"] - time.time()))
-            with self._cache_lock:
-                if len(self._cache) > _MAX_CACHED:
-                    self._cache.clear()
-                self._cache[token_hash] = (expiry, generation, principal)
-        return principal
+        .mappings()
+        .one_or_none()
+    )
+
+
+def _principal(row: RowMapping) -> Principal:
+    return Principal(
+        tenant_id=row["tenant_id"],
+        tenant=row["tenant"],
+        kind=TokenKind(row["kind"]),
+        token_id=row["id"],
+        role=Role(row["role"]) if row["role"] else None,
+        user_id=row["user_id"],
+        user=row["user"],
+        device_id=row["device_id"],
+        device=row["device"],
+    )

@@ -63,8 +63,26 @@ class ControlPlane:
         self.fleet_view = Fleet(store, stale_intervals=stale_intervals)
         self.audit_trail = AuditTrail(store)
         self.device_backups = DeviceBackups(store, keep=backup_keep)
-        # notifications: `notify` holds the Notifier's and Deliveries' tunables
-        tunables = dict(notify or {})
+        self._compose_notifications(store, dict(notify or {}), stale_intervals)
+        self.device_evidence = DeviceEvidence(store, keep=evidence_keep)
+        self.device_labels = DeviceLabels(store)
+        self.profiles = Profiles(store)
+        self.device_inputs = DeviceInputRecords(store)
+        self.planner = Planner(
+            store,
+            profiles=self.profiles,
+            inputs=self.device_inputs,
+            labels=self.device_labels,
+            revisions=self.desired_revisions,
+        )
+        self._compose_rollouts(store, dict(rollout or {}))
+        self._name_device_operations()
+        self._name_fleet_operations()
+
+    def _compose_notifications(
+        self, store: Store, tunables: dict[str, float], stale_intervals: int
+    ) -> None:
+        """Notifications: `tunables` holds the Notifier's and Deliveries' settings."""
         self.notify_routing = Routing(store)
         self.notify_allowlists = Allowlists(store)
         self.notify_engine = Engine(store, stale_intervals=stale_intervals)
@@ -82,20 +100,10 @@ class ControlPlane:
             scan_seconds=tunables.get("scan_seconds", 5.0),
             timeout=tunables.get("timeout", 10.0),
         )
-        self.device_evidence = DeviceEvidence(store, keep=evidence_keep)
-        self.device_labels = DeviceLabels(store)
-        self.profiles = Profiles(store)
-        self.device_inputs = DeviceInputRecords(store)
-        self.planner = Planner(
-            store,
-            profiles=self.profiles,
-            inputs=self.device_inputs,
-            labels=self.device_labels,
-            revisions=self.desired_revisions,
-        )
-        # rollouts: the unit, and the controller thread (`rollout` holds its tunables);
-        # a device an unfinished rollout holds refuses `put_desired`.
-        rollout_tunables = dict(rollout or {})
+
+    def _compose_rollouts(self, store: Store, rollout_tunables: dict[str, float]) -> None:
+        """Rollouts: the unit, and the controller thread (`rollout_tunables` holds its
+        settings); a device an unfinished rollout holds refuses `put_desired`."""
 
         def rollout_insert(conn: Connection, **revision: Any) -> Any:
             """A rollout's revision; a rendered one (with provenance) adopts the device's
@@ -131,6 +139,8 @@ class ControlPlane:
         self.planner.busy = self.rollout_unit.busy_holders  # a plan refuses them (kind busy)
         self.planner.refuse_busy = self.rollout_unit.refuse_busy  # and so does publishing
 
+    def _name_device_operations(self) -> None:
+        """The flat names of tenants, users, devices and what each device holds."""
         # identity: tenants, users, roles, user tokens
         self.tenant_id = self.identity.tenant_id
         self.create_tenant = self.identity.create_tenant
@@ -172,6 +182,10 @@ class ControlPlane:
         self.drift_history = self.fleet_view.drift_history
         self.confirmation_of = self.fleet_view.confirmation_of
         self.acknowledge = self.fleet_view.acknowledge
+
+    def _name_fleet_operations(self) -> None:
+        """The flat names of backups, notifications, evidence, fleet inputs, rollouts and
+        the audit log."""
         # device backups
         self.store_backup = self.device_backups.store_backup
         self.backups = self.device_backups.backups

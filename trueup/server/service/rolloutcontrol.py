@@ -4,7 +4,7 @@ process holding a rollout's lease drives it.
 Each tick (`step`) takes or renews the lease of every running rollout (one
 compare-and-set; rolloutrows.take_lease) and, for those it holds, in one
 transaction: judges every sent member of the current wave from its device's
-newest report (rolloutplan.evaluate) and puts a device that failed back on
+newest report (rolloutgates.py) and puts a device that failed back on
 its previous revision at once; pauses the rollout when the wave's failures
 exceed its budget (a `rollout_paused` notification per failed device); moves on
 when every member has finished and the soak has passed: the next wave, a wait
@@ -32,21 +32,21 @@ import secrets
 import socket
 import threading
 import time
-from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, and_, select, update
 
 from trueup.server.service.errors import Conflict
+from trueup.server.service.rolloutgates import judge_members
 from trueup.server.service.rolloutplan import (
     Spec,
-    evaluate,
     parse_spec,
     unavailable_limit,
 )
 from trueup.server.service.rolloutrows import (
     ACTOR,
     InsertRevision,
+    PutBack,
     StepStats,
     device_facts,
     fail_rollout,
@@ -189,75 +189,8 @@ class RolloutController:
         rolled_back = self.store.covered(conn).rolled_back if judged else {}
         facts = device_facts(conn, [int(m["device_id"]) for m in judged], now, rolled_back)
         states = {int(m["id"]): str(m["state"]) for m in members}
-        verdicts: dict[str, list[Any]] = {"passed": [], "failed": []}
-        for m in judged:
-            fact = facts[int(m["device_id"])]
-            gates = evaluate(
-                digest=m["digest"],
-                sent_version=int(m["sent_version"]),
-                sent_at=float(m["sent_at"]),
-                now=now,
-                report=fact.report,
-                report_at=fact.report_at,
-                confirmation=fact.confirmation,
-                baseline=json.loads(m["baseline_codes"] or "[]"),
-                server_acked=fact.acked,
-                # A device's first revision is applied without a window (nothing to return
-                # to): no confirmation comes for it.
-                confirm_within=spec.confirm_within if m["from_version"] else None,
-                gate_timeout=spec.gate_timeout,
-            )
-            if m["state"] == "passed" and gates.verdict == "waiting":
-                # A passed device no longer passing during the soak has regressed: it fails.
-                gates = replace(
-                    gates, verdict="failed", reason=f"regressed during the soak: {gates.reason}"
-                )
-            if gates.verdict == "waiting" or gates.verdict == m["state"]:
-                continue
-            if m["state"] == "passed" and gates.verdict == "passed":
-                continue
-            states[int(m["id"])] = gates.verdict
-            conn.execute(
-                update(rollout_members)
-                .where(rollout_members.c.id == m["id"])
-                .values(state=gates.verdict, finished_at=now, reason=gates.reason or None)
-            )
-            if gates.verdict == "passed":
-                stats.passed += 1
-                verdicts["passed"].append(m["name"])
-            else:
-                stats.failed += 1
-                verdicts["failed"].append({"device": m["name"], "reason": gates.reason})
-        fresh = [
-            int(m["id"])
-            for m in judged
-            if states[int(m["id"])] == "failed" and m["state"] != "failed"
-        ]
-        put: list[dict[str, Any]] = []
-        if fresh:  # a device that failed its gates goes back at once, within budget or not
-            rows = list(
-                conn.execute(
-                    select(rollout_members, devices.c.name)
-                    .join(devices, devices.c.id == rollout_members.c.device_id)
-                    .where(rollout_members.c.id.in_(fresh))
-                    .order_by(rollout_members.c.id)
-                ).mappings()
-            )
-            put = put_back(
-                conn,
-                self.insert_revision,
-                tenant_id=int(row["tenant_id"]),
-                rollout_id=rollout_id,
-                members=rows,
-                names={int(r["device_id"]): r["name"] for r in rows},
-                author=ACTOR,
-                why="it failed its gates",
-                now=now,
-            )
-            for r, result in zip(rows, put, strict=True):
-                if "reverted_version" in result:
-                    states[int(r["id"])] = "reverted"
-                    stats.reverted += 1
+        verdicts = judge_members(conn, judged, states, facts, spec, now, stats)
+        put = self._put_back_failed(conn, row, judged, states, now, stats)
         if verdicts["passed"] or verdicts["failed"]:
             self.store.audit(
                 conn,
@@ -265,7 +198,12 @@ class RolloutController:
                 actor=ACTOR,
                 action="rollout.gate",
                 target=f"rollout:{rollout_id}",
-                detail={"rollout_id": rollout_id, "wave": wave, **verdicts, "put_back": put},
+                detail={
+                    "rollout_id": rollout_id,
+                    "wave": wave,
+                    **verdicts,
+                    "put_back": [p.as_json() for p in put],
+                },
                 at=now,
             )
         failures = [m for m in members if states[int(m["id"])] in ("failed", "reverted")]
@@ -287,6 +225,50 @@ class RolloutController:
         room = unavailable_limit(spec, len(members)) - in_flight
         pending = [int(m["id"]) for m in members if states[int(m["id"])] == "pending"]
         return pending[: max(0, room)]
+
+    def _put_back_failed(
+        self,
+        conn: Connection,
+        row: RowMapping,
+        judged: list[RowMapping],
+        states: dict[int, str],
+        now: float,
+        stats: StepStats,
+    ) -> list[PutBack]:
+        """A device that failed its gates just now goes back at once, within budget or not;
+        what each put-back did (`states` marks the reverted ones)."""
+        rollout_id = int(row["id"])
+        fresh = [
+            int(m["id"])
+            for m in judged
+            if states[int(m["id"])] == "failed" and m["state"] != "failed"
+        ]
+        if not fresh:
+            return []
+        rows = list(
+            conn.execute(
+                select(rollout_members, devices.c.name)
+                .join(devices, devices.c.id == rollout_members.c.device_id)
+                .where(rollout_members.c.id.in_(fresh))
+                .order_by(rollout_members.c.id)
+            ).mappings()
+        )
+        put = put_back(
+            conn,
+            self.insert_revision,
+            tenant_id=int(row["tenant_id"]),
+            rollout_id=rollout_id,
+            members=rows,
+            names={int(r["device_id"]): r["name"] for r in rows},
+            author=ACTOR,
+            why="it failed its gates",
+            now=now,
+        )
+        for r, result in zip(rows, put, strict=True):
+            if result.reverted_version is not None:
+                states[int(r["id"])] = "reverted"
+                stats.reverted += 1
+        return put
 
     def _wave_end(
         self, conn: Connection, row: RowMapping, spec: Spec, now: float, stats: StepStats

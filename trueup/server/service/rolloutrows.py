@@ -38,6 +38,7 @@ __all__ = [
     "NO_FACTS",
     "DeviceFacts",
     "InsertRevision",
+    "PutBack",
     "StepStats",
     "active_holders",
     "device_facts",
@@ -205,6 +206,23 @@ def _previous_document(conn: Connection, device_id: int, version: int) -> Device
         return None
 
 
+@dataclass(frozen=True)
+class PutBack:
+    """What putting one device back did (the audit entry lists them, `as_json`)."""
+
+    device: str
+    sent_version: int
+    result: str  # why, in a sentence: put back as version N, or not and why not
+    reverted_version: int | None = None  # the revision that put it back, if one did
+
+    def as_json(self) -> dict[str, int | str]:
+        out: dict[str, int | str] = {"device": self.device, "sent_version": self.sent_version}
+        if self.reverted_version is not None:
+            out["reverted_version"] = self.reverted_version
+        out["result"] = self.result
+        return out
+
+
 def put_back(
     conn: Connection,
     insert_revision: InsertRevision,
@@ -216,15 +234,15 @@ def put_back(
     author: str,
     why: str,
     now: float,
-) -> list[dict[str, Any]]:
+) -> list[PutBack]:
     """Put each member that was sent a revision back on its previous one; what happened."""
-    results: list[dict[str, Any]] = []
+    results: list[PutBack] = []
     for member in members:
         device_id, name = int(member["device_id"]), names[int(member["device_id"])]
         sent, before = member["sent_version"], int(member["from_version"])
         if sent is None:
             continue
-        outcome: dict[str, Any] = {"device": name, "sent_version": sent}
+        reverted: int | None = None
         previous = _previous_document(conn, device_id, before) if before else None
         reason: str
         if previous is None:
@@ -254,7 +272,7 @@ def put_back(
                 )
                 state = member["state"]
             else:
-                outcome["reverted_version"] = revision.version
+                reverted = revision.version
                 reason = f"put back on version {before} as version {revision.version} ({why})"
                 state = "reverted"
                 conn.execute(
@@ -272,8 +290,7 @@ def put_back(
                 reason=f"{previous_reason}; {reason}" if previous_reason else reason,
             )
         )
-        outcome["result"] = reason
-        results.append(outcome)
+        results.append(PutBack(name, sent, reason, reverted))
     return results
 
 

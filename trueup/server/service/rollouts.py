@@ -3,7 +3,7 @@
 `start` checks the spec and puts each target in one wave (rolloutplan.py),
 refuses devices another unfinished rollout holds (Busy, 409) and plans made
 against a version that has moved (Conflict), and stores the rollout, its
-members and its lease in one transaction with its audit entry. The controller
+members and its lease in one transaction with its audit entry (rolloutstart.py). The controller
 (rolloutcontrol.py) drives it from there, in whichever control-plane process
 holds the lease. Operators `pause`, `resume`, `approve` (a wave that waits for
 an approval) and `abort` (every device that was sent the change is put back on
@@ -17,14 +17,13 @@ planner asks `busy_devices`.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, and_, select, update
 
-from trueup.server.service.errors import Busy, Conflict, Invalid, NotFound, WrongState
+from trueup.server.service.errors import Busy, Invalid, NotFound, WrongState
 from trueup.server.service.fleettypes import Plan
 from trueup.server.service.rolloutplan import assign_waves, parse_spec
 from trueup.server.service.rolloutrows import (
@@ -34,9 +33,10 @@ from trueup.server.service.rolloutrows import (
     device_facts,
     put_back,
 )
+from trueup.server.service.rolloutstart import insert_rollout, lock_targets
 from trueup.server.service.rolloutview import rollout_view, summary
-from trueup.server.service.store import Store, inserted_id
-from trueup.server.tables import devices, rollout_leases, rollout_members, rollouts
+from trueup.server.service.store import Store
+from trueup.server.tables import devices, rollout_members, rollouts
 
 __all__ = ["Rollouts"]
 
@@ -101,87 +101,9 @@ class Rollouts:
             raise Invalid(problems)
         now = time.time()
         with self.store.write() as conn:
-            # The devices' rows locked, in one order: two rollouts (or a rollout and a
-            # `PUT …/desired`) over the same device on two processes cannot both pass.
-            conn.execute(
-                select(devices.c.id)
-                .where(devices.c.id.in_(sorted(t.device_id for t in plan.targets)))
-                .order_by(devices.c.id)
-                .with_for_update()
-            ).all()
-            held = active_holders(conn, [t.device_id for t in plan.targets])
-            if held:
-                rollout_id, state = sorted(held.values())[0]
-                names = sorted(t.device for t in plan.targets if t.device_id in held)
-                raise Busy(names, rollout_id, state)
-            current = {
-                int(r.id): int(r.desired_version)
-                for r in conn.execute(
-                    select(devices.c.id, devices.c.desired_version).where(
-                        and_(
-                            devices.c.tenant_id == tenant_id,
-                            devices.c.id.in_([t.device_id for t in plan.targets]),
-                        )
-                    )
-                )
-            }
-            for target in sorted(plan.targets, key=lambda t: t.device):
-                if target.device_id not in current:
-                    raise NotFound(f"device {target.device!r} not found")
-                if current[target.device_id] != target.from_version:
-                    raise Conflict(target.device, target.from_version, current[target.device_id])
-            rollout_id = inserted_id(
-                conn.execute(
-                    rollouts.insert().values(
-                        tenant_id=tenant_id,
-                        state="running",
-                        spec=json.dumps(spec.as_json(), sort_keys=True),
-                        current_wave=0,
-                        wave_started_at=now,
-                        created_by=actor,
-                        created_at=now,
-                        updated_at=now,
-                        comment=comment,
-                    )
-                )
-            )
-            rows = []
-            for wave, names in enumerate(assigned):
-                for name in names:
-                    target = by_name[name]
-                    rows.append(
-                        {
-                            "rollout_id": rollout_id,
-                            "device_id": target.device_id,
-                            "wave": wave,
-                            "document": json.dumps(target.document, sort_keys=True),
-                            "digest": target.digest,
-                            "provenance": json.dumps(target.provenance.as_json(), sort_keys=True)
-                            if target.provenance.profiles
-                            else None,
-                            "from_version": target.from_version,
-                            "state": "pending",
-                        }
-                    )
-            conn.execute(rollout_members.insert(), rows)
-            conn.execute(
-                rollout_leases.insert().values(rollout_id=rollout_id, holder="", expires_at=0.0)
-            )
-            self.store.audit(
-                conn,
-                tenant_id=tenant_id,
-                actor=actor,
-                action="rollout.start",
-                target=f"rollout:{rollout_id}",
-                detail={
-                    "rollout_id": rollout_id,
-                    "devices": len(rows),
-                    "waves": [len(names) for names in assigned],
-                    "refused": [r.device for r in plan.refused],
-                    "spec": spec.as_json(),
-                    "comment": comment,
-                },
-                at=now,
+            lock_targets(conn, tenant_id, plan)
+            rollout_id = insert_rollout(
+                conn, self.store, tenant_id, plan, spec, assigned, now, actor, comment
             )
         view = self.get(tenant_id, rollout_id)
         view["refused"] = [
@@ -317,7 +239,7 @@ class Rollouts:
                     ).mappings()
                 )
                 changed = [m for m in members if m["state"] in ("sent", "passed", "failed")]
-                detail["put_back"] = put_back(
+                put = put_back(
                     conn,
                     self.insert_revision,
                     tenant_id=tenant_id,
@@ -328,6 +250,7 @@ class Rollouts:
                     why="rollout aborted",
                     now=now,
                 )
+                detail["put_back"] = [p.as_json() for p in put]
                 conn.execute(
                     update(rollout_members)
                     .where(

@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from trueup.server.api.context import Api, role
 from trueup.server.api.models import (
     LabelsProposal,
+    PlanChange,
     PlanRequest,
     ProfileDeletion,
     ProfileProposal,
@@ -33,6 +34,7 @@ from trueup.server.api.routes.revisions import parse_body, parse_comment, parse_
 from trueup.server.inputs import COMMENT_HEADER, IF_MATCH
 from trueup.server.limits import DOCUMENT_BYTES, MAX_VERSION
 from trueup.server.service import Principal
+from trueup.server.service.fleettypes import Change
 from trueup.server.service.planio import checked_selector, plan_json, proposed_change
 
 __all__ = ["register"]
@@ -51,6 +53,31 @@ def _document_body() -> dict[str, Any]:
 
 
 def register(app: FastAPI, api: Api) -> None:
+    _register_profiles(app, api)
+    _register_variables(app, api)
+    _register_plan(app, api)
+
+
+def _proposed(c: PlanChange | None) -> Change | None:
+    """The change a plan request proposes (None: the stored inputs as they are)."""
+    if isinstance(c, ProfileProposal):
+        return proposed_change("profile", document=c.document)
+    if isinstance(c, ProfileDeletion):
+        return proposed_change("profile-delete", name=c.name)
+    if isinstance(c, VariablesProposal):
+        return proposed_change(
+            "variables",
+            device=c.device,
+            variables=c.variables,
+            own=c.own,
+            replace_own=c.replace_own,
+        )
+    if isinstance(c, LabelsProposal):
+        return proposed_change("labels", device=c.device, labels=c.labels)
+    return None
+
+
+def _register_profiles(app: FastAPI, api: Api) -> None:
     plane = api.plane
     viewer, operator = api.viewer, api.operator
 
@@ -127,6 +154,11 @@ def register(app: FastAPI, api: Api) -> None:
             p.tenant_id, name, expected, actor=p.actor, comment=comment
         ).summary()
 
+
+def _register_variables(app: FastAPI, api: Api) -> None:
+    plane = api.plane
+    viewer, operator = api.viewer, api.operator
+
     @app.get(
         "/api/v1/devices/{device}/variables", openapi_extra=role("viewer"), responses=answers(404)
     )
@@ -163,6 +195,11 @@ def register(app: FastAPI, api: Api) -> None:
         response.headers["ETag"] = f'"{stored.version}"'
         return stored.summary()
 
+
+def _register_plan(app: FastAPI, api: Api) -> None:
+    plane = api.plane
+    viewer, operator = api.viewer, api.operator
+
     @app.post(
         "/api/v1/plan",
         responses=answers(404),
@@ -170,22 +207,7 @@ def register(app: FastAPI, api: Api) -> None:
     )
     def plan(body: PlanRequest, p: Principal = viewer) -> dict[str, Any]:
         selector = checked_selector(body.selector)
-        change = None
-        c = body.change
-        if isinstance(c, ProfileProposal):
-            change = proposed_change("profile", document=c.document)
-        elif isinstance(c, ProfileDeletion):
-            change = proposed_change("profile-delete", name=c.name)
-        elif isinstance(c, VariablesProposal):
-            change = proposed_change(
-                "variables",
-                device=c.device,
-                variables=c.variables,
-                own=c.own,
-                replace_own=c.replace_own,
-            )
-        elif isinstance(c, LabelsProposal):
-            change = proposed_change("labels", device=c.device, labels=c.labels)
+        change = _proposed(body.change)
         return plan_json(plane.plan(p.tenant_id, selector=selector, change=change))
 
     @app.post("/api/v1/plan/publish", responses=answers(), openapi_extra=role("operator"))

@@ -27,7 +27,7 @@ from trueup.server.api.responses import TOKEN_ID, answers
 from trueup.server.fleet import agent_support
 from trueup.server.inputs import Comment, DeviceName
 from trueup.server.limits import MAX_VERSION
-from trueup.server.service import Invalid, Principal
+from trueup.server.service import ControlPlane, Invalid, Principal
 from trueup.server.service.fleettypes import Plan, Refusal, Target
 from trueup.server.service.planio import checked_selector, plan_json, unseen
 
@@ -150,9 +150,32 @@ def _plan(api: Api, tenant_id: int, body: RolloutCreate) -> Plan:
     return Plan(targets=tuple(targets), refused=tuple(refused), unchanged=unchanged)
 
 
+def _started(plane: ControlPlane, p: Principal, plan: Plan, body: RolloutSpec) -> dict[str, Any]:
+    """Start the rollout of `plan` with the body's wave spec."""
+    return plane.start_rollout(
+        p.tenant_id,
+        plan,
+        waves=[w.model_dump(exclude_none=True, exclude_defaults=True) for w in body.waves]
+        if body.waves is not None
+        else None,
+        max_unavailable=body.max_unavailable,
+        soak_seconds=body.soak_seconds,
+        failure_budget=body.failure_budget,
+        confirm_within=body.confirm_within,
+        approval=body.approval,
+        gate_timeout=body.gate_timeout,
+        actor=p.actor,
+        comment=body.comment,
+    )
+
+
 def register(app: FastAPI, api: Api) -> None:
-    plane = api.plane
-    viewer, operator = api.viewer, api.operator
+    _register_start(app, api)
+    _register_control(app, api)
+
+
+def _register_start(app: FastAPI, api: Api) -> None:
+    plane, operator = api.plane, api.operator
 
     @app.post(
         "/api/v1/rollouts",
@@ -161,23 +184,8 @@ def register(app: FastAPI, api: Api) -> None:
         responses=answers(404, 409, conflict="state"),
     )
     async def start_rollout(body: RolloutCreate, p: Principal = operator) -> dict[str, Any]:
-        return await run_in_threadpool(lambda: _start(p, _plan(api, p.tenant_id, body), body))
-
-    def _start(p: Principal, plan: Plan, body: RolloutSpec) -> dict[str, Any]:
-        return plane.start_rollout(
-            p.tenant_id,
-            plan,
-            waves=[w.model_dump(exclude_none=True, exclude_defaults=True) for w in body.waves]
-            if body.waves is not None
-            else None,
-            max_unavailable=body.max_unavailable,
-            soak_seconds=body.soak_seconds,
-            failure_budget=body.failure_budget,
-            confirm_within=body.confirm_within,
-            approval=body.approval,
-            gate_timeout=body.gate_timeout,
-            actor=p.actor,
-            comment=body.comment,
+        return await run_in_threadpool(
+            lambda: _started(plane, p, _plan(api, p.tenant_id, body), body)
         )
 
     @app.post(
@@ -201,12 +209,16 @@ def register(app: FastAPI, api: Api) -> None:
             unseen(plan, body.expect_digest)
             answer: dict[str, Any] = {"plan": plan_json(plan), "rollout": None}
             if plan.targets:
-                answer["rollout"] = _start(p, plan, body)
+                answer["rollout"] = _started(plane, p, plan, body)
             else:
                 response.status_code = 200
             return answer
 
         return await run_in_threadpool(start)
+
+
+def _register_control(app: FastAPI, api: Api) -> None:
+    plane, viewer, operator = api.plane, api.viewer, api.operator
 
     @app.get("/api/v1/rollouts", openapi_extra=role("viewer"), responses=answers())
     def list_rollouts(p: Principal = viewer) -> dict[str, Any]:
