@@ -185,7 +185,7 @@ def doctor(
         emit({"ok": ok, "findings": [f.to_json() for f in findings]}, output)
     else:
         _print_findings(findings)
-        from trueup.cli.output import render_limitations
+        from trueup.cli.statustable import render_limitations
 
         for line in render_limitations(status):
             typer.echo(line)
