@@ -353,7 +353,7 @@ def _subsystems(
     failed.update(applied.carried)
     # Failed its last convergence, its heal since deferred (an operator's write took
     # the writer): still failing, never shown as merely waiting.
-    for name, error in (getattr(engine, "failing", None) or {}).items():
+    for name, error in engine.failing.items():
         failed.setdefault(name, error)
     out: dict[str, SubsystemStatus] = {}
     for sub in engine.subsystems:
