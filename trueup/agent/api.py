@@ -271,8 +271,7 @@ def _limitation_routes(app: FastAPI, agent: Agent) -> None:
 
     @app.get("/v1/limitations")
     def limitations(all: bool = False) -> dict[str, Any]:
-        records = list_limitations(agent.state.root, include_withdrawn=all)
-        return {"limitations": [record.to_json() for record in records]}
+        return {"limitations": list_limitations(agent.state.root, include_withdrawn=all)}
 
     @app.post("/v1/limitations")
     def limitation_add(body: JSONObject = Body(...)) -> JSONResponse:
@@ -289,7 +288,7 @@ def _limitation_routes(app: FastAPI, agent: Agent) -> None:
             )
         except LimitationError as exc:
             raise HTTPException(422, str(exc)) from None
-        return JSONResponse(status_code=201, content=record.to_json())
+        return JSONResponse(status_code=201, content=record)
 
     @app.post("/v1/limitations/{limitation_id}/withdraw")
     def limitation_withdraw(limitation_id: str, body: JSONObject = Body(...)) -> JSONResponse:
@@ -304,7 +303,7 @@ def _limitation_routes(app: FastAPI, agent: Agent) -> None:
             raise HTTPException(422, str(exc)) from None
         except KeyError:
             raise HTTPException(404, f"unknown limitation {limitation_id!r}") from None
-        return JSONResponse(content=record.to_json())
+        return JSONResponse(content=record)
 
 
 def _restore_routes(app: FastAPI, agent: Agent) -> None:

@@ -8,17 +8,10 @@ guard takes the console's address away meanwhile.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trueup.journal.atomic import StateFileError
-from trueup.journal.override import (
-    OVERRIDE_FILE,
-    ManagementFacts,
-    ManagementOverride,
-    clear_override,
-    read_override,
-    same_facts,
-)
+from trueup.journal.override import OVERRIDE_FILE, clear_override, read_override, same_facts
 from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState, DocumentError
 from trueup.reconcile.changes import Change, DamagedState
@@ -42,7 +35,7 @@ __all__ = [
 ]
 
 
-def management_override(state: StateDir) -> ManagementOverride | None:
+def management_override(state: StateDir) -> dict[str, Any] | None:
     """The override record, or None (a damaged one is reported as damage, not used)."""
     try:
         return read_override(state.root)
@@ -57,14 +50,12 @@ def with_override(state: StateDir, document: DeviceState) -> DeviceState:
     another section) is reported by status and leaves the revision as it is.
     """
     override = management_override(state)
-    if override is None or same_facts(
-        override.facts, ManagementFacts.from_json(management_facts_of(document))
-    ):
+    if override is None or same_facts(override, management_facts_of(document)):
         return document
     try:
         return with_management(
             document,
-            override.facts.to_json(),
+            override,
             source=f"{OVERRIDE_FILE} over revision {document.metadata.version}",
         )
     except DocumentError as exc:
@@ -78,7 +69,7 @@ def override_document(state: StateDir) -> DeviceState | None:
     if override is None:
         return None
     try:
-        return document_from_facts(override.facts.to_json(), source=OVERRIDE_FILE)
+        return document_from_facts(override, source=OVERRIDE_FILE)
     except DocumentError:
         return None
 
@@ -88,7 +79,7 @@ def settle_override(state: StateDir, change: Change, document: DeviceState, vers
     override = management_override(state)
     if override is None:
         return
-    if same_facts(override.facts, ManagementFacts.from_json(management_facts_of(document))):
+    if same_facts(override, management_facts_of(document)):
         reason = f"revision {version} carries these management facts"
     elif change.management_confirmed:
         reason = f"revision {version} changed management with a confirmation"
@@ -101,7 +92,7 @@ def settle_override(state: StateDir, change: Change, document: DeviceState, vers
             change.actor,
             version=version,
             reason=reason,
-            override=override.facts.to_json(),
+            override={k: override.get(k) for k in ("interface", "addresses", "gateway")},
         )
     except OSError as exc:
         log.warning("%s: clearing the management override failed: %s", OVERRIDE_FILE, exc)
