@@ -93,10 +93,20 @@ def test_an_added_rule_is_seen_by_nft_monitor_and_healed(router: Router) -> None
     assert _nft(router, "list", "table", "ip", "other") == other
 
 
+def _first_resync_done(router: Router) -> None:
+    """Until the agent's first full pass has ended: a change made while it still runs is
+    found by that pass (`detected_by: resync`), not by the notification it also gets."""
+    router.wait_for(
+        lambda: router.api("/v1/status").get("reconcile_loop", {}).get("last_resync_at"),
+        what="first full pass done",
+    )
+
+
 def test_under_notify_the_drift_record_says_event(router: Router) -> None:
     document = _document(convergence={"default": "notify"})
     assert router.trueup("apply", str(router.write("v1.yaml", document))).returncode == 0
     router.start_agent()
+    _first_resync_done(router)
     _nft(router, "insert", "rule", "inet", "trueup", "input", "tcp", "dport", "24", "accept")
 
     def record() -> dict[str, Any] | None:
@@ -129,6 +139,7 @@ def test_trueups_own_apply_through_the_agent_records_no_drift(router: Router) ->
     v1 = router.write("v1.yaml", _document(convergence=notify))
     assert router.trueup("apply", str(v1)).returncode == 0
     router.start_agent()
+    _first_resync_done(router)
     v2 = _document(*SAFE_RULES, "tcp dport 25 drop", convergence=notify)
     assert router.trueup("apply", str(router.write("v2.yaml", v2))).returncode == 0
     assert "tcp dport 25 drop" in _nft(router, "list", "table", "inet", "trueup")
