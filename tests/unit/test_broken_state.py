@@ -23,7 +23,12 @@ from tests.routers import REPO, base_document
 from trueup.journal.agentlock import AgentRunning, agent_holder, take_agent_lock
 from trueup.journal.confirm import read_pending, write_pending
 from trueup.journal.damage import StateCheck
-from trueup.journal.override import OVERRIDE_FILE, read_override, write_override
+from trueup.journal.override import (
+    OVERRIDE_FILE,
+    ManagementOverride,
+    read_override,
+    write_override,
+)
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
 from trueup.model.reasons import ReasonCode
@@ -109,7 +114,8 @@ def test_a_second_agent_is_refused_with_the_first_ones_pid(tmp_path: Path, where
         if where == "state directory":
             record = json.loads((root / "agent.pid").read_text())
             assert record["pid"] == lock.pid and record["started_at"]
-            assert agent_holder(root, run_dir=run_dir) == record
+            found = agent_holder(root, run_dir=run_dir)
+            assert found is not None and found.to_json() == record
             # Nothing held open for writing: the file system can be remounted read-only.
             for fd in os.listdir("/proc/self/fd"):
                 with contextlib.suppress(OSError):
@@ -296,7 +302,7 @@ def test_phase_1_falls_back_to_the_installer_document(tmp_path: Path, kernel: Fa
 
 # -- the console override ---------------------------------------------------------------
 def _override(state: StateDir) -> None:
-    write_override(state.root, OVERRIDE)
+    write_override(state.root, ManagementOverride.from_json(OVERRIDE))
 
 
 def test_management_set_converges_the_management_tier_alone(

@@ -194,15 +194,15 @@ def test_a_limitation_classifies_its_difference_as_accepted(
     status = gather(engine)
     assert status["subsystems"]["links"]["differences"] == []
     accepted = status["subsystems"]["links"]["accepted"]
-    assert accepted[0]["path"] == path and accepted[0]["limitation"] == record["id"]
+    assert accepted[0]["path"] == path and accepted[0]["limitation"] == record.id
     assert "STATE_DRIFT_DETECTED" not in {f["code"] for f in status["reason_codes"]}
     assert status["limitations"][0]["reviewed_by"] == "alice"
     assert [f for f in run_checks(status, RUNNING) if not f.ok] == []
     events = [r["event"] for r in engine.state.audit.records()]
     assert "limitation_added" in events
 
-    withdrawn = withdraw_limitation(engine.state.root, record["id"], reason="NIC replaced")
-    assert withdrawn["withdrawn_at"]
+    withdrawn = withdraw_limitation(engine.state.root, record.id, reason="NIC replaced")
+    assert withdrawn.withdrawn_at
     assert list_limitations(engine.state.root) == []
     assert len(list_limitations(engine.state.root, include_withdrawn=True)) == 1
     assert "STATE_DRIFT_DETECTED" in {f["code"] for f in gather(engine)["reason_codes"]}

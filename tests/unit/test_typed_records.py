@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2] / "trueup"
 UNTYPED = "dict[str, Any]"
 
 # The count after the records were typed; lower it when you type more, never raise it.
-CEILING = 817
+CEILING = 677
 
 # Modules whose cross-package functions are typed (no `dict[str, Any]` in a signature).
 TYPED_MODULES = (
@@ -35,6 +35,9 @@ TYPED_MODULES = (
     "trueup.server.ingest",
     "trueup.backup.analysis",
     "trueup.backup.evidence",
+    "trueup.journal.agentlock",
+    "trueup.journal.limitations",
+    "trueup.journal.override",
 )
 
 
@@ -114,3 +117,46 @@ def test_the_signature_check_sees_an_untyped_record() -> None:
     tree = ast.parse("def f(x: dict[str, Any]) -> int: ...\ndef g(x: int) -> Status: ...")
     found = [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and _untyped_signature(n)]
     assert found == ["f"]
+
+
+def test_journal_records_read_back_as_their_files_hold_them() -> None:
+    """A typed journal record turns back into the very JSON its file held (unknown keys kept)."""
+    from trueup.journal.agentlock import AgentHolder
+    from trueup.journal.limitations import Limitation
+    from trueup.journal.override import ManagementOverride
+
+    override = {
+        "interface": "mgmt0",
+        "addresses": ["198.51.100.3/24"],
+        "gateway": None,
+        "set_at": "2026-01-01T00:00:00Z",
+        "actor": "console:0",
+        "reason": "test",
+        "writer_lock": "held",
+        "replaced": {
+            "source": "revision 2",
+            "interface": "mgmt0",
+            "addresses": ["198.51.100.2/24"],
+            "gateway": "198.51.100.1",
+        },
+        "newer": 1,
+    }
+    limitation = {
+        "added_at": "2026-01-01T00:00:00Z",
+        "added_by": "test",
+        "id": "L1",
+        "path": "links.lan0.mtu",
+        "reason": "NIC firmware",
+        "reviewed_by": "alice",
+        "subsystem": "links",
+        "ticket": None,
+        "withdraw_reason": None,
+        "withdrawn_at": None,
+        "withdrawn_by": None,
+    }
+    holder = {"pid": 42, "started_at": "2026-01-01T00:00:00Z", "state_dir": "/var/lib/trueup"}
+    assert ManagementOverride.from_json(override).to_json() == override
+    assert list(Limitation.from_json(limitation).to_json()) == list(limitation)
+    assert Limitation.from_json(limitation).to_json() == limitation
+    assert AgentHolder.from_json(holder).to_json() == holder
+    assert ManagementOverride.from_json(override).facts.addresses == ("198.51.100.3/24",)

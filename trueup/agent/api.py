@@ -271,7 +271,8 @@ def _limitation_routes(app: FastAPI, agent: Agent) -> None:
 
     @app.get("/v1/limitations")
     def limitations(all: bool = False) -> dict[str, Any]:
-        return {"limitations": list_limitations(agent.state.root, include_withdrawn=all)}
+        records = list_limitations(agent.state.root, include_withdrawn=all)
+        return {"limitations": [record.to_json() for record in records]}
 
     @app.post("/v1/limitations")
     def limitation_add(body: JSONObject = Body(...)) -> JSONResponse:
@@ -288,7 +289,7 @@ def _limitation_routes(app: FastAPI, agent: Agent) -> None:
             )
         except LimitationError as exc:
             raise HTTPException(422, str(exc)) from None
-        return JSONResponse(status_code=201, content=record)
+        return JSONResponse(status_code=201, content=record.to_json())
 
     @app.post("/v1/limitations/{limitation_id}/withdraw")
     def limitation_withdraw(limitation_id: str, body: JSONObject = Body(...)) -> JSONResponse:
@@ -303,7 +304,7 @@ def _limitation_routes(app: FastAPI, agent: Agent) -> None:
             raise HTTPException(422, str(exc)) from None
         except KeyError:
             raise HTTPException(404, f"unknown limitation {limitation_id!r}") from None
-        return JSONResponse(content=record)
+        return JSONResponse(content=record.to_json())
 
 
 def _restore_routes(app: FastAPI, agent: Agent) -> None:

@@ -201,7 +201,7 @@ def _concurrency(engine: Engine, status: JSONObject) -> dict[str, Any]:
     refused = [r for r in engine.state.audit.tail() if r.get("event") == "refused"]
     return {
         "writer_lock": lock_holder(root / "lock"),
-        "agent": agent_holder(root),
+        "agent": holder.to_json() if (holder := agent_holder(root)) is not None else None,
         "open_transaction": status.get("journal", {}).get("open"),
         "refusals_since_last_write": refusals_since_last_write(engine),
         "refused_writes": refused[-50:],
@@ -274,7 +274,7 @@ def collect_evidence(
     bundle = _Bundle(_Redactor(state.root))
     bundle.missing.update(missing or {})
     holder = agent_holder(state.root)
-    agent_pid = int(holder["pid"]) if holder and holder.get("pid") else None
+    agent_pid = holder.pid if holder and holder.pid else None
     if status is None:
         try:
             status = gather(engine, control_plane_version=recorded_control_plane_version(engine))
@@ -306,7 +306,8 @@ def collect_evidence(
     bundle.part(
         "limitations.json",
         lambda: bundle.json(
-            "limitations.json", list_limitations(state.root, include_withdrawn=True)
+            "limitations.json",
+            [r.to_json() for r in list_limitations(state.root, include_withdrawn=True)],
         ),
     )
     bundle.part("state/", lambda: _state_files(bundle, engine))

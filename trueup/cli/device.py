@@ -138,12 +138,12 @@ def engine_for(
         from trueup.journal.agentlock import agent_holder
 
         holder = agent_holder(state.root)
-        if holder is not None and int(holder.get("pid", 0)) != os.getpid():
+        if holder is not None and holder.pid != os.getpid():
             # An agent runs on this state directory but did not answer on its
             # socket (hung, or starting): writing from here would observe and
             # change this process's namespace, perhaps not the router's.
             raise fail(
-                f"an agent (pid {holder.get('pid')}) runs on {state.root} but does not answer "
+                f"an agent (pid {holder.pid}) runs on {state.root} but does not answer "
                 f"on {state.root / 'agent.sock'}; nothing was changed. Check it (`trueup "
                 "doctor`, its log) or stop it, then retry"
             )
@@ -195,7 +195,7 @@ class LocalDevice:
             "running": holder is not None,
             "answering": False,
             "state_dir": str(self.state_dir),
-            **({"pid": holder.get("pid")} if holder else {}),
+            **({"pid": holder.pid} if holder else {}),
         }
         return current
 
@@ -324,7 +324,7 @@ class LocalDevice:
             )
         except LimitationError as exc:
             raise fail(str(exc)) from None
-        return cast("LimitationRecord", record)
+        return cast("LimitationRecord", record.to_json())
 
     def withdraw_limitation(self, limitation_id: str, reason: str) -> LimitationRecord:
         from trueup.journal.limitations import LimitationError, withdraw_limitation
@@ -339,7 +339,7 @@ class LocalDevice:
             raise fail(
                 f"unknown limitation {limitation_id!r} (see `trueup limitation list --all`)"
             ) from None
-        return cast("LimitationRecord", record)
+        return cast("LimitationRecord", record.to_json())
 
     def restore(
         self, archive: Path, mode: str, mappings: dict[str, str], *, reboot: bool

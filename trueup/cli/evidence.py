@@ -47,7 +47,7 @@ def _presence(state_dir: Path, answered: bool) -> AgentPresence:
     from trueup.reconcile.doctor import AgentPresence
 
     holder = agent_holder(state_dir)
-    pid = int(holder["pid"]) if holder and holder.get("pid") else None
+    pid = holder.pid if holder and holder.pid else None
     return AgentPresence(running=pid is not None, answering=answered, pid=pid)
 
 

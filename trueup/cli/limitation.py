@@ -49,7 +49,7 @@ def limitation_list(
     """List known limitations (in force; `--all` also the withdrawn)."""
     from trueup.journal.limitations import list_limitations
 
-    records = list_limitations(state_dir, include_withdrawn=all_)
+    records = [r.to_json() for r in list_limitations(state_dir, include_withdrawn=all_)]
     if output != "table":
         from trueup.cli.output import emit
 

@@ -120,7 +120,7 @@ def show(
     report: dict[str, Any] = {
         "next_start": next_start,
         "kernel": _kernel(engine, next_start["interface"]),
-        "agent": {"running": holder is not None, **(holder or {})},
+        "agent": {"running": holder is not None, **(holder.to_json() if holder else {})},
         "damaged": damaged,
     }
     if output != "table":
@@ -147,7 +147,7 @@ def show(
                 else ""
             )
         )
-    typer.echo(f"agent: running (pid {holder.get('pid')})" if holder else "agent: not running")
+    typer.echo(f"agent: running (pid {holder.pid})" if holder else "agent: not running")
     for damage in damaged:
         typer.echo(f"damaged: {damage['path']}: {damage['problem']}")
 
@@ -232,7 +232,7 @@ def set_management(
     typer.echo(
         f"recorded in {state.root}/management-override.json (audited): "
         + (
-            f"the running agent (pid {holder.get('pid')}) adopts it at its next pass"
+            f"the running agent (pid {holder.pid}) adopts it at its next pass"
             if holder
             else "the agent brings it up first at its next start"
         )
@@ -323,17 +323,22 @@ def _record(
     """The override, the fast path's copy and the audit line; None, or why it was not recorded."""
     from trueup.journal.audit import now_iso
     from trueup.journal.management import management_facts, write_management
-    from trueup.journal.override import write_override
+    from trueup.journal.override import (
+        ManagementFacts,
+        ManagementOverride,
+        ReplacedFacts,
+        write_override,
+    )
 
-    record = {
-        **facts,
-        "set_at": now_iso(),
-        "actor": actor,
-        "reason": reason,
-        "writer_lock": lock_note,
-        "replaced": replaced,
-    }
     try:
+        record = ManagementOverride(
+            facts=ManagementFacts.from_json(facts),
+            set_at=now_iso(),
+            actor=actor,
+            reason=reason,
+            writer_lock=lock_note,
+            replaced=ReplacedFacts.from_json(replaced) if replaced is not None else None,
+        )
         state.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         write_override(state.root, record)
     except (OSError, ValueError) as exc:

@@ -35,13 +35,22 @@ import fcntl
 import json
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trueup.system.atomicfile import write_atomic
 from trueup.system.safefile import UnsafeFile, ensure_dir, open_file, read_file
 
-__all__ = ["PID_FILE", "RUN_DIR", "AgentLock", "AgentRunning", "agent_holder", "take_agent_lock"]
+__all__ = [
+    "PID_FILE",
+    "RUN_DIR",
+    "AgentHolder",
+    "AgentLock",
+    "AgentRunning",
+    "agent_holder",
+    "take_agent_lock",
+]
 
 PID_FILE = "agent.pid"
 RUN_DIR = Path("/run/trueup")
@@ -51,14 +60,43 @@ RUN_DIR = Path("/run/trueup")
 _HELD: dict[str, AgentLock] = {}
 
 
+@dataclass(frozen=True)
+class AgentHolder:
+    """What the agent holding a state directory recorded about itself (`agent.pid`)."""
+
+    pid: int
+    started_at: str | None = None
+    state_dir: str | None = None
+    extra: dict[str, object] = field(default_factory=dict)  # a newer agent's fields, kept
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> AgentHolder:
+        """The holder a pid record holds (`pid` an int, checked by the caller)."""
+        started_at, state_dir = body.get("started_at"), body.get("state_dir")
+        return cls(
+            pid=int(body["pid"]),
+            started_at=None if started_at is None else str(started_at),
+            state_dir=None if state_dir is None else str(state_dir),
+            extra={k: v for k, v in body.items() if k not in ("pid", "started_at", "state_dir")},
+        )
+
+    def to_json(self) -> dict[str, object]:
+        """The record as the pid file holds it."""
+        body: dict[str, object] = {"pid": self.pid}
+        if self.started_at is not None:
+            body["started_at"] = self.started_at
+        if self.state_dir is not None:
+            body["state_dir"] = self.state_dir
+        return {**body, **self.extra}
+
+
 class AgentRunning(RuntimeError):
     """Another agent holds the state directory; this one must exit and touch nothing."""
 
-    def __init__(self, state_dir: Path, holder: dict[str, Any] | None) -> None:
+    def __init__(self, state_dir: Path, holder: AgentHolder | None) -> None:
         self.state_dir = state_dir
-        self.holder = holder or {}
-        pid = self.holder.get("pid")
-        self.pid = int(pid) if isinstance(pid, int) else None
+        self.holder = holder
+        self.pid = holder.pid if holder is not None else None
         super().__init__(
             f"another agent (pid {self.pid if self.pid is not None else '?'}) runs on "
             f"{state_dir}; it keeps its socket and port"
@@ -114,12 +152,14 @@ def _run_key(root: Path) -> str:
         return "path-" + str(root.resolve()).strip("/").replace("/", "_")
 
 
-def _read_record(path: Path) -> dict[str, Any] | None:
+def _read_record(path: Path) -> AgentHolder | None:
     try:
         value = json.loads(read_file(path, 1 << 16).decode("utf-8") or "null")
     except (OSError, ValueError):
         return None
-    return value if isinstance(value, dict) and isinstance(value.get("pid"), int) else None
+    if not isinstance(value, dict) or not isinstance(value.get("pid"), int):
+        return None
+    return AgentHolder.from_json(value)
 
 
 def _alive(pid: int) -> bool:
@@ -132,12 +172,12 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def agent_holder(root: Path, *, run_dir: Path = RUN_DIR) -> dict[str, Any] | None:
+def agent_holder(root: Path, *, run_dir: Path = RUN_DIR) -> AgentHolder | None:
     """What the agent holding `root` recorded about itself (pid, started_at), if anything."""
     root = Path(root)
     for path in (run_dir / f"{_run_key(root)}.pid", root / PID_FILE):
         record = _read_record(path)
-        if record is not None and _alive(int(record["pid"])):
+        if record is not None and _alive(record.pid):
             return record
     return None
 

@@ -29,17 +29,20 @@ import fnmatch
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from trueup.journal.atomic import read_json, write_json
 from trueup.journal.audit import AuditLog
+from trueup.model.jsontypes import JSONObject
 from trueup.subsystems.base import Difference
 from trueup.system.safefile import open_file
 
 __all__ = [
     "LIMITATIONS_FILE",
+    "Limitation",
     "LimitationError",
     "accept_covered",
     "active_limitations",
@@ -55,6 +58,80 @@ _LOCK_FILE = "limitations.lock"
 
 class LimitationError(ValueError):
     """Bad input for a limitation (the message names the field and what is expected)."""
+
+
+_OWN_KEYS = (
+    "id",
+    "subsystem",
+    "path",
+    "reason",
+    "reviewed_by",
+    "ticket",
+    "added_at",
+    "added_by",
+    "withdrawn_at",
+    "withdrawn_by",
+    "withdraw_reason",
+)
+
+
+@dataclass(frozen=True)
+class Limitation:
+    """One known limitation: what difference is accepted, why, who reviewed it; withdrawn or not."""
+
+    id: str
+    subsystem: str
+    path: str
+    reason: str
+    reviewed_by: str
+    ticket: str | None = None
+    added_at: str | None = None
+    added_by: str | None = None
+    withdrawn_at: str | None = None
+    withdrawn_by: str | None = None
+    withdraw_reason: str | None = None
+    extra: dict[str, object] = field(default_factory=dict)  # a newer agent's fields, kept
+
+    @classmethod
+    def from_json(cls, body: dict[str, object]) -> Limitation:
+        """The limitation a `limitations.json` entry holds."""
+
+        def text(key: str) -> str | None:
+            value = body.get(key)
+            return None if value is None else str(value)
+
+        return cls(
+            id=str(body.get("id")),
+            subsystem=str(body.get("subsystem")),
+            path=str(body.get("path")),
+            reason=str(body.get("reason")),
+            reviewed_by=str(body.get("reviewed_by")),
+            ticket=text("ticket"),
+            added_at=text("added_at"),
+            added_by=text("added_by"),
+            withdrawn_at=text("withdrawn_at"),
+            withdrawn_by=text("withdrawn_by"),
+            withdraw_reason=text("withdraw_reason"),
+            extra={k: v for k, v in body.items() if k not in _OWN_KEYS},
+        )
+
+    def to_json(self) -> dict[str, object]:
+        """The entry as `limitations.json` holds it (keys sorted, as the file has them)."""
+        body: dict[str, object] = {
+            "id": self.id,
+            "subsystem": self.subsystem,
+            "path": self.path,
+            "reason": self.reason,
+            "reviewed_by": self.reviewed_by,
+            "ticket": self.ticket,
+            "added_at": self.added_at,
+            "added_by": self.added_by,
+            "withdrawn_at": self.withdrawn_at,
+            "withdrawn_by": self.withdrawn_by,
+            "withdraw_reason": self.withdraw_reason,
+            **self.extra,
+        }
+        return dict(sorted(body.items()))
 
 
 def _now() -> str:
@@ -78,13 +155,13 @@ def _locked(root: Path) -> Iterator[dict[str, Any]]:
         yield data
 
 
-def list_limitations(root: Path, *, include_withdrawn: bool = False) -> list[dict[str, Any]]:
+def list_limitations(root: Path, *, include_withdrawn: bool = False) -> list[Limitation]:
     """The records, oldest first; withdrawn ones only when asked."""
-    records = [r for r in _read(root)["limitations"] if isinstance(r, dict)]
-    return records if include_withdrawn else [r for r in records if not r.get("withdrawn_at")]
+    records = [Limitation.from_json(r) for r in _read(root)["limitations"] if isinstance(r, dict)]
+    return records if include_withdrawn else [r for r in records if not r.withdrawn_at]
 
 
-def active_limitations(root: Path) -> list[dict[str, Any]]:
+def active_limitations(root: Path) -> list[Limitation]:
     """Limitations in force (not withdrawn); a missing or unreadable file is none."""
     try:
         return list_limitations(root)
@@ -111,7 +188,7 @@ def add_limitation(
     ticket: str | None = None,
     actor: str = "local",
     known_subsystems: list[str] | None = None,
-) -> dict[str, Any]:
+) -> Limitation:
     """Record a limitation; audited (`limitation_added`). Raises `LimitationError`."""
     subsystem = _required("subsystem", subsystem)
     if known_subsystems is not None and subsystem not in known_subsystems:
@@ -120,7 +197,7 @@ def add_limitation(
             + ", ".join(sorted(known_subsystems))
         )
     path = _required("path", path)
-    record: dict[str, Any] = {
+    body: dict[str, Any] = {
         "subsystem": subsystem,
         "path": path,
         "reason": _required("--reason", reason),
@@ -133,36 +210,41 @@ def add_limitation(
         "withdraw_reason": None,
     }
     with _locked(root) as data:
-        record = {"id": f"L{int(data.get('next_id', 1))}", **record}
+        record = Limitation.from_json({"id": f"L{int(data.get('next_id', 1))}", **body})
         data["next_id"] = int(data.get("next_id", 1)) + 1
-        data["limitations"].append(record)
+        data["limitations"].append(record.to_json())
         write_json(root / LIMITATIONS_FILE, data)
     AuditLog(root / "audit.jsonl").append(
         "limitation_added",
         actor,
-        id=record["id"],
+        id=record.id,
         subsystem=subsystem,
         path=path,
-        reason=record["reason"],
-        reviewed_by=record["reviewed_by"],
-        ticket=record["ticket"],
+        reason=record.reason,
+        reviewed_by=record.reviewed_by,
+        ticket=record.ticket,
     )
     return record
 
 
 def withdraw_limitation(
     root: Path, limitation_id: str, *, reason: str, actor: str = "local"
-) -> dict[str, Any]:
+) -> Limitation:
     """Withdraw one limitation (kept in the file, marked); audited. KeyError when unknown."""
     reason = _required("--reason", reason)
     with _locked(root) as data:
-        for record in data["limitations"]:
-            if isinstance(record, dict) and record.get("id") == limitation_id:
-                if record.get("withdrawn_at"):
+        entries = data["limitations"]
+        for index, entry in enumerate(entries):
+            if isinstance(entry, dict) and entry.get("id") == limitation_id:
+                record = Limitation.from_json(entry)
+                if record.withdrawn_at:
                     raise LimitationError(
-                        f"{limitation_id}: already withdrawn at {record['withdrawn_at']}"
+                        f"{limitation_id}: already withdrawn at {record.withdrawn_at}"
                     )
-                record.update(withdrawn_at=_now(), withdrawn_by=actor, withdraw_reason=reason)
+                record = replace(
+                    record, withdrawn_at=_now(), withdrawn_by=actor, withdraw_reason=reason
+                )
+                entries[index] = record.to_json()
                 write_json(root / LIMITATIONS_FILE, data)
                 break
         else:
@@ -170,7 +252,7 @@ def withdraw_limitation(
     AuditLog(root / "audit.jsonl").append(
         "limitation_withdrawn", actor, id=limitation_id, reason=reason
     )
-    return dict(record)
+    return record
 
 
 def _matches(pattern: str, path: str) -> bool:
@@ -179,23 +261,23 @@ def _matches(pattern: str, path: str) -> bool:
     return path.startswith(pattern) and path[len(pattern)] in ".["
 
 
-def covering(limitations: list[dict[str, Any]], subsystem: str, path: str) -> str | None:
+def covering(limitations: list[Limitation], subsystem: str, path: str) -> str | None:
     """The id of the first limitation covering (subsystem, path), or None."""
     for record in limitations:
-        if record.get("subsystem") == subsystem and _matches(str(record.get("path")), path):
-            return str(record.get("id"))
+        if record.subsystem == subsystem and _matches(record.path, path):
+            return record.id
     return None
 
 
 def accept_covered(
-    differences: dict[str, list[Difference]], limitations: list[dict[str, Any]]
-) -> dict[str, list[dict[str, Any]]]:
+    differences: dict[str, list[Difference]], limitations: list[Limitation]
+) -> dict[str, list[JSONObject]]:
     """Move the differences a limitation covers out of `differences` (in place).
 
     They are returned per subsystem, each with the covering limitation's id:
     still shown (status' `accepted`), never drift needing action.
     """
-    accepted: dict[str, list[dict[str, Any]]] = {}
+    accepted: dict[str, list[JSONObject]] = {}
     if not limitations:
         return accepted
     for name, diffs in differences.items():

@@ -258,7 +258,7 @@ def boot_facts(root: Path) -> tuple[dict[str, Any], str] | None:
         return found
     base = found[0] if found is not None else None
     facts = {
-        **override_facts(override),
+        **override_facts(override).to_json(),
         "api": base["api"] if base else {"port": 7443, "bind": None},
         "version": base["version"] if base else None,
         "digest": base["digest"] if base else None,

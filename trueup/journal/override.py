@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,9 @@ from trueup.journal.atomic import StateFileError, fsync_dir, read_json, write_js
 
 __all__ = [
     "OVERRIDE_FILE",
+    "ManagementFacts",
+    "ManagementOverride",
+    "ReplacedFacts",
     "clear_override",
     "override_facts",
     "read_override",
@@ -62,25 +66,116 @@ def _problem(record: Any) -> str | None:
     return None
 
 
-def override_facts(record: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ManagementFacts:
+    """The management facts: interface, addresses, gateway."""
+
+    interface: str
+    addresses: tuple[str, ...]
+    gateway: str | None = None
+
+    @classmethod
+    def from_json(cls, body: Any) -> ManagementFacts:
+        """The facts of a JSON object holding interface, addresses and (optionally) gateway."""
+        return cls(
+            interface=body.get("interface"),
+            addresses=tuple(body.get("addresses") or ()),
+            gateway=body.get("gateway"),
+        )
+
+    def to_json(self) -> dict[str, object]:
+        """The facts as files and documents hold them."""
+        return {
+            "interface": self.interface,
+            "addresses": list(self.addresses),
+            "gateway": self.gateway,
+        }
+
+
+@dataclass(frozen=True)
+class ReplacedFacts:
+    """The management facts an override replaced, and where they came from."""
+
+    source: str | None
+    facts: ManagementFacts
+
+    @classmethod
+    def from_json(cls, body: Any) -> ReplacedFacts:
+        return cls(source=body.get("source"), facts=ManagementFacts.from_json(body))
+
+    def to_json(self) -> dict[str, object]:
+        return {"source": self.source, **self.facts.to_json()}
+
+
+_OWN_KEYS = (
+    "interface",
+    "addresses",
+    "gateway",
+    "set_at",
+    "actor",
+    "reason",
+    "writer_lock",
+    "replaced",
+)
+
+
+@dataclass(frozen=True)
+class ManagementOverride:
+    """`management-override.json`: management facts set by hand, who set them, and why."""
+
+    facts: ManagementFacts
+    set_at: str | None = None
+    actor: str | None = None
+    reason: str | None = None
+    writer_lock: str | None = None
+    replaced: ReplacedFacts | None = None
+    extra: dict[str, object] = field(default_factory=dict)  # a newer agent's fields, kept
+
+    @classmethod
+    def from_json(cls, body: Any) -> ManagementOverride:
+        """The override a valid JSON body holds; raises ValueError naming what is wrong."""
+        problem = _problem(body)
+        if problem is not None:
+            raise ValueError(problem)
+        replaced = body.get("replaced")
+        return cls(
+            facts=ManagementFacts.from_json(body),
+            set_at=body.get("set_at"),
+            actor=body.get("actor"),
+            reason=body.get("reason"),
+            writer_lock=body.get("writer_lock"),
+            replaced=ReplacedFacts.from_json(replaced) if isinstance(replaced, dict) else None,
+            extra={k: v for k, v in body.items() if k not in _OWN_KEYS},
+        )
+
+    def to_json(self) -> dict[str, object]:
+        """The override as its file holds it."""
+        return {
+            **self.facts.to_json(),
+            "set_at": self.set_at,
+            "actor": self.actor,
+            "reason": self.reason,
+            "writer_lock": self.writer_lock,
+            "replaced": self.replaced.to_json() if self.replaced is not None else None,
+            **self.extra,
+        }
+
+
+def override_facts(record: ManagementOverride) -> ManagementFacts:
     """The management facts of an override record: interface, addresses, gateway."""
-    return {
-        "interface": record["interface"],
-        "addresses": list(record["addresses"]),
-        "gateway": record.get("gateway"),
-    }
+    return record.facts
 
 
-def same_facts(a: dict[str, Any], b: dict[str, Any]) -> bool:
+def same_facts(a: ManagementFacts, b: ManagementFacts) -> bool:
     """Whether two sets of management facts name the same interface, addresses and gateway."""
     return (
-        a.get("interface") == b.get("interface")
-        and sorted(a.get("addresses") or []) == sorted(b.get("addresses") or [])
-        and a.get("gateway") == b.get("gateway")
+        a.interface == b.interface
+        and sorted(a.addresses) == sorted(b.addresses)
+        and a.gateway == b.gateway
     )
 
 
-def read_override(root: Path) -> dict[str, Any] | None:
+def read_override(root: Path) -> ManagementOverride | None:
     """The override record; None when there is none.
 
     Raises `StateFileError` naming the file when it exists but is not a
@@ -90,18 +185,19 @@ def read_override(root: Path) -> dict[str, Any] | None:
     record = read_json(path)
     if record is None:
         return None
-    problem = _problem(record)
-    if problem is not None:
-        raise StateFileError(path, problem)
-    return dict(record)
+    try:
+        return ManagementOverride.from_json(record)
+    except ValueError as exc:
+        raise StateFileError(path, str(exc)) from None
 
 
-def write_override(root: Path, record: dict[str, Any]) -> None:
+def write_override(root: Path, record: ManagementOverride) -> None:
     """Replace the override atomically and durably; raises OSError naming the file."""
-    problem = _problem(record)
+    body = record.to_json()
+    problem = _problem(body)
     if problem is not None:
         raise ValueError(f"management override: {problem}")
-    write_json(Path(root) / OVERRIDE_FILE, record)
+    write_json(Path(root) / OVERRIDE_FILE, body)
 
 
 def clear_override(root: Path) -> bool:

@@ -34,7 +34,7 @@ from trueup.journal.confirm import read_outcome, read_pending
 from trueup.journal.journal import Transaction
 from trueup.journal.limitations import accept_covered, active_limitations
 from trueup.journal.lock import lock_holder
-from trueup.journal.override import OVERRIDE_FILE, same_facts
+from trueup.journal.override import OVERRIDE_FILE, ManagementFacts, same_facts
 from trueup.journal.restore import restore_status
 from trueup.model.document import DeviceState, DocumentError
 from trueup.model.health import SubsystemHealth
@@ -283,7 +283,7 @@ def build_status(
         reason_codes=classify(facts) + _fought_findings(fought),
         fences=[fence.to_json() for fence in read_fences(state.root)],
         restore=restore_status(state.root),
-        limitations=limitations,
+        limitations=[limitation.to_json() for limitation in limitations],
         **_optional_sections(engine, seen, loop, agent, damaged, control_plane),
     )
 
@@ -482,8 +482,9 @@ def _override_status(engine: Engine, document: DeviceState | None) -> dict[str, 
     record = engine.management_override()
     if record is None:
         return None
+    body = record.to_json()
     out = {
-        k: record.get(k)
+        k: body.get(k)
         for k in ("interface", "addresses", "gateway", "set_at", "actor", "reason", "writer_lock")
     }
     out["file"] = str(engine.state.root / OVERRIDE_FILE)
@@ -494,7 +495,9 @@ def _override_status(engine: Engine, document: DeviceState | None) -> dict[str, 
         revision = None
     if revision is not None:
         out["revision"] = management_facts_of(revision)
-    if document is not None and not same_facts(record, management_facts_of(document)):
+    if document is not None and not same_facts(
+        record.facts, ManagementFacts.from_json(management_facts_of(document))
+    ):
         out["in_effect"] = False
         out["problem"] = (
             "it conflicts with the applied revision (see the agent log); the revision's "

@@ -32,7 +32,7 @@ from typing import Any
 from trueup.journal.atomic import StateFileError
 from trueup.journal.confirm import read_pending
 from trueup.journal.management import MANAGEMENT_FILE, read_management
-from trueup.journal.override import OVERRIDE_FILE, read_override
+from trueup.journal.override import OVERRIDE_FILE, ManagementOverride, read_override
 from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState, DocumentError, load_document, parse_document
 from trueup.reconcile.confirm import decide
@@ -49,7 +49,7 @@ class ManagementSource:
     source: str  # a sentence: "revision 3", "management.json (revision 3)", …
     kind: str  # override | management-file | revision | config | fallback | newest-revision | none
     skipped: list[str] = field(default_factory=list)  # sources not used, each with why
-    override: dict[str, Any] | None = None  # the console override laid over `document`
+    override: ManagementOverride | None = None  # the console override laid over `document`
     base: str | None = None  # what the override was laid over
 
     def to_json(self) -> dict[str, Any]:
@@ -62,7 +62,7 @@ class ManagementSource:
             "gateway": mgmt.gateway if mgmt else None,
             "api": mgmt.api.model_dump(mode="json") if mgmt else None,
             "skipped": list(self.skipped),
-            "override": self.override,
+            "override": self.override.to_json() if self.override is not None else None,
             "base": self.base,
         }
 
@@ -136,12 +136,12 @@ def management_source(
         override = None
     if override is None:
         return found
-    where = f"{OVERRIDE_FILE} (set by {override.get('actor')} at {override.get('set_at')})"
+    where = f"{OVERRIDE_FILE} (set by {override.actor} at {override.set_at})"
     try:
         document = (
-            with_management(found.document, override, source=where)
+            with_management(found.document, override.facts.to_json(), source=where)
             if found.document is not None
-            else document_from_facts(override, source=where)
+            else document_from_facts(override.facts.to_json(), source=where)
         )
     except DocumentError as exc:
         skipped.append(f"{exc}: the console override cannot be used")

@@ -28,7 +28,7 @@ from trueup.journal.atomic import StateFileError, file_identity
 from trueup.journal.damage import StateCheck
 from trueup.journal.journal import Transaction
 from trueup.journal.lock import LockBusy
-from trueup.journal.override import OVERRIDE_FILE
+from trueup.journal.override import OVERRIDE_FILE, ManagementOverride
 from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState, DocumentError, parse_document
 from trueup.model.reasons import ReasonCode
@@ -222,7 +222,7 @@ class Engine:
         return frozenset(virtual_addresses(previous))
 
     # -- the console's management override (`trueup management set`) ---------------
-    def management_override(self) -> dict[str, Any] | None:
+    def management_override(self) -> ManagementOverride | None:
         """The override record, or None (a damaged one is reported as damage, not used)."""
         return overriding.management_override(self.state)
 

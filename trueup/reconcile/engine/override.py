@@ -8,10 +8,17 @@ guard takes the console's address away meanwhile.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from trueup.journal.atomic import StateFileError
-from trueup.journal.override import OVERRIDE_FILE, clear_override, read_override, same_facts
+from trueup.journal.override import (
+    OVERRIDE_FILE,
+    ManagementFacts,
+    ManagementOverride,
+    clear_override,
+    read_override,
+    same_facts,
+)
 from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState, DocumentError
 from trueup.reconcile.changes import Change, DamagedState
@@ -35,7 +42,7 @@ __all__ = [
 ]
 
 
-def management_override(state: StateDir) -> dict[str, Any] | None:
+def management_override(state: StateDir) -> ManagementOverride | None:
     """The override record, or None (a damaged one is reported as damage, not used)."""
     try:
         return read_override(state.root)
@@ -50,12 +57,14 @@ def with_override(state: StateDir, document: DeviceState) -> DeviceState:
     another section) is reported by status and leaves the revision as it is.
     """
     override = management_override(state)
-    if override is None or same_facts(override, management_facts_of(document)):
+    if override is None or same_facts(
+        override.facts, ManagementFacts.from_json(management_facts_of(document))
+    ):
         return document
     try:
         return with_management(
             document,
-            override,
+            override.facts.to_json(),
             source=f"{OVERRIDE_FILE} over revision {document.metadata.version}",
         )
     except DocumentError as exc:
@@ -69,7 +78,7 @@ def override_document(state: StateDir) -> DeviceState | None:
     if override is None:
         return None
     try:
-        return document_from_facts(override, source=OVERRIDE_FILE)
+        return document_from_facts(override.facts.to_json(), source=OVERRIDE_FILE)
     except DocumentError:
         return None
 
@@ -79,7 +88,7 @@ def settle_override(state: StateDir, change: Change, document: DeviceState, vers
     override = management_override(state)
     if override is None:
         return
-    if same_facts(override, management_facts_of(document)):
+    if same_facts(override.facts, ManagementFacts.from_json(management_facts_of(document))):
         reason = f"revision {version} carries these management facts"
     elif change.management_confirmed:
         reason = f"revision {version} changed management with a confirmation"
@@ -92,7 +101,7 @@ def settle_override(state: StateDir, change: Change, document: DeviceState, vers
             change.actor,
             version=version,
             reason=reason,
-            override={k: override.get(k) for k in ("interface", "addresses", "gateway")},
+            override=override.facts.to_json(),
         )
     except OSError as exc:
         log.warning("%s: clearing the management override failed: %s", OVERRIDE_FILE, exc)
