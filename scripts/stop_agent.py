@@ -35,7 +35,7 @@ def stop_agent(state_dir: Path, grace: float = 10.0) -> list[int]:
         holder = agent_holder(state_dir)
         if holder is None:
             break
-        pid = int(holder["pid"])
+        pid = holder.pid
         if pid in stopped or not _is_agent(pid):
             break  # a recycled pid: not an agent, left alone
         os.kill(pid, signal.SIGTERM)
