@@ -31,6 +31,7 @@ from trueup.model.digests import token_hash
 from trueup.model.document import DeviceState, DocumentError, parse_document
 from trueup.model.jsontypes import JSONObject
 from trueup.model.reasons import ReasonCode
+from trueup.reconcile.answers import WriteAnswer
 from trueup.reconcile.changes import Refused, StorageError, UnknownRevision
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def _refusal(exc: Refused) -> JSONResponse:
     )
 
 
-def _result_status(result: dict[str, Any]) -> int:
+def _result_status(result: WriteAnswer) -> int:
     """200 applied; 428 refused until --confirm-within is given; 500 failed and rolled back."""
     if result.get("ok"):
         return 200

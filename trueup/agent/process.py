@@ -208,8 +208,8 @@ class Agent:
         """Whether the reconcile loop lets `name` be healed now (policy, ack, breaker)."""
         if self.loop is None:
             return True
-        entry = self.loop.status_inputs().get("policies", {}).get(name, {})
-        return bool(entry.get("healing", "active") == "active")
+        entry = self.loop.status_inputs()["policies"].get(name)
+        return entry is None or entry["healing"] == "active"
 
     def _current_document(self) -> DeviceState | None:
         try:

@@ -13,13 +13,14 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from enum import StrEnum
+from typing import TypedDict
 
 from trueup.journal.state import StateDir
-from trueup.reconcile.healing import MANAGEMENT, Governor
+from trueup.reconcile.healing import MANAGEMENT, Acknowledgement, Governor
 from trueup.system.events import iso_time
 
-__all__ = ["ENDED_ACKS", "AckAnswer", "Acknowledgements", "EndedAck"]
+__all__ = ["ENDED_ACKS", "AckAnswer", "Acknowledgements", "EndedAck", "EndedAckJSON", "Ending"]
 
 ENDED_ACKS = 10  # expired or withdrawn acknowledgements shown (status, reports)
 ACTOR = "reconciler"
@@ -35,6 +36,25 @@ class AckAnswer(TypedDict, total=False):
     cleared: bool  # a withdrawal: whether there was one to withdraw
 
 
+class Ending(StrEnum):
+    """How an acknowledgement ended."""
+
+    EXPIRED = "expired"
+    WITHDRAWN = "withdrawn"
+
+
+class EndedAckJSON(TypedDict):
+    """An ended acknowledgement as status' `acknowledgements_ended` shows it."""
+
+    subsystem: str
+    until: str | None
+    by: str | None
+    reason: str | None
+    at: str | None
+    ended: Ending
+    ended_at: str
+
+
 @dataclass(frozen=True)
 class EndedAck:
     """An acknowledgement that expired or was withdrawn."""
@@ -44,10 +64,10 @@ class EndedAck:
     by: str | None
     reason: str | None
     at: str | None
-    ended: str  # expired | withdrawn
+    ended: Ending
     ended_at: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> EndedAckJSON:
         return {
             "subsystem": self.subsystem,
             "until": self.until,
@@ -103,7 +123,7 @@ class Acknowledgements:
                 "message": f"{subsystem}: no acknowledgement to withdraw",
             }
         self.governor.dirty = True
-        self._ended(subsystem, ack, "withdrawn", self.clock())
+        self._ended(subsystem, ack, Ending.WITHDRAWN, self.clock())
         self.state.audit.append(
             "ack_cleared", actor, subsystem=subsystem, until=ack["until_at"], reason=ack["reason"]
         )
@@ -120,13 +140,13 @@ class Acknowledgements:
             self.state.audit.append(
                 "ack_expired", ACTOR, subsystem=name, until=ack["until_at"], reason=ack["reason"]
             )
-            self._ended(name, ack, "expired", now)
+            self._ended(name, ack, Ending.EXPIRED, now)
 
-    def ended_json(self) -> list[dict[str, Any]]:
+    def ended_json(self) -> list[EndedAckJSON]:
         """Status' `acknowledgements_ended`, newest first."""
         return [ended.to_json() for ended in self.ended]
 
-    def _ended(self, name: str, ack: dict[str, Any], how: str, now: float) -> None:
+    def _ended(self, name: str, ack: Acknowledgement, how: Ending, now: float) -> None:
         self.ended.appendleft(
             EndedAck(
                 subsystem=name,

@@ -1,7 +1,8 @@
-"""Drift records, and the kernel notifications that explain them.
+"""The kernel notifications that explain drift records (`trueup.reconcile.driftbook`).
 
 Who calls this: the reconcile loop (`trueup.reconcile.loop`), once per
-subsystem per pass, and its status view (`trueup.reconcile.view`).
+subsystem per pass. `DriftBook` and `DriftRecord` are re-exported from
+`trueup.reconcile.driftbook`.
 
 An event only wakes the loop; the pass re-reads everything. What an event
 adds is *who*: each drift record carries the notifications whose object
@@ -29,10 +30,10 @@ from __future__ import annotations
 import ipaddress
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from trueup.model.digests import canonical_json
+from trueup.reconcile.driftbook import Attribution, DetectedBy, DriftBook, DriftRecord
 from trueup.subsystems.base import Difference, Scope, Subsystem
 from trueup.system.events import NetlinkEvent, iso_time
 
@@ -42,16 +43,17 @@ __all__ = [
     "DriftRecord",
     "EventLog",
     "attribute",
+    "event_json",
     "event_kinds",
     "identifiers",
     "item_label",
     "item_paths",
+    "notification",
     "outside_writer",
     "writers",
 ]
 
 MAX_ATTRIBUTION = 20  # notifications kept per drift record
-DRIFT_HISTORY = 20  # ended drift records kept (per agent), newest last
 MAX_RELATED = 5  # related (unmatched) notifications shown when nothing matched
 ALL_KINDS = frozenset({"link", "address", "route"})
 # A port-0 address notification this close to a change of its link is the kernel's doing.
@@ -71,81 +73,6 @@ def event_kinds(subsystem: Subsystem) -> set[str]:
         if watch.kind in ("file", "command"):
             kinds.add(watch.kind)
     return kinds
-
-
-@dataclass
-class DriftRecord:
-    since: float
-    paths: list[str]
-    detected_by: str  # event | resync | request
-    attribution: list[dict[str, Any]] = field(default_factory=list)
-    seen_events: int = 0  # events already considered, by sequence number
-    # The heal that converged it: {"by": "trueup", "action": "heal", "writer": "trueup
-    # heal TXN", "txn", "at", "actor"}. None while it lasts, or when something else put it back.
-    healed_by: dict[str, Any] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "since": iso_time(self.since),
-            "paths": self.paths,
-            "detected_by": self.detected_by,
-            "attribution": self.attribution,
-        }
-        if self.healed_by is not None:
-            out["healed_by"] = self.healed_by
-        return out
-
-
-class DriftBook:
-    """Per subsystem, the drift going on now and the last one that ended; and the
-    agent's recent ended drift (`history`, the newest `DRIFT_HISTORY`, oldest first)."""
-
-    def __init__(self) -> None:
-        self.current: dict[str, DriftRecord] = {}
-        self.last: dict[str, dict[str, Any]] = {}  # the ended record's JSON, with `ended_at`
-        self.history: deque[dict[str, Any]] = deque(maxlen=DRIFT_HISTORY)
-
-    def get(self, name: str) -> DriftRecord | None:
-        return self.current.get(name)
-
-    def start(self, name: str, since: float, detected_by: str) -> DriftRecord:
-        """The record of `name`'s drift: the open one, or a new one from `since`."""
-        record = self.current.get(name)
-        if record is None:
-            record = DriftRecord(since=since, paths=[], detected_by=detected_by)
-            self.current[name] = record
-        return record
-
-    def end(self, name: str, now: float) -> None:
-        """`name` is in sync again, whoever fixed it: keep the record as the last drift.
-
-        `healed_by` names trueup's heal when one converged it; None: it came
-        back without one (undone by whoever changed it, or by the kernel).
-        """
-        record = self.current.pop(name, None)
-        if record is not None:
-            self.last[name] = {
-                **record.to_json(),
-                "ended_at": iso_time(now),
-                "healed_by": record.healed_by,
-            }
-            self.history.append({"subsystem": name, **self.last[name]})
-
-    def history_json(self) -> list[dict[str, Any]]:
-        """Drift going on now (`ended_at` None) and the recent ended drift, newest first."""
-        ongoing = [
-            {"subsystem": name, **record.to_json(), "ended_at": None}
-            for name, record in sorted(self.current.items(), key=lambda item: -item[1].since)
-        ]
-        return ongoing + list(reversed(self.history))
-
-    def forget(self, names: Iterable[str] | None = None) -> None:
-        """Drop open records without ending them (a new apply, an explicit reconcile)."""
-        if names is None:
-            self.current.clear()
-            return
-        for name in names:
-            self.current.pop(name, None)
 
 
 class EventLog:
@@ -216,7 +143,7 @@ def _items(diffs: Iterable[Difference]) -> list[tuple[str, Any, str, str | None]
     return out
 
 
-def item_paths(diffs: Iterable[Difference]) -> dict[str, Any]:
+def item_paths(diffs: Iterable[Difference]) -> dict[str, object]:
     """Differing paths for flap detection: one per missing or extra item of a list.
 
     `spec.interfaces[lan0].addresses` missing `2001:db8::1/64` becomes
@@ -336,9 +263,14 @@ def writers(
     return out
 
 
-def event_json(event: NetlinkEvent, events: Sequence[NetlinkEvent] = ()) -> dict[str, Any]:
+def notification(event: NetlinkEvent) -> Attribution:
+    """`event.to_json()` as a drift record's attribution holds it."""
+    return cast(Attribution, event.to_json())
+
+
+def event_json(event: NetlinkEvent, events: Sequence[NetlinkEvent] = ()) -> Attribution:
     """`event.to_json()`, naming an unidentified writer instead of "kernel" (`outside_writer`)."""
-    out = event.to_json()
+    out = notification(event)
     if event.sender_port == 0:
         who = outside_writer(event, events)
         if who is not None:
@@ -363,7 +295,7 @@ def attribute(
     wanted = identifiers(diffs, scope)
     horizon = record.since - window
     newest = record.seen_events
-    related: list[dict[str, Any]] = []
+    related: list[Attribution] = []
     events = list(events)
     context = [e for _, e in events]
     for seq, event in events:
@@ -385,7 +317,7 @@ def attribute(
                 "message": None,
                 "source": record.detected_by,
                 "detail": "no notification arrived for it; found by "
-                + ("a full resync" if record.detected_by == "resync" else "observation"),
+                + ("a full resync" if record.detected_by == DetectedBy.RESYNC else "observation"),
                 "received_at": iso_time(record.since),
             }
         )

@@ -19,14 +19,33 @@ findings. The mapping:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from trueup.model.jsontypes import JSONObject
 from trueup.model.reasons import Finding, ReasonCode
 from trueup.model.records import Applied, DamageRecord, TransactionSummary
+from trueup.reconcile.driftbook import Attribution
+from trueup.reconcile.view import FailureEntry
 from trueup.subsystems.base import Difference
 
-__all__ = ["ClassifierInput", "classify"]
+__all__ = ["ClassifierInput", "OverrideStatus", "classify"]
+
+
+class OverrideStatus(TypedDict):
+    """Status' `management.override`: the console override, and whether it is in effect."""
+
+    interface: str
+    addresses: list[str]
+    gateway: str | None
+    set_at: str | None
+    actor: str | None
+    reason: str | None
+    writer_lock: str | None
+    file: str
+    in_effect: bool
+    # The applied revision's management facts (interface, addresses, gateway), when readable.
+    revision: NotRequired[JSONObject]
+    problem: NotRequired[str]  # why it is not in effect
 
 
 @dataclass
@@ -44,13 +63,13 @@ class ClassifierInput:
     unsupported_schema: str | None = None
     differences: dict[str, list[Difference]] = field(default_factory=dict)
     observed_at: str | None = None
-    reconcile_failures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reconcile_failures: dict[str, FailureEntry] = field(default_factory=dict)
     drift_since: dict[str, str] = field(default_factory=dict)
-    attribution: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    attribution: dict[str, list[Attribution]] = field(default_factory=dict)
     # Damaged state files (`trueup.journal.damage.Damage.to_json()`), and a console
     # management override with the applied revision's management facts beside it.
     damaged: list[DamageRecord] = field(default_factory=list)
-    management_override: dict[str, Any] | None = None
+    management_override: OverrideStatus | None = None
 
 
 def classify(facts: ClassifierInput) -> list[Finding]:
@@ -149,7 +168,7 @@ def _refusal_findings(refusals: list[JSONObject]) -> list[Finding]:
     ]
 
 
-def _failure_findings(failures: dict[str, dict[str, Any]]) -> list[Finding]:
+def _failure_findings(failures: dict[str, FailureEntry]) -> list[Finding]:
     return [
         Finding.of(
             ReasonCode.RECONCILIATION_FAILED,
@@ -294,7 +313,7 @@ def _damage_findings(damaged: list[DamageRecord]) -> list[Finding]:
     return out
 
 
-def _override_finding(override: dict[str, Any], applied_version: int) -> Finding:
+def _override_finding(override: OverrideStatus, applied_version: int) -> Finding:
     facts = f"{override.get('interface')} {', '.join(override.get('addresses') or [])}" + (
         f" via {override['gateway']}" if override.get("gateway") else ""
     )

@@ -15,10 +15,17 @@ what the confirmation was still waiting for when the window passed.
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Literal, NotRequired, TypedDict, cast
 
 from trueup.journal.audit import now_iso
-from trueup.journal.confirm import clear_pending, read_pending, write_outcome
+from trueup.journal.confirm import (
+    clear_pending,
+    read_outcome,
+    read_pending,
+    write_outcome,
+    write_pending,
+)
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
 from trueup.reconcile.changes import ApplyResult, Change, Outcome
@@ -26,14 +33,21 @@ from trueup.reconcile.engine import Engine
 from trueup.reconcile.guard import management_guard, unsafe_management_changes
 
 __all__ = [
+    "ConfirmState",
+    "Confirmation",
     "Decision",
+    "PendingRecord",
+    "PendingSummary",
     "decide",
+    "last_outcome",
     "management_guard",
     "outcome",
+    "pending_record",
     "record_outcome",
     "roll_back_unconfirmed",
     "settle_at_startup",
     "unsafe_management_changes",
+    "write_pending_record",
 ]
 
 log = logging.getLogger("trueup.reconcile")
@@ -41,7 +55,74 @@ log = logging.getLogger("trueup.reconcile")
 Decision = Literal["none", "stale", "superseded", "waiting", "expired"]
 
 
-def decide(pending: dict[str, Any] | None, applied_version: int, now: float) -> Decision:
+class PendingRecord(TypedDict):
+    """`pending-confirm.json`: a guarded apply, armed before the write, pending after it."""
+
+    state: Literal["applying", "pending"]
+    version: int | None  # None until the apply changed the device
+    confirmed_version: int  # the version a missed deadline returns to
+    deadline: float  # wall-clock seconds
+    deadline_at: str
+    actor: str
+    created_at: str
+    origin: str
+    requested_version: int | None  # the version the change asks for, if it names one
+    window: float
+    # A control-plane revision: confirmed by the agent's own health, not an operator.
+    self_confirm: bool
+    unverifiable: NotRequired[list[str]]  # what the agent's own health cannot see
+    txn: NotRequired[str | None]
+    applied_at: NotRequired[float]
+    verified: NotRequired[bool]  # every subsystem applied and verified
+    adopted_after_restart: NotRequired[bool]
+    waiting_for: NotRequired[str]  # what the confirmation still waits for
+
+
+class PendingSummary(TypedDict):
+    """Status' `pending_confirmation`."""
+
+    version: int | None
+    deadline: str | None
+    rollback_to: int | None
+
+
+class ConfirmState(StrEnum):
+    """How a guarded apply stands."""
+
+    PENDING = "pending"
+    CONFIRMED = "confirmed"
+    ROLLED_BACK = "rolled-back"
+
+
+class Confirmation(TypedDict):
+    """`confirmation.json`, status' `confirmation`: how the last guarded apply stands."""
+
+    version: int | None
+    state: ConfirmState
+    deadline: float | None
+    deadline_at: str | None
+    reason: str
+    rollback_to: int | None
+    origin: str | None
+    at: str | None
+    rolled_back_to_version: NotRequired[int]
+
+
+def pending_record(state: StateDir) -> PendingRecord | None:
+    """The pending confirmation as this module wrote it (`write_pending_record`), or None."""
+    return cast("PendingRecord | None", read_pending(state))
+
+
+def write_pending_record(state: StateDir, record: PendingRecord) -> None:
+    write_pending(state, dict(record))
+
+
+def last_outcome(state: StateDir) -> Confirmation | None:
+    """The last guarded apply's outcome as `record_outcome` kept it, or None."""
+    return cast("Confirmation | None", read_outcome(state))
+
+
+def decide(pending: PendingRecord | None, applied_version: int, now: float) -> Decision:
     """What a pending confirmation means against the applied version, at `now`.
 
     * `stale`: the guarded apply never took effect (it failed, or a crash
@@ -60,9 +141,17 @@ def decide(pending: dict[str, Any] | None, applied_version: int, now: float) -> 
     return "expired" if now >= float(pending["deadline"]) else "waiting"
 
 
-def outcome(pending: dict[str, Any], state: str, reason: str, **extra: Any) -> dict[str, Any]:
-    """The `confirmation` record of `pending` in `state` (pending, confirmed, rolled-back)."""
-    record: dict[str, Any] = {
+def outcome(
+    pending: PendingRecord,
+    state: ConfirmState,
+    reason: str,
+    *,
+    stable: bool = False,
+    rolled_back_to_version: int | None = None,
+) -> Confirmation:
+    """The `confirmation` record of `pending` in `state`, stamped now, or when `stable` at
+    its creation (what status shows then changes only with the record)."""
+    record: Confirmation = {
         "version": pending.get("version"),
         "state": state,
         "deadline": pending.get("deadline"),
@@ -70,22 +159,23 @@ def outcome(pending: dict[str, Any], state: str, reason: str, **extra: Any) -> d
         "reason": reason,
         "rollback_to": pending.get("confirmed_version"),
         "origin": pending.get("origin"),
-        "at": now_iso(),
+        "at": pending.get("created_at") if stable else now_iso(),
     }
-    record.update(extra)
+    if rolled_back_to_version is not None:
+        record["rolled_back_to_version"] = rolled_back_to_version
     return record
 
 
-def record_outcome(state: StateDir, record: dict[str, Any]) -> None:
+def record_outcome(state: StateDir, record: Confirmation) -> None:
     """Keep `record` as the last guarded apply's outcome; a state directory that refuses
     the write loses only what status and reports show, never the decision."""
     try:
-        write_outcome(state, record)
+        write_outcome(state, dict(record))
     except OSError as exc:
         log.warning("confirmation outcome not saved: %s", exc)
 
 
-def _missed_reason(pending: dict[str, Any], actor: str) -> str:
+def _missed_reason(pending: PendingRecord, actor: str) -> str:
     window = f"the confirmation window passed ({pending.get('deadline_at')})"
     waiting = pending.get("waiting_for")
     if isinstance(waiting, str) and waiting:
@@ -95,7 +185,7 @@ def _missed_reason(pending: dict[str, Any], actor: str) -> str:
     return f"{window} without `trueup confirm`"
 
 
-def roll_back_unconfirmed(engine: Engine, pending: dict[str, Any], *, actor: str) -> ApplyResult:
+def roll_back_unconfirmed(engine: Engine, pending: PendingRecord, *, actor: str) -> ApplyResult:
     """Re-apply the last confirmed revision as a new version, as one engine transaction."""
     state = engine.state
     target = int(pending["confirmed_version"])
@@ -125,7 +215,7 @@ def roll_back_unconfirmed(engine: Engine, pending: dict[str, Any], *, actor: str
             state,
             outcome(
                 pending,
-                "rolled-back",
+                ConfirmState.ROLLED_BACK,
                 _missed_reason(pending, actor),
                 rolled_back_to_version=result.version,
             ),
@@ -139,7 +229,7 @@ def settle_at_startup(engine: Engine, now: float, *, actor: str = "startup") -> 
     Returns a sentence for the recovery phase's detail, or None when nothing was pending.
     """
     state = engine.state
-    pending = read_pending(state)
+    pending = pending_record(state)
     applied_version = state.applied().version
     decision = decide(pending, applied_version, now)
     if pending is None or decision == "none":

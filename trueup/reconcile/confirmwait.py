@@ -32,12 +32,24 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
-from trueup.journal.confirm import clear_pending, read_outcome, read_pending, write_pending
+from trueup.journal.confirm import clear_pending
 from trueup.journal.state import StateDir
+from trueup.reconcile.answers import ConfirmAnswer, WriteAnswer, write_answer
 from trueup.reconcile.changes import ApplyResult, Change, NeedsConfirmation, Outcome, Refused
-from trueup.reconcile.confirm import decide, outcome, record_outcome, roll_back_unconfirmed
+from trueup.reconcile.confirm import (
+    Confirmation,
+    ConfirmState,
+    PendingRecord,
+    PendingSummary,
+    decide,
+    last_outcome,
+    outcome,
+    pending_record,
+    record_outcome,
+    roll_back_unconfirmed,
+    write_pending_record,
+)
 from trueup.reconcile.engine import Engine
 from trueup.reconcile.guard import subsystem_risks
 from trueup.system.events import iso_time
@@ -51,7 +63,7 @@ OPERATOR_WAIT = "`trueup confirm`"
 SELF_WAIT = "management ready and the control plane reached after the apply"
 
 
-def refusal(state: StateDir, message: str) -> dict[str, Any]:
+def refusal(state: StateDir, message: str) -> WriteAnswer:
     """The API's answer to a write refused before anything changed."""
     return {
         "ok": False,
@@ -79,8 +91,8 @@ class ConfirmWait:
         self.clock = clock
         self._lock = lock  # the loop's
         self._on_converged = on_converged
-        self.pending: dict[str, Any] | None = read_pending(self.state)
-        self.last: dict[str, Any] | None = read_outcome(self.state)
+        self.pending: PendingRecord | None = pending_record(self.state)
+        self.last: Confirmation | None = last_outcome(self.state)
         self._adopt_committed()
 
     def _adopt_committed(self) -> None:
@@ -97,9 +109,11 @@ class ConfirmWait:
         applied = self.state.applied().version
         if applied == int(pending.get("confirmed_version", 0)):
             return  # the apply never took effect: `check` drops the record
-        pending.update(state="pending", version=applied, adopted_after_restart=True)
+        pending["state"] = "pending"
+        pending["version"] = applied
+        pending["adopted_after_restart"] = True
         try:
-            write_pending(self.state, pending)
+            write_pending_record(self.state, pending)
         except OSError:
             log.warning("could not record the adopted pending confirmation")
 
@@ -111,7 +125,7 @@ class ConfirmWait:
             return float(pending["deadline"])
         return None
 
-    def summary(self) -> dict[str, Any] | None:
+    def summary(self) -> PendingSummary | None:
         """Status' `pending_confirmation`: {version, deadline, rollback_to}, or None."""
         pending = self.pending
         if pending is None or pending.get("state") != "pending":
@@ -122,20 +136,20 @@ class ConfirmWait:
             "rollback_to": pending["confirmed_version"],
         }
 
-    def record(self) -> dict[str, Any] | None:
+    def record(self) -> Confirmation | None:
         """Status' `confirmation`: the pending one with what it waits for, else how the
         last guarded apply ended; None when there never was one."""
         pending = self.pending
         if pending is not None and pending.get("state") == "pending":
             return outcome(
                 pending,
-                "pending",
+                ConfirmState.PENDING,
                 str(pending.get("waiting_for") or _waits(pending)),
-                at=pending.get("created_at"),  # stable: what status shows changes only with it
+                stable=True,
             )
-        return dict(self.last) if self.last is not None else None
+        return self.last.copy() if self.last is not None else None
 
-    def self_pending(self) -> dict[str, Any] | None:
+    def self_pending(self) -> PendingRecord | None:
         """The pending confirmation the agent settles itself (a control-plane revision)."""
         pending = self.pending
         if (
@@ -156,7 +170,7 @@ class ConfirmWait:
         pending["waiting_for"] = waiting_for
         return True
 
-    def _outcome(self, record: dict[str, Any]) -> None:
+    def _outcome(self, record: Confirmation) -> None:
         self.last = record
         record_outcome(self.state, record)
 
@@ -181,14 +195,16 @@ class ConfirmWait:
                 self._outcome(
                     outcome(
                         pending,
-                        "rolled-back",
+                        ConfirmState.ROLLED_BACK,
                         f"the guarded apply did not take effect (version {applied_version} "
                         "is applied)",
                     )
                 )
             else:
                 self._outcome(
-                    outcome(pending, "confirmed", f"superseded by version {applied_version}")
+                    outcome(
+                        pending, ConfirmState.CONFIRMED, f"superseded by version {applied_version}"
+                    )
                 )
             return False
         if decision != "expired":
@@ -206,7 +222,7 @@ class ConfirmWait:
         if result.failed:
             log.error("rolled back an unconfirmed version, except: %s", result.failed)
         self.pending = None
-        self.last = read_outcome(self.state)
+        self.last = last_outcome(self.state)
         self._on_converged()
         log.warning(
             "confirmation of version %s missed; rolled back to revision %s (version %s)",
@@ -218,7 +234,7 @@ class ConfirmWait:
 
     def confirm(
         self, actor: str, *, version: int | None = None, reason: str | None = None
-    ) -> dict[str, Any]:
+    ) -> ConfirmAnswer:
         """`trueup confirm`: keep the pending version, if its deadline has not passed.
 
         `version`: only that version (the agent's own confirmation, decided on it);
@@ -252,7 +268,9 @@ class ConfirmWait:
                 "confirmed", actor, version=pending["version"], deadline=pending["deadline_at"]
             )
             self.pending = None
-            self._outcome(outcome(pending, "confirmed", reason or f"confirmed by {actor}"))
+            self._outcome(
+                outcome(pending, ConfirmState.CONFIRMED, reason or f"confirmed by {actor}")
+            )
             return {
                 "ok": True,
                 "version": pending["version"],
@@ -260,7 +278,7 @@ class ConfirmWait:
             }
 
     # -- writes -------------------------------------------------------------
-    def write(self, change: Change, confirm_within: float | None) -> dict[str, Any]:
+    def write(self, change: Change, confirm_within: float | None) -> WriteAnswer:
         """Run an operator's change (apply or rollback), armed with a deadline when asked."""
         self.engine.refuse_if_damaged()  # before the pending record is written
         state = self.state
@@ -304,9 +322,9 @@ class ConfirmWait:
             )
         return None
 
-    def _arm(self, confirmed_version: int, confirm_within: float, change: Change) -> dict[str, Any]:
+    def _arm(self, confirmed_version: int, confirm_within: float, change: Change) -> PendingRecord:
         now = self.clock()
-        pending: dict[str, Any] = {
+        pending: PendingRecord = {
             "state": "applying",
             "version": None,
             "confirmed_version": confirmed_version,
@@ -333,33 +351,33 @@ class ConfirmWait:
             )
             if risks:
                 pending["unverifiable"] = risks
-        write_pending(self.state, pending)  # before the apply: a crash mid-way still rolls back
+        write_pending_record(
+            self.state, pending
+        )  # before the apply: a crash mid-way still rolls back
         self.pending = pending
         return pending
 
     def _settle(
         self,
         result: ApplyResult,
-        pending: dict[str, Any] | None,
-        pending_before: dict[str, Any] | None,
+        pending: PendingRecord | None,
+        pending_before: PendingRecord | None,
         confirmed_version: int,
         actor: str,
-    ) -> dict[str, Any]:
+    ) -> WriteAnswer:
         state = self.state
-        out = result.to_json()
+        out = write_answer(result)
         changed = result.outcome in (Outcome.COMMITTED, Outcome.PARTIAL)
         if pending is not None:
             if changed and result.version != confirmed_version:
-                pending.update(
-                    state="pending",
-                    version=result.version,
-                    txn=result.txn,
-                    applied_at=self.clock(),
-                    # Every subsystem applied and verified: a partial apply is never
-                    # confirmed by the agent itself.
-                    verified=result.outcome == Outcome.COMMITTED and not result.failed,
-                )
-                write_pending(state, pending)
+                pending["state"] = "pending"
+                pending["version"] = result.version
+                pending["txn"] = result.txn
+                pending["applied_at"] = self.clock()
+                # Every subsystem applied and verified: a partial apply is never
+                # confirmed by the agent itself.
+                pending["verified"] = result.outcome == Outcome.COMMITTED and not result.failed
+                write_pending_record(state, pending)
                 self.pending = pending
                 state.audit.append(
                     "confirm_pending",
@@ -368,7 +386,7 @@ class ConfirmWait:
                     deadline=pending["deadline_at"],
                     rollback_to=confirmed_version,
                 )
-                self._outcome(outcome(pending, "pending", _waits(pending)))
+                self._outcome(outcome(pending, ConfirmState.PENDING, _waits(pending)))
             else:
                 self._restore(pending_before)
                 if pending_before is None and result.outcome in (
@@ -376,10 +394,12 @@ class ConfirmWait:
                     Outcome.FAILED,
                 ):
                     failed = "; ".join(f"{k}: {v}" for k, v in sorted(result.failed.items()))
+                    asked = pending.copy()
+                    asked["version"] = pending.get("requested_version")
                     self._outcome(
                         outcome(
-                            {**pending, "version": pending.get("requested_version")},
-                            "rolled-back",
+                            asked,
+                            ConfirmState.ROLLED_BACK,
                             "the apply failed and its transaction rolled back"
                             + (f" ({failed})" if failed else ""),
                         )
@@ -394,7 +414,7 @@ class ConfirmWait:
             self._outcome(
                 outcome(
                     pending_before,
-                    "confirmed",
+                    ConfirmState.CONFIRMED,
                     f"confirmed by a later apply without a window (version {result.version})",
                 )
             )
@@ -407,13 +427,13 @@ class ConfirmWait:
             self._on_converged()
         return out
 
-    def _restore(self, previous: dict[str, Any] | None) -> None:
+    def _restore(self, previous: PendingRecord | None) -> None:
         if previous is None:
             clear_pending(self.state, "apply_not_changed")
         else:
-            write_pending(self.state, previous)
+            write_pending_record(self.state, previous)
         self.pending = previous
 
 
-def _waits(pending: dict[str, Any]) -> str:
+def _waits(pending: PendingRecord) -> str:
     return SELF_WAIT if pending.get("self_confirm") else OPERATOR_WAIT

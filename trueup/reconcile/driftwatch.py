@@ -29,13 +29,14 @@ from trueup.model.document import DeviceState
 from trueup.model.health import SubsystemHealth
 from trueup.reconcile.attribution import (
     MAX_ATTRIBUTION,
-    DriftBook,
     EventLog,
     attribute,
     event_kinds,
     item_paths,
+    notification,
     writers,
 )
+from trueup.reconcile.driftbook import Attribution, DetectedBy, DriftBook
 from trueup.reconcile.engine import Engine
 from trueup.reconcile.healer import PassReport
 from trueup.reconcile.healing import Governor
@@ -56,7 +57,7 @@ class Look:
     scope: Scope
     names: list[str] | None  # None: every subsystem
     now: float
-    detected_by: str  # request | event | resync
+    detected_by: DetectedBy
     since_seq: int  # the last notification an earlier pass saw
     forced: bool  # an explicit `trueup reconcile`: a waiting writer does not end the look
     document_key: Any  # which applied document the pass compares with
@@ -133,14 +134,15 @@ class DriftWatch:
         events: list[tuple[int, NetlinkEvent]],
     ) -> None:
         del self.in_sync[name]
-        record = self.book.start(name, self.clock(), "event")
+        record = self.book.start(name, self.clock(), DetectedBy.EVENT)
         record.paths = list(paths)
         proving = set(lines)
-        record.attribution = [
-            {**event.to_json(), "match": "proves the change"}
+        proof: list[Attribution] = [
+            {**notification(event), "match": "proves the change"}
             for seq, event in events
             if seq in proving
-        ][-MAX_ATTRIBUTION:]
+        ]
+        record.attribution = proof[-MAX_ATTRIBUTION:]
         record.seen_events = max(proving, default=record.seen_events)
         log.warning("%s: drift proven by notifications: %s", name, ", ".join(paths))
 
@@ -216,7 +218,7 @@ class DriftWatch:
         diffs: list[Difference],
         scope: Scope,
         now: float,
-        detected_by: str,
+        detected_by: DetectedBy,
         since_seq: int,
     ) -> bool:
         """Flap bookkeeping for what differs, and the drift record with its attribution.
@@ -228,7 +230,7 @@ class DriftWatch:
         written = writers(diffs, scope, kinds, self.events.after(since_seq))
         fought = False
         for path, marked in self.governor.observe(name, item_paths(diffs), now, written):
-            kind = marked.pop("kind")
+            kind = marked["kind"]
             fought = fought or kind == "fought"
             if kind == "fought":
                 log.error("%s: %s", name, marked["reason"])
@@ -239,7 +241,9 @@ class DriftWatch:
                 ACTOR,
                 subsystem=name,
                 path=path,
-                **{k: v for k, v in marked.items() if k not in ("value", "last_written_at")},
+                **{
+                    k: v for k, v in marked.items() if k not in ("value", "last_written_at", "kind")
+                },
             )
         if not diffs:
             # In sync again, whoever fixed it: failures against it are over.

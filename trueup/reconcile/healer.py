@@ -39,11 +39,14 @@ from typing import Any
 
 from trueup.model.document import DeviceState
 from trueup.model.order import natural_sorted
-from trueup.reconcile.attribution import DriftRecord, item_paths
+from trueup.reconcile.answers import WriteAnswer
+from trueup.reconcile.attribution import item_paths
 from trueup.reconcile.changes import Change, DamagedState, Kind, Refused, StorageError, own_label
+from trueup.reconcile.driftbook import DriftRecord
 from trueup.reconcile.engine import Engine
 from trueup.reconcile.engine.converge import converge_management
 from trueup.reconcile.healing import Governor
+from trueup.reconcile.view import Counters
 from trueup.subsystems.base import Difference, StepError
 from trueup.system.events import iso_time
 from trueup.system.netlink import NetlinkError
@@ -84,7 +87,7 @@ class PassReport:
 
     def reconcile_answer(
         self, names: list[str], applied_version: int, *, breakers_closed: list[str]
-    ) -> dict[str, Any]:
+    ) -> WriteAnswer:
         """The API's answer to `trueup reconcile` of `names`, from the pass it forced."""
         if self.skipped == "nothing applied":
             return {"ok": True, "version": 0, "outcome": "nothing applied", "steps": []}
@@ -108,7 +111,7 @@ class Healer:
         engine: Engine,
         governor: Governor,
         clock: Callable[[], float],
-        counters: dict[str, int],
+        counters: Counters,
     ) -> None:
         self.engine = engine
         self.governor = governor

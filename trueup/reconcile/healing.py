@@ -43,7 +43,8 @@ import os
 import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
+from typing import Any, NotRequired, TypedDict, cast
 
 from trueup.model.digests import canonical_json
 from trueup.model.order import natural_sorted
@@ -52,8 +53,14 @@ from trueup.system.events import iso_time
 __all__ = [
     "MANAGEMENT",
     "MANAGEMENT_BACKOFF_CAP",
+    "Acknowledgement",
+    "Breaker",
     "Governor",
+    "GovernorJSON",
+    "HealingJSON",
     "HealingOptions",
+    "MarkedPath",
+    "NewlyMarked",
     "SubsystemHealing",
     "value_key",
 ]
@@ -131,6 +138,69 @@ class HealingOptions:
         )
 
 
+class Breaker(StrEnum):
+    """A subsystem's circuit breaker (its value is what status and `reconcile.json` say)."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half-open"  # the cool-down is over: one attempt decides
+
+
+class MarkedPath(TypedDict):
+    """A contested (or, for management, fought) path: who keeps writing it, how often."""
+
+    value: object  # the undesired value it keeps returning to, as observed
+    flips: int
+    since: str
+    last_at: str
+    # Wall-clock seconds of the last write (internal: status leaves it out); absent in a
+    # record an older agent saved, which an apply or a reconcile clears.
+    last_written_at: NotRequired[float]
+    writer: str | None
+    reason: str  # what is going on, and what trueup does about it
+
+
+class NewlyMarked(MarkedPath):
+    """A path `Governor.observe` just marked, and how: `contested` or `fought`."""
+
+    kind: str
+
+
+class Acknowledgement(TypedDict):
+    """An operator's acknowledgement of a subsystem: its healing waits until `until`."""
+
+    until: float  # wall-clock seconds
+    until_at: str
+    reason: str
+    actor: str
+    at: str
+
+
+class HealingJSON(TypedDict):
+    """`SubsystemHealing` as `reconcile.json` keeps it."""
+
+    failures: int
+    breaker: Breaker
+    opened_at: float | None
+    open_until: float | None
+    backoff_seconds: float
+    next_attempt_at: float | None
+    last_error: str | None
+    failing_since: float | None
+    failing_paths: list[str]
+    attempts: list[float]
+    contested: dict[str, MarkedPath]
+    fought: dict[str, MarkedPath]
+    last_heal_at: float | None
+
+
+class GovernorJSON(TypedDict):
+    """`reconcile.json`: every subsystem's healing record and the acknowledgements."""
+
+    subsystems: dict[str, HealingJSON]
+    acks: dict[str, Acknowledgement]
+
+
 def value_key(value: Any) -> str:
     """A canonical text for an observed value, so flaps compare by value."""
     return canonical_json(value).decode()
@@ -139,7 +209,7 @@ def value_key(value: Any) -> str:
 @dataclass
 class SubsystemHealing:
     failures: int = 0  # consecutive
-    breaker: str = "closed"  # closed | open | half-open
+    breaker: Breaker = Breaker.CLOSED
     opened_at: float | None = None
     open_until: float | None = None
     backoff_seconds: float = 0.0
@@ -148,11 +218,11 @@ class SubsystemHealing:
     failing_since: float | None = None
     failing_paths: list[str] = field(default_factory=list)
     attempts: list[float] = field(default_factory=list)  # within the retry window
-    contested: dict[str, dict[str, Any]] = field(default_factory=dict)
-    fought: dict[str, dict[str, Any]] = field(default_factory=dict)  # management only
+    contested: dict[str, MarkedPath] = field(default_factory=dict)
+    fought: dict[str, MarkedPath] = field(default_factory=dict)  # management only
     last_heal_at: float | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> HealingJSON:
         return {
             "failures": self.failures,
             "breaker": self.breaker,
@@ -171,8 +241,12 @@ class SubsystemHealing:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SubsystemHealing:
+        """A record as `reconcile.json` holds it (keys it does not know are left out)."""
         known = cls().to_json()
-        return cls(**{k: v for k, v in data.items() if k in known})
+        fields = {k: v for k, v in data.items() if k in known}
+        if "breaker" in fields:
+            fields["breaker"] = Breaker(fields["breaker"])
+        return cls(**fields)
 
 
 @dataclass
@@ -188,12 +262,12 @@ class Governor:
         self.options = options
         self.rng = rng or random.Random()
         self.subsystems: dict[str, SubsystemHealing] = {}
-        self.acks: dict[str, dict[str, Any]] = {}
+        self.acks: dict[str, Acknowledgement] = {}
         self._paths: dict[tuple[str, str], _PathHistory] = {}
         self.dirty = False
 
     # -- persistence --------------------------------------------------------
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> GovernorJSON:
         return {
             "subsystems": {n: s.to_json() for n, s in sorted(self.subsystems.items())},
             "acks": self.acks,
@@ -205,20 +279,22 @@ class Governor:
             name: SubsystemHealing.from_json(entry)
             for name, entry in dict(data.get("subsystems", {})).items()
         }
-        self.acks = {name: dict(ack) for name, ack in dict(data.get("acks", {})).items()}
+        # As `acknowledge` wrote them (a damaged file raises here, and the loop starts empty).
+        self.acks = {
+            name: cast(Acknowledgement, dict(ack))
+            for name, ack in dict(data.get("acks", {})).items()
+        }
         management = self.subsystems.get(MANAGEMENT)
         if management is not None and management.contested:
             # Saved by a trueup that still contested management: fought now, and restored.
             for path, record in management.contested.items():
-                management.fought.setdefault(
-                    path,
-                    {
-                        **record,
-                        "reason": f"{record.get('writer') or 'another writer'} kept changing "
-                        f"{path}; trueup keeps restoring it (management is never left to "
-                        "another writer): find and stop that writer",
-                    },
+                fought = record.copy()
+                fought["reason"] = (
+                    f"{record.get('writer') or 'another writer'} kept changing "
+                    f"{path}; trueup keeps restoring it (management is never left to "
+                    "another writer): find and stop that writer"
                 )
+                management.fought.setdefault(path, fought)
             management.contested = {}
             self.dirty = True
 
@@ -242,9 +318,9 @@ class Governor:
         ack = self.acks.get(name)
         if ack is not None and now < float(ack["until"]):
             return f"acknowledged until {ack['until_at']}: {ack['reason']}"
-        if heal.breaker == "open":
+        if heal.breaker == Breaker.OPEN:
             if heal.open_until is not None and now >= heal.open_until:
-                heal.breaker = "half-open"  # the cool-down is over: one attempt decides
+                heal.breaker = Breaker.HALF_OPEN  # the cool-down is over: one attempt decides
                 self.dirty = True
             else:
                 until = iso_time(heal.open_until) if heal.open_until else "an apply"
@@ -268,7 +344,7 @@ class Governor:
     def record_resolved(self, name: str) -> None:
         """The drift a failing heal was fighting is gone (fixed by someone or something else)."""
         heal = self.of(name)
-        if heal.failures == 0 and heal.breaker == "closed":
+        if heal.failures == 0 and heal.breaker == Breaker.CLOSED:
             return
         last_heal_at = heal.last_heal_at
         self.record_success(name, 0.0)
@@ -277,7 +353,7 @@ class Governor:
     def record_success(self, name: str, now: float) -> None:
         heal = self.of(name)
         heal.failures = 0
-        heal.breaker = "closed"
+        heal.breaker = Breaker.CLOSED
         heal.opened_at = heal.open_until = None
         heal.backoff_seconds = 0.0
         heal.next_attempt_at = None
@@ -306,11 +382,11 @@ class Governor:
         if name == MANAGEMENT:
             return False  # never opens: management is always restored again
         opened = False
-        if heal.breaker == "half-open" or (
-            heal.breaker == "closed" and heal.failures >= self.options.breaker_threshold
+        if heal.breaker == Breaker.HALF_OPEN or (
+            heal.breaker == Breaker.CLOSED and heal.failures >= self.options.breaker_threshold
         ):
-            opened = heal.breaker == "closed"
-            heal.breaker = "open"
+            opened = heal.breaker == Breaker.CLOSED
+            heal.breaker = Breaker.OPEN
             heal.opened_at = now
             heal.open_until = now + self.options.breaker_cooldown
         self.dirty = True
@@ -323,7 +399,7 @@ class Governor:
         wait for the next attempt ends. Returns whether there was a wait.
         """
         heal = self.of(name)
-        if heal.next_attempt_at is None or heal.breaker == "open":
+        if heal.next_attempt_at is None or heal.breaker == Breaker.OPEN:
             return False
         heal.next_attempt_at = None
         self.dirty = True
@@ -343,8 +419,8 @@ class Governor:
         if heal.attempts:
             heal.attempts = []
             self.dirty = True
-        if heal.breaker == "open":
-            heal.breaker = "half-open"
+        if heal.breaker == Breaker.OPEN:
+            heal.breaker = Breaker.HALF_OPEN
             heal.open_until = now
             heal.next_attempt_at = None
             self.dirty = True
@@ -366,7 +442,7 @@ class Governor:
         differing: Mapping[str, Any],
         now: float,
         written: Mapping[str, str] | None = None,
-    ) -> list[tuple[str, dict[str, Any]]]:
+    ) -> list[tuple[str, NewlyMarked]]:
         """Record this pass's differing paths (path → observed value); return what is new.
 
         Only a change that a writer outside the kernel made counts as a flip:
@@ -381,7 +457,7 @@ class Governor:
         another `flap_window` (`expire_contested`).
         """
         window_start = now - self.options.flap_window
-        newly: list[tuple[str, dict[str, Any]]] = []
+        newly: list[tuple[str, NewlyMarked]] = []
         heal = self.of(name)
         for key, history in self._paths.items():
             if key[0] == name and key[1] not in differing:
@@ -399,12 +475,11 @@ class Governor:
             history.flips[current] = flips
             marked = heal.fought if name == MANAGEMENT else heal.contested
             if path in marked:
-                marked[path].update(
-                    flips=int(marked[path].get("flips", 0)) + 1,
-                    last_written_at=now,
-                    last_at=iso_time(now),
-                    writer=writer or marked[path].get("writer"),
-                )
+                again = marked[path]
+                again["flips"] = int(again.get("flips", 0)) + 1
+                again["last_written_at"] = now
+                again["last_at"] = iso_time(now)
+                again["writer"] = writer or again.get("writer")
                 self.dirty = True
                 continue
             if len(flips) < self.options.flap_threshold:
@@ -414,38 +489,39 @@ class Governor:
                 f"{now - flips[0]:.1f}s: someone else is writing {path}"
                 + (f" ({writer})" if writer else "")
             )
-            record = {
+            if name == MANAGEMENT:
+                kind = "fought"
+                why = (
+                    f"{seen}; trueup keeps restoring it (management is never left to "
+                    "another writer): find and stop that writer"
+                )
+            else:
+                kind = "contested"
+                why = (
+                    f"{seen}; trueup stopped healing it (detection continues) until no "
+                    f"writer touched it for {self.options.flap_window:g}s"
+                )
+            record: MarkedPath = {
                 "value": observed,
                 "flips": len(flips),
                 "since": iso_time(now),
                 "last_at": iso_time(now),
                 "last_written_at": now,
                 "writer": writer,
+                "reason": why,
             }
-            if name == MANAGEMENT:
-                record["reason"] = (
-                    f"{seen}; trueup keeps restoring it (management is never left to "
-                    "another writer): find and stop that writer"
-                )
-                heal.fought[path] = record
-                newly.append((path, {**record, "kind": "fought"}))
-            else:
-                record["reason"] = (
-                    f"{seen}; trueup stopped healing it (detection continues) until no "
-                    f"writer touched it for {self.options.flap_window:g}s"
-                )
-                heal.contested[path] = record
-                newly.append((path, {**record, "kind": "contested"}))
+            marked[path] = record
+            newly.append((path, {**record, "kind": kind}))
             self.dirty = True
         return newly
 
-    def expire_contested(self, now: float) -> list[tuple[str, str, dict[str, Any]]]:
+    def expire_contested(self, now: float) -> list[tuple[str, str, MarkedPath]]:
         """Contested and fought paths no writer touched for `flap_window`: cleared.
 
         Returns (subsystem, path, record) for each; healing of a cleared
         contested path resumes, and its flap count starts over.
         """
-        cleared: list[tuple[str, str, dict[str, Any]]] = []
+        cleared: list[tuple[str, str, MarkedPath]] = []
         for name, heal in self.subsystems.items():
             for marked in (heal.contested, heal.fought):
                 for path, record in list(marked.items()):
@@ -458,20 +534,20 @@ class Governor:
             self.dirty = True
         return cleared
 
-    def _quiet_at(self, record: Mapping[str, Any]) -> float:
+    def _quiet_at(self, record: MarkedPath) -> float:
         last = record.get("last_written_at")
         if not isinstance(last, int | float):
             return float("inf")  # from an older agent: cleared by an apply or a reconcile
         return float(last) + self.options.flap_window
 
-    def contested(self, name: str) -> dict[str, dict[str, Any]]:
+    def contested(self, name: str) -> dict[str, MarkedPath]:
         return self.of(name).contested
 
     # -- acknowledgements ---------------------------------------------------
     def acknowledge(
         self, name: str, now: float, seconds: float, reason: str, actor: str
-    ) -> dict[str, Any]:
-        ack = {
+    ) -> Acknowledgement:
+        ack: Acknowledgement = {
             "until": now + seconds,
             "until_at": iso_time(now + seconds),
             "reason": reason,
@@ -482,7 +558,7 @@ class Governor:
         self.dirty = True
         return ack
 
-    def expire_acks(self, now: float) -> list[tuple[str, dict[str, Any]]]:
+    def expire_acks(self, now: float) -> list[tuple[str, Acknowledgement]]:
         expired = [(n, a) for n, a in self.acks.items() if now >= float(a["until"])]
         for name, _ in expired:
             del self.acks[name]
@@ -497,7 +573,7 @@ class Governor:
         for heal in self.subsystems.values():
             if heal.next_attempt_at is not None and heal.next_attempt_at > now:
                 moments.append(heal.next_attempt_at)
-            if heal.breaker == "open" and heal.open_until is not None:
+            if heal.breaker == Breaker.OPEN and heal.open_until is not None:
                 moments.append(heal.open_until)
             if len(heal.attempts) >= self.options.retry_budget and heal.attempts:
                 moments.append(heal.attempts[0] + self.options.retry_window)

@@ -54,16 +54,17 @@ from trueup.journal.lock import lock_holder
 from trueup.model.document import DeviceState, DocumentError
 from trueup.reconcile import reconcilefile
 from trueup.reconcile.acks import AckAnswer, Acknowledgements
-from trueup.reconcile.attribution import DriftRecord
+from trueup.reconcile.answers import ConfirmAnswer, WriteAnswer
 from trueup.reconcile.changes import Change
 from trueup.reconcile.confirmwait import ConfirmWait
+from trueup.reconcile.driftbook import DetectedBy, DriftRecord
 from trueup.reconcile.driftwatch import ACTOR, DriftWatch, Look
 from trueup.reconcile.engine import Engine
 from trueup.reconcile.healer import Healer, PassReport
-from trueup.reconcile.healing import HealingOptions
+from trueup.reconcile.healing import Breaker, HealingOptions
 from trueup.reconcile.interrupted import InterruptedCloser
 from trueup.reconcile.reconcilefile import RECONCILE_FILE
-from trueup.reconcile.view import LoopActivity, LoopView, Shown, build_view
+from trueup.reconcile.view import Counters, LoopActivity, LoopView, Shown, StatusInputs, build_view
 from trueup.subsystems.base import Difference, Scope
 from trueup.subsystems.registry import scope_for
 from trueup.system.events import EventSource, NetlinkEvent
@@ -73,7 +74,6 @@ __all__ = ["RECONCILE_FILE", "DriftRecord", "PassReport", "ReconcileLoop"]
 log = logging.getLogger("trueup.reconcile")
 
 RETRY_SOON = 0.1  # after a pass skipped for a writer, or a deferred rollback
-COUNTERS = ("passes", "events", "heals_ok", "heals_failed", "overflows", "ticks")
 PROOF_WAIT = 0.1  # longest wait for the rest of a change being reported (`_record_proven_drift`)
 
 
@@ -93,7 +93,9 @@ class ReconcileLoop:
         self.events = events
         self.clock = clock
         self.governor = reconcilefile.load(engine, self.options, rng)
-        self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self.counters = Counters(
+            passes=0, events=0, heals_ok=0, heals_failed=0, overflows=0, ticks=0
+        )
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -347,7 +349,8 @@ class ReconcileLoop:
                 self.drifts.forget()
                 return self._skip(report, "nothing applied", retry=False)
             scope = scope_for(document)
-            detected_by = "request" if force else ("event" if triggered_by_events else "resync")
+            by_events = DetectedBy.EVENT if triggered_by_events else DetectedBy.RESYNC
+            detected_by = DetectedBy.REQUEST if force else by_events
             look = Look(
                 scope, names, now, detected_by, since_seq, bool(force), self._document_cache[0]
             )
@@ -474,7 +477,7 @@ class ReconcileLoop:
                 with self._applying_lock:
                     self._applying -= 1
 
-    def write(self, change: Change, confirm_within: float | None) -> dict[str, Any]:
+    def write(self, change: Change, confirm_within: float | None) -> WriteAnswer:
         """Run an operator's change (apply or rollback), with confirm-or-rollback when asked.
 
         Passes wait while it runs (`_applying`), then one pass sees its result.
@@ -489,7 +492,7 @@ class ReconcileLoop:
 
     def confirm(
         self, *, actor: str = "api", version: int | None = None, reason: str | None = None
-    ) -> dict[str, Any]:
+    ) -> ConfirmAnswer:
         with self._lock:
             answer = self.confirmation.confirm(actor, version=version, reason=reason)
             self._refresh_view()
@@ -501,7 +504,7 @@ class ReconcileLoop:
             if self.confirmation.note_waiting(version, waiting_for):
                 self._refresh_view()
 
-    def reconcile_now(self, subsystem: str | None, *, actor: str = "api") -> dict[str, Any]:
+    def reconcile_now(self, subsystem: str | None, *, actor: str = "api") -> WriteAnswer:
         """Explicit `trueup reconcile`: close breakers, forget flaps, heal now.
 
         Refused (`DamagedState`) while a state file it depends on is damaged:
@@ -510,7 +513,7 @@ class ReconcileLoop:
         self.engine.refuse_if_damaged()
         names = [subsystem] if subsystem else [s.name for s in self.engine.subsystems]
         with self._lock:
-            closed = [n for n in names if self.governor.of(n).breaker != "closed"]
+            closed = [n for n in names if self.governor.of(n).breaker != Breaker.CLOSED]
             self.governor.reset(names)
             # Drift records stay: the heal below names itself on them, and they end
             # as the last drift ("healed … by trueup heal TXN"), not forgotten.
@@ -576,13 +579,13 @@ class ReconcileLoop:
             resync_seconds=self.options.resync_seconds,
             last_pass_at=self._last_pass_at,
             last_resync_at=self._last_resync_at,
-            counters=dict(self.counters),
+            counters=self.counters.copy(),
         )
 
     def view(self) -> LoopView:
         """What status and metrics show, with the counters as they are now."""
         return self.shown.now(self.counters)
 
-    def status_inputs(self) -> dict[str, Any]:
+    def status_inputs(self) -> StatusInputs:
         """The view as one dict (`policies`, `reconcile_failures`, …, `extra`)."""
         return self.view().status_inputs()

@@ -10,15 +10,50 @@ so an operator sees which network namespace the plan speaks of
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from trueup.model.document import DeviceState
+from trueup.model.jsontypes import JSONObject
 from trueup.reconcile.engine import Engine
 from trueup.reconcile.guard import subsystem_risks, unsafe_management_changes
 from trueup.subsystems.base import Plan
 from trueup.system.hostinfo import network_namespace
 
-__all__ = ["ObservedBy", "PlanAnswer", "plan_answer"]
+__all__ = [
+    "ObservedBy",
+    "ObservedByJSON",
+    "PlanAnswer",
+    "PlanJSON",
+    "SubsystemPlanJSON",
+    "plan_answer",
+]
+
+
+class ObservedByJSON(TypedDict):
+    agent_pid: int | None
+    state_dir: str
+    netns: str | None
+    applied_version: int
+
+
+class SubsystemPlanJSON(TypedDict):
+    subsystem: str
+    # Each step as its subsystem describes it (`Plan.step_json`), old and new values beside.
+    steps: list[JSONObject]
+    noop: list[str]  # why nothing needs doing
+    error: str  # why it could not be planned; "" when it could
+
+
+class PlanJSON(TypedDict):
+    """`POST /v1/plan`, `trueup plan -o json`."""
+
+    changes: bool
+    plans: list[SubsystemPlanJSON]
+    failed: dict[str, str]
+    management_changes: list[str]
+    needs_confirmation: bool
+    managed_by: str | None
+    observed_by: ObservedByJSON
 
 
 @dataclass(frozen=True)
@@ -30,7 +65,7 @@ class ObservedBy:
     netns: str | None
     applied_version: int
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ObservedByJSON:
         return {
             "agent_pid": self.agent_pid,
             "state_dir": self.state_dir,
@@ -48,7 +83,7 @@ class PlanAnswer:
     managed_by: str | None
     observed_by: ObservedBy
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PlanJSON:
         plans = self.plans
         return {
             "changes": any(p.changes for p in plans),

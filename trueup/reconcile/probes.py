@@ -19,19 +19,28 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TypedDict
 
 from trueup.model.document import DeviceState
 from trueup.model.health import SubsystemHealth
+from trueup.model.jsontypes import JSONObject
 from trueup.subsystems.base import Facts, Scope, Subsystem
 from trueup.system.sources import Sources
 
-__all__ = ["FIRST_WAIT", "FRESH_WAIT", "Look", "StatusProbes"]
+__all__ = ["FIRST_WAIT", "FRESH_WAIT", "Look", "StaleMark", "StatusProbes"]
 
 # How long a status request waits for a subsystem's look in progress.
 FRESH_WAIT = 0.06
 # The same when no look has ever finished (nothing to show instead).
 FIRST_WAIT = 1.0
+
+
+class StaleMark(TypedDict):
+    """A subsystem shown from its last look (or not at all): since when, and why."""
+
+    observed_at: str | None  # when the look shown finished; None: none ever did
+    age_seconds: float | None
+    why: str
 
 
 @dataclass(frozen=True)
@@ -40,7 +49,7 @@ class Look:
 
     facts: Facts | None
     error: str | None  # why it could not be observed (facts is None)
-    report: dict[str, Any] | None
+    report: JSONObject | None  # `Subsystem.report`: the subsystem's own observations
     condition: tuple[SubsystemHealth, str] | None
     at: float  # wall clock, when it finished
     key: object  # the document (and scope) it was taken against
@@ -51,7 +60,7 @@ class Served:
     """What a request shows for a subsystem: a look, and whether it is the last one only."""
 
     look: Look | None
-    stale: dict[str, Any] | None  # {observed_at, age_seconds, why} when not fresh
+    stale: StaleMark | None  # when not fresh
 
 
 class _Probe:
@@ -160,7 +169,7 @@ class StatusProbes:
     ) -> None:
         facts: Facts | None = None
         error: str | None = None
-        report: dict[str, Any] | None = None
+        report: JSONObject | None = None
         condition: tuple[SubsystemHealth, str] | None = None
         try:
             with self._sources() as net:

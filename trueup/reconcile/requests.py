@@ -20,11 +20,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Protocol
 
 from trueup.model.document import DeviceState
 from trueup.model.reasons import ReasonCode
 from trueup.reconcile.acks import AckAnswer
+from trueup.reconcile.answers import ConfirmAnswer, WriteAnswer, write_answer
 from trueup.reconcile.changes import Change, NeedsConfirmation, Origin, Refused
 from trueup.reconcile.confirmwait import WRITE_LOCK_WAIT, refusal
 from trueup.reconcile.engine import Engine
@@ -39,13 +40,13 @@ _NO_WINDOW_YET = "the agent is still starting; --confirm-within is available onc
 class Handler(Protocol):
     """What answers requests: the reconcile loop, or `BeforeLoop` until it runs."""
 
-    def write(self, change: Change, confirm_within: float | None) -> dict[str, Any]: ...
+    def write(self, change: Change, confirm_within: float | None) -> WriteAnswer: ...
 
     def confirm(
         self, *, actor: str = "api", version: int | None = None, reason: str | None = None
-    ) -> dict[str, Any]: ...
+    ) -> ConfirmAnswer: ...
 
-    def reconcile_now(self, subsystem: str | None, *, actor: str = "api") -> dict[str, Any]: ...
+    def reconcile_now(self, subsystem: str | None, *, actor: str = "api") -> WriteAnswer: ...
 
     def acknowledge(
         self, subsystem: str, seconds: float, reason: str, *, actor: str = "api"
@@ -60,7 +61,7 @@ class BeforeLoop:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def write(self, change: Change, confirm_within: float | None) -> dict[str, Any]:
+    def write(self, change: Change, confirm_within: float | None) -> WriteAnswer:
         state = self.engine.state
         if confirm_within is not None:
             state.audit.append("apply_refused", change.actor, message=_NO_WINDOW_YET)
@@ -69,21 +70,21 @@ class BeforeLoop:
             result = self.engine.transact(replace(change, lock_wait=WRITE_LOCK_WAIT))
         except NeedsConfirmation as exc:  # audited by the engine
             return refusal(state, str(exc))
-        return result.to_json()
+        return write_answer(result)
 
     def confirm(
         self, *, actor: str = "api", version: int | None = None, reason: str | None = None
-    ) -> dict[str, Any]:
+    ) -> ConfirmAnswer:
         raise Refused(ReasonCode.APPLY_NOT_COMPLETED, f"{STARTING}; retry")
 
-    def reconcile_now(self, subsystem: str | None, *, actor: str = "api") -> dict[str, Any]:
+    def reconcile_now(self, subsystem: str | None, *, actor: str = "api") -> WriteAnswer:
         """Heal every subsystem towards the committed revision (nothing governs heals yet)."""
         self.engine.refuse_if_damaged()
         document = self.engine.applied_document()
         if document is None:
             return {"ok": True, "outcome": "nothing applied"}
         change = Change.heal(document, actor=actor, lock_wait=WRITE_LOCK_WAIT)
-        return self.engine.transact(change).to_json()
+        return write_answer(self.engine.transact(change))
 
     def acknowledge(
         self, subsystem: str, seconds: float, reason: str, *, actor: str = "api"
@@ -121,7 +122,7 @@ class Requests:
         confirm_within: float | None = None,
         origin: Origin = "local-cli",
         override: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> WriteAnswer:
         change = Change.apply(
             document,
             origin=origin,
@@ -140,7 +141,7 @@ class Requests:
         actor: str = "api",
         confirm_within: float | None = None,
         override: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> WriteAnswer:
         """An earlier revision (default the one before) as a new version, guarded like an apply."""
         applied_version = self.engine.state.applied().version
         target, document = self.engine.revision_document(to)
@@ -162,10 +163,10 @@ class Requests:
             previous = None
         return plan_answer(self.engine, document, previous=previous, agent_pid=os.getpid())
 
-    def confirm(self, *, actor: str = "api") -> dict[str, Any]:
+    def confirm(self, *, actor: str = "api") -> ConfirmAnswer:
         return self.handler().confirm(actor=actor)
 
-    def reconcile(self, subsystem: str | None, *, actor: str = "api") -> dict[str, Any]:
+    def reconcile(self, subsystem: str | None, *, actor: str = "api") -> WriteAnswer:
         if subsystem is not None:
             self._known(subsystem)
         return self.handler().reconcile_now(subsystem, actor=actor)

@@ -24,13 +24,12 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from pydantic import BaseModel
 
 from trueup.journal.atomic import StateFileError
 from trueup.journal.audit import now_iso
-from trueup.journal.confirm import read_outcome, read_pending
 from trueup.journal.journal import Transaction
 from trueup.journal.limitations import accept_covered, active_limitations
 from trueup.journal.lock import lock_holder
@@ -51,13 +50,19 @@ from trueup.model.status import (
     SubsystemStatus,
     Versions,
 )
-from trueup.reconcile.classify import ClassifierInput, classify
-from trueup.reconcile.confirm import outcome
+from trueup.reconcile.classify import ClassifierInput, OverrideStatus, classify
+from trueup.reconcile.confirm import (
+    ConfirmState,
+    last_outcome,
+    outcome,
+    pending_record,
+)
 from trueup.reconcile.engine import Engine
 from trueup.reconcile.engine.commit import last_reported_transaction
+from trueup.reconcile.healing import MarkedPath
 from trueup.reconcile.management_tier import management_facts_of
 from trueup.reconcile.statuslook import Observation, observe
-from trueup.reconcile.view import LoopView, fought_finding_inputs
+from trueup.reconcile.view import LoopView, StatusExtra, fought_finding_inputs
 from trueup.system.fence import read_fences
 
 __all__ = [
@@ -284,7 +289,8 @@ def build_status(
         fences=[fence.to_json() for fence in read_fences(state.root)],
         restore=restore_status(state.root),
         limitations=[limitation.to_json() for limitation in limitations],
-        **_optional_sections(engine, seen, loop, agent, damaged, control_plane),
+        **(loop.status_extra() if loop is not None else _confirmation_from_state(engine)),
+        **_optional_sections(seen, agent, damaged, control_plane),
     )
 
 
@@ -304,8 +310,8 @@ def _versions(applied: Applied, control_plane_version: int | None) -> Versions:
 def _management(
     document: DeviceState | None,
     seen: Observation,
-    override: JSONObject | None,
-    fought: JSONObject,
+    override: OverrideStatus | None,
+    fought: dict[str, MarkedPath],
     agent_view: Mapping[str, Any] | None,
 ) -> ManagementStatus:
     """Management from the document and the system; the agent's view (phase, listeners) laid
@@ -393,7 +399,7 @@ def _subsystems(
             # Waiting on something that does not exist yet (a late link): not failing.
             entry.health, entry.reason = SubsystemHealth.PENDING, waiting
         if sub.name in seen.stale:
-            entry.stale = seen.stale[sub.name]
+            entry.stale = dict(seen.stale[sub.name])
         if seen.reports.get(sub.name):
             entry.system = seen.reports[sub.name]
         out[sub.name] = entry
@@ -401,22 +407,17 @@ def _subsystems(
 
 
 def _optional_sections(
-    engine: Engine,
     seen: Observation,
-    loop: LoopView | None,
     agent: AgentInfo | None,
     damaged: list[DamageRecord],
     control_plane: Mapping[str, Any] | None,
-) -> dict[str, Any]:
-    """The status keys present only sometimes: stale looks, the loop's, the agent's."""
-    out: dict[str, Any] = {}
+) -> _OptionalSections:
+    """The status keys present only sometimes: stale looks, the agent's (and the loop's,
+    `LoopView.status_extra`, or without a loop `_confirmation_from_state`)."""
+    out: _OptionalSections = {}
     if seen.stale:
         # Subsystems whose daemon did not answer in time: shown from their last look.
         out["stale"] = sorted(seen.stale)
-    if loop is not None:
-        out.update(loop.status_extra())
-    else:
-        out.update(_confirmation_from_state(engine))
     if agent is not None:
         out["agent"] = {**agent.to_json(), "damaged_state": damaged}
     if control_plane is not None:
@@ -424,10 +425,18 @@ def _optional_sections(
     return out
 
 
-def _confirmation_from_state(engine: Engine) -> dict[str, JSONObject]:
+class _OptionalSections(TypedDict, total=False):
+    """The status keys present only sometimes (`Status` defines their shape on the wire)."""
+
+    stale: list[str]
+    agent: JSONObject  # the agent's section as its process shows it (`AgentInfo.to_json`)
+    control_plane: JSONObject  # the sync's state, as the agent's sync reports it
+
+
+def _confirmation_from_state(engine: Engine) -> StatusExtra:
     """No loop (the CLI without an agent): the pending record as the state directory holds it."""
     state = engine.state
-    pending = read_pending(state)
+    pending = pending_record(state)
     if pending is not None and pending.get("state") == "pending":
         return {
             "pending_confirmation": {
@@ -437,11 +446,11 @@ def _confirmation_from_state(engine: Engine) -> dict[str, JSONObject]:
             },
             "confirmation": outcome(
                 pending,
-                "pending",
+                ConfirmState.PENDING,
                 str(pending.get("waiting_for") or "a running agent to confirm or roll it back"),
             ),
         }
-    outcome_now = read_outcome(state)
+    outcome_now = last_outcome(state)
     return {"confirmation": outcome_now} if outcome_now is not None else {}
 
 
@@ -454,7 +463,7 @@ FOUGHT_ACTION = (
 )
 
 
-def _fought_findings(fought: Mapping[str, Mapping[str, Any]]) -> list[Finding]:
+def _fought_findings(fought: Mapping[str, MarkedPath]) -> list[Finding]:
     """A loud `STATE_DRIFT_DETECTED` while another writer keeps changing management."""
     if not fought:
         return []
@@ -477,18 +486,22 @@ def _fought_findings(fought: Mapping[str, Mapping[str, Any]]) -> list[Finding]:
     ]
 
 
-def _override_status(engine: Engine, document: DeviceState | None) -> dict[str, Any] | None:
+def _override_status(engine: Engine, document: DeviceState | None) -> OverrideStatus | None:
     """The console management override, whether it is in effect, and what it stands against."""
     record = engine.management_override()
     if record is None:
         return None
-    body = record.to_json()
-    out = {
-        k: body.get(k)
-        for k in ("interface", "addresses", "gateway", "set_at", "actor", "reason", "writer_lock")
+    out: OverrideStatus = {
+        "interface": record.facts.interface,
+        "addresses": list(record.facts.addresses),
+        "gateway": record.facts.gateway,
+        "set_at": record.set_at,
+        "actor": record.actor,
+        "reason": record.reason,
+        "writer_lock": record.writer_lock,
+        "file": str(engine.state.root / OVERRIDE_FILE),
+        "in_effect": True,
     }
-    out["file"] = str(engine.state.root / OVERRIDE_FILE)
-    out["in_effect"] = True
     try:
         revision = engine.applied_revision()
     except (DocumentError, StateFileError):

@@ -19,6 +19,7 @@ from trueup.model.document import DeviceState, document_digest
 from trueup.model.health import SubsystemHealth
 from trueup.model.jsontypes import JSONObject
 from trueup.reconcile.engine import Engine
+from trueup.reconcile.probes import StaleMark
 from trueup.subsystems.base import Difference, Subsystem
 from trueup.subsystems.registry import scope_for
 from trueup.system.sources import Sources
@@ -35,7 +36,7 @@ class Observation:
     differences: dict[str, list[Difference]] = field(default_factory=dict)
     reports: dict[str, JSONObject] = field(default_factory=dict)
     conditions: dict[str, tuple[SubsystemHealth, str]] = field(default_factory=dict)
-    stale: dict[str, JSONObject] = field(default_factory=dict)
+    stale: dict[str, StaleMark] = field(default_factory=dict)
     unobservable: dict[str, str] = field(default_factory=dict)  # subsystem → why not now
 
 

@@ -18,18 +18,40 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import NotRequired, Required, TypedDict
 
 from trueup.model.digests import json_digest
 from trueup.model.document import DeviceState
-from trueup.reconcile.attribution import DriftBook
-from trueup.reconcile.healing import Governor, HealingOptions, SubsystemHealing
+from trueup.reconcile.acks import EndedAckJSON
+from trueup.reconcile.confirm import Confirmation, PendingSummary
+from trueup.reconcile.driftbook import (
+    Attribution,
+    DriftBook,
+    DriftHistoryEntry,
+    DriftJSON,
+    EndedDrift,
+)
+from trueup.reconcile.healing import (
+    Acknowledgement,
+    Breaker,
+    Governor,
+    HealingOptions,
+    MarkedPath,
+    SubsystemHealing,
+)
 from trueup.system.events import iso_time
 
 __all__ = [
+    "Counters",
+    "FailureEntry",
     "LoopActivity",
+    "LoopActivityJSON",
     "LoopView",
+    "PolicyEntry",
+    "RetryBudget",
     "Shown",
+    "StatusExtra",
+    "StatusInputs",
     "build_view",
     "failure_entry",
     "fought_finding_inputs",
@@ -44,6 +66,88 @@ def _iso(seconds: float | None) -> str | None:
     return iso_time(seconds) if seconds else None
 
 
+class Counters(TypedDict, total=False):
+    """What the loop counted since it started."""
+
+    passes: int
+    events: int  # notifications received
+    heals_ok: int
+    heals_failed: int
+    overflows: int  # the notification socket overflowed: a full resync followed
+    ticks: int
+
+
+class LoopActivityJSON(Counters, total=False):
+    """Status' `reconcile_loop`: the loop's timing, then its counters."""
+
+    event_source: Required[str | None]
+    resync_seconds: Required[float]
+    last_pass_at: Required[str | None]
+    last_resync_at: Required[str | None]
+
+
+class RetryBudget(TypedDict):
+    used: int  # attempts within the window
+    limit: int
+    window_seconds: float
+
+
+class PolicyEntry(TypedDict):
+    """One subsystem's healing state, laid over its status entry."""
+
+    policy: str | None
+    healing: str  # "active", "notify: detection only", or why a wanted heal does not run
+    breaker: Breaker
+    consecutive_failures: int
+    backoff_seconds: float
+    next_attempt_at: str | None
+    retry_budget: RetryBudget
+    contested: list[str]
+    contested_detail: dict[str, MarkedPath]
+    fought: dict[str, MarkedPath]  # management only
+    acknowledged_until: str | None
+    acknowledgement: Acknowledgement | None
+    last_heal_at: str | None
+    drift: NotRequired[DriftJSON]  # the drift going on
+    last_drift: NotRequired[EndedDrift]  # the last one that ended
+    reason: NotRequired[str]
+    waiting: NotRequired[str]  # the dependency a heal waits for
+
+
+class FailureEntry(TypedDict):
+    """A subsystem's heal failures, for `STATE_RECONCILIATION_FAILED`."""
+
+    detail: str
+    since: str | None
+    paths: list[str]
+    breaker: Breaker
+    failures: int
+    backoff_seconds: float
+    next_attempt_at: str | None
+    open_until: str | None
+
+
+class StatusExtra(TypedDict, total=False):
+    """The top-level status keys the loop adds (all of them; without a loop, status shows
+    the confirmation ones from the state directory)."""
+
+    pending_confirmation: PendingSummary | None
+    confirmation: Confirmation | None
+    reconcile_loop: LoopActivityJSON
+    drift_history: list[DriftHistoryEntry]
+    acknowledgements_ended: list[EndedAckJSON]
+
+
+class StatusInputs(TypedDict):
+    """`ReconcileLoop.status_inputs()`: the view at once."""
+
+    reconcile_failures: dict[str, FailureEntry]
+    drift_since: dict[str, str]
+    attribution: dict[str, list[Attribution]]
+    policies: dict[str, PolicyEntry]
+    extra: StatusExtra
+
+
 @dataclass(frozen=True)
 class LoopActivity:
     """The loop itself: where events come from, how often it resyncs, what it counted."""
@@ -52,10 +156,9 @@ class LoopActivity:
     resync_seconds: float = 60.0
     last_pass_at: float | None = None
     last_resync_at: float | None = None
-    # passes, events, heals_ok, heals_failed, overflows
-    counters: Mapping[str, int] = field(default_factory=dict)
+    counters: Counters = field(default_factory=lambda: Counters())
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> LoopActivityJSON:
         return {
             "event_source": self.event_source,
             "resync_seconds": self.resync_seconds,
@@ -67,20 +170,20 @@ class LoopActivity:
 
 @dataclass(frozen=True)
 class LoopView:
-    policies: dict[str, dict[str, Any]] = field(default_factory=dict)
-    reconcile_failures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    policies: dict[str, PolicyEntry] = field(default_factory=dict)
+    reconcile_failures: dict[str, FailureEntry] = field(default_factory=dict)
     drift_since: dict[str, str] = field(default_factory=dict)
-    attribution: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    pending_confirmation: dict[str, Any] | None = None
+    attribution: dict[str, list[Attribution]] = field(default_factory=dict)
+    pending_confirmation: PendingSummary | None = None
     # The last guarded apply: pending (what it waits for), confirmed or rolled-back, why.
-    confirmation: dict[str, Any] | None = None
+    confirmation: Confirmation | None = None
     activity: LoopActivity = field(default_factory=LoopActivity)
     # Drift going on and recently ended, newest first (`DriftBook.history_json`).
-    drift_history: list[dict[str, Any]] = field(default_factory=list)
+    drift_history: list[DriftHistoryEntry] = field(default_factory=list)
     # Acknowledgements that ended (expired or withdrawn), newest first.
-    ended_acks: list[dict[str, Any]] = field(default_factory=list)
+    ended_acks: list[EndedAckJSON] = field(default_factory=list)
 
-    def status_extra(self) -> dict[str, Any]:
+    def status_extra(self) -> StatusExtra:
         """The top-level status keys the loop adds."""
         return {
             "pending_confirmation": self.pending_confirmation,
@@ -105,7 +208,7 @@ class LoopView:
             }
         )
 
-    def status_inputs(self) -> dict[str, Any]:
+    def status_inputs(self) -> StatusInputs:
         """Everything at once, as `ReconcileLoop.status_inputs()` has always answered."""
         return {
             "reconcile_failures": self.reconcile_failures,
@@ -120,11 +223,11 @@ def policy_entry(
     heal: SubsystemHealing,
     *,
     policy: str | None,
-    ack: dict[str, Any] | None,
+    ack: Acknowledgement | None,
     blocked: str | None,
     options: HealingOptions,
     now: float,
-) -> dict[str, Any]:
+) -> PolicyEntry:
     """One subsystem's healing state; `blocked` says why a wanted heal does not run."""
     return {
         "policy": policy,
@@ -147,23 +250,25 @@ def policy_entry(
     }
 
 
-def _shown(marked: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+def _shown(marked: Mapping[str, MarkedPath]) -> dict[str, MarkedPath]:
     """Contested or fought paths as status shows them (internal clock values left out)."""
-    return {
-        path: {k: v for k, v in record.items() if k != "last_written_at"}
-        for path, record in marked.items()
-    }
+    out: dict[str, MarkedPath] = {}
+    for path, record in marked.items():
+        shown = record.copy()
+        shown.pop("last_written_at", None)
+        out[path] = shown
+    return out
 
 
-def fought_finding_inputs(policies: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def fought_finding_inputs(policies: Mapping[str, PolicyEntry]) -> dict[str, MarkedPath]:
     """Management paths another writer keeps changing (path → record), from `policies`."""
-    entry = policies.get("management") or {}
-    return dict(entry.get("fought") or {})
+    entry = policies.get("management")
+    return dict(entry["fought"]) if entry is not None else {}
 
 
-def failure_entry(heal: SubsystemHealing) -> dict[str, Any] | None:
+def failure_entry(heal: SubsystemHealing) -> FailureEntry | None:
     """A subsystem's heal failures, for `STATE_RECONCILIATION_FAILED`; None while it has none."""
-    if not heal.failures and heal.breaker == "closed":
+    if not heal.failures and heal.breaker == Breaker.CLOSED:
         return None
     return {
         "detail": f"{heal.failures} consecutive heal failure(s); breaker "
@@ -186,14 +291,14 @@ def build_view(
     options: HealingOptions,
     drift: DriftBook,
     waiting: Mapping[str, str],
-    pending_confirmation: dict[str, Any] | None,
+    pending_confirmation: PendingSummary | None,
     activity: LoopActivity,
     now: float,
-    confirmation: dict[str, Any] | None = None,
+    confirmation: Confirmation | None = None,
 ) -> LoopView:
     """The view of `subsystems` at `now`; `waiting` is the last pass's dependency waits."""
-    failures: dict[str, dict[str, Any]] = {}
-    policies: dict[str, dict[str, Any]] = {}
+    failures: dict[str, FailureEntry] = {}
+    policies: dict[str, PolicyEntry] = {}
     for name in subsystems:
         heal = governor.of(name)
         policy = document.spec.convergence.policy_for(name) if document else None
@@ -214,7 +319,7 @@ def build_view(
             entry["drift"] = record.to_json()
         if name in drift.last:
             entry["last_drift"] = drift.last[name]
-        if heal.contested and not heal.failures and heal.breaker == "closed":
+        if heal.contested and not heal.failures and heal.breaker == Breaker.CLOSED:
             entry["reason"] = "; ".join(c["reason"] for c in heal.contested.values())
         if heal.fought:
             entry["reason"] = "; ".join(c["reason"] for c in heal.fought.values())
@@ -264,7 +369,7 @@ class Shown:
             except Exception:  # a report that cannot be asked for must not stop the loop
                 log.exception("a change of status not reported upstream")
 
-    def now(self, counters: Mapping[str, int]) -> LoopView:
+    def now(self, counters: Counters) -> LoopView:
         """The view with the counters as they are now."""
         view = self.view
-        return replace(view, activity=replace(view.activity, counters=dict(counters)))
+        return replace(view, activity=replace(view.activity, counters=counters.copy()))

@@ -30,12 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from trueup.journal.atomic import StateFileError
-from trueup.journal.confirm import read_pending
 from trueup.journal.management import MANAGEMENT_FILE, read_management
 from trueup.journal.override import OVERRIDE_FILE, ManagementOverride, read_override
 from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState, DocumentError, load_document, parse_document
-from trueup.reconcile.confirm import decide
+from trueup.reconcile.confirm import decide, pending_record
 from trueup.reconcile.management_tier import document_from_facts, with_management
 
 __all__ = ["ManagementSource", "management_source"]
@@ -90,7 +89,7 @@ def _committed_version(state: StateDir, skipped: list[str]) -> tuple[int, str | 
         applied = open_txn.begin.get("previous_applied") or {"version": 0}
     version = int(applied.get("version") or 0)
     digest = applied.get("digest")
-    pending = read_pending(state)
+    pending = pending_record(state)
     if pending and decide(pending, version, time.time()) == "expired":
         # The applied version was never confirmed and its time is up: management
         # comes up as it was confirmed; recovery rolls the rest back.
