@@ -19,7 +19,7 @@ from trueup.subsystems.daemonkit import (
     read_text,
     write_file,
 )
-from trueup.system.daemon import DaemonError, DaemonSpec
+from trueup.system.daemonspec import DaemonError, DaemonSpec
 from trueup.system.fake import FakeDaemons, FakeFiles, FakeNetlink, FakeRunner
 from trueup.system.runner import Completed
 from trueup.system.sources import Sources

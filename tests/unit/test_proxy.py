@@ -15,7 +15,7 @@ from trueup.model.health import SubsystemHealth
 from trueup.subsystems.base import Scope, StepError
 from trueup.subsystems.proxy.section import ProxySection, split_endpoint
 from trueup.subsystems.proxy.subsystem import CONFIG, LOADED, RUNNING, ProxySubsystem
-from trueup.system.daemon import DaemonStatus
+from trueup.system.daemonspec import DaemonStatus
 from trueup.system.fake import FakeDaemons, FakeNetlink, FakeRunner
 from trueup.system.haproxy import (
     HaproxyError,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trueup.system.atomicfile import write_atomic
-from trueup.system.daemon import DaemonError, DaemonSpec, DaemonStatus
+from trueup.system.daemonspec import DaemonError, DaemonSpec, DaemonStatus
 from trueup.system.netlink import AddrInfo, LinkInfo, NetlinkError, RouteInfo
 from trueup.system.nft import NftError
 from trueup.system.runner import Completed

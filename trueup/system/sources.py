@@ -27,7 +27,8 @@ from typing import Any, Protocol
 
 from trueup.system.announce import Announcer, KernelAnnouncer
 from trueup.system.atomicfile import path_error, write_atomic
-from trueup.system.daemon import Daemons, DaemonSupervisor
+from trueup.system.daemon import DaemonSupervisor
+from trueup.system.daemonspec import Daemons
 from trueup.system.netlink import Netlink
 from trueup.system.nft import HostNftables, Nftables
 from trueup.system.runner import Runner, SubprocessRunner

@@ -55,7 +55,8 @@ from trueup.reconcile.probes import StatusProbes
 from trueup.subsystems.base import Difference, Facts, Plan, Scope, Subsystem
 from trueup.subsystems.registry import default_subsystems
 from trueup.system.announce import Announcer, KernelAnnouncer, NoAnnouncer
-from trueup.system.daemon import Daemons, DaemonSupervisor
+from trueup.system.daemon import DaemonSupervisor
+from trueup.system.daemonspec import Daemons
 from trueup.system.netlink import CachedNetlink, Netlink
 from trueup.system.nft import HostNftables, Nftables
 from trueup.system.runner import Runner, SubprocessRunner

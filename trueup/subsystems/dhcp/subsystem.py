@@ -73,7 +73,7 @@ from trueup.subsystems.dhcp.keaconfig import (
     with_fence,
 )
 from trueup.subsystems.dhcp.section import SECTION, DhcpSection
-from trueup.system.daemon import DaemonError, DaemonSpec
+from trueup.system.daemonspec import DaemonError, DaemonSpec
 from trueup.system.fence import read_fence
 from trueup.system.kea import (
     KeaError,

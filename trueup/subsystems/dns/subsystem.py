@@ -66,7 +66,7 @@ from trueup.subsystems.dns.records import (
     render_zone_file,
 )
 from trueup.subsystems.dns.section import SECTION, DnsSection
-from trueup.system.daemon import DaemonError, DaemonSpec
+from trueup.system.daemonspec import DaemonError, DaemonSpec
 from trueup.system.kea import daemon_name, kea_paths
 from trueup.system.kealeases import Lease, read_leases
 from trueup.system.knot import (

@@ -49,7 +49,7 @@ from trueup.subsystems.base import (
 )
 from trueup.subsystems.daemonkit import RunRecord, check, ensure_or_reload, read_text, write_file
 from trueup.subsystems.ha.section import SECTION, HaSection
-from trueup.system.daemon import DaemonError, DaemonSpec
+from trueup.system.daemonspec import DaemonError, DaemonSpec
 from trueup.system.keepalived import (
     DAEMON,
     KeepalivedPaths,

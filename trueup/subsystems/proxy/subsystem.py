@@ -57,7 +57,7 @@ from trueup.subsystems.daemonkit import (
     remove_file,
 )
 from trueup.subsystems.proxy.section import SECTION, ProxySection, split_endpoint
-from trueup.system.daemon import DaemonError, DaemonSpec
+from trueup.system.daemonspec import DaemonError, DaemonSpec
 from trueup.system.haproxy import (
     DAEMON,
     HaproxyError,

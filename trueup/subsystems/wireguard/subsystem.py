@@ -55,7 +55,7 @@ from trueup.subsystems.wireguard.state import (
     secret_value,
     update_record,
 )
-from trueup.system.daemon import DaemonError
+from trueup.system.daemonspec import DaemonError
 from trueup.system.netlink import NetlinkError
 from trueup.system.requirements import Requirement
 from trueup.system.resolve import resolve_endpoint
