@@ -24,7 +24,7 @@ Rollback is not special: it is `plan(before_image, observe(...))` with
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -319,8 +319,9 @@ class Subsystem(ABC):
         del document, api_port
         return []
 
-    def report(self, sources: Sources, scope: Scope) -> dict[str, Any]:
-        """Observations for status beside the facts (a firewall's unmanaged tables)."""
+    def report(self, sources: Sources, scope: Scope) -> Mapping[str, object]:
+        """Observations for status beside the facts (a firewall's unmanaged tables): the
+        subsystem's own record (a TypedDict), which status shows as JSON as it is."""
         del sources, scope
         return {}
 

@@ -5,8 +5,8 @@ configuration from the section) and its observations (what the daemon
 answers); what they all need besides is here, once:
 
 * **the run directory's files**, through `sources.files` (`read_text`,
-  `read_json`, `write_file`, `remove_file`): 0600 files in the daemon's 0700
-  run directory (`sources.daemons.run_dir(NAME)`), never opened through a
+  `read_json`, `write_file`, `remove_file`; `files.make_private_dir` for a
+  directory of its own): 0600 files in the daemon's 0700 run directory (`sources.daemons.run_dir(NAME)`), never opened through a
   link, so the fakes see every read and write;
 * **the run record** (`RunRecord`): the subsystem's own typed record in the
   run directory — what trueup last wrote (DNS's static and lease records,

@@ -130,6 +130,7 @@ class FakeFiles:
         self.fail_on: dict[str, OSError] = {}
         self.writes: list[tuple[str, str]] = []
         self.private_writes: list[Path] = []
+        self.private_dirs: list[Path] = []
 
     def read(self, path: str) -> str | None:
         return self.files.get(path)
@@ -171,6 +172,12 @@ class FakeFiles:
             raise self.fail_on[str(target)]
         self.private_writes.append(target)
         source.replace(target)
+
+    def make_private_dir(self, path: Path) -> None:
+        if str(path) in self.fail_on:
+            raise self.fail_on[str(path)]
+        self.private_dirs.append(path)
+        ensure_dir(path)
 
 
 class FakeNetlink:

@@ -10,7 +10,7 @@ namespace) and `state_dir` (the agent's state directory; daemons keep their
 private files under `daemons.run_dir(NAME)` = `STATE_DIR/run/NAME`, and durable
 records such as fences go in `state_dir` itself). Every read and write of a
 daemon's run directory goes through `files` too (`read_private`,
-`write_private`, …: 0600 files in 0700 directories, never through a link);
+`write_private`, `make_private_dir`, …: 0600 files in 0700 directories, never through a link);
 `trueup.subsystems.daemonkit` is how daemon-backed subsystems use it. A
 subsystem uses only what it needs, and unit tests hand it fakes
 (`trueup.system.fake`).
@@ -75,6 +75,11 @@ class Files(Protocol):
         """Rename `source` over `target` (a candidate that passed its check)."""
         ...
 
+    def make_private_dir(self, path: Path) -> None:
+        """Make `path` (and its parents) a 0700 directory of ours if it is not one yet;
+        `UnsafeFile` when something else is there."""
+        ...
+
 
 @dataclass
 class HostFiles:
@@ -130,6 +135,9 @@ class HostFiles:
 
     def replace_private(self, source: Path, target: Path) -> None:
         source.replace(target)
+
+    def make_private_dir(self, path: Path) -> None:
+        ensure_dir(path)
 
 
 @dataclass

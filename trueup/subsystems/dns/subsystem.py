@@ -80,7 +80,6 @@ from trueup.system.knot import (
 )
 from trueup.system.knot import REQUIREMENTS as KNOT_REQUIREMENTS
 from trueup.system.requirements import Requirement
-from trueup.system.safefile import ensure_dir
 from trueup.system.sockets import make_socket_dir
 from trueup.system.sources import Files
 from trueup.system.watches import every
@@ -296,7 +295,7 @@ class DnsSubsystem(Subsystem):
         config = render_config(paths, step.args["listen"], step.args["zones"])
         files, run_record = sources.files, _record(paths)
         for directory in (paths.zones, paths.db):
-            ensure_dir(directory)
+            files.make_private_dir(directory)
 
         def no_lease_records(state: DnsState) -> None:
             state["dynamic"] = {}  # Knot starts from the zone files: no lease records yet
