@@ -45,11 +45,18 @@ from trueup.subsystems.base import (
     Step,
     StepError,
     Subsystem,
-    daemon_failure,
 )
-from trueup.subsystems.daemonkit import RunRecord, check, ensure_or_reload, read_text, write_file
+from trueup.subsystems.daemonkit import (
+    RunRecord,
+    check,
+    ensure_or_reload,
+    failed_daemon,
+    read_text,
+    step_failures,
+    write_file,
+)
 from trueup.subsystems.ha.section import SECTION, HaSection
-from trueup.system.daemonspec import DaemonError, DaemonSpec
+from trueup.system.daemonspec import DaemonSpec
 from trueup.system.keepalived import (
     DAEMON,
     KeepalivedPaths,
@@ -128,8 +135,7 @@ class HaSubsystem(Subsystem):
         """A daemon the document asks for that is not running: failed, in its own words."""
         if not self.configured(document) or compile_config(document) is None:
             return None
-        failure = daemon_failure(sources, DAEMON)
-        return (SubsystemHealth.FAILED, failure) if failure is not None else None
+        return failed_daemon(sources, DAEMON)
 
     def __init__(self) -> None:
         self._configs: dict[str, str] = {}
@@ -203,7 +209,7 @@ class HaSubsystem(Subsystem):
     # -- steps ------------------------------------------------------------------
     def execute(self, sources: Sources, step: Step) -> None:
         paths = keepalived_paths(sources.daemons.run_dir(DAEMON))
-        try:
+        with step_failures(step):
             if step.action == "release":
                 self._release(sources, paths, step)
             elif step.action == "stop":
@@ -212,8 +218,6 @@ class HaSubsystem(Subsystem):
                 self._start(sources, paths, step)
             else:
                 raise ValueError(f"unknown ha step {step.action}")
-        except (DaemonError, OSError) as exc:
-            raise StepError(step, str(exc)) from exc
 
     def _start(self, sources: Sources, paths: KeepalivedPaths, step: Step) -> None:
         known = self._configs.get(str(step.args["digest"]))

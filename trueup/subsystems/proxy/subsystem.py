@@ -49,17 +49,18 @@ from trueup.subsystems.base import (
     Step,
     StepError,
     Subsystem,
-    daemon_failure,
 )
 from trueup.subsystems.daemonkit import (
     RunRecord,
     check,
     ensure_or_reload,
+    failed_daemon,
     read_text,
     remove_file,
+    step_failures,
 )
 from trueup.subsystems.proxy.section import SECTION, ProxySection, split_endpoint
-from trueup.system.daemonspec import DaemonError, DaemonSpec
+from trueup.system.daemonspec import DaemonSpec
 from trueup.system.haproxy import (
     DAEMON,
     HaproxyError,
@@ -225,7 +226,7 @@ class ProxySubsystem(Subsystem):
     # -- steps ------------------------------------------------------------------
     def execute(self, sources: Sources, step: Step) -> None:
         paths = haproxy_paths(sources.daemons.run_dir(DAEMON))
-        try:
+        with step_failures(step, HaproxyError):
             if step.action == "stop":
                 sources.daemons.stop(DAEMON)
                 remove_file(sources.files, paths.config)
@@ -239,8 +240,6 @@ class ProxySubsystem(Subsystem):
                 _reload(sources, step, paths)
             else:
                 raise ValueError(f"unknown proxy step {step.action}")
-        except (HaproxyError, DaemonError, OSError) as exc:
-            raise StepError(step, str(exc)) from exc
 
     def prepare(self, document: DeviceState) -> None:
         section = document.spec.section("proxies", ProxySection)
@@ -267,8 +266,7 @@ class ProxySubsystem(Subsystem):
         missing = _missing(sources, [(p.name, p.bind) for p in section.root])
         if missing:
             return SubsystemHealth.PENDING, _missing_reason(missing)
-        failure = daemon_failure(sources, DAEMON)
-        return (SubsystemHealth.FAILED, failure) if failure is not None else None
+        return failed_daemon(sources, DAEMON)
 
     def report(self, sources: Sources, scope: Scope) -> ProxyReport:
         paths = haproxy_paths(sources.daemons.run_dir(DAEMON))
