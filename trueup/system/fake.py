@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from trueup.model.jsontypes import JSONObject
 from trueup.system.atomicfile import write_atomic
 from trueup.system.daemonspec import DaemonError, DaemonSpec, DaemonStatus
 from trueup.system.netlink import AddrInfo, LinkInfo, NetlinkError, RouteInfo
@@ -291,19 +292,19 @@ class FakeNftables:
     """
 
     def __init__(self) -> None:
-        self.ruleset: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self.ruleset: dict[tuple[str, str], list[JSONObject]] = {}
         self.gen = 1
         self.canonical: dict[str, list[Any]] = {}
         self.refuse: dict[str, str] = {}
         self.fail_next: str | None = None
-        self.batches: list[dict[str, Any]] = []
+        self.batches: list[JSONObject] = []
         self.scripts: list[str] = []
         self.listings = 0
 
     def generation(self) -> tuple[int, int] | None:
         return (1, self.gen)
 
-    def list_table(self, family: str, name: str) -> list[dict[str, Any]] | None:
+    def list_table(self, family: str, name: str) -> list[JSONObject] | None:
         self.listings += 1
         objects = self.ruleset.get((family, name))
         return copy.deepcopy(objects) if objects is not None else None
@@ -351,8 +352,8 @@ class FakeNftables:
         self.ruleset[("inet", "trueup")] = objects
         self.gen += 1
 
-    def scratch_list(self, script: str, family: str, name: str) -> list[dict[str, Any]]:
-        objects: list[dict[str, Any]] = []
+    def scratch_list(self, script: str, family: str, name: str) -> list[JSONObject]:
+        objects: list[JSONObject] = []
         errors: dict[int, str] = {}
         for number, line in enumerate(script.splitlines(), start=1):
             match = _SCRIPT_LINE.match(line)

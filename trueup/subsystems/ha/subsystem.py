@@ -32,7 +32,7 @@ import hashlib
 import logging
 import signal
 import time
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from trueup.model.document import DeviceState
 from trueup.model.health import SubsystemHealth, Tier
@@ -56,7 +56,7 @@ from trueup.subsystems.daemonkit import (
     write_file,
 )
 from trueup.subsystems.ha.section import SECTION, HaSection
-from trueup.system.daemonspec import DaemonSpec
+from trueup.system.daemonspec import DaemonSpec, DaemonStatusJSON
 from trueup.system.keepalived import (
     DAEMON,
     KeepalivedPaths,
@@ -94,6 +94,20 @@ class HaRecord(TypedDict, total=False):
     # When trueup last wrote keepalived's configuration (epoch seconds).
     config_written: float
     # The newest released addresses, oldest first.
+    released: list[Released]
+
+
+class HaReport(TypedDict):
+    """What status shows beside the facts: keepalived, the VRRP state the kernel shows, and
+    the addresses this node released."""
+
+    keepalived: DaemonStatusJSON
+    # From the kernel: MASTER holds every configured address, BACKUP none (or "stopped",
+    # "unknown", "partial").
+    state: str
+    priority: int | None
+    holds: list[str]
+    present_unheld: list[str]
     released: list[Released]
 
 
@@ -298,7 +312,7 @@ class HaSubsystem(Subsystem):
             _record(paths).update(sources.files, add)
 
     # -- status -----------------------------------------------------------------
-    def report(self, sources: Sources, scope: Scope) -> dict[str, Any]:
+    def report(self, sources: Sources, scope: Scope) -> HaReport:
         paths = keepalived_paths(sources.daemons.run_dir(DAEMON))
         status = sources.daemons.status(DAEMON)
         present = sorted(
