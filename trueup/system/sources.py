@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
+from trueup.model.jsontypes import JSONObject
 from trueup.system.announce import Announcer, KernelAnnouncer
 from trueup.system.atomicfile import path_error, write_atomic
 from trueup.system.daemon import DaemonSupervisor
@@ -34,7 +35,11 @@ from trueup.system.nft import HostNftables, Nftables
 from trueup.system.runner import Runner, SubprocessRunner
 from trueup.system.safefile import ensure_dir, read_file
 
-__all__ = ["Files", "HostFiles", "Sources"]
+__all__ = ["Files", "HostFiles", "Memo", "Sources"]
+
+# Answers a daemon confirmed within one piece of work (`Sources.memo`): key → (the
+# daemon's pid, its answer, in the daemon's own JSON).
+Memo = dict[str, tuple[int, JSONObject]]
 
 # = trueup.journal.state.DEFAULT_STATE_DIR (system/ imports no layer above it).
 _DEFAULT_STATE_DIR = "/var/lib/trueup"
@@ -161,7 +166,7 @@ class Sources:
     # the subsystem and the daemon's pid. The subsystem drops its entry whenever it
     # changes the daemon; a new piece of work starts empty, so every pass of the
     # reconcile loop asks the daemon again and drift is never hidden by it.
-    memo: dict[str, Any] = field(default_factory=dict)
+    memo: Memo = field(default_factory=dict)
 
     def close(self) -> None:
         self.netlink.close()

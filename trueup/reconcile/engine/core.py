@@ -22,7 +22,6 @@ import threading
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
 
 from trueup.journal.atomic import StateFileError, file_identity
 from trueup.journal.damage import StateCheck
@@ -60,7 +59,7 @@ from trueup.system.daemonspec import Daemons
 from trueup.system.netlink import CachedNetlink, Netlink
 from trueup.system.nft import HostNftables, Nftables
 from trueup.system.runner import Runner, SubprocessRunner
-from trueup.system.sources import Files, HostFiles, Sources
+from trueup.system.sources import Files, HostFiles, Memo, Sources
 
 __all__ = ["Engine", "NetlinkFactory"]
 
@@ -132,7 +131,7 @@ class Engine:
         self.failing.update(state.applied().carried)
 
     @contextmanager
-    def sources(self, memo: dict[str, Any] | None = None) -> Iterator[Sources]:
+    def sources(self, memo: Memo | None = None) -> Iterator[Sources]:
         """The system for one piece of work: a netlink handle (one dump per table), files, programs.
 
         `memo`: the memo of the piece of work this one belongs to (a transaction's worker).

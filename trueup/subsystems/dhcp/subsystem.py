@@ -438,7 +438,7 @@ class DhcpSubsystem(Subsystem):
         # file is what this piece of work's verification sees, without asking again; the
         # next observation (a new piece of work) asks Kea itself.
         written = read_json(sources.files, paths.config)
-        if _body(written, paths.family) is not None and status.pid == pid:
+        if _body(written, paths.family) is not None and pid is not None and status.pid == pid:
             sources.memo[_memo_key(paths)] = (pid, written)
         self._remember(sources, paths, step, section, interfaces, status.pid)
 
