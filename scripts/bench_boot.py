@@ -84,7 +84,7 @@ def _wait(predicate: Any, what: str, timeout: float = 90.0) -> float:
 def one_run(workdir: Path) -> tuple[float, float, float]:
     """(link → Kea on it, link → first lease, baseline exchange) in seconds."""
     from tests.routers import Router, sh
-    from trueup.system.daemon import verified_pid
+    from trueup.system.pidrecord import verified_pid
 
     router = Router(workdir, links=("mgmt0",))
     clientns = f"{router.name}-d"

@@ -111,7 +111,7 @@ def _document() -> dict[str, Any]:
 
 
 def _kill_kea(state_dir: Path) -> None:
-    from trueup.system.daemon import verified_pid
+    from trueup.system.pidrecord import verified_pid
 
     for record in state_dir.glob("run/*/*.pid"):
         try:

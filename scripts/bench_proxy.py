@@ -95,7 +95,7 @@ def _in(ns: str, *argv: str) -> list[str]:
 
 
 def _kill_haproxy(state_dir: Path) -> None:
-    from trueup.system.daemon import verified_pid
+    from trueup.system.pidrecord import verified_pid
 
     try:
         record = json.loads((state_dir / "run" / "haproxy" / "haproxy.pid").read_text())

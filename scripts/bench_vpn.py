@@ -102,7 +102,7 @@ def _document(ifname: str) -> dict[str, Any]:
 
 
 def _kill_daemons(state_dir: Path) -> None:
-    from trueup.system.daemon import verified_pid
+    from trueup.system.pidrecord import verified_pid
 
     for record in state_dir.glob("run/*/*.pid"):
         try:

@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from tests.routers import Router, base_document, require_root, sh
-from trueup.system.daemon import verified_pid
 from trueup.system.haproxy import haproxy_paths
 from trueup.system.kea import kea_paths
 from trueup.system.kealeases import kea_command
 from trueup.system.keepalived import keepalived_paths
 from trueup.system.knot import knot_paths
+from trueup.system.pidrecord import verified_pid
 
 __all__ = ["SUBSYSTEMS", "FullRouter", "full_router"]
 

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from tests.routers import Router, base_document, require_root
-from trueup.system.daemon import DaemonSupervisor, verified_pid
+from trueup.system.daemon import DaemonSupervisor
+from trueup.system.pidrecord import verified_pid
 
 pytestmark = pytest.mark.root
 

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from tests.routers import Router, base_document, require_root, sh
-from trueup.system.daemon import verified_pid
 from trueup.system.kea import kea_paths
 from trueup.system.kealeases import kea_command, leases_from_memfile
+from trueup.system.pidrecord import verified_pid
 
 SUBNET = {
     "id": 1,

@@ -45,9 +45,9 @@ import pytest
 from tests.integration.test_dhcp import HA, DhcpRouter, dhcp_document, wait_until
 from tests.routers import REPO, Router, require_root, sh
 from trueup.subsystems.dhcp.keaconfig import has_fence, with_fence
-from trueup.system.daemon import verified_pid
 from trueup.system.kea import kea_paths
 from trueup.system.kealeases import KeaSocketError, kea_command, leases_from_memfile
+from trueup.system.pidrecord import verified_pid
 
 SERVER = "203.0.113.1"
 CLIENT = "203.0.113.250/24"  # outside the pool: the flooder's own address, to send from

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from tests.routers import Router, base_document, require_root, sh
-from trueup.system.daemon import verified_pid
 from trueup.system.knot import knot_paths
+from trueup.system.pidrecord import verified_pid
 
 pytestmark = pytest.mark.root
 

@@ -24,8 +24,8 @@ import pytest
 
 from tests.routers import Router, base_document, require_root, sh
 from trueup.journal.management import api_bind_address, read_management, write_management
-from trueup.system.daemon import proc_start_time, verified_pid
 from trueup.system.keepalived import keepalived_paths
+from trueup.system.pidrecord import proc_start_time, verified_pid
 
 pytestmark = pytest.mark.root
 

@@ -27,7 +27,6 @@ from tests.routers import Router, base_document, require_root, sh
 from trueup.model.catalog import SUBSYSTEMS, load
 from trueup.model.health import Tier
 from trueup.subsystems.proxy.section import ProxySection
-from trueup.system.daemon import verified_pid
 from trueup.system.haproxy import (
     HaproxyError,
     haproxy_paths,
@@ -36,6 +35,7 @@ from trueup.system.haproxy import (
     query,
     render_config,
 )
+from trueup.system.pidrecord import verified_pid
 from trueup.system.sockets import RUNTIME_ROOT, remove_socket_dir
 
 pytestmark = pytest.mark.root

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from tests.routers import REPO, TRUEUP, Router, base_document, require_root, sh
-from trueup.system.daemon import verified_pid
+from trueup.system.pidrecord import verified_pid
 
 pytestmark = pytest.mark.root
 

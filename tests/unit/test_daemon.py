@@ -12,13 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from trueup.system.daemon import (
-    DaemonError,
-    DaemonSpec,
-    DaemonSupervisor,
-    proc_start_time,
-    verified_pid,
-)
+from trueup.system.daemon import DaemonSupervisor
+from trueup.system.daemonspec import DaemonError, DaemonSpec
+from trueup.system.pidrecord import proc_start_time, verified_pid
 
 SLEEP = ("/bin/sleep", "3600")
 

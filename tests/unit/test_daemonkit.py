@@ -11,15 +11,19 @@ from typing import TypedDict
 
 import pytest
 
+from trueup.model.health import SubsystemHealth
+from trueup.subsystems.base import Step, StepError
 from trueup.subsystems.daemonkit import (
     RunRecord,
     check,
     ensure_or_reload,
+    failed_daemon,
     read_json,
     read_text,
+    step_failures,
     write_file,
 )
-from trueup.system.daemon import DaemonError, DaemonSpec
+from trueup.system.daemonspec import DaemonError, DaemonSpec, DaemonStatus
 from trueup.system.fake import FakeDaemons, FakeFiles, FakeNetlink, FakeRunner
 from trueup.system.runner import Completed
 from trueup.system.sources import Sources
@@ -123,6 +127,33 @@ def test_ensure_starts_a_stopped_daemon_and_reloads_a_running_one(tmp_path: Path
         )
 
 
+def test_a_steps_failures_name_the_step() -> None:
+    step = Step("dns", "start", "spec.dns.running")
+
+    class ControlError(RuntimeError):
+        pass
+
+    for error in (DaemonError("knotd exited"), OSError(errno.EACCES, "denied"), ControlError("no")):
+        with pytest.raises(StepError, match=r"^dns: start"), step_failures(step, ControlError):
+            raise error
+    with pytest.raises(ValueError), step_failures(step):
+        raise ValueError("unknown step")
+
+
+def test_a_daemon_that_does_not_run_is_failed_in_its_own_words(tmp_path: Path) -> None:
+    class Failed(FakeDaemons):
+        def status(self, name: str) -> DaemonStatus:
+            return DaemonStatus(name, False, last_error="exited with status 1: bind failed")
+
+    sources = Sources(netlink=FakeNetlink(), daemons=FakeDaemons(tmp_path))
+    assert failed_daemon(sources, "knot") is None  # nothing says why: no condition
+    sources = Sources(netlink=FakeNetlink(), daemons=Failed(tmp_path))
+    assert failed_daemon(sources, "knot") == (
+        SubsystemHealth.FAILED,
+        "knot is not running: exited with status 1: bind failed",
+    )
+
+
 def _direct_io(path: Path) -> list[str]:
     """Names that read or write files without `sources.files`."""
     tree = ast.parse(path.read_text())
@@ -132,17 +163,23 @@ def _direct_io(path: Path) -> list[str]:
             "trueup.system.atomicfile",
             "trueup.system.safefile",
         ):
-            found += [f"{node.module}.{a.name}" for a in node.names if a.name != "ensure_dir"]
+            found += [f"{node.module}.{a.name}" for a in node.names]
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
             and node.func.attr in ("read_text", "write_text", "read_bytes", "write_bytes", "unlink")
         ):
             found.append(f"line {node.lineno}: .{node.func.attr}()")
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "open"
+        ):
+            found.append(f"line {node.lineno}: open()")
     return found
 
 
-@pytest.mark.parametrize("subsystem", ["dhcp", "dns", "ha", "proxy"])
+@pytest.mark.parametrize("subsystem", ["dhcp", "dns", "ha", "proxy", "wireguard"])
 def test_daemon_subsystems_reach_their_run_directory_only_through_sources_files(
     subsystem: str,
 ) -> None:

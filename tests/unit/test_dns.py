@@ -22,7 +22,7 @@ from trueup.subsystems.dns.records import (
 )
 from trueup.subsystems.dns.subsystem import FOLLOWS, DnsSubsystem
 from trueup.subsystems.registry import scope_for
-from trueup.system.daemon import DaemonSpec
+from trueup.system.daemonspec import DaemonSpec
 from trueup.system.fake import FakeDaemons, FakeFiles, FakeNetlink
 from trueup.system.fakeknot import FakeKnotc
 from trueup.system.kealeases import Lease

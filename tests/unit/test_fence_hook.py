@@ -18,9 +18,9 @@ import trueup.subsystems.dhcp.allocator as allocator
 from trueup.subsystems.dhcp.keaconfig import has_fence
 from trueup.subsystems.dhcp.subsystem import DhcpSubsystem
 from trueup.subsystems.registry import fence_follower
-from trueup.system.daemon import proc_start_time
 from trueup.system.fence import hold_fence
 from trueup.system.kea import KeaError
+from trueup.system.pidrecord import proc_start_time
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = {"Dhcp4": {"subnet4": [], "interfaces-config": {"interfaces": ["lan0"]}}}

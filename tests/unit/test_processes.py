@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from trueup.system.daemon import proc_start_time
+from trueup.system.pidrecord import proc_start_time
 from trueup.system.processes import log_tail, session_members, signal_all, wait_gone
 
 

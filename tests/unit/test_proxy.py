@@ -15,8 +15,8 @@ from trueup.model.health import SubsystemHealth
 from trueup.subsystems.base import Scope, StepError
 from trueup.subsystems.proxy.section import ProxySection, split_endpoint
 from trueup.subsystems.proxy.subsystem import CONFIG, LOADED, RUNNING, ProxySubsystem
-from trueup.system.daemon import DaemonStatus
-from trueup.system.fake import FakeDaemons, FakeNetlink, FakeRunner
+from trueup.system.daemonspec import DaemonStatus
+from trueup.system.fake import FakeDaemons, FakeFiles, FakeNetlink, FakeRunner
 from trueup.system.haproxy import (
     HaproxyError,
     haproxy_paths,
@@ -349,6 +349,15 @@ def test_prepare_refuses_a_missing_certificate(tmp_path: Path) -> None:
     doc = document([proxy(tls={"certificate": str(tmp_path / "none.pem")})])
     with pytest.raises(ValueError, match=r"spec\.proxies\[0\]\.tls\.certificate"):
         ProxySubsystem().prepare(doc)
+
+
+def test_prepare_reads_the_certificate_through_its_files() -> None:
+    doc = document([proxy(tls={"certificate": "/etc/trueup/tls/web.pem"})])
+    ProxySubsystem(FakeFiles({"/etc/trueup/tls/web.pem": "-----BEGIN CERTIFICATE-----"})).prepare(
+        doc
+    )
+    with pytest.raises(ValueError, match="No such file or directory"):
+        ProxySubsystem(FakeFiles()).prepare(doc)
 
 
 # -- injection into haproxy.cfg --------------------------------------------------

@@ -26,7 +26,8 @@ from trueup.journal.management import (
     write_management,
 )
 from trueup.system.atomicfile import write_atomic
-from trueup.system.daemon import DaemonError, DaemonSpec, DaemonSupervisor
+from trueup.system.daemon import DaemonSupervisor
+from trueup.system.daemonspec import DaemonError, DaemonSpec
 from trueup.system.fence import read_fence
 from trueup.system.safefile import (
     UnsafeFile,

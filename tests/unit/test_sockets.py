@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from trueup.system.daemon import DaemonSpec, DaemonSupervisor
+from trueup.system.daemon import DaemonSupervisor
+from trueup.system.daemonspec import DaemonSpec
 from trueup.system.haproxy import haproxy_paths
 from trueup.system.kea import kea_paths
 from trueup.system.knot import knot_paths

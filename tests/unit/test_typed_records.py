@@ -51,6 +51,18 @@ TYPED_MODULES = (
     "trueup.journal.agentlock",
     "trueup.journal.limitations",
     "trueup.journal.override",
+    "trueup.subsystems.daemonkit",
+    "trueup.subsystems.dhcp",
+    "trueup.subsystems.dns",
+    "trueup.subsystems.firewall",
+    "trueup.subsystems.ha",
+    "trueup.subsystems.proxy",
+    "trueup.subsystems.wireguard",
+    "trueup.system.haproxy",
+    "trueup.system.kealeases",
+    "trueup.system.nft",
+    "trueup.system.requirements",
+    "trueup.system.sources",
 )
 
 

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 
 from trueup.backup.reader import open_component
 from trueup.system.atomicfile import fsync_dir
-from trueup.system.daemon import Daemons
+from trueup.system.daemonspec import Daemons
 from trueup.system.kealeases import lease_files
 from trueup.system.safefile import ensure_dir, open_file
 

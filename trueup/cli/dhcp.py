@@ -79,7 +79,7 @@ def leases(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") ->
         paths = kea_paths(run, family)
         try:
             source, found = read_leases(family, socket_path=paths.socket, lease_file=paths.leases)
-            rows.extend(lease.to_json() for lease in found)
+            rows.extend(dict(lease.to_json()) for lease in found)
         except (OSError, ValueError) as exc:
             echo(f"trueup dhcp leases: DHCPv{family}: {exc}", err=True)
             raise typer.Exit(1) from exc

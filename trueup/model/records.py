@@ -21,7 +21,7 @@ load in an older one for `doctor` and `evidence`.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 from pydantic import BaseModel, ConfigDict, with_config
 from typing_extensions import TypedDict as ValidatedTypedDict
@@ -35,6 +35,7 @@ __all__ = [
     "Entry",
     "Override",
     "Pending",
+    "ScopeJSON",
     "TransactionSummary",
 ]
 
@@ -93,6 +94,22 @@ class Pending(_Record):
     txn: str | None = None
 
 
+class ScopeJSON(TypedDict):
+    """What a transaction manages (`trueup.subsystems.scope.Scope.to_json`), as its journal
+    `begin` line keeps it for crash recovery."""
+
+    interfaces: list[str]
+    tables: list[int]
+    management_interface: str
+    management_owned: list[str]
+    # [table, destination, metric] of the default routes `spec.management` owns.
+    management_default_routes: list[list[int | str]]
+    # Journals written before these existed have none.
+    exact: NotRequired[bool]
+    owned: NotRequired[dict[str, list[str]]]
+    virtual_addresses: NotRequired[list[str]]
+
+
 class BeginFields(TypedDict, total=False):
     """The fields of a journal `begin` line (besides txn, type, at, pid)."""
 
@@ -104,7 +121,7 @@ class BeginFields(TypedDict, total=False):
     actor: str
     subsystems: list[str]
     all_subsystems: list[str]
-    scope: dict[str, Any]
+    scope: ScopeJSON
     before: dict[str, dict[str, Any]]
     previous_applied: dict[str, Any]
     steps: dict[str, int]

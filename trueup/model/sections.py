@@ -15,7 +15,9 @@ over the typed section, the spec and those sections. The function reads
 another section only as a view model it defines (`others.get("dhcp",
 DhcpRoles)`: the fields it needs, validated from that section's data), so
 sections never import each other and every dependency between them is in
-their declarations.
+their declarations. Model code outside a section that reads one (the HA
+virtual addresses: `trueup.model.virtual`) reads it the same way, through
+`section_view` and a view model of its own.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ __all__ = [
     "register_section",
     "registered_sections",
     "section_model",
+    "section_view",
 ]
 
 # (path below `spec`, message)
@@ -63,6 +66,15 @@ class OtherSections:
         if value is None:
             return None
         return view.model_validate(value.model_dump(mode="python"))
+
+
+def section_view(spec: DeviceSpec, name: str, view: type[V]) -> V | None:
+    """`spec.NAME` read as `view`, as a cross-check reads it (`OtherSections.get`); None when
+    the document has no such section."""
+    extra = spec.model_extra or {}
+    value = extra.get(name)
+    values = {name: value} if isinstance(value, BaseModel) else {}
+    return OtherSections((name,), values).get(name, view)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """The HA virtual addresses a document names (`spec.ha.vips[*].addresses`).
 
-Pure data, read generically from `document.spec` so that the scope builder,
-the management listener and status can tell a virtual address apart from the
-addresses the `addresses` and `management` subsystems own, without importing
-the HA subsystem. A virtual address is compared by its host part: keepalived
+Pure data, read from `document.spec` as a view of the HA section
+(`trueup.model.sections.section_view`: the fields it needs, as a cross-section
+check reads another section) so that the scope builder, the management
+listener and status can tell a virtual address apart from the addresses the
+`addresses` and `management` subsystems own, without importing the HA
+subsystem. A virtual address is compared by its host part: keepalived
 adds it with the prefix length the document gives, and an interface may hold
 the same host with another length only by mistake.
 """
@@ -11,9 +13,26 @@ the same host with another length only by mistake.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
-__all__ = ["host_of", "is_virtual", "virtual_addresses", "virtual_hosts"]
+from pydantic import BaseModel
+
+from trueup.model.sections import section_view
+
+if TYPE_CHECKING:
+    from trueup.model.document import DeviceState
+
+__all__ = ["HaVirtual", "host_of", "is_virtual", "virtual_addresses", "virtual_hosts"]
+
+
+class _VipAddresses(BaseModel):
+    addresses: list[str] = []
+
+
+class HaVirtual(BaseModel):
+    """What this module reads of `spec.ha`: each virtual address group's addresses."""
+
+    vips: list[_VipAddresses] = []
 
 
 def host_of(prefix: str) -> str:
@@ -21,21 +40,18 @@ def host_of(prefix: str) -> str:
     return prefix.split("/", 1)[0].lower()
 
 
-def virtual_addresses(document: Any) -> frozenset[str]:
-    """Every `ADDRESS/LEN` under `spec.ha.vips` of `document` (a DeviceState), or none.
+def virtual_addresses(document: DeviceState | None) -> frozenset[str]:
+    """Every `ADDRESS/LEN` under `spec.ha.vips` of `document`, or none.
 
     The role does not matter: a virtual address is never the `addresses` or
     `management` subsystem's, whichever node holds it.
     """
     if document is None:
         return frozenset()
-    section = document.spec.section("ha")
+    section = section_view(document.spec, "ha", HaVirtual)
     if section is None:
         return frozenset()
-    out: set[str] = set()
-    for vip in getattr(section, "vips", ()) or ():
-        out.update(str(a) for a in getattr(vip, "addresses", ()) or ())
-    return frozenset(out)
+    return frozenset(address for vip in section.vips for address in vip.addresses)
 
 
 def virtual_hosts(prefixes: Iterable[str]) -> frozenset[str]:

@@ -179,7 +179,7 @@ class StatusProbes:
                     error = f"cannot observe {sub.name}: {exc}"
                 if sub.configured(document):
                     try:
-                        report = sub.report(net, scope)
+                        report = dict(sub.report(net, scope))
                     except Exception as exc:  # a report never breaks status
                         report = {"error": f"{type(exc).__name__}: {exc}"}
                 try:

@@ -88,7 +88,7 @@ def _reports(
         if not sub.configured(document):
             continue
         try:
-            out[sub.name] = sub.report(net, scope)
+            out[sub.name] = dict(sub.report(net, scope))
         except Exception as exc:  # a report never breaks status
             out[sub.name] = {"error": f"{type(exc).__name__}: {exc}"}
     return out

@@ -31,7 +31,7 @@ from trueup.journal.state import STATE_SCHEMA, StateDir, StateDirError
 from trueup.model.document import DeviceState, DocumentError, load_document, parse_document
 from trueup.startup.sources import management_source
 from trueup.subsystems.base import Requirement, Subsystem
-from trueup.system.requirements import check
+from trueup.system.requirements import RequirementResultJSON, check
 from trueup.system.runner import Runner, SubprocessRunner
 
 __all__ = ["Finding", "preflight"]
@@ -46,7 +46,7 @@ class Finding:
     message: str
     # A requirement's finding: the subsystem that declared it and what was checked.
     subsystem: str = ""
-    requirement: dict[str, Any] | None = None
+    requirement: RequirementResultJSON | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {

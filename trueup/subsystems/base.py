@@ -24,7 +24,7 @@ Rollback is not special: it is `plan(before_image, observe(...))` with
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -36,6 +36,7 @@ from trueup.model.health import SubsystemHealth, Tier
 from trueup.model.order import natural_sorted
 from trueup.model.sections import Section
 from trueup.subsystems.scope import Scope
+from trueup.subsystems.stepjson import DifferenceJSON, PlannedStep, PlannedValues, StepJSON
 from trueup.system.events import NetlinkEvent
 from trueup.system.requirements import Requirement, binary, regular_file
 from trueup.system.sources import Sources
@@ -43,15 +44,19 @@ from trueup.system.watches import Watch
 
 __all__ = [
     "Difference",
+    "DifferenceJSON",
     "EventVerdict",
     "Facts",
     "FenceFollowed",
     "Plan",
+    "PlannedStep",
+    "PlannedValues",
     "Requirement",
     "Scope",
     "Sources",
     "Step",
     "StepError",
+    "StepJSON",
     "StepWaits",
     "Subsystem",
     "daemon_failure",
@@ -108,7 +113,7 @@ class Step:
         detail = " ".join(f"{k}={v}" for k, v in self.args.items() if v is not None)
         return f"{self.subsystem}: {self.action} {detail} ({self.path})".replace("  ", " ")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> StepJSON:
         return {
             "subsystem": self.subsystem,
             "action": self.action,
@@ -125,11 +130,21 @@ class Plan:
     # Why the document cannot be applied to this subsystem (its preparation refused it).
     error: str = ""
     # Per step path: {"old": observed, "new": desired} (filled by the engine's plan).
-    values: dict[str, dict[str, Any]] = field(default_factory=dict)
+    values: dict[str, PlannedValues] = field(default_factory=dict)
 
-    def step_json(self, step: Step) -> dict[str, Any]:
+    def step_json(self, step: Step) -> PlannedStep:
         """A step for `plan`'s answer: its JSON, its description and old → new values."""
-        return step.to_json() | {"describe": step.describe()} | self.values.get(step.path, {})
+        out: PlannedStep = {
+            "subsystem": step.subsystem,
+            "action": step.action,
+            "path": step.path,
+            "args": step.args,
+            "describe": step.describe(),
+        }
+        values = self.values.get(step.path)
+        if values is not None:
+            out["old"], out["new"] = values["old"], values["new"]
+        return out
 
     @property
     def changes(self) -> bool:
@@ -147,8 +162,8 @@ class Difference:
     missing: list[Any] = field(default_factory=list)
     extra: list[Any] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_json(self) -> DifferenceJSON:
+        out: DifferenceJSON = {
             "subsystem": self.subsystem,
             "path": self.path,
             "desired": self.desired,
@@ -319,8 +334,9 @@ class Subsystem(ABC):
         del document, api_port
         return []
 
-    def report(self, sources: Sources, scope: Scope) -> dict[str, Any]:
-        """Observations for status beside the facts (a firewall's unmanaged tables)."""
+    def report(self, sources: Sources, scope: Scope) -> Mapping[str, object]:
+        """Observations for status beside the facts (a firewall's unmanaged tables): the
+        subsystem's own record (a TypedDict), which status shows as JSON as it is."""
         del sources, scope
         return {}
 

@@ -5,8 +5,8 @@ configuration from the section) and its observations (what the daemon
 answers); what they all need besides is here, once:
 
 * **the run directory's files**, through `sources.files` (`read_text`,
-  `read_json`, `write_file`, `remove_file`): 0600 files in the daemon's 0700
-  run directory (`sources.daemons.run_dir(NAME)`), never opened through a
+  `read_json`, `write_file`, `remove_file`; `files.make_private_dir` for a
+  directory of its own): 0600 files in the daemon's 0700 run directory (`sources.daemons.run_dir(NAME)`), never opened through a
   link, so the fakes see every read and write;
 * **the run record** (`RunRecord`): the subsystem's own typed record in the
   run directory — what trueup last wrote (DNS's static and lease records,
@@ -18,7 +18,13 @@ answers); what they all need besides is here, once:
   refused configuration changes nothing;
 * **ensure running, or reload** (`ensure_or_reload`): through
   `sources.daemons`, start the daemon (adopting a verified running instance),
-  or, when it runs, reload it with its signal.
+  or, when it runs, reload it with its signal;
+* **a step's failures** (`step_failures`): the daemon's refusal
+  (`DaemonError`), a file's (`OSError`) and the daemon's own control errors
+  become a `StepError` naming the step;
+* **a daemon that does not run** (`failed_daemon`): the health laid over the
+  facts when a daemon the document asks for is not running — failed, in its
+  own words (`daemon_failure`).
 
 Who uses this: `trueup.subsystems.{dhcp,dns,ha,proxy}`.
 """
@@ -26,12 +32,14 @@ Who uses this: `trueup.subsystems.{dhcp,dns,ha,proxy}`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Generic, TypeVar, cast
 
+from trueup.model.health import SubsystemHealth
 from trueup.model.jsontypes import JSONObject
-from trueup.subsystems.base import Sources
+from trueup.subsystems.base import Sources, Step, StepError, daemon_failure
 from trueup.system.daemonspec import DaemonError, DaemonSpec
 from trueup.system.runner import Completed
 from trueup.system.safefile import UnsafeFile
@@ -41,9 +49,11 @@ __all__ = [
     "RunRecord",
     "check",
     "ensure_or_reload",
+    "failed_daemon",
     "read_json",
     "read_text",
     "remove_file",
+    "step_failures",
     "write_file",
 ]
 
@@ -152,3 +162,21 @@ def ensure_or_reload(
     if not sources.daemons.signal(spec.name, reload):
         raise DaemonError(gone or f"{spec.name} is not running; cannot reload it")
     return False
+
+
+@contextmanager
+def step_failures(step: Step, *errors: type[Exception]) -> Iterator[None]:
+    """Around a step's work: a `DaemonError`, an `OSError` or one of `errors` (the daemon's
+    control errors: `KnotError`, …) becomes a `StepError` naming `step`."""
+    caught: tuple[type[Exception], ...] = (DaemonError, OSError, *errors)
+    try:
+        yield
+    except caught as exc:
+        raise StepError(step, str(exc)) from exc
+
+
+def failed_daemon(sources: Sources, name: str) -> tuple[SubsystemHealth, str] | None:
+    """`condition()` for daemon `name`, which the document asks for: failed, in its own words,
+    while it does not run (`daemon_failure`); None while it runs or when nothing says."""
+    failure = daemon_failure(sources, name)
+    return (SubsystemHealth.FAILED, failure) if failure is not None else None

@@ -9,8 +9,6 @@ kernel's and never observed.
 
 from __future__ import annotations
 
-from typing import Any
-
 from trueup.model.document import DeviceState
 from trueup.model.health import Tier
 from trueup.model.order import natural_sorted
@@ -56,7 +54,7 @@ class RoutesSubsystem(Subsystem):
             metric = kernel_metric(route.to, route.metric)
             if (table, route.to, metric) in scope.management_default_routes:
                 continue  # the same route as spec.management.gateway: management owns it
-            value: dict[str, Any] = {"via": route.via, "dev": route.dev}
+            value: dict[str, str | None] = {"via": route.via, "dev": route.dev}
             facts[route_path(table, route.to, metric)] = value
         return facts
 

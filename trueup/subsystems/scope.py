@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from trueup.model.records import ScopeJSON
 from trueup.model.virtual import is_virtual
 
 __all__ = ["Scope"]
@@ -71,7 +72,7 @@ class Scope:
     def keys_for(self, subsystem: str) -> frozenset[str]:
         return frozenset(k for name, keys in self.owned if name == subsystem for k in keys)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ScopeJSON:
         return {
             "interfaces": sorted(self.interfaces),
             "tables": sorted(self.tables),
@@ -84,7 +85,7 @@ class Scope:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Scope:
+    def from_json(cls, data: ScopeJSON) -> Scope:
         return cls(
             interfaces=frozenset(data["interfaces"]),
             tables=frozenset(data["tables"]),

@@ -7,7 +7,8 @@ transaction. Unit tests hand subsystems `trueup.system.fake.FakeDaemons`.
 
 The interface (`DaemonSpec`, `DaemonStatus`, the `Daemons` protocol,
 `DaemonError`) is `trueup.system.daemonspec`; the pid record and its
-verification are `trueup.system.pidrecord`; both are re-exported here.
+verification are `trueup.system.pidrecord`. Import those names from there:
+this module is the supervisor alone.
 
 Rules:
 
@@ -62,7 +63,7 @@ import time
 from pathlib import Path
 
 from trueup.system.atomicfile import write_atomic
-from trueup.system.daemonspec import DaemonError, Daemons, DaemonSpec, DaemonStatus
+from trueup.system.daemonspec import DaemonError, DaemonSpec, DaemonStatus
 from trueup.system.pidrecord import (
     INSTANCE_ENV,
     PidRecord,
@@ -81,16 +82,7 @@ from trueup.system.processes import (
 from trueup.system.safefile import UnsafeFile, ensure_dir, open_file, read_file, unsafe_entries
 from trueup.system.sockets import remove_socket_dir
 
-__all__ = [
-    "INSTANCE_ENV",
-    "DaemonError",
-    "DaemonSpec",
-    "DaemonStatus",
-    "DaemonSupervisor",
-    "Daemons",
-    "proc_start_time",
-    "verified_pid",
-]
+__all__ = ["DaemonSupervisor"]
 
 log = logging.getLogger("trueup.daemon")
 

@@ -2,8 +2,7 @@
 
 Who uses this: subsystems (through `Sources.daemons`, a `Daemons`), the
 supervisor that implements it (`trueup.system.daemon.DaemonSupervisor`) and
-the fakes (`trueup.system.fake.FakeDaemons`). `trueup.system.daemon` re-exports
-every name here.
+the fakes (`trueup.system.fake.FakeDaemons`).
 
 ```python
 spec = DaemonSpec(

@@ -15,8 +15,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from trueup.model.jsontypes import JSONObject
 from trueup.system.atomicfile import write_atomic
-from trueup.system.daemon import DaemonError, DaemonSpec, DaemonStatus
+from trueup.system.daemonspec import DaemonError, DaemonSpec, DaemonStatus
 from trueup.system.netlink import AddrInfo, LinkInfo, NetlinkError, RouteInfo
 from trueup.system.nft import NftError
 from trueup.system.runner import Completed
@@ -130,6 +131,7 @@ class FakeFiles:
         self.fail_on: dict[str, OSError] = {}
         self.writes: list[tuple[str, str]] = []
         self.private_writes: list[Path] = []
+        self.private_dirs: list[Path] = []
 
     def read(self, path: str) -> str | None:
         return self.files.get(path)
@@ -171,6 +173,12 @@ class FakeFiles:
             raise self.fail_on[str(target)]
         self.private_writes.append(target)
         source.replace(target)
+
+    def make_private_dir(self, path: Path) -> None:
+        if str(path) in self.fail_on:
+            raise self.fail_on[str(path)]
+        self.private_dirs.append(path)
+        ensure_dir(path)
 
 
 class FakeNetlink:
@@ -284,19 +292,19 @@ class FakeNftables:
     """
 
     def __init__(self) -> None:
-        self.ruleset: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self.ruleset: dict[tuple[str, str], list[JSONObject]] = {}
         self.gen = 1
         self.canonical: dict[str, list[Any]] = {}
         self.refuse: dict[str, str] = {}
         self.fail_next: str | None = None
-        self.batches: list[dict[str, Any]] = []
+        self.batches: list[JSONObject] = []
         self.scripts: list[str] = []
         self.listings = 0
 
     def generation(self) -> tuple[int, int] | None:
         return (1, self.gen)
 
-    def list_table(self, family: str, name: str) -> list[dict[str, Any]] | None:
+    def list_table(self, family: str, name: str) -> list[JSONObject] | None:
         self.listings += 1
         objects = self.ruleset.get((family, name))
         return copy.deepcopy(objects) if objects is not None else None
@@ -344,8 +352,8 @@ class FakeNftables:
         self.ruleset[("inet", "trueup")] = objects
         self.gen += 1
 
-    def scratch_list(self, script: str, family: str, name: str) -> list[dict[str, Any]]:
-        objects: list[dict[str, Any]] = []
+    def scratch_list(self, script: str, family: str, name: str) -> list[JSONObject]:
+        objects: list[JSONObject] = []
         errors: dict[int, str] = {}
         for number, line in enumerate(script.splitlines(), start=1):
             match = _SCRIPT_LINE.match(line)

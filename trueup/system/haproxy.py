@@ -39,7 +39,7 @@ import socket
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from trueup.system.requirements import Requirement, binary
 from trueup.system.runner import Completed, Runner
@@ -51,6 +51,7 @@ __all__ = [
     "HaproxyError",
     "HaproxyPaths",
     "MasterState",
+    "ProxyConfig",
     "Stats",
     "check_argv",
     "check_config",
@@ -107,19 +108,60 @@ def haproxy_paths(run_dir: Path, *, create: bool = False) -> HaproxyPaths:
     )
 
 
+class TlsConfig(TypedDict):
+    certificate: str
+
+
+class ServerConfig(TypedDict):
+    name: str
+    address: str
+    check: bool
+    weight: int
+
+
+class HealthCheckConfig(TypedDict):
+    path: str | None
+    interval: str
+
+
+class BackendConfig(TypedDict):
+    balance: str
+    servers: list[ServerConfig]
+    health_check: HealthCheckConfig | None
+
+
+class TimeoutsConfig(TypedDict):
+    connect: str
+    client: str
+    server: str
+
+
+class ProxyConfig(TypedDict):
+    """One frontend and its backend as the configuration is rendered from it: a
+    `spec.proxies` entry as canonical JSON (`ProxySection.canonical()`, defaults filled in)."""
+
+    name: str
+    bind: str
+    mode: str
+    tls: TlsConfig | None
+    backend: BackendConfig
+    timeouts: TimeoutsConfig
+
+
 def digest_text(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def _bind_line(proxy: dict[str, Any]) -> str:
+def _bind_line(proxy: ProxyConfig) -> str:
     line = f"    bind {proxy['bind']}"
-    if proxy.get("tls"):
-        line += f" ssl crt {proxy['tls']['certificate']}"
+    tls = proxy.get("tls")
+    if tls:
+        line += f" ssl crt {tls['certificate']}"
     return line
 
 
 def render_config(
-    paths: HaproxyPaths, proxies: Iterable[dict[str, Any]], present: set[str] | None
+    paths: HaproxyPaths, proxies: Iterable[ProxyConfig], present: set[str] | None
 ) -> tuple[str, list[str]]:
     """HAProxy's configuration for `proxies` (canonical section entries).
 
@@ -147,7 +189,7 @@ def render_config(
             continue
         timeouts = proxy["timeouts"]
         backend = proxy["backend"]
-        check = backend.get("health_check") or {}
+        check: HealthCheckConfig | dict[str, str] = backend.get("health_check") or {}
         lines += [
             f"frontend {name}",
             f"    mode {mode}",

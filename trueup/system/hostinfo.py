@@ -16,13 +16,14 @@ import platform
 import re
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from trueup.system.runner import Runner, SubprocessRunner
 from trueup.system.safefile import UnsafeFile, open_file
 
 __all__ = [
     "AGENT_LOG",
+    "LogSource",
     "agent_log_lines",
     "daemon_versions",
     "kernel",
@@ -90,13 +91,21 @@ def _tail(path: Path, lines: int) -> list[str]:
         return [line.rstrip("\n") for line in deque(handle, maxlen=lines)]
 
 
+class LogSource(TypedDict, total=False):
+    """Where the agent's log lines came from (`source`: None when none was found) and, when
+    none was found, what was tried (`missing`)."""
+
+    source: str | None
+    missing: str
+
+
 def agent_log_lines(
     state_dir: Path,
     pid: int | None,
     lines: int = 200,
     runner: Runner | None = None,
     unit: str | None = None,
-) -> tuple[list[str], dict[str, Any]]:
+) -> tuple[list[str], LogSource]:
     """The last `lines` lines of the agent's log and where they came from (`source`, `missing`).
 
     `unit`: the agent's systemd service; found from `pid`'s cgroup when not given.

@@ -39,7 +39,7 @@ import os
 import socket
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple, NotRequired, TypedDict
 
 from trueup.model.jsontypes import JSONObject
 from trueup.system.safefile import open_file
@@ -48,6 +48,7 @@ __all__ = [
     "PAGE_SIZE",
     "KeaSocketError",
     "Lease",
+    "LeaseJSON",
     "kea_command",
     "lease_files",
     "leases_from_memfile",
@@ -61,6 +62,22 @@ _STATES = {0: "default", 1: "declined", 2: "expired-reclaimed"}
 
 class KeaSocketError(OSError):
     """Kea's control socket did not answer (absent, refused, timed out, garbled)."""
+
+
+class LeaseJSON(TypedDict):
+    """A lease as `trueup dhcp leases -o json` shows it (`prefix_len`, `lease_type`: DHCPv6)."""
+
+    family: int
+    address: str
+    hwaddr: str
+    client_id: str
+    hostname: str
+    expire: int
+    valid_lifetime: int
+    subnet_id: int
+    state: str
+    prefix_len: NotRequired[int]
+    lease_type: NotRequired[str]
 
 
 class Lease(NamedTuple):
@@ -81,11 +98,21 @@ class Lease(NamedTuple):
     prefix_len: int = 0  # DHCPv6 prefix delegations only
     lease_type: str = ""  # DHCPv6: IA_NA | IA_PD
 
-    def to_json(self) -> dict[str, Any]:
-        out = self._asdict()
-        if self.family == 4:
-            out.pop("prefix_len")
-            out.pop("lease_type")
+    def to_json(self) -> LeaseJSON:
+        out: LeaseJSON = {
+            "family": self.family,
+            "address": self.address,
+            "hwaddr": self.hwaddr,
+            "client_id": self.client_id,
+            "hostname": self.hostname,
+            "expire": self.expire,
+            "valid_lifetime": self.valid_lifetime,
+            "subnet_id": self.subnet_id,
+            "state": self.state,
+        }
+        if self.family != 4:
+            out["prefix_len"] = self.prefix_len
+            out["lease_type"] = self.lease_type
         return out
 
 

@@ -34,8 +34,9 @@ import re
 import socket
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
+from trueup.model.jsontypes import JSONObject
 from trueup.system.requirements import Requirement, binary
 from trueup.system.runner import Runner, SubprocessRunner
 
@@ -74,16 +75,16 @@ class Nftables(Protocol):
         """(network namespace inode, ruleset generation), or None when unknown."""
         ...
 
-    def list_table(self, family: str, name: str) -> list[dict[str, Any]] | None: ...
+    def list_table(self, family: str, name: str) -> list[JSONObject] | None: ...
 
     def tables(self) -> list[tuple[str, str]]: ...
 
     def run(self, script: str, *, json_input: bool = False) -> None: ...
 
-    def scratch_list(self, script: str, family: str, name: str) -> list[dict[str, Any]]: ...
+    def scratch_list(self, script: str, family: str, name: str) -> list[JSONObject]: ...
 
 
-def _objects(stdout: str) -> list[dict[str, Any]]:
+def _objects(stdout: str) -> list[JSONObject]:
     data = json.loads(stdout or '{"nftables": []}')
     return [o for o in data.get("nftables", []) if "metainfo" not in o]
 
@@ -146,7 +147,7 @@ class HostNftables:
         gen = _read_generation()
         return None if gen is None else (_netns(), gen)
 
-    def list_table(self, family: str, name: str) -> list[dict[str, Any]] | None:
+    def list_table(self, family: str, name: str) -> list[JSONObject] | None:
         done = self.runner.run([self.binary, "-j", "list", "table", family, name], timeout=30)
         if not done.ok:
             if "No such file or directory" in done.stderr:
@@ -168,7 +169,7 @@ class HostNftables:
                 done.stderr.strip() or f"nft exited {done.returncode}", error_lines(done.stderr)
             )
 
-    def scratch_list(self, script: str, family: str, name: str) -> list[dict[str, Any]]:
+    def scratch_list(self, script: str, family: str, name: str) -> list[JSONObject]:
         argv = [
             "unshare",
             "--net",

@@ -9,8 +9,7 @@ equals the recorded one: a recycled pid is never trusted. A daemon that
 re-executes itself on a reload with words added to its argv (HAProxy's
 master: `-sf PIDS -x SOCKET`; `DaemonSpec.reexec`, kept in the record as
 `reexec`) is verified by its program name and start time instead of its
-whole cmdline. `trueup.system.daemon` re-exports `proc_start_time` and
-`verified_pid`.
+whole cmdline.
 """
 
 from __future__ import annotations

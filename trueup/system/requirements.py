@@ -28,14 +28,16 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 from trueup.system.runner import Runner
 
 __all__ = [
     "PROBE_TIMEOUT",
     "Requirement",
+    "RequirementJSON",
     "RequirementResult",
+    "RequirementResultJSON",
     "binary",
     "check",
     "directory",
@@ -51,6 +53,23 @@ _ELF_MAGIC = b"\x7fELF"
 _ET_DYN = 3  # e_type of a shared object (and of a position-independent executable)
 
 
+class RequirementJSON(TypedDict):
+    """A requirement as `trueup preflight -o json` and startup show it."""
+
+    kind: Kind
+    name: str
+    package: str
+    why: str
+
+
+class RequirementResultJSON(RequirementJSON):
+    """A requirement and whether the machine meets it."""
+
+    ok: bool
+    path: str | None
+    remedy: str
+
+
 @dataclass(frozen=True)
 class Requirement:
     """One thing a subsystem needs: `name` is a program (looked up on PATH) or an absolute path."""
@@ -61,7 +80,7 @@ class Requirement:
     probe: tuple[str, ...] = ()  # binaries: the harmless arguments it is run with
     why: str = ""  # what in the document needs it, when not the subsystem as a whole
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> RequirementJSON:
         return {"kind": self.kind, "name": self.name, "package": self.package, "why": self.why}
 
 
@@ -91,8 +110,13 @@ class RequirementResult:
     path: str | None = None  # where it was found
     remedy: str = ""  # when not ok: what to install
 
-    def to_json(self) -> dict[str, Any]:
-        return self.requirement.to_json() | {
+    def to_json(self) -> RequirementResultJSON:
+        requirement = self.requirement
+        return {
+            "kind": requirement.kind,
+            "name": requirement.name,
+            "package": requirement.package,
+            "why": requirement.why,
             "ok": self.ok,
             "path": self.path,
             "remedy": self.remedy,

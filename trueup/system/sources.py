@@ -10,7 +10,7 @@ namespace) and `state_dir` (the agent's state directory; daemons keep their
 private files under `daemons.run_dir(NAME)` = `STATE_DIR/run/NAME`, and durable
 records such as fences go in `state_dir` itself). Every read and write of a
 daemon's run directory goes through `files` too (`read_private`,
-`write_private`, …: 0600 files in 0700 directories, never through a link);
+`write_private`, `make_private_dir`, …: 0600 files in 0700 directories, never through a link);
 `trueup.subsystems.daemonkit` is how daemon-backed subsystems use it. A
 subsystem uses only what it needs, and unit tests hand it fakes
 (`trueup.system.fake`).
@@ -23,17 +23,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
+from trueup.model.jsontypes import JSONObject
 from trueup.system.announce import Announcer, KernelAnnouncer
 from trueup.system.atomicfile import path_error, write_atomic
-from trueup.system.daemon import Daemons, DaemonSupervisor
+from trueup.system.daemon import DaemonSupervisor
+from trueup.system.daemonspec import Daemons
 from trueup.system.netlink import Netlink
 from trueup.system.nft import HostNftables, Nftables
 from trueup.system.runner import Runner, SubprocessRunner
 from trueup.system.safefile import ensure_dir, read_file
 
-__all__ = ["Files", "HostFiles", "Sources"]
+__all__ = ["Files", "HostFiles", "Memo", "Sources"]
+
+# Answers a daemon confirmed within one piece of work (`Sources.memo`): key → (the
+# daemon's pid, its answer, in the daemon's own JSON).
+Memo = dict[str, tuple[int, JSONObject]]
 
 # = trueup.journal.state.DEFAULT_STATE_DIR (system/ imports no layer above it).
 _DEFAULT_STATE_DIR = "/var/lib/trueup"
@@ -72,6 +78,11 @@ class Files(Protocol):
 
     def replace_private(self, source: Path, target: Path) -> None:
         """Rename `source` over `target` (a candidate that passed its check)."""
+        ...
+
+    def make_private_dir(self, path: Path) -> None:
+        """Make `path` (and its parents) a 0700 directory of ours if it is not one yet;
+        `UnsafeFile` when something else is there."""
         ...
 
 
@@ -130,6 +141,9 @@ class HostFiles:
     def replace_private(self, source: Path, target: Path) -> None:
         source.replace(target)
 
+    def make_private_dir(self, path: Path) -> None:
+        ensure_dir(path)
+
 
 @dataclass
 class Sources:
@@ -152,7 +166,7 @@ class Sources:
     # the subsystem and the daemon's pid. The subsystem drops its entry whenever it
     # changes the daemon; a new piece of work starts empty, so every pass of the
     # reconcile loop asks the daemon again and drift is never hidden by it.
-    memo: dict[str, Any] = field(default_factory=dict)
+    memo: Memo = field(default_factory=dict)
 
     def close(self) -> None:
         self.netlink.close()

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trueup.system.atomicfile import write_atomic
-from trueup.system.daemon import DaemonSpec
+from trueup.system.daemonspec import DaemonSpec
 from trueup.system.requirements import Requirement, binary
 from trueup.system.runner import Runner
 from trueup.system.safefile import ensure_dir

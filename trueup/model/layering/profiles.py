@@ -26,14 +26,15 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, TypedDict
 
 from trueup.model.digests import json_digest
 from trueup.model.document import API_VERSION, DocumentError, decode_text, supported_sections
+from trueup.model.jsontypes import JSONObject
 from trueup.model.layering.merge import check_layer, is_plain
 from trueup.model.layering.selectors import Selector, SelectorError, parse_selector
 from trueup.model.layering.substitute import Compiled, compile_document
-from trueup.model.layering.variables import Variable, parse_variable
+from trueup.model.layering.variables import Variable, VariableJSON, parse_variable
 from trueup.model.limits import DOCUMENT_BYTES
 
 __all__ = ["PROFILE_KIND", "Profile", "ProfileError", "load_profile_text", "parse_profile"]
@@ -70,9 +71,9 @@ class Profile:
         default_factory=dict, init=False, repr=False, compare=False
     )
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> ProfileJSON:
         """The profile as a document (what `parse_profile` reads back to an equal profile)."""
-        metadata: dict[str, Any] = {"name": self.name, "priority": self.priority}
+        metadata: ProfileMetadataJSON = {"name": self.name, "priority": self.priority}
         if self.description:
             metadata["description"] = self.description
         return {
@@ -242,3 +243,26 @@ def _variables(data: Any, problems: list[str]) -> dict[str, Variable] | None:
         if variable is not None:
             out[str(name)] = variable
     return out
+
+
+class _ProfileName(TypedDict):
+    name: str
+    priority: int
+
+
+class ProfileMetadataJSON(_ProfileName, total=False):
+    description: str
+
+
+class ProfileSpecJSON(TypedDict):
+    selector: str
+    variables: dict[str, VariableJSON]
+    # The document layer: a desired-state document fragment, validated once rendered.
+    document: JSONObject
+
+
+class ProfileJSON(TypedDict):
+    apiVersion: str
+    kind: str
+    metadata: ProfileMetadataJSON
+    spec: ProfileSpecJSON

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 __all__ = ["DeviceInputs", "PathChange", "Provenance", "RenderError", "RenderProblem", "Rendered"]
 
@@ -23,6 +23,19 @@ class DeviceInputs:
     own: Mapping[str, Any] | None = None
 
 
+class ProfileVersionJSON(TypedDict):
+    name: str
+    version: int
+
+
+class ProvenanceJSON(TypedDict):
+    """A rendered document's provenance as stored and shown (`Provenance.as_json`)."""
+
+    profiles: list[ProfileVersionJSON]
+    variables_digest: str
+    own_digest: str | None
+
+
 @dataclass(frozen=True)
 class Provenance:
     """Where a rendered document came from: profile versions in the order applied,
@@ -32,7 +45,7 @@ class Provenance:
     variables_digest: str
     own_digest: str | None
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> ProvenanceJSON:
         return {
             "profiles": [{"name": name, "version": version} for name, version in self.profiles],
             "variables_digest": self.variables_digest,

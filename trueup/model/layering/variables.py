@@ -26,7 +26,7 @@ import re._constants as sre_constants  # type: ignore[import-not-found]
 import re._parser as sre_parser  # type: ignore[import-not-found]
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from trueup.model.digests import json_digest
 from trueup.model.limits import quoted
@@ -112,6 +112,22 @@ def _family_word(family: int | None) -> str:
     return "IPv4/IPv6 " if family is None else f"IPv{family} "
 
 
+class _VariableType(TypedDict):
+    type: str
+
+
+class VariableJSON(_VariableType, total=False):
+    """A variable's declaration as a profile document holds it (`Variable.as_json`)."""
+
+    items: str
+    default: Any
+    required: bool
+    pattern: str
+    minimum: int
+    maximum: int
+    description: str
+
+
 @dataclass(frozen=True)
 class Variable:
     """One declared variable. `check(value)` returns the canonical value or raises ValueError."""
@@ -181,17 +197,20 @@ class Variable:
             return self.check([_from_text(str(self.items), p) for p in parts])
         return self.check(_from_text(self.type, text))
 
-    def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": self.type}
+    def as_json(self) -> VariableJSON:
+        out: VariableJSON = {"type": self.type}
         if self.items is not None:
             out["items"] = self.items
         if self.default is not None:
             out["default"] = self.default
         if self.required:
             out["required"] = True
-        for name in ("pattern", "minimum", "maximum"):
-            if getattr(self, name) is not None:
-                out[name] = getattr(self, name)
+        if self.pattern is not None:
+            out["pattern"] = self.pattern
+        if self.minimum is not None:
+            out["minimum"] = self.minimum
+        if self.maximum is not None:
+            out["maximum"] = self.maximum
         if self.description:
             out["description"] = self.description
         return out

@@ -22,7 +22,6 @@ import threading
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
 
 from trueup.journal.atomic import StateFileError, file_identity
 from trueup.journal.damage import StateCheck
@@ -55,11 +54,12 @@ from trueup.reconcile.probes import StatusProbes
 from trueup.subsystems.base import Difference, Facts, Plan, Scope, Subsystem
 from trueup.subsystems.registry import default_subsystems
 from trueup.system.announce import Announcer, KernelAnnouncer, NoAnnouncer
-from trueup.system.daemon import Daemons, DaemonSupervisor
+from trueup.system.daemon import DaemonSupervisor
+from trueup.system.daemonspec import Daemons
 from trueup.system.netlink import CachedNetlink, Netlink
 from trueup.system.nft import HostNftables, Nftables
 from trueup.system.runner import Runner, SubprocessRunner
-from trueup.system.sources import Files, HostFiles, Sources
+from trueup.system.sources import Files, HostFiles, Memo, Sources
 
 __all__ = ["Engine", "NetlinkFactory"]
 
@@ -131,7 +131,7 @@ class Engine:
         self.failing.update(state.applied().carried)
 
     @contextmanager
-    def sources(self, memo: dict[str, Any] | None = None) -> Iterator[Sources]:
+    def sources(self, memo: Memo | None = None) -> Iterator[Sources]:
         """The system for one piece of work: a netlink handle (one dump per table), files, programs.
 
         `memo`: the memo of the piece of work this one belongs to (a transaction's worker).

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from trueup.model.document import DeviceState
 from trueup.reconcile.changes import _STEP_ERRORS
-from trueup.subsystems.base import Difference, Facts, Plan, Scope, Subsystem
+from trueup.subsystems.base import Difference, Facts, Plan, PlannedValues, Scope, Subsystem
 from trueup.subsystems.registry import scope_for
 from trueup.system.sources import Sources
 
@@ -145,7 +145,7 @@ def plan(engine: Engine, document: DeviceState, net: Sources) -> list[Plan]:
             desired = s.desired(document, scope)
             have = observed[s.name]
             made = s.plan(desired, have, scope)
-            values = {
+            values: dict[str, PlannedValues] = {
                 step.path: {"old": have.get(step.path), "new": desired.get(step.path)}
                 for step in made.steps
                 if step.path in desired or step.path in have

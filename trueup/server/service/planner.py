@@ -524,7 +524,7 @@ class Planner:
             document=document,
             author=actor,
             comment=comment,
-            provenance=target.provenance.as_json(),
+            provenance=dict(target.provenance.as_json()),
             confirm_within=confirm_within,
         )
 

@@ -315,7 +315,7 @@ class Profiles:
                 tenant_id,
                 name=profile.name,
                 version=last + 1,
-                document=profile.as_json(),
+                document=dict(profile.as_json()),
                 digest=profile.digest,
                 actor=actor,
                 comment=comment,

@@ -73,7 +73,7 @@ from trueup.subsystems.dhcp.keaconfig import (
     with_fence,
 )
 from trueup.subsystems.dhcp.section import SECTION, DhcpSection
-from trueup.system.daemon import DaemonError, DaemonSpec
+from trueup.system.daemonspec import DaemonError, DaemonSpec
 from trueup.system.fence import read_fence
 from trueup.system.kea import (
     KeaError,
@@ -110,7 +110,7 @@ def _canonical_paths(family: int) -> KeaPaths:
     )
 
 
-class AppliedEntry(TypedDict):
+class KeaDigest(TypedDict):
     """What trueup set for one Kea digest: the document's digest and its interfaces."""
 
     desired: str
@@ -119,7 +119,7 @@ class AppliedEntry(TypedDict):
     declared: list[str]
 
 
-class Applied(TypedDict, total=False):
+class KeaDigests(TypedDict, total=False):
     """The run record `applied.json`: which Kea digests are trueup's, newest last.
 
     `kea`: digests of what `config-get` answered; `file`: of the file Kea starts
@@ -128,8 +128,8 @@ class Applied(TypedDict, total=False):
     (the oldest entries are dropped first).
     """
 
-    kea: dict[str, AppliedEntry]
-    file: dict[str, AppliedEntry]
+    kea: dict[str, KeaDigest]
+    file: dict[str, KeaDigest]
 
 
 class Reference(TypedDict, total=False):
@@ -140,7 +140,7 @@ class Reference(TypedDict, total=False):
     body: JSONObject
 
 
-def _applied_record(paths: KeaPaths) -> RunRecord[Applied]:
+def _digests_record(paths: KeaPaths) -> RunRecord[KeaDigests]:
     return RunRecord(paths.run_dir / "applied.json", sort_keys=False, durable=False)
 
 
@@ -219,7 +219,7 @@ class DhcpSubsystem(Subsystem):
                 continue
             facts[_path(family, "running")] = True
             paths = kea_paths(sources.daemons.run_dir(name), family)
-            applied = _applied_record(paths).read(sources.files)
+            ours = _digests_record(paths).read(sources.files)
             try:
                 running = _config_get(sources, paths, status.pid)
             except KeaError as exc:
@@ -235,7 +235,7 @@ class DhcpSubsystem(Subsystem):
             body = _body(running, family)
             if body is not None:
                 key = digest(unfenced(body))
-                entry = applied.get("kea", {}).get(key)
+                entry = ours.get("kea", {}).get(key)
                 facts[_path(family, "config")] = entry["desired"] if entry else f"foreign:{key}"
                 if entry is None:
                     # Not only that it differs: where (shown beside the digest by `diff`).
@@ -246,7 +246,7 @@ class DhcpSubsystem(Subsystem):
                 interfaces = set(body.get("interfaces-config", {}).get("interfaces", []))
                 waiting = set(entry.get("declared", [])) - present if entry else set()
                 facts[_path(family, "interfaces")] = sorted(interfaces | waiting)
-            facts[_path(family, "file")] = _file_fact(sources.files, paths, applied, family)
+            facts[_path(family, "file")] = _file_fact(sources.files, paths, ours, family)
             facts[_path(family, "allocation")] = allocation_state(
                 paths,
                 sources.state_dir,
@@ -438,7 +438,7 @@ class DhcpSubsystem(Subsystem):
         # file is what this piece of work's verification sees, without asking again; the
         # next observation (a new piece of work) asks Kea itself.
         written = read_json(sources.files, paths.config)
-        if _body(written, paths.family) is not None and status.pid == pid:
+        if _body(written, paths.family) is not None and pid is not None and status.pid == pid:
             sources.memo[_memo_key(paths)] = (pid, written)
         self._remember(sources, paths, step, section, interfaces, status.pid)
 
@@ -454,7 +454,7 @@ class DhcpSubsystem(Subsystem):
         """Record which Kea digests are trueup's: config-get's and the file's."""
         files = sources.files
         running = _config_get(sources, paths, pid)
-        entry: AppliedEntry = {
+        entry: KeaDigest = {
             "desired": str(step.args["digest"]),
             "interfaces": interfaces,
             "declared": list(section.interfaces),
@@ -466,17 +466,14 @@ class DhcpSubsystem(Subsystem):
                 files, {"desired": entry["desired"], "body": unfenced(reference)}
             )
 
-        def remembered(applied: Applied) -> None:
+        def remembered(ours: KeaDigests) -> None:
             for kind, body in (
                 ("kea", _body(running, paths.family)),
                 ("file", _body(read_json(files, paths.config), paths.family)),
             ):
                 if body is None:
                     continue
-                if kind == "kea":
-                    table = applied.setdefault("kea", {})
-                else:
-                    table = applied.setdefault("file", {})
+                table = ours.setdefault("kea", {}) if kind == "kea" else ours.setdefault("file", {})
                 key = digest(unfenced(body))
                 table.pop(key, None)
                 table[key] = entry
@@ -485,7 +482,7 @@ class DhcpSubsystem(Subsystem):
 
         # A cache of what trueup set (lost, the next observation shows a foreign digest
         # and the next pass sets the configuration again): no fsync needed.
-        _applied_record(paths).update(files, remembered)
+        _digests_record(paths).update(files, remembered)
 
     # -- the fence hook (the CLI and the restore) -----------------------------------
     def follow_fence(
@@ -566,10 +563,10 @@ def _config_get(sources: Sources, paths: KeaPaths, pid: int | None) -> JSONObjec
     return running
 
 
-def _file_fact(files: Files, paths: KeaPaths, applied: Applied, family: int) -> str | None:
+def _file_fact(files: Files, paths: KeaPaths, ours: KeaDigests, family: int) -> str | None:
     body = _body(read_json(files, paths.config), family)
     if body is None:
         return None
     key = digest(unfenced(body))
-    entry = applied.get("file", {}).get(key)
+    entry = ours.get("file", {}).get(key)
     return str(entry["desired"]) if entry else f"foreign:{key}"

@@ -56,9 +56,14 @@ from trueup.subsystems.base import (
     Step,
     StepError,
     Subsystem,
-    daemon_failure,
 )
-from trueup.subsystems.daemonkit import RunRecord, read_text, write_file
+from trueup.subsystems.daemonkit import (
+    RunRecord,
+    failed_daemon,
+    read_text,
+    step_failures,
+    write_file,
+)
 from trueup.subsystems.dns.records import (
     LeaseSettings,
     lease_records,
@@ -66,7 +71,7 @@ from trueup.subsystems.dns.records import (
     render_zone_file,
 )
 from trueup.subsystems.dns.section import SECTION, DnsSection
-from trueup.system.daemon import DaemonError, DaemonSpec
+from trueup.system.daemonspec import DaemonSpec
 from trueup.system.kea import daemon_name, kea_paths
 from trueup.system.kealeases import Lease, read_leases
 from trueup.system.knot import (
@@ -80,7 +85,6 @@ from trueup.system.knot import (
 )
 from trueup.system.knot import REQUIREMENTS as KNOT_REQUIREMENTS
 from trueup.system.requirements import Requirement
-from trueup.system.safefile import ensure_dir
 from trueup.system.sockets import make_socket_dir
 from trueup.system.sources import Files
 from trueup.system.watches import every
@@ -145,10 +149,7 @@ class DnsSubsystem(Subsystem):
         self, sources: Sources, document: DeviceState
     ) -> tuple[SubsystemHealth, str] | None:
         """A daemon the document asks for that is not running: failed, in its own words."""
-        if not self.configured(document):
-            return None
-        failure = daemon_failure(sources, DAEMON)
-        return (SubsystemHealth.FAILED, failure) if failure is not None else None
+        return failed_daemon(sources, DAEMON) if self.configured(document) else None
 
     def requirements(self, document: DeviceState) -> list[Requirement]:
         del document
@@ -268,7 +269,7 @@ class DnsSubsystem(Subsystem):
     def execute(self, sources: Sources, step: Step) -> None:
         paths = knot_paths(sources.daemons.run_dir(DAEMON))
         knot = KnotControl(sources.runner, paths.socket)
-        try:
+        with step_failures(step, KnotError):
             if step.action == "stop":
                 sources.daemons.stop(DAEMON)
             elif step.action in ("start", "configure"):
@@ -288,15 +289,13 @@ class DnsSubsystem(Subsystem):
                 self._sync_leases(sources, paths, knot, step)
             else:
                 raise ValueError(f"unknown dns step {step.action}")
-        except (KnotError, DaemonError, OSError) as exc:
-            raise StepError(step, str(exc)) from exc
 
     def _start(self, sources: Sources, step: Step, paths: KnotPaths, knot: KnotControl) -> None:
         static: dict[str, list[str]] = {z: list(r) for z, r in step.args["static"].items()}
         config = render_config(paths, step.args["listen"], step.args["zones"])
         files, run_record = sources.files, _record(paths)
         for directory in (paths.zones, paths.db):
-            ensure_dir(directory)
+            files.make_private_dir(directory)
 
         def no_lease_records(state: DnsState) -> None:
             state["dynamic"] = {}  # Knot starts from the zone files: no lease records yet

@@ -24,6 +24,8 @@ import json
 import re
 from typing import Any
 
+from trueup.model.jsontypes import JSONObject
+from trueup.subsystems.base import Facts
 from trueup.subsystems.firewall.section import FirewallSection, rule_path
 
 __all__ = ["FAMILY", "TABLE", "TABLE_PATH", "batch", "facts_from_objects", "script"]
@@ -48,7 +50,7 @@ def _clean(value: Any) -> Any:
         return [_clean(v) if type(v) is dict or type(v) is list else v for v in value]
     if type(value) is not dict:
         return value
-    out: dict[str, Any] = {}
+    out: JSONObject = {}
     for key, item in value.items():
         if key == "handle" or key == "expires":
             continue
@@ -69,11 +71,11 @@ def _sort_key(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def facts_from_objects(objects: list[dict[str, Any]] | None) -> dict[str, Any]:
+def facts_from_objects(objects: list[JSONObject] | None) -> Facts:
     """Facts of the table listed as `objects` (`nft -j list table`); None: no table."""
     if objects is None:
         return {TABLE_PATH: None}
-    facts: dict[str, Any] = {}
+    facts: Facts = {}
     counts: dict[str, int] = {}
     for obj in objects:
         ((kind, body),) = obj.items()
@@ -127,7 +129,7 @@ def script(section: FirewallSection) -> tuple[str, dict[int, str]]:
     return "\n".join(lines) + "\n", paths
 
 
-def _ordered(facts: dict[str, Any]) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+def _ordered(facts: Facts) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
     sets: list[tuple[str, Any]] = []
     objects: list[tuple[str, str, Any]] = []
     chains: list[tuple[str, Any]] = []
@@ -146,7 +148,7 @@ def _ordered(facts: dict[str, Any]) -> tuple[list[Any], list[Any], list[Any], li
     return sorted(sets), sorted(objects), sorted(chains), sorted(rules, key=lambda r: r[:2])
 
 
-def batch(facts: dict[str, Any]) -> str:
+def batch(facts: Facts) -> str:
     """A JSON batch replacing table `inet trueup` by `facts` in one transaction.
 
     The table is added (so deleting it cannot fail), deleted and — unless the
@@ -154,7 +156,7 @@ def batch(facts: dict[str, Any]) -> str:
     and rules, in one `nft -j -f`: all or nothing.
     """
     table = {"family": FAMILY, "name": TABLE}
-    commands: list[dict[str, Any]] = [{"add": {"table": table}}, {"delete": {"table": table}}]
+    commands: list[JSONObject] = [{"add": {"table": table}}, {"delete": {"table": table}}]
     if facts.get(TABLE_PATH) is not None:
         commands.append({"add": {"table": table}})
         sets, objects, chains, rules = _ordered(facts)

@@ -42,6 +42,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from trueup.model.jsontypes import JSONObject
+from trueup.subsystems.base import Facts
+
 __all__ = ["Packet", "management_findings"]
 
 _CHAIN = re.compile(r"^spec\.firewall\.chains\[([^\]]+)\]$")
@@ -87,7 +90,7 @@ def _in(value: Any, right: Any) -> bool | None:
 _PROTOCOLS = {"tcp": 6, "udp": 17, "icmp": 1, "ipv6-icmp": 58, "icmpv6": 58}
 
 
-def _match(match: dict[str, Any], packet: Packet) -> bool | None:
+def _match(match: JSONObject, packet: Packet) -> bool | None:
     left, right, op = match.get("left"), match.get("right"), match.get("op", "==")
     value: Any = None
     if isinstance(left, dict) and "meta" in left:
@@ -123,10 +126,10 @@ def _match(match: dict[str, Any], packet: Packet) -> bool | None:
     return None
 
 
-def _rule(rule: dict[str, Any], packet: Packet) -> tuple[bool | None, dict[str, Any] | None]:
+def _rule(rule: JSONObject, packet: Packet) -> tuple[bool | None, JSONObject | None]:
     """(whether the rule matches the packet, its verdict statement or None)."""
     certain: bool | None = True
-    verdict: dict[str, Any] | None = None
+    verdict: JSONObject | None = None
     for statement in rule.get("expr", []):
         ((kind, body),) = statement.items()
         if kind == "match":
@@ -149,7 +152,7 @@ class _Verdict:
 
 
 def _chain(
-    facts: dict[str, Any],
+    facts: Facts,
     rules: dict[str, list[tuple[int, Any]]],
     name: str,
     packet: Packet,
@@ -178,7 +181,7 @@ def _chain(
     return None
 
 
-def management_findings(facts: dict[str, Any], interface: str, port: int) -> list[str]:
+def management_findings(facts: Facts, interface: str, port: int) -> list[str]:
     """Why the ruleset in `facts` would block management on `interface`, TCP `port`."""
     packets = [
         Packet(f"new connections to the management API (tcp port {port} on {interface})",

@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from trueup.model.jsontypes import JSONObject
+
 __all__ = ["rule_text"]
 
 # Meta keys nft prints without `meta` (nft's "unqualified" keys).
@@ -104,7 +106,7 @@ def _quotes(left: Any) -> bool:
     return isinstance(left, dict) and str((left.get("meta") or {}).get("key")) in _QUOTED
 
 
-def _match(body: dict[str, Any]) -> str:
+def _match(body: JSONObject) -> str:
     left, right, op = body.get("left"), body.get("right"), body.get("op", "==")
     text = _value(left)
     shown = "" if op in ("==", "in") else f"{op} "

@@ -34,7 +34,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from trueup.model.document import DeviceState
 from trueup.model.health import Tier
@@ -346,7 +346,7 @@ class FirewallSubsystem(Subsystem):
         port = api_port or document.spec.management.api.port
         return management_findings(facts, document.spec.management.interface, port)
 
-    def report(self, sources: Sources, scope: Scope) -> dict[str, Any]:
+    def report(self, sources: Sources, scope: Scope) -> FirewallReport:
         """The tables trueup does not own: listed, never touched."""
         try:
             tables = sources.nft.tables()
@@ -356,6 +356,14 @@ class FirewallSubsystem(Subsystem):
             f"{family} {name}" for family, name in tables if (family, name) != (FAMILY, TABLE)
         )
         return {"table": _KEY, "unmanaged_tables": unmanaged}
+
+
+class FirewallReport(TypedDict):
+    """What status shows beside the facts: trueup's table and the others, never touched."""
+
+    table: str
+    unmanaged_tables: list[str] | None  # None: nft did not list them
+    error: NotRequired[str]  # why nft could not list them
 
 
 def _skeleton_digest(section: FirewallSection) -> str:

@@ -32,7 +32,7 @@ import hashlib
 import logging
 import signal
 import time
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from trueup.model.document import DeviceState
 from trueup.model.health import SubsystemHealth, Tier
@@ -45,11 +45,18 @@ from trueup.subsystems.base import (
     Step,
     StepError,
     Subsystem,
-    daemon_failure,
 )
-from trueup.subsystems.daemonkit import RunRecord, check, ensure_or_reload, read_text, write_file
+from trueup.subsystems.daemonkit import (
+    RunRecord,
+    check,
+    ensure_or_reload,
+    failed_daemon,
+    read_text,
+    step_failures,
+    write_file,
+)
 from trueup.subsystems.ha.section import SECTION, HaSection
-from trueup.system.daemon import DaemonError, DaemonSpec
+from trueup.system.daemonspec import DaemonSpec, DaemonStatusJSON
 from trueup.system.keepalived import (
     DAEMON,
     KeepalivedPaths,
@@ -87,6 +94,20 @@ class HaRecord(TypedDict, total=False):
     # When trueup last wrote keepalived's configuration (epoch seconds).
     config_written: float
     # The newest released addresses, oldest first.
+    released: list[Released]
+
+
+class HaReport(TypedDict):
+    """What status shows beside the facts: keepalived, the VRRP state the kernel shows, and
+    the addresses this node released."""
+
+    keepalived: DaemonStatusJSON
+    # From the kernel: MASTER holds every configured address, BACKUP none (or "stopped",
+    # "unknown", "partial").
+    state: str
+    priority: int | None
+    holds: list[str]
+    present_unheld: list[str]
     released: list[Released]
 
 
@@ -128,8 +149,7 @@ class HaSubsystem(Subsystem):
         """A daemon the document asks for that is not running: failed, in its own words."""
         if not self.configured(document) or compile_config(document) is None:
             return None
-        failure = daemon_failure(sources, DAEMON)
-        return (SubsystemHealth.FAILED, failure) if failure is not None else None
+        return failed_daemon(sources, DAEMON)
 
     def __init__(self) -> None:
         self._configs: dict[str, str] = {}
@@ -203,7 +223,7 @@ class HaSubsystem(Subsystem):
     # -- steps ------------------------------------------------------------------
     def execute(self, sources: Sources, step: Step) -> None:
         paths = keepalived_paths(sources.daemons.run_dir(DAEMON))
-        try:
+        with step_failures(step):
             if step.action == "release":
                 self._release(sources, paths, step)
             elif step.action == "stop":
@@ -212,8 +232,6 @@ class HaSubsystem(Subsystem):
                 self._start(sources, paths, step)
             else:
                 raise ValueError(f"unknown ha step {step.action}")
-        except (DaemonError, OSError) as exc:
-            raise StepError(step, str(exc)) from exc
 
     def _start(self, sources: Sources, paths: KeepalivedPaths, step: Step) -> None:
         known = self._configs.get(str(step.args["digest"]))
@@ -294,7 +312,7 @@ class HaSubsystem(Subsystem):
             _record(paths).update(sources.files, add)
 
     # -- status -----------------------------------------------------------------
-    def report(self, sources: Sources, scope: Scope) -> dict[str, Any]:
+    def report(self, sources: Sources, scope: Scope) -> HaReport:
         paths = keepalived_paths(sources.daemons.run_dir(DAEMON))
         status = sources.daemons.status(DAEMON)
         present = sorted(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import (
     AfterValidator,
@@ -42,6 +42,7 @@ from trueup.model.sections import CrossCheck, OtherSections, Problem, Section
 
 if TYPE_CHECKING:
     from trueup.model.document import DeviceSpec
+    from trueup.system.haproxy import ProxyConfig  # a type only: sections import no system module
 
 __all__ = [
     "SECTION",
@@ -249,13 +250,13 @@ class ProxySection(RootModel[list[Proxy]]):
             raise _PathError.many(problems)
         return self
 
-    def canonical(self) -> list[dict[str, Any]]:
+    def canonical(self) -> list[ProxyConfig]:
         """The section as canonical JSON (defaults filled in, keys sorted), sorted by name.
 
         Keys are sorted so that the value compares equal however it was stored
         (facts are compared as text, and state files sort their keys)."""
         entries = sorted((p.model_dump(mode="json") for p in self.root), key=lambda p: p["name"])
-        result: list[dict[str, Any]] = json.loads(json.dumps(entries, sort_keys=True))
+        result: list[ProxyConfig] = json.loads(json.dumps(entries, sort_keys=True))
         return result
 
 

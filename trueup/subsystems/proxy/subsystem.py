@@ -31,7 +31,9 @@ each would re-derive it.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -47,21 +49,23 @@ from trueup.subsystems.base import (
     Step,
     StepError,
     Subsystem,
-    daemon_failure,
 )
 from trueup.subsystems.daemonkit import (
     RunRecord,
     check,
     ensure_or_reload,
+    failed_daemon,
     read_text,
     remove_file,
+    step_failures,
 )
 from trueup.subsystems.proxy.section import SECTION, ProxySection, split_endpoint
-from trueup.system.daemon import DaemonError, DaemonSpec
+from trueup.system.daemonspec import DaemonSpec
 from trueup.system.haproxy import (
     DAEMON,
     HaproxyError,
     HaproxyPaths,
+    ProxyConfig,
     check_argv,
     check_problem,
     digest_text,
@@ -74,7 +78,7 @@ from trueup.system.haproxy import (
 from trueup.system.haproxy import REQUIREMENTS as HAPROXY_REQUIREMENTS
 from trueup.system.requirements import Requirement
 from trueup.system.sockets import make_socket_dir
-from trueup.system.sources import Files
+from trueup.system.sources import Files, HostFiles
 from trueup.system.watches import STATE_DIR, every, files, rtnetlink
 
 __all__ = ["ProxySection", "ProxySubsystem"]
@@ -93,12 +97,39 @@ class ProxyState(TypedDict, total=False):
     """The run record (`run/haproxy/trueup-proxy.json`): what trueup last wrote."""
 
     # The canonical section the file was rendered from (`ProxySection.canonical()`).
-    section: list[dict[str, Any]]
+    section: list[ProxyConfig]
     # Frontends left out of the file while their bind address is absent.
     omitted: list[str]
     # The digest of the file trueup wrote, and of the file the master last loaded.
     digest: str
     loaded: str
+
+
+class _FrontendRequired(TypedDict):
+    bind: str
+    bound: bool
+
+
+class FrontendReport(_FrontendRequired, total=False):
+    """One frontend in status: its bind endpoint, whether it is open, and its servers."""
+
+    # Why it is left out of the file (its bind address is absent).
+    reason: str
+    # Server → its status in `show stat`, when HAProxy answers.
+    servers: dict[str, str]
+
+
+class ProxyReport(TypedDict, total=False):
+    """What status shows beside the facts (empty: no proxies and no HAProxy)."""
+
+    running: bool
+    frontends: dict[str, FrontendReport]
+    # The master's version and reload count; `master`: why it does not answer.
+    version: str | None
+    reloads: int
+    master: str
+    # Why the stats socket does not answer.
+    stats: str
 
 
 def _record(paths: HaproxyPaths) -> RunRecord[ProxyState]:
@@ -119,9 +150,11 @@ class ProxySubsystem(Subsystem):
         every(5.0),
     )
 
-    def __init__(self) -> None:
+    def __init__(self, files: Files | None = None) -> None:
+        # Where the certificates are read (`prepare`): the machine's files, or a test's fake.
+        self.files: Files = files if files is not None else HostFiles()
         # Section digest → section, for the plans this process made (steps name the digest).
-        self._sections: dict[str, list[dict[str, Any]]] = {}
+        self._sections: dict[str, list[ProxyConfig]] = {}
 
     def requirements(self, document: DeviceState) -> list[Requirement]:
         section = document.spec.section("proxies", ProxySection)
@@ -193,7 +226,7 @@ class ProxySubsystem(Subsystem):
     # -- steps ------------------------------------------------------------------
     def execute(self, sources: Sources, step: Step) -> None:
         paths = haproxy_paths(sources.daemons.run_dir(DAEMON))
-        try:
+        with step_failures(step, HaproxyError):
             if step.action == "stop":
                 sources.daemons.stop(DAEMON)
                 remove_file(sources.files, paths.config)
@@ -207,20 +240,21 @@ class ProxySubsystem(Subsystem):
                 _reload(sources, step, paths)
             else:
                 raise ValueError(f"unknown proxy step {step.action}")
-        except (HaproxyError, DaemonError, OSError) as exc:
-            raise StepError(step, str(exc)) from exc
 
     def prepare(self, document: DeviceState) -> None:
         section = document.spec.section("proxies", ProxySection)
         for index, proxy in enumerate(section.root if section else []):
             if proxy.tls is not None:
+                certificate = proxy.tls.certificate
                 try:
-                    with open(proxy.tls.certificate, "rb"):
-                        pass
+                    if self.files.read(certificate) is None:
+                        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
+                except UnicodeDecodeError:
+                    pass  # readable; HAProxy's own check judges what it holds
                 except OSError as exc:
                     raise ValueError(
                         f"spec.proxies[{index}].tls.certificate: cannot read "
-                        f"{proxy.tls.certificate}: {exc.strerror}"
+                        f"{certificate}: {exc.strerror}"
                     ) from exc
 
     def condition(
@@ -232,16 +266,16 @@ class ProxySubsystem(Subsystem):
         missing = _missing(sources, [(p.name, p.bind) for p in section.root])
         if missing:
             return SubsystemHealth.PENDING, _missing_reason(missing)
-        failure = daemon_failure(sources, DAEMON)
-        return (SubsystemHealth.FAILED, failure) if failure is not None else None
+        return failed_daemon(sources, DAEMON)
 
-    def report(self, sources: Sources, scope: Scope) -> dict[str, Any]:
+    def report(self, sources: Sources, scope: Scope) -> ProxyReport:
         paths = haproxy_paths(sources.daemons.run_dir(DAEMON))
         state = _record(paths).read(sources.files)
         section = state.get("section") or []
         if not section and not sources.daemons.running(DAEMON):
             return {}
-        out: dict[str, Any] = {"running": sources.daemons.running(DAEMON), "frontends": {}}
+        frontends: dict[str, FrontendReport] = {}
+        out: ProxyReport = {"running": sources.daemons.running(DAEMON), "frontends": frontends}
         try:
             master = parse_proc(query(paths.master, "show proc", _REPORT_TIMEOUT))
             out["version"], out["reloads"] = master.version, master.reloads
@@ -256,12 +290,12 @@ class ProxySubsystem(Subsystem):
         for proxy in section:
             name = proxy["name"]
             status = stats.frontends.get(name) if stats else None
-            entry: dict[str, Any] = {"bind": proxy["bind"], "bound": status == "OPEN"}
+            entry: FrontendReport = {"bind": proxy["bind"], "bound": status == "OPEN"}
             if name in omitted:
                 entry["reason"] = f"bind address {split_endpoint(proxy['bind'])[0]} is absent"
             if stats is not None:
                 entry["servers"] = stats.servers.get(name, {})
-            out["frontends"][name] = entry
+            frontends[name] = entry
         return out
 
 
@@ -284,7 +318,7 @@ def _present(sources: Sources) -> set[str]:
 
 
 def _write_config(
-    sources: Sources, step: Step, paths: HaproxyPaths, proxies: list[dict[str, Any]]
+    sources: Sources, step: Step, paths: HaproxyPaths, proxies: list[ProxyConfig]
 ) -> None:
     text, omitted = render_config(paths, proxies, _present(sources))
     done = check(sources, paths.candidate, text, check_argv(paths.candidate), keep=True)

@@ -18,17 +18,26 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from trueup.system.resolve import ResolveError, resolve_endpoint
 
-__all__ = ["Resolution", "Resolver"]
+__all__ = ["Resolution", "ResolutionJSON", "Resolver"]
 
 log = logging.getLogger("trueup.wireguard")
 
 ResolveFn = Callable[[str, int, float], list[str]]
 # How often the refresher wakes to look for names due (the interval itself is per document).
 _WAKE = 5.0
+
+
+class ResolutionJSON(TypedDict):
+    """One endpoint name's resolution as status shows it."""
+
+    endpoint: str | None
+    addresses: list[str]
+    resolved_at: float | None
+    error: str | None
 
 
 @dataclass
@@ -39,7 +48,7 @@ class Resolution:
     error: str = ""
     attempted_at: float = 0.0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ResolutionJSON:
         return {
             "endpoint": self.endpoints[0] if self.endpoints else None,
             "addresses": list(self.endpoints),
@@ -66,7 +75,7 @@ class Resolver:
             entry = self._entries.get(name)
             return entry.endpoints[0] if entry and entry.endpoints else None
 
-    def snapshot(self) -> dict[str, dict[str, Any]]:
+    def snapshot(self) -> dict[str, ResolutionJSON]:
         with self._lock:
             return {name: entry.to_json() for name, entry in sorted(self._entries.items())}
 

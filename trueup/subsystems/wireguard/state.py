@@ -3,19 +3,20 @@
 The record (`STATE_DIR/run/wg-NAME/state.json`, 0600) holds what trueup
 last set: the mode (kernel or wireguard-go), the secret references of the
 private and preshared keys, and per peer the endpoint it set and the name it
-came from (roaming is judged against it). Key facts compare digests of the
-live keys with digests of the stored secrets; no key is ever returned.
+came from (roaming is judged against it); it is read and written through
+`sources.files` (`trueup.subsystems.daemonkit.RunRecord`). Key facts compare
+digests of the live keys with digests of the stored secrets; no key is ever
+returned.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from trueup.subsystems.base import Facts, Sources, Step, StepError
-from trueup.system.atomicfile import write_atomic
-from trueup.system.safefile import ensure_dir, read_file
+from trueup.subsystems.daemonkit import RunRecord, remove_file
+from trueup.system.daemonspec import DaemonStatusJSON
 from trueup.system.secretstore import (
     SECRETS_DIR,
     SecretError,
@@ -25,6 +26,12 @@ from trueup.system.secretstore import (
 from trueup.system.wireguard import WgDump, daemon_name
 
 __all__ = [
+    "ConfigureArgs",
+    "EndpointSet",
+    "InterfaceReport",
+    "PeerArgs",
+    "PeerReport",
+    "WgRecord",
     "conf_args",
     "dump_report",
     "iface_path",
@@ -32,6 +39,7 @@ __all__ = [
     "psk_fact",
     "read_record",
     "record_path",
+    "remove_record",
     "secret_value",
     "update_record",
 ]
@@ -39,33 +47,98 @@ __all__ = [
 _STATE = "state.json"
 
 
+class EndpointSet(TypedDict):
+    """A peer's endpoint as trueup last set it, and the name it came from."""
+
+    endpoint: str | None
+    name: str | None
+
+
+class WgRecord(TypedDict, total=False):
+    """The record (`run/wg-NAME/state.json`): what trueup last set on the interface."""
+
+    # "kernel" (a kernel WireGuard link) or "userspace" (wireguard-go).
+    mode: str
+    # The secret references of the private key and, per peer public key, its preshared key.
+    private_key: str
+    psk: dict[str, str]
+    # Peer public key → the endpoint set.
+    endpoints: dict[str, EndpointSet]
+    # When the peers were last set (seconds since the epoch): roams are judged against it.
+    set_at: float
+
+
+class PeerArgs(TypedDict):
+    """One peer of a `configure` step (no key: the preshared key is a secret reference)."""
+
+    public_key: str
+    endpoint: str | None
+    endpoint_name: str | None
+    allowed_ips: list[str]
+    persistent_keepalive: int
+    preshared_key: str | None
+
+
+class ConfigureArgs(TypedDict):
+    """A `configure` step's arguments (the private key is a secret reference)."""
+
+    name: str
+    private_key: str
+    listen_port: int | None
+    peers: list[PeerArgs]
+
+
+class PeerReport(TypedDict):
+    """One peer in status (`report`): the dump's view and the endpoint trueup set."""
+
+    endpoint: str | None
+    endpoint_name: str | None
+    resolved_endpoint: str | None
+    latest_handshake: int | None
+    rx_bytes: int
+    tx_bytes: int
+    allowed_ips: list[str]
+    persistent_keepalive: int
+
+
+class InterfaceReport(TypedDict, total=False):
+    """One interface in status (`report`); the dump's part only when it answers."""
+
+    mode: str | None
+    present: bool
+    daemon: DaemonStatusJSON
+    public_key: str | None
+    listen_port: int
+    peers: dict[str, PeerReport]
+
+
 def iface_path(name: str, what: str) -> str:
     return f"spec.wireguard.interfaces[{name}].{what}"
 
 
-def dump_report(dump: WgDump, record: dict[str, Any]) -> dict[str, Any]:
-    endpoints: dict[str, Any] = record.get("endpoints", {})
-    return {
-        "public_key": dump.public_key,
-        "listen_port": dump.listen_port,
-        "peers": {
-            key: {
-                "endpoint": peer.endpoint,
-                "endpoint_name": endpoints.get(key, {}).get("name"),
-                "resolved_endpoint": endpoints.get(key, {}).get("endpoint"),
-                "latest_handshake": peer.latest_handshake or None,
-                "rx_bytes": peer.rx_bytes,
-                "tx_bytes": peer.tx_bytes,
-                "allowed_ips": list(peer.allowed_ips),
-                "persistent_keepalive": peer.keepalive,
-            }
-            for key, peer in sorted(dump.peers.items())
-        },
-    }
+def dump_report(dump: WgDump, record: WgRecord, entry: InterfaceReport) -> None:
+    """Add what the dump says (and the endpoints trueup set) to an interface's `entry`."""
+    endpoints = record.get("endpoints", {})
+    entry["public_key"] = dump.public_key
+    entry["listen_port"] = dump.listen_port
+    peers: dict[str, PeerReport] = {}
+    for key, peer in sorted(dump.peers.items()):
+        last = endpoints.get(key)
+        peers[key] = {
+            "endpoint": peer.endpoint,
+            "endpoint_name": last.get("name") if last else None,
+            "resolved_endpoint": last.get("endpoint") if last else None,
+            "latest_handshake": peer.latest_handshake or None,
+            "rx_bytes": peer.rx_bytes,
+            "tx_bytes": peer.tx_bytes,
+            "allowed_ips": list(peer.allowed_ips),
+            "persistent_keepalive": peer.keepalive,
+        }
+    entry["peers"] = peers
 
 
-def conf_args(name: str, desired: Facts) -> dict[str, Any]:
-    peers = []
+def conf_args(name: str, desired: Facts) -> ConfigureArgs:
+    peers: list[PeerArgs] = []
     for key in desired.get(iface_path(name, "peers")) or []:
         fact = desired.get(iface_path(name, f"peers[{key}]")) or {}
         psk = str(fact.get("preshared_key", "none"))
@@ -104,7 +177,7 @@ def secret_value(sources: Sources, step: Step, ref: str, path: str) -> str:
     return value
 
 
-def key_fact(sources: Sources, record: dict[str, Any], dump: WgDump) -> str:
+def key_fact(sources: Sources, record: WgRecord, dump: WgDump) -> str:
     ref = record.get("private_key")
     if ref:
         value = _stored(sources, str(ref))
@@ -134,17 +207,18 @@ def record_path(sources: Sources, name: str) -> Path:
     return sources.daemons.run_dir(daemon_name(name)) / _STATE
 
 
-def read_record(sources: Sources, name: str) -> dict[str, Any]:
-    try:
-        data = json.loads(read_file(record_path(sources, name)))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+def _run_record(sources: Sources, name: str) -> RunRecord[WgRecord]:
+    return RunRecord(record_path(sources, name))
 
 
-def update_record(sources: Sources, name: str, changes: dict[str, Any]) -> None:
-    record = read_record(sources, name)
-    record.update(changes)
-    path = record_path(sources, name)
-    ensure_dir(path.parent)
-    write_atomic(path, json.dumps(record, sort_keys=True).encode(), 0o600)
+def read_record(sources: Sources, name: str) -> WgRecord:
+    """The record as last written; empty when missing or damaged (the next write replaces it)."""
+    return _run_record(sources, name).read(sources.files)
+
+
+def update_record(sources: Sources, name: str, changes: WgRecord) -> None:
+    _run_record(sources, name).update(sources.files, lambda record: record.update(changes))
+
+
+def remove_record(sources: Sources, name: str) -> None:
+    remove_file(sources.files, record_path(sources, name))

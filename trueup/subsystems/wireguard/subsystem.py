@@ -38,24 +38,26 @@ syncconf`), `set-link` (MTU, up, addresses), `remove`.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TypedDict
 
 from trueup.model.document import DeviceState
 from trueup.model.health import Tier
 from trueup.subsystems.base import Facts, Plan, Scope, Sources, Step, StepError, Subsystem
-from trueup.subsystems.wireguard.resolution import ResolveFn, Resolver
+from trueup.subsystems.wireguard.resolution import ResolutionJSON, ResolveFn, Resolver
 from trueup.subsystems.wireguard.section import SECTION, WireguardSection
 from trueup.subsystems.wireguard.state import (
+    EndpointSet,
+    InterfaceReport,
     conf_args,
     dump_report,
     key_fact,
     psk_fact,
     read_record,
-    record_path,
+    remove_record,
     secret_value,
     update_record,
 )
-from trueup.system.daemon import DaemonError
+from trueup.system.daemonspec import DaemonError
 from trueup.system.netlink import NetlinkError
 from trueup.system.requirements import Requirement
 from trueup.system.resolve import resolve_endpoint
@@ -75,6 +77,13 @@ __all__ = ["ROAM_FRESH", "WireguardSection", "WireguardSubsystem"]
 
 ROAM_FRESH = 180.0
 _LINK_TIMEOUT = 10.0
+
+
+class WireguardReport(TypedDict):
+    """What status shows beside the facts: each interface, and the endpoint names' resolution."""
+
+    interfaces: dict[str, InterfaceReport]
+    resolution: dict[str, ResolutionJSON]
 
 
 def _p(name: str, what: str) -> str:
@@ -189,21 +198,21 @@ class WireguardSubsystem(Subsystem):
             facts[_p(name, "link")] = {"state": link.state, "mtu": link.mtu}
             facts[_p(name, "addresses")] = sorted(addresses.get(name, []))
             facts[_p(name, "peers")] = sorted(dump.peers)
-            endpoints: dict[str, Any] = record.get("endpoints", {})
-            psks: dict[str, Any] = record.get("psk", {})
+            endpoints = record.get("endpoints", {})
+            psks = record.get("psk", {})
             set_at = float(record.get("set_at", 0.0))
             now = time.time()
             for key, peer in dump.peers.items():
-                last = endpoints.get(key, {})
+                last: EndpointSet | dict[str, None] = endpoints.get(key, {})
                 endpoint = peer.endpoint
                 roamed = (
                     last.get("endpoint")
-                    and endpoint != last["endpoint"]
+                    and endpoint != last.get("endpoint")
                     and peer.latest_handshake >= int(set_at)
                     and now - peer.latest_handshake < ROAM_FRESH
                 )
                 if roamed:
-                    endpoint = last["endpoint"]  # a roam WireGuard made: accepted (module doc)
+                    endpoint = last.get("endpoint")  # a roam WireGuard made: accepted (module doc)
                 facts[_p(name, f"peers[{key}]")] = {
                     "endpoint": endpoint,
                     "endpoint_name": last.get("name"),
@@ -230,7 +239,7 @@ class WireguardSubsystem(Subsystem):
             config_paths = mine - {_p(name, "link"), _p(name, "addresses"), running}
             if created or config_paths:
                 path = min(config_paths) if config_paths else _p(name, "private_key")
-                steps.append(Step(self.name, "configure", path, conf_args(name, desired)))
+                steps.append(Step(self.name, "configure", path, dict(conf_args(name, desired))))
             if created or mine & {_p(name, "link"), _p(name, "addresses")}:
                 link = desired.get(_p(name, "link")) or {}
                 steps.append(
@@ -256,7 +265,7 @@ class WireguardSubsystem(Subsystem):
             elif step.action == "configure":
                 self._configure(sources, step)
             elif step.action == "set-link":
-                self._set_link(sources, name, step.args)
+                self._set_link(sources, name, step.args.get("mtu"), step.args["addresses"])
             elif step.action == "remove":
                 self._remove(sources, name)
             else:
@@ -288,7 +297,7 @@ class WireguardSubsystem(Subsystem):
         ref = str(step.args["private_key"])
         private = secret_value(sources, step, ref, _p(name, "private_key"))
         peers: list[PeerConf] = []
-        endpoints: dict[str, dict[str, Any]] = {}
+        endpoints: dict[str, EndpointSet] = {}
         psks: dict[str, str] = {}
         for index, peer in enumerate(step.args["peers"]):
             endpoint = peer.get("endpoint")
@@ -323,11 +332,11 @@ class WireguardSubsystem(Subsystem):
             {"private_key": ref, "psk": psks, "endpoints": endpoints, "set_at": time.time()},
         )
 
-    def _set_link(self, sources: Sources, name: str, args: dict[str, Any]) -> None:
+    def _set_link(self, sources: Sources, name: str, mtu: int | None, addresses: list[str]) -> None:
         net = sources.netlink
-        net.set_link(name, mtu=args.get("mtu"), state="up")
+        net.set_link(name, mtu=mtu, state="up")
         have = {a.prefix for a in net.addresses() if a.ifname == name}
-        want = set(args["addresses"])
+        want = set(addresses)
         for prefix in sorted(have - want):
             net.del_address(name, prefix)
         for prefix in sorted(want - have):
@@ -339,19 +348,19 @@ class WireguardSubsystem(Subsystem):
             WgControl(sources.runner).delete_link(name)
         else:
             sources.daemons.stop(daemon_name(name))
-        record_path(sources, name).unlink(missing_ok=True)
+        remove_record(sources, name)
 
     # -- status -------------------------------------------------------------------
-    def report(self, sources: Sources, scope: Scope) -> dict[str, Any]:
-        out: dict[str, Any] = {"interfaces": {}, "resolution": self.resolver.snapshot()}
+    def report(self, sources: Sources, scope: Scope) -> WireguardReport:
+        out: WireguardReport = {"interfaces": {}, "resolution": self.resolver.snapshot()}
         wg = WgControl(sources.runner)
         for name in sorted(scope.keys_for(self.name)):
             record = read_record(sources, name)
             dump = wg.show(name)
-            entry: dict[str, Any] = {"mode": record.get("mode"), "present": dump is not None}
+            entry: InterfaceReport = {"mode": record.get("mode"), "present": dump is not None}
             if record.get("mode") == "userspace":
                 entry["daemon"] = sources.daemons.status(daemon_name(name)).to_json()
             if dump is not None:
-                entry.update(dump_report(dump, record))
+                dump_report(dump, record, entry)
             out["interfaces"][name] = entry
         return out
