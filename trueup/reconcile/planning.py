@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import TypedDict
 
 from trueup.model.document import DeviceState
-from trueup.model.jsontypes import JSONObject
 from trueup.reconcile.engine import Engine
 from trueup.reconcile.guard import subsystem_risks, unsafe_management_changes
 from trueup.subsystems.base import Plan
+from trueup.subsystems.stepjson import PlannedStep
 from trueup.system.hostinfo import network_namespace
 
 __all__ = [
@@ -39,7 +39,7 @@ class ObservedByJSON(TypedDict):
 class SubsystemPlanJSON(TypedDict):
     subsystem: str
     # Each step as its subsystem describes it (`Plan.step_json`), old and new values beside.
-    steps: list[JSONObject]
+    steps: list[PlannedStep]
     noop: list[str]  # why nothing needs doing
     error: str  # why it could not be planned; "" when it could
 
