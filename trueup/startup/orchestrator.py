@@ -38,7 +38,15 @@ from trueup.journal.audit import now_iso
 from trueup.journal.identity import device_mismatch
 from trueup.journal.state import StateDirError
 from trueup.model.document import DeviceState, DocumentError, document_digest, load_document
-from trueup.reconcile.changes import ApplyResult, DamagedState, Kind, NeedsConfirmation, Refused
+from trueup.reconcile.changes import (
+    ApplyResult,
+    Change,
+    DamagedState,
+    Kind,
+    Mode,
+    NeedsConfirmation,
+    Refused,
+)
 from trueup.reconcile.confirm import settle_at_startup
 from trueup.reconcile.engine import Engine
 from trueup.reconcile.engine.converge import converge_management
@@ -323,19 +331,32 @@ class Orchestrator:
                 # A retried failure keeps its verdict until it succeeds.
                 self._set_health(name, "pending", "preparing")
         deadlines = {n: document.spec.convergence.deadline_for(n) for n in names}
-        result = self.engine.apply_document(
-            document,
-            mode="best-effort",
-            actor="startup",
-            lock_wait=30.0,
-            source=self.config_path or "",
-            kind=kind,
-            origin="local-file" if kind == "apply" else "reconcile",
-            only=names,
-            deadlines=deadlines,
-            # A VIP the revision before had, left on an interface, is nobody's.
-            former_virtual=self.engine.former_virtual_addresses(),
-        )
+        source = self.config_path or ""
+        # A VIP the revision before had, left on an interface, is nobody's.
+        former = self.engine.former_virtual_addresses()
+        if kind is Kind.RECONCILE:
+            change = Change.heal(
+                document,
+                actor="startup",
+                lock_wait=30.0,
+                source=source,
+                only=names,
+                deadlines=deadlines,
+                former_virtual=former,
+            )
+        else:
+            change = Change.apply(
+                document,
+                origin="local-file",
+                mode=Mode.BEST_EFFORT,
+                actor="startup",
+                lock_wait=30.0,
+                source=source,
+                only=names,
+                deadlines=deadlines,
+                former_virtual=former,
+            )
+        result = self.engine.transact(change)
         for name in names:
             if name in result.failed:
                 self._set_health(name, "failed", result.failed[name])

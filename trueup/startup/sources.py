@@ -35,6 +35,7 @@ from trueup.journal.management import MANAGEMENT_FILE, read_management
 from trueup.journal.override import OVERRIDE_FILE, ManagementOverride, read_override
 from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState, DocumentError, load_document, parse_document
+from trueup.reconcile.changes import Kind
 from trueup.reconcile.confirm import decide
 from trueup.reconcile.management_tier import document_from_facts, with_management
 
@@ -79,7 +80,7 @@ def _committed_version(state: StateDir, skipped: list[str]) -> tuple[int, str | 
         for transaction in reversed(journal.transactions()):
             terminal = transaction.terminal
             if terminal is not None and terminal["type"] == "commit":
-                if transaction.kind == "reconcile":
+                if transaction.kind == Kind.RECONCILE:
                     continue
                 applied = {
                     "version": int(terminal.get("version") or 0),

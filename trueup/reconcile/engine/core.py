@@ -360,10 +360,10 @@ class Engine:
         `NeedsConfirmation` (a management change without a confirmation).
         """
         self.refuse_if_damaged()
-        if change.kind == Kind.RECONCILE and change.mode == "atomic":
+        if change.kind is Kind.RECONCILE and change.mode is Mode.ATOMIC:
             # A heal converges towards the committed revision: what worked stays,
             # so a failing link never takes restored management addresses away.
-            change = replace(change, mode="best-effort")
+            change = replace(change, mode=Mode.BEST_EFFORT)
         names = [s.name for s in self.subsystems if change.only is None or s.name in change.only]
         skipped = dict(change.skipped)
         # Preparation runs beside the transaction: each subsystem's is joined at its turn.
@@ -412,7 +412,7 @@ class Engine:
         self,
         document: DeviceState,
         *,
-        mode: Mode = "atomic",
+        mode: Mode | str = Mode.ATOMIC,
         expect_version: int | None = None,
         actor: str = "local",
         kind: Kind = Kind.APPLY,
@@ -426,8 +426,13 @@ class Engine:
         override: str | None = None,
         former_virtual: Collection[str] = (),
     ) -> ApplyResult:
-        """`transact` with keyword arguments; raises `Refused` or `NeedsConfirmation`."""
-        if kind == "reconcile":
+        """`transact(Change.apply(…))`, or `Change.heal` for `kind` reconcile (tests, tools).
+
+        Other kinds have their own constructors (`Change.rollback`, …) and
+        are refused here with `ValueError`; raises `Refused` or `NeedsConfirmation`.
+        """
+        kind = Kind(kind)
+        if kind is Kind.RECONCILE:
             return self.transact(
                 Change.heal(
                     document,
@@ -441,6 +446,8 @@ class Engine:
                     former_virtual=former_virtual,
                 )
             )
+        if kind is not Kind.APPLY:
+            raise ValueError(f"kind {kind.value}: build it with its Change constructor")
         change = Change.apply(
             document,
             origin=origin,
@@ -456,7 +463,7 @@ class Engine:
             management_confirmed=management_confirmed,
             former_virtual=former_virtual,
         )
-        return self.transact(change if kind == "apply" else replace(change, kind=kind))
+        return self.transact(change)
 
     def rollback_to(
         self,
