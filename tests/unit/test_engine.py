@@ -13,6 +13,7 @@ from trueup.model.document import parse_document
 from trueup.model.reasons import ReasonCode
 from trueup.reconcile.changes import Refused, UnknownRevision
 from trueup.reconcile.engine import Engine
+from trueup.reconcile.engine import observe as observing
 from trueup.reconcile.status import gather
 from trueup.subsystems.base import Scope
 from trueup.system.fake import FakeNetlink
@@ -109,7 +110,7 @@ def test_recovery_rolls_back_an_open_transaction(engine: Engine, kernel: FakeNet
     scope_json = json.loads(json.dumps(engine.state.journal.transactions()[0].begin["scope"]))
     before = engine.state.journal.transactions()[0].begin["before"]
     with engine.sources() as net:
-        current = engine.observe(net, Scope.from_json(scope_json))
+        current = observing.observe(engine, net, Scope.from_json(scope_json))
     txn = engine.state.journal.begin(
         kind="apply",
         version=2,

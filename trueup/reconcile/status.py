@@ -55,6 +55,7 @@ from trueup.reconcile.classify import ClassifierInput, classify
 from trueup.reconcile.confirm import outcome
 from trueup.reconcile.engine import Engine
 from trueup.reconcile.engine.commit import last_reported_transaction
+from trueup.reconcile.engine.override import management_override
 from trueup.reconcile.management_tier import management_facts_of
 from trueup.reconcile.statuslook import Observation, observe
 from trueup.reconcile.view import LoopView, fought_finding_inputs
@@ -479,7 +480,7 @@ def _fought_findings(fought: Mapping[str, Mapping[str, Any]]) -> list[Finding]:
 
 def _override_status(engine: Engine, document: DeviceState | None) -> dict[str, Any] | None:
     """The console management override, whether it is in effect, and what it stands against."""
-    record = engine.management_override()
+    record = management_override(engine.state)
     if record is None:
         return None
     body = record.to_json()

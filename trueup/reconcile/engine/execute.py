@@ -17,6 +17,7 @@ from trueup.reconcile.attribution import item_label
 from trueup.reconcile.changes import Refused
 from trueup.reconcile.engine.checks import deadline_for, unchanged_of
 from trueup.reconcile.engine.converge import converge_bounded
+from trueup.reconcile.engine.observe import observe_bounded
 from trueup.reconcile.engine.run import (
     ATOMIC_WAIT,
     PREEMPTED,
@@ -81,8 +82,8 @@ def observe_and_plan(engine: Engine, net: Sources, run: TransactionRun) -> None:
     operator's write preempts is refused (`CONCURRENT_MODIFICATION`).
     """
     unobservable: dict[str, str] = {}
-    seen = engine.observe_bounded(
-        net, run.scope, run.names, errors=unobservable, give_up=engine.preempted
+    seen = observe_bounded(
+        engine, net, run.scope, run.names, errors=unobservable, give_up=engine.preempted
     )
     if seen is None:
         raise Refused(
