@@ -21,7 +21,7 @@ the others, so that none can drift from the shape `Status` defines.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -85,8 +85,9 @@ class AgentInfo:
     pid: int
     started_at: str
     state_dir: str
-    startup: list[dict[str, Any]] = field(default_factory=list)  # the phases, in order
-    startup_drift: list[dict[str, Any]] = field(default_factory=list)
+    # The startup orchestrator's records, typed there (`PhaseJSON`, `HealedAtStart`), shown as they are.
+    startup: Sequence[Mapping[str, object]] = field(default_factory=list)  # the phases, in order
+    startup_drift: Sequence[Mapping[str, object]] = field(default_factory=list)
     extra: Mapping[str, Any] = field(default_factory=dict)  # what wiring adds
     config_error: str | None = None
 
