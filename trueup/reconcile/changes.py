@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict
 
 from trueup.journal.damage import Damage
 from trueup.model.document import DeviceState
@@ -25,6 +25,7 @@ from trueup.subsystems.base import Plan
 __all__ = [
     "CONTROL_PLANE_FILE",
     "ApplyResult",
+    "ApplyResultJSON",
     "AuditBuilder",
     "Change",
     "DamagedState",
@@ -344,6 +345,24 @@ class Change:
         return cls(document, kind=Kind.RESTORE, origin="restore", actor=actor)
 
 
+class ApplyResultJSON(TypedDict):
+    """`ApplyResult.to_json`: the agent's answer to an apply, rollback or heal."""
+
+    ok: bool
+    version: int
+    outcome: str  # an `Outcome` value
+    txn: str | None
+    steps: list[str]
+    failed: dict[str, str]
+    rollback_errors: list[str]
+    waiting: NotRequired[dict[str, str]]
+    origin: NotRequired[str]
+    digest: NotRequired[str]
+    attempted_version: NotRequired[int]
+    carried: NotRequired[dict[str, str]]
+    cleared: NotRequired[list[str]]
+
+
 @dataclass(kw_only=True)
 class ApplyResult:
     """What one transaction did; `to_json` / `from_json` are its wire form (the agent's API)."""
@@ -376,8 +395,8 @@ class ApplyResult:
             return list(self.step_texts)
         return [s.describe() for p in self.plans for s in p.steps]
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_json(self) -> ApplyResultJSON:
+        out: ApplyResultJSON = {
             "ok": self.ok,
             "version": self.version,
             "outcome": self.outcome.value,

@@ -346,7 +346,7 @@ class ConfirmWait:
         actor: str,
     ) -> dict[str, Any]:
         state = self.state
-        out = result.to_json()
+        out = dict(result.to_json())
         changed = result.outcome in (Outcome.COMMITTED, Outcome.PARTIAL)
         if pending is not None:
             if changed and result.version != confirmed_version:

@@ -69,7 +69,7 @@ class BeforeLoop:
             result = self.engine.transact(replace(change, lock_wait=WRITE_LOCK_WAIT))
         except NeedsConfirmation as exc:  # audited by the engine
             return refusal(state, str(exc))
-        return result.to_json()
+        return dict(result.to_json())
 
     def confirm(
         self, *, actor: str = "api", version: int | None = None, reason: str | None = None
@@ -83,7 +83,7 @@ class BeforeLoop:
         if document is None:
             return {"ok": True, "outcome": "nothing applied"}
         change = Change.heal(document, actor=actor, lock_wait=WRITE_LOCK_WAIT)
-        return self.engine.transact(change).to_json()
+        return dict(self.engine.transact(change).to_json())
 
     def acknowledge(
         self, subsystem: str, seconds: float, reason: str, *, actor: str = "api"
