@@ -441,7 +441,7 @@ class ApplyResult:
 
 
 # How a transaction's own netlink notifications name their writer, by its kind.
-_OWN_WORDS = {"reconcile": "heal", "confirm-timeout": "confirm-timeout rollback"}
+_OWN_WORDS = {Kind.RECONCILE: "heal", Kind.CONFIRM_TIMEOUT: "confirm-timeout rollback"}
 
 
 def own_label(kind: Kind, txn: str) -> str:

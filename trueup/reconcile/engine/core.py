@@ -471,7 +471,7 @@ class Engine:
         if not names & (failed.keys() | carried.keys()) or not applied.version:
             return []
         try:
-            with self.writer("reconcile", actor, quiet=True):
+            with self.writer(Kind.RECONCILE, actor, quiet=True):
                 return self._settle_in_sync_locked(names, actor)
         except (Refused, StorageError, OSError, StateFileError):
             return []  # a writer is busy or the directory refuses: the next pass again
