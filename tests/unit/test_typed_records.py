@@ -38,6 +38,7 @@ TYPED_MODULES = (
     "trueup.journal.agentlock",
     "trueup.journal.limitations",
     "trueup.journal.override",
+    "trueup.startup",
 )
 
 
