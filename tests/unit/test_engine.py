@@ -13,6 +13,7 @@ from trueup.model.document import parse_document
 from trueup.model.reasons import ReasonCode
 from trueup.reconcile.changes import Refused, UnknownRevision
 from trueup.reconcile.engine import Engine
+from trueup.reconcile.engine import observe as observing
 from trueup.reconcile.status import gather
 from trueup.subsystems.base import Scope
 from trueup.system.fake import FakeNetlink
@@ -109,7 +110,7 @@ def test_recovery_rolls_back_an_open_transaction(engine: Engine, kernel: FakeNet
     scope_json = json.loads(json.dumps(engine.state.journal.transactions()[0].begin["scope"]))
     before = engine.state.journal.transactions()[0].begin["before"]
     with engine.sources() as net:
-        current = engine.observe(net, Scope.from_json(scope_json))
+        current = observing.observe(engine, net, Scope.from_json(scope_json))
     txn = engine.state.journal.begin(
         kind="apply",
         version=2,
@@ -234,3 +235,68 @@ def test_the_engine_is_functions_over_a_run_value_not_a_class_hierarchy() -> Non
                 # Imports only: no method stubs re-declared for a type checker.
                 assert all(isinstance(n, ast.Import | ast.ImportFrom) for n in node.body), path
     assert not too_long, too_long
+
+
+def _agent_answers(engine: Engine) -> list[dict[str, object]]:
+    """Every answer the agent gives where an `ApplyResult` is expected, beside `to_json`'s."""
+    from trueup.reconcile.confirmwait import refusal
+    from trueup.reconcile.healer import PassReport
+
+    return [
+        refusal(engine.state, "management would be lost"),
+        {"ok": True, "outcome": "nothing applied"},  # `Requests.reconcile_now` before any apply
+        PassReport(skipped="nothing applied").reconcile_answer([], 0, breakers_closed=[]),
+        PassReport(healed={"addresses": ["add"]}).reconcile_answer(
+            ["addresses"], 1, breakers_closed=[]
+        ),
+        PassReport().reconcile_answer(["addresses"], 1, breakers_closed=[]),
+        PassReport(failed={"addresses": "no"}).reconcile_answer(
+            ["addresses"], 1, breakers_closed=[]
+        ),
+    ]
+
+
+def test_an_apply_result_reads_every_outcome_the_agent_answers(engine: Engine) -> None:
+    from trueup.reconcile.changes import ApplyResult, Outcome
+
+    for outcome in Outcome:
+        back = ApplyResult.from_json({"ok": True, "version": 3, "outcome": outcome.value})
+        assert back.outcome is outcome and back.to_json()["outcome"] == outcome.value
+    answers = _agent_answers(engine)
+    read = [ApplyResult.from_json(json.loads(json.dumps(a))) for a in answers]
+    assert [r.outcome.value for r in read] == [a["outcome"] for a in answers]
+    assert {r.outcome for r in read} >= {
+        Outcome.REFUSED,
+        Outcome.NOTHING_APPLIED,
+        Outcome.RECONCILED,
+        Outcome.IN_SYNC,
+        Outcome.FAILED,
+    }
+
+
+def test_a_mode_is_one_of_its_strings_and_nothing_else(engine: Engine) -> None:
+    from trueup.reconcile.changes import Change, Mode
+
+    document = parse_document(base_document())
+    assert Change.apply(document, mode="best-effort").mode is Mode.BEST_EFFORT
+    assert Change.apply(document, mode="atomic").mode is Mode.ATOMIC
+    assert Change.apply(document).mode is Mode.ATOMIC
+    with pytest.raises(ValueError, match="mode 'best_effort': expected atomic or best-effort"):
+        Change.apply(document, mode="best_effort")
+    with pytest.raises(ValueError, match="expected atomic or best-effort"):
+        Change(document, mode="atomc")  # type: ignore[arg-type]
+    assert not engine.state.journal.transactions()  # refused before anything was written
+    result = engine.transact(Change.apply(document, mode="best-effort"))
+    assert engine.state.journal.transactions()[0].begin["mode"] == "best-effort"
+    assert result.ok
+
+
+def test_apply_document_builds_applies_and_heals_only(engine: Engine) -> None:
+    from trueup.reconcile.changes import Kind
+
+    document = parse_document(base_document())
+    assert engine.apply_document(document).ok
+    healed = engine.apply_document(document, kind=Kind.RECONCILE)
+    assert healed.ok
+    with pytest.raises(ValueError, match="kind rollback: build it with its Change constructor"):
+        engine.apply_document(document, kind=Kind.ROLLBACK)

@@ -323,6 +323,7 @@ def test_an_interrupted_heal_is_reported_after_recovery(tmp_path: Path) -> None:
     from trueup.model.document import parse_document
     from trueup.model.reasons import ReasonCode
     from trueup.reconcile.engine import Engine
+    from trueup.reconcile.engine import observe as observing
     from trueup.reconcile.status import gather
     from trueup.system.fake import FakeNetlink
 
@@ -333,7 +334,7 @@ def test_an_interrupted_heal_is_reported_after_recovery(tmp_path: Path) -> None:
     engine.apply_document(parse_document(base_document()))
     scope_json = json.loads(json.dumps(state.journal.transactions()[0].begin["scope"]))
     with engine.sources() as net:
-        current = engine.observe(net, Scope.from_json(scope_json))
+        current = observing.observe(engine, net, Scope.from_json(scope_json))
     # A heal killed mid-way: a `reconcile` begin, no terminal record.
     state.journal.begin(
         kind="reconcile",

@@ -20,6 +20,7 @@ from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState, parse_document
 from trueup.model.reasons import ReasonCode
 from trueup.reconcile.engine import Engine
+from trueup.reconcile.engine import observe as observing
 from trueup.reconcile.engine.converge import Policy, converge
 from trueup.reconcile.status import drift_report, gather, last_reported_transaction
 from trueup.subsystems.base import Scope
@@ -137,7 +138,7 @@ def _crash_during(engine: Engine, document: DeviceState, kind: str = "apply") ->
     previous = engine.applied_document()
     scope = scope_for(document, previous)
     with engine.sources() as net:
-        before = engine.observe(net, scope)
+        before = observing.observe(engine, net, scope)
     return engine.state.journal.begin(
         kind=kind,
         version=document.metadata.version or 2,

@@ -63,6 +63,7 @@ TYPED_MODULES = (
     "trueup.system.nft",
     "trueup.system.requirements",
     "trueup.system.sources",
+    "trueup.startup",
 )
 
 

@@ -23,6 +23,7 @@ from trueup.reconcile.changes import (
     StorageError,
 )
 from trueup.reconcile.engine import Engine
+from trueup.reconcile.engine import observe as observing
 from trueup.reconcile.status import gather
 from trueup.subsystems.base import Scope
 from trueup.system.fake import FakeNetlink
@@ -95,7 +96,7 @@ def test_an_address_change_that_flushes_a_route_commits_only_with_the_route_back
     assert result.ok and result.outcome == "committed"
     assert any(r.to == "192.0.2.0/24" for r in kernel.route_table)
     with engine.sources() as net:
-        differences = engine.differences(engine.applied_document(), net)  # type: ignore[arg-type]
+        differences = observing.differences(engine, engine.applied_document(), net)  # type: ignore[arg-type]
     assert not any(differences.values()), differences
     verified = [
         r for r in engine.state.journal.transactions()[-1].records if r["type"] == "verified"
@@ -186,7 +187,7 @@ def test_recovering_an_interrupted_heal_goes_forward_never_to_the_drifted_image(
     applied = engine.state.applied().to_json()
     scope = json.loads(json.dumps(engine.state.journal.transactions()[-1].begin["scope"]))
     with engine.sources() as net:
-        flushed = engine.observe(net, Scope.from_json(scope))
+        flushed = observing.observe(engine, net, Scope.from_json(scope))
     engine.state.journal.begin(
         kind="reconcile",
         version=applied["version"],

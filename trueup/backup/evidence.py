@@ -56,6 +56,7 @@ from trueup.journal.lock import lock_holder
 from trueup.model.jsontypes import JSONObject
 from trueup.model.reasons import CORRECTIVE_ACTIONS
 from trueup.reconcile.engine import Engine
+from trueup.reconcile.engine import observe as observing
 from trueup.reconcile.status import drift_report, gather, refusals_since_last_write
 from trueup.subsystems.registry import scope_for
 from trueup.system.hostinfo import agent_log_lines, daemon_versions, kernel, systemd_unit
@@ -241,7 +242,7 @@ def _observed(engine: Engine) -> dict[str, Any]:
         raise LookupError("nothing applied: no scope to observe")
     errors: dict[str, str] = {}
     with engine.sources() as net:
-        facts = engine.observe(net, scope_for(document), errors=errors)
+        facts = observing.observe(engine, net, scope_for(document), errors=errors)
     return {"observed_at": now_iso(), "facts": facts, "unobservable": errors}
 
 

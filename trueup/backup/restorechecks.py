@@ -17,6 +17,7 @@ from typing import Any
 
 from trueup.backup.format import LEASES
 from trueup.reconcile.engine import Engine
+from trueup.reconcile.engine import observe as observing
 from trueup.subsystems.registry import fence_follower
 from trueup.system.kea import kea_paths
 from trueup.system.kealeases import KeaSocketError, read_leases
@@ -31,7 +32,7 @@ def differences(engine: Engine) -> list[str]:
         return []
     errors: dict[str, str] = {}
     with engine.sources() as net:
-        found = engine.differences(document, net, errors=errors)
+        found = observing.differences(engine, document, net, errors=errors)
     # Failing before the restored revision and unchanged by it (the reconcile loop heals
     # them): a failing DNS or proxy never holds a restore, or DHCP's fence, hostage.
     for name in engine.state.applied().carried:

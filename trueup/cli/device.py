@@ -278,16 +278,14 @@ class LocalDevice:
 
     def reconcile(self, subsystem: str | None) -> ApplyBody:
         del subsystem  # without an agent, every subsystem converges in one transaction
-        from trueup.reconcile.changes import Kind, Refused
+        from trueup.reconcile.changes import Change, Refused
 
         engine = engine_for(self.state_dir, create=True)
         document = engine.applied_document()
         if document is None:
             raise fail("nothing applied yet; run `trueup apply FILE`")
         try:
-            result = engine.apply_document(
-                document, actor=actor(), kind=Kind.RECONCILE, origin="reconcile"
-            )
+            result = engine.transact(Change.heal(document, actor=actor()))
         except Refused as exc:
             raise refused(exc.code.value, str(exc)) from None
         return cast("ApplyBody", result.to_json())

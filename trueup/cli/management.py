@@ -129,8 +129,8 @@ def show(
     if found.document is None:
         typer.echo("next start: NO management facts (nothing readable; see below)")
     else:
-        api = next_start["api"] or {}
-        typer.echo(f"next start: {_facts_line(next_start)} (API port {api.get('port')})")
+        api = next_start["api"]
+        typer.echo(f"next start: {_facts_line(dict(next_start))} (API port {api and api['port']})")
         typer.echo(f"  from {found.source}" + (f", over {found.base}" if found.base else ""))
     for why in found.skipped:
         typer.echo(f"  not used: {why}")

@@ -15,17 +15,17 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict
 
 from trueup.journal.damage import Damage
 from trueup.model.document import DeviceState
 from trueup.model.reasons import ReasonCode
-from trueup.subsystems.base import Plan, StepError
-from trueup.system.netlink import NetlinkError
+from trueup.subsystems.base import Plan
 
 __all__ = [
     "CONTROL_PLANE_FILE",
     "ApplyResult",
+    "ApplyResultJSON",
     "AuditBuilder",
     "Change",
     "DamagedState",
@@ -40,7 +40,22 @@ __all__ = [
     "own_label",
 ]
 
-Mode = Literal["atomic", "best-effort"]
+
+class Mode(StrEnum):
+    """How a transaction treats a failing subsystem; the CLI's `--mode` and the API's `mode`."""
+
+    ATOMIC = "atomic"  # all or nothing: a failure rolls every subsystem back
+    BEST_EFFORT = "best-effort"  # what converged stays; the failures are reported
+
+    @classmethod
+    def parse(cls, text: str) -> Mode:
+        """The mode `text` names (`atomic`, `best-effort`); anything else is refused."""
+        try:
+            return cls(text)
+        except ValueError:
+            raise ValueError(f"mode {text!r}: expected atomic or best-effort") from None
+
+
 Origin = Literal[
     "control-plane",
     "local-file",
@@ -71,6 +86,11 @@ class Outcome(StrEnum):
     ROLLED_BACK = "rolled_back"
     UNCHANGED = "unchanged"
     FAILED = "failed"  # a heal that failed: nothing to roll back to
+    # The agent's answers that are no transaction's outcome (`ApplyResult.from_json` reads them).
+    REFUSED = "refused"  # a guarded write without a confirmation: nothing changed
+    NOTHING_APPLIED = "nothing applied"  # a reconcile before the first apply
+    RECONCILED = "reconciled"  # a forced pass that healed
+    IN_SYNC = "in sync"  # a forced pass with nothing to heal
 
 
 # Builds a transaction's audit lines from its outcome: (txn, failed, waiting, healed).
@@ -80,14 +100,6 @@ AuditBuilder = Callable[
 
 # Written by the agent when it is managed by a control plane.
 CONTROL_PLANE_FILE = "control-plane.json"
-
-_CONVERGE_PASSES = 3
-_VERIFY_ROUNDS = 2
-# Bound on restoring one subsystem's before-image (no document deadline applies).
-_UNDO_SECONDS = 90.0
-# Origins an operator starts on the device itself; on a managed device they are overrides.
-_LOCAL_ORIGINS = {"local-cli", "rollback"}
-_STEP_ERRORS = (StepError, NetlinkError, ValueError, OSError)
 
 
 class UnknownRevision(LookupError):
@@ -165,7 +177,7 @@ class Change:
     kind: Kind = Kind.APPLY
     origin: Origin = "local-cli"
     actor: str = "local"
-    mode: Mode = "atomic"
+    mode: Mode = Mode.ATOMIC
     expect_version: int | None = None
     only: frozenset[str] | None = None
     contested: Mapping[str, Collection[str]] = field(default_factory=dict)
@@ -184,6 +196,7 @@ class Change:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", Kind(self.kind))  # "apply" read from a file, too
+        object.__setattr__(self, "mode", Mode.parse(self.mode))
 
     # -- the writers: every `Change` in trueup is built by one of these -------
     @classmethod
@@ -193,7 +206,7 @@ class Change:
         *,
         origin: Origin = "local-cli",
         actor: str = "local",
-        mode: str = "atomic",
+        mode: Mode | str = Mode.ATOMIC,
         expect_version: int | None = None,
         override: str | None = None,
         source: str = "",
@@ -206,14 +219,15 @@ class Change:
     ) -> Change:
         """An apply of `document`: an operator's (CLI, API), the control plane's, the start's.
 
-        `mode` is `best-effort` or anything else for `atomic`.
+        `mode` is a `Mode` or its string (`atomic`, `best-effort`: the CLI's
+        `--mode`, the API's `mode`); any other string raises `ValueError`.
         """
         return cls(
             document,
             kind=Kind.APPLY,
             origin=origin,
             actor=actor,
-            mode="best-effort" if mode == "best-effort" else "atomic",
+            mode=Mode.parse(mode),
             expect_version=expect_version,
             only=frozenset(only) if only is not None else None,
             skipped=dict(skipped or {}),
@@ -252,7 +266,7 @@ class Change:
             kind=Kind.RECONCILE,
             origin=origin,
             actor=actor,
-            mode="best-effort",
+            mode=Mode.BEST_EFFORT,
             only=frozenset(only) if only is not None else None,
             contested=dict(contested or {}),
             skipped=dict(skipped or {}),
@@ -304,7 +318,7 @@ class Change:
             document,
             kind=Kind.CONFIRM_TIMEOUT,
             origin="confirm-timeout",
-            mode="best-effort",
+            mode=Mode.BEST_EFFORT,
             actor=actor,
             new_version=True,
             management_confirmed=True,  # back to what was confirmed
@@ -329,6 +343,24 @@ class Change:
     def restore_undone(cls, document: DeviceState, *, actor: str) -> Change:
         """A failed restore's way back: the revision before it converged again."""
         return cls(document, kind=Kind.RESTORE, origin="restore", actor=actor)
+
+
+class ApplyResultJSON(TypedDict):
+    """`ApplyResult.to_json`: the agent's answer to an apply, rollback or heal."""
+
+    ok: bool
+    version: int
+    outcome: str  # an `Outcome` value
+    txn: str | None
+    steps: list[str]
+    failed: dict[str, str]
+    rollback_errors: list[str]
+    waiting: NotRequired[dict[str, str]]
+    origin: NotRequired[str]
+    digest: NotRequired[str]
+    attempted_version: NotRequired[int]
+    carried: NotRequired[dict[str, str]]
+    cleared: NotRequired[list[str]]
 
 
 @dataclass(kw_only=True)
@@ -363,8 +395,8 @@ class ApplyResult:
             return list(self.step_texts)
         return [s.describe() for p in self.plans for s in p.steps]
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_json(self) -> ApplyResultJSON:
+        out: ApplyResultJSON = {
             "ok": self.ok,
             "version": self.version,
             "outcome": self.outcome.value,
@@ -409,7 +441,7 @@ class ApplyResult:
 
 
 # How a transaction's own netlink notifications name their writer, by its kind.
-_OWN_WORDS = {"reconcile": "heal", "confirm-timeout": "confirm-timeout rollback"}
+_OWN_WORDS = {Kind.RECONCILE: "heal", Kind.CONFIRM_TIMEOUT: "confirm-timeout rollback"}
 
 
 def own_label(kind: Kind, txn: str) -> str:

@@ -38,6 +38,7 @@ from trueup.reconcile.attribution import (
 )
 from trueup.reconcile.driftbook import Attribution, DetectedBy, DriftBook
 from trueup.reconcile.engine import Engine
+from trueup.reconcile.engine import observe as observing
 from trueup.reconcile.healer import PassReport
 from trueup.reconcile.healing import Governor
 from trueup.subsystems.base import Difference, Scope, Subsystem
@@ -165,7 +166,8 @@ class DriftWatch:
         scope = look.scope
         engine = self.engine
         with engine.sources() as net:
-            observed_all = engine.observe_bounded(
+            observed_all = observing.observe_bounded(
+                engine,
                 net,
                 scope,
                 look.names,

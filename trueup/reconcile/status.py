@@ -21,7 +21,7 @@ the others, so that none can drift from the shape `Status` defines.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict, TypeVar
@@ -59,6 +59,7 @@ from trueup.reconcile.confirm import (
 )
 from trueup.reconcile.engine import Engine
 from trueup.reconcile.engine.commit import last_reported_transaction
+from trueup.reconcile.engine.override import management_override
 from trueup.reconcile.healing import MarkedPath
 from trueup.reconcile.management_tier import management_facts_of
 from trueup.reconcile.statuslook import Observation, observe
@@ -89,8 +90,9 @@ class AgentInfo:
     pid: int
     started_at: str
     state_dir: str
-    startup: list[dict[str, Any]] = field(default_factory=list)  # the phases, in order
-    startup_drift: list[dict[str, Any]] = field(default_factory=list)
+    # The startup orchestrator's records, typed there (`PhaseJSON`, `HealedAtStart`), shown as they are.
+    startup: Sequence[Mapping[str, object]] = field(default_factory=list)  # the phases, in order
+    startup_drift: Sequence[Mapping[str, object]] = field(default_factory=list)
     extra: Mapping[str, Any] = field(default_factory=dict)  # what wiring adds
     config_error: str | None = None
 
@@ -488,7 +490,7 @@ def _fought_findings(fought: Mapping[str, MarkedPath]) -> list[Finding]:
 
 def _override_status(engine: Engine, document: DeviceState | None) -> OverrideStatus | None:
     """The console management override, whether it is in effect, and what it stands against."""
-    record = engine.management_override()
+    record = management_override(engine.state)
     if record is None:
         return None
     out: OverrideStatus = {

@@ -19,6 +19,7 @@ from trueup.model.document import DeviceState, document_digest
 from trueup.model.health import SubsystemHealth
 from trueup.model.jsontypes import JSONObject
 from trueup.reconcile.engine import Engine
+from trueup.reconcile.engine import observe as observing
 from trueup.reconcile.probes import StaleMark
 from trueup.subsystems.base import Difference, Subsystem
 from trueup.subsystems.registry import scope_for
@@ -52,7 +53,7 @@ def observe(engine: Engine, document: DeviceState) -> Observation:
     seen = Observation()
     unobservable = seen.unobservable
     with engine.sources() as net:
-        observed = engine.observe(net, scope, [s.name for s in inline], errors=unobservable)
+        observed = observing.observe(engine, net, scope, [s.name for s in inline], unobservable)
         seen.reports = _reports(engine, document, net, inline)
         seen.conditions = _conditions(engine, net, document, inline)
     for sub in inline:

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from trueup.backup.analysis import current_device
 from trueup.journal.atomic import StateFileError
@@ -38,17 +38,61 @@ from trueup.journal.audit import now_iso
 from trueup.journal.identity import device_mismatch
 from trueup.journal.state import StateDirError
 from trueup.model.document import DeviceState, DocumentError, document_digest, load_document
-from trueup.reconcile.changes import ApplyResult, DamagedState, Kind, NeedsConfirmation, Refused
+from trueup.reconcile.changes import (
+    ApplyResult,
+    Change,
+    DamagedState,
+    Kind,
+    Mode,
+    NeedsConfirmation,
+    Refused,
+)
 from trueup.reconcile.confirm import settle_at_startup
 from trueup.reconcile.engine import Engine
 from trueup.reconcile.engine.converge import converge_management
 from trueup.startup.sources import ManagementSource, management_source
 
-__all__ = ["PHASES", "Orchestrator", "PhaseRecord"]
+__all__ = [
+    "PHASES",
+    "HealedAtStart",
+    "Orchestrator",
+    "PhaseJSON",
+    "PhaseRecord",
+    "StartupVerdict",
+]
 
 log = logging.getLogger("trueup.startup")
 
 PHASES = ("load", "management", "recovery", "subsystems", "steady")
+
+
+class PhaseJSON(TypedDict):
+    """One startup phase as status' `agent.startup` shows it."""
+
+    name: str
+    state: str  # pending | running | done | failed
+    started_at: str | None
+    ended_at: str | None
+    duration_ms: float | None
+    detail: str
+
+
+class StartupVerdict(TypedDict):
+    """Startup's verdict on one subsystem, shown by status until the subsystem is healthy."""
+
+    health: str  # pending | failed
+    reason: str
+    since: str | None
+    # A late link the loop finishes: the verdict is moot once status sees it in sync.
+    until_in_sync: NotRequired[bool]
+
+
+class HealedAtStart(TypedDict):
+    """A step the start took to bring a subsystem back to the committed revision."""
+
+    subsystem: str
+    path: str
+    step: str
 
 
 @dataclass
@@ -61,7 +105,7 @@ class PhaseRecord:
     duration_ms: float | None = None
     _t0: float = field(default=0.0, repr=False)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PhaseJSON:
         return {
             "name": self.name,
             "state": self.state,
@@ -90,8 +134,8 @@ class Orchestrator:
         self.management_from = ManagementSource(None, "not read yet", "none")
         self.management_error: str | None = None
         self.document: DeviceState | None = None
-        self.subsystem_health: dict[str, dict[str, Any]] = {}
-        self.startup_drift: list[dict[str, Any]] = []
+        self.subsystem_health: dict[str, StartupVerdict] = {}
+        self.startup_drift: list[HealedAtStart] = []
         self.lock = threading.Lock()
 
     # -- bookkeeping -------------------------------------------------------
@@ -107,7 +151,7 @@ class Orchestrator:
         record.detail = detail
         log.info("phase %s: %s %s", record.name, state, detail)
 
-    def phase_list(self) -> list[dict[str, Any]]:
+    def phase_list(self) -> list[PhaseJSON]:
         return [p.to_json() for p in self.phases.values()]
 
     def _refused_by_damage(self, record: PhaseRecord) -> bool:
@@ -282,7 +326,7 @@ class Orchestrator:
                     {"digest": config_digest, "path": self.config_path, "version": result.version},
                 )
             if enforcing and result.txn:
-                healed = [
+                healed: list[HealedAtStart] = [
                     {"subsystem": p.subsystem, "path": step.path, "step": step.describe()}
                     for p in result.plans
                     for step in p.steps
@@ -323,19 +367,32 @@ class Orchestrator:
                 # A retried failure keeps its verdict until it succeeds.
                 self._set_health(name, "pending", "preparing")
         deadlines = {n: document.spec.convergence.deadline_for(n) for n in names}
-        result = self.engine.apply_document(
-            document,
-            mode="best-effort",
-            actor="startup",
-            lock_wait=30.0,
-            source=self.config_path or "",
-            kind=kind,
-            origin="local-file" if kind == "apply" else "reconcile",
-            only=names,
-            deadlines=deadlines,
-            # A VIP the revision before had, left on an interface, is nobody's.
-            former_virtual=self.engine.former_virtual_addresses(),
-        )
+        source = self.config_path or ""
+        # A VIP the revision before had, left on an interface, is nobody's.
+        former = self.engine.former_virtual_addresses()
+        if kind is Kind.RECONCILE:
+            change = Change.heal(
+                document,
+                actor="startup",
+                lock_wait=30.0,
+                source=source,
+                only=names,
+                deadlines=deadlines,
+                former_virtual=former,
+            )
+        else:
+            change = Change.apply(
+                document,
+                origin="local-file",
+                mode=Mode.BEST_EFFORT,
+                actor="startup",
+                lock_wait=30.0,
+                source=source,
+                only=names,
+                deadlines=deadlines,
+                former_virtual=former,
+            )
+        result = self.engine.transact(change)
         for name in names:
             if name in result.failed:
                 self._set_health(name, "failed", result.failed[name])
@@ -351,9 +408,10 @@ class Orchestrator:
         self, name: str, health: str, reason: str, *, until_in_sync: bool = False
     ) -> None:
         with self.lock:
-            current = self.subsystem_health.get(name, {})
-            since = current.get("since") if current.get("health") == health else now_iso()
-            verdict: dict[str, Any] = {"health": health, "reason": reason, "since": since}
+            current = self.subsystem_health.get(name)
+            same = current is not None and current["health"] == health
+            since = current["since"] if current is not None and same else now_iso()
+            verdict: StartupVerdict = {"health": health, "reason": reason, "since": since}
             if until_in_sync:
                 verdict["until_in_sync"] = True
             self.subsystem_health[name] = verdict
@@ -405,7 +463,8 @@ class Orchestrator:
                 continue
             if attempts >= budget:
                 for name in retriable:
-                    reason = self.subsystem_health.get(name, {}).get("reason", "")
+                    verdict = self.subsystem_health.get(name)
+                    reason = verdict["reason"] if verdict is not None else ""
                     self._set_health(
                         name,
                         "failed",

@@ -22,7 +22,7 @@ import socket
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, NotRequired, TypedDict
 
 from trueup.journal.atomic import StateFileError
 from trueup.journal.damage import StateCheck
@@ -31,12 +31,22 @@ from trueup.journal.state import STATE_SCHEMA, StateDir, StateDirError
 from trueup.model.document import DeviceState, DocumentError, load_document, parse_document
 from trueup.startup.sources import management_source
 from trueup.subsystems.base import Requirement, Subsystem
-from trueup.system.requirements import RequirementResultJSON, check
+from trueup.system.requirements import RequirementResult, RequirementResultJSON, check
 from trueup.system.runner import Runner, SubprocessRunner
 
 __all__ = ["Finding", "preflight"]
 
 Severity = Literal["ok", "warning", "blocker"]
+
+
+class FindingJSON(TypedDict):
+    """One preflight finding as `trueup preflight -o json` and evidence show it."""
+
+    severity: Severity
+    check: str
+    message: str
+    subsystem: NotRequired[str]
+    requirement: NotRequired[RequirementResultJSON]
 
 
 @dataclass(frozen=True)
@@ -46,10 +56,10 @@ class Finding:
     message: str
     # A requirement's finding: the subsystem that declared it and what was checked.
     subsystem: str = ""
-    requirement: RequirementResultJSON | None = None
+    requirement: RequirementResult | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_json(self) -> FindingJSON:
+        out: FindingJSON = {
             "severity": self.severity,
             "check": self.check,
             "message": self.message,
@@ -57,7 +67,7 @@ class Finding:
         if self.subsystem:
             out["subsystem"] = self.subsystem
         if self.requirement is not None:
-            out["requirement"] = self.requirement
+            out["requirement"] = self.requirement.to_json()
         return out
 
 
@@ -86,7 +96,7 @@ def _requirement_findings(
                 if result.ok
                 else f"{result.message} (needed by {for_what}): {result.remedy}",
                 subsystem=sub.name,
-                requirement=result.to_json(),
+                requirement=result,
             )
         )
     return findings

@@ -27,17 +27,39 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from trueup.journal.atomic import StateFileError
 from trueup.journal.management import MANAGEMENT_FILE, read_management
 from trueup.journal.override import OVERRIDE_FILE, ManagementOverride, read_override
 from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState, DocumentError, load_document, parse_document
+from trueup.reconcile.changes import Kind
 from trueup.reconcile.confirm import decide, pending_record
 from trueup.reconcile.management_tier import document_from_facts, with_management
 
 __all__ = ["ManagementSource", "management_source"]
+
+
+class ApiJSON(TypedDict):
+    """`spec.management.api` as the document has it."""
+
+    port: int
+    bind: str | None
+
+
+class ManagementSourceJSON(TypedDict):
+    """Status' `agent.management_source`: the facts phase 1 used and where they came from."""
+
+    source: str
+    kind: str
+    interface: str | None
+    addresses: list[str]
+    gateway: str | None
+    api: ApiJSON | None
+    skipped: list[str]
+    override: dict[str, object] | None  # `ManagementOverride.to_json`
+    base: str | None
 
 
 @dataclass
@@ -51,7 +73,7 @@ class ManagementSource:
     override: ManagementOverride | None = None  # the console override laid over `document`
     base: str | None = None  # what the override was laid over
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ManagementSourceJSON:
         mgmt = self.document.spec.management if self.document is not None else None
         return {
             "source": self.source,
@@ -59,7 +81,7 @@ class ManagementSource:
             "interface": mgmt.interface if mgmt else None,
             "addresses": list(mgmt.addresses) if mgmt else [],
             "gateway": mgmt.gateway if mgmt else None,
-            "api": mgmt.api.model_dump(mode="json") if mgmt else None,
+            "api": {"port": mgmt.api.port, "bind": mgmt.api.bind} if mgmt else None,
             "skipped": list(self.skipped),
             "override": self.override.to_json() if self.override is not None else None,
             "base": self.base,
@@ -70,25 +92,25 @@ def _committed_version(state: StateDir, skipped: list[str]) -> tuple[int, str | 
     """The version management must come up as, its document digest, whether a confirmation expired."""
     journal = state.journal
     open_txn = journal.open_transaction()
+    version: int = 0
+    digest: str | None = None
     try:
-        applied: dict[str, Any] = state.applied_record().to_json()
+        applied = state.applied_record()
+        version, digest = applied.version, applied.digest
     except StateFileError as exc:
         skipped.append(f"{exc}: the last commit is taken from the journal")
-        applied = {"version": 0}
         for transaction in reversed(journal.transactions()):
             terminal = transaction.terminal
             if terminal is not None and terminal["type"] == "commit":
-                if transaction.kind == "reconcile":
+                if transaction.kind == Kind.RECONCILE:
                     continue
-                applied = {
-                    "version": int(terminal.get("version") or 0),
-                    "digest": transaction.begin.get("digest"),
-                }
+                version = int(terminal.get("version") or 0)
+                digest = transaction.begin.get("digest")
                 break
     if open_txn is not None:
-        applied = open_txn.begin.get("previous_applied") or {"version": 0}
-    version = int(applied.get("version") or 0)
-    digest = applied.get("digest")
+        previous = open_txn.begin.get("previous_applied") or {}
+        version = int(previous.get("version") or 0)
+        digest = previous.get("digest")
     pending = pending_record(state)
     if pending and decide(pending, version, time.time()) == "expired":
         # The applied version was never confirmed and its time is up: management

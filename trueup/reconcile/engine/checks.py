@@ -18,9 +18,9 @@ from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState, document_digest
 from trueup.model.reasons import ReasonCode
 from trueup.model.records import Applied
-from trueup.reconcile.changes import _LOCAL_ORIGINS, Change, Kind, NeedsConfirmation, Refused
+from trueup.reconcile.changes import Change, Kind, NeedsConfirmation, Outcome, Refused
 from trueup.reconcile.engine.override import override_document
-from trueup.reconcile.engine.run import TransactionRun
+from trueup.reconcile.engine.run import LOCAL_ORIGINS, TransactionRun
 from trueup.reconcile.guard import management_guard, subsystem_risks, unsafe_management_changes
 from trueup.subsystems.base import Scope, Subsystem
 from trueup.subsystems.registry import scope_for
@@ -246,7 +246,7 @@ def _resolve_version(
         same = version == applied_version and applied.digest == digest
         return version, same and not applied.override
     if version is None:
-        same = applied.digest == digest and applied.outcome == "committed"
+        same = applied.digest == digest and applied.outcome == Outcome.COMMITTED
         # A restore replaces a local override even with the same document: committed anew.
         same = same and not (change.replaces_override and applied.override)
         if same and applied_version:
@@ -276,7 +276,7 @@ def _resolve_version(
 
 
 def _check_origin(engine: Engine, change: Change, applied: Applied) -> None:
-    if change.origin not in _LOCAL_ORIGINS or change.override is not None:
+    if change.origin not in LOCAL_ORIGINS or change.override is not None:
         return
     url = engine.managed_by()
     if url is None:

@@ -19,8 +19,8 @@ from trueup.journal.journal import Transaction
 from trueup.journal.management import management_facts, write_management
 from trueup.model.records import Applied, Override
 from trueup.model.virtual import virtual_addresses
-from trueup.reconcile.changes import _LOCAL_ORIGINS, Kind, Outcome
-from trueup.reconcile.engine.run import TransactionRun
+from trueup.reconcile.changes import Kind, Outcome
+from trueup.reconcile.engine.run import LOCAL_ORIGINS, TransactionRun
 
 if TYPE_CHECKING:
     from trueup.reconcile.engine.core import Engine
@@ -146,7 +146,7 @@ def _applied_record(engine: Engine, run: TransactionRun) -> Applied:
             reason=change.override,
             digest=run.digest,
         )
-    elif change.origin in _LOCAL_ORIGINS or change.replaces_override:
+    elif change.origin in LOCAL_ORIGINS or change.replaces_override:
         # A local write, or a restore, replaces the revision a local override applied:
         # the override is over (status, the control-plane report and the dashboard).
         override = None

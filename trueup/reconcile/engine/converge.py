@@ -28,7 +28,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from trueup.model.document import DeviceState
-from trueup.reconcile.changes import _CONVERGE_PASSES, Kind
+from trueup.reconcile.changes import Kind
 from trueup.reconcile.engine.run import PREEMPTED, Preempted, hit, paths_text
 from trueup.subsystems.base import Facts, Plan, Scope, Step, StepError, Subsystem
 from trueup.subsystems.registry import scope_for
@@ -46,6 +46,8 @@ __all__ = [
 ]
 
 MANAGEMENT = "management"
+# Plan-and-execute rounds of one convergence before it gives up on what still differs.
+CONVERGE_PASSES = 3
 
 
 class Policy(Enum):
@@ -80,7 +82,7 @@ def converge(
     if plan is None:
         plan = subsystem.plan(desired, subsystem.observe(net, scope), scope)
     done: list[Step] = []
-    for attempt in range(_CONVERGE_PASSES):
+    for attempt in range(CONVERGE_PASSES):
         if not plan.changes:
             return done
         for index, step in enumerate(plan.steps):
@@ -97,7 +99,7 @@ def converge(
         return done
     raise StepError(
         plan.steps[0],
-        f"still differs after {_CONVERGE_PASSES} passes: "
+        f"still differs after {CONVERGE_PASSES} passes: "
         + paths_text(sorted({step.path for step in plan.steps})),
     )
 

@@ -2,17 +2,20 @@
 
 Everything a transaction does is in the modules beside this one, as
 functions over a `TransactionRun` (see the package's docstring for the
-walk). `Engine` holds what outlives one transaction: the state directory,
-the subsystems, the system seams it opens (`sources`), the writer lock,
-the daemons it supervises and the failures a later write may carry. Its
-other methods are the entry points callers use (apply, rollback, recover,
-plan, observe); each is a few lines over those functions.
+walk); reading the system is `trueup.reconcile.engine.observe` and the
+console override `trueup.reconcile.engine.override`, which callers call
+with the engine. `Engine` holds what outlives one transaction: the state
+directory, the subsystems, the system seams it opens (`sources`), the
+writer lock, the daemons it supervises and the failures a later write may
+carry. Beside `transact` it keeps a few named entry points, each a few lines
+over it: the applied revision (parsed once), `plan`, `apply_document`,
+`rollback_to`, `recover` and `settle_in_sync`.
 
 Why this module is over 400 lines: it is the engine's public face — the
 constructor that wires the system seams (netlink, files, programs,
-nftables, daemons), the writer lock, and the entry points every caller
-uses (transact, apply, rollback, recover, plan, observe, the failures a
-pass settles); their bodies are in the modules beside it.
+nftables, daemons), the writer lock, `transact`, and the few entry points
+over it (the applied revision, rollback, recovery, the failures a pass
+settles); their bodies are in the modules beside it.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from trueup.journal.atomic import StateFileError, file_identity
 from trueup.journal.damage import StateCheck
 from trueup.journal.journal import Transaction
 from trueup.journal.lock import LockBusy
-from trueup.journal.override import OVERRIDE_FILE, ManagementOverride
+from trueup.journal.override import OVERRIDE_FILE
 from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState, DocumentError, parse_document
 from trueup.model.reasons import ReasonCode
@@ -51,7 +54,7 @@ from trueup.reconcile.engine.recovery import recover_locked
 from trueup.reconcile.engine.run import TransactionRun
 from trueup.reconcile.engine.transact import run_transaction
 from trueup.reconcile.probes import StatusProbes
-from trueup.subsystems.base import Difference, Facts, Plan, Scope, Subsystem
+from trueup.subsystems.base import Plan, Subsystem
 from trueup.subsystems.registry import default_subsystems
 from trueup.system.announce import Announcer, KernelAnnouncer, NoAnnouncer
 from trueup.system.daemon import DaemonSupervisor
@@ -155,7 +158,7 @@ class Engine:
     def applied_document(self) -> DeviceState | None:
         """The applied revision, with a console management override laid over it."""
         document = self.applied_revision()
-        return self.with_override(document) if document is not None else None
+        return overriding.with_override(self.state, document) if document is not None else None
 
     def _applied_key(self) -> tuple[int, tuple[object, ...]]:
         applied = self.state.applied()
@@ -222,10 +225,6 @@ class Engine:
         return frozenset(virtual_addresses(previous))
 
     # -- the console's management override (`trueup management set`) ---------------
-    def management_override(self) -> ManagementOverride | None:
-        """The override record, or None (a damaged one is reported as damage, not used)."""
-        return overriding.management_override(self.state)
-
     def override_signature(self) -> tuple[int, int, int] | None:
         """Changes whenever the override file does (for callers that cache documents)."""
         try:
@@ -234,53 +233,17 @@ class Engine:
             return None
         return (st.st_ino, st.st_size, st.st_mtime_ns)
 
-    def with_override(self, document: DeviceState) -> DeviceState:
-        """`document` with the override's management facts, while one stands."""
-        return overriding.with_override(self.state, document)
-
     def refuse_if_damaged(self) -> None:
         """Raise `DamagedState` when a state file a write depends on is damaged."""
         overriding.refuse_if_damaged(self.check)
 
     # -- observation (`trueup.reconcile.engine.observe`) ------------------------------
-    def observe(
-        self,
-        net: Sources,
-        scope: Scope,
-        names: Collection[str] | None = None,
-        errors: dict[str, str] | None = None,
-    ) -> dict[str, Facts]:
-        """Each subsystem's facts; one that cannot be observed is left out, its error in `errors`."""
-        return observing.observe(self, net, scope, names, errors)
-
-    def observe_bounded(
-        self,
-        net: Sources,
-        scope: Scope,
-        names: Collection[str] | None = None,
-        errors: dict[str, str] | None = None,
-        *,
-        give_up: Callable[[], bool],
-    ) -> dict[str, Facts] | None:
-        """`observe`, abandoned (None) as soon as `give_up()` holds."""
-        return observing.observe_bounded(self, net, scope, names, errors, give_up=give_up)
-
     def plan(self, document: DeviceState, net: Sources | None = None) -> list[Plan]:
         """What applying `document` would do now, per subsystem."""
         if net is None:
             with self.sources() as opened:
                 return observing.plan(self, document, opened)
         return observing.plan(self, document, net)
-
-    def differences(
-        self,
-        document: DeviceState,
-        net: Sources,
-        names: list[str] | None = None,
-        errors: dict[str, str] | None = None,
-    ) -> dict[str, list[Difference]]:
-        """Observed against desired, per subsystem; unobservable ones go to `errors`."""
-        return observing.differences(self, document, net, names, errors)
 
     # -- the writer lock ----------------------------------------------------
     @property
@@ -360,10 +323,10 @@ class Engine:
         `NeedsConfirmation` (a management change without a confirmation).
         """
         self.refuse_if_damaged()
-        if change.kind == Kind.RECONCILE and change.mode == "atomic":
+        if change.kind is Kind.RECONCILE and change.mode is Mode.ATOMIC:
             # A heal converges towards the committed revision: what worked stays,
             # so a failing link never takes restored management addresses away.
-            change = replace(change, mode="best-effort")
+            change = replace(change, mode=Mode.BEST_EFFORT)
         names = [s.name for s in self.subsystems if change.only is None or s.name in change.only]
         skipped = dict(change.skipped)
         # Preparation runs beside the transaction: each subsystem's is joined at its turn.
@@ -412,7 +375,7 @@ class Engine:
         self,
         document: DeviceState,
         *,
-        mode: Mode = "atomic",
+        mode: Mode | str = Mode.ATOMIC,
         expect_version: int | None = None,
         actor: str = "local",
         kind: Kind = Kind.APPLY,
@@ -426,8 +389,13 @@ class Engine:
         override: str | None = None,
         former_virtual: Collection[str] = (),
     ) -> ApplyResult:
-        """`transact` with keyword arguments; raises `Refused` or `NeedsConfirmation`."""
-        if kind == "reconcile":
+        """`transact(Change.apply(…))`, or `Change.heal` for `kind` reconcile (tests, tools).
+
+        Other kinds have their own constructors (`Change.rollback`, …) and
+        are refused here with `ValueError`; raises `Refused` or `NeedsConfirmation`.
+        """
+        kind = Kind(kind)
+        if kind is Kind.RECONCILE:
             return self.transact(
                 Change.heal(
                     document,
@@ -441,6 +409,8 @@ class Engine:
                     former_virtual=former_virtual,
                 )
             )
+        if kind is not Kind.APPLY:
+            raise ValueError(f"kind {kind.value}: build it with its Change constructor")
         change = Change.apply(
             document,
             origin=origin,
@@ -456,7 +426,7 @@ class Engine:
             management_confirmed=management_confirmed,
             former_virtual=former_virtual,
         )
-        return self.transact(change if kind == "apply" else replace(change, kind=kind))
+        return self.transact(change)
 
     def rollback_to(
         self,
@@ -501,7 +471,7 @@ class Engine:
         if not names & (failed.keys() | carried.keys()) or not applied.version:
             return []
         try:
-            with self.writer("reconcile", actor, quiet=True):
+            with self.writer(Kind.RECONCILE, actor, quiet=True):
                 return self._settle_in_sync_locked(names, actor)
         except (Refused, StorageError, OSError, StateFileError):
             return []  # a writer is busy or the directory refuses: the next pass again

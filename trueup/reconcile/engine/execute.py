@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING
 from trueup.model.reasons import ReasonCode
 from trueup.reconcile import faults
 from trueup.reconcile.attribution import item_label
-from trueup.reconcile.changes import _STEP_ERRORS, _UNDO_SECONDS, _VERIFY_ROUNDS, Refused
+from trueup.reconcile.changes import Refused
 from trueup.reconcile.engine.checks import deadline_for, unchanged_of
 from trueup.reconcile.engine.converge import converge_bounded
+from trueup.reconcile.engine.observe import observe_bounded
 from trueup.reconcile.engine.run import (
     ATOMIC_WAIT,
     PREEMPTED,
+    STEP_ERRORS,
     Preempted,
     TransactionRun,
     hit,
@@ -32,6 +34,11 @@ if TYPE_CHECKING:
     from trueup.reconcile.engine.core import Engine
 
 __all__ = ["execute", "observe_and_plan", "pinned", "roll_back_images", "verify"]
+
+# Rounds of re-convergence verification allows for what a later step disturbed.
+VERIFY_ROUNDS = 2
+# Bound on restoring one subsystem's before-image (no document deadline applies).
+UNDO_SECONDS = 90.0
 
 
 def pinned(desired: Facts, observed: Facts, contested: Collection[str]) -> Facts:
@@ -75,8 +82,8 @@ def observe_and_plan(engine: Engine, net: Sources, run: TransactionRun) -> None:
     operator's write preempts is refused (`CONCURRENT_MODIFICATION`).
     """
     unobservable: dict[str, str] = {}
-    seen = engine.observe_bounded(
-        net, run.scope, run.names, errors=unobservable, give_up=engine.preempted
+    seen = observe_bounded(
+        engine, net, run.scope, run.names, errors=unobservable, give_up=engine.preempted
     )
     if seen is None:
         raise Refused(
@@ -195,7 +202,7 @@ def execute(engine: Engine, net: Sources, run: TransactionRun) -> None:
         except Preempted:
             _wait(engine, run, name, "writer", PREEMPTED)
             continue
-        except _STEP_ERRORS as exc:
+        except STEP_ERRORS as exc:
             _fail(engine, run, name, str(exc))
             if run.atomic:
                 break
@@ -213,7 +220,7 @@ def _differing(engine: Engine, net: Sources, run: TransactionRun, candidates: li
         sub = engine.by_name[name]
         try:
             observed = sub.observe(net, run.scope)
-        except _STEP_ERRORS as exc:
+        except STEP_ERRORS as exc:
             _fail(engine, run, name, f"verification: cannot observe {name}: {exc}")
             candidates.remove(name)
             if run.atomic:
@@ -252,7 +259,7 @@ def _reconverge(engine: Engine, net: Sources, run: TransactionRun, name: str,
         run.waiting[name] = PREEMPTED
         candidates.remove(name)
         return True
-    except _STEP_ERRORS as exc:
+    except STEP_ERRORS as exc:
         _fail(engine, run, name, f"verification: {exc}")
         candidates.remove(name)
         return not run.atomic
@@ -275,7 +282,7 @@ def verify(engine: Engine, net: Sources, run: TransactionRun) -> None:
     ]
     still: dict[str, list[str]] = {}  # subsystem → the paths that still differ
     differing: list[str] = []
-    for round_ in range(_VERIFY_ROUNDS + 1):
+    for round_ in range(VERIFY_ROUNDS + 1):
         if engine.preempted():
             # Converged but not verified: the next pass looks again.
             for name in candidates:
@@ -287,7 +294,7 @@ def verify(engine: Engine, net: Sources, run: TransactionRun) -> None:
         differing = found
         if not differing:
             return
-        if round_ == _VERIFY_ROUNDS:
+        if round_ == VERIFY_ROUNDS:
             break
         for name in differing:
             if not _reconverge(engine, net, run, name, candidates):
@@ -298,7 +305,7 @@ def verify(engine: Engine, net: Sources, run: TransactionRun) -> None:
             run,
             name,
             "verification: observed state still differs from the document after "
-            f"{_VERIFY_ROUNDS} rounds: {paths_text(still.get(name, []))}",
+            f"{VERIFY_ROUNDS} rounds: {paths_text(still.get(name, []))}",
         )
 
 
@@ -314,8 +321,8 @@ def roll_back_images(
             errors.append(f"{name}: no before-image to restore")
             continue
         try:
-            converge_bounded(engine, net, subsystem, before[name], exact, None, _UNDO_SECONDS)
-        except _STEP_ERRORS as exc:
+            converge_bounded(engine, net, subsystem, before[name], exact, None, UNDO_SECONDS)
+        except STEP_ERRORS as exc:
             errors.append(str(exc))
         faults.hit(f"rollback:{name}")
     # Restoring a later subsystem can disturb an earlier one (a link brought
@@ -324,7 +331,7 @@ def roll_back_images(
         subsystem = engine.by_name.get(name)
         if subsystem is not None and name in before:
             try:
-                converge_bounded(engine, net, subsystem, before[name], exact, None, _UNDO_SECONDS)
-            except _STEP_ERRORS as exc:
+                converge_bounded(engine, net, subsystem, before[name], exact, None, UNDO_SECONDS)
+            except STEP_ERRORS as exc:
                 errors.append(str(exc))
     return errors

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from trueup.model.document import DeviceState
-from trueup.reconcile.changes import _STEP_ERRORS
+from trueup.reconcile.engine.run import STEP_ERRORS
 from trueup.subsystems.base import Difference, Facts, Plan, PlannedValues, Scope, Subsystem
 from trueup.subsystems.registry import scope_for
 from trueup.system.sources import Sources
@@ -43,7 +43,7 @@ def observe(
             continue
         try:
             out[sub.name] = sub.observe(net, scope)
-        except _STEP_ERRORS as exc:
+        except STEP_ERRORS as exc:
             if errors is None:
                 raise
             errors[sub.name] = f"cannot observe {sub.name}: {exc}"

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 from trueup.journal.journal import Transaction
 from trueup.model.document import DeviceState, DocumentError, parse_document
 from trueup.reconcile import faults
-from trueup.reconcile.changes import _STEP_ERRORS
 from trueup.reconcile.engine.checks import Preparation, prepares
 from trueup.reconcile.engine.commit import complete_audit
 from trueup.reconcile.engine.converge import converge_bounded
 from trueup.reconcile.engine.execute import roll_back_images
 from trueup.reconcile.engine.override import with_override
+from trueup.reconcile.engine.run import STEP_ERRORS
 from trueup.subsystems.base import Scope
 from trueup.subsystems.registry import ordered, scope_for
 from trueup.system import ownwrites
@@ -124,7 +124,7 @@ def _forward(
                 target.spec.convergence.deadline_for(name),
             )
             journal.record(open_txn.txn, "recovered", subsystem=name)
-        except _STEP_ERRORS as exc:
+        except STEP_ERRORS as exc:
             errors.append(str(exc))
             journal.record(open_txn.txn, "recovered", subsystem=name, error=str(exc))
         faults.hit(f"recovery:{name}")

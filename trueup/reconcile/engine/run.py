@@ -16,18 +16,27 @@ from trueup.model.records import Applied
 from trueup.reconcile import faults
 from trueup.reconcile.changes import ApplyResult, Change, Kind, Mode, Outcome
 from trueup.subsystems.base import Facts, Plan, Scope, StepError
+from trueup.system.netlink import NetlinkError
 
 if TYPE_CHECKING:
     from trueup.reconcile.engine.checks import Preparation
 
 __all__ = [
     "ATOMIC_WAIT",
+    "LOCAL_ORIGINS",
     "PREEMPTED",
+    "STEP_ERRORS",
     "Preempted",
     "TransactionRun",
     "hit",
     "paths_text",
 ]
+
+# What a subsystem's observation or step may raise: that subsystem fails, the transaction goes on.
+STEP_ERRORS = (StepError, NetlinkError, ValueError, OSError)
+
+# Origins an operator starts on the device itself; on a managed device they are overrides.
+LOCAL_ORIGINS = frozenset({"local-cli", "rollback"})
 
 # Why a heal left a subsystem: an operator's write waits (waiting, never a failure).
 PREEMPTED = "deferred: an operator's write is waiting for the writer; the next pass heals it"
@@ -108,7 +117,7 @@ class TransactionRun:
 
     @property
     def atomic(self) -> bool:
-        return self.change.mode == "atomic"
+        return self.change.mode is Mode.ATOMIC
 
     @property
     def applied_version(self) -> int:

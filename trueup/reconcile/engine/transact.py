@@ -45,7 +45,7 @@ def _unchanged(run: TransactionRun) -> bool:
         not run.skipped
         and not any(p.changes for p in run.plans.values())
         and run.same_version
-        and (run.heal or run.applied.outcome == "committed")
+        and (run.heal or run.applied.outcome == Outcome.COMMITTED)
     )
 
 
