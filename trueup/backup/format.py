@@ -40,8 +40,9 @@ from __future__ import annotations
 import posixpath
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
+from trueup.journal.restore import ArchiveRevision
 from trueup.model.digests import json_digest
 from trueup.model.jsontypes import JSONObject
 
@@ -149,7 +150,7 @@ class Manifest:
     device: str
     created_at: str
     agent_version: str
-    revision: dict[str, Any]
+    revision: ArchiveRevision
     entries: list[Entry] = field(default_factory=list)
     components: dict[str, dict[str, Any]] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
@@ -234,7 +235,7 @@ class Manifest:
             device=data["device"],
             created_at=data["created_at"],
             agent_version=data["agent_version"],
-            revision=dict(revision),
+            revision=cast("ArchiveRevision", dict(revision)),
             entries=entries,
             components={str(k): dict(v) for k, v in components.items()},
             format_version=version,

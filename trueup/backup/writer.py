@@ -33,6 +33,7 @@ from typing import Any
 
 from trueup import __version__
 from trueup.backup.format import MANIFEST, Entry, Manifest, component_of, unsafe_name
+from trueup.journal.restore import ArchiveRevision
 from trueup.system.atomicfile import fsync_dir
 from trueup.system.safefile import open_file
 
@@ -106,7 +107,7 @@ class ArchiveWriter:
         self,
         *,
         device: str,
-        revision: dict[str, Any],
+        revision: ArchiveRevision,
         components: dict[str, dict[str, Any]],
         created_at: str,
         agent_version: str = __version__,
