@@ -25,7 +25,7 @@ written atomically, read by status and the control-plane report):
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, TypedDict
 
 from trueup.journal.atomic import StateFileError, fsync_dir
 from trueup.journal.state import StateDir
@@ -33,6 +33,8 @@ from trueup.journal.state import StateDir
 __all__ = [
     "OUTCOME_FILE",
     "PENDING_FILE",
+    "ConfirmOutcome",
+    "PendingConfirm",
     "clear_pending",
     "pending_from_journal",
     "read_outcome",
@@ -43,6 +45,43 @@ __all__ = [
 
 PENDING_FILE = "pending-confirm.json"
 OUTCOME_FILE = "confirmation.json"
+
+
+class PendingConfirm(TypedDict, total=False):
+    """`pending-confirm.json`: an apply rolled back to `confirmed_version` unless confirmed by
+    `deadline` (`trueup.model.records.Pending` validates it; this is its shape as JSON)."""
+
+    state: str  # applying | pending
+    version: int | None  # None while applying
+    confirmed_version: int
+    deadline: float  # epoch seconds
+    deadline_at: str
+    actor: str
+    created_at: str
+    origin: str
+    requested_version: int | None  # the version the change asked for (a control plane's)
+    window: float  # seconds
+    self_confirm: bool  # a control-plane revision: the agent's own health confirms it
+    unverifiable: list[str]  # what the agent's health cannot see: an operator confirms
+    txn: str
+    applied_at: float
+    verified: bool  # every subsystem applied and verified
+    adopted_after_restart: bool
+    waiting_for: str
+
+
+class ConfirmOutcome(TypedDict, total=False):
+    """`confirmation.json`: how the last guarded apply stands (pending, confirmed, rolled-back)."""
+
+    version: int | None
+    state: str
+    deadline: float | None
+    deadline_at: str | None
+    reason: str
+    rollback_to: int | None
+    origin: str | None
+    at: str | None
+    rolled_back_to_version: int | None
 
 
 def _journal_id(record: dict[str, Any]) -> str:

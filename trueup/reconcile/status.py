@@ -137,7 +137,7 @@ def refusals_since_last_write(
             at = record.get("at")
             if answered_until is not None and at and _parse_time(str(at)) <= answered_until:
                 break  # this one and every older one were answered by a later write
-            out.append(record)
+            out.append(dict(record))
             if len(out) >= limit:
                 break
     return list(reversed(out))
