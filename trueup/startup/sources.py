@@ -182,7 +182,7 @@ def _base_source(
         else:
             try:
                 return ManagementSource(
-                    document_from_facts(facts, source=str(management_path)),
+                    document_from_facts(dict(facts), source=str(management_path)),
                     f"{MANAGEMENT_FILE} (revision {facts.get('version')})",
                     "management-file",
                     skipped,
