@@ -29,10 +29,16 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from trueup import __version__
-from trueup.backup.format import MANIFEST, Entry, Manifest, component_of, unsafe_name
+from trueup.backup.format import (
+    MANIFEST,
+    ComponentFacts,
+    Entry,
+    Manifest,
+    component_of,
+    unsafe_name,
+)
 from trueup.journal.restore import ArchiveRevision
 from trueup.system.atomicfile import fsync_dir
 from trueup.system.safefile import open_file
@@ -108,7 +114,7 @@ class ArchiveWriter:
         *,
         device: str,
         revision: ArchiveRevision,
-        components: dict[str, dict[str, Any]],
+        components: dict[str, ComponentFacts],
         created_at: str,
         agent_version: str = __version__,
         format_version: int | None = None,
