@@ -24,9 +24,9 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from trueup.backup.analysis import analyze
+from trueup.backup.analysis import AnalysisJSON, analyze
 from trueup.backup.restore import RestoreRefused, note_retry, resume, start_restore
 from trueup.journal.restore import TERMINAL, RestoreRecord, boot_id, read_record
 
@@ -54,7 +54,7 @@ def restore_status(agent: Agent) -> RestoreRecord | dict[str, None]:
     return record if record is not None else {"restore": None}
 
 
-def restore_analyze(agent: Agent, archive: str, mappings: dict[str, str]) -> dict[str, Any]:
+def restore_analyze(agent: Agent, archive: str, mappings: dict[str, str]) -> AnalysisJSON:
     """`POST /v1/restore/analyze`: the analysis of an archive on this router (read-only)."""
     return analyze(Path(archive), agent.state, _links(), mappings).to_json()
 

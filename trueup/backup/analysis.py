@@ -39,24 +39,112 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from trueup import __version__
-from trueup.backup.format import AUDIT, CONFIG, DNS, LEASES, MANIFEST, Manifest
+from trueup.backup.format import AUDIT, CONFIG, DNS, LEASES, MANIFEST, AuditHead, Manifest
 from trueup.backup.interfaces import interface_refs, map_interfaces
-from trueup.backup.reader import ARCHIVE, ArchiveError, Problem, scan_archive
+from trueup.backup.reader import ARCHIVE, ArchiveError, Problem, ProblemJSON, scan_archive
 from trueup.backup.secrets import secrets_in_clear
 from trueup.journal.atomic import StateFileError
+from trueup.journal.restore import ArchiveRevision, RestoreRevision
 from trueup.journal.state import StateDir
 from trueup.model.digests import canonical_json, json_digest, sha256_hex
 from trueup.model.jsontypes import JSONObject
 from trueup.model.order import natural_sorted
 from trueup.model.records import Applied
 
-__all__ = ["MODES", "Analysis", "analyze", "current_device", "diff_summary"]
+__all__ = [
+    "MODES",
+    "Analysis",
+    "AnalysisJSON",
+    "ComponentInfo",
+    "DiffSummary",
+    "RestorePlan",
+    "analyze",
+    "current_device",
+    "diff_summary",
+]
 
 MODES = ("config-only", "full")
 _DIFF_PATHS = 50
+
+
+class ConfigRevision(TypedDict):
+    """The revision the archive's config component holds."""
+
+    version: int
+    digest: str | None
+    origin: str | None
+    accepted_at: str | None
+
+
+class ComponentInfo(TypedDict, total=False):
+    """What the analysis found of one component (each holds the keys of its component)."""
+
+    present: bool
+    revisions: int  # config
+    revision: ConfigRevision  # config
+    generation: str | None  # leases
+    counts: dict[str, int]  # leases: per family
+    source: dict[str, str] | None  # leases: per family, socket | memfile
+    zones: list[str]  # native/dns
+    lines: int  # audit
+    head: AuditHead  # audit
+
+
+class ComponentReport(ComponentInfo, total=False):
+    """A component in the analysis' JSON: what was found, eligible or not, and why not."""
+
+    eligible: bool
+    problems: list[ProblemJSON]
+
+
+class DiffSummary(TypedDict):
+    """What applying the restored revision changes: per `spec` section, and the first paths."""
+
+    sections: dict[str, str]  # section → added | removed | changed
+    paths_changed: int
+    paths: list[str]
+    identical: bool
+
+
+class LeasePlan(TypedDict):
+    """The leases a full restore puts back."""
+
+    restore: int | None
+    per_family: dict[str, int]
+    files: list[str]
+
+
+class RestorePlan(TypedDict, total=False):
+    """What a mode would do: the revision it applies, over which, with what changes."""
+
+    revision: ConfigRevision | dict[str, object]  # {} when the config component has none
+    current: RestoreRevision
+    changes: DiffSummary
+    interface_mappings: dict[str, str]
+    eligible: bool
+    leases: str | LeasePlan  # config-only: a sentence (the lease files are not touched)
+    dns_zones: list[str]
+
+
+class AnalysisJSON(TypedDict):
+    """`trueup restore analyze -o json` (and `POST /v1/restore/analyze`)."""
+
+    archive: str
+    format_version: int | None
+    device: str | None
+    created_at: str | None
+    agent_version: str | None
+    revision: ArchiveRevision | None
+    eligible: dict[str, bool]
+    components: dict[str, ComponentReport]
+    problems: list[ProblemJSON]
+    refusals: dict[str, list[ProblemJSON]]
+    warnings: list[str]
+    mappings: dict[str, str]
+    plans: dict[str, RestorePlan]
 
 
 @dataclass
@@ -67,8 +155,8 @@ class Analysis:
     manifest: Manifest | None
     problems: list[Problem] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    components: dict[str, dict[str, Any]] = field(default_factory=dict)
-    plans: dict[str, dict[str, Any]] = field(default_factory=dict)
+    components: dict[str, ComponentInfo] = field(default_factory=dict)
+    plans: dict[str, RestorePlan] = field(default_factory=dict)
     mappings: dict[str, str] = field(default_factory=dict)
     document: JSONObject | None = None  # the revision a restore applies, mappings applied
 
@@ -105,7 +193,7 @@ class Analysis:
             )
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> AnalysisJSON:
         manifest = self.manifest
         return {
             "archive": self.archive,
@@ -153,7 +241,8 @@ def current_device(state: StateDir) -> tuple[str | None, JSONObject | None, Appl
     return (device if isinstance(device, str) else None), document, applied
 
 
-def _leaves(value: Any, path: str, out: dict[str, Any]) -> None:
+def _leaves(value: Any, path: str, out: dict[str, object]) -> None:
+    """Each leaf of a JSON value by its path (`spec.a.b[0]`)."""
     if isinstance(value, dict) and value:
         for key, item in value.items():
             _leaves(item, f"{path}.{key}" if path else str(key), out)
@@ -164,7 +253,7 @@ def _leaves(value: Any, path: str, out: dict[str, Any]) -> None:
         out[path] = value
 
 
-def diff_summary(current: JSONObject | None, restored: JSONObject) -> dict[str, Any]:
+def diff_summary(current: JSONObject | None, restored: JSONObject) -> DiffSummary:
     """What applying `restored` over `current` changes: per `spec` section, and the first paths."""
     old_spec = (current or {}).get("spec") or {}
     new_spec = restored.get("spec") or {}
@@ -176,8 +265,8 @@ def diff_summary(current: JSONObject | None, restored: JSONObject) -> dict[str, 
             sections[name] = "removed"
         elif canonical_json(old_spec[name]) != canonical_json(new_spec[name]):
             sections[name] = "changed"
-    old: dict[str, Any] = {}
-    new: dict[str, Any] = {}
+    old: dict[str, object] = {}
+    new: dict[str, object] = {}
     _leaves(old_spec, "spec", old)
     _leaves(new_spec, "spec", new)
     changed = natural_sorted(p for p in set(old) | set(new) if old.get(p, ...) != new.get(p, ...))
@@ -421,8 +510,9 @@ def _plans(analysis: Analysis, current: JSONObject | None, applied: Applied) -> 
     manifest = analysis.manifest
     if manifest is None or analysis.document is None:
         return
-    revision = dict(analysis.components[CONFIG].get("revision", {}))
-    base = {
+    found = analysis.components[CONFIG].get("revision")
+    revision: ConfigRevision | dict[str, object] = found.copy() if found is not None else {}
+    base: RestorePlan = {
         "revision": revision,
         "current": {"version": applied.version, "digest": applied.digest},
         "changes": diff_summary(current, analysis.document),

@@ -23,6 +23,7 @@ import typer
 from trueup.cli.statedir import NewStateDirOpt, StateDirOpt, require_new
 
 if TYPE_CHECKING:
+    from trueup.backup.analysis import AnalysisJSON
     from trueup.journal.restore import RestoreRecord
 
 __all__ = ["backup_app", "restore_app", "upload_archive"]
@@ -106,7 +107,7 @@ def _yes(value: bool) -> str:
     return "yes" if value else "NO"
 
 
-def render(body: dict[str, Any]) -> list[str]:
+def render(body: AnalysisJSON) -> list[str]:
     """The analysis as an operator reads it: verdict per mode first, then why."""
     lines = [f"archive    {body['archive']}"]
     if body["device"] is not None:
