@@ -44,21 +44,20 @@ import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from trueup import __version__
+from trueup.backup.evidenceparts import Concurrency, Environment, History, Observed, Versions
 from trueup.backup.secrets import is_reference, is_secret_key
 from trueup.journal.agentlock import agent_holder
 from trueup.journal.atomic import read_json
-from trueup.journal.audit import AuditRecord, now_iso
+from trueup.journal.audit import now_iso
 from trueup.journal.limitations import list_limitations
 from trueup.journal.lock import lock_holder
 from trueup.model.jsontypes import JSONObject
 from trueup.model.reasons import CORRECTIVE_ACTIONS
-from trueup.model.records import TransactionSummary
 from trueup.reconcile.engine import Engine
 from trueup.reconcile.status import drift_report, gather, refusals_since_last_write
-from trueup.subsystems.base import Facts
 from trueup.subsystems.registry import scope_for
 from trueup.system.hostinfo import agent_log_lines, daemon_versions, kernel, systemd_unit
 from trueup.system.safefile import read_file
@@ -190,57 +189,7 @@ def _audit_parts(bundle: _Bundle, engine: Engine) -> None:
     )
 
 
-class _History(TypedDict):
-    """`history.json`: the last transactions and the reconcile history."""
-
-    transactions: list[TransactionSummary]
-    reconcile: Any  # `reconcile.json` as read (None when missing)
-
-
-class _Concurrency(TypedDict):
-    """`concurrency.json`: who holds what, and the writes refused for it."""
-
-    writer_lock: dict[str, object] | None
-    agent: dict[str, object] | None
-    open_transaction: Any  # status' `journal.open`, as the status document holds it
-    refusals_since_last_write: list[JSONObject]
-    refused_writes: list[AuditRecord]
-
-
-class _Versions(TypedDict):
-    """`versions.json`: the revisions the agent, the control plane and the files name."""
-
-    control_plane_last_fetched: int | None
-    applied: Any
-    applied_digest: Any
-    desired: int | None
-    control_plane: Any
-    control_plane_applied: Any
-    aligned: bool
-
-
-class _Observed(TypedDict):
-    """`observed.json`: what the kernel and the daemons hold now, per subsystem."""
-
-    observed_at: str
-    facts: dict[str, Facts]
-    unobservable: dict[str, str]
-
-
-class _Environment(TypedDict):
-    """`environment.json`: the versions and the process the bundle was collected with."""
-
-    trueup: str
-    python: str
-    executable: str
-    kernel: dict[str, str]
-    daemons: dict[str, str | None]
-    agent_pid: int | None
-    systemd_unit: str | None
-    collector_uid: int
-
-
-def _history(engine: Engine) -> _History:
+def _history(engine: Engine) -> History:
     transactions = engine.state.journal.transactions()[-JOURNAL_TRANSACTIONS:]
     return {
         "transactions": [t.summary() for t in transactions],
@@ -248,7 +197,7 @@ def _history(engine: Engine) -> _History:
     }
 
 
-def _concurrency(engine: Engine, status: JSONObject) -> _Concurrency:
+def _concurrency(engine: Engine, status: JSONObject) -> Concurrency:
     root = engine.state.root
     refused = [r for r in engine.state.audit.tail() if r.get("event") == "refused"]
     return {
@@ -270,7 +219,7 @@ def recorded_control_plane_version(engine: Engine) -> int | None:
     return version if isinstance(version, int) and not isinstance(version, bool) else None
 
 
-def _versions(engine: Engine, status: JSONObject) -> _Versions:
+def _versions(engine: Engine, status: JSONObject) -> Versions:
     versions = status.get("versions", {})
     accepted = engine.state.revision_versions()
     return {
@@ -287,7 +236,7 @@ def _versions(engine: Engine, status: JSONObject) -> _Versions:
     }
 
 
-def _observed(engine: Engine) -> _Observed:
+def _observed(engine: Engine) -> Observed:
     document = engine.applied_document()
     if document is None:
         raise LookupError("nothing applied: no scope to observe")
@@ -297,7 +246,7 @@ def _observed(engine: Engine) -> _Observed:
     return {"observed_at": now_iso(), "facts": facts, "unobservable": errors}
 
 
-def _environment(agent_pid: int | None) -> _Environment:
+def _environment(agent_pid: int | None) -> Environment:
     return {
         "trueup": __version__,
         "python": platform.python_version(),

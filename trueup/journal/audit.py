@@ -44,7 +44,7 @@ import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeAlias, TypedDict, cast
+from typing import Any, cast
 
 from trueup.journal.atomic import (
     UnsafeFile,
@@ -54,6 +54,13 @@ from trueup.journal.atomic import (
     read_state_bytes,
     write_all,
     write_json,
+)
+from trueup.journal.auditrecord import (
+    AnchorMismatch,
+    AuditDetails,
+    AuditRecord,
+    UnparseableLine,
+    UnsignedAuditRecord,
 )
 from trueup.model.digests import canonical_json, sha256_hex
 from trueup.system.safefile import open_file
@@ -76,48 +83,11 @@ REPAIRED = "audit_repaired"
 ANCHOR_MISMATCH = "audit_anchor_mismatch"
 
 
-# An event's own fields (`append(event, actor, **details)`): every event names its own
-# (txn, subsystem, reason, …), so the line types the frame and leaves the details open.
-AuditDetails: TypeAlias = dict[str, Any]
-
-
-class _UnsignedRecord(TypedDict):
-    seq: int
-    at: str
-    event: str
-    actor: str
-    details: AuditDetails
-    prev: str  # the hash of the line before (GENESIS for the first)
-
-
-class AuditRecord(_UnsignedRecord):
-    """One line of `audit.jsonl`; `hash` is sha256 over the canonical JSON of the rest."""
-
-    hash: str
-
-
-class UnparseableLine(TypedDict):
-    """A line of `audit.jsonl` that is no record, as `AuditLog.records()` lists it."""
-
-    unparseable: str
-
-
-class _AnchorMismatch(TypedDict, total=False):
-    """The details of an `audit_anchor_mismatch` event."""
-
-    reason: str  # truncated | emptied | rewritten | anchor invalid
-    error: str
-    anchor_seq: int
-    anchor_hash: str
-    found_seq: int
-    found_hash: str
-
-
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _hash(record: _UnsignedRecord) -> str:
+def _hash(record: UnsignedAuditRecord) -> str:
     body = {k: v for k, v in record.items() if k != "hash"}
     blob = canonical_json(body)
     return sha256_hex(blob)
@@ -349,7 +319,7 @@ class AuditLog:
         lines: list[bytes] = []
         records: list[AuditRecord] = []
         for name, who, fields in events:
-            unsigned: _UnsignedRecord = {
+            unsigned: UnsignedAuditRecord = {
                 "seq": seq + 1,
                 "at": now_iso(),
                 "event": name,
@@ -428,9 +398,9 @@ class AuditLog:
             return None, f"{self.head_path}: no seq and hash"
         return link, None
 
-    def _anchor_mismatch(self, seq: int, head: str) -> _AnchorMismatch | None:
+    def _anchor_mismatch(self, seq: int, head: str) -> AnchorMismatch | None:
         """Why the log's head contradicts its anchor, or None when it does not."""
-        found: _AnchorMismatch = {"found_seq": seq, "found_hash": head}
+        found: AnchorMismatch = {"found_seq": seq, "found_hash": head}
         link, error = self._load_anchor()
         if error is not None:
             if not self.head_path.is_file():

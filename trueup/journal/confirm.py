@@ -25,7 +25,7 @@ written atomically, read by status and the control-plane report):
 from __future__ import annotations
 
 import contextlib
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from trueup.journal.atomic import StateFileError, fsync_dir
 from trueup.journal.state import StateDir
@@ -63,7 +63,7 @@ class PendingConfirm(TypedDict, total=False):
     window: float  # seconds
     self_confirm: bool  # a control-plane revision: the agent's own health confirms it
     unverifiable: list[str]  # what the agent's health cannot see: an operator confirms
-    txn: str
+    txn: str | None
     applied_at: float
     verified: bool  # every subsystem applied and verified
     adopted_after_restart: bool
@@ -84,11 +84,11 @@ class ConfirmOutcome(TypedDict, total=False):
     rolled_back_to_version: int | None
 
 
-def _journal_id(record: dict[str, Any]) -> str:
+def _journal_id(record: PendingConfirm) -> str:
     return f"confirm-{record.get('created_at', '')}"
 
 
-def read_pending(state: StateDir) -> dict[str, Any] | None:
+def read_pending(state: StateDir) -> PendingConfirm | None:
     """The pending confirmation, or None.
 
     When `pending-confirm.json` is damaged (torn, edited, not UTF-8), the
@@ -101,21 +101,21 @@ def read_pending(state: StateDir) -> dict[str, Any] | None:
         record = state.read(PENDING_FILE)
     except StateFileError:
         return pending_from_journal(state)
-    return dict(record) if isinstance(record, dict) else None
+    return cast("PendingConfirm", dict(record)) if isinstance(record, dict) else None
 
 
-def pending_from_journal(state: StateDir) -> dict[str, Any] | None:
+def pending_from_journal(state: StateDir) -> PendingConfirm | None:
     """The pending confirmation the journal announced last, unless it was closed since."""
-    latest: Any = None
+    latest: PendingConfirm | None = None
     for record in state.journal.records():
         if record["type"] == "confirm_pending":
             latest = record.get("pending")
         elif record["type"] == "confirm_closed":
             latest = None
-    return dict(latest) if isinstance(latest, dict) else None
+    return latest.copy() if isinstance(latest, dict) else None
 
 
-def write_pending(state: StateDir, record: dict[str, Any]) -> None:
+def write_pending(state: StateDir, record: PendingConfirm) -> None:
     """Persist the pending confirmation, then announce it in the journal."""
     state.write(PENDING_FILE, record)
     # Journal lines without a `begin` never form a transaction; they are the
@@ -123,7 +123,7 @@ def write_pending(state: StateDir, record: dict[str, Any]) -> None:
     state.journal.record(_journal_id(record), "confirm_pending", pending=record)
 
 
-def clear_pending(state: StateDir, outcome: str, **details: Any) -> dict[str, Any] | None:
+def clear_pending(state: StateDir, outcome: str, **details: Any) -> PendingConfirm | None:
     """Remove the pending confirmation (`outcome`: confirmed, rolled_back, superseded, …)."""
     record = read_pending(state)
     path = state.root / PENDING_FILE
@@ -136,16 +136,16 @@ def clear_pending(state: StateDir, outcome: str, **details: Any) -> dict[str, An
     return record
 
 
-def write_outcome(state: StateDir, record: dict[str, Any]) -> None:
+def write_outcome(state: StateDir, record: ConfirmOutcome) -> None:
     """Persist how the last guarded apply stands (pending, confirmed, rolled-back)."""
     state.write(OUTCOME_FILE, record)
 
 
-def read_outcome(state: StateDir) -> dict[str, Any] | None:
+def read_outcome(state: StateDir) -> ConfirmOutcome | None:
     """The last guarded apply's outcome, or None (never written, or unreadable: it only
     informs status and reports; the pending record decides what happens)."""
     try:
         record = state.read(OUTCOME_FILE)
     except (StateFileError, OSError, ValueError):
         return None
-    return dict(record) if isinstance(record, dict) else None
+    return cast("ConfirmOutcome", dict(record)) if isinstance(record, dict) else None

@@ -15,10 +15,16 @@ what the confirmation was still waiting for when the window passed.
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from trueup.journal.audit import now_iso
-from trueup.journal.confirm import clear_pending, read_pending, write_outcome
+from trueup.journal.confirm import (
+    ConfirmOutcome,
+    PendingConfirm,
+    clear_pending,
+    read_pending,
+    write_outcome,
+)
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
 from trueup.reconcile.changes import ApplyResult, Change, Outcome
@@ -41,7 +47,7 @@ log = logging.getLogger("trueup.reconcile")
 Decision = Literal["none", "stale", "superseded", "waiting", "expired"]
 
 
-def decide(pending: dict[str, Any] | None, applied_version: int, now: float) -> Decision:
+def decide(pending: PendingConfirm | None, applied_version: int, now: float) -> Decision:
     """What a pending confirmation means against the applied version, at `now`.
 
     * `stale`: the guarded apply never took effect (it failed, or a crash
@@ -60,9 +66,9 @@ def decide(pending: dict[str, Any] | None, applied_version: int, now: float) -> 
     return "expired" if now >= float(pending["deadline"]) else "waiting"
 
 
-def outcome(pending: dict[str, Any], state: str, reason: str, **extra: Any) -> dict[str, Any]:
+def outcome(pending: PendingConfirm, state: str, reason: str, **extra: Any) -> ConfirmOutcome:
     """The `confirmation` record of `pending` in `state` (pending, confirmed, rolled-back)."""
-    record: dict[str, Any] = {
+    record: ConfirmOutcome = {
         "version": pending.get("version"),
         "state": state,
         "deadline": pending.get("deadline"),
@@ -72,11 +78,10 @@ def outcome(pending: dict[str, Any], state: str, reason: str, **extra: Any) -> d
         "origin": pending.get("origin"),
         "at": now_iso(),
     }
-    record.update(extra)
-    return record
+    return cast("ConfirmOutcome", {**record, **extra})
 
 
-def record_outcome(state: StateDir, record: dict[str, Any]) -> None:
+def record_outcome(state: StateDir, record: ConfirmOutcome) -> None:
     """Keep `record` as the last guarded apply's outcome; a state directory that refuses
     the write loses only what status and reports show, never the decision."""
     try:
@@ -85,7 +90,7 @@ def record_outcome(state: StateDir, record: dict[str, Any]) -> None:
         log.warning("confirmation outcome not saved: %s", exc)
 
 
-def _missed_reason(pending: dict[str, Any], actor: str) -> str:
+def _missed_reason(pending: PendingConfirm, actor: str) -> str:
     window = f"the confirmation window passed ({pending.get('deadline_at')})"
     waiting = pending.get("waiting_for")
     if isinstance(waiting, str) and waiting:
@@ -95,7 +100,7 @@ def _missed_reason(pending: dict[str, Any], actor: str) -> str:
     return f"{window} without `trueup confirm`"
 
 
-def roll_back_unconfirmed(engine: Engine, pending: dict[str, Any], *, actor: str) -> ApplyResult:
+def roll_back_unconfirmed(engine: Engine, pending: PendingConfirm, *, actor: str) -> ApplyResult:
     """Re-apply the last confirmed revision as a new version, as one engine transaction."""
     state = engine.state
     target = int(pending["confirmed_version"])

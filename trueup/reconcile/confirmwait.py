@@ -34,7 +34,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from trueup.journal.confirm import clear_pending, read_outcome, read_pending, write_pending
+from trueup.journal.confirm import (
+    ConfirmOutcome,
+    PendingConfirm,
+    clear_pending,
+    read_outcome,
+    read_pending,
+    write_pending,
+)
 from trueup.journal.state import StateDir
 from trueup.reconcile.changes import ApplyResult, Change, NeedsConfirmation, Outcome, Refused
 from trueup.reconcile.confirm import decide, outcome, record_outcome, roll_back_unconfirmed
@@ -79,8 +86,8 @@ class ConfirmWait:
         self.clock = clock
         self._lock = lock  # the loop's
         self._on_converged = on_converged
-        self.pending: dict[str, Any] | None = read_pending(self.state)
-        self.last: dict[str, Any] | None = read_outcome(self.state)
+        self.pending: PendingConfirm | None = read_pending(self.state)
+        self.last: ConfirmOutcome | None = read_outcome(self.state)
         self._adopt_committed()
 
     def _adopt_committed(self) -> None:
@@ -97,7 +104,7 @@ class ConfirmWait:
         applied = self.state.applied().version
         if applied == int(pending.get("confirmed_version", 0)):
             return  # the apply never took effect: `check` drops the record
-        pending.update(state="pending", version=applied, adopted_after_restart=True)
+        pending.update({"state": "pending", "version": applied, "adopted_after_restart": True})
         try:
             write_pending(self.state, pending)
         except OSError:
@@ -122,7 +129,7 @@ class ConfirmWait:
             "rollback_to": pending["confirmed_version"],
         }
 
-    def record(self) -> dict[str, Any] | None:
+    def record(self) -> ConfirmOutcome | None:
         """Status' `confirmation`: the pending one with what it waits for, else how the
         last guarded apply ended; None when there never was one."""
         pending = self.pending
@@ -133,9 +140,9 @@ class ConfirmWait:
                 str(pending.get("waiting_for") or _waits(pending)),
                 at=pending.get("created_at"),  # stable: what status shows changes only with it
             )
-        return dict(self.last) if self.last is not None else None
+        return self.last.copy() if self.last is not None else None
 
-    def self_pending(self) -> dict[str, Any] | None:
+    def self_pending(self) -> PendingConfirm | None:
         """The pending confirmation the agent settles itself (a control-plane revision)."""
         pending = self.pending
         if (
@@ -156,7 +163,7 @@ class ConfirmWait:
         pending["waiting_for"] = waiting_for
         return True
 
-    def _outcome(self, record: dict[str, Any]) -> None:
+    def _outcome(self, record: ConfirmOutcome) -> None:
         self.last = record
         record_outcome(self.state, record)
 
@@ -304,9 +311,9 @@ class ConfirmWait:
             )
         return None
 
-    def _arm(self, confirmed_version: int, confirm_within: float, change: Change) -> dict[str, Any]:
+    def _arm(self, confirmed_version: int, confirm_within: float, change: Change) -> PendingConfirm:
         now = self.clock()
-        pending: dict[str, Any] = {
+        pending: PendingConfirm = {
             "state": "applying",
             "version": None,
             "confirmed_version": confirmed_version,
@@ -340,8 +347,8 @@ class ConfirmWait:
     def _settle(
         self,
         result: ApplyResult,
-        pending: dict[str, Any] | None,
-        pending_before: dict[str, Any] | None,
+        pending: PendingConfirm | None,
+        pending_before: PendingConfirm | None,
         confirmed_version: int,
         actor: str,
     ) -> dict[str, Any]:
@@ -351,13 +358,15 @@ class ConfirmWait:
         if pending is not None:
             if changed and result.version != confirmed_version:
                 pending.update(
-                    state="pending",
-                    version=result.version,
-                    txn=result.txn,
-                    applied_at=self.clock(),
-                    # Every subsystem applied and verified: a partial apply is never
-                    # confirmed by the agent itself.
-                    verified=result.outcome == Outcome.COMMITTED and not result.failed,
+                    {
+                        "state": "pending",
+                        "version": result.version,
+                        "txn": result.txn,
+                        "applied_at": self.clock(),
+                        # Every subsystem applied and verified: a partial apply is never
+                        # confirmed by the agent itself.
+                        "verified": result.outcome == Outcome.COMMITTED and not result.failed,
+                    }
                 )
                 write_pending(state, pending)
                 self.pending = pending
@@ -407,7 +416,7 @@ class ConfirmWait:
             self._on_converged()
         return out
 
-    def _restore(self, previous: dict[str, Any] | None) -> None:
+    def _restore(self, previous: PendingConfirm | None) -> None:
         if previous is None:
             clear_pending(self.state, "apply_not_changed")
         else:
@@ -415,5 +424,5 @@ class ConfirmWait:
         self.pending = previous
 
 
-def _waits(pending: dict[str, Any]) -> str:
+def _waits(pending: PendingConfirm) -> str:
     return SELF_WAIT if pending.get("self_confirm") else OPERATOR_WAIT

@@ -435,14 +435,16 @@ def _confirmation_from_state(engine: Engine) -> dict[str, JSONObject]:
                 "deadline": pending.get("deadline_at"),
                 "rollback_to": pending.get("confirmed_version"),
             },
-            "confirmation": outcome(
-                pending,
-                "pending",
-                str(pending.get("waiting_for") or "a running agent to confirm or roll it back"),
+            "confirmation": dict(
+                outcome(
+                    pending,
+                    "pending",
+                    str(pending.get("waiting_for") or "a running agent to confirm or roll it back"),
+                )
             ),
         }
     outcome_now = read_outcome(state)
-    return {"confirmation": outcome_now} if outcome_now is not None else {}
+    return {"confirmation": dict(outcome_now)} if outcome_now is not None else {}
 
 
 # Not the drift action: management cannot be acknowledged and needs no reconcile.

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from trueup.journal.confirm import ConfirmOutcome
 from trueup.model.digests import json_digest
 from trueup.model.document import DeviceState
 from trueup.reconcile.attribution import DriftBook
@@ -73,7 +74,7 @@ class LoopView:
     attribution: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     pending_confirmation: dict[str, Any] | None = None
     # The last guarded apply: pending (what it waits for), confirmed or rolled-back, why.
-    confirmation: dict[str, Any] | None = None
+    confirmation: ConfirmOutcome | None = None
     activity: LoopActivity = field(default_factory=LoopActivity)
     # Drift going on and recently ended, newest first (`DriftBook.history_json`).
     drift_history: list[dict[str, Any]] = field(default_factory=list)
@@ -189,7 +190,7 @@ def build_view(
     pending_confirmation: dict[str, Any] | None,
     activity: LoopActivity,
     now: float,
-    confirmation: dict[str, Any] | None = None,
+    confirmation: ConfirmOutcome | None = None,
 ) -> LoopView:
     """The view of `subsystems` at `now`; `waiting` is the last pass's dependency waits."""
     failures: dict[str, dict[str, Any]] = {}
