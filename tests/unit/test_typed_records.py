@@ -33,11 +33,8 @@ TYPED_MODULES = (
     "trueup.agent.cpreport",
     "trueup.agent.cpsync",
     "trueup.server.ingest",
-    "trueup.backup.analysis",
-    "trueup.backup.evidence",
-    "trueup.journal.agentlock",
-    "trueup.journal.limitations",
-    "trueup.journal.override",
+    "trueup.backup",
+    "trueup.journal",
 )
 
 
