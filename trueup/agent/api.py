@@ -17,6 +17,7 @@ from fastapi import Body, FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from trueup.agent.restoring import restore_analyze, restore_apply, restore_status
+from trueup.backup.reader import ProblemJSON
 from trueup.backup.restore import RestoreRefused
 from trueup.journal.atomic import StateFileError
 from trueup.journal.limitations import (
@@ -313,7 +314,7 @@ def _restore_routes(app: FastAPI, agent: Agent) -> None:
 
     @app.get("/v1/restore")
     def restore() -> dict[str, Any]:
-        return restore_status(agent)
+        return dict(restore_status(agent))
 
     @app.post("/v1/restore/analyze")
     def restore_analyze_route(body: JSONObject = Body(...)) -> JSONResponse:
@@ -360,7 +361,7 @@ def _restore_routes(app: FastAPI, agent: Agent) -> None:
         return JSONResponse(content=record)
 
 
-def _restore_refusal(agent: Agent, message: str, problems: list[dict[str, Any]]) -> JSONResponse:
+def _restore_refusal(agent: Agent, message: str, problems: list[ProblemJSON]) -> JSONResponse:
     """409: what refused, the record (when one is pending) and the next step."""
     pending = read_record(agent.state.root)
     content: dict[str, Any] = {"message": message, "problems": problems}

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trueup.journal.management import api_bind_address
+from trueup.journal.management import BootFacts, api_bind_address
 from trueup.system.rawnl import IFF_UP, RawNetlink
 from trueup.system.sockets import unix_address
 
@@ -61,7 +61,7 @@ def same_address(a: str, b: str) -> bool:
         return a == b
 
 
-def early_health(facts: dict[str, Any], listeners: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def early_health(facts: BootFacts, listeners: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """`/v1/health/management` before the agent runs: the same fields, from a netlink dump."""
     ifname = facts["interface"]
     wanted = list(facts["addresses"])
@@ -150,7 +150,7 @@ def bind_tcp(address: str, port: int) -> socket.socket:
 
 
 def bind_listeners(
-    root: Path, facts: dict[str, Any], listen_port: int | None
+    root: Path, facts: BootFacts, listen_port: int | None
 ) -> tuple[dict[str, socket.socket], dict[str, dict[str, Any]]]:
     """The sockets by handover key, and `listeners` as `Agent` reports them."""
     sockets: dict[str, socket.socket] = {}

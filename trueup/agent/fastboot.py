@@ -54,7 +54,7 @@ from typing import Any
 from trueup.agent.early import EarlyResponder, bind_listeners, early_health, same_address, warn
 from trueup.journal.agentlock import AgentLock, AgentRunning, take_agent_lock
 from trueup.journal.identity import creation_problem, device_mismatch, read_marker
-from trueup.journal.management import boot_facts
+from trueup.journal.management import BootFacts, boot_facts
 from trueup.system.announce import SCHEDULE, KernelAnnouncer
 from trueup.system.rawnl import IFF_RUNNING, IFF_UP, RawNetlink
 
@@ -142,7 +142,7 @@ def parse_agent_run(argv: list[str]) -> AgentOptions:
 
 
 # -- the kernel -------------------------------------------------------------------
-def bring_up(facts: dict[str, Any]) -> tuple[list[str], list[str]]:
+def bring_up(facts: BootFacts) -> tuple[list[str], list[str]]:
     """(steps done, prefixes to announce): the link up, missing addresses, the default route.
 
     Never raises and never removes: what it cannot do, phase 1 does (and reports).

@@ -24,11 +24,11 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from trueup.backup.analysis import analyze
+from trueup.backup.analysis import AnalysisJSON, analyze
 from trueup.backup.restore import RestoreRefused, note_retry, resume, start_restore
-from trueup.journal.restore import TERMINAL, boot_id, read_record
+from trueup.journal.restore import TERMINAL, RestoreRecord, boot_id, read_record
 
 if TYPE_CHECKING:
     from trueup.agent.process import Agent
@@ -48,13 +48,13 @@ def _links() -> list[str]:
     return [name for _index, name in socket.if_nameindex()]
 
 
-def restore_status(agent: Agent) -> dict[str, Any]:
+def restore_status(agent: Agent) -> RestoreRecord | dict[str, None]:
     """`GET /v1/restore`: the record (pending or last finished), or `{"restore": null}`."""
     record = read_record(agent.state.root)
     return record if record is not None else {"restore": None}
 
 
-def restore_analyze(agent: Agent, archive: str, mappings: dict[str, str]) -> dict[str, Any]:
+def restore_analyze(agent: Agent, archive: str, mappings: dict[str, str]) -> AnalysisJSON:
     """`POST /v1/restore/analyze`: the analysis of an archive on this router (read-only)."""
     return analyze(Path(archive), agent.state, _links(), mappings).to_json()
 
@@ -67,7 +67,7 @@ def restore_apply(
     *,
     reboot: bool,
     actor: str,
-) -> dict[str, Any]:
+) -> RestoreRecord:
     """`POST /v1/restore/apply`: start (or resume) the restore; raises RestoreRefused.
 
     It never waits for links here: a restore waiting for them is returned as it
@@ -157,7 +157,7 @@ class RestoreKeeper:
                 delay = min(delay * 2, self.CAP)
                 self._sleep(delay)
 
-    def _pending(self) -> dict[str, Any] | None:
+    def _pending(self) -> RestoreRecord | None:
         record = read_record(self.agent.state.root)
         if record is None or record.get("state") in (*TERMINAL, "damaged"):
             return None

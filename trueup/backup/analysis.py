@@ -42,6 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from trueup import __version__
+from trueup.backup.analysisjson import (
+    AnalysisJSON,
+    ComponentInfo,
+    ConfigRevision,
+    DiffSummary,
+    RestorePlan,
+)
 from trueup.backup.format import AUDIT, CONFIG, DNS, LEASES, MANIFEST, Manifest
 from trueup.backup.interfaces import interface_refs, map_interfaces
 from trueup.backup.reader import ARCHIVE, ArchiveError, Problem, scan_archive
@@ -53,7 +60,17 @@ from trueup.model.jsontypes import JSONObject
 from trueup.model.order import natural_sorted
 from trueup.model.records import Applied
 
-__all__ = ["MODES", "Analysis", "analyze", "current_device", "diff_summary"]
+__all__ = [
+    "MODES",
+    "Analysis",
+    "AnalysisJSON",
+    "ComponentInfo",
+    "DiffSummary",
+    "RestorePlan",
+    "analyze",
+    "current_device",
+    "diff_summary",
+]
 
 MODES = ("config-only", "full")
 _DIFF_PATHS = 50
@@ -67,8 +84,8 @@ class Analysis:
     manifest: Manifest | None
     problems: list[Problem] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    components: dict[str, dict[str, Any]] = field(default_factory=dict)
-    plans: dict[str, dict[str, Any]] = field(default_factory=dict)
+    components: dict[str, ComponentInfo] = field(default_factory=dict)
+    plans: dict[str, RestorePlan] = field(default_factory=dict)
     mappings: dict[str, str] = field(default_factory=dict)
     document: JSONObject | None = None  # the revision a restore applies, mappings applied
 
@@ -105,7 +122,7 @@ class Analysis:
             )
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> AnalysisJSON:
         manifest = self.manifest
         return {
             "archive": self.archive,
@@ -153,7 +170,8 @@ def current_device(state: StateDir) -> tuple[str | None, JSONObject | None, Appl
     return (device if isinstance(device, str) else None), document, applied
 
 
-def _leaves(value: Any, path: str, out: dict[str, Any]) -> None:
+def _leaves(value: Any, path: str, out: dict[str, object]) -> None:
+    """Each leaf of a JSON value by its path (`spec.a.b[0]`)."""
     if isinstance(value, dict) and value:
         for key, item in value.items():
             _leaves(item, f"{path}.{key}" if path else str(key), out)
@@ -164,7 +182,7 @@ def _leaves(value: Any, path: str, out: dict[str, Any]) -> None:
         out[path] = value
 
 
-def diff_summary(current: JSONObject | None, restored: JSONObject) -> dict[str, Any]:
+def diff_summary(current: JSONObject | None, restored: JSONObject) -> DiffSummary:
     """What applying `restored` over `current` changes: per `spec` section, and the first paths."""
     old_spec = (current or {}).get("spec") or {}
     new_spec = restored.get("spec") or {}
@@ -176,8 +194,8 @@ def diff_summary(current: JSONObject | None, restored: JSONObject) -> dict[str, 
             sections[name] = "removed"
         elif canonical_json(old_spec[name]) != canonical_json(new_spec[name]):
             sections[name] = "changed"
-    old: dict[str, Any] = {}
-    new: dict[str, Any] = {}
+    old: dict[str, object] = {}
+    new: dict[str, object] = {}
     _leaves(old_spec, "spec", old)
     _leaves(new_spec, "spec", new)
     changed = natural_sorted(p for p in set(old) | set(new) if old.get(p, ...) != new.get(p, ...))
@@ -421,8 +439,9 @@ def _plans(analysis: Analysis, current: JSONObject | None, applied: Applied) -> 
     manifest = analysis.manifest
     if manifest is None or analysis.document is None:
         return
-    revision = dict(analysis.components[CONFIG].get("revision", {}))
-    base = {
+    found = analysis.components[CONFIG].get("revision")
+    revision: ConfigRevision | dict[str, object] = found.copy() if found is not None else {}
+    base: RestorePlan = {
         "revision": revision,
         "current": {"version": applied.version, "digest": applied.digest},
         "changes": diff_summary(current, analysis.document),

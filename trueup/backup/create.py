@@ -24,10 +24,17 @@ import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from trueup import __version__
-from trueup.backup.format import AUDIT, CONFIG, DNS, LEASES, Manifest, section_generation
+from trueup.backup.format import (
+    AUDIT,
+    CONFIG,
+    DNS,
+    LEASES,
+    ComponentFacts,
+    Manifest,
+    section_generation,
+)
 from trueup.backup.leasecsv import csv_pages
 from trueup.backup.secrets import secrets_in_clear
 from trueup.backup.writer import ArchiveWriter
@@ -146,7 +153,7 @@ def _create(state: StateDir, out: Path, with_leases: bool, lock_wait: float) -> 
             raise BackupError(f"{state.root}: an apply ran during the backup; run it again")
         # Leases last: the big part; their consistency is Kea's, not the lock's.
         leases = _stage_leases(state, writer, dhcp_gen) if with_leases else None
-        components: dict[str, dict[str, Any]] = {
+        components: dict[str, ComponentFacts] = {
             CONFIG: {
                 "generation": digest,
                 "dhcp_generation": dhcp_gen,
@@ -174,7 +181,7 @@ def _create(state: StateDir, out: Path, with_leases: bool, lock_wait: float) -> 
         )
 
 
-def _audit_excerpt(state: StateDir, writer: ArchiveWriter) -> dict[str, Any]:
+def _audit_excerpt(state: StateDir, writer: ArchiveWriter) -> ComponentFacts:
     """The log's tail (whole lines) and its proof: how it links to the anchor."""
     records = state.audit.tail(AUDIT_EXCERPT_BYTES)
     try:
@@ -195,7 +202,7 @@ def _audit_excerpt(state: StateDir, writer: ArchiveWriter) -> dict[str, Any]:
     return {"lines": len(records), "head": {"seq": proof["last_seq"], "hash": head}}
 
 
-def _stage_leases(state: StateDir, writer: ArchiveWriter, generation: str) -> dict[str, Any]:
+def _stage_leases(state: StateDir, writer: ArchiveWriter, generation: str) -> ComponentFacts:
     counts: dict[str, int] = {}
     sources: dict[str, str] = {}
     for family in (4, 6):

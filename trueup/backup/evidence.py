@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from trueup import __version__
+from trueup.backup.evidenceparts import Concurrency, Environment, History, Observed, Versions
 from trueup.backup.secrets import is_reference, is_secret_key
 from trueup.journal.agentlock import agent_holder
 from trueup.journal.atomic import read_json
@@ -120,7 +121,7 @@ class _Redactor:
 
     def value(self, node: Any) -> Any:
         if isinstance(node, dict):
-            out: dict[str, Any] = {}
+            out: JSONObject = {}  # any JSON object the bundle holds, redacted key by key
             for key, item in node.items():
                 if _secret_value(key, item):
                     self.count += 1
@@ -189,7 +190,7 @@ def _audit_parts(bundle: _Bundle, engine: Engine) -> None:
     )
 
 
-def _history(engine: Engine) -> dict[str, Any]:
+def _history(engine: Engine) -> History:
     transactions = engine.state.journal.transactions()[-JOURNAL_TRANSACTIONS:]
     return {
         "transactions": [t.summary() for t in transactions],
@@ -197,7 +198,7 @@ def _history(engine: Engine) -> dict[str, Any]:
     }
 
 
-def _concurrency(engine: Engine, status: JSONObject) -> dict[str, Any]:
+def _concurrency(engine: Engine, status: JSONObject) -> Concurrency:
     root = engine.state.root
     refused = [r for r in engine.state.audit.tail() if r.get("event") == "refused"]
     return {
@@ -219,7 +220,7 @@ def recorded_control_plane_version(engine: Engine) -> int | None:
     return version if isinstance(version, int) and not isinstance(version, bool) else None
 
 
-def _versions(engine: Engine, status: JSONObject) -> dict[str, Any]:
+def _versions(engine: Engine, status: JSONObject) -> Versions:
     versions = status.get("versions", {})
     accepted = engine.state.revision_versions()
     return {
@@ -236,7 +237,7 @@ def _versions(engine: Engine, status: JSONObject) -> dict[str, Any]:
     }
 
 
-def _observed(engine: Engine) -> dict[str, Any]:
+def _observed(engine: Engine) -> Observed:
     document = engine.applied_document()
     if document is None:
         raise LookupError("nothing applied: no scope to observe")
@@ -246,7 +247,7 @@ def _observed(engine: Engine) -> dict[str, Any]:
     return {"observed_at": now_iso(), "facts": facts, "unobservable": errors}
 
 
-def _environment(agent_pid: int | None) -> dict[str, Any]:
+def _environment(agent_pid: int | None) -> Environment:
     return {
         "trueup": __version__,
         "python": platform.python_version(),

@@ -40,8 +40,9 @@ from __future__ import annotations
 import posixpath
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, cast
 
+from trueup.journal.restore import ArchiveRevision
 from trueup.model.digests import json_digest
 from trueup.model.jsontypes import JSONObject
 
@@ -54,9 +55,13 @@ __all__ = [
     "FORMAT_VERSION",
     "LEASES",
     "MANIFEST",
+    "AuditHead",
+    "ComponentFacts",
     "Entry",
+    "EntryJSON",
     "Manifest",
     "ManifestError",
+    "ManifestJSON",
     "component_of",
     "section_generation",
     "unsafe_name",
@@ -126,7 +131,7 @@ class Entry:
     def component(self) -> str | None:
         return component_of(self.path)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> EntryJSON:
         return {
             "path": self.path,
             "component": self.component,
@@ -134,6 +139,50 @@ class Entry:
             "size": self.size,
             "generation": self.generation,
         }
+
+
+class EntryJSON(TypedDict):
+    """One entry of `manifest.json`: its path, component, sha256, size and generation."""
+
+    path: str
+    component: str | None
+    sha256: str
+    size: int
+    generation: str
+
+
+class AuditHead(TypedDict):
+    """Where an audit excerpt ends: its last seq and hash (None: no lines)."""
+
+    seq: int | None
+    hash: str | None
+
+
+class ComponentFacts(TypedDict, total=False):
+    """A component's facts in `manifest.json` (`config`, `native/dhcp-leases`, `native/dns`,
+    `audit`): each holds the keys of its component."""
+
+    generation: str  # config: the applied digest; leases: the DHCP generation; dns: spec.dns's
+    dhcp_generation: str  # config
+    dns_generation: str  # config
+    revisions: int  # config: how many revision files
+    counts: dict[str, int]  # leases: per family ("4", "6")
+    source: dict[str, str]  # leases: per family, socket | memfile
+    lines: int  # audit: the excerpt's lines
+    head: AuditHead  # audit
+
+
+class ManifestJSON(TypedDict):
+    """`manifest.json` as written."""
+
+    format: str
+    format_version: int
+    device: str
+    created_at: str
+    agent_version: str
+    revision: ArchiveRevision
+    components: dict[str, ComponentFacts]
+    entries: list[EntryJSON]
 
 
 @dataclass
@@ -149,9 +198,9 @@ class Manifest:
     device: str
     created_at: str
     agent_version: str
-    revision: dict[str, Any]
+    revision: ArchiveRevision
     entries: list[Entry] = field(default_factory=list)
-    components: dict[str, dict[str, Any]] = field(default_factory=dict)
+    components: dict[str, ComponentFacts] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
     def entry(self, path: str) -> Entry | None:
@@ -163,7 +212,7 @@ class Manifest:
     def component_entries(self, component: str) -> list[Entry]:
         return [e for e in self.entries if e.component == component]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ManifestJSON:
         return {
             "format": FORMAT,
             "format_version": self.format_version,
@@ -234,8 +283,8 @@ class Manifest:
             device=data["device"],
             created_at=data["created_at"],
             agent_version=data["agent_version"],
-            revision=dict(revision),
+            revision=cast("ArchiveRevision", dict(revision)),
             entries=entries,
-            components={str(k): dict(v) for k, v in components.items()},
+            components={str(k): cast("ComponentFacts", dict(v)) for k, v in components.items()},
             format_version=version,
         )

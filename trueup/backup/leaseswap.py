@@ -22,9 +22,10 @@ import shutil
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from trueup.backup.reader import open_component
+from trueup.journal.restore import RestoreRecord
 from trueup.system.atomicfile import fsync_dir
 from trueup.system.daemonspec import Daemons
 from trueup.system.kealeases import lease_files
@@ -90,7 +91,7 @@ def lease_family(entry: str) -> int:
 
 
 def replace_leases(
-    daemons: Daemons, staged: Path, record: dict[str, Any], save: Callable[[], None]
+    daemons: Daemons, staged: Path, record: RestoreRecord, save: Callable[[], None]
 ) -> list[str]:
     """Put the staged lease files in place with Kea stopped; what was done, in words.
 
@@ -99,7 +100,7 @@ def replace_leases(
     `save` writes the record after each durable step.
     """
     done: list[str] = []
-    progress: dict[str, dict[str, Any]] = record.setdefault("leases", {})
+    progress = record.setdefault("leases", {})
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     for entry, staged_sha in sorted(record.get("staged", {}).items()):
         if not entry.startswith("native/dhcp-leases/"):
@@ -134,7 +135,7 @@ def replace_leases(
     return done
 
 
-def put_back_leases(daemons: Daemons, record: dict[str, Any]) -> list[str]:
+def put_back_leases(daemons: Daemons, record: RestoreRecord) -> list[str]:
     """Undo `replace_leases` (a rolled-back restore): the dated copies go back, Kea stopped."""
     done: list[str] = []
     for entry, mine in sorted(record.get("leases", {}).items()):

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TypedDict
 
 from trueup.backup.format import (
     MANIFEST,
@@ -56,6 +56,7 @@ __all__ = [
     "ArchiveError",
     "EntryCorrupt",
     "Problem",
+    "ProblemJSON",
     "Scan",
     "VerifiedStream",
     "open_component",
@@ -66,6 +67,15 @@ __all__ = [
 ARCHIVE = "(archive)"
 _CHUNK = 1024 * 1024
 _KEEP_MAX = 16 * 1024 * 1024
+
+
+class ProblemJSON(TypedDict):
+    """A problem as the analysis and a refused restore report it."""
+
+    entry: str
+    component: str | None
+    code: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -81,7 +91,7 @@ class Problem:
     message: str
     component: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ProblemJSON:
         return {
             "entry": self.entry,
             "component": self.component,

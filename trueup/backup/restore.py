@@ -54,15 +54,21 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from trueup.backup.analysis import analyze
 from trueup.backup.format import CONFIG, DNS, LEASES
 from trueup.backup.interfaces import interface_refs, map_interfaces
 from trueup.backup.leaseswap import file_sha256, put_back_leases, replace_leases, stage_components
-from trueup.backup.reader import ArchiveError, read_manifest
+from trueup.backup.reader import ArchiveError, ProblemJSON, read_manifest
 from trueup.backup.restorechecks import assert_allocator, differences, fence_kea, verify
-from trueup.journal.restore import TERMINAL, boot_id, read_record, record_path, write_record
+from trueup.journal.restore import (
+    TERMINAL,
+    RestoreRecord,
+    boot_id,
+    read_record,
+    record_path,
+    write_record,
+)
 from trueup.model.document import DocumentError, parse_document
 from trueup.reconcile import faults
 from trueup.reconcile.changes import Change, NeedsConfirmation, Refused
@@ -92,7 +98,7 @@ LINK_POLL = 0.2
 class RestoreRefused(Exception):
     """A restore that was not started (or resumed): nothing was changed. `problems` name entries."""
 
-    def __init__(self, message: str, problems: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, message: str, problems: list[ProblemJSON] | None = None) -> None:
         self.problems = problems or []
         super().__init__(message)
 
@@ -111,7 +117,7 @@ def start_restore(
     reboot: bool = False,
     actor: str = "local",
     link_wait: float = LINK_WAIT,
-) -> dict[str, Any]:
+) -> RestoreRecord:
     """Analyse `archive` for `mode`, record it, and run the restore as far as it goes now.
 
     A pending restore of the same archive and mode is resumed instead; another
@@ -135,7 +141,7 @@ def _start(
     reboot: bool,
     actor: str,
     link_wait: float,
-) -> dict[str, Any]:
+) -> RestoreRecord:
     root = engine.state.root
     archive = Path(archive).absolute()
     pending = read_record(root)
@@ -152,9 +158,11 @@ def _start(
     analysis = analyze(archive, engine.state, links, mappings)
     if not analysis.eligible.get(mode):
         refusals = [p.to_json() for p in analysis.refusals(mode)]
-        first = refusals[0] if refusals else {"entry": "?", "message": "not eligible"}
+        first = (
+            f"{refusals[0]['entry']}: {refusals[0]['message']}" if refusals else "?: not eligible"
+        )
         raise RestoreRefused(
-            f"{archive}: a {mode} restore is refused: {first['entry']}: {first['message']}"
+            f"{archive}: a {mode} restore is refused: {first}"
             + (f" (+{len(refusals) - 1} more)" if len(refusals) > 1 else "")
             + "; nothing was changed (trueup restore analyze shows every problem)",
             refusals,
@@ -165,7 +173,7 @@ def _start(
         done = record_path(root).with_name(f"restore-{pending.get('id', 'old')}.json")
         record_path(root).replace(done)
     shutil.rmtree(_staged_dir(engine), ignore_errors=True)
-    record: dict[str, Any] = {
+    record: RestoreRecord = {
         "id": uuid.uuid4().hex[:12],
         "archive": str(archive),
         "archive_sha256": file_sha256(archive),
@@ -186,7 +194,7 @@ def _start(
 
 def resume(
     engine: Engine, actor: str = "agent", *, link_wait: float = LINK_WAIT
-) -> dict[str, Any] | None:
+) -> RestoreRecord | None:
     """Resume a pending restore (the agent at startup and on its retry timer); None when none
     was ever recorded."""
     with _ONE_AT_A_TIME:
@@ -208,7 +216,7 @@ def note_retry(engine: Engine, attempts: int, at: float | None) -> None:
         _save(engine, record)
 
 
-def _resume(engine: Engine, actor: str, link_wait: float) -> dict[str, Any] | None:
+def _resume(engine: Engine, actor: str, link_wait: float) -> RestoreRecord | None:
     record = read_record(engine.state.root)
     if record is not None and record.get("state") == "completed" and record.get("fence_held"):
         _finish(engine, record, actor)  # killed between `completed` and lifting the fence
@@ -217,19 +225,19 @@ def _resume(engine: Engine, actor: str, link_wait: float) -> dict[str, Any] | No
     return run(engine, actor, resumed=True, link_wait=link_wait)
 
 
-def _transition(engine: Engine, record: dict[str, Any], state: str, note: str = "") -> None:
+def _transition(engine: Engine, record: RestoreRecord, state: str, note: str = "") -> None:
     write_record(engine.state.root, record, state, note)
     faults.hit(f"restore:{state}")
 
 
-def _save(engine: Engine, record: dict[str, Any]) -> None:
+def _save(engine: Engine, record: RestoreRecord) -> None:
     """Write progress within a state (no transition, no history line)."""
     write_record(engine.state.root, record, record["state"], transition=False)
 
 
 def run(
     engine: Engine, actor: str, *, resumed: bool, link_wait: float = LINK_WAIT
-) -> dict[str, Any]:
+) -> RestoreRecord:
     """Drive the pending restore forward until it ends, waits for a reboot, or waits for links.
 
     Nothing here ends in an error: a writer lock still busy after `WRITER_WAIT`
@@ -263,7 +271,7 @@ def _refused(engine: Engine, why: str, exc: BaseException) -> None:
     raise RestoreRefused(record["problem"]) from exc
 
 
-def _run(engine: Engine, actor: str, *, resumed: bool, link_wait: float) -> dict[str, Any]:
+def _run(engine: Engine, actor: str, *, resumed: bool, link_wait: float) -> RestoreRecord:
     root = engine.state.root
     record = read_record(root)
     if record is None or record.get("state") in (*TERMINAL, "damaged"):
@@ -354,7 +362,7 @@ def _link_names(engine: Engine) -> set[str]:
         netlink.close()
 
 
-def _links_ready(engine: Engine, record: dict[str, Any], actor: str, wait: float) -> bool:
+def _links_ready(engine: Engine, record: RestoreRecord, actor: str, wait: float) -> bool:
     """True when every link the restored revision names exists; else wait up to `wait`
     seconds for them (recorded: `waiting`), and give up after `LINK_WAIT` in all."""
     required = _required_links(engine)
@@ -393,7 +401,7 @@ def _links_ready(engine: Engine, record: dict[str, Any], actor: str, wait: float
 
 
 def _give_up_on_links(
-    engine: Engine, record: dict[str, Any], actor: str, missing: list[str], since: str
+    engine: Engine, record: RestoreRecord, actor: str, missing: list[str], since: str
 ) -> None:
     problem = (
         f"links {', '.join(missing)} did not appear within {LINK_WAIT:g} s (waited since "
@@ -414,7 +422,7 @@ def _give_up_on_links(
     _roll_back(engine, record, actor, problem)
 
 
-def _finish(engine: Engine, record: dict[str, Any], actor: str) -> None:
+def _finish(engine: Engine, record: RestoreRecord, actor: str) -> None:
     """After `completed`: lift the fence, tell Kea, drop the staged copies, audit."""
     lift_fence(engine.state.root, "dhcp")
     record["fence_held"] = False
@@ -426,7 +434,7 @@ def _finish(engine: Engine, record: dict[str, Any], actor: str) -> None:
     )
 
 
-def _stage(engine: Engine, record: dict[str, Any]) -> None:
+def _stage(engine: Engine, record: RestoreRecord) -> None:
     archive = Path(record["archive"])
     try:
         same = file_sha256(archive) == record["archive_sha256"]
@@ -459,7 +467,7 @@ def _stage(engine: Engine, record: dict[str, Any]) -> None:
     write_atomic(staged / "document.json", json.dumps(document, sort_keys=True).encode(), 0o600)
 
 
-def _apply(engine: Engine, record: dict[str, Any], actor: str) -> None:
+def _apply(engine: Engine, record: RestoreRecord, actor: str) -> None:
     staged = _staged_dir(engine)
     try:
         document = parse_document(
@@ -493,7 +501,7 @@ def _apply(engine: Engine, record: dict[str, Any], actor: str) -> None:
     _transition(engine, record, "verifying", f"transaction {result.outcome}")
 
 
-def _roll_back(engine: Engine, record: dict[str, Any], actor: str, problem: str) -> None:
+def _roll_back(engine: Engine, record: RestoreRecord, actor: str, problem: str) -> None:
     """The restore failed: leases back (full), the previous revision converged, fence decided."""
     root = engine.state.root
     record["problem"] = problem

@@ -13,9 +13,9 @@ through the registry: the one the CLI uses too).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from trueup.backup.format import LEASES
+from trueup.journal.restore import RestoreRecord
 from trueup.reconcile.engine import Engine
 from trueup.reconcile.engine import observe as observing
 from trueup.subsystems.registry import fence_follower
@@ -42,7 +42,7 @@ def differences(engine: Engine) -> list[str]:
     return out + [f"{name}: {why}" for name, why in errors.items()]
 
 
-def verify(engine: Engine, record: dict[str, Any], staged: Path) -> str:
+def verify(engine: Engine, record: RestoreRecord, staged: Path) -> str:
     """Why the restore is not done yet ("" when it is)."""
     applied = engine.state.applied()
     want = record.get("applied") or {}

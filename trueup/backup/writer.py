@@ -29,10 +29,17 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from trueup import __version__
-from trueup.backup.format import MANIFEST, Entry, Manifest, component_of, unsafe_name
+from trueup.backup.format import (
+    MANIFEST,
+    ComponentFacts,
+    Entry,
+    Manifest,
+    component_of,
+    unsafe_name,
+)
+from trueup.journal.restore import ArchiveRevision
 from trueup.system.atomicfile import fsync_dir
 from trueup.system.safefile import open_file
 
@@ -106,8 +113,8 @@ class ArchiveWriter:
         self,
         *,
         device: str,
-        revision: dict[str, Any],
-        components: dict[str, dict[str, Any]],
+        revision: ArchiveRevision,
+        components: dict[str, ComponentFacts],
         created_at: str,
         agent_version: str = __version__,
         format_version: int | None = None,

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from trueup.cli.bodies import AgentRecord, ApplyBody, LimitationRecord, MessageBody, PlanBody
     from trueup.cli.device import LocalDevice
+    from trueup.journal.restore import RestoreRecord
     from trueup.model.document import DeviceState
 
 __all__ = ["AgentDevice", "Failed", "actor", "fail"]
@@ -254,7 +255,7 @@ class AgentDevice:
 
     def restore(
         self, archive: Path, mode: str, mappings: dict[str, str], *, reboot: bool
-    ) -> dict[str, Any]:
+    ) -> RestoreRecord:
         body = {
             "archive": str(archive.absolute()),
             "mode": mode,
@@ -283,4 +284,5 @@ class AgentDevice:
             if result.get("next"):
                 echo(f"next: {result['next']}", err=True)
             raise Failed(1)
-        return result
+        record: RestoreRecord = _object(response)
+        return record

@@ -16,11 +16,15 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from trueup.cli.statedir import NewStateDirOpt, StateDirOpt, require_new
+
+if TYPE_CHECKING:
+    from trueup.backup.analysis import AnalysisJSON
+    from trueup.journal.restore import RestoreRecord
 
 __all__ = ["backup_app", "restore_app", "upload_archive"]
 
@@ -103,7 +107,7 @@ def _yes(value: bool) -> str:
     return "yes" if value else "NO"
 
 
-def render(body: dict[str, Any]) -> list[str]:
+def render(body: AnalysisJSON) -> list[str]:
     """The analysis as an operator reads it: verdict per mode first, then why."""
     lines = [f"archive    {body['archive']}"]
     if body["device"] is not None:
@@ -223,7 +227,7 @@ def upload(
     )
 
 
-def _print_restore(record: dict[str, Any], output: str) -> None:
+def _print_restore(record: RestoreRecord, output: str) -> None:
     from trueup.cli.output import echo, emit
 
     if output == "json":
@@ -238,7 +242,7 @@ def _print_restore(record: dict[str, Any], output: str) -> None:
     echo(f"next: {record.get('next')}")
 
 
-def _exit_code(record: dict[str, Any]) -> int:
+def _exit_code(record: RestoreRecord) -> int:
     """0 completed, or waiting for the reboot it was asked to wait for; 1 otherwise (refused,
     rolled back, or waiting for links or a retry: the agent goes on by itself)."""
     if record.get("state") == "completed":

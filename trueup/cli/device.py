@@ -24,6 +24,7 @@ from trueup.cli.output import echo
 
 if TYPE_CHECKING:
     from trueup.cli.bodies import AgentRecord, ApplyBody, LimitationRecord, MessageBody, PlanBody
+    from trueup.journal.restore import RestoreRecord
     from trueup.model.document import DeviceState
     from trueup.reconcile.engine import Engine
 
@@ -92,7 +93,7 @@ class Device(Protocol):
 
     def restore(
         self, archive: Path, mode: str, mappings: dict[str, str], *, reboot: bool
-    ) -> dict[str, Any]:
+    ) -> RestoreRecord:
         """Start restoring `archive`; the restore record."""
 
 
@@ -341,7 +342,7 @@ class LocalDevice:
 
     def restore(
         self, archive: Path, mode: str, mappings: dict[str, str], *, reboot: bool
-    ) -> dict[str, Any]:
+    ) -> RestoreRecord:
         from trueup.backup.restore import RestoreRefused, start_restore
         from trueup.cli.backup import _links
 

@@ -37,8 +37,9 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
+from trueup.model.jsontypes import JSONObject
 from trueup.system.atomicfile import write_atomic
 from trueup.system.safefile import UnsafeFile, ensure_dir, open_file, read_file
 
@@ -47,6 +48,7 @@ __all__ = [
     "RUN_DIR",
     "AgentHolder",
     "AgentLock",
+    "AgentLockJSON",
     "AgentRunning",
     "agent_holder",
     "take_agent_lock",
@@ -70,8 +72,8 @@ class AgentHolder:
     extra: dict[str, object] = field(default_factory=dict)  # a newer agent's fields, kept
 
     @classmethod
-    def from_json(cls, body: dict[str, Any]) -> AgentHolder:
-        """The holder a pid record holds (`pid` an int, checked by the caller)."""
+    def from_json(cls, body: JSONObject) -> AgentHolder:
+        """The holder a pid record holds, as read (`pid` an int, checked by the caller)."""
         started_at, state_dir = body.get("started_at"), body.get("state_dir")
         return cls(
             pid=int(body["pid"]),
@@ -103,6 +105,15 @@ class AgentRunning(RuntimeError):
         )
 
 
+class AgentLockJSON(TypedDict):
+    """The held lock as the agent reports it: its pid, where the pid is recorded, notes."""
+
+    pid: int
+    state_dir: str
+    record: str | None
+    notes: list[str]
+
+
 class AgentLock:
     """The held lock. `release()` (or process exit) lets the next agent start."""
 
@@ -119,7 +130,7 @@ class AgentLock:
     def held(self) -> bool:
         return bool(self._fds)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> AgentLockJSON:
         return {
             "pid": self.pid,
             "state_dir": str(self.state_dir),

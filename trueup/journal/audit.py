@@ -44,7 +44,7 @@ import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from trueup.journal.atomic import (
     UnsafeFile,
@@ -55,10 +55,24 @@ from trueup.journal.atomic import (
     write_all,
     write_json,
 )
+from trueup.journal.auditrecord import (
+    AnchorMismatch,
+    AuditDetails,
+    AuditRecord,
+    UnparseableLine,
+    UnsignedAuditRecord,
+)
 from trueup.model.digests import canonical_json, sha256_hex
 from trueup.system.safefile import open_file
 
-__all__ = ["AuditLog", "AuditProblem", "now_iso"]
+__all__ = [
+    "AuditDetails",
+    "AuditLog",
+    "AuditProblem",
+    "AuditRecord",
+    "UnparseableLine",
+    "now_iso",
+]
 
 log = logging.getLogger("trueup.journal")
 
@@ -73,7 +87,7 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _hash(record: dict[str, Any]) -> str:
+def _hash(record: UnsignedAuditRecord) -> str:
     body = {k: v for k, v in record.items() if k != "hash"}
     blob = canonical_json(body)
     return sha256_hex(blob)
@@ -107,7 +121,7 @@ class _Head:
 class _Line:
     number: int
     raw: bytes
-    record: dict[str, Any] | None
+    record: AuditRecord | None
     problem: str | None
 
 
@@ -119,7 +133,9 @@ class _Tail:
     torn: bytes
 
 
-def _parse_line(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
+def _parse_line(raw: bytes) -> tuple[AuditRecord | None, str | None]:
+    """The line's record (a JSON object, its fields unchecked: `verify` checks them), or why
+    it is none."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -130,7 +146,7 @@ def _parse_line(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
         return None, "not valid JSON (edited)"
     if not isinstance(value, dict):
         return None, "not an audit record (edited)"
-    return value, None
+    return cast("AuditRecord", value), None
 
 
 def _chain_link(raw: bytes) -> tuple[int, str] | None:
@@ -248,7 +264,7 @@ class AuditLog:
         return self.path.with_suffix(".torn")
 
     # -- append -----------------------------------------------------------
-    def append(self, event: str, actor: str = "local", **details: Any) -> dict[str, Any]:
+    def append(self, event: str, actor: str = "local", **details: Any) -> AuditRecord:
         with self._lock:
             try:
                 fd = open_file(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
@@ -266,12 +282,10 @@ class AuditLog:
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
-    def _append_locked(
-        self, fd: int, event: str, actor: str, details: dict[str, Any]
-    ) -> dict[str, Any]:
+    def _append_locked(self, fd: int, event: str, actor: str, details: AuditDetails) -> AuditRecord:
         stat = os.fstat(fd)
         head = self._heads.get(self._key)
-        events: list[tuple[str, str, dict[str, Any]]] = []
+        events: list[tuple[str, str, AuditDetails]] = []
         tail: _Tail | None = None
         if head is not None and (head.inode, head.size, head.mtime_ns) == (
             stat.st_ino,
@@ -298,14 +312,14 @@ class AuditLog:
                 )
             mismatch = self._anchor_mismatch(seq, prev)
             if mismatch is not None:
-                events.append((ANCHOR_MISMATCH, "audit", mismatch))
+                events.append((ANCHOR_MISMATCH, "audit", dict(mismatch)))
         events.append((event, actor, details))
 
         # Serialise everything first: bad details change nothing on disk.
         lines: list[bytes] = []
-        record: dict[str, Any] = {}
+        records: list[AuditRecord] = []
         for name, who, fields in events:
-            record = {
+            unsigned: UnsignedAuditRecord = {
                 "seq": seq + 1,
                 "at": now_iso(),
                 "event": name,
@@ -313,7 +327,8 @@ class AuditLog:
                 "details": fields,
                 "prev": prev,
             }
-            record["hash"] = _hash(record)
+            record: AuditRecord = {**unsigned, "hash": _hash(unsigned)}
+            records.append(record)
             lines.append(json.dumps(record, sort_keys=True, separators=(",", ":")).encode())
             seq, prev = record["seq"], record["hash"]
         data = b"\n".join(lines) + b"\n"
@@ -332,7 +347,7 @@ class AuditLog:
         stat = os.fstat(fd)
         self._heads[self._key] = _Head(seq, prev, stat.st_size, stat.st_ino, stat.st_mtime_ns)
         self._write_anchor(seq, prev, stat.st_size)
-        return record
+        return records[-1]
 
     def _move_torn(self, fd: int, offset: int, torn: bytes) -> None:
         """Keep the torn bytes in the sidecar (durably), then cut them off the log."""
@@ -383,9 +398,9 @@ class AuditLog:
             return None, f"{self.head_path}: no seq and hash"
         return link, None
 
-    def _anchor_mismatch(self, seq: int, head: str) -> dict[str, Any] | None:
+    def _anchor_mismatch(self, seq: int, head: str) -> AnchorMismatch | None:
         """Why the log's head contradicts its anchor, or None when it does not."""
-        found: dict[str, Any] = {"found_seq": seq, "found_hash": head}
+        found: AnchorMismatch = {"found_seq": seq, "found_hash": head}
         link, error = self._load_anchor()
         if error is not None:
             if not self.head_path.is_file():
@@ -413,7 +428,7 @@ class AuditLog:
             log.warning("%s: the anchor lags behind seq %d: %s", self.head_path, seq, exc)
 
     # -- read ---------------------------------------------------------------
-    def tail(self, max_bytes: int = 256 * 1024) -> list[dict[str, Any]]:
+    def tail(self, max_bytes: int = 256 * 1024) -> list[AuditRecord]:
         """The last records (whole lines within the last `max_bytes`), oldest first."""
         try:
             fd = open_file(self.path, os.O_RDONLY)
@@ -476,7 +491,7 @@ class AuditLog:
             )
         return out
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self) -> list[AuditRecord | UnparseableLine]:
         """Every line, oldest first; a line that is no record is `{"unparseable": text}`."""
         try:
             data, _, _ = self._read()

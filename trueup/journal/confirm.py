@@ -25,7 +25,8 @@ written atomically, read by status and the control-plane report):
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from enum import StrEnum
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 from trueup.journal.atomic import StateFileError, fsync_dir
 from trueup.journal.state import StateDir
@@ -33,6 +34,9 @@ from trueup.journal.state import StateDir
 __all__ = [
     "OUTCOME_FILE",
     "PENDING_FILE",
+    "ConfirmOutcome",
+    "ConfirmState",
+    "PendingConfirm",
     "clear_pending",
     "pending_from_journal",
     "read_outcome",
@@ -45,11 +49,56 @@ PENDING_FILE = "pending-confirm.json"
 OUTCOME_FILE = "confirmation.json"
 
 
-def _journal_id(record: dict[str, Any]) -> str:
-    return f"confirm-{record.get('created_at', '')}"
+class PendingConfirm(TypedDict):
+    """`pending-confirm.json`: a guarded apply, armed before the write, pending after it."""
+
+    state: Literal["applying", "pending"]
+    version: int | None  # None until the apply changed the device
+    confirmed_version: int  # the version a missed deadline returns to
+    deadline: float  # wall-clock seconds
+    deadline_at: str
+    actor: str
+    created_at: str
+    origin: str
+    requested_version: int | None  # the version the change asks for, if it names one
+    window: float
+    # A control-plane revision: confirmed by the agent's own health, not an operator.
+    self_confirm: bool
+    unverifiable: NotRequired[list[str]]  # what the agent's own health cannot see
+    txn: NotRequired[str | None]
+    applied_at: NotRequired[float]
+    verified: NotRequired[bool]  # every subsystem applied and verified
+    adopted_after_restart: NotRequired[bool]
+    waiting_for: NotRequired[str]  # what the confirmation still waits for
 
 
-def read_pending(state: StateDir) -> dict[str, Any] | None:
+class ConfirmState(StrEnum):
+    """How a guarded apply stands."""
+
+    PENDING = "pending"
+    CONFIRMED = "confirmed"
+    ROLLED_BACK = "rolled-back"
+
+
+class ConfirmOutcome(TypedDict):
+    """`confirmation.json`, status' `confirmation`: how the last guarded apply stands."""
+
+    version: int | None
+    state: ConfirmState
+    deadline: float | None
+    deadline_at: str | None
+    reason: str
+    rollback_to: int | None
+    origin: str | None
+    at: str | None
+    rolled_back_to_version: NotRequired[int]
+
+
+def _journal_id(record: PendingConfirm | None) -> str:
+    return f"confirm-{record.get('created_at', '') if record else ''}"
+
+
+def read_pending(state: StateDir) -> PendingConfirm | None:
     """The pending confirmation, or None.
 
     When `pending-confirm.json` is damaged (torn, edited, not UTF-8), the
@@ -62,21 +111,21 @@ def read_pending(state: StateDir) -> dict[str, Any] | None:
         record = state.read(PENDING_FILE)
     except StateFileError:
         return pending_from_journal(state)
-    return dict(record) if isinstance(record, dict) else None
+    return cast("PendingConfirm", dict(record)) if isinstance(record, dict) else None
 
 
-def pending_from_journal(state: StateDir) -> dict[str, Any] | None:
+def pending_from_journal(state: StateDir) -> PendingConfirm | None:
     """The pending confirmation the journal announced last, unless it was closed since."""
-    latest: Any = None
+    latest: PendingConfirm | None = None
     for record in state.journal.records():
         if record["type"] == "confirm_pending":
             latest = record.get("pending")
         elif record["type"] == "confirm_closed":
             latest = None
-    return dict(latest) if isinstance(latest, dict) else None
+    return latest.copy() if isinstance(latest, dict) else None
 
 
-def write_pending(state: StateDir, record: dict[str, Any]) -> None:
+def write_pending(state: StateDir, record: PendingConfirm) -> None:
     """Persist the pending confirmation, then announce it in the journal."""
     state.write(PENDING_FILE, record)
     # Journal lines without a `begin` never form a transaction; they are the
@@ -84,12 +133,12 @@ def write_pending(state: StateDir, record: dict[str, Any]) -> None:
     state.journal.record(_journal_id(record), "confirm_pending", pending=record)
 
 
-def clear_pending(state: StateDir, outcome: str, **details: Any) -> dict[str, Any] | None:
+def clear_pending(state: StateDir, outcome: str, **details: Any) -> PendingConfirm | None:
     """Remove the pending confirmation (`outcome`: confirmed, rolled_back, superseded, …)."""
     record = read_pending(state)
     path = state.root / PENDING_FILE
     state.journal.record(
-        _journal_id(record or {}), "confirm_closed", outcome=outcome, pending=record, **details
+        _journal_id(record), "confirm_closed", outcome=outcome, pending=record, **details
     )
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
@@ -97,16 +146,16 @@ def clear_pending(state: StateDir, outcome: str, **details: Any) -> dict[str, An
     return record
 
 
-def write_outcome(state: StateDir, record: dict[str, Any]) -> None:
+def write_outcome(state: StateDir, record: ConfirmOutcome) -> None:
     """Persist how the last guarded apply stands (pending, confirmed, rolled-back)."""
     state.write(OUTCOME_FILE, record)
 
 
-def read_outcome(state: StateDir) -> dict[str, Any] | None:
+def read_outcome(state: StateDir) -> ConfirmOutcome | None:
     """The last guarded apply's outcome, or None (never written, or unreadable: it only
     informs status and reports; the pending record decides what happens)."""
     try:
         record = state.read(OUTCOME_FILE)
     except (StateFileError, OSError, ValueError):
         return None
-    return dict(record) if isinstance(record, dict) else None
+    return cast("ConfirmOutcome", dict(record)) if isinstance(record, dict) else None

@@ -17,14 +17,17 @@ import secrets
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Unpack
+from typing import TYPE_CHECKING, Any, BinaryIO, Unpack, cast
 
 from trueup.journal.atomic import UnsafeFile, append_line, write_atomic
 from trueup.journal.audit import now_iso
-from trueup.model.records import BeginFields, TransactionSummary
+from trueup.model.records import BeginFields, Entry, TransactionSummary
 from trueup.system.safefile import open_file, unsafe_entry
 
-__all__ = ["TERMINAL", "Journal", "Transaction"]
+if TYPE_CHECKING:
+    from trueup.journal.confirm import PendingConfirm
+
+__all__ = ["TERMINAL", "Journal", "JournalRecord", "Transaction"]
 
 TERMINAL = {"commit", "rolled_back"}
 _COMPACT_BYTES = 4 * 1024 * 1024
@@ -32,11 +35,24 @@ _KEEP_TRANSACTIONS = 50
 _MIN_KEEP = 2  # transactions kept by compaction whatever their size
 
 
+class JournalRecord(BeginFields, Entry, total=False):
+    """Any line of `journal.jsonl` as written and read back: `txn`, `type`, `at`, and the
+    fields of its type (a `begin`'s, the entries after it, and the confirmation's trace:
+    `confirm_pending` / `confirm_closed` with the `pending` record they announce)."""
+
+    to_version: int  # recovering, rolled_back (recovered): the version recovery returns to
+    settles: str  # commit: the recovered transaction a later write answers
+    pending: PendingConfirm | None
+    applied_version: int  # confirm_closed: the applied version it was settled against
+    by: str  # confirm_closed (confirmed): who confirmed
+    from_revision: int  # confirm_closed (rolled_back): the revision returned to
+
+
 @dataclass
 class _Parsed:
     inode: int
     offset: int = 0
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[JournalRecord] = field(default_factory=list)
     lines: int = 0
     problems: list[tuple[int, str]] = field(default_factory=list)  # (line number, why ignored)
 
@@ -50,14 +66,14 @@ class Transaction:
     """Everything the journal holds about one transaction."""
 
     txn: str
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[JournalRecord] = field(default_factory=list)
 
     @property
-    def begin(self) -> dict[str, Any]:
+    def begin(self) -> JournalRecord:
         return self.records[0]
 
     @property
-    def terminal(self) -> dict[str, Any] | None:
+    def terminal(self) -> JournalRecord | None:
         last = self.records[-1]
         return last if last["type"] in TERMINAL else None
 
@@ -98,8 +114,8 @@ class Transaction:
         }
 
 
-def _parse(line: bytes) -> tuple[dict[str, Any] | None, str]:
-    """A journal line's record, or None and why it is not one."""
+def _parse(line: bytes) -> tuple[JournalRecord | None, str]:
+    """A journal line's record (txn, type and a begin's time checked), or None and why not."""
     try:
         record = json.loads(line.decode("utf-8"))
     except UnicodeDecodeError:
@@ -112,26 +128,28 @@ def _parse(line: bytes) -> tuple[dict[str, Any] | None, str]:
         return None, "not a journal record (no txn or type)"
     if record["type"] == "begin" and not isinstance(record.get("at"), str):
         return None, "a begin record without its time"
-    return record, ""
+    return cast("JournalRecord", record), ""
 
 
 class Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def _write(self, record: dict[str, Any]) -> None:
+    def _write(self, record: JournalRecord) -> None:
         append_line(self.path, json.dumps(record, sort_keys=True, separators=(",", ":")))
 
     def begin(self, **fields: Unpack[BeginFields]) -> str:
         self._maybe_compact()
         txn = f"{now_iso().replace(':', '').replace('-', '')}-{secrets.token_hex(3)}"
-        self._write({"txn": txn, "type": "begin", "at": now_iso(), "pid": os.getpid(), **fields})
+        line = {"txn": txn, "type": "begin", "at": now_iso(), "pid": os.getpid(), **fields}
+        self._write(cast("JournalRecord", line))
         return txn
 
     def record(self, txn: str, type_: str, **fields: Any) -> None:
-        self._write({"txn": txn, "type": type_, "at": now_iso(), **fields})
+        """Append a line of `type_` to transaction `txn` (its fields: `JournalRecord`'s)."""
+        self._write(cast("JournalRecord", {"txn": txn, "type": type_, "at": now_iso(), **fields}))
 
-    def _records(self) -> list[dict[str, Any]]:
+    def _records(self) -> list[JournalRecord]:
         """Every whole record, parsed once per process: later calls read only what was appended."""
         try:
             fd = open_file(self.path, os.O_RDONLY)
@@ -140,7 +158,7 @@ class Journal:
         with os.fdopen(fd, "rb") as handle:
             return self._parse_from(handle)
 
-    def _parse_from(self, handle: BinaryIO) -> list[dict[str, Any]]:
+    def _parse_from(self, handle: BinaryIO) -> list[JournalRecord]:
         stat = os.fstat(handle.fileno())
         key = self.path.resolve()
         with _CACHE_LOCK:
@@ -189,7 +207,7 @@ class Journal:
             )
         return found
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self) -> list[JournalRecord]:
         """Every whole record, oldest first (lines that are not records are left out)."""
         return self._records()
 

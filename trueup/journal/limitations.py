@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 from trueup.journal.atomic import read_json, write_json
 from trueup.journal.audit import AuditLog
@@ -138,15 +138,22 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _read(root: Path) -> dict[str, Any]:
+class _LimitationsFile(TypedDict):
+    """`limitations.json`: the next id to give, and every entry (withdrawn ones kept)."""
+
+    next_id: int
+    limitations: list[dict[str, object]]  # `Limitation.to_json()` each, as the file holds it
+
+
+def _read(root: Path) -> _LimitationsFile:
     data = read_json(root / LIMITATIONS_FILE, None)
     if not isinstance(data, dict) or not isinstance(data.get("limitations"), list):
         return {"next_id": 1, "limitations": []}
-    return data
+    return cast("_LimitationsFile", data)
 
 
 @contextmanager
-def _locked(root: Path) -> Iterator[dict[str, Any]]:
+def _locked(root: Path) -> Iterator[_LimitationsFile]:
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = open_file(root / _LOCK_FILE, os.O_RDWR | os.O_CREAT)  # never through a link
     with os.fdopen(fd, "a+") as handle:
@@ -197,20 +204,20 @@ def add_limitation(
             + ", ".join(sorted(known_subsystems))
         )
     path = _required("path", path)
-    body: dict[str, Any] = {
-        "subsystem": subsystem,
-        "path": path,
-        "reason": _required("--reason", reason),
-        "reviewed_by": _required("--reviewed-by", reviewed_by),
-        "ticket": ticket.strip() if ticket and ticket.strip() else None,
-        "added_at": _now(),
-        "added_by": actor,
-        "withdrawn_at": None,
-        "withdrawn_by": None,
-        "withdraw_reason": None,
-    }
+    reason = _required("--reason", reason)
+    reviewed_by = _required("--reviewed-by", reviewed_by)
+    added_at = _now()
     with _locked(root) as data:
-        record = Limitation.from_json({"id": f"L{int(data.get('next_id', 1))}", **body})
+        record = Limitation(
+            id=f"L{int(data.get('next_id', 1))}",
+            subsystem=subsystem,
+            path=path,
+            reason=reason,
+            reviewed_by=reviewed_by,
+            ticket=ticket.strip() if ticket and ticket.strip() else None,
+            added_at=added_at,
+            added_by=actor,
+        )
         data["next_id"] = int(data.get("next_id", 1)) + 1
         data["limitations"].append(record.to_json())
         write_json(root / LIMITATIONS_FILE, data)

@@ -34,16 +34,20 @@ import ipaddress
 import json
 import time
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 from trueup.journal.override import OVERRIDE_FILE, override_facts, read_override
+from trueup.model.jsontypes import JSONObject
 from trueup.system.atomicfile import write_atomic
 from trueup.system.safefile import read_file
 
 __all__ = [
     "MANAGEMENT_FILE",
     "MANAGEMENT_SCHEMA",
+    "ApiFacts",
+    "BootFacts",
     "api_bind_address",
     "boot_facts",
     "management_facts",
@@ -62,19 +66,39 @@ _MAX_BYTES = 8 << 20
 _REVISION_BYTES = 32 << 20  # an accepted revision: a document and its metadata
 
 
+class ApiFacts(TypedDict):
+    """The API listener: its port, and the address it binds (None: the wildcard)."""
+
+    port: int
+    bind: str | None  # an address, or "management" (the first management address)
+
+
+class BootFacts(TypedDict):
+    """The facts of `management.json` (without its schema and checksum): what the fast path
+    brings up, and the revision they are of."""
+
+    interface: str
+    addresses: list[str]
+    gateway: str | None
+    api: ApiFacts
+    version: int | None
+    digest: str | None
+    virtual: NotRequired[list[str]]  # the hosts of the HA virtual addresses, when any
+
+
 def management_facts(
-    management: dict[str, Any],
+    management: JSONObject,
     *,
     version: int | None,
     digest: str | None,
     virtual: list[str] | None = None,
-) -> dict[str, Any]:
+) -> BootFacts:
     """The facts of a document's `spec.management` section (as JSON: `model_dump(mode="json")`).
 
     `virtual`: the document's HA virtual addresses (`ADDRESS/LEN` or hosts).
     """
     api = management.get("api") or {}
-    facts: dict[str, Any] = {
+    facts: BootFacts = {
         "interface": management["interface"],
         "addresses": list(management["addresses"]),
         "gateway": management.get("gateway"),
@@ -87,21 +111,21 @@ def management_facts(
     return facts
 
 
-def _fields(facts: dict[str, Any]) -> tuple[str, ...]:
+def _fields(facts: Mapping[str, object]) -> tuple[str, ...]:
     # `virtual` joins the checksum only when present: records written before it verify.
     return (*_FIELDS, "virtual") if facts.get("virtual") else _FIELDS
 
 
-def _checksum(facts: dict[str, Any]) -> str:
+def _checksum(facts: Mapping[str, object]) -> str:
     body = json.dumps(
         {k: facts.get(k) for k in _fields(facts)}, sort_keys=True, separators=(",", ":")
     )
     return f"crc32:{zlib.crc32(body.encode()):08x}"
 
 
-def write_management(root: Path, facts: dict[str, Any]) -> None:
+def write_management(root: Path, facts: BootFacts) -> None:
     """Replace `root/management.json` atomically and durably (fsync'd); raises OSError."""
-    record = {k: facts.get(k) for k in _fields(facts)}
+    record: JSONObject = {k: facts.get(k) for k in _fields(facts)}
     problem = _problem(record)
     if problem is not None:
         raise ValueError(f"management facts: {problem}")
@@ -116,7 +140,7 @@ def write_management(root: Path, facts: dict[str, Any]) -> None:
     write_atomic(Path(root) / MANAGEMENT_FILE, data)
 
 
-def read_management(root: Path) -> dict[str, Any] | None:
+def read_management(root: Path) -> BootFacts | None:
     """The facts in `root/management.json`; None when missing, unreadable or not to be trusted."""
     try:
         data = read_file(Path(root) / MANAGEMENT_FILE, _MAX_BYTES)  # never through a link
@@ -130,10 +154,10 @@ def read_management(root: Path) -> dict[str, Any] | None:
     if record.get("checksum") != _checksum(record):
         return None
     facts = {k: record.get(k) for k in _fields(record)}
-    return facts if _problem(facts) is None else None
+    return cast("BootFacts", facts) if _problem(facts) is None else None
 
 
-def api_bind_address(facts: dict[str, Any]) -> str | None:
+def api_bind_address(facts: BootFacts) -> str | None:
     """The address the API binds (None: the wildcard), as `DeviceSpec.api_bind_address`.
 
     Never an HA virtual address (`virtual`): that one is held only while the
@@ -151,8 +175,8 @@ def api_bind_address(facts: dict[str, Any]) -> str | None:
     return named
 
 
-def _problem(facts: dict[str, Any]) -> str | None:
-    """What makes `facts` unusable, or None."""
+def _problem(facts: JSONObject) -> str | None:
+    """What makes `facts` (as read, before they are trusted) unusable, or None."""
     interface = facts.get("interface")
     if not isinstance(interface, str) or not 0 < len(interface) < 16:
         return "interface: not an interface name"
@@ -206,7 +230,7 @@ def _json_file(path: Path) -> Any:
         return None
 
 
-def _revision_facts(root: Path, version: int, digest: str | None) -> dict[str, Any] | None:
+def _revision_facts(root: Path, version: int, digest: str | None) -> BootFacts | None:
     """`spec.management` of accepted revision `version`, read as JSON (no model)."""
     record = _json_file(root / "revisions" / f"{version:08d}.json")
     try:
@@ -238,7 +262,7 @@ def _expired_confirmation(pending: Any, applied_version: int, now: float) -> int
         return None
 
 
-def boot_facts(root: Path) -> tuple[dict[str, Any], str] | None:
+def boot_facts(root: Path) -> tuple[BootFacts, str] | None:
     """(facts, where from) for the fast path; None when nothing is trustworthy (full path only).
 
     The same order as phase 1 (`trueup.startup.sources`), read as plain JSON:
@@ -257,8 +281,11 @@ def boot_facts(root: Path) -> tuple[dict[str, Any], str] | None:
     if override is None:
         return found
     base = found[0] if found is not None else None
-    facts = {
-        **override_facts(override).to_json(),
+    by_hand = override_facts(override)
+    facts: BootFacts = {
+        "interface": by_hand.interface,
+        "addresses": list(by_hand.addresses),
+        "gateway": by_hand.gateway,
         "api": base["api"] if base else {"port": 7443, "bind": None},
         "version": base["version"] if base else None,
         "digest": base["digest"] if base else None,
@@ -266,15 +293,15 @@ def boot_facts(root: Path) -> tuple[dict[str, Any], str] | None:
     return facts, OVERRIDE_FILE
 
 
-def _committed_facts(root: Path) -> tuple[dict[str, Any], str] | None:
+def _committed_facts(root: Path) -> tuple[BootFacts, str] | None:
     facts = read_management(root)
     source = MANAGEMENT_FILE
     applied = _json_file(root / "applied.json")
     if not isinstance(applied, dict) or not isinstance(applied.get("version"), int):
         applied = None
     if facts is not None and applied is not None:
-        for key in ("version", "digest"):
-            if applied.get(key) and facts[key] not in (None, applied[key]):
+        for key, held in (("version", facts["version"]), ("digest", facts["digest"])):
+            if applied.get(key) and held not in (None, applied[key]):
                 facts = None  # another revision's: the applied one wins
                 break
     if facts is None and applied is not None and applied["version"]:

@@ -20,7 +20,7 @@ import json
 import os
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict, cast
 
 from trueup.system.atomicfile import path_error, write_atomic
 from trueup.system.safefile import UnsafeFile, ensure_dir, read_file
@@ -29,6 +29,12 @@ __all__ = [
     "PENDING",
     "STATES",
     "TERMINAL",
+    "LeaseProgress",
+    "RestoreRecord",
+    "RestoreRetry",
+    "RestoreStatus",
+    "RestoreStep",
+    "RestoreWaiting",
     "boot_id",
     "next_step",
     "read_record",
@@ -54,6 +60,105 @@ _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _HISTORY = 64
 
 
+class RestoreStep(TypedDict, total=False):
+    """One line of the record's `history`: a state entered (or resumed), when, by which boot."""
+
+    state: str
+    at: str
+    boot_id: str
+    pid: int
+    note: str
+
+
+# `for` is a keyword: the functional form names it.
+RestoreWaiting = TypedDict(
+    "RestoreWaiting",
+    {"for": str, "since": str, "boot_id": str, "links": list[str], "seconds": float},
+    total=False,
+)
+RestoreWaiting.__doc__ = "What a pending restore waits for (`for`: links), since when, how long."
+
+
+class RestoreRetry(TypedDict):
+    """The agent's next retry of a pending restore."""
+
+    attempts: int
+    next_at: str
+
+
+class RestoreRevision(TypedDict, total=False):
+    """A revision the restore names: the previous one, or the one it applied (with its txn)."""
+
+    version: int | None
+    digest: str | None
+    txn: str | None
+
+
+class ArchiveRevision(TypedDict, total=False):
+    """The archive's applied revision (its manifest's `revision`)."""
+
+    version: int
+    digest: str | None
+    origin: str | None
+    cp_version: int | None
+
+
+class LeaseProgress(TypedDict, total=False):
+    """How far a lease file's replacement went: the dated copies, replaced, its sha256."""
+
+    previous: list[str]
+    replaced: bool
+    sha256: str
+
+
+class RestoreRecord(TypedDict, total=False):
+    """`restore/restore.json`: the restore, its state and history (state `damaged` when the file
+    cannot be read: `problem` says why)."""
+
+    id: str
+    archive: str
+    archive_sha256: str
+    mode: str
+    mappings: dict[str, str]
+    reboot: bool
+    actor: str
+    device: str
+    revision: ArchiveRevision
+    previous: RestoreRevision
+    state: str
+    since: str
+    boot_id: str
+    history: list[RestoreStep]
+    next: str
+    problem: str
+    fence_held: bool
+    awaiting_boot_id: str
+    staged: dict[str, str]  # archive entry → sha256
+    leases: dict[str, LeaseProgress]  # archive entry → progress
+    notes: list[str]
+    waiting: RestoreWaiting
+    retry: RestoreRetry
+    applied: RestoreRevision
+
+
+class RestoreStatus(TypedDict):
+    """The `restore` section of `trueup status` (a key the record lacks is null)."""
+
+    id: str | None
+    state: str | None
+    since: str | None
+    mode: str | None
+    archive: str | None
+    reboot: bool | None
+    problem: str | None
+    next: str | None
+    waiting: RestoreWaiting | None
+    retry: RestoreRetry | None
+    fence_held: bool | None
+    pending: bool
+    started_at: NotRequired[str]
+
+
 def boot_id() -> str:
     """This boot's ID (the kernel's, or the file `TRUEUP_BOOT_ID_FILE` names)."""
     path = Path(os.environ.get(BOOT_ID_ENV) or _BOOT_ID)
@@ -67,7 +172,7 @@ def record_path(state_dir: Path) -> Path:
     return Path(state_dir) / "restore" / "restore.json"
 
 
-def read_record(state_dir: Path) -> dict[str, Any] | None:
+def read_record(state_dir: Path) -> RestoreRecord | None:
     """The restore record, or None. A damaged record is returned as state `damaged` (fail closed)."""
     path = record_path(state_dir)
     try:
@@ -84,11 +189,11 @@ def read_record(state_dir: Path) -> dict[str, Any] | None:
         record = None
     if not isinstance(record, dict) or record.get("state") not in STATES:
         return {"state": "damaged", "problem": f"{path}: not a restore record"}
-    return record
+    return cast("RestoreRecord", record)
 
 
 def write_record(
-    state_dir: Path, record: dict[str, Any], state: str, note: str = "", *, transition: bool = True
+    state_dir: Path, record: RestoreRecord, state: str, note: str = "", *, transition: bool = True
 ) -> None:
     """Move `record` to `state` (appending to its history) and write it durably.
 
@@ -119,7 +224,7 @@ def write_record(
     write_atomic(path, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode(), 0o600)
 
 
-def next_step(record: dict[str, Any]) -> str:
+def next_step(record: RestoreRecord) -> str:
     """What happens next, in the operator's words."""
     step = _next_step(record)
     retry = record.get("retry")
@@ -131,7 +236,7 @@ def next_step(record: dict[str, Any]) -> str:
     return step
 
 
-def _next_step(record: dict[str, Any]) -> str:
+def _next_step(record: RestoreRecord) -> str:
     state = record.get("state")
     mode = record.get("mode", "config-only")
     archive = record.get("archive", "?")
@@ -180,28 +285,25 @@ def _next_step(record: dict[str, Any]) -> str:
     return "the restore record is damaged: keep it as evidence (`trueup evidence`), then move it"
 
 
-def restore_status(state_dir: Path) -> dict[str, Any] | None:
+def restore_status(state_dir: Path) -> RestoreStatus | None:
     """The `restore` section of `trueup status`: state, since, mode, archive, next, problem."""
     record = read_record(state_dir)
     if record is None:
         return None
-    out = {
-        key: record.get(key)
-        for key in (
-            "id",
-            "state",
-            "since",
-            "mode",
-            "archive",
-            "reboot",
-            "problem",
-            "next",
-            "waiting",
-            "retry",
-            "fence_held",
-        )
+    out: RestoreStatus = {
+        "id": record.get("id"),
+        "state": record.get("state"),
+        "since": record.get("since"),
+        "mode": record.get("mode"),
+        "archive": record.get("archive"),
+        "reboot": record.get("reboot"),
+        "problem": record.get("problem"),
+        "next": record.get("next"),
+        "waiting": record.get("waiting"),
+        "retry": record.get("retry"),
+        "fence_held": record.get("fence_held"),
+        "pending": record.get("state") not in TERMINAL,
     }
-    out["pending"] = record.get("state") not in TERMINAL
     with contextlib.suppress(KeyError, TypeError, IndexError):
         out["started_at"] = record["history"][0]["at"]
     return out

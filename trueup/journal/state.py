@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 from pydantic import ValidationError
 
@@ -35,10 +35,18 @@ from trueup.journal.identity import STATE_FILE, TRUEUP_FILES, legacy
 from trueup.journal.journal import Journal
 from trueup.journal.lock import WriterLock
 from trueup.model.digests import json_digest
+from trueup.model.jsontypes import JSONObject
 from trueup.model.records import Applied
 from trueup.system.safefile import ensure_dir
 
-__all__ = ["STATE_SCHEMA", "StateDir", "StateDirError"]
+__all__ = [
+    "STATE_SCHEMA",
+    "CreatedBy",
+    "RevisionRecord",
+    "StateDir",
+    "StateDirError",
+    "StateIdentity",
+]
 
 STATE_SCHEMA = 1
 DEFAULT_STATE_DIR = "/var/lib/trueup"
@@ -47,6 +55,39 @@ _KEEP_REVISIONS = 100
 
 class StateDirError(RuntimeError):
     pass
+
+
+class CreatedBy(TypedDict):
+    """`state.json`'s `created`: the command that made (or adopted) the directory, when, where."""
+
+    by: str
+    at: str
+    trueup: str
+    host: str
+    adopted: NotRequired[bool]  # a directory from before identities, adopted
+
+
+class StateIdentity(TypedDict, total=False):
+    """`state.json`: the directory's schema, the device it belongs to, who created it (a
+    directory from before identities has no `created`)."""
+
+    schema: int
+    device: str | None
+    created: CreatedBy
+
+
+class RevisionRecord(TypedDict, total=False):
+    """`revisions/N.json`: an accepted revision (the document as JSON) and how it came."""
+
+    version: int
+    document: JSONObject
+    digest: str  # of `document` as written: an edit behind the agent's back shows
+    applied_digest: str | None  # the document's identity (`document_digest`)
+    accepted_at: str
+    actor: str
+    source: str | None
+    origin: str | None
+    txn: str
 
 
 def _digest(value: Any) -> str:
@@ -122,10 +163,10 @@ class StateDir:
                 )
 
     @staticmethod
-    def _created(created_by: str | None, *, adopted: bool) -> dict[str, Any]:
+    def _created(created_by: str | None, *, adopted: bool) -> CreatedBy:
         from trueup import __version__
 
-        created: dict[str, Any] = {
+        created: CreatedBy = {
             "by": created_by or "trueup",
             "at": now_iso(),
             "trueup": __version__,
@@ -135,15 +176,15 @@ class StateDir:
             created["adopted"] = True
         return created
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> StateIdentity:
         """`state.json` as written (`{}` when missing or damaged)."""
         try:
             meta = read_json(self.root / STATE_FILE, {})
         except StateFileError:
             return {}
-        return dict(meta) if isinstance(meta, dict) else {}
+        return cast("StateIdentity", dict(meta)) if isinstance(meta, dict) else {}
 
-    def check_schema(self, meta: dict[str, Any] | None = None) -> int:
+    def check_schema(self, meta: StateIdentity | None = None) -> int:
         """The directory's schema; 0 when `state.json` is missing or damaged.
 
         A damaged `state.json` is reported by `trueup.journal.damage` (and
@@ -197,7 +238,8 @@ class StateDir:
         except StateFileError:
             return Applied()
 
-    def set_applied(self, record: Applied | dict[str, Any]) -> None:
+    def set_applied(self, record: Applied | JSONObject) -> None:
+        """Write `applied.json`; a JSON body (a journal's `previous_applied`) is validated."""
         if isinstance(record, dict):
             record = Applied.model_validate(record)
         write_json(self.root / "applied.json", record.to_json())
@@ -210,7 +252,7 @@ class StateDir:
         """Where revision `version` is kept (it may not exist)."""
         return self._revision_path(version)
 
-    def save_revision(self, version: int, document: dict[str, Any], **meta: Any) -> None:
+    def save_revision(self, version: int, document: JSONObject, **meta: Any) -> None:
         """Store an accepted revision; one with the same number and other content is kept aside.
 
         On a managed device a local override can take a number the control
@@ -232,7 +274,7 @@ class StateDir:
         write_json(path, {"version": version, "document": document, "digest": digest, **meta})
         self._prune_revisions(keep=version)
 
-    def revision(self, version: int, digest: str | None = None) -> dict[str, Any] | None:
+    def revision(self, version: int, digest: str | None = None) -> RevisionRecord | None:
         """An accepted revision's record; None when there is none.
 
         With `digest`, the revision with that number *and* that content: a
@@ -251,13 +293,13 @@ class StateDir:
         # `applied_digest` is the document's identity (trueup.model.document.
         # document_digest); `digest` guards the file's own content.
         if digest is None or record is None or record.get("applied_digest") in (None, digest):
-            return dict(record) if record is not None else None
+            return cast("RevisionRecord", dict(record)) if record is not None else None
         aside = self.root / "revisions" / "superseded"
         wanted = digest.removeprefix("sha256:")[:12]
         candidate = read_json(aside / f"{version:08d}-{wanted}.json")
         if isinstance(candidate, dict) and candidate.get("applied_digest") == digest:
-            return dict(candidate)
-        return dict(record)
+            return cast("RevisionRecord", dict(candidate))
+        return cast("RevisionRecord", dict(record))
 
     def revision_versions(self) -> list[int]:
         folder = self.root / "revisions"

@@ -15,16 +15,16 @@ what the confirmation was still waiting for when the window passed.
 from __future__ import annotations
 
 import logging
-from enum import StrEnum
-from typing import Literal, NotRequired, TypedDict, cast
+from typing import Literal, TypedDict
 
 from trueup.journal.audit import now_iso
 from trueup.journal.confirm import (
+    ConfirmOutcome,
+    ConfirmState,
+    PendingConfirm,
     clear_pending,
-    read_outcome,
     read_pending,
     write_outcome,
-    write_pending,
 )
 from trueup.journal.state import StateDir
 from trueup.model.document import parse_document
@@ -34,48 +34,20 @@ from trueup.reconcile.guard import management_guard, unsafe_management_changes
 
 __all__ = [
     "ConfirmState",
-    "Confirmation",
     "Decision",
-    "PendingRecord",
     "PendingSummary",
     "decide",
-    "last_outcome",
     "management_guard",
     "outcome",
-    "pending_record",
     "record_outcome",
     "roll_back_unconfirmed",
     "settle_at_startup",
     "unsafe_management_changes",
-    "write_pending_record",
 ]
 
 log = logging.getLogger("trueup.reconcile")
 
 Decision = Literal["none", "stale", "superseded", "waiting", "expired"]
-
-
-class PendingRecord(TypedDict):
-    """`pending-confirm.json`: a guarded apply, armed before the write, pending after it."""
-
-    state: Literal["applying", "pending"]
-    version: int | None  # None until the apply changed the device
-    confirmed_version: int  # the version a missed deadline returns to
-    deadline: float  # wall-clock seconds
-    deadline_at: str
-    actor: str
-    created_at: str
-    origin: str
-    requested_version: int | None  # the version the change asks for, if it names one
-    window: float
-    # A control-plane revision: confirmed by the agent's own health, not an operator.
-    self_confirm: bool
-    unverifiable: NotRequired[list[str]]  # what the agent's own health cannot see
-    txn: NotRequired[str | None]
-    applied_at: NotRequired[float]
-    verified: NotRequired[bool]  # every subsystem applied and verified
-    adopted_after_restart: NotRequired[bool]
-    waiting_for: NotRequired[str]  # what the confirmation still waits for
 
 
 class PendingSummary(TypedDict):
@@ -86,43 +58,7 @@ class PendingSummary(TypedDict):
     rollback_to: int | None
 
 
-class ConfirmState(StrEnum):
-    """How a guarded apply stands."""
-
-    PENDING = "pending"
-    CONFIRMED = "confirmed"
-    ROLLED_BACK = "rolled-back"
-
-
-class Confirmation(TypedDict):
-    """`confirmation.json`, status' `confirmation`: how the last guarded apply stands."""
-
-    version: int | None
-    state: ConfirmState
-    deadline: float | None
-    deadline_at: str | None
-    reason: str
-    rollback_to: int | None
-    origin: str | None
-    at: str | None
-    rolled_back_to_version: NotRequired[int]
-
-
-def pending_record(state: StateDir) -> PendingRecord | None:
-    """The pending confirmation as this module wrote it (`write_pending_record`), or None."""
-    return cast("PendingRecord | None", read_pending(state))
-
-
-def write_pending_record(state: StateDir, record: PendingRecord) -> None:
-    write_pending(state, dict(record))
-
-
-def last_outcome(state: StateDir) -> Confirmation | None:
-    """The last guarded apply's outcome as `record_outcome` kept it, or None."""
-    return cast("Confirmation | None", read_outcome(state))
-
-
-def decide(pending: PendingRecord | None, applied_version: int, now: float) -> Decision:
+def decide(pending: PendingConfirm | None, applied_version: int, now: float) -> Decision:
     """What a pending confirmation means against the applied version, at `now`.
 
     * `stale`: the guarded apply never took effect (it failed, or a crash
@@ -142,16 +78,16 @@ def decide(pending: PendingRecord | None, applied_version: int, now: float) -> D
 
 
 def outcome(
-    pending: PendingRecord,
+    pending: PendingConfirm,
     state: ConfirmState,
     reason: str,
     *,
     stable: bool = False,
     rolled_back_to_version: int | None = None,
-) -> Confirmation:
+) -> ConfirmOutcome:
     """The `confirmation` record of `pending` in `state`, stamped now, or when `stable` at
     its creation (what status shows then changes only with the record)."""
-    record: Confirmation = {
+    record: ConfirmOutcome = {
         "version": pending.get("version"),
         "state": state,
         "deadline": pending.get("deadline"),
@@ -166,16 +102,16 @@ def outcome(
     return record
 
 
-def record_outcome(state: StateDir, record: Confirmation) -> None:
+def record_outcome(state: StateDir, record: ConfirmOutcome) -> None:
     """Keep `record` as the last guarded apply's outcome; a state directory that refuses
     the write loses only what status and reports show, never the decision."""
     try:
-        write_outcome(state, dict(record))
+        write_outcome(state, record)
     except OSError as exc:
         log.warning("confirmation outcome not saved: %s", exc)
 
 
-def _missed_reason(pending: PendingRecord, actor: str) -> str:
+def _missed_reason(pending: PendingConfirm, actor: str) -> str:
     window = f"the confirmation window passed ({pending.get('deadline_at')})"
     waiting = pending.get("waiting_for")
     if isinstance(waiting, str) and waiting:
@@ -185,7 +121,7 @@ def _missed_reason(pending: PendingRecord, actor: str) -> str:
     return f"{window} without `trueup confirm`"
 
 
-def roll_back_unconfirmed(engine: Engine, pending: PendingRecord, *, actor: str) -> ApplyResult:
+def roll_back_unconfirmed(engine: Engine, pending: PendingConfirm, *, actor: str) -> ApplyResult:
     """Re-apply the last confirmed revision as a new version, as one engine transaction."""
     state = engine.state
     target = int(pending["confirmed_version"])
@@ -229,7 +165,7 @@ def settle_at_startup(engine: Engine, now: float, *, actor: str = "startup") -> 
     Returns a sentence for the recovery phase's detail, or None when nothing was pending.
     """
     state = engine.state
-    pending = pending_record(state)
+    pending = read_pending(state)
     applied_version = state.applied().version
     decision = decide(pending, applied_version, now)
     if pending is None or decision == "none":

@@ -33,22 +33,24 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 
-from trueup.journal.confirm import clear_pending
+from trueup.journal.confirm import (
+    ConfirmOutcome,
+    ConfirmState,
+    PendingConfirm,
+    clear_pending,
+    read_outcome,
+    read_pending,
+    write_pending,
+)
 from trueup.journal.state import StateDir
 from trueup.reconcile.answers import ConfirmAnswer, WriteAnswer, write_answer
 from trueup.reconcile.changes import ApplyResult, Change, NeedsConfirmation, Outcome, Refused
 from trueup.reconcile.confirm import (
-    Confirmation,
-    ConfirmState,
-    PendingRecord,
     PendingSummary,
     decide,
-    last_outcome,
     outcome,
-    pending_record,
     record_outcome,
     roll_back_unconfirmed,
-    write_pending_record,
 )
 from trueup.reconcile.engine import Engine
 from trueup.reconcile.guard import subsystem_risks
@@ -91,8 +93,8 @@ class ConfirmWait:
         self.clock = clock
         self._lock = lock  # the loop's
         self._on_converged = on_converged
-        self.pending: PendingRecord | None = pending_record(self.state)
-        self.last: Confirmation | None = last_outcome(self.state)
+        self.pending: PendingConfirm | None = read_pending(self.state)
+        self.last: ConfirmOutcome | None = read_outcome(self.state)
         self._adopt_committed()
 
     def _adopt_committed(self) -> None:
@@ -113,7 +115,7 @@ class ConfirmWait:
         pending["version"] = applied
         pending["adopted_after_restart"] = True
         try:
-            write_pending_record(self.state, pending)
+            write_pending(self.state, pending)
         except OSError:
             log.warning("could not record the adopted pending confirmation")
 
@@ -136,7 +138,7 @@ class ConfirmWait:
             "rollback_to": pending["confirmed_version"],
         }
 
-    def record(self) -> Confirmation | None:
+    def record(self) -> ConfirmOutcome | None:
         """Status' `confirmation`: the pending one with what it waits for, else how the
         last guarded apply ended; None when there never was one."""
         pending = self.pending
@@ -149,7 +151,7 @@ class ConfirmWait:
             )
         return self.last.copy() if self.last is not None else None
 
-    def self_pending(self) -> PendingRecord | None:
+    def self_pending(self) -> PendingConfirm | None:
         """The pending confirmation the agent settles itself (a control-plane revision)."""
         pending = self.pending
         if (
@@ -170,7 +172,7 @@ class ConfirmWait:
         pending["waiting_for"] = waiting_for
         return True
 
-    def _outcome(self, record: Confirmation) -> None:
+    def _outcome(self, record: ConfirmOutcome) -> None:
         self.last = record
         record_outcome(self.state, record)
 
@@ -222,7 +224,7 @@ class ConfirmWait:
         if result.failed:
             log.error("rolled back an unconfirmed version, except: %s", result.failed)
         self.pending = None
-        self.last = last_outcome(self.state)
+        self.last = read_outcome(self.state)
         self._on_converged()
         log.warning(
             "confirmation of version %s missed; rolled back to revision %s (version %s)",
@@ -322,9 +324,9 @@ class ConfirmWait:
             )
         return None
 
-    def _arm(self, confirmed_version: int, confirm_within: float, change: Change) -> PendingRecord:
+    def _arm(self, confirmed_version: int, confirm_within: float, change: Change) -> PendingConfirm:
         now = self.clock()
-        pending: PendingRecord = {
+        pending: PendingConfirm = {
             "state": "applying",
             "version": None,
             "confirmed_version": confirmed_version,
@@ -351,17 +353,15 @@ class ConfirmWait:
             )
             if risks:
                 pending["unverifiable"] = risks
-        write_pending_record(
-            self.state, pending
-        )  # before the apply: a crash mid-way still rolls back
+        write_pending(self.state, pending)  # before the apply: a crash mid-way still rolls back
         self.pending = pending
         return pending
 
     def _settle(
         self,
         result: ApplyResult,
-        pending: PendingRecord | None,
-        pending_before: PendingRecord | None,
+        pending: PendingConfirm | None,
+        pending_before: PendingConfirm | None,
         confirmed_version: int,
         actor: str,
     ) -> WriteAnswer:
@@ -377,7 +377,7 @@ class ConfirmWait:
                 # Every subsystem applied and verified: a partial apply is never
                 # confirmed by the agent itself.
                 pending["verified"] = result.outcome == Outcome.COMMITTED and not result.failed
-                write_pending_record(state, pending)
+                write_pending(state, pending)
                 self.pending = pending
                 state.audit.append(
                     "confirm_pending",
@@ -427,13 +427,13 @@ class ConfirmWait:
             self._on_converged()
         return out
 
-    def _restore(self, previous: PendingRecord | None) -> None:
+    def _restore(self, previous: PendingConfirm | None) -> None:
         if previous is None:
             clear_pending(self.state, "apply_not_changed")
         else:
-            write_pending_record(self.state, previous)
+            write_pending(self.state, previous)
         self.pending = previous
 
 
-def _waits(pending: PendingRecord) -> str:
+def _waits(pending: PendingConfirm) -> str:
     return SELF_WAIT if pending.get("self_confirm") else OPERATOR_WAIT

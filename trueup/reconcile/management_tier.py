@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import re
 import socket
-from typing import Any
+from typing import Any, cast
 
-from trueup.journal.management import api_bind_address
+from trueup.journal.management import BootFacts, api_bind_address
 from trueup.model.document import DeviceState, parse_document
 
 __all__ = [
@@ -79,7 +79,7 @@ def document_from_facts(facts: dict[str, Any], *, source: str) -> DeviceState:
 def _virtual_bind(facts: dict[str, Any]) -> bool:
     """Whether the facts' API bind names one of their HA virtual addresses (`virtual`)."""
     try:
-        return bool(facts.get("virtual")) and api_bind_address(facts) is None
+        return bool(facts.get("virtual")) and api_bind_address(cast("BootFacts", facts)) is None
     except (IndexError, KeyError, TypeError, AttributeError):
         return False
 

@@ -30,6 +30,7 @@ from pydantic import BaseModel
 
 from trueup.journal.atomic import StateFileError
 from trueup.journal.audit import now_iso
+from trueup.journal.confirm import ConfirmState, read_outcome, read_pending
 from trueup.journal.journal import Transaction
 from trueup.journal.limitations import accept_covered, active_limitations
 from trueup.journal.lock import lock_holder
@@ -51,12 +52,7 @@ from trueup.model.status import (
     Versions,
 )
 from trueup.reconcile.classify import ClassifierInput, OverrideStatus, classify
-from trueup.reconcile.confirm import (
-    ConfirmState,
-    last_outcome,
-    outcome,
-    pending_record,
-)
+from trueup.reconcile.confirm import outcome
 from trueup.reconcile.engine import Engine
 from trueup.reconcile.engine.commit import last_reported_transaction
 from trueup.reconcile.engine.override import management_override
@@ -144,7 +140,7 @@ def refusals_since_last_write(
             at = record.get("at")
             if answered_until is not None and at and _parse_time(str(at)) <= answered_until:
                 break  # this one and every older one were answered by a later write
-            out.append(record)
+            out.append(dict(record))
             if len(out) >= limit:
                 break
     return list(reversed(out))
@@ -438,7 +434,7 @@ class _OptionalSections(TypedDict, total=False):
 def _confirmation_from_state(engine: Engine) -> StatusExtra:
     """No loop (the CLI without an agent): the pending record as the state directory holds it."""
     state = engine.state
-    pending = pending_record(state)
+    pending = read_pending(state)
     if pending is not None and pending.get("state") == "pending":
         return {
             "pending_confirmation": {
@@ -452,7 +448,7 @@ def _confirmation_from_state(engine: Engine) -> StatusExtra:
                 str(pending.get("waiting_for") or "a running agent to confirm or roll it back"),
             ),
         }
-    outcome_now = last_outcome(state)
+    outcome_now = read_outcome(state)
     return {"confirmation": outcome_now} if outcome_now is not None else {}
 
 

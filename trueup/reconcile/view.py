@@ -20,10 +20,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import NotRequired, Required, TypedDict
 
+from trueup.journal.confirm import ConfirmOutcome
 from trueup.model.digests import json_digest
 from trueup.model.document import DeviceState
 from trueup.reconcile.acks import EndedAckJSON
-from trueup.reconcile.confirm import Confirmation, PendingSummary
+from trueup.reconcile.confirm import PendingSummary
 from trueup.reconcile.driftbook import (
     Attribution,
     DriftBook,
@@ -132,7 +133,7 @@ class StatusExtra(TypedDict, total=False):
     the confirmation ones from the state directory)."""
 
     pending_confirmation: PendingSummary | None
-    confirmation: Confirmation | None
+    confirmation: ConfirmOutcome | None
     reconcile_loop: LoopActivityJSON
     drift_history: list[DriftHistoryEntry]
     acknowledgements_ended: list[EndedAckJSON]
@@ -176,7 +177,7 @@ class LoopView:
     attribution: dict[str, list[Attribution]] = field(default_factory=dict)
     pending_confirmation: PendingSummary | None = None
     # The last guarded apply: pending (what it waits for), confirmed or rolled-back, why.
-    confirmation: Confirmation | None = None
+    confirmation: ConfirmOutcome | None = None
     activity: LoopActivity = field(default_factory=LoopActivity)
     # Drift going on and recently ended, newest first (`DriftBook.history_json`).
     drift_history: list[DriftHistoryEntry] = field(default_factory=list)
@@ -294,7 +295,7 @@ def build_view(
     pending_confirmation: PendingSummary | None,
     activity: LoopActivity,
     now: float,
-    confirmation: Confirmation | None = None,
+    confirmation: ConfirmOutcome | None = None,
 ) -> LoopView:
     """The view of `subsystems` at `now`; `waiting` is the last pass's dependency waits."""
     failures: dict[str, FailureEntry] = {}

@@ -30,12 +30,13 @@ from pathlib import Path
 from typing import TypedDict
 
 from trueup.journal.atomic import StateFileError
+from trueup.journal.confirm import read_pending
 from trueup.journal.management import MANAGEMENT_FILE, read_management
 from trueup.journal.override import OVERRIDE_FILE, ManagementOverride, read_override
 from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState, DocumentError, load_document, parse_document
 from trueup.reconcile.changes import Kind
-from trueup.reconcile.confirm import decide, pending_record
+from trueup.reconcile.confirm import decide
 from trueup.reconcile.management_tier import document_from_facts, with_management
 
 __all__ = ["ManagementSource", "management_source"]
@@ -111,7 +112,7 @@ def _committed_version(state: StateDir, skipped: list[str]) -> tuple[int, str | 
         previous = open_txn.begin.get("previous_applied") or {}
         version = int(previous.get("version") or 0)
         digest = previous.get("digest")
-    pending = pending_record(state)
+    pending = read_pending(state)
     if pending and decide(pending, version, time.time()) == "expired":
         # The applied version was never confirmed and its time is up: management
         # comes up as it was confirmed; recovery rolls the rest back.
@@ -203,7 +204,7 @@ def _base_source(
         else:
             try:
                 return ManagementSource(
-                    document_from_facts(facts, source=str(management_path)),
+                    document_from_facts(dict(facts), source=str(management_path)),
                     f"{MANAGEMENT_FILE} (revision {facts.get('version')})",
                     "management-file",
                     skipped,
