@@ -16,8 +16,14 @@ from __future__ import annotations
 
 import os
 
-from trueup.agent.client import REQUEST_TIMEOUT, AgentClient, AgentUnavailable, Response
-from trueup.cli.output import api_result, echo
+from trueup.agent.client import (
+    HEALTH_TIMEOUT,
+    REQUEST_TIMEOUT,
+    AgentClient,
+    AgentUnavailable,
+    Response,
+)
+from trueup.cli.output import REFUSAL_EXIT_CODES, echo
 
 TYPE_CHECKING = False  # typing's import time is measurable on the fast path
 if TYPE_CHECKING:
@@ -28,7 +34,7 @@ if TYPE_CHECKING:
     from trueup.cli.device import LocalDevice
     from trueup.model.document import DeviceState
 
-__all__ = ["AgentDevice", "Failed", "actor", "fail"]
+__all__ = ["AgentDevice", "Failed", "actor", "agent_client", "fail", "refused", "restore_failed"]
 
 EVIDENCE_TIMEOUT = 30.0  # the agent collects its bundle in a few seconds; a hung one gets this
 STATUS_TIMEOUT = 15.0  # `trueup doctor`'s patience with a slow status
@@ -53,9 +59,39 @@ def fail(message: str, code: int = 1) -> Failed:
     return Failed(code)
 
 
+def refused(code: str, message: str) -> Failed:
+    """`CODE: message` on stderr; the exception to raise (exit with the refusal code's exit
+    code: `trueup.model.reasons.EXIT_CODES`)."""
+    echo(f"{code}: {message}", err=True)
+    return Failed(REFUSAL_EXIT_CODES.get(code, 1))
+
+
+def restore_failed(why: object) -> Failed:
+    """`trueup restore apply: WHY` on stderr; the exception to raise (exit 1)."""
+    echo(f"trueup restore apply: {why}", err=True)
+    return Failed(1)
+
+
 def actor() -> str:
     """Who the CLI writes as (audited): `cli:UID`."""
     return f"cli:{os.getuid()}"
+
+
+def agent_client(
+    state_dir: str | os.PathLike[str], *, write: bool, read_timeout: float = HEALTH_TIMEOUT
+) -> AgentClient | None:
+    """The client of the agent on `state_dir`'s socket; None when no agent is there.
+
+    A write is sent once: it asks first whether the agent answers its health
+    check. A read is safe to repeat: it goes straight to its route, with the
+    health check's timeout (`read_timeout`: one round trip), and whoever sent it reads the
+    state directory itself when it is not answered. The typer commands
+    (`trueup.cli.device.device_for`) and the fast path (`trueup.cli.fast`)
+    both connect here.
+    """
+    if write:
+        return AgentClient.connect(state_dir)
+    return AgentClient.at(state_dir, timeout=read_timeout)
 
 
 def _object(response: Response) -> Any:
@@ -79,23 +115,28 @@ class AgentDevice:
         self.fallback = fallback
 
     @classmethod
-    def answering(cls, state_dir: str | os.PathLike[str]) -> AgentDevice | None:
-        """The agent on `state_dir` when it answers its health check now, else None."""
-        client = AgentClient.connect(state_dir)
-        return None if client is None else cls(client)
-
-    @classmethod
-    def at(cls, state_dir: str | os.PathLike[str], timeout: float) -> AgentDevice | None:
-        """The agent on `state_dir`'s socket without asking first (reads safe to repeat)."""
-        client = AgentClient.at(state_dir, timeout=timeout)
+    def on(cls, state_dir: str | os.PathLike[str], *, write: bool = True) -> AgentDevice | None:
+        """The agent on `state_dir` (`agent_client`), else None."""
+        client = agent_client(state_dir, write=write)
         return None if client is None else cls(client)
 
     def _body(self, response: Response) -> Any:
-        """The route's JSON object (the caller names its shape); `Failed` when it refused."""
-        body = api_result(response)
-        if isinstance(body, int):
-            raise Failed(body)
-        return body
+        """The route's JSON object (the caller names its shape); `Failed`, after printing
+        why, when the agent refused or failed it."""
+        try:
+            body = response.json()
+        except ValueError:
+            raise fail(f"agent answered {response.status_code}: {response.text[:200]}") from None
+        if response.status_code == 409:
+            raise refused(body["code"], body["message"])
+        if response.status_code == 422:
+            echo("request body: invalid document", err=True)
+            for problem in body.get("problems", []):
+                echo(f"  {problem}", err=True)
+            raise Failed(1)
+        if response.status_code == 507 or (response.status_code >= 400 and "ok" not in body):
+            raise fail(str(body.get("message") or f"agent answered {response.status_code}: {body}"))
+        return dict(body)
 
     def _local(self) -> LocalDevice:
         if self.fallback is None:
@@ -279,8 +320,8 @@ class AgentDevice:
             raise Failed(1)
         if response.status_code != 200:
             why = result.get("message") or result.get("detail") or response.text
-            echo(f"trueup restore apply: {why}", err=True)
+            failed = restore_failed(why)
             if result.get("next"):
                 echo(f"next: {result['next']}", err=True)
-            raise Failed(1)
+            raise failed
         return result

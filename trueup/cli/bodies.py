@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TypedDict
 
+from trueup.reconcile.planning import ObservedByJSON
+
 __all__ = [
     "Acknowledgement",
     "AgentRecord",
@@ -23,7 +25,6 @@ __all__ = [
     "LastDrift",
     "LimitationRecord",
     "MessageBody",
-    "ObservedBy",
     "PendingConfirmation",
     "PlanBody",
     "PlanStep",
@@ -85,16 +86,6 @@ class SubsystemPlan(TypedDict, total=False):
     error: str | None
 
 
-class ObservedBy(TypedDict, total=False):
-    """Where the plan was observed: the agent (its pid) or this process (its namespace)."""
-
-    agent_pid: int | None
-    socket: str
-    state_dir: str
-    netns: str | None
-    applied_version: int
-
-
 class PlanBody(TypedDict, total=False):
     """`/v1/plan`: what applying a document would change."""
 
@@ -104,7 +95,7 @@ class PlanBody(TypedDict, total=False):
     management_changes: list[str]
     needs_confirmation: bool
     managed_by: str | None
-    observed_by: ObservedBy
+    observed_by: ObservedByJSON  # the agent (its pid) or this process (its namespace)
 
 
 class StartupPhase(TypedDict):

@@ -19,15 +19,14 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from trueup.cli.agentdevice import AgentDevice, Failed, actor, fail
-from trueup.cli.output import echo
+from trueup.cli.agentdevice import AgentDevice, actor, fail, refused, restore_failed
 
 if TYPE_CHECKING:
     from trueup.cli.bodies import AgentRecord, ApplyBody, LimitationRecord, MessageBody, PlanBody
     from trueup.model.document import DeviceState
     from trueup.reconcile.engine import Engine
 
-__all__ = ["Device", "LocalDevice", "device_for", "engine_for", "refused"]
+__all__ = ["Device", "LocalDevice", "device_for", "engine_for"]
 
 NO_CONFIRM_WITHOUT_AGENT = (
     "--confirm-within needs a running agent to roll back on time (start it with `trueup agent run`)"
@@ -96,23 +95,18 @@ class Device(Protocol):
         """Start restoring `archive`; the restore record."""
 
 
-def device_for(state_dir: Path, local: LocalDevice | None = None) -> Device:
+def device_for(state_dir: Path, local: LocalDevice | None = None, *, write: bool = True) -> Device:
     """The running agent when it answers on `state_dir`'s socket now, else this process
-    (`local`, which also answers the agent's reads when it stops answering)."""
+    (`local`, which also answers the agent's reads when it stops answering).
+
+    `write=False` for a verb that only reads: it skips the agent's health check
+    (`trueup.cli.agentdevice.agent_client`)."""
     local = local or LocalDevice(state_dir)
-    agent = AgentDevice.answering(state_dir)
+    agent = AgentDevice.on(state_dir, write=write)
     if agent is None:
         return local
     agent.fallback = local
     return agent
-
-
-def refused(code: str, message: str) -> Failed:
-    """`CODE: message` on stderr; exit with the refusal code's exit code."""
-    from trueup.model.reasons import EXIT_CODES, ReasonCode
-
-    echo(f"{code}: {message}", err=True)
-    return Failed(EXIT_CODES.get(ReasonCode(code), 1))
 
 
 def load_models() -> None:
@@ -354,5 +348,4 @@ class LocalDevice:
                 engine, archive, mode, mappings, links, reboot=reboot, actor=actor()
             )
         except RestoreRefused as exc:
-            echo(f"trueup restore apply: {exc}", err=True)
-            raise Failed(1) from None
+            raise restore_failed(exc) from None

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 import typer
 
 from trueup.agent.client import AgentUnavailable
-from trueup.cli.agentdevice import AgentDevice
 from trueup.cli.backup import backup_app, restore_app
 from trueup.cli.commands import (
     CONFIRM_WITHIN,
@@ -109,8 +108,7 @@ def _version_line(state_dir: str) -> str:
     from trueup import __version__
 
     line = f"trueup {__version__}"
-    device = AgentDevice.at(state_dir, timeout=2.0) if os.path.isdir(state_dir) else None
-    agent = device.agent() if device is not None else {}
+    agent = device_for(Path(state_dir), write=False).agent() if os.path.isdir(state_dir) else {}
     if agent.get("pid"):
         line += f"\nagent {agent.get('version') or 'unknown'} (pid {agent['pid']}, {state_dir})"
     return line

@@ -10,7 +10,7 @@ so an operator sees which network namespace the plan speaks of
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from trueup.model.document import DeviceState
 from trueup.reconcile.engine import Engine
@@ -18,7 +18,16 @@ from trueup.reconcile.guard import subsystem_risks, unsafe_management_changes
 from trueup.subsystems.base import Plan
 from trueup.system.hostinfo import network_namespace
 
-__all__ = ["ObservedBy", "PlanAnswer", "plan_answer"]
+__all__ = ["ObservedBy", "ObservedByJSON", "PlanAnswer", "plan_answer"]
+
+
+class ObservedByJSON(TypedDict):
+    """`ObservedBy.to_json()`: the plan body's `observed_by`."""
+
+    agent_pid: int | None
+    state_dir: str
+    netns: str | None
+    applied_version: int
 
 
 @dataclass(frozen=True)
@@ -30,7 +39,7 @@ class ObservedBy:
     netns: str | None
     applied_version: int
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ObservedByJSON:
         return {
             "agent_pid": self.agent_pid,
             "state_dir": self.state_dir,
