@@ -30,7 +30,16 @@ if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any
 
-    from trueup.cli.bodies import AgentRecord, ApplyBody, LimitationRecord, MessageBody, PlanBody
+    from trueup.cli.bodies import (
+        AgentRecord,
+        ApplyBody,
+        LimitationRecord,
+        MessageBody,
+        PlanBody,
+        RestoreRecord,
+        RestoreRefusal,
+        StatusBody,
+    )
     from trueup.cli.device import LocalDevice
     from trueup.model.document import DeviceState
 
@@ -146,22 +155,20 @@ class AgentDevice:
         return self.fallback
 
     # -- reads -------------------------------------------------------------------
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StatusBody:
         try:
-            body: dict[str, Any] = _object(self.client.request("GET", "/v1/status"))
+            body: StatusBody = _object(self.client.request("GET", "/v1/status"))
         except AgentUnavailable:
             return self._local().status()
         return body
 
-    def doctor_status(self) -> tuple[dict[str, Any], bool]:
+    def doctor_status(self) -> tuple[StatusBody, bool]:
         """The status for `trueup doctor`, and whether the agent answered (if not with it:
         the status is then read from the state directory)."""
         self.client.timeout = STATUS_TIMEOUT
         try:
             response = self.client.request("GET", "/v1/status")
-            status: dict[str, Any] | None = (
-                _object(response) if response.status_code == 200 else None
-            )
+            status: StatusBody | None = _object(response) if response.status_code == 200 else None
         except (AgentUnavailable, ValueError):
             return self._local().doctor_status()
         if status is None:
@@ -295,7 +302,7 @@ class AgentDevice:
 
     def restore(
         self, archive: Path, mode: str, mappings: dict[str, str], *, reboot: bool
-    ) -> dict[str, Any]:
+    ) -> RestoreRecord:
         body = {
             "archive": str(archive.absolute()),
             "mode": mode,
@@ -306,10 +313,10 @@ class AgentDevice:
         self.client.timeout = max(self.client.timeout, RESTORE_TIMEOUT, REQUEST_TIMEOUT)
         response = self.client.request("POST", "/v1/restore/apply", json=body)
         try:
-            result = response.json()
+            record: RestoreRecord | None = response.json()
         except ValueError:
-            result = None
-        if not isinstance(result, dict):
+            record = None
+        if not isinstance(record, dict):
             # Not the agent's JSON (a proxy, a crash page): its status and text, never a traceback.
             echo(
                 f"trueup restore apply: the agent answered HTTP {response.status_code} with a "
@@ -319,9 +326,11 @@ class AgentDevice:
             )
             raise Failed(1)
         if response.status_code != 200:
-            why = result.get("message") or result.get("detail") or response.text
-            failed = restore_failed(why)
-            if result.get("next"):
-                echo(f"next: {result['next']}", err=True)
+            refusal: RestoreRefusal = response.json()
+            failed = restore_failed(
+                refusal.get("message") or refusal.get("detail") or response.text
+            )
+            if refusal.get("next"):
+                echo(f"next: {refusal['next']}", err=True)
             raise failed
-        return result
+        return record

@@ -16,11 +16,14 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
 from trueup.cli.statedir import NewStateDirOpt, StateDirOpt, require_new
+
+if TYPE_CHECKING:
+    from trueup.cli.bodies import RestoreRecord
 
 __all__ = ["backup_app", "restore_app", "upload_archive"]
 
@@ -223,7 +226,7 @@ def upload(
     )
 
 
-def _print_restore(record: dict[str, Any], output: str) -> None:
+def _print_restore(record: RestoreRecord, output: str) -> None:
     from trueup.cli.output import echo, emit
 
     if output == "json":
@@ -238,7 +241,7 @@ def _print_restore(record: dict[str, Any], output: str) -> None:
     echo(f"next: {record.get('next')}")
 
 
-def _exit_code(record: dict[str, Any]) -> int:
+def _exit_code(record: RestoreRecord) -> int:
     """0 completed, or waiting for the reboot it was asked to wait for; 1 otherwise (refused,
     rolled back, or waiting for links or a retry: the agent goes on by itself)."""
     if record.get("state") == "completed":
@@ -309,4 +312,4 @@ def status(
         else:
             echo("no restore recorded")
         return
-    _print_restore(record, output)
+    _print_restore(cast("RestoreRecord", record), output)  # restore.json, as journal reads it

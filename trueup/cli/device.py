@@ -17,13 +17,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from trueup.cli.agentdevice import AgentDevice, actor, fail, refused, restore_failed
 
 if TYPE_CHECKING:
-    from trueup.cli.bodies import AgentRecord, ApplyBody, LimitationRecord, MessageBody, PlanBody
+    from trueup.cli.bodies import (
+        AgentRecord,
+        ApplyBody,
+        LimitationRecord,
+        MessageBody,
+        PlanBody,
+        RestoreRecord,
+        StatusBody,
+    )
     from trueup.model.document import DeviceState
+    from trueup.model.jsontypes import JSONObject
     from trueup.reconcile.engine import Engine
 
 __all__ = ["Device", "LocalDevice", "device_for", "engine_for"]
@@ -36,10 +45,10 @@ NO_CONFIRM_WITHOUT_AGENT = (
 class Device(Protocol):
     """What a CLI verb asks of the router (`docs/agent-api.md` names the routes)."""
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StatusBody:
         """The status document (`trueup status`, `trueup drift`)."""
 
-    def doctor_status(self) -> tuple[dict[str, Any], bool]:
+    def doctor_status(self) -> tuple[StatusBody, bool]:
         """The status `trueup doctor` checks, and whether an agent answered it."""
 
     def agent(self) -> AgentRecord:
@@ -91,7 +100,7 @@ class Device(Protocol):
 
     def restore(
         self, archive: Path, mode: str, mappings: dict[str, str], *, reboot: bool
-    ) -> dict[str, Any]:
+    ) -> RestoreRecord:
         """Start restoring `archive`; the restore record."""
 
 
@@ -155,6 +164,12 @@ def engine_for(
     return Engine(state)
 
 
+def _served(status: JSONObject) -> StatusBody:
+    """A status `trueup.reconcile.status.gather` built (`Status.to_json()`): the body an
+    agent serves on `/v1/status`."""
+    return cast("StatusBody", status)
+
+
 class LocalDevice:
     """This process as the router's writer: the engine under the writer lock, no agent."""
 
@@ -177,12 +192,12 @@ class LocalDevice:
         return f"no agent answers on {self.state_dir / 'agent.sock'}"
 
     # -- reads -------------------------------------------------------------------
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StatusBody:
         engine = engine_for(self.state_dir, create=False)
         from trueup.journal.agentlock import agent_holder
         from trueup.reconcile.status import gather
 
-        current = gather(engine)
+        current = _served(gather(engine))
         # No agent answering: nothing heals, nothing reports upstream; `status` says so (exit 0).
         holder = agent_holder(self.state_dir)
         current["agent"] = {
@@ -193,12 +208,13 @@ class LocalDevice:
         }
         return current
 
-    def doctor_status(self) -> tuple[dict[str, Any], bool]:
+    def doctor_status(self) -> tuple[StatusBody, bool]:
         from trueup.backup.evidence import recorded_control_plane_version
         from trueup.reconcile.status import gather
 
         engine = self.reader()
-        return gather(engine, control_plane_version=recorded_control_plane_version(engine)), False
+        version = recorded_control_plane_version(engine)
+        return _served(gather(engine, control_plane_version=version)), False
 
     def agent(self) -> AgentRecord:
         return {}
@@ -337,15 +353,16 @@ class LocalDevice:
 
     def restore(
         self, archive: Path, mode: str, mappings: dict[str, str], *, reboot: bool
-    ) -> dict[str, Any]:
+    ) -> RestoreRecord:
         from trueup.backup.restore import RestoreRefused, start_restore
         from trueup.cli.backup import _links
 
         engine = engine_for(self.state_dir, create=True, created_by="trueup restore apply")
         links = _links()
         try:
-            return start_restore(
+            record = start_restore(
                 engine, archive, mode, mappings, links, reboot=reboot, actor=actor()
             )
         except RestoreRefused as exc:
             raise restore_failed(exc) from None
+        return cast("RestoreRecord", record)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn, cast
 
 import typer
 
@@ -62,6 +62,7 @@ from trueup.cli.statedir import (
 )
 
 if TYPE_CHECKING:
+    from trueup.cli.bodies import DriftReport
     from trueup.model.document import DeviceState
     from trueup.subsystems.base import Subsystem
 
@@ -242,7 +243,9 @@ def drift(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") -> 
     current = device_for(state_dir).status()
     from trueup.reconcile.status import drift_report
 
-    raise typer.Exit(print_drift(drift_report(current), output))
+    # `drift_report` answers `DriftBody.to_json()`: what the agent serves on /v1/drift.
+    report = cast("DriftReport", drift_report(current))
+    raise typer.Exit(print_drift(report, output))
 
 
 @declared(app, "reconcile")

@@ -26,9 +26,11 @@ if TYPE_CHECKING:
 
     from trueup.cli.bodies import (
         ApplyBody,
+        DriftReport,
         MessageBody,
         PlanBody,
         PlanStep,
+        StatusBody,
     )
 
 __all__ = [
@@ -230,14 +232,14 @@ def _step_line(step: PlanStep) -> str:
     return f"~ {head}: {readable(old, 120)} → {readable(new, 120)}"
 
 
-def print_status(status: dict[str, Any], output: str) -> None:
+def print_status(status: StatusBody, output: str) -> None:
     if output == "table":
         echo(render_status(status))
     else:
         emit(status, output)
 
 
-def print_drift(report: dict[str, Any], output: str) -> int:
+def print_drift(report: DriftReport, output: str) -> int:
     """`trueup drift`'s output; the exit code: 0 in sync, 2 drift."""
     if output == "table":
         if report["in_sync"]:
