@@ -22,8 +22,6 @@ __all__ = ["ObservedBy", "ObservedByJSON", "PlanAnswer", "plan_answer"]
 
 
 class ObservedByJSON(TypedDict):
-    """`ObservedBy.to_json()`: the plan body's `observed_by`."""
-
     agent_pid: int | None
     state_dir: str
     netns: str | None
