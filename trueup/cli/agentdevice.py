@@ -256,7 +256,12 @@ class AgentDevice:
         return confirmed
 
     def acknowledge(self, subsystem: str, seconds: float, reason: str) -> MessageBody:
-        params = {"subsystem": subsystem, "seconds": seconds, "reason": reason, "actor": actor()}
+        params: dict[str, str | float] = {
+            "subsystem": subsystem,
+            "seconds": seconds,
+            "reason": reason,
+            "actor": actor(),
+        }
         return self._acknowledged(self.client.request("POST", "/v1/ack", params=params))
 
     def clear_acknowledgement(self, subsystem: str) -> MessageBody:

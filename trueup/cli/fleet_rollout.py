@@ -26,13 +26,7 @@ from trueup.cli.fleetapi import Connection, several_documents, table
 from trueup.cli.output import emit, readable
 
 if TYPE_CHECKING:
-    from trueup.cli.fleetbodies import (
-        PlanRollout,
-        RolloutRequest,
-        RolloutTarget,
-        RolloutView,
-        WaveSpec,
-    )
+    from trueup.cli import fleetbodies as fb
     from trueup.model.jsontypes import JSONObject
 
 __all__ = ["render_rollout", "rollout_app"]
@@ -203,7 +197,7 @@ def start(
             "percentage of the wave from 1% to 100% (25%)"
         )
     limit: int | str = int(max_unavailable) if max_unavailable.isdigit() else max_unavailable
-    body: RolloutRequest = {
+    body: fb.RolloutRequest = {
         "waves": _waves(canary, wave),
         "max_unavailable": limit,
         "soak_seconds": soak,
@@ -226,23 +220,23 @@ def start(
         emit(answer, output)
 
 
-def _targets(files: list[Path]) -> list[RolloutTarget]:
+def _targets(files: list[Path]) -> list[fb.RolloutTarget]:
     """One target per document: its device and the document as read."""
-    targets: list[RolloutTarget] = []
+    targets: list[fb.RolloutTarget] = []
     for path in files:
         data = _document(path)
         targets.append({"device": data["metadata"]["device"], "document": data})
     return targets
 
 
-def _waves(canary: list[str] | None, percents: list[int] | None) -> list[WaveSpec]:
+def _waves(canary: list[str] | None, percents: list[int] | None) -> list[fb.WaveSpec]:
     """The canary wave (its devices, when named), then each cumulative percentage."""
-    waves: list[WaveSpec] = [{"devices": list(canary)}] if canary else []
+    waves: list[fb.WaveSpec] = [{"devices": list(canary)}] if canary else []
     waves.extend({"percent": p} for p in (percents or [100]))
     return waves
 
 
-def _print_plan_rollout(answer: PlanRollout, output: str) -> None:
+def _print_plan_rollout(answer: fb.PlanRollout, output: str) -> None:
     """`rollout start --plan`'s answer: what the plan changes, then the rollout (if any)."""
     if output != "table":
         emit(answer, output)
@@ -367,7 +361,7 @@ def abort(
     _action("abort", rollout_id, reason, c, output)
 
 
-def render_rollout(view: RolloutView) -> str:
+def render_rollout(view: fb.RolloutView) -> str:
     """A rollout: its state, each wave's counts, then one line per device."""
     spec = view.get("spec") or {}
     lines = [
