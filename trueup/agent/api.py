@@ -145,16 +145,16 @@ def _health_routes(app: FastAPI, agent: Agent) -> None:
         return JSONResponse(status_code=200 if body["ready"] else 503, content=body)
 
     @app.get("/v1/health/services")
-    def health_services() -> dict[str, Any]:
-        return agent.services_health()
+    def health_services() -> JSONResponse:
+        return JSONResponse(content=agent.services_health())
 
     @app.get("/v1/status")
-    def status() -> dict[str, Any]:
-        return agent.status()
+    def status() -> JSONResponse:
+        return JSONResponse(content=agent.status().to_json())
 
     @app.get("/v1/drift")
-    def drift() -> dict[str, Any]:
-        return agent.drift()
+    def drift() -> JSONResponse:
+        return JSONResponse(content=agent.drift())
 
     @app.get("/v1/evidence")
     def evidence() -> Response:
@@ -272,9 +272,9 @@ def _limitation_routes(app: FastAPI, agent: Agent) -> None:
     """Known limitations: permanent, reviewed accepted differences."""
 
     @app.get("/v1/limitations")
-    def limitations(all: bool = False) -> dict[str, Any]:
+    def limitations(all: bool = False) -> JSONResponse:
         records = list_limitations(agent.state.root, include_withdrawn=all)
-        return {"limitations": [record.to_json() for record in records]}
+        return JSONResponse(content={"limitations": [record.to_json() for record in records]})
 
     @app.post("/v1/limitations")
     def limitation_add(body: JSONObject = Body(...)) -> JSONResponse:
@@ -313,8 +313,8 @@ def _restore_routes(app: FastAPI, agent: Agent) -> None:
     """The restore state machine (`trueup.agent.restoring`): status, analyze, apply."""
 
     @app.get("/v1/restore")
-    def restore() -> dict[str, Any]:
-        return dict(restore_status(agent))
+    def restore() -> JSONResponse:
+        return JSONResponse(content=restore_status(agent))
 
     @app.post("/v1/restore/analyze")
     def restore_analyze_route(body: JSONObject = Body(...)) -> JSONResponse:

@@ -15,7 +15,10 @@ import time
 
 TYPE_CHECKING = False  # typing's import time is measurable on the fast path
 if TYPE_CHECKING:
-    from typing import Any
+    from collections.abc import Mapping
+    from typing import Any, TypeAlias
+
+    QueryParams: TypeAlias = Mapping[str, str | int | float | bool | None]
 
 __all__ = ["AgentClient", "AgentUnavailable", "Response"]
 
@@ -235,7 +238,7 @@ class AgentClient:
         *,
         json: Any = None,
         headers: dict[str, str] | None = None,
-        params: dict[str, Any] | None = None,
+        params: QueryParams | None = None,
     ) -> Response:
         target = path
         if params:

@@ -27,8 +27,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from trueup.agent.bodies import EarlyAnswer, ListenerRecord, ManagementHealth
 from trueup.journal.management import BootFacts, api_bind_address
 from trueup.system.rawnl import IFF_UP, RawNetlink
 from trueup.system.sockets import unix_address
@@ -61,7 +61,7 @@ def same_address(a: str, b: str) -> bool:
         return a == b
 
 
-def early_health(facts: BootFacts, listeners: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def early_health(facts: BootFacts, listeners: dict[str, ListenerRecord]) -> ManagementHealth:
     """`/v1/health/management` before the agent runs: the same fields, from a netlink dump."""
     ifname = facts["interface"]
     wanted = list(facts["addresses"])
@@ -151,10 +151,10 @@ def bind_tcp(address: str, port: int) -> socket.socket:
 
 def bind_listeners(
     root: Path, facts: BootFacts, listen_port: int | None
-) -> tuple[dict[str, socket.socket], dict[str, dict[str, Any]]]:
+) -> tuple[dict[str, socket.socket], dict[str, ListenerRecord]]:
     """The sockets by handover key, and `listeners` as `Agent` reports them."""
     sockets: dict[str, socket.socket] = {}
-    listeners: dict[str, dict[str, Any]] = {}
+    listeners: dict[str, ListenerRecord] = {}
     path = root / "agent.sock"
     try:
         sockets["unix"] = bind_unix(path)
@@ -179,7 +179,7 @@ def bind_listeners(
 _REASONS = {200: "OK", 400: "Bad Request", 503: "Service Unavailable"}
 
 
-def _response(status: int, body: dict[str, Any], *, head_only: bool = False) -> bytes:
+def _response(status: int, body: EarlyAnswer, *, head_only: bool = False) -> bytes:
     payload = json.dumps(body).encode()
     lines = [
         f"HTTP/1.1 {status} {_REASONS[status]}",
@@ -244,7 +244,7 @@ class EarlyResponder:
 
     def __init__(
         self,
-        answer: Callable[[str, str], tuple[int, dict[str, Any]]],
+        answer: Callable[[str, str], tuple[int, EarlyAnswer]],
         sockets: list[socket.socket],
     ) -> None:
         self._answer = answer

@@ -51,6 +51,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trueup.agent.bodies import EarlyAnswer
 from trueup.agent.early import EarlyResponder, bind_listeners, early_health, same_address, warn
 from trueup.journal.agentlock import AgentLock, AgentRunning, take_agent_lock
 from trueup.journal.identity import creation_problem, device_mismatch, read_marker
@@ -262,7 +263,7 @@ def start_early(options: AgentOptions) -> Handover | None:
     steps, announce = bring_up(facts)
     sockets, listeners = bind_listeners(root, facts, options.listen_port)
 
-    def answer(method: str, path: str) -> tuple[int, dict[str, Any]]:
+    def answer(method: str, path: str) -> tuple[int, EarlyAnswer]:
         if path == "/v1/health/management" and method in ("GET", "HEAD"):
             body = early_health(facts, listeners)
             return (200 if body["ready"] else 503), body

@@ -33,6 +33,14 @@ from typing import Any
 import uvicorn
 
 from trueup.agent.api import create_app, hash_token, token_matches
+from trueup.agent.bodies import (
+    AgentExtras,
+    ListenerRecord,
+    ManagementHealth,
+    ServiceHealth,
+    ServicesHealth,
+    StateDirectoryHealth,
+)
 from trueup.agent.early import bind_tcp, bind_unix, listener_key
 from trueup.agent.metrics import AgentMetrics
 from trueup.agent.restoring import restore_resume
@@ -42,6 +50,7 @@ from trueup.journal.atomic import StateFileError
 from trueup.journal.audit import now_iso
 from trueup.journal.state import StateDir
 from trueup.model.document import DeviceState
+from trueup.model.status import Status
 from trueup.model.virtual import is_virtual, virtual_addresses
 from trueup.reconcile.engine import Engine
 from trueup.reconcile.loop import ReconcileLoop
@@ -125,9 +134,9 @@ class Agent:
         self.listen_port = listen_port
         self.bind_retry_seconds = bind_retry_seconds
         self.started_at = now_iso()
-        self.listeners: dict[str, dict[str, Any]] = {}
+        self.listeners: dict[str, ListenerRecord] = {}
         self.control_plane_version: int | None = None
-        self.extra_status: dict[str, Any] = {}
+        self.extra_status: AgentExtras = {}
         self._stop = threading.Event()
         self._servers: list[uvicorn.Server] = []
         self._server_by_name: dict[str, uvicorn.Server] = {}
@@ -142,7 +151,8 @@ class Agent:
         # Set by trueup.agent.wiring; builds the loop in phase 4.
         self.loop_factory: Callable[[Agent], ReconcileLoop] | None = None
         self._metrics = AgentMetrics(
-            self.status, lambda: self.loop.view() if self.loop is not None else None
+            lambda: self.status().to_json(),
+            lambda: self.loop.view() if self.loop is not None else None,
         )
 
     # -- API surface --------------------------------------------------------
@@ -153,7 +163,7 @@ class Agent:
         except (StateFileError, OSError, TypeError, KeyError, AttributeError):
             return False  # a damaged token file refuses every token (listed as damaged)
 
-    def management_health(self) -> dict[str, Any]:
+    def management_health(self) -> ManagementHealth:
         """Management readiness from what is true now, never from how startup went.
 
         Ready when the management interface is up with every management
@@ -217,9 +227,9 @@ class Agent:
         except Exception:  # an unreadable revision must not break the probe
             return None
 
-    def services_health(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        status = self.status()
+    def services_health(self) -> ServicesHealth:
+        out: dict[str, ServiceHealth] = {}
+        status = self.status().to_json()
         for name, sub in status["subsystems"].items():
             out[name] = {
                 "health": sub["health"],
@@ -233,15 +243,16 @@ class Agent:
         health = "ok"
         if damaged:
             health = "failed" if status["state_directory"]["writes_refused"] else "degraded"
-        state_directory = {
+        state_directory: StateDirectoryHealth = {
             "health": health,
             "reason": "; ".join(f"{d['path']}: {d['problem']}" for d in damaged),
             "damaged": damaged,
         }
         return {"subsystems": out, "state_directory": state_directory}
 
-    def status(self) -> dict[str, Any]:
-        """`/v1/status`: built by `trueup.reconcile.status.build_status` from what the agent knows."""
+    def status(self) -> Status:
+        """The status document (`/v1/status` serves its `to_json()`): built by
+        `trueup.reconcile.status.build_status` from what the agent knows."""
         orchestrator = self.orchestrator
         return build_status(
             self.engine,
@@ -262,10 +273,10 @@ class Agent:
                 config_error=orchestrator.config_error,
             ),
             control_plane=self.sync.status() if self.sync is not None else None,
-        ).to_json()
+        )
 
     def drift(self) -> dict[str, Any]:
-        return drift_report(self.status())
+        return drift_report(self.status().to_json())
 
     @property
     def requests(self) -> Requests:
@@ -275,7 +286,7 @@ class Agent:
     def evidence(self) -> bytes:
         """The runbook's evidence bundle (`trueup.backup.evidence`), with the live status."""
         return collect_evidence(
-            self.engine, status=self.status(), source=f"agent pid {os.getpid()} (live)"
+            self.engine, status=self.status().to_json(), source=f"agent pid {os.getpid()} (live)"
         )
 
     def metrics(self) -> str:
@@ -336,7 +347,7 @@ class Agent:
                 sock = self._tcp_socket(address, port)
             except OSError as exc:
                 self.listeners[name].update(
-                    state="waiting", error=exc.strerror or str(exc), attempts=attempts
+                    {"state": "waiting", "error": exc.strerror or str(exc), "attempts": attempts}
                 )
                 if attempts == 1:
                     log.warning("cannot bind %s port %s yet (%s); retrying", address, port, exc)
@@ -504,7 +515,7 @@ class Agent:
                 )
                 if self.listeners["unix"].get("state") != "failed":
                     log.error("%s: %s", path, problem)
-                self.listeners["unix"].update(state="failed", error=problem)
+                self.listeners["unix"].update({"state": "failed", "error": problem})
                 self.engine.check.note(path, problem)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)

@@ -21,36 +21,61 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TypedDict
 
 from trueup.agent.process import Agent
 from trueup.journal.restore import read_record
 from trueup.model.digests import json_digest
 from trueup.system.fence import read_fences
 
-__all__ = ["StatusWatch", "operator_facts"]
+__all__ = ["OperatorFacts", "RestoreFacts", "StatusWatch", "operator_facts"]
 
 log = logging.getLogger("trueup.agent")
 
 WATCH_SECONDS = 1.0
 
 
-def operator_facts(agent: Agent) -> dict[str, Any]:
+class RestoreFacts(TypedDict):
+    """A restore as far as a report tells it (from its record)."""
+
+    id: object
+    state: object
+    pending: object
+    problem: object
+    waiting: object
+
+
+class OperatorFacts(TypedDict):
+    """What the status watch compares: fences, an open transaction, a restore, management."""
+
+    fences: list[tuple[str, str]]  # (subsystem, owner)
+    open_transaction: str | None
+    restore: RestoreFacts | None
+    management_ready: bool
+    management_reason: str | None
+
+
+def operator_facts(agent: Agent) -> OperatorFacts:
     """The operator-visible facts the reconcile loop does not announce itself."""
     root = agent.state.root
     open_txn = agent.state.journal.open_transaction()
     record = read_record(root)
     management = agent.management_health()
+    restore: RestoreFacts | None = None
+    if isinstance(record, dict):
+        restore = {
+            "id": record.get("id"),
+            "state": record.get("state"),
+            "pending": record.get("pending"),
+            "problem": record.get("problem"),
+            "waiting": record.get("waiting"),
+        }
     return {
         "fences": sorted((f.subsystem, f.owner) for f in read_fences(root)),
         "open_transaction": open_txn.txn if open_txn is not None else None,
-        "restore": (
-            {k: record.get(k) for k in ("id", "state", "pending", "problem", "waiting")}
-            if isinstance(record, dict)
-            else None
-        ),
-        "management_ready": management.get("ready"),
-        "management_reason": management.get("reason"),
+        "restore": restore,
+        "management_ready": management["ready"],
+        "management_reason": management["reason"],
     }
 
 
@@ -59,7 +84,7 @@ class StatusWatch:
 
     def __init__(
         self,
-        facts: Callable[[], dict[str, Any]],
+        facts: Callable[[], OperatorFacts],
         request_report: Callable[[], None],
         *,
         interval: float = WATCH_SECONDS,

@@ -38,6 +38,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from trueup.agent.bodies import ManagementHealth
+
 __all__ = ["SelfConfirm"]
 
 log = logging.getLogger("trueup.agent")
@@ -51,7 +53,7 @@ class SelfConfirm:
         self,
         loop: Any,
         *,
-        management: Callable[[], dict[str, Any]],
+        management: Callable[[], ManagementHealth],
         contact: Callable[[], float | None],
         contact_problem: Callable[[], str | None],
         ask_contact: Callable[[], None],

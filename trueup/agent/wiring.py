@@ -23,6 +23,7 @@ from trueup.agent.process import Agent
 from trueup.agent.reportwatch import StatusWatch, operator_facts
 from trueup.agent.selfconfirm import SelfConfirm
 from trueup.model.document import document_digest, parse_document
+from trueup.model.jsontypes import JSONObject
 from trueup.model.reasons import ReasonCode
 from trueup.model.records import Applied
 from trueup.reconcile.changes import CONTROL_PLANE_FILE, Refused, StorageError
@@ -72,7 +73,7 @@ def _reconcile_loop(agent: Agent) -> ReconcileLoop:
     return ReconcileLoop(engine, options=HealingOptions.from_env(), events=events)
 
 
-def _fetch_secrets(client: ControlPlaneClient, state_dir: Path, document: dict[str, Any]) -> None:
+def _fetch_secrets(client: ControlPlaneClient, state_dir: Path, document: JSONObject) -> None:
     """Store the secrets `document` refers to (`{secret_ref: NAME}`, `"secret:NAME"`) from the
     control plane into `STATE_DIR/secrets`, before the revision is applied.
 
@@ -121,7 +122,7 @@ def _start_sync(agent: Agent, url: str, token_file: Path, heartbeat: float) -> S
     client = ControlPlaneClient(url, token_file)
 
     def apply(
-        document: dict[str, Any], version: int, /, *, confirm_within: float | None = None
+        document: JSONObject, version: int, /, *, confirm_within: float | None = None
     ) -> None:
         agent.control_plane_version = version
         agent.engine.refuse_if_damaged()  # before control-plane.json is written
@@ -158,7 +159,7 @@ def _start_sync(agent: Agent, url: str, token_file: Path, heartbeat: float) -> S
     sync = SyncLoop(
         client,
         apply,
-        lambda: report_from_status(agent.status()),
+        lambda: report_from_status(agent.status().to_json()),
         heartbeat_interval=heartbeat,
         # Long-poll after the last revision applied from the control plane, never
         # after a number a local apply took.

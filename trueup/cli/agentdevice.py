@@ -16,20 +16,34 @@ from __future__ import annotations
 
 import os
 
-from trueup.agent.client import REQUEST_TIMEOUT, AgentClient, AgentUnavailable, Response
-from trueup.cli.output import api_result, echo
+from trueup.agent.client import (
+    HEALTH_TIMEOUT,
+    REQUEST_TIMEOUT,
+    AgentClient,
+    AgentUnavailable,
+    Response,
+)
+from trueup.cli.output import REFUSAL_EXIT_CODES, echo
 
 TYPE_CHECKING = False  # typing's import time is measurable on the fast path
 if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any
 
-    from trueup.cli.bodies import AgentRecord, ApplyBody, LimitationRecord, MessageBody, PlanBody
+    from trueup.cli.bodies import (
+        AgentRecord,
+        ApplyBody,
+        LimitationRecord,
+        MessageBody,
+        PlanBody,
+        RestoreRefusal,
+        StatusBody,
+    )
     from trueup.cli.device import LocalDevice
     from trueup.journal.restore import RestoreRecord
     from trueup.model.document import DeviceState
 
-__all__ = ["AgentDevice", "Failed", "actor", "fail"]
+__all__ = ["AgentDevice", "Failed", "actor", "agent_client", "fail", "refused", "restore_failed"]
 
 EVIDENCE_TIMEOUT = 30.0  # the agent collects its bundle in a few seconds; a hung one gets this
 STATUS_TIMEOUT = 15.0  # `trueup doctor`'s patience with a slow status
@@ -54,9 +68,39 @@ def fail(message: str, code: int = 1) -> Failed:
     return Failed(code)
 
 
+def refused(code: str, message: str) -> Failed:
+    """`CODE: message` on stderr; the exception to raise (exit with the refusal code's exit
+    code: `trueup.model.reasons.EXIT_CODES`)."""
+    echo(f"{code}: {message}", err=True)
+    return Failed(REFUSAL_EXIT_CODES.get(code, 1))
+
+
+def restore_failed(why: object) -> Failed:
+    """`trueup restore apply: WHY` on stderr; the exception to raise (exit 1)."""
+    echo(f"trueup restore apply: {why}", err=True)
+    return Failed(1)
+
+
 def actor() -> str:
     """Who the CLI writes as (audited): `cli:UID`."""
     return f"cli:{os.getuid()}"
+
+
+def agent_client(
+    state_dir: str | os.PathLike[str], *, write: bool, read_timeout: float = HEALTH_TIMEOUT
+) -> AgentClient | None:
+    """The client of the agent on `state_dir`'s socket; None when no agent is there.
+
+    A write is sent once: it asks first whether the agent answers its health
+    check. A read is safe to repeat: it goes straight to its route, with the
+    health check's timeout (`read_timeout`: one round trip), and whoever sent it reads the
+    state directory itself when it is not answered. The typer commands
+    (`trueup.cli.device.device_for`) and the fast path (`trueup.cli.fast`)
+    both connect here.
+    """
+    if write:
+        return AgentClient.connect(state_dir)
+    return AgentClient.at(state_dir, timeout=read_timeout)
 
 
 def _object(response: Response) -> Any:
@@ -80,23 +124,28 @@ class AgentDevice:
         self.fallback = fallback
 
     @classmethod
-    def answering(cls, state_dir: str | os.PathLike[str]) -> AgentDevice | None:
-        """The agent on `state_dir` when it answers its health check now, else None."""
-        client = AgentClient.connect(state_dir)
-        return None if client is None else cls(client)
-
-    @classmethod
-    def at(cls, state_dir: str | os.PathLike[str], timeout: float) -> AgentDevice | None:
-        """The agent on `state_dir`'s socket without asking first (reads safe to repeat)."""
-        client = AgentClient.at(state_dir, timeout=timeout)
+    def on(cls, state_dir: str | os.PathLike[str], *, write: bool = True) -> AgentDevice | None:
+        """The agent on `state_dir` (`agent_client`), else None."""
+        client = agent_client(state_dir, write=write)
         return None if client is None else cls(client)
 
     def _body(self, response: Response) -> Any:
-        """The route's JSON object (the caller names its shape); `Failed` when it refused."""
-        body = api_result(response)
-        if isinstance(body, int):
-            raise Failed(body)
-        return body
+        """The route's JSON object (the caller names its shape); `Failed`, after printing
+        why, when the agent refused or failed it."""
+        try:
+            body = response.json()
+        except ValueError:
+            raise fail(f"agent answered {response.status_code}: {response.text[:200]}") from None
+        if response.status_code == 409:
+            raise refused(body["code"], body["message"])
+        if response.status_code == 422:
+            echo("request body: invalid document", err=True)
+            for problem in body.get("problems", []):
+                echo(f"  {problem}", err=True)
+            raise Failed(1)
+        if response.status_code == 507 or (response.status_code >= 400 and "ok" not in body):
+            raise fail(str(body.get("message") or f"agent answered {response.status_code}: {body}"))
+        return dict(body)
 
     def _local(self) -> LocalDevice:
         if self.fallback is None:
@@ -106,22 +155,20 @@ class AgentDevice:
         return self.fallback
 
     # -- reads -------------------------------------------------------------------
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StatusBody:
         try:
-            body: dict[str, Any] = _object(self.client.request("GET", "/v1/status"))
+            body: StatusBody = _object(self.client.request("GET", "/v1/status"))
         except AgentUnavailable:
             return self._local().status()
         return body
 
-    def doctor_status(self) -> tuple[dict[str, Any], bool]:
+    def doctor_status(self) -> tuple[StatusBody, bool]:
         """The status for `trueup doctor`, and whether the agent answered (if not with it:
         the status is then read from the state directory)."""
         self.client.timeout = STATUS_TIMEOUT
         try:
             response = self.client.request("GET", "/v1/status")
-            status: dict[str, Any] | None = (
-                _object(response) if response.status_code == 200 else None
-            )
+            status: StatusBody | None = _object(response) if response.status_code == 200 else None
         except (AgentUnavailable, ValueError):
             return self._local().doctor_status()
         if status is None:
@@ -209,7 +256,12 @@ class AgentDevice:
         return confirmed
 
     def acknowledge(self, subsystem: str, seconds: float, reason: str) -> MessageBody:
-        params = {"subsystem": subsystem, "seconds": seconds, "reason": reason, "actor": actor()}
+        params: dict[str, str | float] = {
+            "subsystem": subsystem,
+            "seconds": seconds,
+            "reason": reason,
+            "actor": actor(),
+        }
         return self._acknowledged(self.client.request("POST", "/v1/ack", params=params))
 
     def clear_acknowledgement(self, subsystem: str) -> MessageBody:
@@ -266,10 +318,10 @@ class AgentDevice:
         self.client.timeout = max(self.client.timeout, RESTORE_TIMEOUT, REQUEST_TIMEOUT)
         response = self.client.request("POST", "/v1/restore/apply", json=body)
         try:
-            result = response.json()
+            record: RestoreRecord | None = response.json()
         except ValueError:
-            result = None
-        if not isinstance(result, dict):
+            record = None
+        if not isinstance(record, dict):
             # Not the agent's JSON (a proxy, a crash page): its status and text, never a traceback.
             echo(
                 f"trueup restore apply: the agent answered HTTP {response.status_code} with a "
@@ -279,10 +331,11 @@ class AgentDevice:
             )
             raise Failed(1)
         if response.status_code != 200:
-            why = result.get("message") or result.get("detail") or response.text
-            echo(f"trueup restore apply: {why}", err=True)
-            if result.get("next"):
-                echo(f"next: {result['next']}", err=True)
-            raise Failed(1)
-        record: RestoreRecord = _object(response)
+            refusal: RestoreRefusal = response.json()
+            failed = restore_failed(
+                refusal.get("message") or refusal.get("detail") or response.text
+            )
+            if refusal.get("next"):
+                echo(f"next: {refusal['next']}", err=True)
+            raise failed
         return record

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -25,6 +25,7 @@ from trueup.cli.statedir import NewStateDirOpt, StateDirOpt, require_new
 if TYPE_CHECKING:
     from trueup.backup.analysis import AnalysisJSON
     from trueup.journal.restore import RestoreRecord
+    from trueup.model.jsontypes import JSONObject
 
 __all__ = ["backup_app", "restore_app", "upload_archive"]
 
@@ -167,10 +168,11 @@ def render(body: AnalysisJSON) -> list[str]:
 
 
 def upload_archive(
-    path: Path, control_plane: str | None, token_file: Path, metadata: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """Upload `path` with this device's credential; the control plane's summary of the backup.
-    Raises trueup.agent.cpclient.ControlPlaneError."""
+    path: Path, control_plane: str | None, token_file: Path, metadata: JSONObject | None = None
+) -> JSONObject:
+    """Upload `path` with this device's credential; the control plane's summary of the backup
+    (as `ControlPlaneClient.upload_backup` answers it). `metadata`: the operator's, checked by
+    the control plane. Raises trueup.agent.cpclient.ControlPlaneError."""
     from trueup.agent.cpclient import ControlPlaneClient
 
     client = ControlPlaneClient(control_plane, token_file)
@@ -200,7 +202,7 @@ def upload(
     """Upload a backup archive to the control plane (streamed; sha256 checked there)."""
     from trueup.agent.cpclient import ControlPlaneError
 
-    meta: dict[str, Any] | None = None
+    meta: JSONObject | None = None
     if metadata is not None:
         try:
             parsed = json.loads(metadata)
@@ -313,4 +315,4 @@ def status(
         else:
             echo("no restore recorded")
         return
-    _print_restore(record, output)
+    _print_restore(record, output)  # restore.json, as journal reads it

@@ -17,18 +17,25 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
-from trueup.cli.agentdevice import AgentDevice, Failed, actor, fail
-from trueup.cli.output import echo
+from trueup.cli.agentdevice import AgentDevice, actor, fail, refused, restore_failed
 
 if TYPE_CHECKING:
-    from trueup.cli.bodies import AgentRecord, ApplyBody, LimitationRecord, MessageBody, PlanBody
+    from trueup.cli.bodies import (
+        AgentRecord,
+        ApplyBody,
+        LimitationRecord,
+        MessageBody,
+        PlanBody,
+        StatusBody,
+    )
     from trueup.journal.restore import RestoreRecord
     from trueup.model.document import DeviceState
+    from trueup.model.jsontypes import JSONObject
     from trueup.reconcile.engine import Engine
 
-__all__ = ["Device", "LocalDevice", "device_for", "engine_for", "refused"]
+__all__ = ["Device", "LocalDevice", "device_for", "engine_for"]
 
 NO_CONFIRM_WITHOUT_AGENT = (
     "--confirm-within needs a running agent to roll back on time (start it with `trueup agent run`)"
@@ -38,10 +45,10 @@ NO_CONFIRM_WITHOUT_AGENT = (
 class Device(Protocol):
     """What a CLI verb asks of the router (`docs/agent-api.md` names the routes)."""
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StatusBody:
         """The status document (`trueup status`, `trueup drift`)."""
 
-    def doctor_status(self) -> tuple[dict[str, Any], bool]:
+    def doctor_status(self) -> tuple[StatusBody, bool]:
         """The status `trueup doctor` checks, and whether an agent answered it."""
 
     def agent(self) -> AgentRecord:
@@ -97,23 +104,18 @@ class Device(Protocol):
         """Start restoring `archive`; the restore record."""
 
 
-def device_for(state_dir: Path, local: LocalDevice | None = None) -> Device:
+def device_for(state_dir: Path, local: LocalDevice | None = None, *, write: bool = True) -> Device:
     """The running agent when it answers on `state_dir`'s socket now, else this process
-    (`local`, which also answers the agent's reads when it stops answering)."""
+    (`local`, which also answers the agent's reads when it stops answering).
+
+    `write=False` for a verb that only reads: it skips the agent's health check
+    (`trueup.cli.agentdevice.agent_client`)."""
     local = local or LocalDevice(state_dir)
-    agent = AgentDevice.answering(state_dir)
+    agent = AgentDevice.on(state_dir, write=write)
     if agent is None:
         return local
     agent.fallback = local
     return agent
-
-
-def refused(code: str, message: str) -> Failed:
-    """`CODE: message` on stderr; exit with the refusal code's exit code."""
-    from trueup.model.reasons import EXIT_CODES, ReasonCode
-
-    echo(f"{code}: {message}", err=True)
-    return Failed(EXIT_CODES.get(ReasonCode(code), 1))
 
 
 def load_models() -> None:
@@ -162,6 +164,12 @@ def engine_for(
     return Engine(state)
 
 
+def _served(status: JSONObject) -> StatusBody:
+    """A status `trueup.reconcile.status.gather` built (`Status.to_json()`): the body an
+    agent serves on `/v1/status`."""
+    return cast("StatusBody", status)
+
+
 class LocalDevice:
     """This process as the router's writer: the engine under the writer lock, no agent."""
 
@@ -184,12 +192,12 @@ class LocalDevice:
         return f"no agent answers on {self.state_dir / 'agent.sock'}"
 
     # -- reads -------------------------------------------------------------------
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StatusBody:
         engine = engine_for(self.state_dir, create=False)
         from trueup.journal.agentlock import agent_holder
         from trueup.reconcile.status import gather
 
-        current = gather(engine)
+        current = _served(gather(engine))
         # No agent answering: nothing heals, nothing reports upstream; `status` says so (exit 0).
         holder = agent_holder(self.state_dir)
         current["agent"] = {
@@ -200,12 +208,13 @@ class LocalDevice:
         }
         return current
 
-    def doctor_status(self) -> tuple[dict[str, Any], bool]:
+    def doctor_status(self) -> tuple[StatusBody, bool]:
         from trueup.backup.evidence import recorded_control_plane_version
         from trueup.reconcile.status import gather
 
         engine = self.reader()
-        return gather(engine, control_plane_version=recorded_control_plane_version(engine)), False
+        version = recorded_control_plane_version(engine)
+        return _served(gather(engine, control_plane_version=version)), False
 
     def agent(self) -> AgentRecord:
         return {}
@@ -349,9 +358,9 @@ class LocalDevice:
         engine = engine_for(self.state_dir, create=True, created_by="trueup restore apply")
         links = _links()
         try:
-            return start_restore(
+            record = start_restore(
                 engine, archive, mode, mappings, links, reboot=reboot, actor=actor()
             )
         except RestoreRefused as exc:
-            echo(f"trueup restore apply: {exc}", err=True)
-            raise Failed(1) from None
+            raise restore_failed(exc) from None
+        return record

@@ -28,6 +28,7 @@ from trueup.cli.exitcodes import command_option, option
 from trueup.cli.statedir import StateDirOpt, require_state_dir
 
 if TYPE_CHECKING:
+    from trueup.cli.bodies import StatusBody
     from trueup.reconcile.doctor import AgentPresence
     from trueup.reconcile.engine import Engine
 
@@ -118,13 +119,13 @@ def _missing(data: bytes) -> dict[str, str]:
 
 
 # -- doctor ------------------------------------------------------------------------
-def _snapshot(state_dir: Path) -> tuple[dict[str, Any], AgentPresence, Engine]:
+def _snapshot(state_dir: Path) -> tuple[StatusBody, AgentPresence, Engine]:
     local = LocalDevice(state_dir)
     status, answered = device_for(state_dir, local).doctor_status()
     return status, _presence(state_dir, answered), local.reader()
 
 
-def _report(state_dir: Path) -> tuple[list[Any], dict[str, Any], AgentPresence]:
+def _report(state_dir: Path) -> tuple[list[Any], StatusBody, AgentPresence]:
     from trueup.reconcile.doctor import run_checks
     from trueup.startup.preflight import preflight
     from trueup.subsystems.registry import default_subsystems
@@ -138,7 +139,7 @@ def _report(state_dir: Path) -> tuple[list[Any], dict[str, Any], AgentPresence]:
         if f.severity == "blocker"
     ]
     findings = run_checks(
-        status,
+        dict(status),
         presence,
         log_lines=lines if where.get("source") else None,
         log_source=where.get("source") or where.get("missing"),
@@ -205,7 +206,7 @@ def _until_stable(state_dir: Path, window: float, limit: float) -> int:
     typer.echo(f"waiting until the stop conditions hold for {window:g}s (timeout {limit:g}s)")
     while True:
         status, presence, _ = _snapshot(state_dir)
-        conditions = stop_conditions(status, presence)
+        conditions = stop_conditions(dict(status), presence)
         now = time.monotonic()
         if all(met for met, _ in conditions.values()):
             stable_since = stable_since if stable_since is not None else now

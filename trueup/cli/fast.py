@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 
 from trueup.agent.client import HEALTH_TIMEOUT, AgentClient, AgentUnavailable
-from trueup.cli.agentdevice import AgentDevice, Failed
+from trueup.cli.agentdevice import AgentDevice, Failed, agent_client
 from trueup.cli.commands import COMMANDS, STATE_DIR
 from trueup.cli.output import (
     echo,
@@ -172,13 +172,11 @@ def run(argv: list[str]) -> int | None:
         return None  # the full CLI names what is wrong, or checks the device named
     if document is not None and not _same_device(options["state_dir"], document):
         return None  # the full CLI refuses a document for another device (or finds out)
-    if command in ("confirm", "ack"):
-        # A write is sent once: ask first whether an agent answers, as the full CLI does.
-        client = AgentClient.connect(options["state_dir"])
-    else:
-        # A read is repeated by the full CLI when it is not answered within the time the
-        # health check would have allowed: one round trip instead of two.
-        client = AgentClient.at(options["state_dir"], timeout=HEALTH_TIMEOUT)
+    # A write is sent once: it asks first whether an agent answers, as the full CLI does. A
+    # read is repeated by the full CLI when it is not answered within the time the health
+    # check would have allowed: one round trip instead of two.
+    write = command in ("confirm", "ack")
+    client = agent_client(options["state_dir"], write=write, read_timeout=HEALTH_TIMEOUT)
     if client is None:
         return None  # no agent: the full CLI works without one, or says so
     return _HANDLERS[command](client, options, document)

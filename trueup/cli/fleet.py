@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -40,6 +40,10 @@ from trueup.cli.fleetapi import Connection
 from trueup.cli.output import emit, readable
 from trueup.model.layering import SelectorError, label_key_problem, parse_selector
 from trueup.server.fleet import FILTER_CHOICES, filter_problems
+
+if TYPE_CHECKING:
+    from trueup.cli.fleetapi import QueryParams
+    from trueup.cli.fleetbodies import FleetDevice
 
 __all__ = [
     "agent_lines",
@@ -145,7 +149,11 @@ def labels_text(labels: Any) -> str:
 
 
 def _get(
-    server: str | None, token_file: Path | None, ca_file: Path | None, path: str, **params: Any
+    server: str | None,
+    token_file: Path | None,
+    ca_file: Path | None,
+    path: str,
+    **params: str | None,
 ) -> Any:
     """GET `path` on the control plane; exits 1 with one line when that fails."""
     return _request("GET", server, token_file, ca_file, path, params=params)
@@ -158,7 +166,7 @@ def _request(
     ca_file: Path | None,
     path: str,
     *,
-    params: dict[str, Any] | None = None,
+    params: QueryParams | None = None,
     body: Any = None,
     allowed: str = "read the fleet (viewer or above)",
 ) -> Any:
@@ -378,7 +386,7 @@ def _v(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def render_table(devices: list[dict[str, Any]]) -> str:
+def render_table(devices: list[FleetDevice]) -> str:
     """One line per device; times ISO 8601 UTC."""
     header = (
         "DEVICE",
@@ -438,7 +446,7 @@ def drift_words(record: Any, now: float) -> str:
     return f"drifting since {_v(record.get('since'))} ({what})"
 
 
-def drift_lines(entry: dict[str, Any], now: float) -> list[str]:
+def drift_lines(entry: FleetDevice, now: float) -> list[str]:
     """The device's drift history (newest 5: who changed what, who healed it) and the
     router's own acknowledgements, as the control plane keeps them."""
     lines: list[str] = []
@@ -470,7 +478,7 @@ def drift_lines(entry: dict[str, Any], now: float) -> list[str]:
     return lines
 
 
-def render_device(entry: dict[str, Any]) -> str:
+def render_device(entry: FleetDevice) -> str:
     match = entry.get("digest_match")
     digest = {True: "same document", False: "DIFFERENT document", None: "unknown"}[match]
     conditions = entry.get("conditions") or []
@@ -513,7 +521,7 @@ def render_device(entry: dict[str, Any]) -> str:
             f"{confirmation.get('state')}{until}: {confirmation.get('reason') or '-'}"
         )
     lines.append(f"labels:        {labels_text(entry.get('labels'))}")
-    lines.extend(agent_lines(entry))
+    lines.extend(agent_lines(entry.get("agent")))
     lines.append(f"reason codes:  {', '.join(entry.get('reason_codes') or []) or '-'}")
     for ack in entry.get("acknowledgements") or []:
         lines.append(
@@ -535,10 +543,9 @@ def render_device(entry: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def agent_lines(entry: dict[str, Any]) -> list[str]:
-    """The agent's version and what it supports (as its last report says), and a warning
-    for each part of the desired revision it does not support."""
-    agent = entry.get("agent")
+def agent_lines(agent: object) -> list[str]:
+    """A fleet entry's `agent`: the agent's version and what it supports (as its last
+    report says), and a warning for each part of the desired revision it does not support."""
     if not isinstance(agent, dict):
         return []
     supports = agent.get("api_versions"), agent.get("sections")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import quote
 
 import typer
@@ -32,6 +32,10 @@ from trueup.cli.fleet import CaFileOpt, OutputOpt, ServerOpt, TokenFileOpt, hint
 from trueup.cli.fleet_profiles import CommentOpt, profile_app
 from trueup.cli.fleetapi import call, checked, conn, fail, read_document
 from trueup.cli.output import emit
+
+if TYPE_CHECKING:
+    from trueup.cli.fleetbodies import FleetPlan, PlanRequest, ProposedChange, VariablesUpdate
+    from trueup.model.jsontypes import JSONObject
 
 __all__ = ["add_commands", "parse_assignments", "render_plan"]
 
@@ -45,15 +49,15 @@ SelectorOpt = Annotated[
 # -- variables ---------------------------------------------------------------------------------
 
 
-def parse_assignments(items: list[str]) -> dict[str, Any]:
+def parse_assignments(items: list[str]) -> dict[str, object]:
     """`k=v` (v as JSON when it reads as JSON — 9000, true, ["a","b"] — else as text) and
     `k-` (remove: None). Exits 1 naming an item that is neither."""
-    found: dict[str, Any] = {}
+    found: dict[str, object] = {}
     for item in items:
         if "=" in item:
             key, text = item.split("=", 1)
             try:
-                value: Any = json.loads(text)
+                value: object = json.loads(text)
             except ValueError:
                 value = text
             if value is None:
@@ -105,7 +109,7 @@ def fleet_vars(
                 variables[key] = value
         # Without --own/--clear-own the own layer is left out: the server keeps the one the
         # plan uses (for a device without stored inputs, its desired document's spec).
-        put: dict[str, Any] = {"variables": variables}
+        put: VariablesUpdate = {"variables": variables}
         if clear_own:
             put["own"] = None
         elif own is not None:
@@ -134,8 +138,8 @@ def fleet_vars(
 _INPUTS_KEYS = {"device", "labels", "variables", "own"}
 
 
-def _own_layer(data: Any, path: Path) -> dict[str, Any]:
-    """A partial spec, or a whole document's spec."""
+def _own_layer(data: Any, path: Path) -> JSONObject:
+    """A partial spec, or a whole document's spec (as read: the server validates it)."""
     if isinstance(data, dict) and data.get("kind") == "DeviceState":
         data = data.get("spec")
     if isinstance(data, dict) and "own" in data and set(data) <= _INPUTS_KEYS:
@@ -156,7 +160,7 @@ def _value(value: Any) -> str:
     return "(none)" if value is None else json.dumps(value, sort_keys=True)
 
 
-def render_plan(plan: dict[str, Any]) -> str:
+def render_plan(plan: FleetPlan) -> str:
     """Per device the paths old -> new, then the refusals, then the counts."""
     lines: list[str] = []
     marks = {"add": "+", "remove": "-", "change": "~"}
@@ -215,7 +219,7 @@ def fleet_plan(
         fail("propose one change: --profile, --delete-profile, --vars or --label")
     if assignments and vars_device is None and label_device is None:
         fail("NAME=VALUE arguments go with --vars DEVICE or --label DEVICE")
-    change: dict[str, Any] | None = None
+    change: ProposedChange | None = None
     if profile is not None:
         change = {"kind": "profile", "document": read_document(profile)}
     elif delete_profile is not None:
@@ -232,7 +236,7 @@ def fleet_plan(
             "device": label_device,
             "labels": parse_assignments(assignments or []),
         }
-    body: dict[str, Any] = {"selector": selector or ""}
+    body: PlanRequest = {"selector": selector or ""}
     if change is not None:
         body["change"] = change
     status, answer, _ = call(c, "POST", "/api/v1/plan", body=body)

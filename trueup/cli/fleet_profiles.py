@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -34,6 +34,9 @@ from trueup.cli.fleetapi import (
     table,
 )
 from trueup.cli.output import emit
+
+if TYPE_CHECKING:
+    from trueup.cli.fleetbodies import StoredProfile
 
 __all__ = ["CommentOpt", "profile_app"]
 
@@ -74,7 +77,7 @@ def profile_create(
     _stored(checked(status, body, f"profile {name}"), output)
 
 
-def _stored(body: dict[str, Any], output: str) -> None:
+def _stored(body: StoredProfile, output: str) -> None:
     if output != "table":
         emit(body, output)
         return

@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from trueup.cli.fleet import CaFileOpt, OutputOpt, ServerOpt, TokenFileOpt, _connection
 from trueup.cli.fleetapi import Connection, several_documents, table
 from trueup.cli.output import emit, readable
+
+if TYPE_CHECKING:
+    from trueup.cli import fleetbodies as fb
+    from trueup.model.jsontypes import JSONObject
 
 __all__ = ["render_rollout", "rollout_app"]
 
@@ -91,7 +95,8 @@ def _call(c: Connection, method: str, path: str, body: Any = None) -> Any:
     return answer
 
 
-def _document(path: Path) -> dict[str, Any]:
+def _document(path: Path) -> JSONObject:
+    """The desired-state document in `path`, decoded (the server validates it)."""
     from trueup.model.decode import DecodeError, decode_json, decode_yaml
 
     try:
@@ -192,7 +197,7 @@ def start(
             "percentage of the wave from 1% to 100% (25%)"
         )
     limit: int | str = int(max_unavailable) if max_unavailable.isdigit() else max_unavailable
-    body: dict[str, Any] = {
+    body: fb.RolloutRequest = {
         "waves": _waves(canary, wave),
         "max_unavailable": limit,
         "soak_seconds": soak,
@@ -205,8 +210,8 @@ def start(
     if from_plan:
         if expect_digest is not None:
             body["expect_digest"] = expect_digest
-        answer = _call(c, "POST", "/api/v1/plan/rollout", {**body, "selector": selector})
-        _print_plan_rollout(answer, output)
+        body["selector"] = selector
+        _print_plan_rollout(_call(c, "POST", "/api/v1/plan/rollout", body), output)
         return
     answer = _call(c, "POST", "/api/v1/rollouts", {"targets": targets, **body})
     if output == "table":
@@ -215,23 +220,23 @@ def start(
         emit(answer, output)
 
 
-def _targets(files: list[Path]) -> list[dict[str, Any]]:
+def _targets(files: list[Path]) -> list[fb.RolloutTarget]:
     """One target per document: its device and the document as read."""
-    targets = []
+    targets: list[fb.RolloutTarget] = []
     for path in files:
         data = _document(path)
         targets.append({"device": data["metadata"]["device"], "document": data})
     return targets
 
 
-def _waves(canary: list[str] | None, percents: list[int] | None) -> list[dict[str, Any]]:
+def _waves(canary: list[str] | None, percents: list[int] | None) -> list[fb.WaveSpec]:
     """The canary wave (its devices, when named), then each cumulative percentage."""
-    waves: list[dict[str, Any]] = [{"devices": list(canary)}] if canary else []
+    waves: list[fb.WaveSpec] = [{"devices": list(canary)}] if canary else []
     waves.extend({"percent": p} for p in (percents or [100]))
     return waves
 
 
-def _print_plan_rollout(answer: dict[str, Any], output: str) -> None:
+def _print_plan_rollout(answer: fb.PlanRollout, output: str) -> None:
     """`rollout start --plan`'s answer: what the plan changes, then the rollout (if any)."""
     if output != "table":
         emit(answer, output)
@@ -356,7 +361,7 @@ def abort(
     _action("abort", rollout_id, reason, c, output)
 
 
-def render_rollout(view: dict[str, Any]) -> str:
+def render_rollout(view: fb.RolloutView) -> str:
     """A rollout: its state, each wave's counts, then one line per device."""
     spec = view.get("spec") or {}
     lines = [

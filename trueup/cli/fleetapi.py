@@ -10,9 +10,9 @@ the thing is at now.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypedDict
+from typing import Any, NoReturn, TypeAlias, TypedDict
 from urllib.parse import quote
 
 import typer
@@ -21,6 +21,7 @@ from trueup.cli.output import readable
 
 __all__ = [
     "Connection",
+    "QueryParams",
     "call",
     "checked",
     "conn",
@@ -35,6 +36,10 @@ __all__ = [
 def fail(message: str) -> NoReturn:
     typer.echo(f"trueup fleet: {message}", err=True)
     raise typer.Exit(1)
+
+
+QueryParams: TypeAlias = Mapping[str, str | int | None]
+"""A request's query parameters; one that is None is left out."""
 
 
 class Connection(TypedDict):
@@ -74,7 +79,7 @@ def call(
     *,
     body: Any = None,
     headers: dict[str, str] | None = None,
-    params: dict[str, Any] | None = None,
+    params: QueryParams | None = None,
 ) -> tuple[int, Any, dict[str, str]]:
     """One request to the control plane: (status, JSON body, headers); exits 1 with one
     line when it cannot be made, the token is refused, or the answer is not JSON."""

@@ -11,12 +11,13 @@ import sys
 from typing import Any
 
 from trueup.cli import helptext
+from trueup.cli.bodies import HelpScreen
 from trueup.cli.helptext import Piece
 
 __all__ = ["generate", "write"]
 
 
-def generate() -> dict[str, Any]:
+def generate() -> HelpScreen:
     """What `HELP` holds, from the typer app and typer's own rich helpers (as lists)."""
     import typer
     import typer.rich_utils as ru
@@ -35,7 +36,7 @@ def generate() -> dict[str, Any]:
         description.append(rich.pieces(renderable))
     prefix_rows, options, prefix = _option_rows(group, ctx, mode, rich)
     commands = _command_rows(group, ctx, mode, rich)
-    help_: dict[str, Any] = _lists(
+    help_: HelpScreen = _lists(
         {
             "usage": rich.pieces(ru.highlighter(group.get_usage(ctx)), ru.STYLE_USAGE_COMMAND),
             "usage_style": rich.style(ru.STYLE_USAGE_COMMAND),
@@ -161,9 +162,9 @@ def _command_rows(group: Any, ctx: Any, mode: Any, rich: _Rich) -> list[list[Any
 def write(path: str = helptext.__file__) -> None:
     with open(path, encoding="utf-8") as stream:
         source = stream.read()
-    start = source.index("HELP: dict[str, Any] = ")
+    start = source.index("HELP: HelpScreen = ")
     end = source.index("\n", start)
-    literal = f"HELP: dict[str, Any] = {generate()!r}"
+    literal = f"HELP: HelpScreen = {generate()!r}"
     with open(path, "w", encoding="utf-8") as stream:
         stream.write(source[:start] + literal + source[end:])
 
@@ -181,4 +182,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--write"]:
         write()
     else:
-        print(f"HELP: dict[str, Any] = {generate()!r}")
+        print(f"HELP: HelpScreen = {generate()!r}")

@@ -18,12 +18,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn, cast
 
 import typer
 
 from trueup.agent.client import AgentUnavailable
-from trueup.cli.agentdevice import AgentDevice
 from trueup.cli.backup import backup_app, restore_app
 from trueup.cli.commands import (
     CONFIRM_WITHIN,
@@ -63,6 +62,7 @@ from trueup.cli.statedir import (
 )
 
 if TYPE_CHECKING:
+    from trueup.cli.bodies import DriftReport
     from trueup.model.document import DeviceState
     from trueup.subsystems.base import Subsystem
 
@@ -109,8 +109,7 @@ def _version_line(state_dir: str) -> str:
     from trueup import __version__
 
     line = f"trueup {__version__}"
-    device = AgentDevice.at(state_dir, timeout=2.0) if os.path.isdir(state_dir) else None
-    agent = device.agent() if device is not None else {}
+    agent = device_for(Path(state_dir), write=False).agent() if os.path.isdir(state_dir) else {}
     if agent.get("pid"):
         line += f"\nagent {agent.get('version') or 'unknown'} (pid {agent['pid']}, {state_dir})"
     return line
@@ -244,7 +243,9 @@ def drift(state_dir: StateDirOpt = DEFAULT_DIR, output: OutputOpt = "table") -> 
     current = device_for(state_dir).status()
     from trueup.reconcile.status import drift_report
 
-    raise typer.Exit(print_drift(drift_report(current), output))
+    # `drift_report` answers `DriftBody.to_json()`: what the agent serves on /v1/drift.
+    report = cast("DriftReport", drift_report(current))
+    raise typer.Exit(print_drift(report, output))
 
 
 @declared(app, "reconcile")

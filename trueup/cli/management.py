@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 import typer
 
@@ -32,6 +32,7 @@ from trueup.cli.statedir import StateDirOpt
 
 if TYPE_CHECKING:
     from trueup.journal.state import StateDir
+    from trueup.model.document import DeviceState
     from trueup.reconcile.engine import Engine
 
 __all__ = ["management_app"]
@@ -51,7 +52,29 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _kernel(engine: Engine, interface: str | None) -> dict[str, Any]:
+class ConsoleFacts(TypedDict):
+    """Management facts: the interface, its addresses, the default gateway."""
+
+    interface: str
+    addresses: list[str]
+    gateway: str | None
+
+
+class ReplacedView(ConsoleFacts):
+    source: str  # where the facts an override replaced were from
+
+
+class KernelView(TypedDict, total=False):
+    """What the kernel holds on the management interface now, or why it cannot be read."""
+
+    interface: str | None
+    error: str
+    link: str
+    addresses: list[str]
+    default_routes: list[str]
+
+
+def _kernel(engine: Engine, interface: str | None) -> KernelView:
     """What the kernel holds now on the management interface: link, addresses, default routes."""
     if interface is None:
         return {"interface": None}
@@ -76,10 +99,10 @@ def _kernel(engine: Engine, interface: str | None) -> dict[str, Any]:
     }
 
 
-def _facts_line(facts: dict[str, Any]) -> str:
-    line = f"{facts.get('interface')} {', '.join(facts.get('addresses') or []) or '-'}"
-    if facts.get("gateway"):
-        line += f" via {facts['gateway']}"
+def _facts_line(interface: object, addresses: list[str] | None, gateway: object) -> str:
+    line = f"{interface} {', '.join(addresses or []) or '-'}"
+    if gateway:
+        line += f" via {gateway}"
     return line
 
 
@@ -117,9 +140,10 @@ def show(
     next_start = found.to_json()
     holder = agent_holder(state_dir) if state_dir.is_dir() else None
     damaged = [d.to_json() for d in engine.check.damaged()] if state_dir.is_dir() else []
-    report: dict[str, Any] = {
+    kernel = _kernel(engine, next_start["interface"])
+    report = {
         "next_start": next_start,
-        "kernel": _kernel(engine, next_start["interface"]),
+        "kernel": kernel,
         "agent": {"running": holder is not None, **(holder.to_json() if holder else {})},
         "damaged": damaged,
     }
@@ -130,11 +154,13 @@ def show(
         typer.echo("next start: NO management facts (nothing readable; see below)")
     else:
         api = next_start["api"]
-        typer.echo(f"next start: {_facts_line(dict(next_start))} (API port {api and api['port']})")
+        line = _facts_line(
+            next_start.get("interface"), next_start.get("addresses"), next_start.get("gateway")
+        )
+        typer.echo(f"next start: {line} (API port {api['port'] if api else None})")
         typer.echo(f"  from {found.source}" + (f", over {found.base}" if found.base else ""))
     for why in found.skipped:
         typer.echo(f"  not used: {why}")
-    kernel = report["kernel"]
     if kernel.get("error"):
         typer.echo(f"kernel now: cannot observe: {kernel['error']}")
     elif kernel.get("interface"):
@@ -183,7 +209,7 @@ def set_management(
     from trueup.system.netlink import load_encoders
 
     load_encoders()
-    facts: dict[str, Any] = {"interface": interface, "addresses": list(address), "gateway": gateway}
+    facts: ConsoleFacts = {"interface": interface, "addresses": list(address), "gateway": gateway}
     state = StateDir(state_dir)
     engine = Engine(state)
     current = management_source(state) if state_dir.is_dir() else None
@@ -202,7 +228,7 @@ def set_management(
     try:
         steps = _converge(engine, document, previous)
         replaced = (
-            {"source": current.source, **_facts_of(previous)}
+            _replaced(current.source, previous)
             if current is not None and previous is not None
             else None
         )
@@ -213,7 +239,7 @@ def set_management(
     for step in steps:
         typer.echo(f"  {step}")
     typer.echo(
-        f"management {_facts_line(facts)}: on the kernel now"
+        f"management {_facts_line(interface, facts['addresses'], gateway)}: on the kernel now"
         + (f" ({len(steps)} step(s))" if steps else " (already there)")
     )
     if lock_note != "held":
@@ -248,10 +274,12 @@ def _finish_announcements(bound: float = 3.0) -> None:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
-def _facts_of(document: Any) -> dict[str, Any]:
+def _replaced(source: str, document: DeviceState) -> ReplacedView:
     from trueup.reconcile.management_tier import management_facts_of
 
-    return management_facts_of(document)
+    facts = management_facts_of(document)
+    interface, addresses, gateway = facts["interface"], facts["addresses"], facts["gateway"]
+    return {"source": source, "interface": interface, "addresses": addresses, "gateway": gateway}
 
 
 class _LockAttempt:
@@ -313,12 +341,12 @@ def _converge(engine: Engine, document: Any, previous: Any) -> list[str]:
 def _record(
     state: StateDir,
     document: Any,
-    facts: dict[str, Any],
+    facts: ConsoleFacts,
     actor: str,
     reason: str,
     lock_note: str,
     steps: list[str],
-    replaced: dict[str, Any] | None,
+    replaced: ReplacedView | None,
 ) -> str | None:
     """The override, the fast path's copy and the audit line; None, or why it was not recorded."""
     from trueup.journal.audit import now_iso

@@ -26,14 +26,15 @@ if TYPE_CHECKING:
 
     from trueup.cli.bodies import (
         ApplyBody,
+        DriftReport,
         MessageBody,
         PlanBody,
         PlanStep,
+        StatusBody,
     )
 
 __all__ = [
     "REFUSAL_EXIT_CODES",
-    "api_result",
     "echo",
     "emit",
     "print_acknowledged",
@@ -87,28 +88,6 @@ def emit(value: Any, output: str) -> None:
         import typer
 
         raise typer.BadParameter(f"unknown output format {output!r}")
-
-
-def api_result(response: Any) -> dict[str, Any] | int:
-    """The body of an agent's answer, or the exit code after printing why it failed."""
-    try:
-        body = response.json()
-    except ValueError:
-        echo(f"trueup: agent answered {response.status_code}: {response.text[:200]}", err=True)
-        return 1
-    if response.status_code == 409:
-        echo(f"{body['code']}: {body['message']}", err=True)
-        return REFUSAL_EXIT_CODES.get(body["code"], 1)
-    if response.status_code == 422:
-        echo("request body: invalid document", err=True)
-        for problem in body.get("problems", []):
-            echo(f"  {problem}", err=True)
-        return 1
-    if response.status_code == 507 or (response.status_code >= 400 and "ok" not in body):
-        message = str(body.get("message") or f"agent answered {response.status_code}: {body}")
-        echo(f"trueup: {message}", err=True)
-        return 1
-    return dict(body)
 
 
 def print_apply(result: ApplyBody, output: str) -> int:
@@ -253,14 +232,14 @@ def _step_line(step: PlanStep) -> str:
     return f"~ {head}: {readable(old, 120)} → {readable(new, 120)}"
 
 
-def print_status(status: dict[str, Any], output: str) -> None:
+def print_status(status: StatusBody, output: str) -> None:
     if output == "table":
         echo(render_status(status))
     else:
         emit(status, output)
 
 
-def print_drift(report: dict[str, Any], output: str) -> int:
+def print_drift(report: DriftReport, output: str) -> int:
     """`trueup drift`'s output; the exit code: 0 in sync, 2 drift."""
     if output == "table":
         if report["in_sync"]:

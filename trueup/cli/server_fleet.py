@@ -114,7 +114,7 @@ def render_fleet_device(entry: dict[str, Any]) -> str:
     if entry.get("in_sync_since"):
         lines.append(f"in sync since: {entry['in_sync_since']}")
     lines.append(f"labels:        {labels_text(entry.get('labels'))}")
-    lines.extend(agent_lines(entry))
+    lines.extend(agent_lines(entry.get("agent")))
     lines.append(f"reason codes:  {', '.join(entry['reason_codes']) or '-'}")
     for ack in entry.get("acknowledgements", []):
         lines.append(

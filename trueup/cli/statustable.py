@@ -17,6 +17,7 @@ if TYPE_CHECKING:
         Attribution,
         Finding,
         LastDrift,
+        StatusBody,
         SubsystemStatus,
     )
 
@@ -70,7 +71,7 @@ def render_findings(findings: list[Finding]) -> list[str]:
     return lines
 
 
-def render_limitations(status: dict[str, Any]) -> list[str]:
+def render_limitations(status: StatusBody) -> list[str]:
     """Known limitations in force and the differences they cover (accepted, not drift)."""
     limitations = status.get("limitations") or []
     if not limitations:
@@ -91,7 +92,7 @@ def render_limitations(status: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render_status(status: dict[str, Any]) -> str:
+def render_status(status: StatusBody) -> str:
     """`trueup status` as a table: who answers, versions and management, the subsystems,
     then what is open, pending or accepted, and the reason codes."""
     lines = _status_head(status)
@@ -104,7 +105,7 @@ def render_status(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _status_head(status: dict[str, Any]) -> list[str]:
+def _status_head(status: StatusBody) -> list[str]:
     """The agent's presence, the device, its versions, management, startup, a missed confirm."""
     versions = status["versions"]
     mgmt = status["management"]
@@ -154,7 +155,7 @@ def _status_head(status: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _subsystem_table(status: dict[str, Any]) -> list[str]:
+def _subsystem_table(status: StatusBody) -> list[str]:
     """One row per subsystem, then their drift, healing and acknowledgement details."""
     lines = [f"{'SUBSYSTEM':<12} {'TIER':<11} {'HEALTH':<9} {'POLICY':<7} REASON"]
     for name, sub in status["subsystems"].items():
@@ -181,19 +182,17 @@ def _subsystem_table(status: dict[str, Any]) -> list[str]:
             reason = (reason + " (" + "; ".join(extra) + ")").strip()
         lines.append(f"{name:<12} {sub['tier']:<11} {sub['health']:<9} {policy:<7} {reason}")
     lines.extend(_subsystem_details(status["subsystems"], status.get("observed_at")))
-    last = {
-        n: sub["last_drift"] for n, sub in status["subsystems"].items() if sub.get("last_drift")
-    }
+    last = {n: drift for n, sub in status["subsystems"].items() if (drift := sub.get("last_drift"))}
     lines.extend(render_last_drift(last, status.get("observed_at")))
     return lines
 
 
-def _status_tail(status: dict[str, Any]) -> list[str]:
+def _status_tail(status: StatusBody) -> list[str]:
     """An open transaction, a pending or last confirmation, a restore, known limitations."""
     lines: list[str] = []
     journal = status.get("journal", {})
-    if journal.get("open"):
-        txn = journal["open"]
+    txn = journal.get("open")
+    if txn:
         lines.append(f"\nopen transaction: {txn['txn']} version {txn.get('version')}")
     pending = status.get("pending_confirmation")
     confirmation = status.get("confirmation") or {}
