@@ -135,7 +135,7 @@ def _register_profiles(app: FastAPI, api: Api) -> None:
             )
         )
         response.headers["ETag"] = f'"{stored.version}"'
-        return stored.summary()
+        return dict(stored.summary())
 
     @app.delete(
         "/api/v1/profiles/{name}",
@@ -165,7 +165,7 @@ def _register_variables(app: FastAPI, api: Api) -> None:
     def get_variables(device: DEVICE, response: Response, p: Principal = viewer) -> dict[str, Any]:
         stored = plane.device_variables(p.tenant_id, device)
         response.headers["ETag"] = f'"{stored.version}"'
-        return stored.summary()
+        return dict(stored.summary())
 
     @app.put(
         "/api/v1/devices/{device}/variables",
@@ -193,7 +193,7 @@ def _register_variables(app: FastAPI, api: Api) -> None:
             keep_own="own" not in body.model_fields_set,
         )
         response.headers["ETag"] = f'"{stored.version}"'
-        return stored.summary()
+        return dict(stored.summary())
 
 
 def _register_plan(app: FastAPI, api: Api) -> None:
