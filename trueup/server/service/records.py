@@ -20,9 +20,15 @@ __all__ = [
     "InputsDetail",
     "InputsSummary",
     "LabelsSet",
+    "PathChangeJSON",
+    "PlanCounts",
+    "PlanJSON",
+    "PlanRefusal",
+    "PlannedTarget",
     "ProfileRef",
     "ProfileSummary",
     "ProvenanceJSON",
+    "PublishedRevision",
     "RefusedSecret",
     "RevisionDetail",
     "RevisionSummary",
@@ -208,3 +214,53 @@ class AuditEntry(TypedDict):
     target: str
     detail: JSONObject  # the action's own record (auditfacts.py names each one's keys)
     row_hash: str
+
+
+class PathChangeJSON(TypedDict):
+    """One path a plan changes on a device: `op` add, remove or change; the JSON values."""
+
+    path: str
+    op: str
+    old: object
+    new: object
+
+
+class PlannedTarget(TypedDict):
+    """A device a plan changes."""
+
+    device: str
+    from_version: int
+    digest: str
+    provenance: ProvenanceJSON
+    changes: list[PathChangeJSON]
+
+
+class PlanRefusal(TypedDict):
+    """A device a plan (or its publishing) cannot send the change to, and why."""
+
+    device: str
+    kind: str
+    problems: list[str]
+
+
+class PlanCounts(TypedDict):
+    changed: int
+    refused: int
+    unchanged: int
+
+
+class PublishedRevision(TypedDict):
+    device: str
+    version: int
+
+
+class PlanJSON(TypedDict):
+    """A fleet plan as the API answers it (and `trueup fleet plan -o json` prints it);
+    publishing it adds what it stored."""
+
+    targets: list[PlannedTarget]
+    refused: list[PlanRefusal]
+    counts: PlanCounts
+    exit_code: int
+    digest: str
+    published: NotRequired[list[PublishedRevision]]

@@ -208,7 +208,7 @@ def _register_plan(app: FastAPI, api: Api) -> None:
     def plan(body: PlanRequest, p: Principal = viewer) -> dict[str, Any]:
         selector = checked_selector(body.selector)
         change = _proposed(body.change)
-        return plan_json(plane.plan(p.tenant_id, selector=selector, change=change))
+        return dict(plan_json(plane.plan(p.tenant_id, selector=selector, change=change)))
 
     @app.post("/api/v1/plan/publish", responses=answers(), openapi_extra=role("operator"))
     def publish(body: PublishRequest, p: Principal = operator) -> dict[str, Any]:
@@ -227,4 +227,4 @@ def _register_plan(app: FastAPI, api: Api) -> None:
             {"device": r.device, "kind": r.kind, "problems": list(r.problems)}
             for r in published.refused
         ]
-        return answer
+        return dict(answer)
