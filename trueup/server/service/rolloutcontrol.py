@@ -42,7 +42,7 @@ from trueup.server.service.rolloutplan import (
     parse_spec,
     unavailable_limit,
 )
-from trueup.server.service.rolloutrecords import RolloutUpdate
+from trueup.server.service.rolloutrecords import MemberState, RolloutUpdate
 from trueup.server.service.rolloutrows import (
     ACTOR,
     InsertRevision,
@@ -62,7 +62,10 @@ __all__ = ["RolloutController", "StepStats"]
 
 log = logging.getLogger("trueup.server.rollouts")
 
-TERMINAL = ("passed", "failed", "reverted", "skipped")
+TERMINAL: tuple[str, ...] = tuple(
+    state.value
+    for state in (MemberState.PASSED, MemberState.FAILED, MemberState.REVERTED, MemberState.SKIPPED)
+)
 
 
 class RolloutController:

@@ -22,7 +22,7 @@ from trueup.model.jsontypes import JSONObject
 from trueup.server.service.errors import Conflict
 from trueup.server.service.notify.emit import device_of, emit
 from trueup.server.service.records import ProvenanceJSON
-from trueup.server.service.rolloutrecords import GateConfirmation
+from trueup.server.service.rolloutrecords import GateConfirmation, RolloutState
 from trueup.server.service.store import Store
 from trueup.server.tables import (
     acks,
@@ -52,7 +52,11 @@ __all__ = [
 ]
 
 # Rollout states that hold their devices (a second change to them is refused).
-ACTIVE = ("running", "paused", "waiting-approval")
+# The states in which a rollout holds its devices (unfinished).
+ACTIVE: tuple[str, ...] = tuple(
+    state.value
+    for state in (RolloutState.RUNNING, RolloutState.PAUSED, RolloutState.WAITING_APPROVAL)
+)
 ACTOR = "trueup:rollouts"  # the controller's actor in the audit log
 
 
