@@ -61,6 +61,12 @@ TYPED_MODULES = (
     "trueup.system.requirements",
     "trueup.system.sources",
     "trueup.startup",
+    "trueup.server.confirmation",
+    "trueup.server.coverage",
+    "trueup.server.drift",
+    "trueup.server.fleet",
+    "trueup.server.records",
+    "trueup.server.service",
 )
 
 

@@ -143,9 +143,12 @@ def fleet_list(
     check_filters("trueup server fleet list", status=status, reason=reason)
     check_selector("trueup server fleet list", selector)
     with admin(db, key_file, stale_intervals=stale_intervals) as run:
-        entries = run.plane.fleet(
-            run.tenant(tenant), status=status, reason=reason, selector=selector
-        )
+        entries = [
+            dict(e)
+            for e in run.plane.fleet(
+                run.tenant(tenant), status=status, reason=reason, selector=selector
+            )
+        ]
         run.show(
             {"devices": entries, "count": len(entries)},
             output,
@@ -164,5 +167,5 @@ def fleet_show(
 ) -> None:
     """One device: both revisions' identities, the digest comparison and any local override."""
     with admin(db, key_file, stale_intervals=stale_intervals) as run:
-        entry = run.plane.device_view(run.tenant(tenant), device)
+        entry = dict(run.plane.device_view(run.tenant(tenant), device))
         run.show(entry, output, lambda: render_fleet_device(entry))

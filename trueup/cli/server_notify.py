@@ -113,7 +113,7 @@ def rules(
 ) -> None:
     """The tenant's routing rules."""
     with admin(db, key_file) as run:
-        found = run.plane.notify_rules(run.tenant(tenant))
+        found = [dict(r) for r in run.plane.notify_rules(run.tenant(tenant))]
         run.show({"rules": found}, output, _rule_lines(found))
 
 

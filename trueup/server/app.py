@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -31,6 +30,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
 from starlette.concurrency import run_in_threadpool
 
+from trueup.model.jsontypes import JSONObject
 from trueup.model.limits import PROBLEM_CHARS
 from trueup.server import dashboard
 from trueup.server.api.allow import AllowMiddleware
@@ -187,7 +187,7 @@ def _with_report_schemas(app: FastAPI) -> None:
     `#/components/schemas/AgentReport`; it parses the body itself, for speed)."""
     generate = app.openapi
 
-    def openapi() -> dict[str, Any]:
+    def openapi() -> JSONObject:  # the OpenAPI document
         if app.openapi_schema is None:
             schema = generate()
             report = AgentReport.model_json_schema(ref_template="#/components/schemas/{model}")

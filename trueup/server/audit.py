@@ -112,7 +112,7 @@ def verify(conn: Connection, server_key: ServerKey) -> list[AuditProblem]:
     problems.extend(replay_problems)
     for name, check in verify_tables(conn, server_key, facts):
         run(name, check)
-    covered = coverage.replay([dict(entry) for entry in entries])
+    covered = coverage.replay(entries)
     for name, cover_check in {**coverchecks.CHECKS, **inputchecks.CHECKS}.items():
         run(name, functools.partial(_cover_problems, cover_check, conn, server_key, covered))
     return problems

@@ -26,7 +26,6 @@ from typing import Any, TypedDict
 from sqlalchemy import Connection, RowMapping, select, update
 
 from trueup.model.digests import canonical_json
-from trueup.model.jsontypes import JSONObject
 from trueup.server.keys import ServerKey
 from trueup.server.tables import audit_head, audit_log
 
@@ -135,10 +134,13 @@ def append(
     actor: str,
     action: str,
     target: str,
-    detail: JSONObject | None = None,
+    detail: Mapping[str, object] | None = None,
     at: float | None = None,
 ) -> int:
-    """Append one entry inside the caller's transaction; return its sequence number."""
+    """Append one entry inside the caller's transaction; return its sequence number.
+
+    `detail` is the action's own record (each action's keys: auditfacts.py), stored as
+    canonical JSON."""
     head = conn.execute(
         select(audit_head.c.seq, audit_head.c.row_hash)
         .where(audit_head.c.id == 1)

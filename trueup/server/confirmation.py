@@ -20,12 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
-from sqlalchemy import Connection, and_, select
+from sqlalchemy import Connection, RowMapping, and_, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from trueup.model.jsontypes import JSONObject
+from trueup.server.records import ConfirmationEntry, ConfirmationRow, ConfirmationState
 from trueup.server.tables import device_confirmation, devices, tenants
 
 __all__ = [
@@ -36,16 +38,16 @@ __all__ = [
     "write_confirmations",
 ]
 
-STATES = ("pending", "confirmed", "rolled-back")
+STATES = tuple(state.value for state in ConfirmationState)
 REASON_LENGTH = 1000
 
 # (connection, tenant id, tenant name, device name, the stored row) for a new rollback.
-RolledBack = Callable[[Connection, int, str, str, dict[str, Any]], None]
+RolledBack = Callable[[Connection, int, str, str, ConfirmationRow], None]
 
 
 def confirmation_row(
-    device_id: int, payload: dict[str, Any], received_at: float
-) -> dict[str, Any] | None:
+    device_id: int, payload: JSONObject, received_at: float
+) -> ConfirmationRow | None:
     """The row of one report's `confirmation`, or None when it carries none."""
     record = payload.get("confirmation")
     if not isinstance(record, dict) or record.get("state") not in STATES:
@@ -70,7 +72,7 @@ def _int(value: Any) -> int | None:
 
 def write_confirmations(
     conn: Connection,
-    rows: list[dict[str, Any]],
+    rows: list[ConfirmationRow],
     *,
     is_sqlite: bool,
     on_rolled_back: RolledBack | None = None,
@@ -79,15 +81,15 @@ def write_confirmations(
     if not rows:
         return
     ids = sorted({row["device_id"] for row in rows})
-    before = {
-        int(r["device_id"]): dict(r)
+    before: dict[int, ConfirmationRow] = {
+        int(r["device_id"]): _stored(r)
         for r in conn.execute(
             select(device_confirmation).where(device_confirmation.c.device_id.in_(ids))
         ).mappings()
     }
     # In arrival order: a rollback followed in the same batch by a newer record is seen.
-    new_rollbacks: list[dict[str, Any]] = []
-    latest: dict[int, dict[str, Any]] = {}
+    new_rollbacks: list[ConfirmationRow] = []
+    latest: dict[int, ConfirmationRow] = {}
     for row in rows:
         earlier = latest.get(row["device_id"]) or before.get(row["device_id"])
         if earlier is not None and _goes_back(earlier, row):
@@ -125,7 +127,8 @@ def write_confirmations(
         on_rolled_back(conn, *names[row["device_id"]], row)
 
 
-_COLUMNS = (
+_Column = Literal["version", "state", "deadline", "reason", "rollback_to", "rolled_back_to_version"]
+_COLUMNS: tuple[_Column, ...] = (
     "version",
     "state",
     "deadline",
@@ -135,7 +138,7 @@ _COLUMNS = (
 )
 
 
-def _goes_back(earlier: dict[str, Any], row: dict[str, Any]) -> bool:
+def _goes_back(earlier: ConfirmationRow, row: ConfirmationRow) -> bool:
     """`row` names an older version than `earlier`, or says a version `earlier` records as
     rolled back is pending or confirmed: not believed (the log audited the rollback)."""
     old, new = earlier["version"], row["version"]
@@ -146,11 +149,11 @@ def _goes_back(earlier: dict[str, Any], row: dict[str, Any]) -> bool:
     return bool(new == old and earlier["state"] == "rolled-back" and row["state"] != "rolled-back")
 
 
-def _changed(stored: dict[str, Any] | None, row: dict[str, Any]) -> bool:
+def _changed(stored: ConfirmationRow | None, row: ConfirmationRow) -> bool:
     return stored is None or any(stored[name] != row[name] for name in _COLUMNS)
 
 
-def _upsert(conn: Connection, rows: list[dict[str, Any]], *, is_sqlite: bool) -> None:
+def _upsert(conn: Connection, rows: list[ConfirmationRow], *, is_sqlite: bool) -> None:
     insert = sqlite_insert(device_confirmation) if is_sqlite else pg_insert(device_confirmation)
     excluded = insert.excluded
     conn.execute(
@@ -162,7 +165,21 @@ def _upsert(conn: Connection, rows: list[dict[str, Any]], *, is_sqlite: bool) ->
     )
 
 
-def _entry(row: Any) -> dict[str, Any]:
+def _stored(row: RowMapping) -> ConfirmationRow:
+    return {
+        "device_id": row["device_id"],
+        "version": row["version"],
+        "state": row["state"],
+        "deadline": row["deadline"],
+        "reason": row["reason"],
+        "rollback_to": row["rollback_to"],
+        "rolled_back_to_version": row["rolled_back_to_version"],
+        "since": row["since"],
+        "reported_at": row["reported_at"],
+    }
+
+
+def _entry(row: RowMapping) -> ConfirmationEntry:
     return {
         "version": row["version"],
         "state": row["state"],
@@ -182,7 +199,7 @@ def _iso(seconds: float | None) -> str | None:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def confirmations(conn: Connection, tenant_id: int) -> dict[int, dict[str, Any]]:
+def confirmations(conn: Connection, tenant_id: int) -> dict[int, ConfirmationEntry]:
     """Device id → its latest confirmation, for every device of the tenant that has one."""
     query = (
         select(device_confirmation)
@@ -192,7 +209,7 @@ def confirmations(conn: Connection, tenant_id: int) -> dict[int, dict[str, Any]]
     return {int(r["device_id"]): _entry(r) for r in conn.execute(query).mappings()}
 
 
-def confirmation_of(conn: Connection, tenant_id: int, device_id: int) -> dict[str, Any] | None:
+def confirmation_of(conn: Connection, tenant_id: int, device_id: int) -> ConfirmationEntry | None:
     """The device's latest confirmation ({version, state, deadline, reason, …}) or None."""
     row = (
         conn.execute(

@@ -37,13 +37,14 @@ import hashlib
 import hmac
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, RowMapping, select
 
 from trueup.model.digests import canonical_json
+from trueup.model.jsontypes import JSONObject
 from trueup.server.keys import ServerKey
 from trueup.server.tables import audit_log, notify_targets
 
@@ -57,6 +58,7 @@ __all__ = [
     "ProfileFact",
     "RevisionFact",
     "SecretVersion",
+    "TargetAuditDetail",
     "TargetFact",
     "replay",
     "secret_digest",
@@ -104,8 +106,9 @@ def secret_digest(
     return _hmac(server_key.derive("secret-digest"), identity + b"\n" + value)
 
 
-def target_state(server_key: ServerKey, row: Any) -> tuple[dict[str, Any], str]:
-    """A target row's audited columns as they are, and the keyed digest of its sealed ones."""
+def target_state(server_key: ServerKey, row: RowMapping) -> tuple[JSONObject, str]:
+    """A target row's audited columns as they are (`TARGET_COLUMNS`: the log records them as
+    JSON, and compares them as read back), and the keyed digest of its sealed ones."""
     fields = {column: row[column] for column in TARGET_COLUMNS}
     sealed = [
         None if row[column] is None else bytes(row[column]).hex()
@@ -115,11 +118,21 @@ def target_state(server_key: ServerKey, row: Any) -> tuple[dict[str, Any], str]:
     return fields, _hmac(server_key.derive("notify-target-seal"), body)
 
 
-def target_audit_detail(conn: Connection, server_key: ServerKey, target_id: int) -> dict[str, Any]:
+def target_audit_detail(
+    conn: Connection, server_key: ServerKey, target_id: int
+) -> TargetAuditDetail:
     """What an audited write of a target records: its id and its state after the write."""
     row = conn.execute(select(notify_targets).where(notify_targets.c.id == target_id)).mappings()
     fields, sealed = target_state(server_key, row.one())
     return {"target_id": target_id, "fields": fields, "sealed_digest": sealed}
+
+
+class TargetAuditDetail(TypedDict):
+    """What an audited write of a notification target records of it."""
+
+    target_id: int
+    fields: JSONObject  # `TARGET_COLUMNS`, as they are
+    sealed_digest: str
 
 
 # -- the replay -----------------------------------------------------------------------------
@@ -136,7 +149,7 @@ class SecretVersion:
 @dataclass(frozen=True)
 class TargetFact:
     seq: int
-    fields: dict[str, Any]
+    fields: JSONObject  # `TARGET_COLUMNS` as the log recorded them
     sealed_digest: str
 
 
@@ -204,12 +217,12 @@ class CoverFacts:
         return versions[-1] if versions else None
 
 
-def _int(detail: dict[str, Any], key: str) -> int | None:
+def _int(detail: JSONObject, key: str) -> int | None:
     value = detail.get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _str(detail: dict[str, Any], key: str) -> str | None:
+def _str(detail: JSONObject, key: str) -> str | None:
     value = detail.get(key)
     return value if isinstance(value, str) else None
 
@@ -218,7 +231,7 @@ def _after(target: str, prefix: str) -> str | None:
     return target[len(prefix) :] if target.startswith(prefix) else None
 
 
-def _device_id(facts: CoverFacts, entry: Any, detail: dict[str, Any]) -> int | None:
+def _device_id(facts: CoverFacts, entry: RowMapping, detail: JSONObject) -> int | None:
     device_id = _int(detail, "device_id")
     if device_id is None:  # older entries name the device in the target
         name = _after(str(entry["target"]), "device:")
@@ -227,7 +240,7 @@ def _device_id(facts: CoverFacts, entry: Any, detail: dict[str, Any]) -> int | N
     return device_id
 
 
-def _apply_secret(facts: CoverFacts, entry: Any, detail: dict[str, Any]) -> None:
+def _apply_secret(facts: CoverFacts, entry: RowMapping, detail: JSONObject) -> None:
     target = str(entry["target"])
     name = _str(detail, "name") or (
         target.split("/secret:", 1)[1] if "/secret:" in target else None
@@ -251,7 +264,7 @@ def _apply_secret(facts: CoverFacts, entry: Any, detail: dict[str, Any]) -> None
     facts.secret_ids[secret_id] = (device_id, name, fact)
 
 
-def _apply_target(facts: CoverFacts, entry: Any, detail: dict[str, Any]) -> None:
+def _apply_target(facts: CoverFacts, entry: RowMapping, detail: JSONObject) -> None:
     target_id = _int(detail, "target_id")
     fields = detail.get("fields")
     sealed = _str(detail, "sealed_digest")
@@ -264,7 +277,7 @@ def _apply_target(facts: CoverFacts, entry: Any, detail: dict[str, Any]) -> None
         facts.old_targets[(entry["tenant_id"], name)] = (int(entry["seq"]), url)
 
 
-def _apply_evidence(facts: CoverFacts, entry: Any, detail: dict[str, Any]) -> None:
+def _apply_evidence(facts: CoverFacts, entry: RowMapping, detail: JSONObject) -> None:
     evidence_id = _int(detail, "evidence_id")
     if evidence_id is None:
         return
@@ -284,7 +297,7 @@ def _apply_evidence(facts: CoverFacts, entry: Any, detail: dict[str, Any]) -> No
     )
 
 
-def _apply_revision(facts: CoverFacts, entry: Any, detail: dict[str, Any]) -> None:
+def _apply_revision(facts: CoverFacts, entry: RowMapping, detail: JSONObject) -> None:
     device_id, version = _int(detail, "device_id"), _int(detail, "version")
     if device_id is None or version is None:
         return
@@ -298,7 +311,7 @@ def _apply_revision(facts: CoverFacts, entry: Any, detail: dict[str, Any]) -> No
     )
 
 
-def apply(facts: CoverFacts, entry: Any) -> None:
+def apply(facts: CoverFacts, entry: RowMapping) -> None:
     """Apply one authenticated entry (malformed details are audit.verify's to name)."""
     action = str(entry["action"])
     try:
@@ -353,7 +366,7 @@ def apply(facts: CoverFacts, entry: Any) -> None:
             facts.allowlists[entry["tenant_id"]] = (int(entry["seq"]), [str(e) for e in entries])
 
 
-def replay(entries: list[dict[str, Any]]) -> CoverFacts:
+def replay(entries: Iterable[RowMapping]) -> CoverFacts:
     """The facts of `entries` (authenticated rows, in order)."""
     facts = CoverFacts()
     for entry in entries:

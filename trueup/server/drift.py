@@ -20,10 +20,12 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, select
+from sqlalchemy import Connection, RowMapping, and_, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from trueup.model.jsontypes import JSONObject
+from trueup.server.records import DriftRecord, DriftRow
 from trueup.server.tables import device_drift, devices
 
 __all__ = [
@@ -49,9 +51,9 @@ def _epoch(value: Any) -> float | None:
         return None
 
 
-def drift_rows(device_id: int, payload: dict[str, Any], received_at: float) -> list[dict[str, Any]]:
+def drift_rows(device_id: int, payload: JSONObject, received_at: float) -> list[DriftRow]:
     """The rows of one report's drift history (records without a readable `since` skipped)."""
-    rows: dict[tuple[str, float], dict[str, Any]] = {}
+    rows: dict[tuple[str, float], DriftRow] = {}
     for record in payload.get("drift_history") or []:
         if not isinstance(record, dict):
             continue
@@ -86,7 +88,7 @@ UNREPORTED = {
 
 
 def end_unreported_drift(
-    conn: Connection, device_id: int, payload: dict[str, Any], received_at: float
+    conn: Connection, device_id: int, payload: JSONObject, received_at: float
 ) -> int:
     """End the device's records still going on here that its newest report does not list
     as going on (an agent always reports its ongoing drift): never ongoing forever.
@@ -117,7 +119,7 @@ def end_unreported_drift(
     return len(stale)
 
 
-def write_drift(conn: Connection, rows: list[dict[str, Any]], *, is_sqlite: bool) -> None:
+def write_drift(conn: Connection, rows: list[DriftRow], *, is_sqlite: bool) -> None:
     """Upsert `rows` (`drift_rows`), then keep each device's newest `DRIFT_KEEP`."""
     if not rows:
         return
@@ -156,7 +158,7 @@ def write_drift(conn: Connection, rows: list[dict[str, Any]], *, is_sqlite: bool
         )
 
 
-def _record(row: Any) -> dict[str, Any]:
+def _record(row: RowMapping) -> DriftRecord:
     healed_by = json.loads(row["healed_by"]) if row["healed_by"] else None
     return {
         "subsystem": row["subsystem"],
@@ -173,7 +175,7 @@ def _record(row: Any) -> dict[str, Any]:
     }
 
 
-def drift_history(conn: Connection, device_id: int, limit: int = 50) -> list[dict[str, Any]]:
+def drift_history(conn: Connection, device_id: int, limit: int = 50) -> list[DriftRecord]:
     """One device's drift records, newest first (times as epoch seconds)."""
     rows = conn.execute(
         select(device_drift)
@@ -184,7 +186,7 @@ def drift_history(conn: Connection, device_id: int, limit: int = 50) -> list[dic
     return [_record(r) for r in rows]
 
 
-def last_drift(conn: Connection, tenant_id: int) -> dict[int, dict[str, Any]]:
+def last_drift(conn: Connection, tenant_id: int) -> dict[int, DriftRecord]:
     """Device id → its newest drift record, for every device of the tenant that has one."""
     newest = (
         select(device_drift.c.device_id, func.max(device_drift.c.since).label("since"))
@@ -204,7 +206,7 @@ def last_drift(conn: Connection, tenant_id: int) -> dict[int, dict[str, Any]]:
         )
         .order_by(device_drift.c.id)
     ).mappings()
-    out: dict[int, dict[str, Any]] = {}
+    out: dict[int, DriftRecord] = {}
     for row in rows:
         out[int(row["device_id"])] = _record(row)  # two subsystems at once: the later row
     return out

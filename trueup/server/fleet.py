@@ -40,6 +40,7 @@ from enum import StrEnum
 from typing import Any
 
 from trueup.model.reasons import ReasonCode
+from trueup.server.records import AgentSupport, Unsupported
 
 __all__ = [
     "FILTER_CHOICES",
@@ -202,7 +203,7 @@ def _strings(value: Any) -> list[str] | None:
 
 def agent_support(
     report: Mapping[str, Any] | None, desired_document: Mapping[str, Any] | None
-) -> dict[str, Any]:
+) -> AgentSupport:
     """The agent as its last report describes it, and what of the desired revision it lacks.
 
     `version`, `api_versions` and `sections` are None when the agent did not report
@@ -214,7 +215,7 @@ def agent_support(
     version = report.get("agent_version")
     api_versions = _strings(report.get("supported_api_versions"))
     sections = _strings(report.get("supported_sections"))
-    unsupported: list[dict[str, str]] = []
+    unsupported: list[Unsupported] = []
     document = desired_document or {}
     api_version = document.get("apiVersion")
     if api_versions is not None and api_version is not None and api_version not in api_versions:

@@ -54,6 +54,7 @@ from trueup.server.db import Database, is_transient, is_unavailable, original_er
 from trueup.server.drift import drift_rows, end_unreported_drift, write_drift
 from trueup.server.fleet import in_sync_now
 from trueup.server.keys import ServerKey
+from trueup.server.records import ConfirmationRow, DriftRow
 from trueup.server.tables import device_reports, device_state, devices, revisions
 
 __all__ = ["PendingReport", "ReportIngest", "ReportRejected"]
@@ -397,7 +398,7 @@ class ReportIngest:
         )
 
     def _audit_rolled_back(
-        self, conn: Connection, tenant_id: int, tenant: str, device: str, row: dict[str, Any]
+        self, conn: Connection, tenant_id: int, tenant: str, device: str, row: ConfirmationRow
     ) -> None:
         """`revision.rolled_back`: the device's agent rolled a revision back by itself."""
         assert self.server_key is not None
@@ -422,7 +423,7 @@ class ReportIngest:
     def _write_drift(self, conn: Connection, batch: list[PendingReport]) -> None:
         """The drift records the batch's reports carry, each once (a record's later
         report wins, but an end seen earlier in the batch is kept)."""
-        merged: dict[tuple[int, str, float], dict[str, Any]] = {}
+        merged: dict[tuple[int, str, float], DriftRow] = {}
         for item in batch:
             for row in drift_rows(item.device_id, item.payload, item.received_at):
                 key = (row["device_id"], row["subsystem"], row["since"])

@@ -24,12 +24,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, TypedDict
 
 from fastapi import Path, Query
 from pydantic import Field, GetCoreSchemaHandler, TypeAdapter, ValidationError
 from pydantic_core import PydanticCustomError, core_schema
 
+from trueup.model.jsontypes import JSONObject
 from trueup.model.limits import quoted
 from trueup.server.limits import (
     DEVICE_NAME_LENGTH,
@@ -159,6 +160,13 @@ def _not_blank(value: str) -> str:
     return value
 
 
+class _Described(TypedDict):
+    """What a field, path or query parameter says of itself in the OpenAPI document."""
+
+    description: str
+    json_schema_extra: JSONObject | None  # a JSON Schema fragment
+
+
 @dataclass(frozen=True, eq=False)
 class Rule:
     """A value's type, bounds and checks, and what it expects in words (`expected`).
@@ -173,7 +181,7 @@ class Rule:
     checks: tuple[Callable[[Any], Any], ...] = ()
     schema: Mapping[str, Any] = field(default_factory=dict)
 
-    def _extra(self) -> dict[str, Any]:
+    def _extra(self) -> _Described:
         return {"description": self.expected, "json_schema_extra": dict(self.schema) or None}
 
     def field(self, *default: Any) -> Any:
@@ -186,7 +194,7 @@ class Rule:
     def query(self, default: Any = None) -> Any:
         return Query(default, **self.bounds, **self._extra())
 
-    def header(self, name: str) -> dict[str, Any]:
+    def header(self, name: str) -> JSONObject:  # an OpenAPI parameter object
         """An optional header as an OpenAPI parameter (for `openapi_extra`): the route reads
         and parses the header itself (with `parse` or its own parser), so its message says
         what is expected, and an absent header can mean something of its own (428)."""

@@ -168,7 +168,7 @@ def fleet_page(
     page: int = 1,
     page_size: int = PAGE_SIZE,
 ) -> FleetPage:
-    entries = plane.fleet(tenant_id)
+    entries: list[dict[str, Any]] = [dict(e) for e in plane.fleet(tenant_id)]
     chosen = parse_selector(selector) if selector else None
     extra = extra_conditions(plane, tenant_id)
     if extra:

@@ -18,13 +18,13 @@ def load_device_page(
 ) -> DevicePage:
     """The device's page for this caller (NotFound outside the caller's tenant)."""
     tenant = principal.tenant_id
-    entry = plane.device_view(tenant, device)
+    entry: dict[str, Any] = dict(plane.device_view(tenant, device))
     report = entry.pop("last_report")
     conditions = data.report_conditions(report)
     if conditions:
         entry = data.merge_conditions(entry, conditions)
     desired = plane.desired(tenant, device)
-    revisions = [r.summary() for r in plane.revisions(tenant, device)]
+    revisions: list[dict[str, Any]] = [dict(r.summary()) for r in plane.revisions(tenant, device)]
     revisions.sort(key=lambda r: r["version"], reverse=True)
     extra.setdefault("extras", {})["evidence"] = plane.evidence_list(tenant, device)
     admin = principal.role is not None and role_at_least(principal.role, Role.ADMIN)
@@ -39,8 +39,8 @@ def load_device_page(
         revisions=revisions,
         audit=data.device_audit(plane, tenant, device) if admin else None,
         now=now,
-        drift=plane.drift_history(tenant, device),
-        agent_acks=agent_acknowledgements(report, now),
+        drift=[dict(r) for r in plane.drift_history(tenant, device)],
+        agent_acks=[dict(a) for a in agent_acknowledgements(report, now)],
         **extra,
     )
 

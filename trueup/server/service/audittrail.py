@@ -8,12 +8,12 @@ Writing is `Store.audit`, inside each unit's own transaction; the chain itself
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from sqlalchemy import select
 
 from trueup.server import audit, chainproof
 from trueup.server.anchor import Checkpoint
+from trueup.server.service.records import AuditEntry
 from trueup.server.service.store import Store
 from trueup.server.tables import audit_log
 
@@ -24,7 +24,7 @@ class AuditTrail:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def audit_entries(self, tenant_id: int, limit: int) -> list[dict[str, Any]]:
+    def audit_entries(self, tenant_id: int, limit: int) -> list[AuditEntry]:
         """The tenant's newest `limit` entries, newest first."""
         with self.store.db.read() as conn:
             rows = conn.execute(
@@ -41,7 +41,18 @@ class AuditTrail:
                 .order_by(audit_log.c.seq.desc())
                 .limit(limit)
             ).mappings()
-            return [{**dict(r), "detail": json.loads(r["detail"])} for r in rows]
+            return [
+                {
+                    "seq": r["seq"],
+                    "at": r["at"],
+                    "actor": r["actor"],
+                    "action": r["action"],
+                    "target": r["target"],
+                    "detail": json.loads(r["detail"]),
+                    "row_hash": r["row_hash"],
+                }
+                for r in rows
+            ]
 
     def verify_audit(self) -> list[audit.AuditProblem]:
         """Every problem with the chain and the tables it vouches for; [] when intact.

@@ -29,8 +29,10 @@ from sqlalchemy.exc import IntegrityError
 
 from trueup.model.digests import json_digest
 from trueup.model.document import supported_sections
+from trueup.model.jsontypes import JSONObject
 from trueup.server.service.errors import Conflict, Invalid, Tampered
 from trueup.server.service.planio import own_from
+from trueup.server.service.records import InputsDetail, InputsSummary
 from trueup.server.service.store import Store
 from trueup.server.tables import device_inputs, devices, revisions
 
@@ -53,13 +55,13 @@ class StoredInputs:
     """What is stored for one device (version 0: nothing yet)."""
 
     device: str
-    variables: dict[str, Any]
-    own: dict[str, Any] | None
+    variables: JSONObject  # the operator's values, by variable name
+    own: JSONObject | None  # a partial spec (checked when rendered)
     version: int
     updated_by: str | None = None
     updated_at: float | None = None
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> InputsSummary:
         return {
             "device": self.device,
             "version": self.version,
@@ -137,7 +139,7 @@ class DeviceInputRecords:
             .one_or_none()
         )
 
-    def _planned_own(self, conn: Connection, device_id: int) -> dict[str, Any] | None:
+    def _planned_own(self, conn: Connection, device_id: int) -> JSONObject | None:
         current = self._row(conn, device_id)
         if current is not None:
             return json.loads(current["own"]) if current["own"] is not None else None
@@ -227,8 +229,8 @@ class DeviceInputRecords:
         device_id: int,
         device: str,
         expected_version: int,
-        variables: dict[str, Any],
-        own: dict[str, Any] | None,
+        variables: JSONObject,
+        own: JSONObject | None,
         actor: str,
         reason: str | None = None,
     ) -> StoredInputs:
@@ -276,7 +278,7 @@ class DeviceInputRecords:
                 raise Conflict(
                     device, expected_version, -1, what=f"the variables of device {device}"
                 )
-        detail: dict[str, Any] = {
+        detail: InputsDetail = {
             "device_id": device_id,
             "version": version + 1,
             "variables_digest": json_digest(variables),

@@ -20,6 +20,7 @@ from sqlalchemy.exc import IntegrityError
 
 from trueup.server.service.errors import Invalid, NotFound, Unauthorized, device_name_problems
 from trueup.server.service.labelrows import checked_labels, labels_of, replace_labels
+from trueup.server.service.records import DeviceCredential, EnrollmentBundle
 from trueup.server.service.store import Store, inserted_id
 from trueup.server.tables import devices, tenants, tokens
 from trueup.server.tokens import TokenKind, hash_token, new_token, tokens_equal
@@ -121,7 +122,7 @@ class Enrollment:
         fingerprint: str | None = None,
         create_missing: bool = True,
         labels: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any]:
+    ) -> EnrollmentBundle:
         """A one-time enrollment bundle. Revokes the device's current credential. `labels`
         are merged into the device's (checked first: Invalid changes nothing)."""
         problems = device_name_problems(device)
@@ -177,7 +178,7 @@ class Enrollment:
                 },
             )
         self._credentials_changed()
-        bundle: dict[str, Any] = {
+        bundle: EnrollmentBundle = {
             "kind": "trueup-enrollment",
             "control_plane": url,
             "tenant": tenant,
@@ -189,7 +190,7 @@ class Enrollment:
             bundle["server_certificate_sha256"] = fingerprint
         return bundle
 
-    def exchange_enrollment(self, token: str) -> dict[str, Any]:
+    def exchange_enrollment(self, token: str) -> DeviceCredential:
         """Trade a one-time enrollment token for a device credential."""
         now = time.time()
         credential = new_token(TokenKind.DEVICE)

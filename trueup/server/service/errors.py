@@ -15,13 +15,15 @@ The HTTP API maps each error to one status code (app.py); the CLI prints it::
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Literal, NotRequired, TypedDict
 
 from trueup.model.reasons import CORRECTIVE_ACTIONS, ReasonCode
 
 __all__ = [
     "Busy",
+    "BusyBody",
     "Conflict",
+    "ConflictBody",
     "Invalid",
     "NotFound",
     "ServiceError",
@@ -37,6 +39,28 @@ _NAME_PATTERN = "letters, digits, '_', '.', '-' (1-200 characters, starting with
 
 class ServiceError(Exception):
     pass
+
+
+class ConflictBody(TypedDict):
+    """A 409 for a stale If-Match: the device (or the profile) and both versions."""
+
+    reason: str
+    detail: str
+    device: NotRequired[str]
+    profile: NotRequired[str]
+    expected_version: int
+    current_version: int
+    action: str
+
+
+class BusyBody(TypedDict):
+    """A 409 for devices an unfinished rollout holds."""
+
+    reason: str
+    detail: str
+    devices: list[str]
+    rollout: int
+    rollout_state: str
 
 
 class NotFound(ServiceError):
@@ -59,7 +83,7 @@ class Conflict(ServiceError):
         expected: int,
         current: int,
         *,
-        kind: str = "device",
+        kind: Literal["device", "profile"] = "device",
         what: str | None = None,
     ) -> None:
         self.device = device
@@ -72,14 +96,24 @@ class Conflict(ServiceError):
             f"not {expected}; nothing was changed"
         )
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> ConflictBody:
+        reason = ReasonCode.CONCURRENT_MODIFICATION
+        if self.kind == "profile":  # the same keys, in the same order, the subject's named
+            return {
+                "reason": reason.value,
+                "detail": str(self),
+                "profile": self.device,
+                "expected_version": self.expected,
+                "current_version": self.current,
+                "action": CORRECTIVE_ACTIONS[reason],
+            }
         return {
-            "reason": ReasonCode.CONCURRENT_MODIFICATION.value,
+            "reason": reason.value,
             "detail": str(self),
-            self.kind: self.device,
+            "device": self.device,
             "expected_version": self.expected,
             "current_version": self.current,
-            "action": CORRECTIVE_ACTIONS[ReasonCode.CONCURRENT_MODIFICATION],
+            "action": CORRECTIVE_ACTIONS[reason],
         }
 
 
@@ -100,7 +134,7 @@ class Busy(ServiceError):
             f"`trueup fleet rollout abort {rollout_id}`)"
         )
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> BusyBody:
         return {
             "reason": ReasonCode.CONCURRENT_MODIFICATION.value,
             "detail": str(self),

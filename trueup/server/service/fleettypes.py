@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from trueup.model.jsontypes import JSONObject
 from trueup.model.layering import PathChange, Profile, Provenance
 
 __all__ = [
@@ -33,7 +34,7 @@ class Target:
     device_id: int
     device: str
     from_version: int  # the device's desired version the plan was made against (0: none)
-    document: dict[str, Any]  # the rendered, validated full document
+    document: JSONObject  # the rendered, validated full document (DeviceState as JSON)
     digest: str  # document_digest(document)
     provenance: Provenance
     changes: tuple[PathChange, ...]

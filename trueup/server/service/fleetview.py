@@ -13,15 +13,27 @@ from __future__ import annotations
 import json
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import and_, select
 
+from trueup.model.jsontypes import JSONObject
 from trueup.model.layering import Selector
 from trueup.server.confirmation import confirmation_of, confirmations
 from trueup.server.drift import drift_history, last_drift
 from trueup.server.fleet import DeviceFacts, FleetView, agent_support, derive, filter_problems
 from trueup.server.inputs import ACK_REASON, ACK_SECONDS, SUBSYSTEM
+from trueup.server.records import (
+    Acknowledgement,
+    ActiveAck,
+    AgentAcknowledgement,
+    ConfirmationEntry,
+    DeviceView,
+    DriftEntry,
+    DriftRecord,
+    FleetEntry,
+    Override,
+)
 from trueup.server.service.errors import Invalid, NotFound
 from trueup.server.service.labelrows import checked_selector, tenant_labels
 from trueup.server.service.store import Store, inserted_id
@@ -45,14 +57,23 @@ def iso_utc(seconds: float | None) -> str | None:
     )
 
 
-def drift_entry(record: dict[str, Any] | None) -> dict[str, Any] | None:
+def drift_entry(record: DriftRecord | None) -> DriftEntry | None:
     """A stored drift record as the API shows it (times as ISO 8601 UTC)."""
     if record is None:
         return None
-    out = dict(record)
-    for key in ("since", "healed_at", "first_reported_at", "last_reported_at"):
-        out[key] = iso_utc(record.get(key))
-    return out
+    return {
+        "subsystem": record["subsystem"],
+        "since": iso_utc(record["since"]),
+        "healed_at": iso_utc(record["healed_at"]),
+        "state": record["state"],
+        "detected_by": record["detected_by"],
+        "paths": record["paths"],
+        "changed_by": record["changed_by"],
+        "healed_by": record["healed_by"],
+        "attribution": record["attribution"],
+        "first_reported_at": iso_utc(record["first_reported_at"]),
+        "last_reported_at": iso_utc(record["last_reported_at"]),
+    }
 
 
 def _epoch(value: Any) -> float | None:
@@ -64,7 +85,7 @@ def _epoch(value: Any) -> float | None:
         return None
 
 
-def agent_acknowledgements(report: dict[str, Any] | None, now: float) -> list[dict[str, Any]]:
+def agent_acknowledgements(report: JSONObject | None, now: float) -> list[AgentAcknowledgement]:
     """The router's own acknowledgements (`trueup ack`) from its last report.
 
     One the agent still reports active whose `until` has passed is shown
@@ -74,7 +95,7 @@ def agent_acknowledgements(report: dict[str, Any] | None, now: float) -> list[di
     for ack in (report or {}).get("acknowledgements") or []:
         if not isinstance(ack, dict):
             continue
-        entry = dict(ack)
+        entry = cast(AgentAcknowledgement, dict(ack))  # as the agent sent it
         until = _epoch(entry.get("until"))
         if entry.get("state", "active") == "active" and until is not None and until <= now:
             entry["state"] = "expired"
@@ -96,7 +117,7 @@ class Fleet:
         status: str | None = None,
         reason: str | None = None,
         selector: Selector | str | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[FleetEntry]:
         """Every device of the tenant (or the one named), with its derived state; only
         those with condition `status` and reason code `reason` when given (an unknown
         value of either is Invalid, naming the valid ones), and whose labels `selector`
@@ -115,7 +136,7 @@ class Fleet:
             entries = [e for e in entries if reason in e["reason_codes"]]
         return entries
 
-    def device(self, tenant_id: int, device: str) -> dict[str, Any]:
+    def device(self, tenant_id: int, device: str) -> DeviceView:
         """One device's fleet entry with its last report (`last_report`) and what its agent
         reported about itself (`agent`: version, supported apiVersions and sections, and
         what of the desired revision it does not support)."""
@@ -133,13 +154,14 @@ class Fleet:
                     )
                 )
             ).scalar_one_or_none()
-        entry["last_report"] = json.loads(report) if report else None
-        entry["agent"] = agent_support(
-            entry["last_report"], json.loads(desired) if desired else None
-        )
-        return entry
+        last_report = json.loads(report) if report else None
+        return {
+            **entry,
+            "last_report": last_report,
+            "agent": agent_support(last_report, json.loads(desired) if desired else None),
+        }
 
-    def _fleet(self, tenant_id: int, device: str | None = None) -> list[dict[str, Any]]:
+    def _fleet(self, tenant_id: int, device: str | None = None) -> list[FleetEntry]:
         now = time.time()
         query = (
             select(
@@ -175,7 +197,7 @@ class Fleet:
             drifts = last_drift(conn, tenant_id)
             confirmed = confirmations(conn, tenant_id)
             labels = tenant_labels(conn, tenant_id, [r["id"] for r in rows] if device else None)
-            active_acks: dict[int, list[dict[str, Any]]] = {}
+            active_acks: dict[int, list[ActiveAck]] = {}
             for ack in conn.execute(
                 select(acks.c.device_id, acks.c.subsystem, acks.c.reason, acks.c.expires_at)
                 .join(devices, devices.c.id == acks.c.device_id)
@@ -190,9 +212,9 @@ class Fleet:
                 )
         if device is not None and not rows:
             raise NotFound(f"device {device!r} not found")
-        out = []
+        out: list[FleetEntry] = []
         for row in rows:
-            override = json.loads(row["override"]) if row["override"] else None
+            override: Override | None = json.loads(row["override"]) if row["override"] else None
             view: FleetView = derive(
                 DeviceFacts(
                     desired_version=row["desired_version"],
@@ -238,7 +260,7 @@ class Fleet:
             )
         return out
 
-    def confirmation_of(self, tenant_id: int, device_id: int) -> dict[str, Any] | None:
+    def confirmation_of(self, tenant_id: int, device_id: int) -> ConfirmationEntry | None:
         """The device's latest confirmation as its agent reported it — {version, state
         (pending | confirmed | rolled-back), deadline (epoch), reason, …} — or None; what a
         rollout's gate reads."""
@@ -249,14 +271,15 @@ class Fleet:
             seq = self.store.covered(conn).rolled_back.get((device_id, record["version"]))
         if seq is not None and record["state"] != "rolled-back":
             # The table was changed behind the server's back: the log's word holds.
-            record.update(
-                state="rolled-back",
-                reason=f"the audit log says rolled back (seq={seq}); the stored state "
-                f"{record['state']!r} is not the audited one",
+            record["reason"] = (
+                f"the audit log says rolled back (seq={seq}); the stored state "
+                f"{record['state']!r} is not the audited one"
             )
+            record["state"] = "rolled-back"
         return record
 
-    def last_report(self, tenant_id: int, device: str) -> dict[str, Any] | None:
+    def last_report(self, tenant_id: int, device: str) -> JSONObject | None:
+        """The device's last report, as its agent sent it."""
         with self.store.db.read() as conn:
             row = self.store.device(conn, tenant_id, device)
             report = conn.execute(
@@ -264,14 +287,17 @@ class Fleet:
             ).scalar_one_or_none()
         return json.loads(report) if report else None
 
-    def drift_history(self, tenant_id: int, device: str, limit: int = 50) -> list[dict[str, Any]]:
+    def drift_history(self, tenant_id: int, device: str, limit: int = 50) -> list[DriftEntry]:
         """The device's drift records, newest first: paths, who changed it, who healed it."""
         with self.store.db.read() as conn:
             row = self.store.device(conn, tenant_id, device)
-            return [drift_entry(r) or {} for r in drift_history(conn, row["id"], limit)]
+            return [
+                entry for r in drift_history(conn, row["id"], limit) if (entry := drift_entry(r))
+            ]
 
-    def report_history(self, tenant_id: int, device: str, limit: int) -> list[dict[str, Any]]:
-        """The newest `limit` reports, newest first (evidence; never deleted)."""
+    def report_history(self, tenant_id: int, device: str, limit: int) -> list[JSONObject]:
+        """The newest `limit` reports, newest first (evidence; never deleted): each as its
+        agent sent it, after its `id` and `received_at`."""
         with self.store.db.read() as conn:
             row = self.store.device(conn, tenant_id, device)
             rows = conn.execute(
@@ -291,7 +317,7 @@ class Fleet:
 
     def acknowledge(
         self, tenant_id: int, device: str, subsystem: str, seconds: float, reason: str, author: str
-    ) -> dict[str, Any]:
+    ) -> Acknowledgement:
         """Record that an operator accepts a subsystem's state for `seconds`, and why."""
         # The same rules as the API's and the dashboard's (trueup.server.inputs).
         problems = [

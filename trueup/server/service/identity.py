@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from sqlalchemy import Connection, RowMapping, and_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from trueup.server.keys import new_data_key
 from trueup.server.service.errors import Invalid, NotFound, check_name
+from trueup.server.service.records import TokenEntry, UserEntry
 from trueup.server.service.store import Store, inserted_id
 from trueup.server.tables import devices, tenants, tokens, users
 from trueup.server.tokens import Role, TokenKind, hash_token, new_token
@@ -111,14 +111,16 @@ class Identity:
             )
         self._credentials_changed()
 
-    def list_users(self, tenant_id: int) -> list[dict[str, Any]]:
+    def list_users(self, tenant_id: int) -> list[UserEntry]:
         with self.store.db.read() as conn:
             rows = conn.execute(
                 select(users.c.name, users.c.role, users.c.created_at)
                 .where(users.c.tenant_id == tenant_id)
                 .order_by(users.c.name)
             ).mappings()
-            return [dict(r) for r in rows]
+            return [
+                {"name": r["name"], "role": r["role"], "created_at": r["created_at"]} for r in rows
+            ]
 
     # -- user tokens -----------------------------------------------------------------------
 
@@ -181,7 +183,7 @@ class Identity:
             )
         self._credentials_changed()
 
-    def list_tokens(self, tenant_id: int) -> list[dict[str, Any]]:
+    def list_tokens(self, tenant_id: int) -> list[TokenEntry]:
         """Every token of the tenant, without hashes."""
         with self.store.db.read() as conn:
             rows = conn.execute(
@@ -199,4 +201,15 @@ class Identity:
                 .where(tokens.c.tenant_id == tenant_id)
                 .order_by(tokens.c.id)
             ).mappings()
-            return [dict(r) for r in rows]
+            return [
+                {
+                    "id": r["id"],
+                    "kind": r["kind"],
+                    "label": r["label"],
+                    "created_at": r["created_at"],
+                    "revoked_at": r["revoked_at"],
+                    "user": r["user"],
+                    "device": r["device"],
+                }
+                for r in rows
+            ]

@@ -18,6 +18,7 @@ from sqlalchemy import select
 from trueup.model.layering import Selector
 from trueup.server.service.errors import Invalid
 from trueup.server.service.labelrows import labels_of, replace_labels, tenant_labels
+from trueup.server.service.records import LabelsSet
 from trueup.server.service.store import Store
 from trueup.server.tables import devices
 
@@ -43,7 +44,7 @@ class DeviceLabels:
         remove: Iterable[str] = (),
         merge: bool = False,
         actor: str,
-    ) -> dict[str, Any]:
+    ) -> LabelsSet:
         """Set the device's labels and audit the change: the whole set is `labels`, or (with
         `merge`) the current set updated by `labels`, less the keys in `remove`.
 
@@ -57,6 +58,7 @@ class DeviceLabels:
         with self.store.write() as conn:
             row = self.store.device(conn, tenant_id, device)
             device_id = int(row["id"])
+            # Not checked yet: replace_labels checks every key and value.
             wanted: dict[str, Any] = dict(labels_of(conn, device_id)) if merge else {}
             wanted.update(labels)
             for key in removed:

@@ -8,6 +8,7 @@ from typing import Any
 
 from trueup.model.digests import json_digest
 from trueup.model.document import DocumentError, parse_document
+from trueup.model.jsontypes import JSONObject
 from trueup.model.layering import (
     ProfileError,
     Selector,
@@ -25,6 +26,7 @@ from trueup.server.service.fleettypes import (
     ProfileRemoval,
     VariablesChange,
 )
+from trueup.server.service.records import PlanJSON
 
 __all__ = ["checked_selector", "own_from", "plan_digest", "plan_json", "proposed_change", "unseen"]
 
@@ -96,7 +98,7 @@ def unseen(plan: Plan, expect_digest: str | None) -> None:
         )
 
 
-def plan_json(plan: Plan) -> dict[str, Any]:
+def plan_json(plan: Plan) -> PlanJSON:
     """The plan as the API answers it (and `trueup fleet plan -o json` prints it)."""
     return {
         "targets": [
@@ -124,7 +126,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
     }
 
 
-def own_from(document: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def own_from(document: Mapping[str, Any] | None) -> JSONObject | None:
     """A desired document's spec as an own layer: what it sets, without the defaults the
     model filled in (those would override every profile; validation fills them again)."""
     if document is None:

@@ -51,6 +51,7 @@ from typing import Any, Protocol
 from sqlalchemy import Connection, and_, select
 
 from trueup.model.document import DocumentError, parse_document
+from trueup.model.jsontypes import JSONObject
 from trueup.model.layering import (
     DeviceInputs,
     Profile,
@@ -60,6 +61,7 @@ from trueup.model.layering import (
     diff_documents,
     parse_selector,
 )
+from trueup.model.layering.types import ProvenanceJSON
 from trueup.server.fleet import agent_support
 from trueup.server.service.errors import Busy, Conflict, Invalid, NotFound
 from trueup.server.service.fleettypes import (
@@ -98,10 +100,10 @@ class _ProfileSource(Protocol):
 
 class _Inputs(Protocol):
     @property
-    def variables(self) -> dict[str, Any]: ...
+    def variables(self) -> JSONObject: ...  # the operator's values, by variable name
 
     @property
-    def own(self) -> dict[str, Any] | None: ...
+    def own(self) -> JSONObject | None: ...  # a partial spec, checked when rendered
 
     @property
     def version(self) -> int: ...
@@ -120,8 +122,8 @@ class _InputSource(Protocol):
         device_id: int,
         device: str,
         expected_version: int,
-        variables: dict[str, Any],
-        own: dict[str, Any] | None,
+        variables: JSONObject,
+        own: JSONObject | None,
         actor: str,
         reason: str | None = None,
     ) -> Any: ...
@@ -145,7 +147,7 @@ class _RevisionWriter(Protocol):
         document: Any,
         author: str,
         comment: str = "",
-        provenance: dict[str, Any] | None = None,
+        provenance: ProvenanceJSON | None = None,
         confirm_within: int | None = None,
         at: float | None = None,
     ) -> Any: ...
@@ -164,11 +166,11 @@ class _Device:
 
     # Parsed only for the devices a plan renders (a one-variable change renders one).
     @cached_property
-    def desired(self) -> dict[str, Any] | None:
+    def desired(self) -> JSONObject | None:  # the stored document
         return dict(json.loads(self.desired_text)) if self.desired_text else None
 
     @cached_property
-    def report(self) -> dict[str, Any] | None:
+    def report(self) -> JSONObject | None:  # as the agent sent it
         if not self.report_text:
             return None
         try:
@@ -178,7 +180,7 @@ class _Device:
         return loaded if isinstance(loaded, dict) else None
 
 
-def _without_version(document: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def _without_version(document: Mapping[str, Any] | None) -> JSONObject | None:
     if document is None:
         return None
     body = json.loads(json.dumps(document))
@@ -188,7 +190,7 @@ def _without_version(document: Mapping[str, Any] | None) -> dict[str, Any] | Non
 
 
 @functools.cache
-def _default_sections() -> dict[str, Any]:
+def _default_sections() -> JSONObject:
     """Each section's value in a document that does not name it (the model's defaults)."""
     minimal = {
         "apiVersion": "trueup/v1",
@@ -200,7 +202,7 @@ def _default_sections() -> dict[str, Any]:
     return {k: v for k, v in spec.items() if k != "management"}
 
 
-def used_sections(document: Mapping[str, Any]) -> dict[str, Any]:
+def used_sections(document: Mapping[str, Any]) -> JSONObject:
     """`document` with only the sections it uses: a rendered document is canonical (every
     section, defaults filled in), and an agent that lacks a section the document leaves
     at its default can still apply it."""
@@ -524,7 +526,7 @@ class Planner:
             document=document,
             author=actor,
             comment=comment,
-            provenance=dict(target.provenance.as_json()),
+            provenance=target.provenance.as_json(),
             confirm_within=confirm_within,
         )
 
@@ -573,6 +575,6 @@ class Planner:
 
 @dataclass(frozen=True)
 class _Proposed:
-    variables: dict[str, Any]
-    own: dict[str, Any] | None
+    variables: JSONObject
+    own: JSONObject | None
     version: int

@@ -30,9 +30,11 @@ from sqlalchemy import Connection, RowMapping, and_, func, select
 from sqlalchemy.exc import IntegrityError
 
 from trueup.model.digests import json_digest
+from trueup.model.jsontypes import JSONObject
 from trueup.model.layering import Profile, ProfileError, parse_profile
 from trueup.server.limits import TEXT_LENGTH
 from trueup.server.service.errors import Conflict, Invalid, NotFound, Tampered
+from trueup.server.service.records import ProfileSummary
 from trueup.server.service.store import Store
 from trueup.server.tables import profiles
 
@@ -50,9 +52,9 @@ class ProfileVersion:
     created_at: float
     comment: str
     deleted: bool
-    document: dict[str, Any]
+    document: JSONObject  # the profile as its author wrote it (parse_profile checks it)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> ProfileSummary:
         return {
             "name": self.name,
             "version": self.version,
@@ -330,7 +332,7 @@ class Profiles:
         *,
         name: str,
         version: int,
-        document: dict[str, Any],
+        document: JSONObject,
         digest: str,
         actor: str,
         comment: str,

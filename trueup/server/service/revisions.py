@@ -19,7 +19,10 @@ from typing import Any
 from sqlalchemy import Connection, RowMapping, and_, func, select, update
 
 from trueup.model.document import DeviceState, DocumentError, document_digest, parse_document
+from trueup.model.jsontypes import JSONObject
+from trueup.model.layering.types import ProvenanceJSON
 from trueup.server.service.errors import Conflict, Invalid, NotFound, Tampered
+from trueup.server.service.records import RevisionDetail, RevisionSummary
 from trueup.server.service.store import Store
 from trueup.server.tables import devices, revisions
 
@@ -35,14 +38,14 @@ class Revision:
     comment: str
     content_hash: str
     created_at: float
-    document: dict[str, Any]
+    document: JSONObject  # the stored document, canonical JSON (DeviceState parses it)
     # Where a rendered revision came from (profile versions, variables and own-layer
     # digests; None for a document written whole) and the confirm-or-rollback window
     # the agent applies it with (seconds; None: the agent's own default).
-    provenance: dict[str, Any] | None = None
+    provenance: ProvenanceJSON | None = None
     confirm_within: int | None = None
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> RevisionSummary:
         return {
             "device": self.device,
             "version": self.version,
@@ -90,7 +93,7 @@ class DesiredRevisions:
         *,
         author: str,
         comment: str = "",
-        provenance: dict[str, Any] | None = None,
+        provenance: ProvenanceJSON | None = None,
         confirm_within: int | None = None,
     ) -> Revision:
         """Store `data` as the device's next revision if it is at `expected_version`.
@@ -145,7 +148,7 @@ class DesiredRevisions:
         document: DeviceState,
         author: str,
         comment: str = "",
-        provenance: dict[str, Any] | None = None,
+        provenance: ProvenanceJSON | None = None,
         confirm_within: int | None = None,
         at: float | None = None,
     ) -> Revision:
@@ -182,7 +185,7 @@ class DesiredRevisions:
                 confirm_within=confirm_within,
             )
         )
-        detail: dict[str, Any] = {
+        detail: RevisionDetail = {
             "device_id": device_id,
             "version": new_version,
             "parent_version": expected_version or None,

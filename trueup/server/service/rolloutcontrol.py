@@ -32,7 +32,6 @@ import secrets
 import socket
 import threading
 import time
-from typing import Any
 
 from sqlalchemy import Connection, RowMapping, and_, select, update
 
@@ -43,6 +42,7 @@ from trueup.server.service.rolloutplan import (
     parse_spec,
     unavailable_limit,
 )
+from trueup.server.service.rolloutrecords import MemberState, RolloutUpdate
 from trueup.server.service.rolloutrows import (
     ACTOR,
     InsertRevision,
@@ -62,7 +62,10 @@ __all__ = ["RolloutController", "StepStats"]
 
 log = logging.getLogger("trueup.server.rollouts")
 
-TERMINAL = ("passed", "failed", "reverted", "skipped")
+TERMINAL: tuple[str, ...] = tuple(
+    state.value
+    for state in (MemberState.PASSED, MemberState.FAILED, MemberState.REVERTED, MemberState.SKIPPED)
+)
 
 
 class RolloutController:
@@ -288,17 +291,22 @@ class RolloutController:
         if now - done_at < spec.soak_seconds:
             return
         following = wave + 1
-        values: dict[str, Any] = {"updated_at": now}
+        values: RolloutUpdate = {"updated_at": now}
         if following >= len(spec.waves):
             state = "completed"
-            values.update(state=state, finished_at=now)
+            values.update({"state": state, "finished_at": now})
         elif spec.waves[following].approval:
             state = "waiting-approval"
-            values.update(state=state)
+            values.update({"state": state})
         else:
             state = "running"
             values.update(
-                current_wave=following, wave_started_at=now, wave_done_at=None, accepted_failures=0
+                {
+                    "current_wave": following,
+                    "wave_started_at": now,
+                    "wave_done_at": None,
+                    "accepted_failures": 0,
+                }
             )
         conn.execute(update(rollouts).where(rollouts.c.id == rollout_id).values(**values))
         stats.waves.append((rollout_id, following, state))

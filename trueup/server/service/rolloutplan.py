@@ -25,6 +25,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trueup.server.service.rolloutrecords import GatesJSON, SpecJSON, WaveJSON
+
 __all__ = [
     "APPLY_FAILED_CODES",
     "Gates",
@@ -51,8 +53,8 @@ class Wave:
     percent: int | None = None
     approval: bool = False  # wait for an operator's approval before this wave starts
 
-    def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+    def as_json(self) -> WaveJSON:
+        out: WaveJSON = {}
         if self.devices is not None:
             out["devices"] = list(self.devices)
         if self.selector is not None:
@@ -73,7 +75,7 @@ class Spec:
     confirm_within: int | None = None
     gate_timeout: float = DEFAULT_GATE_TIMEOUT
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> SpecJSON:
         return {
             "waves": [w.as_json() for w in self.waves],
             "max_unavailable": self.max_unavailable,
@@ -277,7 +279,7 @@ class Gates:
     reason: str = ""
     checks: dict[str, bool | None] = field(default_factory=dict)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> GatesJSON:
         return {"verdict": self.verdict, "reason": self.reason, "checks": dict(self.checks)}
 
 

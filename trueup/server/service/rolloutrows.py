@@ -18,8 +18,11 @@ from typing import Any, NamedTuple, Protocol
 from sqlalchemy import Connection, RowMapping, and_, select, update
 
 from trueup.model.document import DeviceState, DocumentError, parse_document
+from trueup.model.jsontypes import JSONObject
+from trueup.model.layering.types import ProvenanceJSON
 from trueup.server.service.errors import Conflict
 from trueup.server.service.notify.emit import device_of, emit
+from trueup.server.service.rolloutrecords import GateConfirmation, RolloutState
 from trueup.server.service.store import Store
 from trueup.server.tables import (
     acks,
@@ -49,7 +52,11 @@ __all__ = [
 ]
 
 # Rollout states that hold their devices (a second change to them is refused).
-ACTIVE = ("running", "paused", "waiting-approval")
+# The states in which a rollout holds its devices (unfinished).
+ACTIVE: tuple[str, ...] = tuple(
+    state.value
+    for state in (RolloutState.RUNNING, RolloutState.PAUSED, RolloutState.WAITING_APPROVAL)
+)
 ACTOR = "trueup:rollouts"  # the controller's actor in the audit log
 
 
@@ -83,7 +90,7 @@ class InsertRevision(Protocol):
         document: DeviceState,
         author: str,
         comment: str = "",
-        provenance: dict[str, Any] | None = None,
+        provenance: ProvenanceJSON | None = None,
         confirm_within: int | None = None,
         at: float | None = None,
     ) -> Any: ...
@@ -116,11 +123,11 @@ class DeviceFacts(NamedTuple):
     subsystems acknowledged on the control plane, its desired version, and its latest
     confirmation (the stored record, the audit log's rollback taking precedence)."""
 
-    report: dict[str, Any] | None
+    report: JSONObject | None  # as the agent sent it
     report_at: float | None
     acked: list[str]
     desired_version: int
-    confirmation: dict[str, Any] | None
+    confirmation: GateConfirmation | None
 
 
 NO_FACTS = DeviceFacts(None, None, [], 0, None)
@@ -146,14 +153,20 @@ def device_facts(
             )
         ):
             acked.setdefault(int(row.device_id), []).append(str(row.subsystem))
-        confirmed: dict[int, dict[str, Any]] = {}
+        confirmed: dict[int, GateConfirmation] = {}
         for record in conn.execute(
             select(device_confirmation).where(device_confirmation.c.device_id.in_(chunk))
         ).mappings():
-            entry = {k: record[k] for k in ("version", "state", "deadline", "reason")}
+            entry: GateConfirmation = {
+                "version": record["version"],
+                "state": record["state"],
+                "deadline": record["deadline"],
+                "reason": record["reason"],
+            }
             seq = (rolled_back or {}).get((int(record["device_id"]), record["version"]))
             if seq is not None and entry["state"] != "rolled-back":
-                entry.update(state="rolled-back", reason=f"the audit log says so (seq={seq})")
+                entry["state"] = "rolled-back"
+                entry["reason"] = f"the audit log says so (seq={seq})"
             confirmed[int(record["device_id"])] = entry
         for state in conn.execute(
             select(

@@ -23,9 +23,17 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, select, update
 
+from trueup.model.jsontypes import JSONObject
 from trueup.server.service.errors import Busy, Invalid, NotFound, WrongState
 from trueup.server.service.fleettypes import Plan
 from trueup.server.service.rolloutplan import assign_waves, parse_spec
+from trueup.server.service.rolloutrecords import (
+    RolloutSummary,
+    RolloutUpdate,
+    RolloutView,
+    StartedRollout,
+    TransitionDetail,
+)
 from trueup.server.service.rolloutrows import (
     ACTIVE,
     InsertRevision,
@@ -59,7 +67,7 @@ class Rollouts:
         tenant_id: int,
         plan: Plan,
         *,
-        waves: Sequence[dict[str, Any]] | None = None,
+        waves: Sequence[JSONObject] | None = None,  # parse_spec checks them
         max_unavailable: int | str = "25%",
         soak_seconds: float = 0.0,
         failure_budget: int = 0,
@@ -68,7 +76,7 @@ class Rollouts:
         gate_timeout: float = 900.0,
         actor: str,
         comment: str = "",
-    ) -> dict[str, Any]:
+    ) -> StartedRollout:
         """Store a rollout of `plan`'s targets; its view. Raises Invalid, Busy or Conflict."""
         try:
             spec = parse_spec(
@@ -105,11 +113,13 @@ class Rollouts:
             rollout_id = insert_rollout(
                 conn, self.store, tenant_id, plan, spec, assigned, now, actor, comment
             )
-        view = self.get(tenant_id, rollout_id)
-        view["refused"] = [
-            {"device": r.device, "kind": r.kind, "problems": list(r.problems)} for r in plan.refused
-        ]
-        return view
+        return {
+            **self.get(tenant_id, rollout_id),
+            "refused": [
+                {"device": r.device, "kind": r.kind, "problems": list(r.problems)}
+                for r in plan.refused
+            ],
+        }
 
     # -- who holds which device -------------------------------------------------------------
 
@@ -148,7 +158,7 @@ class Rollouts:
             raise NotFound(f"rollout {rollout_id} not found")
         return row
 
-    def list(self, tenant_id: int) -> list[dict[str, Any]]:
+    def list(self, tenant_id: int) -> list[RolloutSummary]:
         """The tenant's rollouts, newest first."""
         with self.store.db.read() as conn:
             rows = conn.execute(
@@ -158,7 +168,7 @@ class Rollouts:
             ).mappings()
             return [summary(r) for r in rows]
 
-    def get(self, tenant_id: int, rollout_id: int) -> dict[str, Any]:
+    def get(self, tenant_id: int, rollout_id: int) -> RolloutView:
         """A rollout: its waves (counts per state), each member with its state, reason and
         (while sent) its gates as the latest report shows them."""
         now = time.time()
@@ -191,7 +201,7 @@ class Rollouts:
         reason: str = "",
         next_wave: bool = False,
         put_back_members: bool = False,
-    ) -> dict[str, Any]:
+    ) -> RolloutView:
         now = time.time()
         with self.store.write() as conn:
             row = self._row(conn, tenant_id, rollout_id, lock=True)
@@ -200,17 +210,15 @@ class Rollouts:
                     f"rollout {rollout_id} is {row['state']}: `{action.split('.')[1]}` is "
                     f"possible only while it is {' or '.join(allowed)}; nothing was changed"
                 )
-            values: dict[str, Any] = {"state": to, "updated_at": now, "reason": reason or None}
-            detail: dict[str, Any] = {"rollout_id": rollout_id, "from": row["state"], "to": to}
+            values: RolloutUpdate = {"state": to, "updated_at": now, "reason": reason or None}
+            detail: TransitionDetail = {"rollout_id": rollout_id, "from": row["state"], "to": to}
             if reason:
                 detail["reason"] = reason
             if next_wave:
-                values.update(
-                    current_wave=row["current_wave"] + 1,
-                    wave_started_at=now,
-                    wave_done_at=None,
-                    accepted_failures=0,
-                )
+                values["current_wave"] = row["current_wave"] + 1
+                values["wave_started_at"] = now
+                values["wave_done_at"] = None
+                values["accepted_failures"] = 0
             if action == "rollout.resume":
                 # The wave's failures so far are accepted: its budget counts new ones.
                 accepted = len(
@@ -273,7 +281,9 @@ class Rollouts:
             )
         return self.get(tenant_id, rollout_id)
 
-    def pause(self, tenant_id: int, rollout_id: int, *, actor: str, reason: str = "") -> Any:
+    def pause(
+        self, tenant_id: int, rollout_id: int, *, actor: str, reason: str = ""
+    ) -> RolloutView:
         """Stop sending (devices already sent keep their gates evaluated once resumed)."""
         return self._transition(
             tenant_id,
@@ -285,7 +295,7 @@ class Rollouts:
             reason=reason or f"paused by {actor}",
         )
 
-    def resume(self, tenant_id: int, rollout_id: int, *, actor: str) -> Any:
+    def resume(self, tenant_id: int, rollout_id: int, *, actor: str) -> RolloutView:
         return self._transition(
             tenant_id,
             rollout_id,
@@ -295,7 +305,7 @@ class Rollouts:
             actor=actor,
         )
 
-    def approve(self, tenant_id: int, rollout_id: int, *, actor: str) -> Any:
+    def approve(self, tenant_id: int, rollout_id: int, *, actor: str) -> RolloutView:
         """Start the wave that waits for an approval."""
         return self._transition(
             tenant_id,
@@ -307,7 +317,9 @@ class Rollouts:
             next_wave=True,
         )
 
-    def abort(self, tenant_id: int, rollout_id: int, *, actor: str, reason: str = "") -> Any:
+    def abort(
+        self, tenant_id: int, rollout_id: int, *, actor: str, reason: str = ""
+    ) -> RolloutView:
         """Stop for good: every device that was sent the change is put back on its previous
         revision; members not yet sent are skipped."""
         return self._transition(

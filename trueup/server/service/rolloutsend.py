@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 from sqlalchemy import Connection, RowMapping, and_, select, update
 
 from trueup.model.document import parse_document
+from trueup.server.service.rolloutrecords import MemberUpdate, RefusedSend, SentMember
 from trueup.server.service.rolloutrows import ACTOR, InsertRevision, device_facts
 from trueup.server.service.store import Store
 from trueup.server.tables import devices, rollout_members
@@ -38,7 +38,7 @@ def send_members(
     member_ids: Sequence[int],
     confirm_within: int | None,
     now: float,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[list[SentMember], list[RefusedSend]]:
     """Send the batch; (sent: device and version, refused: device and reason)."""
     rollout_id = int(row["id"])
     members = list(
@@ -55,11 +55,12 @@ def send_members(
         ).mappings()
     )
     facts = device_facts(conn, [int(m["device_id"]) for m in members], now)
-    sent, refused = [], []
+    sent: list[SentMember] = []
+    refused: list[RefusedSend] = []
     for m in members:
         device_id = int(m["device_id"])
         report, current = facts[device_id].report, facts[device_id].desired_version
-        values: dict[str, Any]
+        values: MemberUpdate
         if current != m["from_version"]:
             reason = (
                 f"not sent: its desired version is {current}, not the version "

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+
+from sqlalchemy import RowMapping
 
 from trueup.server.service.fleetview import iso_utc
 from trueup.server.service.rolloutplan import evaluate
+from trueup.server.service.rolloutrecords import MemberView, RolloutSummary, RolloutView, WaveView
 from trueup.server.service.rolloutrows import NO_FACTS, DeviceFacts
 
 __all__ = ["rollout_view", "summary"]
@@ -17,7 +19,7 @@ __all__ = ["rollout_view", "summary"]
 Facts = Mapping[int, DeviceFacts]
 
 
-def summary(row: Any) -> dict[str, Any]:
+def summary(row: RowMapping) -> RolloutSummary:
     return {
         "id": row["id"],
         "state": row["state"],
@@ -32,18 +34,19 @@ def summary(row: Any) -> dict[str, Any]:
     }
 
 
-def rollout_view(row: Any, members: Sequence[Any], facts: Facts, now: float) -> dict[str, Any]:
+def rollout_view(
+    row: RowMapping, members: Sequence[RowMapping], facts: Facts, now: float
+) -> RolloutView:
     view = summary(row)
     spec = view["spec"]
-    waves: list[dict[str, Any]] = [
-        {"index": i, **w, "members": 0, "counts": {}} for i, w in enumerate(spec["waves"])
-    ]
-    out = []
+    sizes = [0] * len(spec["waves"])
+    counts: list[dict[str, int]] = [{} for _ in spec["waves"]]
+    out: list[MemberView] = []
     for m in members:
-        wave = waves[int(m["wave"])]
-        wave["members"] += 1
-        wave["counts"][m["state"]] = wave["counts"].get(m["state"], 0) + 1
-        entry: dict[str, Any] = {
+        sizes[int(m["wave"])] += 1
+        tally = counts[int(m["wave"])]
+        tally[m["state"]] = tally.get(m["state"], 0) + 1
+        entry: MemberView = {
             "device": m["name"],
             "wave": m["wave"],
             "state": m["state"],
@@ -57,7 +60,7 @@ def rollout_view(row: Any, members: Sequence[Any], facts: Facts, now: float) -> 
         }
         if m["state"] == "sent" and m["sent_at"] is not None:
             fact = facts.get(int(m["device_id"]), NO_FACTS)
-            entry["gates"] = evaluate(
+            entry["gates"] = evaluate(  # while sent: its gates as its newest report shows
                 digest=m["digest"],
                 sent_version=int(m["sent_version"]),
                 sent_at=float(m["sent_at"]),
@@ -71,19 +74,27 @@ def rollout_view(row: Any, members: Sequence[Any], facts: Facts, now: float) -> 
                 gate_timeout=float(spec.get("gate_timeout") or 900),
             ).as_json()
         out.append(entry)
-    for wave in waves:
-        i = wave["index"]
-        wave["state"] = (
-            "done"
-            if i < row["current_wave"]
-            else "pending"
-            if i > row["current_wave"]
-            else "waiting-approval"
-            if row["state"] == "waiting-approval"
-            else "soaking"
-            if row["wave_done_at"] is not None and row["state"] == "running"
-            else row["state"]
-        )
-    view["waves"] = waves
-    view["members"] = out
-    return view
+    waves: list[WaveView] = [
+        {
+            "index": i,
+            **w,
+            "members": sizes[i],
+            "counts": counts[i],
+            "state": _wave_state(row, i),
+        }
+        for i, w in enumerate(spec["waves"])
+    ]
+    return {**view, "waves": waves, "members": out}
+
+
+def _wave_state(row: RowMapping, i: int) -> str:
+    """done, pending, waiting-approval, soaking, or the rollout's own state."""
+    if i < row["current_wave"]:
+        return "done"
+    if i > row["current_wave"]:
+        return "pending"
+    if row["state"] == "waiting-approval":
+        return "waiting-approval"
+    if row["wave_done_at"] is not None and row["state"] == "running":
+        return "soaking"
+    return str(row["state"])

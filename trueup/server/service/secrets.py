@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
 
 from sqlalchemy import Connection, RowMapping, and_, select
 
 from trueup.server.coverage import CoverFacts, secret_digest
 from trueup.server.keys import SecretBox, SecretRefused
 from trueup.server.service.errors import check_name
+from trueup.server.service.records import DeviceSecrets, RefusedSecret, SecretName, StoredSecret
 from trueup.server.service.store import Store
 from trueup.server.tables import secrets, tenants
 
@@ -42,7 +42,7 @@ class TenantSecrets:
 
     def put_secret(
         self, tenant_id: int, device: str, name: str, value: str, actor: str
-    ) -> dict[str, Any]:
+    ) -> StoredSecret:
         """Store (or replace) a device's secret; each version gets a new secret id."""
         check_name("name", name)
         secret_id = uuid.uuid4().hex
@@ -93,7 +93,7 @@ class TenantSecrets:
             )
         return {"id": secret_id, "device": device, "name": name, "version": version}
 
-    def secret_names(self, tenant_id: int, device: str) -> list[dict[str, Any]]:
+    def secret_names(self, tenant_id: int, device: str) -> list[SecretName]:
         with self.store.db.read() as conn:
             row = self.store.device(conn, tenant_id, device)
             rows = conn.execute(
@@ -101,9 +101,9 @@ class TenantSecrets:
                 .where(secrets.c.device_id == row["id"])
                 .order_by(secrets.c.name)
             ).mappings()
-            return [dict(r) for r in rows]
+            return [{"id": r["id"], "name": r["name"], "created_at": r["created_at"]} for r in rows]
 
-    def device_secrets(self, tenant_id: int, device_id: int) -> dict[str, Any]:
+    def device_secrets(self, tenant_id: int, device_id: int) -> DeviceSecrets:
         """Plaintext secrets of one device (the caller's own); the ones that fail to open,
         or that are not the newest audited version with the audited value, are named in
         `refused` and not served."""
@@ -115,9 +115,9 @@ class TenantSecrets:
             answer = self._device_secrets(tenant_id, device_id)
         return answer
 
-    def _device_secrets(self, tenant_id: int, device_id: int) -> dict[str, Any]:
+    def _device_secrets(self, tenant_id: int, device_id: int) -> DeviceSecrets:
         opened: dict[str, str] = {}
-        refused: list[dict[str, str]] = []
+        refused: list[RefusedSecret] = []
         with self.store.db.read() as conn:
             box = self._box(conn, tenant_id)
             rows = list(

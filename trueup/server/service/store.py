@@ -10,7 +10,7 @@ a name from another tenant is simply not found.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,7 +109,7 @@ class Store:
         actor: str,
         action: str,
         target: str,
-        detail: dict[str, Any] | None = None,
+        detail: Mapping[str, object] | None = None,
         at: float | None = None,
     ) -> int:
         """Append an audit entry inside the caller's write transaction."""

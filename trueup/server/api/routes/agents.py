@@ -46,7 +46,7 @@ def register(app: FastAPI, api: Api) -> None:
                 headers={"WWW-Authenticate": "Bearer"},
             )
         try:
-            return plane.exchange_enrollment(token)
+            return dict(plane.exchange_enrollment(token))
         except Unauthorized as exc:
             raise HTTPException(
                 401, detail=str(exc), headers={"WWW-Authenticate": "Bearer"}
@@ -115,4 +115,4 @@ def register(app: FastAPI, api: Api) -> None:
     @app.get("/api/v1/agent/secrets", openapi_extra=role("device"), responses=answers())
     def agent_secrets(p: Principal = device) -> dict[str, Any]:
         assert p.device_id is not None
-        return plane.device_secrets(p.tenant_id, p.device_id)
+        return dict(plane.device_secrets(p.tenant_id, p.device_id))

@@ -67,9 +67,11 @@ def register(app: FastAPI, api: Api) -> None:
     @app.get("/api/v1/devices/{device}", openapi_extra=role("viewer"), responses=answers(404))
     def get_device(device: DEVICE, p: Principal = viewer) -> dict[str, Any]:
         entry = plane.device_view(p.tenant_id, device)
-        entry["drift_history"] = plane.drift_history(p.tenant_id, device)
-        entry["agent_acknowledgements"] = agent_acknowledgements(entry["last_report"], time.time())
-        return entry
+        return {
+            **entry,
+            "drift_history": plane.drift_history(p.tenant_id, device),
+            "agent_acknowledgements": agent_acknowledgements(entry.get("last_report"), time.time()),
+        }
 
     @app.get(
         "/api/v1/devices/{device}/reports", openapi_extra=role("viewer"), responses=answers(404)
@@ -86,7 +88,9 @@ def register(app: FastAPI, api: Api) -> None:
         responses=answers(404),
     )
     def enroll(device: DEVICE, p: Principal = admin) -> dict[str, Any]:
-        return plane.enroll(p.tenant_id, device, p.actor, url=api.public_url, create_missing=False)
+        return dict(
+            plane.enroll(p.tenant_id, device, p.actor, url=api.public_url, create_missing=False)
+        )
 
     @app.post(
         "/api/v1/devices/{device}/acks",
@@ -95,6 +99,8 @@ def register(app: FastAPI, api: Api) -> None:
         responses=answers(404),
     )
     def acknowledge(device: DEVICE, body: AckCreate, p: Principal = operator) -> dict[str, Any]:
-        return plane.acknowledge(
-            p.tenant_id, device, body.subsystem, body.for_seconds, body.reason, p.actor
+        return dict(
+            plane.acknowledge(
+                p.tenant_id, device, body.subsystem, body.for_seconds, body.reason, p.actor
+            )
         )

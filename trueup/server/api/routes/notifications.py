@@ -98,17 +98,18 @@ def register(app: FastAPI, api: Api) -> None:
     @app.post(f"{base}/targets", status_code=201, openapi_extra=role("admin"), responses=answers())
     def create_target(body: TargetCreate, p: Principal = admin) -> dict[str, Any]:
         header = (body.auth_header.name, body.auth_header.value) if body.auth_header else None
-        return plane.create_notify_target(
+        made = plane.create_notify_target(
             p.tenant_id, body.name, body.url, body.secret, p.actor, auth_header=header
         )
+        return dict(made)
 
     @app.get(f"{base}/allowlist", openapi_extra=role("operator"), responses=answers())
     def get_allowlist(p: Principal = operator) -> dict[str, Any]:
-        return plane.notify_allowlist(p.tenant_id)
+        return dict(plane.notify_allowlist(p.tenant_id))
 
     @app.put(f"{base}/allowlist", openapi_extra=role("admin"), responses=answers())
     def set_allowlist(body: AllowlistSet, p: Principal = admin) -> dict[str, Any]:
-        return plane.set_notify_allowlist(p.tenant_id, body.entries, p.actor)
+        return dict(plane.set_notify_allowlist(p.tenant_id, body.entries, p.actor))
 
     @app.delete(
         f"{base}/targets/{{name}}",
@@ -126,14 +127,11 @@ def register(app: FastAPI, api: Api) -> None:
 
     @app.post(f"{base}/rules", status_code=201, openapi_extra=role("admin"), responses=answers(404))
     def create_rule(body: RuleCreate, p: Principal = admin) -> dict[str, Any]:
-        return plane.create_notify_rule(
-            p.tenant_id,
-            body.name,
-            body.target,
-            body.match.model_dump(),
-            body.escalate_after,
-            p.actor,
+        match = body.match.model_dump()
+        rule = plane.create_notify_rule(
+            p.tenant_id, body.name, body.target, match, body.escalate_after, p.actor
         )
+        return dict(rule)
 
     @app.delete(
         f"{base}/rules/{{name}}",

@@ -135,7 +135,7 @@ def _register_profiles(app: FastAPI, api: Api) -> None:
             )
         )
         response.headers["ETag"] = f'"{stored.version}"'
-        return stored.summary()
+        return dict(stored.summary())
 
     @app.delete(
         "/api/v1/profiles/{name}",
@@ -165,7 +165,7 @@ def _register_variables(app: FastAPI, api: Api) -> None:
     def get_variables(device: DEVICE, response: Response, p: Principal = viewer) -> dict[str, Any]:
         stored = plane.device_variables(p.tenant_id, device)
         response.headers["ETag"] = f'"{stored.version}"'
-        return stored.summary()
+        return dict(stored.summary())
 
     @app.put(
         "/api/v1/devices/{device}/variables",
@@ -193,7 +193,7 @@ def _register_variables(app: FastAPI, api: Api) -> None:
             keep_own="own" not in body.model_fields_set,
         )
         response.headers["ETag"] = f'"{stored.version}"'
-        return stored.summary()
+        return dict(stored.summary())
 
 
 def _register_plan(app: FastAPI, api: Api) -> None:
@@ -208,7 +208,7 @@ def _register_plan(app: FastAPI, api: Api) -> None:
     def plan(body: PlanRequest, p: Principal = viewer) -> dict[str, Any]:
         selector = checked_selector(body.selector)
         change = _proposed(body.change)
-        return plan_json(plane.plan(p.tenant_id, selector=selector, change=change))
+        return dict(plan_json(plane.plan(p.tenant_id, selector=selector, change=change)))
 
     @app.post("/api/v1/plan/publish", responses=answers(), openapi_extra=role("operator"))
     def publish(body: PublishRequest, p: Principal = operator) -> dict[str, Any]:
@@ -227,4 +227,4 @@ def _register_plan(app: FastAPI, api: Api) -> None:
             {"device": r.device, "kind": r.kind, "problems": list(r.problems)}
             for r in published.refused
         ]
-        return answer
+        return dict(answer)

@@ -151,7 +151,7 @@ def register(app: FastAPI, api: Api) -> None:
         device_id = await run_in_threadpool(plane.device_id, p.tenant_id, device)
         api.watcher.wake(device_id)
         response.headers["ETag"] = f'"{revision.version}"'
-        return revision.summary()
+        return dict(revision.summary())
 
     @app.get(
         "/api/v1/devices/{device}/revisions", openapi_extra=role("viewer"), responses=answers(404)

@@ -152,20 +152,22 @@ def _plan(api: Api, tenant_id: int, body: RolloutCreate) -> Plan:
 
 def _started(plane: ControlPlane, p: Principal, plan: Plan, body: RolloutSpec) -> dict[str, Any]:
     """Start the rollout of `plan` with the body's wave spec."""
-    return plane.start_rollout(
-        p.tenant_id,
-        plan,
-        waves=[w.model_dump(exclude_none=True, exclude_defaults=True) for w in body.waves]
-        if body.waves is not None
-        else None,
-        max_unavailable=body.max_unavailable,
-        soak_seconds=body.soak_seconds,
-        failure_budget=body.failure_budget,
-        confirm_within=body.confirm_within,
-        approval=body.approval,
-        gate_timeout=body.gate_timeout,
-        actor=p.actor,
-        comment=body.comment,
+    return dict(
+        plane.start_rollout(
+            p.tenant_id,
+            plan,
+            waves=[w.model_dump(exclude_none=True, exclude_defaults=True) for w in body.waves]
+            if body.waves is not None
+            else None,
+            max_unavailable=body.max_unavailable,
+            soak_seconds=body.soak_seconds,
+            failure_budget=body.failure_budget,
+            confirm_within=body.confirm_within,
+            approval=body.approval,
+            gate_timeout=body.gate_timeout,
+            actor=p.actor,
+            comment=body.comment,
+        )
     )
 
 

@@ -34,4 +34,4 @@ def register(app: FastAPI, api: Api) -> None:
     def put_secret(
         device: DEVICE, name: NAME_PARAM, body: SecretPut, p: Principal = admin
     ) -> dict[str, Any]:
-        return plane.put_secret(p.tenant_id, device, name, body.value, p.actor)
+        return dict(plane.put_secret(p.tenant_id, device, name, body.value, p.actor))

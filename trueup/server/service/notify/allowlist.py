@@ -19,6 +19,7 @@ from trueup.server.service.errors import Invalid
 from trueup.server.service.notify.audited import ALLOWLIST_AUDITED_FIELDS, audited
 from trueup.server.service.notify.events import iso
 from trueup.server.service.notify.policy import Allowlist
+from trueup.server.service.notify.records import AllowlistView
 from trueup.server.service.store import Store
 from trueup.server.tables import notify_allowlists, tenants
 
@@ -50,13 +51,13 @@ class Allowlists:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def allowlist(self, tenant_id: int) -> dict[str, Any]:
+    def allowlist(self, tenant_id: int) -> AllowlistView:
         with self.store.db.read() as conn:
             row = _stored(conn, tenant_id)
             entries = load_allowlist(conn, tenant_id).entries()
         return {"entries": entries, "updated_at": iso(row["updated_at"]) if row else None}
 
-    def set_allowlist(self, tenant_id: int, entries: list[str], actor: str) -> dict[str, Any]:
+    def set_allowlist(self, tenant_id: int, entries: list[str], actor: str) -> AllowlistView:
         """Replace the tenant's allowlist (an empty list: none). Raises Invalid per entry."""
         canonical = Allowlist.parse(entries).entries()
         now = time.time()

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from trueup.model.jsontypes import JSONObject
+
 __all__ = ["ALLOWLIST_AUDITED_FIELDS", "TARGET_AUDITED_FIELDS", "audited"]
 
 # notify_targets columns: where the webhook goes, and which sealed secrets it carries.
@@ -25,6 +27,7 @@ TARGET_AUDITED_FIELDS = (
 ALLOWLIST_AUDITED_FIELDS = ("entries",)
 
 
-def audited(values: Mapping[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
-    """The audited fields of a row's values (a field not given is recorded as None)."""
+def audited(values: Mapping[str, Any], fields: tuple[str, ...]) -> JSONObject:
+    """The audited fields of a row's values (a field not given is recorded as None): the
+    columns the lists above name, as the audit entry records them in JSON."""
     return {name: values.get(name) for name in fields}

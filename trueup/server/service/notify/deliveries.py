@@ -34,6 +34,12 @@ from trueup.server.keys import SecretRefused
 from trueup.server.service.errors import Invalid, NotFound
 from trueup.server.service.notify.events import iso
 from trueup.server.service.notify.policy import Allowlist
+from trueup.server.service.notify.records import (
+    Attempt,
+    DeliveryState,
+    DeliveryUpdate,
+    DeliveryView,
+)
 from trueup.server.service.notify.routing import tenant_box
 from trueup.server.service.notify.vouch import audited_allowlist, unaudited_target
 from trueup.server.service.store import Store
@@ -50,7 +56,7 @@ __all__ = ["Claimed", "Deliveries", "TargetUnaudited", "backoff"]
 
 _log = logging.getLogger(__name__)
 
-STATES = ("pending", "delivered", "dead", "discarded")
+STATES = tuple(state.value for state in DeliveryState)
 
 
 class TargetUnaudited(Exception):
@@ -223,15 +229,15 @@ class Deliveries:
                 )
             )
             attempts = int(row["attempts"]) + 1
-            values: dict[str, Any] = {
+            values: DeliveryUpdate = {
                 "attempts": attempts,
                 "lease_until": None,
                 "last_error": error,
             }
             if ok:
-                values.update(state="delivered", finished_at=now)
+                values.update({"state": "delivered", "finished_at": now})
             elif final or attempts >= self.max_attempts:
-                values.update(state="dead", finished_at=now)
+                values.update({"state": "dead", "finished_at": now})
             else:
                 values["next_attempt_at"] = now + backoff(attempts, self.base_delay, self.max_delay)
             if row["state"] != "pending":
@@ -247,7 +253,7 @@ class Deliveries:
 
     def deliveries(
         self, tenant_id: int, *, state: str | None = None, limit: int = 100
-    ) -> list[dict[str, Any]]:
+    ) -> list[DeliveryView]:
         """The tenant's newest deliveries (optionally in one state), each with its attempts."""
         if state is not None and state not in STATES:
             raise Invalid([f"state: {state!r} is not one of {', '.join(STATES)}"])
@@ -274,7 +280,7 @@ class Deliveries:
         with self.store.db.read() as conn:
             rows = [dict(r) for r in conn.execute(query).mappings()]
             ids = [r["id"] for r in rows]
-            attempts: dict[int, list[dict[str, Any]]] = {i: [] for i in ids}
+            attempts: dict[int, list[Attempt]] = {i: [] for i in ids}
             if ids:
                 for a in conn.execute(
                     select(notify_attempts)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import Connection, select
 
 from trueup.server.service.notify.events import KINDS, Match, iso
+from trueup.server.service.notify.records import EventDetail
 from trueup.server.tables import devices, notify_deliveries, notify_events, notify_rules, tenants
 
 __all__ = ["Device", "device_of", "emit"]
@@ -50,7 +50,7 @@ def emit(
     device: Device,
     kind: str,
     now: float,
-    detail: dict[str, Any],
+    detail: EventDetail,
     codes: list[str],
     rule_id: int | None = None,
 ) -> str | None:

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 
 from sqlalchemy import Connection, and_, bindparam, delete, select, update
 
+from trueup.model.jsontypes import JSONObject
 from trueup.server.service.notify.emit import Device, device_of, emit
 from trueup.server.service.notify.events import FAILED, Match, conditions_of, iso
+from trueup.server.service.notify.records import EventDetail, QuietReport
 from trueup.server.service.store import Store
 from trueup.server.tables import (
     device_state,
@@ -44,16 +45,16 @@ class Engine:
 
     # -- transitions ----------------------------------------------------------------------
 
-    def observe(self, device_id: int, report: dict[str, Any], report_at: float) -> None:
+    def observe(self, device_id: int, report: JSONObject, report_at: float) -> None:
         """One committed report (ingest's order): events for the conditions it opens/closes."""
         self.observe_batch([(device_id, report, report_at)])
 
-    def observe_batch(self, items: list[tuple[int, dict[str, Any], float]]) -> None:
+    def observe_batch(self, items: list[tuple[int, JSONObject, float]]) -> None:
         """Committed reports in ingest's order, in one transaction (one commit per batch).
 
         A device whose reports change none of its conditions (the heartbeat case) only
         has its report time moved, in one statement for the whole batch."""
-        by_device: dict[int, list[tuple[dict[str, Any], float]]] = {}
+        by_device: dict[int, list[tuple[JSONObject, float]]] = {}
         for device_id, report, report_at in items:
             by_device.setdefault(device_id, []).append((report, report_at))
         now = time.time()
@@ -66,7 +67,7 @@ class Engine:
                     .with_for_update()
                 )
             }
-            quiet: list[dict[str, Any]] = []
+            quiet: list[QuietReport] = []
             for device_id in sorted(by_device):  # one lock order for every process
                 row, reports = stored.get(device_id), by_device[device_id]
                 if row is not None and all(
@@ -92,7 +93,7 @@ class Engine:
         device_id: int,
         now: float,
         *,
-        report: dict[str, Any] | None = None,
+        report: JSONObject | None = None,  # as the agent sent it
         report_at: float | None = None,
         stale: bool | None = None,
     ) -> None:
@@ -130,7 +131,7 @@ class Engine:
             failed_since = now
         elif not failed:
             failed_since = None
-        common = {"conditions": sorted(after), "failed_since": iso(failed_since)}
+        common: EventDetail = {"conditions": sorted(after), "failed_since": iso(failed_since)}
         for kind in sorted(set(after) - set(before)):
             emit(conn, device, kind, now, {**common, "subsystems": after[kind]}, codes)
         for kind in sorted(set(before) - set(after)):

@@ -27,9 +27,10 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
+from trueup.model.jsontypes import JSONObject
 from trueup.model.reasons import ReasonCode
+from trueup.server.service.notify.records import MatchJSON
 
 __all__ = [
     "CONDITIONS",
@@ -81,7 +82,7 @@ def severity_at_least(severity: str, minimum: str) -> bool:
     return SEVERITIES.index(severity) >= SEVERITIES.index(minimum)
 
 
-def conditions_of(report: dict[str, Any]) -> dict[str, list[str]]:
+def conditions_of(report: JSONObject) -> dict[str, list[str]]:
     """The conditions a report shows, each with the subsystems (or codes) behind it."""
     codes = [str(c) for c in report.get("reason_codes") or []]
     found: dict[str, list[str]] = {}
@@ -124,7 +125,7 @@ class Match:
     min_severity: str = "info"
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Match:
+    def from_json(cls, data: JSONObject) -> Match:
         return cls(
             devices=tuple(data.get("devices") or ()),
             reason_codes=tuple(data.get("reason_codes") or ()),
@@ -132,7 +133,7 @@ class Match:
             min_severity=str(data.get("min_severity") or "info"),
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> MatchJSON:
         return {
             "devices": list(self.devices),
             "reason_codes": list(self.reason_codes),

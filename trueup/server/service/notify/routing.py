@@ -22,10 +22,10 @@ import re
 import secrets as pysecrets
 import time
 import uuid
-from typing import Any
 
-from sqlalchemy import Connection, and_, delete, select, update
+from sqlalchemy import Connection, RowMapping, and_, delete, select, update
 
+from trueup.model.jsontypes import JSONObject
 from trueup.model.reasons import ReasonCode
 from trueup.server.coverage import target_audit_detail
 from trueup.server.keys import SecretBox
@@ -35,6 +35,7 @@ from trueup.server.service.notify.allowlist import load_allowlist
 from trueup.server.service.notify.audited import TARGET_AUDITED_FIELDS, audited
 from trueup.server.service.notify.events import KINDS, SEVERITIES, Match, iso
 from trueup.server.service.notify.policy import Allowlist, check_url, redact
+from trueup.server.service.notify.records import RuleView, TargetRow, TargetView
 from trueup.server.service.store import Store, inserted_id
 from trueup.server.tables import (
     notify_deliveries,
@@ -109,7 +110,7 @@ def target_problem(url: str, allowlist: Allowlist) -> str | None:
     return None
 
 
-def _check_match(match: dict[str, Any]) -> Match:
+def _check_match(match: JSONObject) -> Match:
     problems = []
     parsed = Match.from_json(match)
     for kind in parsed.kinds:
@@ -130,7 +131,7 @@ def _check_match(match: dict[str, Any]) -> Match:
     return parsed
 
 
-def _target_view(row: Any, allowlist: Allowlist) -> dict[str, Any]:
+def _target_view(row: RowMapping, allowlist: Allowlist) -> TargetView:
     return {
         "name": row["name"],
         "url": redact(row["url"]),
@@ -152,7 +153,7 @@ class Routing:
         secret: str | None,
         actor: str,
         auth_header: tuple[str, str] | None = None,
-    ) -> dict[str, Any]:
+    ) -> TargetView:
         """Add a webhook target. Without `secret` one is generated and returned, this once.
         `auth_header` (name, value) is sent with every delivery; its value is sealed."""
         check_name("name", name)
@@ -177,7 +178,7 @@ class Routing:
                 raise Invalid([f"name: target {name!r} already exists; delete it first"])
             box = tenant_box(self.store, conn, tenant_id)
             nonce, ciphertext = box.seal(secret_id, value.encode())
-            row: dict[str, Any] = {
+            row: TargetRow = {
                 "tenant_id": tenant_id,
                 "name": name,
                 "url": url,
@@ -189,12 +190,10 @@ class Routing:
             if auth_header is not None:
                 header_id = uuid.uuid4().hex
                 header_nonce, header_ciphertext = box.seal(header_id, auth_header[1].encode())
-                row.update(
-                    auth_header_name=auth_header[0],
-                    auth_header_secret_id=header_id,
-                    auth_header_nonce=header_nonce,
-                    auth_header_ciphertext=header_ciphertext,
-                )
+                row["auth_header_name"] = auth_header[0]
+                row["auth_header_secret_id"] = header_id
+                row["auth_header_nonce"] = header_nonce
+                row["auth_header_ciphertext"] = header_ciphertext
             target_id = inserted_id(conn.execute(notify_targets.insert().values(row)))
             self.store.audit(
                 conn,
@@ -208,7 +207,7 @@ class Routing:
                     **target_audit_detail(conn, self.store.key, target_id),
                 },
             )
-        view: dict[str, Any] = {
+        view: TargetView = {
             "name": name,
             "url": url,
             "auth_header": auth_header[0] if auth_header else None,
@@ -219,7 +218,7 @@ class Routing:
             view["secret"] = value
         return view
 
-    def targets(self, tenant_id: int) -> list[dict[str, Any]]:
+    def targets(self, tenant_id: int) -> list[TargetView]:
         with self.store.db.read() as conn:
             rows = conn.execute(
                 select(notify_targets)
@@ -293,10 +292,10 @@ class Routing:
         tenant_id: int,
         name: str,
         target: str,
-        match: dict[str, Any],
+        match: JSONObject,  # as the caller wrote it; _check_match checks it
         escalate_after: float | None,
         actor: str,
-    ) -> dict[str, Any]:
+    ) -> RuleView:
         check_name("name", name)
         parsed = _check_match(match)
         if escalate_after is not None and escalate_after <= 0:
@@ -323,7 +322,7 @@ class Routing:
                     )
                 )
             )
-            view = {
+            view: RuleView = {
                 "name": name,
                 "target": target,
                 "match": parsed.to_json(),
@@ -340,7 +339,7 @@ class Routing:
             )
         return view
 
-    def rules(self, tenant_id: int) -> list[dict[str, Any]]:
+    def rules(self, tenant_id: int) -> list[RuleView]:
         with self.store.db.read() as conn:
             rows = conn.execute(
                 select(notify_rules, notify_targets.c.name.label("target_name"))

@@ -28,10 +28,10 @@ import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import httpx
 
+from trueup.model.jsontypes import JSONObject
 from trueup.server.service.errors import Invalid
 from trueup.server.service.notify.deliveries import Claimed, Deliveries
 from trueup.server.service.notify.engine import Engine
@@ -99,13 +99,13 @@ class Notifier:
         self.scan_seconds = scan_seconds
         self.timeout = timeout
         self.senders = senders
-        self._reports: queue.Queue[tuple[int, dict[str, Any], float]] = queue.Queue(QUEUE_LIMIT)
+        self._reports: queue.Queue[tuple[int, JSONObject, float]] = queue.Queue(QUEUE_LIMIT)
         self._overflowed = False
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def submit(self, device_id: int, report: dict[str, Any], received_at: float) -> None:
+    def submit(self, device_id: int, report: JSONObject, received_at: float) -> None:
         """A report ingest has committed (called from the ingest thread; never blocks)."""
         try:
             self._reports.put_nowait((device_id, report, received_at))
@@ -163,7 +163,7 @@ class Notifier:
 
     def _observe_queued(self) -> None:
         while True:
-            batch: list[tuple[int, dict[str, Any], float]] = []
+            batch: list[tuple[int, JSONObject, float]] = []
             while len(batch) < OBSERVE_BATCH:
                 try:
                     batch.append(self._reports.get_nowait())
