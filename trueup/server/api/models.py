@@ -74,11 +74,10 @@ NAME = NAME_PATTERN
 DEVICE_NAME = DEVICE_NAME_PATTERN
 
 
-# JSON Schema fragments (JSONObject: JSON Schema's shape) for the bodies the service checks
-# itself, so that its messages name each problem (labels.<key>: what is expected).
-
 # What a label key and value look like, as far as a JSON Schema can say (the prefix's
-# 253-character bound is the service's to check).
+# 253-character bound is the service's to check). The schemas are JSON Schema documents
+# (JSONObject), and the bodies they describe stay JSON objects as sent: the service checks
+# them, so that its messages name each problem (labels.<key>: what is expected).
 _SEGMENT = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 KEY_PATTERN = rf"^({_SEGMENT}(\.{_SEGMENT})*/)?{_NAME}$"

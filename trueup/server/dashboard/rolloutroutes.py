@@ -73,6 +73,7 @@ def _start(plane: ControlPlane, call: PageCall, wanted: RolloutForm) -> tuple[in
             plan,
             actor=principal.actor,
             comment=reason or comment_of(form),
+            # Each wave as the plain mapping Rollouts.start takes.
             waves=None if spec["waves"] is None else [dict(w) for w in spec["waves"]],
             max_unavailable=spec["max_unavailable"],
             soak_seconds=spec["soak_seconds"],
