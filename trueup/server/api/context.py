@@ -23,6 +23,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from trueup.model.jsontypes import JSONObject
 from trueup.server.api.bearer import bearer_token
 from trueup.server.api.metrics import Metrics
 from trueup.server.api.watcher import RevisionWatcher
@@ -48,9 +49,12 @@ _BEARER = HTTPBearer(auto_error=False, description="a user token or a device cre
 Authenticate = Callable[[str | None], Awaitable[Principal]]
 
 
-def role(name: str, max_body: int = DEFAULT_BODY_BYTES) -> dict[str, Any]:
+def role(name: str, max_body: int = DEFAULT_BODY_BYTES) -> JSONObject:
     """The OpenAPI extensions naming who may call a route (the authorisation tests read it)
-    and the largest request body it takes (the edge middleware answers 413 beyond)."""
+    and the largest request body it takes (the edge middleware answers 413 beyond).
+
+    A JSONObject: FastAPI's `openapi_extra=` takes an OpenAPI operation object, which the
+    routes extend with `parameters` and `requestBody`."""
     return {"x-trueup-role": name, "x-trueup-max-body": max_body}
 
 

@@ -126,7 +126,7 @@ def _bounded(receive: Receive, limit: int) -> Receive:
 
     async def bounded() -> Message:
         nonlocal seen
-        message: dict[str, Any] = dict(await receive())
+        message = await receive()
         if message["type"] == "http.request":
             seen += len(message.get("body", b""))
             if seen > limit:

@@ -9,11 +9,12 @@ ends up in; names follow the name rules and text refuses control characters
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
 from trueup.model.document import supported_sections
+from trueup.model.jsontypes import JSONObject
 from trueup.model.layering.selectors import LABEL_KEY_RULE, LABEL_VALUE_RULE
 from trueup.model.report import AgentReport, OverrideReport, SubsystemReport
 from trueup.server.inputs import (
@@ -74,13 +75,15 @@ DEVICE_NAME = DEVICE_NAME_PATTERN
 
 
 # What a label key and value look like, as far as a JSON Schema can say (the prefix's
-# 253-character bound is the service's to check).
+# 253-character bound is the service's to check). The schemas are JSON Schema documents
+# (JSONObject), and the bodies they describe stay JSON objects as sent: the service checks
+# them, so that its messages name each problem (labels.<key>: what is expected).
 _SEGMENT = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 KEY_PATTERN = rf"^({_SEGMENT}(\.{_SEGMENT})*/)?{_NAME}$"
 VALUE_PATTERN = rf"^({_NAME})?$"
-LABEL_VALUE_SCHEMA: dict[str, Any] = {"type": "string", "pattern": VALUE_PATTERN, "maxLength": 63}
-LABELS_SCHEMA: dict[str, Any] = {
+LABEL_VALUE_SCHEMA: JSONObject = {"type": "string", "pattern": VALUE_PATTERN, "maxLength": 63}
+LABELS_SCHEMA: JSONObject = {
     "type": "object",
     "description": f"label key -> value; a key is {LABEL_KEY_RULE}; a value is {LABEL_VALUE_RULE}",
     "propertyNames": {"pattern": KEY_PATTERN, "maxLength": LABEL_KEY_LENGTH},
@@ -89,7 +92,7 @@ LABELS_SCHEMA: dict[str, Any] = {
 }
 
 
-_LABELS_PATCH_SCHEMA: dict[str, Any] = {
+_LABELS_PATCH_SCHEMA: JSONObject = {
     **LABELS_SCHEMA,
     "additionalProperties": {"anyOf": [LABEL_VALUE_SCHEMA, {"type": "null"}]},
 }
@@ -98,8 +101,9 @@ _LABELS_PATCH_SCHEMA: dict[str, Any] = {
 class DeviceCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: DeviceName
-    # Checked by the service (labels.<key>: what is expected), declared for the schema.
-    labels: Annotated[dict[str, Any], WithJsonSchema(LABELS_SCHEMA)] | None = None
+    # Checked by the service (labels.<key>: what is expected), declared for the schema;
+    # until then a JSON object as sent.
+    labels: Annotated[JSONObject, WithJsonSchema(LABELS_SCHEMA)] | None = None
 
 
 class UserCreate(BaseModel):
@@ -146,14 +150,14 @@ class BackupMetadata(BaseModel):
 
 
 # What the service checks a device's inputs against (service/deviceinputs.py), stated.
-VARIABLES_SCHEMA: dict[str, Any] = {
+VARIABLES_SCHEMA: JSONObject = {
     "type": "object",
     "description": "variable name -> value (null is not a value)",
     "propertyNames": {"pattern": VARIABLE_NAME_PATTERN},
     "additionalProperties": {"not": {"type": "null"}},
     "maxProperties": MAX_VARIABLES,
 }
-OWN_SCHEMA: dict[str, Any] = {
+OWN_SCHEMA: JSONObject = {
     "anyOf": [
         {
             "type": "object",
@@ -171,8 +175,9 @@ class VariablesPut(BaseModel):
     desired document's spec)."""
 
     model_config = ConfigDict(extra="forbid")
-    variables: Annotated[dict[str, Any], WithJsonSchema(VARIABLES_SCHEMA)] = {}
-    own: Annotated[dict[str, Any] | None, WithJsonSchema(OWN_SCHEMA)] = None
+    # Values as sent (any JSON), and a partial spec: the service checks both.
+    variables: Annotated[JSONObject, WithJsonSchema(VARIABLES_SCHEMA)] = {}
+    own: Annotated[JSONObject | None, WithJsonSchema(OWN_SCHEMA)] = None
 
 
 class ProfileProposal(BaseModel):
@@ -181,7 +186,7 @@ class ProfileProposal(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: Literal["profile"]
     # Checked by the profile model (every problem with its path), like a desired document.
-    document: dict[str, Any]
+    document: JSONObject
 
 
 class ProfileDeletion(BaseModel):
@@ -197,8 +202,9 @@ class VariablesProposal(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: Literal["variables"]
     device: DeviceName
-    variables: dict[str, Any] = {}
-    own: dict[str, Any] | None = None
+    # As sent, like VariablesPut's: the service checks them.
+    variables: JSONObject = {}
+    own: JSONObject | None = None
     replace_own: bool = False
 
 
@@ -208,7 +214,8 @@ class LabelsProposal(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: Literal["labels"]
     device: DeviceName
-    labels: Annotated[dict[str, Any], WithJsonSchema(_LABELS_PATCH_SCHEMA)]
+    # As sent (a value or null): the service checks each, like DeviceCreate's.
+    labels: Annotated[JSONObject, WithJsonSchema(_LABELS_PATCH_SCHEMA)]
 
 
 PlanChange = Annotated[

@@ -8,11 +8,13 @@ parameters are bounded like the columns they are looked up in.
 
 from __future__ import annotations
 
-from typing import Any
-
+from trueup.model.jsontypes import JSONObject
 from trueup.server.inputs import DevicePath, IdPath, NamePath
 
 __all__ = ["DEVICE", "NAME_PARAM", "TOKEN_ID", "USER", "answers"]
+
+# The bodies below are JSON Schema and the answers OpenAPI response objects, the shapes
+# FastAPI's `responses=` takes (JSONObject: those standards', not trueup's).
 
 # Path parameters, as the input layer declares them (trueup.server.inputs).
 DEVICE = DevicePath
@@ -20,12 +22,12 @@ USER = NamePath
 NAME_PARAM = NamePath
 TOKEN_ID = IdPath
 
-_DETAIL: dict[str, Any] = {
+_DETAIL: JSONObject = {
     "type": "object",
     "required": ["detail"],
     "properties": {"detail": {"type": "string"}},
 }
-_PROBLEMS: dict[str, Any] = {
+_PROBLEMS: JSONObject = {
     "type": "object",
     "required": ["detail", "problems"],
     "properties": {
@@ -55,7 +57,7 @@ _REFUSED_NOW_TEXT = (
 )
 
 
-def _conflict(kind: str) -> dict[str, Any]:
+def _conflict(kind: str) -> JSONObject:
     """The 409 body naming the device (or the profile) whose version was stale; for
     `kind` "state", any refusal of what the current state does not allow: a stale
     version, devices a rollout holds, an action the rollout's state does not take, a
@@ -78,7 +80,7 @@ def _conflict(kind: str) -> dict[str, Any]:
 
 _CONFLICT = _conflict("device")
 
-_ANSWERS: dict[int, tuple[str, dict[str, Any]]] = {
+_ANSWERS: dict[int, tuple[str, JSONObject]] = {
     400: ("the request cannot be read (e.g. a body that is not UTF-8)", _DETAIL),
     401: ("no token, or a token that is unknown, revoked, expired or used", _DETAIL),
     403: ("the token does not have the role this route needs", _DETAIL),
@@ -93,7 +95,7 @@ _EVERY_ROUTE = (400, 401, 403, 413, 422)
 
 def answers(
     *codes: int, token: bool = True, conflict: str = "device"
-) -> dict[int | str, dict[str, Any]]:
+) -> dict[int | str, JSONObject]:
     """OpenAPI `responses=`: `codes`, and for a route taking a token those every one has;
     a 409 body names the `conflict` kind (device or profile) whose version was stale."""
     common = _EVERY_ROUTE if token else ()

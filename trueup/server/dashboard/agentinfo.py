@@ -5,14 +5,13 @@ it does not support."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from trueup.server.api.records import ServiceRecord
 from trueup.server.dashboard.html import esc
 
 __all__ = ["agent_summary"]
 
 
-def agent_summary(agent: dict[str, Any]) -> str:
+def agent_summary(agent: ServiceRecord) -> str:
     """The agent's version, what it supports, and what of the desired revision it lacks."""
     version = f'<span id="agent-version">{esc(agent.get("version") or "not reported")}</span>'
     api_versions, sections = agent.get("api_versions"), agent.get("sections")

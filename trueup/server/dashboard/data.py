@@ -15,12 +15,13 @@ import json
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from sqlalchemy import and_, or_, select
 
 from trueup.model.layering import parse_selector
 from trueup.model.reasons import ReasonCode
+from trueup.server.api.records import ServiceRecord
+from trueup.server.dashboard.records import AuditRow
 from trueup.server.service import ControlPlane
 from trueup.server.tables import audit_log, device_state, devices
 
@@ -92,7 +93,7 @@ def iso(value: float | str | None) -> str:
     return datetime.fromtimestamp(epoch(value), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def report_conditions(report: dict[str, Any] | None) -> list[str]:
+def report_conditions(report: ServiceRecord | None) -> list[str]:
     """`fenced` / `restore_pending` from one agent report."""
     if not report:
         return []
@@ -139,7 +140,7 @@ def extra_conditions(plane: ControlPlane, tenant_id: int) -> dict[str, list[str]
     return out
 
 
-def merge_conditions(entry: dict[str, Any], extra: list[str]) -> dict[str, Any]:
+def merge_conditions(entry: ServiceRecord, extra: list[str]) -> ServiceRecord:
     if not extra:
         return entry
     conditions = [c for c in entry["conditions"] if c != "in_sync"]
@@ -149,7 +150,7 @@ def merge_conditions(entry: dict[str, Any], extra: list[str]) -> dict[str, Any]:
 
 @dataclass
 class FleetPage:
-    rows: list[dict[str, Any]]
+    rows: list[ServiceRecord]  # fleet entries
     total: int  # devices of the tenant
     matched: int  # devices matching the filter and search
     counts: dict[str, int]  # devices per condition (before the filter)
@@ -168,7 +169,7 @@ def fleet_page(
     page: int = 1,
     page_size: int = PAGE_SIZE,
 ) -> FleetPage:
-    entries: list[dict[str, Any]] = [dict(e) for e in plane.fleet(tenant_id)]
+    entries: list[ServiceRecord] = [dict(e) for e in plane.fleet(tenant_id)]
     chosen = parse_selector(selector) if selector else None
     extra = extra_conditions(plane, tenant_id)
     if extra:
@@ -201,7 +202,7 @@ def fleet_page(
 
 def device_audit(
     plane: ControlPlane, tenant_id: int, device: str, limit: int = 200
-) -> list[dict[str, Any]]:
+) -> list[AuditRow]:
     """The tenant's audit entries about one device, newest first (admins: as /api/v1/audit)."""
     with plane.db.read() as conn:
         rows = conn.execute(
@@ -227,7 +228,15 @@ def device_audit(
             .limit(limit)
         ).mappings()
         return [
-            {**dict(r), "detail": json.loads(r["detail"])}
+            AuditRow(
+                seq=r["seq"],
+                at=r["at"],
+                actor=r["actor"],
+                action=r["action"],
+                target=r["target"],
+                detail=json.loads(r["detail"]),
+                row_hash=r["row_hash"],
+            )
             for r in rows
             if r["target"] == f"device:{device}" or r["target"].startswith(f"device:{device}/")
         ]

@@ -21,12 +21,15 @@ from urllib.parse import quote
 
 import yaml
 
+from trueup.server.api.records import ServiceRecord
 from trueup.server.dashboard.agentinfo import agent_summary
 from trueup.server.dashboard.data import iso, report_conditions
 from trueup.server.dashboard.html import badge, esc, short_digest
 from trueup.server.dashboard.limitations import limitations_section
+from trueup.server.dashboard.records import AuditRow, Difference
 from trueup.server.dashboard.timeline import timeline_events, timeline_svg
 from trueup.server.service import Principal
+from trueup.server.service.evidence import EvidenceListing
 from trueup.server.tokens import Role, role_at_least
 
 __all__ = [
@@ -51,29 +54,32 @@ ACK_CHOICES = [
 class DevicePage:
     principal: Principal
     csrf: str
-    entry: dict[str, Any]  # the fleet view of the device
-    report: dict[str, Any] | None
-    reports: list[dict[str, Any]]
-    desired: dict[str, Any] | None  # the desired revision's summary + document
-    revisions: list[dict[str, Any]]
-    audit: list[dict[str, Any]] | None  # None: the caller may not read the audit log
+    entry: ServiceRecord  # the fleet view of the device
+    report: ServiceRecord | None  # its last report, as stored
+    reports: list[ServiceRecord]
+    desired: ServiceRecord | None  # the desired revision's summary + document
+    revisions: list[ServiceRecord]
+    audit: list[AuditRow] | None  # None: the caller may not read the audit log
     now: float
     diff: tuple[int, int, str] | None = None  # (a, b, unified diff)
-    conflict: dict[str, Any] | None = None
+    conflict: ServiceRecord | None = None  # the 409 body of a stale apply
     notice: str = ""
     error: str = ""
     draft: str | None = None  # the document the user submitted (kept on a conflict)
     expected: int | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
-    drift: list[dict[str, Any]] = field(default_factory=list)  # drift history, newest first
-    agent_acks: list[dict[str, Any]] = field(default_factory=list)  # the router's `trueup ack`s
+    evidence: EvidenceListing = field(
+        default_factory=lambda: EvidenceListing(evidence=[], pending_requests=[])
+    )
+    drift: list[ServiceRecord] = field(default_factory=list)  # drift history, newest first
+    agent_acks: list[ServiceRecord] = field(default_factory=list)  # the router's `trueup ack`s
 
 
 def document_text(document: Any) -> str:
     return yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
 
 
-def revision_diff(a: dict[str, Any], b: dict[str, Any], va: int, vb: int) -> str:
+def revision_diff(a: ServiceRecord, b: ServiceRecord, va: int, vb: int) -> str:
+    """The unified diff of two revisions' documents (as the revisions service returns them)."""
     return "".join(
         difflib.unified_diff(
             document_text(a).splitlines(keepends=True),
@@ -84,19 +90,19 @@ def revision_diff(a: dict[str, Any], b: dict[str, Any], va: int, vb: int) -> str
     )
 
 
-def differences(report: dict[str, Any] | None) -> list[dict[str, Any]]:
+def differences(report: ServiceRecord | None) -> list[Difference]:
     """Every differing path the last report carries, with desired and observed values
     when the agent sent them (drift findings' evidence)."""
     if not report:
         return []
-    out: list[dict[str, Any]] = []
+    out: list[Difference] = []
     seen: set[tuple[str, str]] = set()
     for finding in report.get("findings") or []:
         for d in (finding.get("evidence") or {}).get("differences") or []:
             key = (str(d.get("subsystem")), str(d.get("path")))
             if key not in seen:
                 seen.add(key)
-                out.append({**d, "code": finding.get("code")})
+                out.append(_difference(d, finding.get("code")))
         for path in finding.get("paths") or []:
             key = (str(finding.get("subsystem")), str(path))
             if key not in seen:
@@ -111,7 +117,21 @@ def differences(report: dict[str, Any] | None) -> list[dict[str, Any]]:
     for path in (report.get("diff_summary") or {}).get("paths") or []:
         if not any(p == str(path) for _, p in seen):
             seen.add(("", str(path)))
-            out.append({"subsystem": None, "path": path})
+            out.append({"subsystem": None, "path": path})  # named by the diff summary only
+    return out
+
+
+def _difference(d: ServiceRecord, code: str | None) -> Difference:
+    """A drift finding's evidence of one path (as the agent sent it), with the finding's code."""
+    out: Difference = {"subsystem": d.get("subsystem"), "path": d["path"], "code": code}
+    if "desired" in d:
+        out["desired"] = d["desired"]
+    if "observed" in d:
+        out["observed"] = d["observed"]
+    if "missing" in d:
+        out["missing"] = d["missing"]
+    if "extra" in d:
+        out["extra"] = d["extra"]
     return out
 
 
@@ -127,7 +147,7 @@ def _value(value: Any, marked: list[Any], cls: str) -> str:
     return f"<code>{esc(json.dumps(value, sort_keys=True))}</code>"
 
 
-def _side_by_side(diffs: list[dict[str, Any]], page: DevicePage) -> str:
+def _side_by_side(diffs: list[Difference], page: DevicePage) -> str:
     head = "<h2>Desired vs observed</h2>"
     if not diffs:
         note = "no differing path in the last report" if page.report else "no report yet"
@@ -199,7 +219,7 @@ def _summary(page: DevicePage) -> str:
     return '<dl class="summary">' + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows) + "</dl>"
 
 
-def _findings(report: dict[str, Any] | None) -> str:
+def _findings(report: ServiceRecord | None) -> str:
     findings = (report or {}).get("findings") or []
     if not findings:
         return ""
@@ -221,7 +241,7 @@ def _subsystems(page: DevicePage) -> str:
     subs = report.get("subsystems") or {}
     if not subs:
         return '<h2>Subsystems</h2><p class="muted">no report yet</p>'
-    acks: dict[str, list[dict[str, Any]]] = {}
+    acks: dict[str, list[ServiceRecord]] = {}
     for ack in page.entry.get("acknowledgements") or []:
         acks.setdefault(ack["subsystem"], []).append(ack)
     counts = (report.get("diff_summary") or {}).get("subsystems") or {}
@@ -359,7 +379,7 @@ def _ack_form(page: DevicePage, device: str) -> str:
 def _evidence_section(page: DevicePage, device: str) -> str:
     from trueup.server.dashboard.evidence import render_evidence_section
 
-    listed = page.extras.get("evidence") or {"evidence": [], "pending_requests": []}
+    listed = page.evidence
     may_request = _may(page.principal, Role.OPERATOR)
     return render_evidence_section(device, listed, page.csrf if may_request else None)
 

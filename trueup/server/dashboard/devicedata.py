@@ -7,6 +7,7 @@ from typing import Any
 
 from trueup.server.dashboard import data
 from trueup.server.dashboard.device import DevicePage
+from trueup.server.dashboard.records import EvidenceParts
 from trueup.server.service import ControlPlane, Principal, agent_acknowledgements
 from trueup.server.tokens import Role, role_at_least
 
@@ -26,7 +27,6 @@ def load_device_page(
     desired = plane.desired(tenant, device)
     revisions: list[dict[str, Any]] = [dict(r.summary()) for r in plane.revisions(tenant, device)]
     revisions.sort(key=lambda r: r["version"], reverse=True)
-    extra.setdefault("extras", {})["evidence"] = plane.evidence_list(tenant, device)
     admin = principal.role is not None and role_at_least(principal.role, Role.ADMIN)
     now = time.time()
     return DevicePage(
@@ -41,14 +41,15 @@ def load_device_page(
         now=now,
         drift=[dict(r) for r in plane.drift_history(tenant, device)],
         agent_acks=[dict(a) for a in agent_acknowledgements(report, now)],
+        evidence=plane.evidence_list(tenant, device),
         **extra,
     )
 
 
-def evidence_parts(page: DevicePage) -> dict[str, Any]:
+def evidence_parts(page: DevicePage) -> EvidenceParts:
     """The evidence bundle's parts (file name without .json -> content)."""
     report = page.report or {}
-    parts: dict[str, Any] = {
+    parts: EvidenceParts = {
         "device": page.entry,
         "desired": page.desired,
         "last-report": page.report,

@@ -12,11 +12,11 @@ import io
 import json
 import tarfile
 from collections.abc import Mapping
-from typing import Any
 from urllib.parse import quote
 
 from trueup.server.dashboard.data import iso
 from trueup.server.dashboard.html import esc
+from trueup.server.service.evidence import EvidenceListing
 
 __all__ = ["MISSING", "build_bundle", "render_evidence_section"]
 
@@ -61,7 +61,7 @@ def build_bundle(device: str, parts: Mapping[str, object], now: float) -> bytes:
     return buffer.getvalue()
 
 
-def render_evidence_section(device: str, listed: dict[str, Any], csrf: str | None) -> str:
+def render_evidence_section(device: str, listed: EvidenceListing, csrf: str | None) -> str:
     """The device page's evidence section: the bundles the router uploaded (full evidence,
     built there by `trueup evidence`), the pending requests, the request button (`csrf`
     given: the caller is an operator), and the control plane's own bundle as a fallback."""

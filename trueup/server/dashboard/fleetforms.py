@@ -9,6 +9,7 @@ from typing import Any
 from trueup.model.decode import DecodeError, decode_yaml
 from trueup.model.layering import parse_selector
 from trueup.server.dashboard.fleethtml import PlanView, RolloutForm
+from trueup.server.dashboard.records import RolloutFormSpec, WaveSpec
 from trueup.server.inputs import COMMENT, DEVICE, EXPECTED_VERSION, InputError
 from trueup.server.limits import DOCUMENT_BYTES
 from trueup.server.service import ControlPlane, Invalid, NotFound, Principal
@@ -80,10 +81,10 @@ def rollout_form(form: dict[str, str]) -> RolloutForm:
     )
 
 
-def rollout_spec(f: RolloutForm) -> dict[str, Any]:
+def rollout_spec(f: RolloutForm) -> RolloutFormSpec:
     """The roll-out form as Rollouts.start's arguments; Invalid names each bad field."""
     problems: list[str] = []
-    waves: list[dict[str, Any]] = []
+    waves: list[WaveSpec] = []
     names = [n for n in f.canary_devices.replace(",", " ").split() if n]
     for name in names:
         problems.extend(DEVICE.problems("canary_devices", name))
@@ -113,12 +114,13 @@ def rollout_spec(f: RolloutForm) -> dict[str, Any]:
             problems.append(f"{name}: {text!r} is not a{'n integer' if integer else ' number'}")
             return None
 
-    spec = {
+    confirm_within = number("confirm_within", f.confirm_within, True)
+    spec: RolloutFormSpec = {
         "waves": waves or None,
         "max_unavailable": max_unavailable,
         "soak_seconds": number("soak_seconds", f.soak_seconds, False) or 0.0,
         "failure_budget": int(number("failure_budget", f.failure_budget, True) or 0),
-        "confirm_within": number("confirm_within", f.confirm_within, True),
+        "confirm_within": int(confirm_within) if confirm_within is not None else None,
         "approval": f.approval,
     }
     try:

@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from trueup.model.reasons import ReasonCode
+from trueup.server.api.records import ServiceRecord
 from trueup.server.dashboard.data import LABELS, STATUSES, FleetPage, epoch, iso
 from trueup.server.service import Principal
 
@@ -94,7 +95,7 @@ def ago(seconds: float) -> str:
     return f"{int(seconds // 86400)} d ago"
 
 
-def last_drift_text(record: dict[str, Any] | None, now: float) -> str:
+def last_drift_text(record: ServiceRecord | None, now: float) -> str:
     """`healed 2 min ago (addresses)` or `drifting since … (addresses)`; '' without drift."""
     if not record:
         return ""
@@ -104,7 +105,7 @@ def last_drift_text(record: dict[str, Any] | None, now: float) -> str:
     return f"drifting since {esc(iso(record.get('since')))} ({what})"
 
 
-def _last_drift_cell(record: dict[str, Any] | None, now: float) -> str:
+def _last_drift_cell(record: ServiceRecord | None, now: float) -> str:
     if not record:
         return '<td class="last-drift" data-state="none">-</td>'
     state = "healed" if record.get("healed_at") else "ongoing"
@@ -125,7 +126,7 @@ def _labels_cell(labels: Any) -> str:
     return f'<td class="labels">{chips}</td>'
 
 
-def fleet_row(e: dict[str, Any], now: float | None = None) -> str:
+def fleet_row(e: ServiceRecord, now: float | None = None) -> str:
     device = esc(e["device"])
     desired = f"v{e['desired_version']} <code>{esc(short_digest(e['desired_digest']))}</code>"
     applied_version = "-" if e["applied_version"] is None else f"v{e['applied_version']}"

@@ -3,14 +3,13 @@ reported (`trueup limitation add`, docs/evidence-and-doctor.md) and the paths th
 
 from __future__ import annotations
 
-from typing import Any
-
+from trueup.server.api.records import ServiceRecord
 from trueup.server.dashboard.html import esc
 
 __all__ = ["limitations_section"]
 
 
-def limitations_section(report: dict[str, Any] | None) -> str:
+def limitations_section(report: ServiceRecord | None) -> str:
     """Known limitations the agent reported: reviewed, permanent accepted differences
     (`trueup limitation add`), and the paths they cover now."""
     summary = (report or {}).get("diff_summary") or {}

@@ -73,7 +73,13 @@ def _start(plane: ControlPlane, call: PageCall, wanted: RolloutForm) -> tuple[in
             plan,
             actor=principal.actor,
             comment=reason or comment_of(form),
-            **spec,
+            # Each wave as the plain mapping Rollouts.start takes.
+            waves=None if spec["waves"] is None else [dict(w) for w in spec["waves"]],
+            max_unavailable=spec["max_unavailable"],
+            soak_seconds=spec["soak_seconds"],
+            failure_budget=spec["failure_budget"],
+            confirm_within=spec["confirm_within"],
+            approval=spec["approval"],
         )
     except (Conflict, Busy, WrongState, Invalid) as exc:
         status = 422 if isinstance(exc, Invalid) else 409

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from html import escape
-from typing import Any
 
+from trueup.server.api.records import ServiceRecord
 from trueup.server.dashboard.data import epoch, iso
 
 __all__ = ["TimelineEvent", "timeline_events", "timeline_svg"]
@@ -37,7 +37,7 @@ class TimelineEvent:
     kind: str = ""  # drift-seen | healed for the drift records agents report; else ""
 
 
-def _drift_marks(drift: list[dict[str, Any]], now: float) -> list[TimelineEvent]:
+def _drift_marks(drift: list[ServiceRecord], now: float) -> list[TimelineEvent]:
     events: list[TimelineEvent] = []
     for record in drift:
         since = epoch(record.get("since"))
@@ -65,15 +65,15 @@ def _drift_marks(drift: list[dict[str, Any]], now: float) -> list[TimelineEvent]
 
 
 def timeline_events(
-    reports: list[dict[str, Any]],
-    revisions: list[dict[str, Any]],
-    drift: list[dict[str, Any]] | None = None,
+    reports: list[ServiceRecord],
+    revisions: list[ServiceRecord],
+    drift: list[ServiceRecord] | None = None,
     now: float | None = None,
 ) -> list[TimelineEvent]:
     """The events, in time order."""
     events = _drift_marks(drift or [], now or 0.0)
     ordered = sorted(reports, key=lambda r: epoch(r.get("received_at")))
-    previous: dict[str, Any] | None = None
+    previous: ServiceRecord | None = None
     for i, report in enumerate(ordered):
         at = epoch(report.get("received_at"))
         until = epoch(ordered[i + 1]["received_at"]) if i + 1 < len(ordered) else at

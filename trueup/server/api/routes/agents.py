@@ -8,7 +8,6 @@ committed (ingest.py).
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from fastapi import FastAPI, Header, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -18,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from trueup.server.api.bearer import bearer_token
 from trueup.server.api.context import Api, problems, role
 from trueup.server.api.models import AgentReport
+from trueup.server.api.records import ServiceRecord
 from trueup.server.api.responses import answers
 from trueup.server.ingest import ReportRejected
 from trueup.server.limits import MAX_VERSION, REPORT_BYTES
@@ -37,7 +37,7 @@ def register(app: FastAPI, api: Api) -> None:
         openapi_extra=role("enrollment"),
         responses=answers(401, 413, token=False),
     )
-    def agent_enroll(authorization: str | None = Header(None)) -> dict[str, Any]:
+    def agent_enroll(authorization: str | None = Header(None)) -> ServiceRecord:
         token = bearer_token(authorization)
         if token is None:
             raise HTTPException(
@@ -113,6 +113,6 @@ def register(app: FastAPI, api: Api) -> None:
         return Response(b'{"stored":true}', media_type="application/json")
 
     @app.get("/api/v1/agent/secrets", openapi_extra=role("device"), responses=answers())
-    def agent_secrets(p: Principal = device) -> dict[str, Any]:
+    def agent_secrets(p: Principal = device) -> ServiceRecord:
         assert p.device_id is not None
         return dict(plane.device_secrets(p.tenant_id, p.device_id))

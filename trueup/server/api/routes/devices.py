@@ -6,13 +6,13 @@ drift history (who changed what, who healed it) and the router's own acknowledge
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from fastapi import FastAPI, Query
 from starlette.concurrency import run_in_threadpool
 
 from trueup.server.api.context import Api, role
 from trueup.server.api.models import AckCreate, DeviceCreate
+from trueup.server.api.records import DeviceCreated, DevicesAnswer, ReportsAnswer, ServiceRecord
 from trueup.server.api.responses import DEVICE, answers
 from trueup.server.fleet import FILTER_CHOICES, filter_problems
 from trueup.server.limits import QUERY_LENGTH, SELECTOR_LENGTH
@@ -47,7 +47,7 @@ def register(app: FastAPI, api: Api) -> None:
             "(`site=ams,role in (edge,core),!lab`); one that does not parse is refused (422)",
         ),
         p: Principal = viewer,
-    ) -> dict[str, Any]:
+    ) -> DevicesAnswer:
         problems = filter_problems("query.", status=status, reason=reason)
         if problems:
             raise Invalid(problems)
@@ -55,17 +55,17 @@ def register(app: FastAPI, api: Api) -> None:
         entries = await run_in_threadpool(
             lambda: plane.fleet(p.tenant_id, status=status, reason=reason, selector=parsed)
         )
-        return {"devices": entries, "count": len(entries)}
+        return {"devices": [dict(e) for e in entries], "count": len(entries)}
 
     @app.post(
         "/api/v1/devices", status_code=201, openapi_extra=role("operator"), responses=answers()
     )
-    def create_device(body: DeviceCreate, p: Principal = operator) -> dict[str, Any]:
+    def create_device(body: DeviceCreate, p: Principal = operator) -> DeviceCreated:
         plane.create_device(p.tenant_id, body.name, p.actor, labels=body.labels)
         return {"device": body.name, "labels": plane.labels(p.tenant_id, body.name)}
 
     @app.get("/api/v1/devices/{device}", openapi_extra=role("viewer"), responses=answers(404))
-    def get_device(device: DEVICE, p: Principal = viewer) -> dict[str, Any]:
+    def get_device(device: DEVICE, p: Principal = viewer) -> ServiceRecord:
         entry = plane.device_view(p.tenant_id, device)
         return {
             **entry,
@@ -78,7 +78,7 @@ def register(app: FastAPI, api: Api) -> None:
     )
     def list_reports(
         device: DEVICE, limit: int = Query(50, ge=1, le=1000), p: Principal = viewer
-    ) -> dict[str, Any]:
+    ) -> ReportsAnswer:
         return {"reports": plane.report_history(p.tenant_id, device, limit)}
 
     @app.post(
@@ -87,7 +87,7 @@ def register(app: FastAPI, api: Api) -> None:
         openapi_extra=role("admin"),
         responses=answers(404),
     )
-    def enroll(device: DEVICE, p: Principal = admin) -> dict[str, Any]:
+    def enroll(device: DEVICE, p: Principal = admin) -> ServiceRecord:
         return dict(
             plane.enroll(p.tenant_id, device, p.actor, url=api.public_url, create_missing=False)
         )
@@ -98,7 +98,7 @@ def register(app: FastAPI, api: Api) -> None:
         openapi_extra=role("operator"),
         responses=answers(404),
     )
-    def acknowledge(device: DEVICE, body: AckCreate, p: Principal = operator) -> dict[str, Any]:
+    def acknowledge(device: DEVICE, body: AckCreate, p: Principal = operator) -> ServiceRecord:
         return dict(
             plane.acknowledge(
                 p.tenant_id, device, body.subsystem, body.for_seconds, body.reason, p.actor

@@ -15,22 +15,25 @@ from fastapi import FastAPI, Request
 from starlette.concurrency import run_in_threadpool
 
 from trueup.model.decode import DecodeError, decode_json
+from trueup.model.jsontypes import JSONObject
 from trueup.server.api.context import Api, role
 from trueup.server.api.models import LABEL_VALUE_SCHEMA, LABELS_SCHEMA
+from trueup.server.api.records import LabelsAnswer
 from trueup.server.api.responses import DEVICE, answers
 from trueup.server.limits import DEFAULT_BODY_BYTES
 from trueup.server.service import Invalid, Principal
 
 __all__ = ["register"]
 
-_PATCH_SCHEMA: dict[str, Any] = {
+_PATCH_SCHEMA: JSONObject = {
     **LABELS_SCHEMA,
     "description": "JSON merge patch: key -> new value, or null to remove the key",
     "additionalProperties": {"anyOf": [LABEL_VALUE_SCHEMA, {"type": "null"}]},
 }
 
 
-def _body(raw: bytes) -> dict[str, Any]:
+def _body(raw: bytes) -> JSONObject:
+    """The body's JSON object, before the service checks its keys and values."""
     try:
         data = decode_json(raw, max_bytes=DEFAULT_BODY_BYTES, max_depth=4)
     except DecodeError as exc:
@@ -40,7 +43,8 @@ def _body(raw: bytes) -> dict[str, Any]:
     return data
 
 
-def _request_body(schema: dict[str, Any]) -> dict[str, Any]:
+def _request_body(schema: JSONObject) -> JSONObject:
+    """An OpenAPI request body of JSON with this JSON Schema."""
     return {"required": True, "content": {"application/json": {"schema": schema}}}
 
 
@@ -51,7 +55,7 @@ def register(app: FastAPI, api: Api) -> None:
     @app.get(
         "/api/v1/devices/{device}/labels", openapi_extra=role("viewer"), responses=answers(404)
     )
-    def get_labels(device: DEVICE, p: Principal = viewer) -> dict[str, Any]:
+    def get_labels(device: DEVICE, p: Principal = viewer) -> LabelsAnswer:
         return {"device": device, "labels": plane.labels(p.tenant_id, device)}
 
     @app.put(

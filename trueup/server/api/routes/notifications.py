@@ -10,13 +10,21 @@ internal receivers (audited); operators read it.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import FastAPI, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from trueup.model.reasons import ReasonCode
 from trueup.server.api.context import Api, role
+from trueup.server.api.records import (
+    DeadLettersAnswer,
+    DeliveriesAnswer,
+    DeliveryMoved,
+    RulesAnswer,
+    ServiceRecord,
+    TargetsAnswer,
+)
 from trueup.server.api.responses import NAME_PARAM, answers
 from trueup.server.inputs import IdPath, Name, TargetName
 from trueup.server.limits import (
@@ -89,14 +97,14 @@ def register(app: FastAPI, api: Api) -> None:
     base = "/api/v1/notifications"
 
     @app.get(f"{base}/targets", openapi_extra=role("operator"), responses=answers())
-    def list_targets(p: Principal = operator) -> dict[str, Any]:
+    def list_targets(p: Principal = operator) -> TargetsAnswer:
         return {
-            "targets": plane.notify_targets(p.tenant_id),
+            "targets": [dict(t) for t in plane.notify_targets(p.tenant_id)],
             "allowlist": plane.notify_allowlist(p.tenant_id)["entries"],
         }
 
     @app.post(f"{base}/targets", status_code=201, openapi_extra=role("admin"), responses=answers())
-    def create_target(body: TargetCreate, p: Principal = admin) -> dict[str, Any]:
+    def create_target(body: TargetCreate, p: Principal = admin) -> ServiceRecord:
         header = (body.auth_header.name, body.auth_header.value) if body.auth_header else None
         made = plane.create_notify_target(
             p.tenant_id, body.name, body.url, body.secret, p.actor, auth_header=header
@@ -104,11 +112,11 @@ def register(app: FastAPI, api: Api) -> None:
         return dict(made)
 
     @app.get(f"{base}/allowlist", openapi_extra=role("operator"), responses=answers())
-    def get_allowlist(p: Principal = operator) -> dict[str, Any]:
+    def get_allowlist(p: Principal = operator) -> ServiceRecord:
         return dict(plane.notify_allowlist(p.tenant_id))
 
     @app.put(f"{base}/allowlist", openapi_extra=role("admin"), responses=answers())
-    def set_allowlist(body: AllowlistSet, p: Principal = admin) -> dict[str, Any]:
+    def set_allowlist(body: AllowlistSet, p: Principal = admin) -> ServiceRecord:
         return dict(plane.set_notify_allowlist(p.tenant_id, body.entries, p.actor))
 
     @app.delete(
@@ -122,11 +130,11 @@ def register(app: FastAPI, api: Api) -> None:
         return Response(status_code=204)
 
     @app.get(f"{base}/rules", openapi_extra=role("operator"), responses=answers())
-    def list_rules(p: Principal = operator) -> dict[str, Any]:
-        return {"rules": plane.notify_rules(p.tenant_id)}
+    def list_rules(p: Principal = operator) -> RulesAnswer:
+        return {"rules": [dict(r) for r in plane.notify_rules(p.tenant_id)]}
 
     @app.post(f"{base}/rules", status_code=201, openapi_extra=role("admin"), responses=answers(404))
-    def create_rule(body: RuleCreate, p: Principal = admin) -> dict[str, Any]:
+    def create_rule(body: RuleCreate, p: Principal = admin) -> ServiceRecord:
         match = body.match.model_dump()
         rule = plane.create_notify_rule(
             p.tenant_id, body.name, body.target, match, body.escalate_after, p.actor
@@ -153,21 +161,29 @@ def register(app: FastAPI, api: Api) -> None:
         ),
         limit: int = Query(100, ge=1, le=1000),
         p: Principal = operator,
-    ) -> dict[str, Any]:
-        return {"deliveries": plane.notify_delivery_log(p.tenant_id, state=state, limit=limit)}
+    ) -> DeliveriesAnswer:
+        return {
+            "deliveries": [
+                dict(d) for d in plane.notify_delivery_log(p.tenant_id, state=state, limit=limit)
+            ]
+        }
 
     @app.get(f"{base}/dead-letters", openapi_extra=role("operator"), responses=answers())
     def list_dead_letters(
         limit: int = Query(100, ge=1, le=1000), p: Principal = operator
-    ) -> dict[str, Any]:
-        return {"dead_letters": plane.notify_delivery_log(p.tenant_id, state="dead", limit=limit)}
+    ) -> DeadLettersAnswer:
+        return {
+            "dead_letters": [
+                dict(d) for d in plane.notify_delivery_log(p.tenant_id, state="dead", limit=limit)
+            ]
+        }
 
     @app.post(
         f"{base}/dead-letters/{{delivery_id}}/redeliver",
         openapi_extra=role("operator"),
         responses={200: {"description": "queued again (audited)"}, **answers(404)},
     )
-    def redeliver(delivery_id: DELIVERY_ID, p: Principal = operator) -> dict[str, Any]:
+    def redeliver(delivery_id: DELIVERY_ID, p: Principal = operator) -> DeliveryMoved:
         plane.redeliver_notification(p.tenant_id, delivery_id, p.actor)
         plane.notifier.wake()
         return {"id": delivery_id, "state": "pending"}
@@ -177,6 +193,6 @@ def register(app: FastAPI, api: Api) -> None:
         openapi_extra=role("admin"),
         responses={200: {"description": "discarded (audited); kept in the log"}, **answers(404)},
     )
-    def discard(delivery_id: DELIVERY_ID, p: Principal = admin) -> dict[str, Any]:
+    def discard(delivery_id: DELIVERY_ID, p: Principal = admin) -> DeliveryMoved:
         plane.discard_notification(p.tenant_id, delivery_id, p.actor)
         return {"id": delivery_id, "state": "discarded"}

@@ -7,7 +7,6 @@ must be able to ask. `/readyz` answers 503 while the database does not.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -15,6 +14,7 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
+from trueup.model.jsontypes import JSONObject
 from trueup.server.api.context import Api, role
 from trueup.server.api.responses import answers
 from trueup.server.service import Principal
@@ -81,5 +81,5 @@ def register(app: FastAPI, api: Api) -> None:
         return Response(generate_latest(api.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/openapi.json", openapi_extra=role("viewer"), responses=answers())
-    async def openapi(_p: Principal = api.viewer) -> dict[str, Any]:
+    async def openapi(_p: Principal = api.viewer) -> JSONObject:
         return app.openapi()

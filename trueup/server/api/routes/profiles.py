@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from trueup.model.jsontypes import JSONObject
 from trueup.server.api.context import Api, role
 from trueup.server.api.models import (
     LabelsProposal,
@@ -29,6 +30,7 @@ from trueup.server.api.models import (
     VariablesProposal,
     VariablesPut,
 )
+from trueup.server.api.records import ProfilesAnswer, ProfileVersionsAnswer, ServiceRecord
 from trueup.server.api.responses import DEVICE, NAME_PARAM, answers
 from trueup.server.api.routes.revisions import parse_body, parse_comment, parse_if_match
 from trueup.server.inputs import COMMENT_HEADER, IF_MATCH
@@ -42,7 +44,7 @@ __all__ = ["register"]
 _IF_MATCH_PARAMS = [IF_MATCH.header("If-Match"), COMMENT_HEADER.header("X-Trueup-Comment")]
 
 
-def _document_body() -> dict[str, Any]:
+def _document_body() -> JSONObject:
     return {
         "required": True,
         "content": {
@@ -82,7 +84,7 @@ def _register_profiles(app: FastAPI, api: Api) -> None:
     viewer, operator = api.viewer, api.operator
 
     @app.get("/api/v1/profiles", openapi_extra=role("viewer"), responses=answers())
-    def list_profiles(p: Principal = viewer) -> dict[str, Any]:
+    def list_profiles(p: Principal = viewer) -> ProfilesAnswer:
         found = plane.profile_list(p.tenant_id)
         return {
             "profiles": [
@@ -102,7 +104,7 @@ def _register_profiles(app: FastAPI, api: Api) -> None:
         response: Response,
         version: int | None = Query(None, ge=1, le=MAX_VERSION),
         p: Principal = viewer,
-    ) -> dict[str, Any]:
+    ) -> ServiceRecord:
         shown = plane.profile(p.tenant_id, name, version)
         response.headers["ETag"] = f'"{shown.version}"'
         return {**shown.summary(), "document": shown.document}
@@ -110,8 +112,8 @@ def _register_profiles(app: FastAPI, api: Api) -> None:
     @app.get(
         "/api/v1/profiles/{name}/versions", openapi_extra=role("viewer"), responses=answers(404)
     )
-    def profile_versions(name: NAME_PARAM, p: Principal = viewer) -> dict[str, Any]:
-        return {"versions": [v.summary() for v in plane.profile_history(p.tenant_id, name)]}
+    def profile_versions(name: NAME_PARAM, p: Principal = viewer) -> ProfileVersionsAnswer:
+        return {"versions": [dict(v.summary()) for v in plane.profile_history(p.tenant_id, name)]}
 
     @app.put(
         "/api/v1/profiles/{name}",
@@ -125,7 +127,7 @@ def _register_profiles(app: FastAPI, api: Api) -> None:
     )
     async def put_profile(
         name: NAME_PARAM, request: Request, response: Response, p: Principal = operator
-    ) -> dict[str, Any]:
+    ) -> ServiceRecord:
         expected = parse_if_match(request.headers.get("if-match"))
         comment = parse_comment(request.headers.get("x-trueup-comment", ""))
         data = parse_body(await request.body(), request.headers.get("content-type", ""))
@@ -162,7 +164,7 @@ def _register_variables(app: FastAPI, api: Api) -> None:
     @app.get(
         "/api/v1/devices/{device}/variables", openapi_extra=role("viewer"), responses=answers(404)
     )
-    def get_variables(device: DEVICE, response: Response, p: Principal = viewer) -> dict[str, Any]:
+    def get_variables(device: DEVICE, response: Response, p: Principal = viewer) -> ServiceRecord:
         stored = plane.device_variables(p.tenant_id, device)
         response.headers["ETag"] = f'"{stored.version}"'
         return dict(stored.summary())
@@ -181,7 +183,7 @@ def _register_variables(app: FastAPI, api: Api) -> None:
         request: Request,
         response: Response,
         p: Principal = operator,
-    ) -> dict[str, Any]:
+    ) -> ServiceRecord:
         expected = parse_if_match(request.headers.get("if-match"))
         stored = plane.put_device_variables(
             p.tenant_id,
@@ -205,13 +207,13 @@ def _register_plan(app: FastAPI, api: Api) -> None:
         responses=answers(404),
         openapi_extra=role("viewer", max_body=DOCUMENT_BYTES),
     )
-    def plan(body: PlanRequest, p: Principal = viewer) -> dict[str, Any]:
+    def plan(body: PlanRequest, p: Principal = viewer) -> ServiceRecord:
         selector = checked_selector(body.selector)
         change = _proposed(body.change)
         return dict(plan_json(plane.plan(p.tenant_id, selector=selector, change=change)))
 
     @app.post("/api/v1/plan/publish", responses=answers(), openapi_extra=role("operator"))
-    def publish(body: PublishRequest, p: Principal = operator) -> dict[str, Any]:
+    def publish(body: PublishRequest, p: Principal = operator) -> ServiceRecord:
         selector = checked_selector(body.selector)
         planned = plane.plan(p.tenant_id, selector=selector)
         published = plane.publish_plan(

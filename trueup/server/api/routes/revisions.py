@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from trueup.model.decode import DecodeError, decode_json, decode_yaml
 from trueup.server.api.context import Api, role
+from trueup.server.api.records import RevisionsAnswer, ServiceRecord
 from trueup.server.api.responses import DEVICE, answers
 from trueup.server.inputs import COMMENT_HEADER, IF_MATCH, RevisionPath, Rule, check_text
 from trueup.server.limits import DOCUMENT_BYTES, MAX_DEPTH, TEXT_LENGTH, excerpt
@@ -97,7 +98,7 @@ def register(app: FastAPI, api: Api) -> None:
     @app.get(
         "/api/v1/devices/{device}/desired", openapi_extra=role("viewer"), responses=answers(404)
     )
-    def get_desired(device: DEVICE, response: Response, p: Principal = viewer) -> dict[str, Any]:
+    def get_desired(device: DEVICE, response: Response, p: Principal = viewer) -> ServiceRecord:
         revision = plane.desired(p.tenant_id, device)
         if revision is None:
             response.headers["ETag"] = '"0"'
@@ -131,7 +132,7 @@ def register(app: FastAPI, api: Api) -> None:
         request: Request,
         response: Response,
         p: Principal = operator,
-    ) -> dict[str, Any]:
+    ) -> ServiceRecord:
         expected = parse_if_match(request.headers.get("if-match"))
         comment = parse_comment(request.headers.get("x-trueup-comment", ""))
         confirm_within = parse_confirm_within(request.headers.get("x-trueup-confirm-within"))
@@ -156,8 +157,8 @@ def register(app: FastAPI, api: Api) -> None:
     @app.get(
         "/api/v1/devices/{device}/revisions", openapi_extra=role("viewer"), responses=answers(404)
     )
-    def list_revisions(device: DEVICE, p: Principal = viewer) -> dict[str, Any]:
-        return {"revisions": [r.summary() for r in plane.revisions(p.tenant_id, device)]}
+    def list_revisions(device: DEVICE, p: Principal = viewer) -> RevisionsAnswer:
+        return {"revisions": [dict(r.summary()) for r in plane.revisions(p.tenant_id, device)]}
 
     @app.get(
         "/api/v1/devices/{device}/revisions/{version}",
@@ -168,6 +169,6 @@ def register(app: FastAPI, api: Api) -> None:
         device: DEVICE,
         version: RevisionPath,
         p: Principal = viewer,
-    ) -> dict[str, Any]:
+    ) -> ServiceRecord:
         revision = plane.revision(p.tenant_id, device, version)
         return {**revision.summary(), "document": revision.document}

@@ -14,15 +14,17 @@ the rest in whichever control-plane process holds the rollout's lease.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import FastAPI, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from trueup.model.document import document_digest
+from trueup.model.jsontypes import JSONObject
 from trueup.model.layering import Provenance
 from trueup.server.api.context import Api, role
+from trueup.server.api.records import RolloutPlanAnswer, RolloutsAnswer, ServiceRecord
 from trueup.server.api.responses import TOKEN_ID, answers
 from trueup.server.fleet import agent_support
 from trueup.server.inputs import Comment, DeviceName
@@ -40,7 +42,8 @@ ROLLOUT_BODY_BYTES = 64 * 1024 * 1024
 class RolloutTarget(BaseModel):
     model_config = ConfigDict(extra="forbid")
     device: DeviceName
-    document: dict[str, Any] = Field(
+    # A desired-state document before validation (`_plan` validates it like `PUT …/desired`).
+    document: JSONObject = Field(
         description="the device's full desired-state document (the published DeviceState schema)"
     )
     from_version: int | None = Field(
@@ -150,7 +153,7 @@ def _plan(api: Api, tenant_id: int, body: RolloutCreate) -> Plan:
     return Plan(targets=tuple(targets), refused=tuple(refused), unchanged=unchanged)
 
 
-def _started(plane: ControlPlane, p: Principal, plan: Plan, body: RolloutSpec) -> dict[str, Any]:
+def _started(plane: ControlPlane, p: Principal, plan: Plan, body: RolloutSpec) -> ServiceRecord:
     """Start the rollout of `plan` with the body's wave spec."""
     return dict(
         plane.start_rollout(
@@ -185,7 +188,7 @@ def _register_start(app: FastAPI, api: Api) -> None:
         openapi_extra=role("operator", max_body=ROLLOUT_BODY_BYTES),
         responses=answers(404, 409, conflict="state"),
     )
-    async def start_rollout(body: RolloutCreate, p: Principal = operator) -> dict[str, Any]:
+    async def start_rollout(body: RolloutCreate, p: Principal = operator) -> ServiceRecord:
         return await run_in_threadpool(
             lambda: _started(plane, p, _plan(api, p.tenant_id, body), body)
         )
@@ -201,15 +204,15 @@ def _register_start(app: FastAPI, api: Api) -> None:
     )
     async def rollout_plan(
         body: PlanRollout, response: Response, p: Principal = operator
-    ) -> dict[str, Any]:
+    ) -> RolloutPlanAnswer:
         """Roll the stored profiles and variables out: the plan `POST /api/v1/plan` shows
         for them (refused devices are never sent it), wave by wave. 201 with the rollout;
         200 without one when the plan changes no device."""
 
-        def start() -> dict[str, Any]:
+        def start() -> RolloutPlanAnswer:
             plan = plane.plan(p.tenant_id, selector=checked_selector(body.selector))
             unseen(plan, body.expect_digest)
-            answer: dict[str, Any] = {"plan": plan_json(plan), "rollout": None}
+            answer: RolloutPlanAnswer = {"plan": dict(plan_json(plan)), "rollout": None}
             if plan.targets:
                 answer["rollout"] = _started(plane, p, plan, body)
             else:
@@ -223,12 +226,12 @@ def _register_control(app: FastAPI, api: Api) -> None:
     plane, viewer, operator = api.plane, api.viewer, api.operator
 
     @app.get("/api/v1/rollouts", openapi_extra=role("viewer"), responses=answers())
-    def list_rollouts(p: Principal = viewer) -> dict[str, Any]:
+    def list_rollouts(p: Principal = viewer) -> RolloutsAnswer:
         entries = plane.rollouts(p.tenant_id)
-        return {"rollouts": entries, "count": len(entries)}
+        return {"rollouts": [dict(e) for e in entries], "count": len(entries)}
 
     @app.get("/api/v1/rollouts/{rollout_id}", openapi_extra=role("viewer"), responses=answers(404))
-    def get_rollout(rollout_id: TOKEN_ID, p: Principal = viewer) -> dict[str, Any]:
+    def get_rollout(rollout_id: TOKEN_ID, p: Principal = viewer) -> ServiceRecord:
         return dict(plane.rollout(p.tenant_id, rollout_id))
 
     @app.post(
@@ -236,7 +239,7 @@ def _register_control(app: FastAPI, api: Api) -> None:
         openapi_extra=role("operator"),
         responses=answers(404, 409, conflict="state"),
     )
-    def pause(rollout_id: TOKEN_ID, body: RolloutAction, p: Principal = operator) -> dict[str, Any]:
+    def pause(rollout_id: TOKEN_ID, body: RolloutAction, p: Principal = operator) -> ServiceRecord:
         return dict(plane.pause_rollout(p.tenant_id, rollout_id, actor=p.actor, reason=body.reason))
 
     @app.post(
@@ -244,9 +247,7 @@ def _register_control(app: FastAPI, api: Api) -> None:
         openapi_extra=role("operator"),
         responses=answers(404, 409, conflict="state"),
     )
-    def resume(
-        rollout_id: TOKEN_ID, body: RolloutAction, p: Principal = operator
-    ) -> dict[str, Any]:
+    def resume(rollout_id: TOKEN_ID, body: RolloutAction, p: Principal = operator) -> ServiceRecord:
         return dict(plane.resume_rollout(p.tenant_id, rollout_id, actor=p.actor))
 
     @app.post(
@@ -256,7 +257,7 @@ def _register_control(app: FastAPI, api: Api) -> None:
     )
     def approve(
         rollout_id: TOKEN_ID, body: RolloutAction, p: Principal = operator
-    ) -> dict[str, Any]:
+    ) -> ServiceRecord:
         return dict(plane.approve_rollout(p.tenant_id, rollout_id, actor=p.actor))
 
     @app.post(
@@ -264,5 +265,5 @@ def _register_control(app: FastAPI, api: Api) -> None:
         openapi_extra=role("operator"),
         responses=answers(404, 409, conflict="state"),
     )
-    def abort(rollout_id: TOKEN_ID, body: RolloutAction, p: Principal = operator) -> dict[str, Any]:
+    def abort(rollout_id: TOKEN_ID, body: RolloutAction, p: Principal = operator) -> ServiceRecord:
         return dict(plane.abort_rollout(p.tenant_id, rollout_id, actor=p.actor, reason=body.reason))

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import FastAPI
 
 from trueup.server.api.context import Api, role
 from trueup.server.api.models import SecretPut
+from trueup.server.api.records import SecretsAnswer, ServiceRecord
 from trueup.server.api.responses import DEVICE, NAME_PARAM, answers
 from trueup.server.limits import SECRET_BODY_BYTES
 from trueup.server.service import Principal
@@ -22,8 +21,8 @@ def register(app: FastAPI, api: Api) -> None:
     @app.get(
         "/api/v1/devices/{device}/secrets", openapi_extra=role("operator"), responses=answers(404)
     )
-    def list_secrets(device: DEVICE, p: Principal = operator) -> dict[str, Any]:
-        return {"secrets": plane.secret_names(p.tenant_id, device)}
+    def list_secrets(device: DEVICE, p: Principal = operator) -> SecretsAnswer:
+        return {"secrets": [dict(s) for s in plane.secret_names(p.tenant_id, device)]}
 
     @app.put(
         "/api/v1/devices/{device}/secrets/{name}",
@@ -33,5 +32,5 @@ def register(app: FastAPI, api: Api) -> None:
     )
     def put_secret(
         device: DEVICE, name: NAME_PARAM, body: SecretPut, p: Principal = admin
-    ) -> dict[str, Any]:
+    ) -> ServiceRecord:
         return dict(plane.put_secret(p.tenant_id, device, name, body.value, p.actor))
