@@ -1,7 +1,9 @@
 """Records carry their types: `dict[str, Any]` only shrinks, and typed modules stay typed.
 
 * A ratchet on `dict[str, Any]` in `trueup/` (migrations aside): the count may
-  go down, never up. A new record gets a type (a dataclass, a TypedDict, a
+  go down, never up. A name given to it (`X: TypeAlias = dict[str, Any]`, other
+  than `JSONObject`) is counted at every line that uses it: renaming is not
+  typing. A new record gets a type (a dataclass, a TypedDict, a
   pydantic model, an enum); a JSON object at the edge whose shape is not
   trueup's is `trueup.model.jsontypes.JSONObject`.
 * The modules whose records are typed end to end (the status document, the
@@ -13,6 +15,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +23,12 @@ ROOT = Path(__file__).resolve().parents[2] / "trueup"
 UNTYPED = "dict[str, Any]"
 
 # The count after the records were typed; lower it when you type more, never raise it.
-CEILING = 677
+CEILING = 143
+
+# `Name: TypeAlias = dict[str, Any]`: an untyped record under another name.
+_ALIAS = re.compile(r"^(\w+): TypeAlias = dict\[str, Any\]", re.M)
+# Where a name is only mentioned: an import, an `__all__` entry.
+_MENTION = re.compile(r"^\s*(from |import |\"\w+\",$)")
 
 # Modules whose cross-package functions are typed (no `dict[str, Any]` in a signature).
 TYPED_MODULES = (
@@ -103,8 +111,22 @@ def _typed(module: str) -> bool:
     return any(module == m or module.startswith(m + ".") for m in TYPED_MODULES)
 
 
+def _untyped_lines() -> int:
+    texts = [path.read_text() for path in _sources()]
+    aliases = {m for text in texts for m in _ALIAS.findall(text)} - {"JSONObject"}
+    uses = re.compile(r"\b(" + "|".join(sorted(aliases)) + r")\b") if aliases else None
+    count = 0
+    for text in texts:
+        for line in text.splitlines():
+            if UNTYPED in line:
+                count += 1
+            elif uses is not None and uses.search(line) and not _MENTION.match(line):
+                count += 1
+    return count
+
+
 def test_dict_str_any_only_goes_down() -> None:
-    count = sum(UNTYPED in line for path in _sources() for line in path.read_text().splitlines())
+    count = _untyped_lines()
     assert count <= CEILING, (
         f"{count} `{UNTYPED}` in trueup/ (ceiling {CEILING}): give the new record a type "
         "(a dataclass, a TypedDict, a pydantic model, an enum) instead; a JSON object at "
@@ -116,6 +138,13 @@ def test_the_count_is_real() -> None:
     """The ratchet reads the tree it claims to: the JSONObject alias itself is among what it sees."""
     assert UNTYPED in (ROOT / "model" / "jsontypes.py").read_text()
     assert sum(1 for _ in _sources()) > 100
+
+
+def test_an_alias_of_the_untyped_record_is_counted_where_it_is_used() -> None:
+    text = "Rec: TypeAlias = dict[str, Any]\n"
+    assert _ALIAS.findall(text) == ["Rec"]
+    assert _MENTION.match('    "Rec",') and _MENTION.match("from x import Rec")
+    assert not _MENTION.match("def f(r: Rec) -> Rec:")
 
 
 def test_typed_modules_offer_no_untyped_function_to_another_package() -> None:

@@ -162,21 +162,15 @@ def register(app: FastAPI, api: Api) -> None:
         limit: int = Query(100, ge=1, le=1000),
         p: Principal = operator,
     ) -> DeliveriesAnswer:
-        return {
-            "deliveries": [
-                dict(d) for d in plane.notify_delivery_log(p.tenant_id, state=state, limit=limit)
-            ]
-        }
+        log = plane.notify_delivery_log(p.tenant_id, state=state, limit=limit)
+        return {"deliveries": [dict(d) for d in log]}
 
     @app.get(f"{base}/dead-letters", openapi_extra=role("operator"), responses=answers())
     def list_dead_letters(
         limit: int = Query(100, ge=1, le=1000), p: Principal = operator
     ) -> DeadLettersAnswer:
-        return {
-            "dead_letters": [
-                dict(d) for d in plane.notify_delivery_log(p.tenant_id, state="dead", limit=limit)
-            ]
-        }
+        log = plane.notify_delivery_log(p.tenant_id, state="dead", limit=limit)
+        return {"dead_letters": [dict(d) for d in log]}
 
     @app.post(
         f"{base}/dead-letters/{{delivery_id}}/redeliver",
