@@ -118,10 +118,8 @@ def _untyped_lines() -> int:
     count = 0
     for text in texts:
         for line in text.splitlines():
-            if UNTYPED in line:
-                count += 1
-            elif uses is not None and uses.search(line) and not _MENTION.match(line):
-                count += 1
+            aliased = uses is not None and uses.search(line) and not _MENTION.match(line)
+            count += UNTYPED in line or bool(aliased)
     return count
 
 
