@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 from trueup.journal.restore import RestoreRecord
+from trueup.model.drift import Attribution
 from trueup.reconcile.planning import ObservedByJSON
 
 __all__ = [
@@ -134,21 +135,6 @@ class Finding(TypedDict, total=False):
     since: str | None
     detail: object
     action: str
-
-
-class Attribution(TypedDict, total=False):
-    """Who changed what: a netlink notification (or a note) matched to a drifting path."""
-
-    message: str
-    detail: str
-    kind: str
-    sender: str | None
-    sender_port: int | None
-    ifname: str
-    address: str
-    destination: str
-    match: str
-    received_at: str
 
 
 class DifferenceBody(TypedDict, total=False):

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import NotRequired, Required, TypedDict
+from typing import NotRequired, TypedDict
 
+from trueup.model.drift import Attribution, DetectedBy
 from trueup.system.events import iso_time
 
 __all__ = [
@@ -30,35 +30,6 @@ __all__ = [
 ]
 
 DRIFT_HISTORY = 20  # ended drift records kept (per agent), newest last
-
-
-class DetectedBy(StrEnum):
-    """Which look found a drift."""
-
-    EVENT = "event"  # a notification woke the loop (or proved the change itself)
-    RESYNC = "resync"  # the periodic full look
-    REQUEST = "request"  # an explicit `trueup reconcile`
-
-
-class Attribution(TypedDict, total=False):
-    """One notification that explains a drift: `NetlinkEvent.to_json()` (its detail's keys
-    beside these), the writer named; or, when none arrived, a note of which look found it."""
-
-    message: Required[str | None]  # RTM_NEWADDR, …; None in the note
-    kind: str
-    received_at: Required[str]
-    ifname: str
-    address: str
-    destination: str
-    table: int
-    gateway: str
-    protocol: str
-    sender_port: int
-    sender: str
-    own: bool
-    match: str  # "related" (nothing matched: what did arrive), "proves the change"
-    source: DetectedBy  # the note: which look found it
-    detail: str  # the note: why no notification is shown
 
 
 class HealedBy(TypedDict):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import NotRequired, TypedDict
 
+from trueup.model.drift import Attribution
 from trueup.model.jsontypes import JSONObject
 
 __all__ = [
@@ -79,21 +80,6 @@ class HealedBy(TypedDict, total=False):
     txn: str
     at: str
     actor: str
-
-
-class Attribution(TypedDict, total=False):
-    """Who changed what: a netlink notification (or a note) matched to a drifting path."""
-
-    message: str
-    detail: str
-    kind: str
-    sender: str | None
-    sender_port: int | None
-    ifname: str
-    address: str
-    destination: str
-    match: str
-    received_at: str
 
 
 class DriftRow(TypedDict):
