@@ -49,8 +49,10 @@ from trueup.server.keys import ServerKey
 from trueup.server.tables import audit_log, notify_targets
 
 __all__ = [
+    "APPLIERS",
     "TARGET_COLUMNS",
     "TARGET_SEALED_COLUMNS",
+    "Applier",
     "CoverFacts",
     "CoverLog",
     "EvidenceFact",
@@ -311,59 +313,85 @@ def _apply_revision(facts: CoverFacts, entry: RowMapping, detail: JSONObject) ->
     )
 
 
+def _apply_device(facts: CoverFacts, entry: RowMapping, detail: JSONObject) -> None:
+    device_id, name = _int(detail, "device_id"), _after(str(entry["target"]), "device:")
+    if device_id is not None and name is not None:
+        facts.device_ids[(entry["tenant_id"], name)] = device_id
+
+
+def _apply_rolled_back(facts: CoverFacts, entry: RowMapping, detail: JSONObject) -> None:
+    # `version` None: an apply that failed before it took a version.
+    device_id = _int(detail, "device_id")
+    if device_id is not None:
+        facts.rolled_back[(device_id, _int(detail, "version"))] = int(entry["seq"])
+
+
+def _apply_profile(facts: CoverFacts, entry: RowMapping, detail: JSONObject) -> None:
+    name, version, digest = _str(detail, "name"), _int(detail, "version"), _str(detail, "digest")
+    if name is not None and version is not None and digest is not None:
+        deleted, comment = entry["action"] == "profile.delete", _str(detail, "comment")
+        fact = ProfileFact(int(entry["seq"]), digest, deleted, str(entry["actor"]), comment)
+        facts.profiles[(entry["tenant_id"], name, version)] = fact
+
+
+def _apply_inputs(facts: CoverFacts, entry: RowMapping, detail: JSONObject) -> None:
+    device_id, version = _int(detail, "device_id"), _int(detail, "version")
+    if device_id is not None and version is not None:
+        facts.inputs[device_id] = InputsFact(
+            int(entry["seq"]),
+            version,
+            _str(detail, "variables_digest"),
+            _str(detail, "own_digest"),
+        )
+
+
+def _apply_labels(facts: CoverFacts, entry: RowMapping, detail: JSONObject) -> None:
+    device_id, new = _int(detail, "device_id"), detail.get("new")
+    if device_id is not None and isinstance(new, dict):
+        facts.labels[device_id] = (int(entry["seq"]), {str(k): str(v) for k, v in new.items()})
+
+
+def _apply_allowlist(facts: CoverFacts, entry: RowMapping, detail: JSONObject) -> None:
+    entries = detail.get("entries")
+    if isinstance(entry["tenant_id"], int) and isinstance(entries, list):
+        facts.allowlists[entry["tenant_id"]] = (int(entry["seq"]), [str(e) for e in entries])
+
+
+Applier = Callable[[CoverFacts, RowMapping, JSONObject], None]
+
+# Every audited action this replay reads, and what it does with the entry: declared once,
+# as audittables.py declares the actions verification reads. An action not named here
+# vouches for nothing the data paths serve.
+APPLIERS: dict[str, Applier] = {
+    "device.create": _apply_device,
+    "device.labels": _apply_labels,
+    "device.variables": _apply_inputs,
+    "evidence.delete": _apply_evidence,
+    "evidence.upload": _apply_evidence,
+    "notify.allowlist.set": _apply_allowlist,
+    "notify.target.create": _apply_target,
+    "notify.target.delete": _apply_target,
+    "profile.create": _apply_profile,
+    "profile.delete": _apply_profile,
+    "profile.update": _apply_profile,
+    "revision.create": _apply_revision,
+    "revision.rolled_back": _apply_rolled_back,
+    "secret.delete": _apply_secret,
+    "secret.put": _apply_secret,
+}
+
+
 def apply(facts: CoverFacts, entry: RowMapping) -> None:
     """Apply one authenticated entry (malformed details are audit.verify's to name)."""
-    action = str(entry["action"])
+    applier = APPLIERS.get(str(entry["action"]))
+    if applier is None:
+        return
     try:
         detail = json.loads(entry["detail"])
     except (TypeError, ValueError):
         return
-    if not isinstance(detail, dict):
-        return
-    if action == "device.create":
-        device_id, name = _int(detail, "device_id"), _after(str(entry["target"]), "device:")
-        if device_id is not None and name is not None:
-            facts.device_ids[(entry["tenant_id"], name)] = device_id
-    elif action in ("secret.put", "secret.delete"):
-        _apply_secret(facts, entry, detail)
-    elif action.startswith("notify.target."):
-        _apply_target(facts, entry, detail)
-    elif action in ("evidence.upload", "evidence.delete"):
-        _apply_evidence(facts, entry, detail)
-    elif action == "revision.create":
-        _apply_revision(facts, entry, detail)
-    elif action == "revision.rolled_back":
-        # `version` None: an apply that failed before it took a version.
-        device_id = _int(detail, "device_id")
-        if device_id is not None:
-            facts.rolled_back[(device_id, _int(detail, "version"))] = int(entry["seq"])
-    elif action in ("profile.create", "profile.update", "profile.delete"):
-        name, version, digest = (
-            _str(detail, "name"),
-            _int(detail, "version"),
-            _str(detail, "digest"),
-        )
-        if name is not None and version is not None and digest is not None:
-            deleted, comment = action == "profile.delete", _str(detail, "comment")
-            fact = ProfileFact(int(entry["seq"]), digest, deleted, str(entry["actor"]), comment)
-            facts.profiles[(entry["tenant_id"], name, version)] = fact
-    elif action == "device.variables":
-        device_id, version = _int(detail, "device_id"), _int(detail, "version")
-        if device_id is not None and version is not None:
-            facts.inputs[device_id] = InputsFact(
-                int(entry["seq"]),
-                version,
-                _str(detail, "variables_digest"),
-                _str(detail, "own_digest"),
-            )
-    elif action == "device.labels":
-        device_id, new = _int(detail, "device_id"), detail.get("new")
-        if device_id is not None and isinstance(new, dict):
-            facts.labels[device_id] = (int(entry["seq"]), {str(k): str(v) for k, v in new.items()})
-    elif action == "notify.allowlist.set":
-        entries = detail.get("entries")
-        if isinstance(entry["tenant_id"], int) and isinstance(entries, list):
-            facts.allowlists[entry["tenant_id"]] = (int(entry["seq"]), [str(e) for e in entries])
+    if isinstance(detail, dict):
+        applier(facts, entry, detail)
 
 
 def replay(entries: Iterable[RowMapping]) -> CoverFacts:
