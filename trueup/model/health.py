@@ -21,6 +21,7 @@ class Tier(StrEnum):
 
     MANAGEMENT = "management"
     NETWORK = "network"
+    ROUTING = "routing"  # dynamic routing and gateway failover, over the network tier
     SERVICES = "services"
     OPTIONAL = "optional"
 
