@@ -171,55 +171,26 @@ def _request(
     allowed: str = "read the fleet (viewer or above)",
 ) -> Any:
     """`method path` on the control plane; exits 1 with one line when that fails."""
-    import httpx
+    from trueup.cli.fleetapi import call
 
-    if not server:
-        _fail("which control plane? give --server URL (or set TRUEUP_SERVER)")
-    if token_file is None:
-        _fail("give --token-file FILE holding an API token (or set TRUEUP_TOKEN_FILE)")
-    try:
-        token = token_file.read_text().strip()
-    except OSError as exc:
-        _fail(f"cannot read the token file {token_file}: {exc.strerror or exc}")
-    if not token:
-        _fail(f"the token file {token_file} is empty")
-    verify: Any = True
-    if ca_file is not None:
-        import ssl
-
-        try:
-            verify = ssl.create_default_context(cafile=str(ca_file))
-        except (OSError, ssl.SSLError) as exc:
-            _fail(f"--ca-file {ca_file}: {exc}")
-    url = server.rstrip("/") + path
-    try:
-        response = httpx.request(
-            method,
-            url,
-            params={k: v for k, v in (params or {}).items() if v is not None},
-            json=body,
-            headers={"Authorization": f"Bearer {token}"},
-            verify=verify,
-            timeout=30.0,
-        )
-    except httpx.HTTPError as exc:
-        _fail(f"{server} did not answer ({exc}); is the control plane running at that URL?")
-    if response.status_code in (401, 403):
-        _fail(
-            f"{server} refused the token in {token_file} ({response.status_code}): "
-            f"check that it is current and allowed to {allowed}"
-        )
-    try:
-        body = response.json()
-    except ValueError:
-        _fail(f"{server} answered {response.status_code}, not JSON: {response.text[:200]}")
-    if response.status_code == 404:
+    connection: Connection = {"server": server, "token_file": token_file, "ca_file": ca_file}
+    status, body, _ = call(
+        connection,
+        method,
+        path,
+        params=params,
+        body=body,
+        timeout=30.0,
+        role=f"allowed to {allowed}",
+        say=_fail,
+    )
+    if status == 404:
         detail = body.get("detail") if isinstance(body, dict) else None
         _fail(str(detail or f"{path}: not found"))
-    if response.status_code == 422 and isinstance(body, dict) and body.get("problems"):
+    if status == 422 and isinstance(body, dict) and body.get("problems"):
         _fail(f"{server} refused the request: " + "; ".join(str(p) for p in body["problems"]))
-    if response.status_code >= 400:
-        _fail(f"{server} answered {response.status_code}: {readable(body, 300)}")
+    if status >= 400:
+        _fail(f"{server} answered {status}: {readable(body, 300)}")
     return body
 
 

@@ -46,52 +46,19 @@ def _fail(message: str) -> NoReturn:
 
 def _call(c: Connection, method: str, path: str, body: Any = None) -> Any:
     """`method path` on the control plane; exits 1 with the reason when that fails."""
-    import httpx
+    from trueup.cli.fleetapi import call
 
-    server, token_file, ca_file = c["server"], c["token_file"], c["ca_file"]
-    if not server:
-        _fail("which control plane? give --server URL (or set TRUEUP_SERVER)")
-    if token_file is None:
-        _fail("give --token-file FILE holding an API token (or set TRUEUP_TOKEN_FILE)")
-    try:
-        token = Path(token_file).read_text().strip()
-    except OSError as exc:
-        _fail(f"cannot read the token file {token_file}: {exc.strerror or exc}")
-    verify: Any = True
-    if ca_file is not None:
-        import ssl
-
-        try:
-            verify = ssl.create_default_context(cafile=str(ca_file))
-        except (OSError, ssl.SSLError) as exc:
-            _fail(f"--ca-file {ca_file}: {exc}")
-    try:
-        response = httpx.request(
-            method,
-            server.rstrip("/") + path,
-            json=body,
-            headers={"Authorization": f"Bearer {token}"},
-            verify=verify,
-            timeout=120.0,
-        )
-    except httpx.HTTPError as exc:
-        _fail(f"{server} did not answer ({exc}); is the control plane running at that URL?")
-    try:
-        answer = response.json()
-    except ValueError:
-        _fail(f"{server} answered {response.status_code}, not JSON: {response.text[:200]}")
-    if response.status_code in (401, 403):
-        _fail(
-            f"{server} refused the token in {token_file} ({response.status_code}): check that "
-            "it is current and allowed (viewer to read, operator to change)"
-        )
-    if response.status_code >= 400:
+    status, answer, _ = call(
+        c, method, path, body=body, role="allowed (viewer to read, operator to change)", say=_fail
+    )
+    if status >= 400:
         if isinstance(answer, dict) and answer.get("problems"):
             for problem in answer["problems"]:
                 typer.echo(f"trueup fleet rollout: {problem}", err=True)
             raise typer.Exit(1)
         detail = answer.get("detail") if isinstance(answer, dict) else None
-        _fail(str(detail or f"{server} answered {response.status_code}: {readable(answer, 300)}"))
+        server = c["server"]
+        _fail(str(detail or f"{server} answered {status}: {readable(answer, 300)}"))
     return answer
 
 

@@ -10,7 +10,7 @@ the thing is at now.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeAlias, TypedDict
 from urllib.parse import quote
@@ -80,22 +80,26 @@ def call(
     body: Any = None,
     headers: dict[str, str] | None = None,
     params: QueryParams | None = None,
+    timeout: float = 120.0,
+    role: str = "has the role (viewer reads and plans; operator writes)",
+    say: Callable[[str], NoReturn] = fail,
 ) -> tuple[int, Any, dict[str, str]]:
     """One request to the control plane: (status, JSON body, headers); exits 1 with one
-    line when it cannot be made, the token is refused, or the answer is not JSON."""
+    line (`say`, which names the command) when it cannot be made, the token is refused
+    (the line asks whether it is current and `role`), or the answer is not JSON."""
     import httpx
 
     server, token_file, ca_file = c.get("server"), c.get("token_file"), c.get("ca_file")
     if not server:
-        fail("which control plane? give --server URL (or set TRUEUP_SERVER)")
+        say("which control plane? give --server URL (or set TRUEUP_SERVER)")
     if token_file is None:
-        fail("give --token-file FILE holding an API token (or set TRUEUP_TOKEN_FILE)")
+        say("give --token-file FILE holding an API token (or set TRUEUP_TOKEN_FILE)")
     try:
         token = Path(token_file).read_text().strip()
     except OSError as exc:
-        fail(f"cannot read the token file {token_file}: {exc.strerror or exc}")
+        say(f"cannot read the token file {token_file}: {exc.strerror or exc}")
     if not token:
-        fail(f"the token file {token_file} is empty")
+        say(f"the token file {token_file} is empty")
     verify: Any = True
     if ca_file is not None:
         import ssl
@@ -103,7 +107,7 @@ def call(
         try:
             verify = ssl.create_default_context(cafile=str(ca_file))
         except (OSError, ssl.SSLError) as exc:
-            fail(f"--ca-file {ca_file}: {exc}")
+            say(f"--ca-file {ca_file}: {exc}")
     try:
         response = httpx.request(
             method,
@@ -112,19 +116,19 @@ def call(
             params={k: v for k, v in (params or {}).items() if v is not None},
             headers={"Authorization": f"Bearer {token}", **(headers or {})},
             verify=verify,
-            timeout=120.0,
+            timeout=timeout,
         )
     except httpx.HTTPError as exc:
-        fail(f"{server} did not answer ({exc}); is the control plane running at that URL?")
+        say(f"{server} did not answer ({exc}); is the control plane running at that URL?")
     if response.status_code in (401, 403):
-        fail(
+        say(
             f"{server} refused the token in {token_file} ({response.status_code}): check that "
-            "it is current and has the role (viewer reads and plans; operator writes)"
+            f"it is current and {role}"
         )
     try:
         answer = response.json()
     except ValueError:
-        fail(f"{server} answered {response.status_code}, not JSON: {response.text[:200]}")
+        say(f"{server} answered {response.status_code}, not JSON: {response.text[:200]}")
     return response.status_code, answer, dict(response.headers)
 
 
