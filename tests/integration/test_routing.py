@@ -1,0 +1,268 @@
+"""Dynamic routing on real FRR: two routers peer eBGP over veths, each run by its own trueup agent.
+
+Topology (every namespace named per test, removed by name at the end):
+
+    router A  wan0 192.0.2.1/30 ─── wan0 192.0.2.2/30  router B
+              wan1 192.0.2.5/30 ─── wan1 192.0.2.6/30
+    lan0 203.0.113.1/25 (AS 64601)     lan0 203.0.113.129/25 (AS 64602)
+
+Two sessions between them (one per link): one can change while the other is
+watched for a reset. Every FRR daemon is killed at the end by the verified
+pid of its supervisor record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.routers import TRUEUP, Router, base_document, require_root
+from trueup.system.frr import frr_paths
+from trueup.system.pidrecord import verified_pid
+
+pytestmark = pytest.mark.root
+
+SIDES = {
+    "a": {"asn": 64601, "lan": "203.0.113.1/25", "wan0": "192.0.2.1/30", "wan1": "192.0.2.5/30"},
+    "b": {"asn": 64602, "lan": "203.0.113.129/25", "wan0": "192.0.2.2/30", "wan1": "192.0.2.6/30"},
+}
+PEERS = {"a": ("192.0.2.2", "192.0.2.6"), "b": ("192.0.2.1", "192.0.2.5")}
+
+
+def bgp_document(side: str, **neighbor: Any) -> dict[str, Any]:
+    mine, other = SIDES[side], SIDES["b" if side == "a" else "a"]
+    first, second = PEERS[side]
+    neighbors = [
+        {
+            "address": first,
+            "remote_as": other["asn"],
+            "description": "one",
+            "timers": {"keepalive": 1, "hold": 3},
+        },
+        {
+            "address": second,
+            "remote_as": other["asn"],
+            "description": "two",
+            "timers": {"keepalive": 1, "hold": 3},
+        },
+    ]
+    neighbors[0].update(neighbor)
+    lan = mine["lan"]
+    network = lan.rsplit(".", 1)[0] + (".0/25" if side == "a" else ".128/25")
+    return base_document(
+        interfaces=[
+            {"name": "lan0", "addresses": [lan]},
+            {"name": "wan0", "addresses": [mine["wan0"]]},
+            {"name": "wan1", "addresses": [mine["wan1"]]},
+        ],
+        routes=[],
+        tables={},
+        routing={
+            "router_id": mine["wan0"].split("/")[0],
+            "bgp": {
+                "asn": mine["asn"],
+                "neighbors": neighbors,
+                "ipv4_unicast": {"networks": [network]},
+            },
+        },
+    )
+
+
+class Pair:
+    """Two routers, their wan links joined by veths."""
+
+    def __init__(self, workdir: Path) -> None:
+        for side in ("a", "b"):
+            (workdir / side).mkdir()
+        self.a = Router(workdir / "a", links=("mgmt0", "lan0", "wan0", "wan1"))
+        self.b = Router(workdir / "b", links=("mgmt0", "lan0"))
+        for link in ("wan0", "wan1"):
+            self.a.ip("link", "set", f"{link}p", "netns", self.b.name)
+            self.b.ip("link", "set", f"{link}p", "name", link)
+
+    def routers(self) -> tuple[Router, Router]:
+        return self.a, self.b
+
+    def close(self) -> None:
+        for router in (self.a, self.b):
+            router.stop_agents(signal.SIGKILL)
+            kill_daemons(router)
+            router.close()
+
+
+def kill_daemons(router: Router) -> None:
+    """SIGKILL every daemon the agent started, by the verified pid of its record."""
+    for record in router.state_dir.glob("run/*/*.pid"):
+        try:
+            pid = verified_pid(json.loads(record.read_text()))
+        except (OSError, ValueError):
+            continue
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while verified_pid(json.loads(record.read_text())) and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+
+def vtysh(router: Router, *commands: str) -> str:
+    paths = frr_paths(router.state_dir / "run" / "frr")
+    argv = ["vtysh", "--config_dir", str(paths.run_dir), "--vty_socket", str(paths.sockets)]
+    for command in commands:
+        argv += ["-c", command]
+    done = router.run(*argv)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def peers(router: Router) -> dict[str, Any]:
+    try:
+        summary = json.loads(vtysh(router, "show bgp summary json") or "{}")
+    except (AssertionError, ValueError):
+        return {}
+    return dict(summary.get("ipv4Unicast", {}).get("peers", {}))
+
+
+def established(router: Router) -> bool:
+    found = peers(router)
+    return len(found) == 2 and all(p.get("state") == "Established" for p in found.values())
+
+
+def bgp_routes(router: Router) -> list[str]:
+    shown = router.ip_json("-4", "route", "show", "proto", "bgp")
+    return sorted(r["dst"] for r in shown)
+
+
+def heals(router: Router) -> list[dict[str, Any]]:
+    lines = (router.state_dir / "audit.jsonl").read_text().splitlines()
+    return [
+        r["details"]
+        for r in map(json.loads, lines)
+        if r["event"] == "reconcile" and r["details"].get("subsystem") == "routing"
+    ]
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[Pair]:
+    require_root()
+    both = Pair(tmp_path)
+    try:
+        yield both
+    finally:
+        both.close()
+
+
+def apply(router: Router, name: str, document: dict[str, Any]) -> Any:
+    return router.trueup("apply", str(router.write(name, document)), timeout=180)
+
+
+def test_ebgp_exchanges_prefixes_changes_one_neighbor_alone_and_heals_a_vtysh_edit(
+    pair: Pair,
+) -> None:
+    a, b = pair.routers()
+    for side, router in (("a", a), ("b", b)):
+        done = apply(router, "v1.yaml", bgp_document(side))
+        assert done.returncode == 0, done.stdout + done.stderr
+    a.wait_for(lambda: established(a) and established(b), what="both sessions established")
+    a.wait_for(lambda: bgp_routes(a) == ["203.0.113.128/25"], what="B's prefix in A's kernel")
+    b.wait_for(lambda: bgp_routes(b) == ["203.0.113.0/25"], what="A's prefix in B's kernel")
+    # Routes FRR installs are the routing daemon's, never drift for the routes subsystem.
+    for router in (a, b):
+        drift = router.trueup("drift")
+        assert drift.returncode == 0, drift.stdout
+    run = a.state_dir / "run" / "frr"
+    assert run.stat().st_mode & 0o777 == 0o700
+    assert (run / "frr.conf").stat().st_mode & 0o777 == 0o600
+
+    a.start_agent()
+    status = a.api("/v1/status")["subsystems"]["routing"]
+    assert status["tier"] == "routing" and status["health"] == "ok"
+    system = status["system"]
+    assert system["daemons"] == ["zebra", "bgpd"]
+    assert {p: s[0]["state"] for p, s in system["bgp"].items()} == {
+        "192.0.2.2": "Established",
+        "192.0.2.6": "Established",
+    }
+
+    # One neighbour's description and timers change: the other session is not reset.
+    other = peers(a)["192.0.2.6"]
+    changed = bgp_document("a", description="one, changed", timers={"keepalive": 2, "hold": 6})
+    done = apply(a, "v2.yaml", changed)
+    assert done.returncode == 0, done.stdout + done.stderr
+    running = vtysh(a, "show running-config")
+    assert "neighbor 192.0.2.2 description one, changed" in running
+    assert "neighbor 192.0.2.2 timers 2 6" in running
+    after = peers(a)["192.0.2.6"]
+    assert after["connectionsEstablished"] == other["connectionsEstablished"]
+    assert after["peerUptimeEstablishedEpoch"] == other["peerUptimeEstablishedEpoch"]
+    assert after["state"] == "Established"
+
+    # Behind trueup's back, through vtysh: a neighbour shut down. Drift, healed.
+    vtysh(a, "configure terminal", "router bgp 64601", "neighbor 192.0.2.6 shutdown")
+    a.wait_for(lambda: bool(heals(a)), what="the vtysh edit healed", timeout=60)
+    assert heals(a)[0]["outcome"] == "healed"
+    assert "spec.routing.config" in heals(a)[0]["paths"]
+    assert "shutdown" not in vtysh(a, "show running-config")
+    a.wait_for(lambda: established(a), what="the session back")
+
+
+def test_a_configuration_frr_refuses_changes_nothing_and_names_the_path(pair: Pair) -> None:
+    a = pair.a
+    done = apply(a, "v1.yaml", bgp_document("a"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    before = vtysh(a, "show running-config")
+    bad = bgp_document("a", route_map_out="out")
+    bad["spec"]["routing"]["route_maps"] = [
+        {
+            "name": "out",
+            "entries": [{"seq": 10, "action": "permit", "set": {"community": "64601:70000"}}],
+        }
+    ]
+    refused = apply(a, "bad.yaml", bad)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0, said
+    assert "spec.routing.route_maps[0].entries[0].set.community" in said
+    assert "Malformed communities attribute '64601:70000'" in said
+    assert vtysh(a, "show running-config") == before
+    assert a.trueup("drift").returncode == 0
+
+
+def test_an_agent_killed_during_an_frr_apply_leaves_the_old_or_the_new_configuration(
+    pair: Pair,
+) -> None:
+    a, _b = pair.routers()
+    done = apply(a, "v1.yaml", bgp_document("a"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    old = vtysh(a, "show running-config")
+    agent = a.start_agent()
+    new_document = bgp_document("a", description="renamed", timers={"keepalive": 2, "hold": 6})
+    path = a.write("v2.yaml", new_document)
+    # The apply goes to the agent; the agent is killed once the transaction has begun.
+    applying = a.spawn(*TRUEUP, "apply", str(path), "--state-dir", str(a.state_dir))
+    journal = a.state_dir / "journal.jsonl"
+
+    def begun() -> bool:
+        lines = journal.read_text().splitlines() if journal.exists() else []
+        return bool(lines) and json.loads(lines[-1]).get("type") == "begin"
+
+    a.wait_for(begun, what="the apply begun", proc=agent)
+    agent.send_signal(signal.SIGKILL)
+    agent.wait(timeout=30)
+    applying.wait(timeout=60)
+    a.agents.clear()
+    a.start_agent()
+    a.wait_for(lambda: a.trueup("drift").returncode == 0, what="no drift after recovery")
+    running = vtysh(a, "show running-config")
+    has_new = "neighbor 192.0.2.2 description renamed" in running
+    has_old = "neighbor 192.0.2.2 description one" in running
+    assert has_new != has_old, running
+    if has_new:
+        assert "neighbor 192.0.2.2 timers 2 6" in running
+    else:
+        assert running == old
