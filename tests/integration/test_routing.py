@@ -266,3 +266,112 @@ def test_an_agent_killed_during_an_frr_apply_leaves_the_old_or_the_new_configura
         assert "neighbor 192.0.2.2 timers 2 6" in running
     else:
         assert running == old
+
+
+# -- OSPF: three routers in a triangle ------------------------------------------------
+#
+#   A wan0 192.0.2.1/30 ── B wan0 192.0.2.2/30
+#   B wan1 192.0.2.5/30 ── C wan1 192.0.2.6/30
+#   A wan1 192.0.2.9/30 ── C wan0 192.0.2.10/30
+#   LANs: A 203.0.113.1/26, B 203.0.113.65/26, C 203.0.113.129/26 (passive)
+TRIANGLE = {
+    "a": {"lan": "203.0.113.1/26", "wan0": "192.0.2.1/30", "wan1": "192.0.2.9/30"},
+    "b": {"lan": "203.0.113.65/26", "wan0": "192.0.2.2/30", "wan1": "192.0.2.5/30"},
+    "c": {"lan": "203.0.113.129/26", "wan0": "192.0.2.10/30", "wan1": "192.0.2.6/30"},
+}
+
+
+def ospf_document(side: str) -> dict[str, Any]:
+    mine = TRIANGLE[side]
+    link = {"cost": 10, "network": "point-to-point", "hello": 1, "dead": 4}
+    return base_document(
+        interfaces=[
+            {"name": "lan0", "addresses": [mine["lan"]]},
+            {"name": "wan0", "addresses": [mine["wan0"]]},
+            {"name": "wan1", "addresses": [mine["wan1"]]},
+        ],
+        routes=[],
+        tables={},
+        routing={
+            "router_id": mine["wan0"].split("/")[0],
+            "ospf": {
+                "areas": [
+                    {
+                        "id": 0,
+                        "interfaces": [
+                            {"name": "lan0", "passive": True},
+                            {"name": "wan0", **link},
+                            {"name": "wan1", **link},
+                        ],
+                    }
+                ]
+            },
+        },
+    )
+
+
+class Triangle:
+    def __init__(self, workdir: Path) -> None:
+        links = ("mgmt0", "lan0", "wan0", "wan1")
+        self.routers: dict[str, Router] = {}
+        for side in ("a", "b", "c"):
+            (workdir / side).mkdir()
+            self.routers[side] = Router(workdir / side, links=links)
+        # Each pair's ends meet: the far router's peer end replaces its own link.
+        for near, near_link, far, far_link in (
+            ("a", "wan0", "b", "wan0"),
+            ("b", "wan1", "c", "wan1"),
+            ("a", "wan1", "c", "wan0"),
+        ):
+            self.routers[far].ip("link", "del", far_link)
+            self.routers[near].ip("link", "set", f"{near_link}p", "netns", self.routers[far].name)
+            self.routers[far].ip("link", "set", f"{near_link}p", "name", far_link)
+
+    def close(self) -> None:
+        for router in self.routers.values():
+            router.stop_agents(signal.SIGKILL)
+            kill_daemons(router)
+            router.close()
+
+
+@pytest.fixture
+def triangle(tmp_path: Path) -> Iterator[Triangle]:
+    require_root()
+    three = Triangle(tmp_path)
+    try:
+        yield three
+    finally:
+        three.close()
+
+
+def ospf_route(router: Router, prefix: str) -> list[str]:
+    """The devices of the OSPF route to `prefix` in the kernel."""
+    shown = router.ip_json("-4", "route", "show", prefix, "proto", "ospf")
+    return sorted(r.get("dev", "") for r in shown)
+
+
+def test_ospf_adjacencies_routes_and_a_link_down_rerouted(triangle: Triangle) -> None:
+    routers = triangle.routers
+    for side, router in routers.items():
+        done = apply(router, "ospf.yaml", ospf_document(side))
+        assert done.returncode == 0, done.stdout + done.stderr
+    a = routers["a"]
+    a.start_agent()
+
+    def adjacencies() -> list[tuple[str, str]]:
+        system = a.api("/v1/status").get("subsystems", {}).get("routing", {}).get("system", {})
+        return sorted((n["interface"], n["state"].split("/")[0]) for n in system.get("ospf", []))
+
+    a.wait_for(
+        lambda: adjacencies() == [("wan0", "Full"), ("wan1", "Full")],
+        what="A's two adjacencies Full in status",
+    )
+    a.wait_for(lambda: ospf_route(a, "203.0.113.128/26") == ["wan1"], what="C's LAN direct")
+    a.wait_for(lambda: ospf_route(a, "203.0.113.64/26") == ["wan0"], what="B's LAN direct")
+    assert a.trueup("drift").returncode == 0
+    # The A-C link goes down at C's end (C runs no agent to bring it back).
+    routers["c"].ip("link", "set", "wan0", "down")
+    a.wait_for(lambda: ospf_route(a, "203.0.113.128/26") == ["wan0"], what="C's LAN through B")
+    a.wait_for(lambda: adjacencies() == [("wan0", "Full")], what="the lost adjacency gone")
+    status = a.api("/v1/status")["subsystems"]["routing"]
+    assert status["health"] == "ok"  # a neighbour lost is the network's news, not a failure

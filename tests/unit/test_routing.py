@@ -52,7 +52,21 @@ def routing(**extra: Any) -> dict[str, Any]:
         },
         "ospf": {
             "redistribute": ["bgp"],
-            "areas": [{"id": 0, "interfaces": [{"name": "lan0", "cost": 10, "bfd": True}]}],
+            "areas": [
+                {
+                    "id": 0,
+                    "interfaces": [
+                        {
+                            "name": "lan0",
+                            "cost": 10,
+                            "bfd": True,
+                            "network": "point-to-point",
+                            "hello": 1,
+                            "dead": 4,
+                        }
+                    ],
+                }
+            ],
         },
         "ospf6": {"areas": [{"id": "0.0.0.1", "interfaces": [{"name": "lan0", "passive": True}]}]},
         "prefix_lists": [

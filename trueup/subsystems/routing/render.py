@@ -147,6 +147,14 @@ def _interfaces(out: Rendered, section: RoutingSection) -> None:
                     mine.append((f" {prefix} bfd", f"{path}.bfd"))
                 if interface.cost is not None:
                     mine.append((f" {prefix} cost {interface.cost}", f"{path}.cost"))
+                if interface.dead is not None:
+                    interval = f"dead-interval {interface.dead}"
+                    mine.append((f" {prefix} {interval}", f"{path}.dead"))
+                if interface.hello is not None:
+                    interval = f"hello-interval {interface.hello}"
+                    mine.append((f" {prefix} {interval}", f"{path}.hello"))
+                if interface.network is not None:
+                    mine.append((f" {prefix} network {interface.network}", f"{path}.network"))
                 if interface.passive:
                     mine.append((f" {prefix} passive", f"{path}.passive"))
     for ifname in sorted(lines):

@@ -26,7 +26,8 @@ spec:
       areas:
         - id: 0.0.0.0                    # or a number
           interfaces:
-            - {name: lan0, cost: 10, passive: false, bfd: false}
+            - {name: lan0, passive: true}
+            - {name: wan0, cost: 10, network: point-to-point, hello: 1, dead: 4, bfd: false}
     prefix_lists:
       - name: ours
         entries: [{seq: 5, action: permit, prefix: 203.0.113.0/24, le: 32}]
@@ -372,6 +373,16 @@ class OspfInterface(Checked):
     cost: int | None = Field(default=None, ge=1, le=65535)
     passive: bool = False
     bfd: bool = False
+    # point-to-point: no DR election (an adjacency in seconds on a /30 or /31 link).
+    network: Literal["broadcast", "point-to-point"] | None = None
+    hello: int | None = Field(default=None, ge=1, le=65535)
+    dead: int | None = Field(default=None, ge=1, le=65535)
+
+    @check
+    def _intervals(self) -> list[tuple[str, str]]:
+        if self.hello is not None and self.dead is not None and self.dead <= self.hello:
+            return [("dead", f"the dead interval must exceed the hello interval ({self.hello})")]
+        return []
 
 
 class OspfArea(Checked):
