@@ -33,6 +33,7 @@ SIDES = {
     "a": {"asn": 64601, "lan": "203.0.113.1/25", "wan0": "192.0.2.1/30", "wan1": "192.0.2.5/30"},
     "b": {"asn": 64602, "lan": "203.0.113.129/25", "wan0": "192.0.2.2/30", "wan1": "192.0.2.6/30"},
 }
+STATIC = "192.0.2.128/25"
 PEERS = {"a": ("192.0.2.2", "192.0.2.6"), "b": ("192.0.2.1", "192.0.2.5")}
 
 
@@ -55,21 +56,28 @@ def bgp_document(side: str, **neighbor: Any) -> dict[str, Any]:
     ]
     neighbors[0].update(neighbor)
     lan = mine["lan"]
-    network = lan.rsplit(".", 1)[0] + (".0/25" if side == "a" else ".128/25")
+    networks = [lan.rsplit(".", 1)[0] + (".0/25" if side == "a" else ".128/25")]
+    addresses = [lan]
+    routes: list[dict[str, Any]] = []
+    if side == "b":  # B also announces a prefix A's document routes statically
+        addresses.append("192.0.2.129/25")
+        networks.append(STATIC)
+    else:
+        routes.append({"to": STATIC, "via": "192.0.2.6"})
     return base_document(
         interfaces=[
-            {"name": "lan0", "addresses": [lan]},
+            {"name": "lan0", "addresses": addresses},
             {"name": "wan0", "addresses": [mine["wan0"]]},
             {"name": "wan1", "addresses": [mine["wan1"]]},
         ],
-        routes=[],
+        routes=routes,
         tables={},
         routing={
             "router_id": mine["wan0"].split("/")[0],
             "bgp": {
                 "asn": mine["asn"],
                 "neighbors": neighbors,
-                "ipv4_unicast": {"networks": [network]},
+                "ipv4_unicast": {"networks": networks},
             },
         },
     )
@@ -172,6 +180,9 @@ def test_ebgp_exchanges_prefixes_changes_one_neighbor_alone_and_heals_a_vtysh_ed
     a.wait_for(lambda: established(a) and established(b), what="both sessions established")
     a.wait_for(lambda: bgp_routes(a) == ["203.0.113.128/25"], what="B's prefix in A's kernel")
     b.wait_for(lambda: bgp_routes(b) == ["203.0.113.0/25"], what="A's prefix in B's kernel")
+    # B announces STATIC too, but A's document routes it: zebra installs no competing route.
+    a.wait_for(lambda: STATIC in vtysh(a, "show bgp ipv4 unicast"), what="STATIC learnt by A")
+    assert f"{STATIC} via 192.0.2.6" in a.routes()
     # Routes FRR installs are the routing daemon's, never drift for the routes subsystem.
     for router in (a, b):
         drift = router.trueup("drift")
@@ -200,7 +211,7 @@ def test_ebgp_exchanges_prefixes_changes_one_neighbor_alone_and_heals_a_vtysh_ed
     assert "neighbor 192.0.2.2 timers 2 6" in running
     after = peers(a)["192.0.2.6"]
     assert after["connectionsEstablished"] == other["connectionsEstablished"]
-    assert after["peerUptimeEstablishedEpoch"] == other["peerUptimeEstablishedEpoch"]
+    assert after["peerUptimeMsec"] > other["peerUptimeMsec"]  # the same session, older
     assert after["state"] == "Established"
 
     # Behind trueup's back, through vtysh: a neighbour shut down. Drift, healed.
