@@ -386,3 +386,28 @@ def test_ospf_adjacencies_routes_and_a_link_down_rerouted(triangle: Triangle) ->
     a.wait_for(lambda: adjacencies() == [("wan0", "Full")], what="the lost adjacency gone")
     status = a.api("/v1/status")["subsystems"]["routing"]
     assert status["health"] == "ok"  # a neighbour lost is the network's news, not a failure
+
+
+def test_a_killed_bgpd_is_restarted_and_its_configuration_put_back(pair: Pair) -> None:
+    a = pair.a
+    done = apply(a, "v1.yaml", bgp_document("a"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    a.start_agent()
+    record = a.state_dir / "run" / "frr-bgpd" / "frr-bgpd.pid"
+    first = verified_pid(json.loads(record.read_text()))
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+
+    def back() -> bool:
+        pid = verified_pid(json.loads(record.read_text()))
+        if pid is None or pid == first:
+            return False
+        try:
+            return "router bgp 64601" in vtysh(a, "show running-config")
+        except AssertionError:
+            return False
+
+    # The supervisor starts it again (empty); the next look sees the configuration gone.
+    a.wait_for(back, what="bgpd restarted with its configuration", timeout=90)
+    assert a.api("/v1/health/management").get("ready") is True
+    assert a.trueup("drift").returncode == 0

@@ -460,3 +460,31 @@ def test_routes_a_routing_daemon_installs_are_never_routes_drift() -> None:
     )
     observed = RoutesSubsystem().observe(Sources(netlink), scope)
     assert list(observed) == ["spec.routes[table=main,to=198.51.100.128/25,metric=0]"]
+
+
+def test_a_before_image_is_put_back_whole(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    first = document()
+    rig.converge(first)
+    scope = scope_for(first)
+    before = rig.sub.observe(rig.sources, scope)
+    section = routing()
+    section["bgp"]["neighbors"][1]["remote_as"] = 64999
+    rig.converge(document(section))
+    assert " neighbor 2001:db8::9 remote-as 64999" in rig.frr.running
+    # A rollback plans from the before-image: the configuration FRR ran is reloaded.
+    plan = rig.sub.plan(before, rig.sub.observe(rig.sources, scope), scope)
+    assert [s.action for s in plan.steps] == ["reload"]
+    for step in plan.steps:
+        rig.sub.execute(rig.sources, step)
+    assert " neighbor 2001:db8::9 remote-as 64512" in rig.frr.running
+    assert rig.diffs(first) == []
+
+
+def test_zebra_that_cannot_start_fails_routing_alone_in_its_own_words(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.daemons.fail_start.add("frr-zebra")
+    parsed = document()
+    with pytest.raises(StepError, match=r"routing: start \(spec.routing.daemons\): .*frr-zebra"):
+        rig.converge(parsed)
+    assert not rig.frr.running
