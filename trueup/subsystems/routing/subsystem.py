@@ -226,16 +226,18 @@ class RoutingSubsystem(Subsystem):
             steps.append(Step(self.name, "start", DAEMONS, {"daemons": list(wanted)}))
         config = desired.get(CONFIG)
         if config is not None and (started or config != observed.get(CONFIG)):
-            args = {"config": list(config), "sources": list(desired.get(SOURCES) or [])}
+            args = {
+                "lines": len(config),
+                "_config": list(config),
+                "_sources": list(desired.get(SOURCES) or []),
+            }
             steps.append(Step(self.name, "reload", CONFIG, args))
         return Plan(self.name, steps, [] if steps else ["FRR runs the document's configuration"])
 
     # -- steps ------------------------------------------------------------------
     def execute(self, sources: Sources, step: Step) -> None:
         paths = _paths(sources)
-        # The step's own arguments (a whole configuration) stay out of its error.
-        named = Step(step.subsystem, step.action, step.path)
-        with step_failures(named, FrrError):
+        with step_failures(step, FrrError):
             if step.action == "stop":
                 for daemon in reversed(ALL_DAEMONS):
                     sources.daemons.stop(daemon_name(daemon))
@@ -243,9 +245,8 @@ class RoutingSubsystem(Subsystem):
             elif step.action == "start":
                 self._start(sources, paths, list(step.args["daemons"]))
             elif step.action == "reload":
-                self._reload(
-                    sources, paths, named, list(step.args["config"]), list(step.args["sources"])
-                )
+                config, origins = list(step.args["_config"]), list(step.args["_sources"])
+                self._reload(sources, paths, step, config, origins)
             else:
                 raise ValueError(f"unknown routing step {step.action}")
 
