@@ -256,13 +256,20 @@ def test_an_agent_killed_during_an_frr_apply_leaves_the_old_or_the_new_configura
     path = a.write("v2.yaml", new_document)
     # The apply goes to the agent; the agent is killed once the transaction has begun.
     applying = a.spawn(*TRUEUP, "apply", str(path), "--state-dir", str(a.state_dir))
-    journal = a.state_dir / "journal.jsonl"
+    confdir = str(a.state_dir / "run" / "frr")
 
-    def begun() -> bool:
-        lines = journal.read_text().splitlines() if journal.exists() else []
-        return bool(lines) and json.loads(lines[-1]).get("type") == "begin"
+    def reloading() -> bool:
+        """frr-reload.py runs for this router (its --confdir is this state directory's)."""
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                words = cmdline.read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(w.endswith(b"frr-reload.py") for w in words) and confdir.encode() in words:
+                return True
+        return False
 
-    a.wait_for(begun, what="the apply begun", proc=agent)
+    a.wait_for(reloading, what="FRR's reload under way", proc=agent)
     agent.send_signal(signal.SIGKILL)
     agent.wait(timeout=30)
     applying.wait(timeout=60)
