@@ -13,6 +13,7 @@ pid of its supervisor record.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -286,25 +287,50 @@ def test_an_agent_killed_during_an_frr_apply_leaves_the_old_or_the_new_configura
         assert running == old
 
 
-# -- OSPF: three routers in a triangle ------------------------------------------------
+# -- OSPFv2 and OSPFv3: three routers in a triangle ------------------------------------
 #
 #   A wan0 192.0.2.1/30 ── B wan0 192.0.2.2/30
 #   B wan1 192.0.2.5/30 ── C wan1 192.0.2.6/30
 #   A wan1 192.0.2.9/30 ── C wan0 192.0.2.10/30
 #   LANs: A 203.0.113.1/26, B 203.0.113.65/26, C 203.0.113.129/26 (passive)
 TRIANGLE = {
-    "a": {"lan": "203.0.113.1/26", "wan0": "192.0.2.1/30", "wan1": "192.0.2.9/30"},
-    "b": {"lan": "203.0.113.65/26", "wan0": "192.0.2.2/30", "wan1": "192.0.2.5/30"},
-    "c": {"lan": "203.0.113.129/26", "wan0": "192.0.2.10/30", "wan1": "192.0.2.6/30"},
+    "a": {
+        "lan": "203.0.113.1/26",
+        "lan6": "2001:db8:a::1/64",
+        "wan0": "192.0.2.1/30",
+        "wan1": "192.0.2.9/30",
+    },
+    "b": {
+        "lan": "203.0.113.65/26",
+        "lan6": "2001:db8:b::1/64",
+        "wan0": "192.0.2.2/30",
+        "wan1": "192.0.2.5/30",
+    },
+    "c": {
+        "lan": "203.0.113.129/26",
+        "lan6": "2001:db8:c::1/64",
+        "wan0": "192.0.2.10/30",
+        "wan1": "192.0.2.6/30",
+    },
 }
 
 
 def ospf_document(side: str) -> dict[str, Any]:
     mine = TRIANGLE[side]
     link = {"cost": 10, "network": "point-to-point", "hello": 1, "dead": 4}
+    areas = [
+        {
+            "id": 0,
+            "interfaces": [
+                {"name": "lan0", "passive": True},
+                {"name": "wan0", **link},
+                {"name": "wan1", **link},
+            ],
+        }
+    ]
     return base_document(
         interfaces=[
-            {"name": "lan0", "addresses": [mine["lan"]]},
+            {"name": "lan0", "addresses": [mine["lan"], mine["lan6"]]},
             {"name": "wan0", "addresses": [mine["wan0"]]},
             {"name": "wan1", "addresses": [mine["wan1"]]},
         ],
@@ -312,18 +338,8 @@ def ospf_document(side: str) -> dict[str, Any]:
         tables={},
         routing={
             "router_id": mine["wan0"].split("/")[0],
-            "ospf": {
-                "areas": [
-                    {
-                        "id": 0,
-                        "interfaces": [
-                            {"name": "lan0", "passive": True},
-                            {"name": "wan0", **link},
-                            {"name": "wan1", **link},
-                        ],
-                    }
-                ]
-            },
+            "ospf": {"areas": areas},
+            "ospf6": {"areas": copy.deepcopy(areas)},
         },
     )
 
@@ -363,8 +379,9 @@ def triangle(tmp_path: Path) -> Iterator[Triangle]:
 
 
 def ospf_route(router: Router, prefix: str) -> list[str]:
-    """The devices of the OSPF route to `prefix` in the kernel."""
-    shown = router.ip_json("-4", "route", "show", prefix, "proto", "ospf")
+    """The devices of the OSPF (or OSPFv3) route to `prefix` in the kernel."""
+    family = "-6" if ":" in prefix else "-4"
+    shown = router.ip_json(family, "route", "show", prefix, "proto", "ospf")
     return sorted(r.get("dev", "") for r in shown)
 
 
@@ -376,20 +393,23 @@ def test_ospf_adjacencies_routes_and_a_link_down_rerouted(triangle: Triangle) ->
     a = routers["a"]
     a.start_agent()
 
-    def adjacencies() -> list[tuple[str, str]]:
+    def adjacencies(version: str = "ospf") -> list[tuple[str, str]]:
         system = a.api("/v1/status").get("subsystems", {}).get("routing", {}).get("system", {})
-        return sorted((n["interface"], n["state"].split("/")[0]) for n in system.get("ospf", []))
+        return sorted((n["interface"], n["state"].split("/")[0]) for n in system.get(version, []))
 
-    a.wait_for(
-        lambda: adjacencies() == [("wan0", "Full"), ("wan1", "Full")],
-        what="A's two adjacencies Full in status",
-    )
+    for version in ("ospf", "ospf6"):
+        a.wait_for(
+            lambda v=version: adjacencies(v) == [("wan0", "Full"), ("wan1", "Full")],
+            what=f"A's two {version} adjacencies Full in status",
+        )
     a.wait_for(lambda: ospf_route(a, "203.0.113.128/26") == ["wan1"], what="C's LAN direct")
     a.wait_for(lambda: ospf_route(a, "203.0.113.64/26") == ["wan0"], what="B's LAN direct")
+    a.wait_for(lambda: ospf_route(a, "2001:db8:c::/64") == ["wan1"], what="C's LAN6 direct")
     assert a.trueup("drift").returncode == 0
     # The A-C link goes down at C's end (C runs no agent to bring it back).
     routers["c"].ip("link", "set", "wan0", "down")
     a.wait_for(lambda: ospf_route(a, "203.0.113.128/26") == ["wan0"], what="C's LAN through B")
+    a.wait_for(lambda: ospf_route(a, "2001:db8:c::/64") == ["wan0"], what="C's LAN6 through B")
     a.wait_for(lambda: adjacencies() == [("wan0", "Full")], what="the lost adjacency gone")
     status = a.api("/v1/status")["subsystems"]["routing"]
     assert status["health"] == "ok"  # a neighbour lost is the network's news, not a failure
