@@ -7,8 +7,9 @@ Topology (every namespace named per test, removed by name at the end):
     lan0 203.0.113.1/25 (AS 64601)     lan0 203.0.113.129/25 (AS 64602)
 
 Two sessions between them (one per link): one can change while the other is
-watched for a reset. Every FRR daemon is killed at the end by the verified
-pid of its supervisor record.
+watched for a reset. Below them, three routers in a triangle run OSPFv2 and
+OSPFv3. Every FRR daemon is killed at the end by the verified pid of its
+supervisor record.
 """
 
 from __future__ import annotations
@@ -438,3 +439,21 @@ def test_a_killed_bgpd_is_restarted_and_its_configuration_put_back(pair: Pair) -
     # The supervisor starts it again (empty); the next look sees the configuration gone.
     a.wait_for(back, what="bgpd restarted with its configuration, no drift", timeout=90)
     assert a.api("/v1/health/management").get("ready") is True
+
+
+def test_bfd_on_a_neighbor_runs_bfdd_and_its_session_comes_up(pair: Pair) -> None:
+    a, b = pair.routers()
+    for side, router in (("a", a), ("b", b)):
+        done = apply(router, "bfd.yaml", bgp_document(side, bfd=True))
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    def bfd_up() -> bool:
+        try:
+            sessions = json.loads(vtysh(a, "show bfd peers json") or "[]")
+        except (AssertionError, ValueError):
+            return False
+        return [(s.get("peer"), s.get("status")) for s in sessions] == [("192.0.2.2", "up")]
+
+    a.wait_for(bfd_up, what="A's BFD session with B up")
+    assert (a.state_dir / "run" / "frr-bfdd" / "frr-bfdd.pid").exists()
+    assert a.trueup("drift").returncode == 0
