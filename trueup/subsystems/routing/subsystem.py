@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TypedDict
 
 from trueup.model.document import DeviceState
@@ -144,6 +145,11 @@ def _password_ref(sources: Sources, record: RoutingState) -> Callable[[str, str]
         return f"secret:{name}" if stored is not None and stored == value else ""
 
     return ref
+
+
+def _answering(vty: Path) -> Callable[[int], bool]:
+    """Started means answering: the daemon accepts connections on its vty socket."""
+    return lambda _pid: answers(vty)
 
 
 def _refused(
@@ -266,11 +272,10 @@ class RoutingSubsystem(Subsystem):
             if daemon not in daemons:
                 continue
             name = daemon_name(daemon)
-            vty = paths.vty(daemon)
             spec = DaemonSpec(
                 name,
                 paths.argv(daemon, sources.daemons.run_dir(name)),
-                ready=lambda _pid, vty=vty: answers(vty),  # type: ignore[misc]
+                ready=_answering(paths.vty(daemon)),
                 ready_timeout=_READY_TIMEOUT,
                 sockets=moved,
             )
