@@ -457,3 +457,32 @@ def test_bfd_on_a_neighbor_runs_bfdd_and_its_session_comes_up(pair: Pair) -> Non
     a.wait_for(bfd_up, what="A's BFD session with B up")
     assert (a.state_dir / "run" / "frr-bfdd" / "frr-bfdd.pid").exists()
     assert a.trueup("drift").returncode == 0
+
+
+def test_a_configuration_frr_refuses_at_start_fails_routing_alone(tmp_path: Path) -> None:
+    require_root()
+    router = Router(tmp_path, links=("mgmt0", "lan0", "wan0", "wan1"))
+    try:
+        bad = bgp_document("a", route_map_out="out")
+        bad["spec"]["routing"]["route_maps"] = [
+            {"name": "out", "entries": [{"seq": 10, "action": "permit",
+                                        "set": {"community": "64601:70000"}}]}
+        ]  # fmt: skip
+        router.start_agent("--config", str(router.write("bad.yaml", bad)), wait_started=False)
+        assert router.api("/v1/health/management").get("ready") is True
+
+        def routing_health() -> str:
+            services = router.api("/v1/health/services").get("subsystems", {})
+            return str(services.get("routing", {}).get("health", ""))
+
+        router.wait_for(lambda: routing_health() == "failed", what="routing failed", timeout=60)
+        services = router.api("/v1/health/services")["subsystems"]
+        assert "Malformed communities attribute '64601:70000'" in services["routing"]["reason"]
+        assert services["addresses"]["health"] == "ok"
+        assert services["management"]["health"] == "ok"
+        assert "192.0.2.1/30" in router.addresses("wan0")
+        assert router.api("/v1/health/management").get("ready") is True
+    finally:
+        router.stop_agents(signal.SIGKILL)
+        kill_daemons(router)
+        router.close()
