@@ -3,7 +3,7 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
-APT_PKGS := iproute2 procps curl postgresql-client nftables kea-dhcp4-server kea-dhcp6-server kea-common knot knot-dnsutils udhcpc keepalived haproxy wireguard-tools wireguard-go chromium podman podman-compose golang-github-containernetworking-plugin-dnsname runc catatonit mmdebstrap python3-pip-whl
+APT_PKGS := iproute2 procps curl postgresql-client nftables kea-dhcp4-server kea-dhcp6-server kea-common knot knot-dnsutils udhcpc keepalived haproxy wireguard-tools wireguard-go frr frr-pythontools chromium podman podman-compose golang-github-containernetworking-plugin-dnsname runc catatonit mmdebstrap python3-pip-whl
 
 .PHONY: all demo demo-stop test bench lint unit integration system-deps clean image package
 

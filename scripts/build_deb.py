@@ -54,7 +54,10 @@ _INIT_VERSION = re.compile(r'^__version__ = "([^"]*)"$', re.MULTILINE)
 # libc6: the compiled modules are manylinux2014 wheels (glibc 2.17 or later).
 DEPENDS = "python3 (>= 3.11~), python3 (<< 3.12), libc6 (>= 2.17), iproute2"
 RECOMMENDS = "nftables"
-SUGGESTS = "kea-dhcp4-server, kea-dhcp6-server, knot, haproxy, keepalived, wireguard-tools, udhcpc"
+SUGGESTS = (
+    "kea-dhcp4-server, kea-dhcp6-server, knot, haproxy, keepalived, wireguard-tools, udhcpc, "
+    "frr, frr-pythontools"
+)
 
 
 MAINTAINER = "trueup maintainers <trueup@localhost>"

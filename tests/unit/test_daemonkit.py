@@ -179,7 +179,7 @@ def _direct_io(path: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("subsystem", ["dhcp", "dns", "ha", "proxy", "wireguard"])
+@pytest.mark.parametrize("subsystem", ["dhcp", "dns", "ha", "proxy", "wireguard", "routing"])
 def test_daemon_subsystems_reach_their_run_directory_only_through_sources_files(
     subsystem: str,
 ) -> None:

@@ -51,6 +51,10 @@ def every_section(ha_role: str = "primary") -> dict[str, Any]:
                 },
             },
             "dns": {"zone": "lan.test", "listen": ["203.0.113.1"]},
+            "routing": {
+                "router_id": "192.0.2.1",
+                "ospf": {"areas": [{"id": 0, "interfaces": [{"name": "lan0"}]}]},
+            },
             "ha": {
                 "role": ha_role,
                 "vips": [{"interface": "lan0", "vrid": 51, "addresses": ["203.0.113.254/24"]}],
@@ -115,7 +119,7 @@ def test_parsing_a_document_imports_no_system_module_and_no_subsystem_implementa
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout)
     assert sorted(seen["sections"]) == seen["used"]  # every section, used by the document
-    assert len(seen["used"]) == len(catalog.SECTIONS) == 7
+    assert len(seen["used"]) == len(catalog.SECTIONS) == 8
     assert any(p.startswith("spec.dhcp.ha.peers[0].role: this server (a)") for p in seen["refused"])
     system = [m for m in seen["modules"] if m == "trueup.system" or m.startswith("trueup.system.")]
     assert system == []

@@ -110,7 +110,11 @@ class Step:
     args: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> str:
-        detail = " ".join(f"{k}={v}" for k, v in self.args.items() if v is not None)
+        # An argument named `_…` is for the step's execution only (a whole daemon
+        # configuration): it stays out of descriptions, audit lines and answers' texts.
+        detail = " ".join(
+            f"{k}={v}" for k, v in self.args.items() if v is not None and not k.startswith("_")
+        )
         return f"{self.subsystem}: {self.action} {detail} ({self.path})".replace("  ", " ")
 
     def to_json(self) -> StepJSON:

@@ -1,4 +1,4 @@
-"""The kit a daemon-backed subsystem is built from (DHCP/Kea, DNS/Knot, HA/keepalived, proxies/HAProxy).
+"""The kit a daemon-backed subsystem is built from (DHCP/Kea, DNS/Knot, HA/keepalived, proxies/HAProxy, routing/FRR).
 
 A daemon-backed subsystem is its section, its renderer (the daemon's
 configuration from the section) and its observations (what the daemon
@@ -26,7 +26,7 @@ answers); what they all need besides is here, once:
   facts when a daemon the document asks for is not running — failed, in its
   own words (`daemon_failure`).
 
-Who uses this: `trueup.subsystems.{dhcp,dns,ha,proxy}`.
+Who uses this: `trueup.subsystems.{dhcp,dns,ha,proxy,routing}`.
 """
 
 from __future__ import annotations

@@ -5,6 +5,11 @@ asked for is drift. In the main table only routes through managed interfaces
 are considered, and the management default route belongs to the management
 subsystem. Connected, redirect and router-advertisement routes are the
 kernel's and never observed.
+
+Routes a routing daemon installs (FRR's zebra for BGP, OSPF, IS-IS, RIP,
+EIGRP, Babel) and the default routes the gateway monitor installs are theirs:
+they come and go with the network, so they are never observed here as
+drift. A route an operator adds by hand (`ip route add`, proto boot) still is.
 """
 
 from __future__ import annotations
@@ -17,9 +22,12 @@ from trueup.subsystems.base import Facts, Plan, Scope, Sources, Step, Subsystem
 from trueup.system.netlink import RouteInfo
 from trueup.system.watches import rtnetlink
 
-__all__ = ["RoutesSubsystem", "kernel_metric", "route_path"]
+__all__ = ["FOREIGN_PROTOCOLS", "RoutesSubsystem", "kernel_metric", "route_path"]
 
 MAIN = 254
+# rtm_protocol of routes others own: zebra 11, babel 42, bgp 186, isis 187,
+# ospf 188, rip 189, eigrp 192 (FRR's), and the gateway monitor's 250.
+FOREIGN_PROTOCOLS = frozenset({11, 42, 186, 187, 188, 189, 192, 250})
 
 
 def route_path(table: int, to: str, metric: int) -> str:
@@ -62,6 +70,8 @@ class RoutesSubsystem(Subsystem):
         netlink = sources.netlink
         facts: Facts = {}
         for route in netlink.routes(set(scope.tables)):
+            if route.proto in FOREIGN_PROTOCOLS:
+                continue
             if route.key in scope.management_default_routes:
                 continue
             if route.table == MAIN and route.dev not in scope.interfaces:

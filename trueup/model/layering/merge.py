@@ -64,6 +64,15 @@ LIST_KEYS: Mapping[str, tuple[str, ...]] = {
     "proxies[].backend.servers": ("name",),
     "wireguard.interfaces": ("name",),
     "wireguard.interfaces[].peers": ("public_key",),
+    "routing.bgp.neighbors": ("address",),
+    "routing.ospf.areas": ("id",),
+    "routing.ospf.areas[].interfaces": ("name",),
+    "routing.ospf6.areas": ("id",),
+    "routing.ospf6.areas[].interfaces": ("name",),
+    "routing.prefix_lists": ("name",),
+    "routing.prefix_lists[].entries": ("seq",),
+    "routing.route_maps": ("name",),
+    "routing.route_maps[].entries": ("seq",),
 }
 
 
