@@ -31,6 +31,7 @@ SUBSYSTEMS: tuple[str, ...] = (
     "trueup.subsystems.ha.subsystem:HaSubsystem",
     "trueup.subsystems.proxy.subsystem:ProxySubsystem",
     "trueup.subsystems.wireguard.subsystem:WireguardSubsystem",
+    "trueup.subsystems.gateways.subsystem:GatewaysSubsystem",
 )
 
 SECTIONS: tuple[str, ...] = (
@@ -41,6 +42,7 @@ SECTIONS: tuple[str, ...] = (
     "trueup.subsystems.ha.section:SECTION",
     "trueup.subsystems.proxy.section:SECTION",
     "trueup.subsystems.wireguard.section:SECTION",
+    "trueup.subsystems.gateways.section:SECTION",
 )
 
 

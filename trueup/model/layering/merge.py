@@ -64,6 +64,7 @@ LIST_KEYS: Mapping[str, tuple[str, ...]] = {
     "proxies[].backend.servers": ("name",),
     "wireguard.interfaces": ("name",),
     "wireguard.interfaces[].peers": ("public_key",),
+    "gateways.uplinks": ("name",),
 }
 
 

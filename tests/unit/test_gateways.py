@@ -1,0 +1,520 @@
+"""Gateway failover without a kernel: the section's refusals, the hysteresis state machine,
+the decision (failover, balance, all down), and the routes on the fake netlink."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.routers import base_document
+from trueup.model.document import DocumentError, parse_document
+from trueup.model.health import SubsystemHealth
+from trueup.subsystems.base import Scope
+from trueup.subsystems.gateways.board import Board
+from trueup.subsystems.gateways.health import (
+    Choice,
+    Decision,
+    GatewayState,
+    Member,
+    RoundResult,
+    Thresholds,
+    Tracker,
+    decide,
+)
+from trueup.subsystems.gateways.section import GatewaysSection
+from trueup.subsystems.gateways.subsystem import GATEWAY_PROTO, PROBE_METRIC, GatewaysSubsystem
+from trueup.subsystems.registry import scope_for
+from trueup.system.fake import FakeNetlink
+from trueup.system.netlink import RouteInfo
+from trueup.system.sources import Sources
+
+UP = GatewayState.UP
+DOWN = GatewayState.DOWN
+PENDING = GatewayState.PENDING
+GOOD = RoundResult((5.0,))
+LOST = RoundResult((None,))
+
+
+def uplink(name: str, interface: str, gateway: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "interface": interface,
+        "gateway": gateway,
+        "probes": {"icmp": ["203.0.113.100"]},
+        **extra,
+    }
+
+
+def document(gateways: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "interfaces": [
+            {"name": "lan0", "addresses": ["203.0.113.1/26"]},
+            {"name": "wan0", "addresses": ["192.0.2.2/28"]},
+            {"name": "wan1", "addresses": ["192.0.2.18/28"]},
+        ],
+        "tables": {"wan": 100},
+        "routes": [],
+        "gateways": gateways
+        if gateways is not None
+        else {
+            "tables": ["wan"],
+            "uplinks": [
+                uplink("isp-a", "wan0", "192.0.2.1", priority=1),
+                uplink("isp-b", "wan1", "192.0.2.17", priority=2),
+            ],
+        },
+    }
+    base.update(spec)
+    return base_document(**base)
+
+
+def problems_of(body: dict[str, Any]) -> list[str]:
+    with pytest.raises(DocumentError) as bad:
+        parse_document(body, "edge.yaml")
+    assert str(bad.value).startswith("edge.yaml: invalid document")
+    return bad.value.problems
+
+
+def test_a_valid_section_is_typed() -> None:
+    section = parse_document(document()).spec.section("gateways", GatewaysSection)
+    assert section is not None
+    assert [u.name for u in section.uplinks] == ["isp-a", "isp-b"]
+    assert section.table_numbers({"wan": 100}) == [100]
+    assert section.uplinks[0].timeout_seconds == 1.0
+
+
+@pytest.mark.parametrize(
+    ("change", "path", "words"),
+    [
+        (
+            lambda g: g["uplinks"][1].update(interface="wan9"),
+            "spec.gateways.uplinks[1].interface",
+            "not in spec.interfaces",
+        ),
+        (
+            lambda g: g["uplinks"][0].update(gateway="192.0.2.33"),
+            "spec.gateways.uplinks[0].gateway",
+            "not on a subnet of wan0",
+        ),
+        (
+            lambda g: g["uplinks"][1].update(name="isp-a"),
+            "spec.gateways.uplinks[1].name",
+            "duplicate name",
+        ),
+        (
+            lambda g: g["uplinks"][0].update(down_after=0),
+            "spec.gateways.uplinks[0].down_after",
+            "greater than or equal to 1",
+        ),
+        (
+            lambda g: g["uplinks"][0].update(max_loss_percent=120),
+            "spec.gateways.uplinks[0].max_loss_percent",
+            "less than or equal to 100",
+        ),
+        (
+            lambda g: g["uplinks"][0].update(interval_ms=50),
+            "spec.gateways.uplinks[0].interval_ms",
+            "greater than or equal to 100",
+        ),
+        (
+            lambda g: g["uplinks"][0].update(timeout_ms=2000),
+            "spec.gateways.uplinks[0].timeout_ms",
+            "longer than interval_ms",
+        ),
+        (
+            lambda g: g["uplinks"][0].update(reliability=2),
+            "spec.gateways.uplinks[0].reliability",
+            "only 1 given",
+        ),
+        (
+            lambda g: g["uplinks"][0].update(probes={"tcp": ["203.0.113.100"]}),
+            "spec.gateways.uplinks[0].probes.tcp[0]",
+            "not HOST:PORT",
+        ),
+        (
+            lambda g: g["uplinks"][0].update(probes={}),
+            "spec.gateways.uplinks[0].probes.icmp",
+            "at least one probe target",
+        ),
+        (
+            lambda g: g["uplinks"][0].update(probes={"icmp": ["2001:db8::1"]}),
+            "spec.gateways.uplinks[0].probes.icmp[0]",
+            "IPv6 target for an IPv4 gateway",
+        ),
+        (
+            lambda g: g["uplinks"][0].update(interface="mgmt0", gateway="198.51.100.1"),
+            "spec.gateways.uplinks[0].interface",
+            "management interface",
+        ),
+        (
+            lambda g: g.update(tables=["main"]),
+            "spec.gateways.tables[0]",
+            "management route",
+        ),
+        (
+            lambda g: g.update(tables=["isp"]),
+            "spec.gateways.tables[0]",
+            "unknown table",
+        ),
+        (
+            lambda g: g.update(tables=["wan", 100]),
+            "spec.gateways.tables[1]",
+            "listed twice",
+        ),
+        (
+            lambda g: g.update(policy="random"),
+            "spec.gateways.policy",
+            "failover",
+        ),
+    ],
+)
+def test_each_refusal_names_its_path(change: Any, path: str, words: str) -> None:
+    body = document()
+    change(body["spec"]["gateways"])
+    problems = problems_of(body)
+    assert any(p.startswith(path + ":") and words in p for p in problems), problems
+
+
+def test_a_static_default_route_in_an_owned_table_is_refused() -> None:
+    body = document(routes=[{"to": "0.0.0.0/0", "via": "192.0.2.1", "table": "wan"}])
+    problems = problems_of(body)
+    assert any(p.startswith("spec.routes[0]:") and "two owners" in p for p in problems), problems
+
+
+def test_the_main_table_is_the_gateways_when_management_has_no_gateway() -> None:
+    body = document()
+    body["spec"]["management"].pop("gateway")
+    body["spec"]["gateways"]["tables"] = ["main"]
+    section = parse_document(body).spec.section("gateways", GatewaysSection)
+    assert section is not None and section.table_numbers({}) == [254]
+
+
+# -- the state machine ----------------------------------------------------------------
+
+
+def tracker(**thresholds: Any) -> Tracker:
+    settings = {"down_after": 3, "up_after": 2, "window": 10, "max_loss_percent": 100.0}
+    settings.update(thresholds)
+    return Tracker(Thresholds(**settings))
+
+
+def feed(t: Tracker, rounds: str, start: float = 0.0) -> list[tuple[float, str, str]]:
+    """Feed rounds ('g' good, 'l' lost); the transitions as (time, before, after)."""
+    changes = []
+    for i, letter in enumerate(rounds):
+        now = start + i
+        before = t.observe(GOOD if letter == "g" else LOST, now)
+        if before is not None:
+            changes.append((now, before.value, t.state.value))
+    return changes
+
+
+def test_pending_until_the_counts_say_up_or_down() -> None:
+    t = tracker()
+    assert feed(t, "g") == [] and t.state is PENDING
+    assert feed(t, "g", 1) == [(1, "pending", "up")]
+    t = tracker()
+    assert feed(t, "lll") == [(2, "pending", "down")]
+
+
+def test_down_after_n_consecutive_failures_and_up_after_m_successes() -> None:
+    t = tracker()
+    feed(t, "gg")
+    assert feed(t, "llgll", 2) == []  # the good round in between resets the failures
+    assert t.state is UP
+    assert feed(t, "l", 7) == [(7, "up", "down")]
+    assert t.since == 7
+    assert feed(t, "glg", 8) == []
+    assert feed(t, "g", 11) == [(11, "down", "up")]
+
+
+def test_an_upstream_flapping_faster_than_the_hysteresis_never_changes_the_state() -> None:
+    t = tracker()
+    feed(t, "gg")
+    assert feed(t, "llg" * 20, 2) == []
+    assert t.state is UP
+    t = tracker(up_after=3)
+    feed(t, "lll")
+    assert feed(t, "ggl" * 20, 3) == []
+    assert t.state is DOWN
+
+
+def test_loss_and_latency_over_the_window() -> None:
+    t = tracker(window=4, max_loss_percent=25.0, down_after=2, up_after=1)
+    feed(t, "g")
+    assert feed(t, "l", 1) == []  # 1 of 2 rounds lost: 50% > 25%, one failed round
+    assert t.loss_percent() == 50.0
+    assert feed(t, "g", 2) == [(2, "up", "down")]  # answered, but the window's loss is 33%
+    t = tracker(max_latency_ms=50.0, down_after=2, up_after=1)
+    assert t.observe(RoundResult((10.0,)), 0) is PENDING
+    t.observe(RoundResult((200.0,)), 1)
+    assert t.latency_ms() == 105.0 and t.state is UP
+    t.observe(RoundResult((200.0,)), 2)
+    assert t.state is DOWN
+
+
+def test_reliability_counts_answering_targets() -> None:
+    t = tracker(reliability=2, down_after=1, up_after=1)
+    t.observe(RoundResult((5.0, None, 7.0)), 0)
+    assert t.state is UP
+    t.observe(RoundResult((5.0, None, None)), 1)
+    assert t.state is DOWN
+
+
+# -- the decision ---------------------------------------------------------------------
+
+A = Member("a", 4, 1, 1, 0)
+B = Member("b", 4, 2, 3, 1)
+C = Member("c", 4, 2, 1, 2)
+V6 = Member("v6", 6, 1, 1, 3)
+
+
+def test_failover_takes_the_up_gateway_of_lowest_priority() -> None:
+    assert decide("failover", [A, B, C], {"a": UP, "b": UP, "c": UP}).choices[4] == Choice(("a",))
+    assert decide("failover", [A, B, C], {"a": DOWN, "b": UP, "c": UP}).choices[4] == Choice(("b",))
+    assert decide("failover", [A, B, C], {"a": PENDING, "c": UP}).choices[4] == Choice(("c",))
+
+
+def test_balance_takes_every_up_gateway() -> None:
+    decision = decide("balance", [A, B, C], {"a": UP, "b": DOWN, "c": UP})
+    assert decision.choices[4] == Choice(("a", "c"))
+
+
+def test_all_down_keeps_the_last_route_or_the_first() -> None:
+    last = decide("failover", [A, B], {"a": DOWN, "b": UP})
+    kept = decide("failover", [A, B], {"a": DOWN, "b": DOWN}, last)
+    assert kept.choices[4] == Choice(("b",), all_down=True, kept=True)
+    fresh = decide("failover", [A, B], {"a": DOWN, "b": DOWN})
+    assert fresh.choices[4] == Choice(("a",), all_down=True)
+    starting = decide("failover", [A, B], {})
+    assert starting.choices[4] == Choice(("a",), all_down=False)
+    gone = Decision("failover", {4: Choice(("z",))})
+    assert decide("failover", [A, B], {"a": DOWN, "b": DOWN}, gone).choices[4].members == ("a",)
+
+
+def test_each_family_is_decided_on_its_own() -> None:
+    decision = decide("failover", [A, V6], {"a": DOWN, "v6": UP})
+    assert decision.choices[4].all_down and decision.choices[6] == Choice(("v6",))
+    assert decision.active() == ["a", "v6"]
+
+
+# -- the board and the routes ---------------------------------------------------------
+
+
+def settle(board: Board, section: GatewaysSection, states: dict[str, str]) -> None:
+    """Drive each uplink's tracker to `states` with probe rounds."""
+    for u in section.uplinks:
+        result = GOOD if states[u.name] == "up" else LOST
+        for i in range(max(u.up_after, u.down_after)):
+            board.observe(u.name, u.probe_settings(), result, float(i))
+    with board.deciding():
+        pass
+
+
+def kernel() -> FakeNetlink:
+    net = FakeNetlink({"mgmt0": 1500, "lan0": 1500, "wan0": 1500, "wan1": 1500})
+    for ifname, prefix in (("wan0", "192.0.2.2/28"), ("wan1", "192.0.2.18/28")):
+        net.add_address(ifname, prefix)
+    return net
+
+
+def converge(sub: GatewaysSubsystem, parsed: Any, net: FakeNetlink, scope: Scope) -> list[str]:
+    sources = Sources(net)
+    plan = sub.plan(sub.desired(parsed, scope), sub.observe(sources, scope), scope)
+    for step in plan.steps:
+        sub.execute(sources, step)
+    assert not sub.plan(sub.desired(parsed, scope), sub.observe(sources, scope), scope).steps
+    return [s.action for s in plan.steps]
+
+
+def default_in(net: FakeNetlink, table: int) -> RouteInfo:
+    (route,) = [r for r in net.route_table if r.table == table and r.metric == 0]
+    return route
+
+
+def test_the_routes_follow_the_decision_and_keep_the_state_across_documents() -> None:
+    sub = GatewaysSubsystem()
+    parsed = parse_document(document())
+    section = parsed.spec.section("gateways", GatewaysSection)
+    assert section is not None
+    sub.board.sync(section)
+    sub.board.monitoring = True
+    scope = scope_for(parsed)
+    net = kernel()
+    settle(sub.board, section, {"isp-a": "up", "isp-b": "up"})
+    assert converge(sub, parsed, net, scope) == ["set-route"] * 3
+    route = default_in(net, 100)
+    assert (route.via, route.dev, route.proto) == ("192.0.2.1", "wan0", GATEWAY_PROTO)
+    probes = sorted((r.metric, r.dev) for r in net.route_table if r.table == 254)
+    assert probes == [(PROBE_METRIC, "wan0"), (PROBE_METRIC + 1, "wan1")]
+    settle(sub.board, section, {"isp-a": "down", "isp-b": "up"})
+    assert converge(sub, parsed, net, scope) == ["set-route"]
+    assert default_in(net, 100).via == "192.0.2.17"
+    assert sub.condition(Sources(net), parsed) is None
+    report = sub.report(Sources(net), scope)
+    assert report["active"] == ["isp-b"]
+    assert [g["state"] for g in report["gateways"]] == ["down", "up"]  # type: ignore[index]
+
+    # A new document (isp-b's weight, a third table) keeps both trackers: no flap.
+    body = document()
+    body["spec"]["gateways"]["uplinks"][1]["weight"] = 5
+    changed = parse_document(body)
+    changed_section = changed.spec.section("gateways", GatewaysSection)
+    assert changed_section is not None
+    sub.board.sync(changed_section)
+    assert sub.board.states_for(changed_section) == {"isp-a": DOWN, "isp-b": UP}
+    assert converge(sub, changed, net, scope_for(changed, parsed)) == []
+
+    # Changed probe settings start that uplink afresh.
+    body["spec"]["gateways"]["uplinks"][1]["interval_ms"] = 500
+    probed = parse_document(body).spec.section("gateways", GatewaysSection)
+    assert probed is not None
+    sub.board.sync(probed)
+    assert sub.board.states_for(probed) == {"isp-a": DOWN, "isp-b": PENDING}
+
+
+def test_all_down_keeps_the_route_and_says_so() -> None:
+    sub = GatewaysSubsystem()
+    parsed = parse_document(document())
+    section = parsed.spec.section("gateways", GatewaysSection)
+    assert section is not None
+    sub.board.sync(section)
+    sub.board.monitoring = True
+    net = kernel()
+    settle(sub.board, section, {"isp-a": "down", "isp-b": "up"})
+    converge(sub, parsed, net, scope_for(parsed))
+    settle(sub.board, section, {"isp-a": "down", "isp-b": "down"})
+    assert converge(sub, parsed, net, scope_for(parsed)) == []
+    assert default_in(net, 100).via == "192.0.2.17"
+    condition = sub.condition(Sources(net), parsed)
+    assert condition is not None and condition[0] is SubsystemHealth.DEGRADED
+    assert "every IPv4 gateway is down: keeping the default route via isp-b" in condition[1]
+
+
+def test_balance_installs_one_weighted_multipath_route() -> None:
+    body = document()
+    body["spec"]["gateways"]["policy"] = "balance"
+    body["spec"]["gateways"]["uplinks"][1]["weight"] = 3
+    parsed = parse_document(body)
+    section = parsed.spec.section("gateways", GatewaysSection)
+    assert section is not None
+    sub = GatewaysSubsystem()
+    sub.board.sync(section)
+    settle(sub.board, section, {"isp-a": "up", "isp-b": "up"})
+    net = kernel()
+    converge(sub, parsed, net, scope_for(parsed))
+    route = default_in(net, 100)
+    assert sorted((h.via, h.dev, h.weight) for h in route.nexthops) == [
+        ("192.0.2.1", "wan0", 1),
+        ("192.0.2.17", "wan1", 3),
+    ]
+
+
+def test_drift_is_seen_and_the_management_route_never_touched() -> None:
+    sub = GatewaysSubsystem()
+    parsed = parse_document(document())
+    scope = scope_for(parsed)
+    net = kernel()
+    net.add_address("mgmt0", "198.51.100.2/24")
+    management = RouteInfo(254, "0.0.0.0/0", "198.51.100.1", "mgmt0", 0, 4)
+    net.add_route(management)
+    converge(sub, parsed, net, scope)
+    # Someone replaces the gateways' default route: another protocol, healed back.
+    net.add_route(RouteInfo(100, "0.0.0.0/0", "192.0.2.17", "wan1", 0, 4))
+    diffs = sub.diff(sub.desired(parsed, scope), sub.observe(Sources(net), scope))
+    assert [d.path for d in diffs] == ["spec.gateways.tables[100].ipv4"]
+    converge(sub, parsed, net, scope)
+    assert default_in(net, 100).proto == GATEWAY_PROTO
+    net.del_route(default_in(net, 100))
+    assert converge(sub, parsed, net, scope) == ["set-route"]
+    assert default_in(net, 254) == management
+
+
+def test_a_document_without_gateways_removes_their_routes() -> None:
+    sub = GatewaysSubsystem()
+    parsed = parse_document(document())
+    net = kernel()
+    converge(sub, parsed, net, scope_for(parsed))
+    body = document()
+    del body["spec"]["gateways"]
+    without = parse_document(body)
+    assert converge(sub, without, net, scope_for(without, parsed)) == ["del-route"] * 3
+    assert not [r for r in net.route_table if r.proto == GATEWAY_PROTO]
+
+
+# -- the monitor: fake prober, fake clock, fake netlink, the real engine ----------------
+
+
+def test_the_monitor_switches_at_once_audits_and_never_touches_management(
+    tmp_path: Any,
+) -> None:
+    from trueup.agent.gateways import GatewayMonitor
+    from trueup.journal.state import StateDir
+    from trueup.reconcile.engine import Engine
+    from trueup.subsystems.registry import default_subsystems
+
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    net = FakeNetlink({"mgmt0": 1500, "lan0": 1500, "wan0": 1500, "wan1": 1500})
+    # The routes subsystem leaves routes of protocol 250 to the gateways (spec.routes'
+    # side of the contract, checked in tests/integration/test_gateways.py); left out here.
+    subsystems = [s for s in default_subsystems() if s.name != "routes"]
+    engine = Engine(state, subsystems, netlink_factory=lambda: net)
+    body = document()
+    body["spec"]["gateways"]["uplinks"][0].update(down_after=2, up_after=2, max_loss_percent=100)
+    body["spec"]["gateways"]["uplinks"][1].update(down_after=2, up_after=2, max_loss_percent=100)
+    parsed = parse_document(body)
+    assert engine.apply_document(parsed).ok
+    assert default_in(net, 100).via == "192.0.2.1"  # before any probe: the first priority
+    management = default_in(net, 254)
+    gateways = engine.by_name["gateways"]
+    assert isinstance(gateways, GatewaysSubsystem)
+    clock = iter(float(t) for t in range(1000, 2000))
+    monitor = GatewayMonitor(engine, gateways.board, clock=lambda: next(clock))
+    changes: list[str] = []
+    monitor.on_change.append(lambda: changes.append("changed"))
+    section = monitor.sync()
+    assert section is not None
+    a, b = section.uplinks
+
+    def rounds(uplink: Any, result: RoundResult, count: int) -> None:
+        for _ in range(count):
+            monitor.round(uplink.name, uplink.probe_settings(), result)
+
+    rounds(a, GOOD, 2)
+    rounds(b, GOOD, 2)
+    assert default_in(net, 100).via == "192.0.2.1"
+    rounds(a, LOST, 1)
+    assert default_in(net, 100).via == "192.0.2.1"  # one lost round: within the hysteresis
+    rounds(a, LOST, 1)
+    assert default_in(net, 100).via == "192.0.2.17"  # switched by the round itself
+    rounds(a, GOOD, 1)
+    assert default_in(net, 100).via == "192.0.2.17"
+    rounds(a, GOOD, 1)
+    assert default_in(net, 100).via == "192.0.2.1"
+    assert default_in(net, 254) == management
+    records = [(r["event"], r["details"]) for r in state.audit.records()]
+    events = [(e, d.get("gateway"), d.get("state")) for e, d in records]
+    assert [e for e in events if e[0] == "gateway_state"] == [
+        ("gateway_state", "isp-a", "up"),
+        ("gateway_state", "isp-b", "up"),
+        ("gateway_state", "isp-a", "down"),
+        ("gateway_state", "isp-a", "up"),
+    ]
+    switched = [d for e, d in records if e == "gateway_switched"]
+    assert [(s["previous"], s["active"]) for s in switched] == [
+        ({"ipv4": ["isp-a"]}, {"ipv4": ["isp-b"]}),
+        ({"ipv4": ["isp-b"]}, {"ipv4": ["isp-a"]}),
+    ]
+    assert len(changes) == 4
+    report = gateways.report(Sources(net), scope_for(parsed))
+    assert report["active"] == ["isp-a"]
+    assert report["gateways"][0]["since"] is not None  # type: ignore[index]
+
+    # A new revision that keeps isp-a's probe settings keeps its state: no flap.
+    body["spec"]["gateways"]["uplinks"][1]["priority"] = 0
+    assert engine.apply_document(parse_document(body)).ok
+    assert default_in(net, 100).via == "192.0.2.17"  # isp-b is up and now first
+    monitor.sync()
+    assert gateways.board.states_for(monitor.sync() or section) == {"isp-a": UP, "isp-b": UP}
