@@ -1,0 +1,297 @@
+"""Gateway failover on the real kernel: a router with two WAN uplinks, each to an upstream
+namespace answering for the same host, a LAN client behind it, and the agent's monitor
+probing both. The default route of the gateways' table follows the healthy uplink; the
+management default route never moves."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.routers import REPO, Router, base_document, require_root, sh
+from trueup.subsystems.base import Scope
+from trueup.subsystems.routes import RoutesSubsystem
+from trueup.system.fake import FakeNetlink
+from trueup.system.netlink import RouteInfo
+from trueup.system.sources import Sources
+
+
+def _routes_leave_gateway_routes_alone() -> bool:
+    """Whether the routes subsystem leaves routes of protocol 250 (trueup-gw) to the gateways."""
+    net = FakeNetlink({"wan0": 1500})
+    net.add_address("wan0", "192.0.2.2/28")
+    net.add_route(RouteInfo(254, "0.0.0.0/0", "192.0.2.1", "wan0", 4_000_000, 4, proto=250))
+    return not RoutesSubsystem().observe(Sources(net), Scope(interfaces=frozenset({"wan0"})))
+
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(
+        not _routes_leave_gateway_routes_alone(),
+        reason="the routes subsystem does not leave rtproto 250 (trueup-gw) routes alone yet",
+    ),
+]
+
+HOST = "203.0.113.100"  # the host both upstreams answer for: the probes' target
+LAN_CLIENT = "203.0.113.2"
+GATEWAYS = {"isp-a": "192.0.2.1", "isp-b": "192.0.2.17"}
+PINGER = """
+import sys, time
+from trueup.system.probe import ProbeTarget, probe_round
+out = open(sys.argv[1], "w", buffering=1)
+seq = 0
+while True:
+    seq += 1
+    started = time.monotonic()
+    (answer,) = probe_round("lan0p", [ProbeTarget(sys.argv[2])], 0.5, seq)
+    out.write(("ok" if answer is not None else "lost") + "\\n")
+    time.sleep(max(0.0, 0.1 - (time.monotonic() - started)))
+"""
+
+
+class WanRig:
+    """The router (mgmt0, lan0, wan0, wan1), two upstreams and a LAN client, by name."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.router = Router(workdir, links=("mgmt0", "lan0", "wan0", "wan1"), client=True)
+        base = self.router.name
+        self.upstreams = {"wan0": f"{base}-u0", "wan1": f"{base}-u1"}
+        self.lan = f"{base}-l"
+        for (link, ns), gateway, ours in zip(
+            self.upstreams.items(), GATEWAYS.values(), ("192.0.2.2", "192.0.2.18"), strict=True
+        ):
+            sh("ip", "netns", "add", ns)
+            self.router.ip("link", "set", f"{link}p", "netns", ns)
+            for args in (
+                ("link", "set", "lo", "up"),
+                ("addr", "add", f"{HOST}/32", "dev", "lo"),
+                ("addr", "add", f"{gateway}/28", "dev", f"{link}p"),
+                ("link", "set", f"{link}p", "up"),
+                ("route", "add", "203.0.113.0/26", "via", ours),
+            ):
+                sh("ip", "-n", ns, *args)
+            self.nft(link, "add table inet gwtest")
+            self.nft(link, "add chain inet gwtest input { type filter hook input priority 0 ; }")
+        sh("ip", "netns", "add", self.lan)
+        self.router.ip("link", "set", "lan0p", "netns", self.lan)
+        for args in (
+            ("link", "set", "lo", "up"),
+            ("addr", "add", f"{LAN_CLIENT}/26", "dev", "lan0p"),
+            ("link", "set", "lan0p", "up"),
+            ("route", "add", "default", "via", "203.0.113.1"),
+        ):
+            sh("ip", "-n", self.lan, *args)
+        # The operator's policy routing: the LAN's traffic takes the gateways' table.
+        self.router.ip("rule", "add", "iif", "lan0", "lookup", "100", "pref", "1000")
+        self.pingers: list[subprocess.Popen[str]] = []
+
+    def nft(self, link: str, command: str) -> None:
+        sh("ip", "netns", "exec", self.upstreams[link], "nft", command)
+
+    def document(self, **uplink: Any) -> dict[str, Any]:
+        settings = {"interval_ms": 200, "down_after": 3, "up_after": 3, "max_loss_percent": 100}
+        settings.update(uplink)
+        uplinks = [
+            {
+                "name": name,
+                "interface": interface,
+                "gateway": gateway,
+                "priority": priority,
+                "probes": {"icmp": [HOST]},
+                **settings,
+            }
+            for priority, ((name, gateway), interface) in enumerate(
+                zip(GATEWAYS.items(), ("wan0", "wan1"), strict=True), start=1
+            )
+        ]
+        return base_document(
+            interfaces=[
+                {"name": "lan0", "addresses": ["203.0.113.1/26"]},
+                {"name": "wan0", "addresses": ["192.0.2.2/28"]},
+                {"name": "wan1", "addresses": ["192.0.2.18/28"]},
+            ],
+            tables={"wan": 100},
+            routes=[],
+            sysctl={"net.ipv4.ip_forward": 1},
+            gateways={"tables": ["wan"], "uplinks": uplinks},
+        )
+
+    def start(self, **uplink: Any) -> None:
+        applied = self.router.trueup(
+            "apply", str(self.router.write("gw.yaml", self.document(**uplink)))
+        )
+        assert applied.returncode == 0, applied.stdout + applied.stderr
+        self.router.start_agent()
+        self.router.wait_for(
+            lambda: self.states() == {"isp-a": "up", "isp-b": "up"}, what="both gateways up"
+        )
+
+    # -- what the router shows ------------------------------------------------------
+    def via(self) -> str | None:
+        """The gateway of table 100's default route (None: none)."""
+        for route in self.router.ip_json("route", "show", "table", "100", "default"):
+            return str(route.get("gateway"))
+        return None
+
+    def management_route(self) -> list[dict[str, Any]]:
+        shown = self.router.ip_json("route", "show", "table", "main", "default")
+        return [r for r in shown if r.get("dev") == "mgmt0"]
+
+    def gateways(self) -> dict[str, Any]:
+        system = self.router.api("/v1/status").get("subsystems", {}).get("gateways", {})
+        return dict(system.get("system") or {})
+
+    def states(self) -> dict[str, str]:
+        return {g["name"]: g["state"] for g in self.gateways().get("gateways", [])}
+
+    def audit(self, *events: str) -> list[tuple[str, dict[str, Any]]]:
+        lines = (self.router.state_dir / "audit.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        return [(r["event"], r["details"]) for r in records if r["event"] in events]
+
+    # -- the LAN client's ping loop --------------------------------------------------
+    def ping_loop(self, log: Path) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.lan, sys.executable, "-c", PINGER, str(log), HOST],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={"PYTHONPATH": str(REPO), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+        )
+        self.pingers.append(proc)
+        return proc
+
+    def close(self) -> None:
+        for proc in self.pingers:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+        self.router.close()
+        for ns in (*self.upstreams.values(), self.lan):
+            sh("ip", "netns", "del", ns, check=False)
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[WanRig]:
+    require_root()
+    wan = WanRig(tmp_path)
+    try:
+        yield wan
+    finally:
+        wan.close()
+
+
+def _answers(log: Path) -> list[str]:
+    return log.read_text().split() if log.exists() else []
+
+
+def test_a_cut_uplink_fails_over_and_comes_back_after_the_hysteresis(
+    rig: WanRig, tmp_path: Path
+) -> None:
+    router = rig.router
+    rig.start()
+    assert rig.via() == GATEWAYS["isp-a"]
+    management = rig.management_route()
+    assert management and management[0]["gateway"] == "198.51.100.1"
+    log = tmp_path / "pings.log"
+    pinger = rig.ping_loop(log)
+    router.wait_for(lambda: _answers(log).count("ok") >= 5, what="the LAN client's pings answered")
+
+    # The primary's link goes down upstream: the route moves to the secondary.
+    before = len(_answers(log))
+    sh("ip", "-n", rig.upstreams["wan0"], "link", "set", "wan0p", "down")
+    router.wait_for(lambda: rig.via() == GATEWAYS["isp-b"], what="the route via isp-b")
+    router.wait_for(
+        lambda: _answers(log)[before:][-5:] == ["ok"] * 5, what="the LAN pings answered via isp-b"
+    )
+    pinger.send_signal(signal.SIGKILL)
+    pinger.wait()
+    during = _answers(log)[before:]
+    # At most the rounds of the detection window (600 ms here) and the switch are lost;
+    # a generous bound for a loaded machine, not a measure of speed.
+    assert 0 < during.count("lost") <= 30, during
+    assert rig.states()["isp-a"] == "down"
+    assert rig.gateways()["active"] == ["isp-b"]
+    assert rig.management_route() == management
+
+    # Restored: back to the primary once it has answered up_after rounds in a row.
+    sh("ip", "-n", rig.upstreams["wan0"], "link", "set", "wan0p", "up")
+    router.wait_for(lambda: rig.via() == GATEWAYS["isp-a"], what="the route back via isp-a")
+    assert rig.states() == {"isp-a": "up", "isp-b": "up"}
+    assert rig.management_route() == management
+
+    states = [(d["gateway"], d["state"]) for _, d in rig.audit("gateway_state")]
+    assert states[-2:] == [("isp-a", "down"), ("isp-a", "up")]
+    switches = [(d["previous"], d["active"]) for _, d in rig.audit("gateway_switched")]
+    assert switches == [
+        ({"ipv4": ["isp-a"]}, {"ipv4": ["isp-b"]}),
+        ({"ipv4": ["isp-b"]}, {"ipv4": ["isp-a"]}),
+    ]
+    entry = {g["name"]: g for g in rig.gateways()["gateways"]}["isp-a"]
+    assert entry["since"] and entry["active"] is True and entry["latency_ms"] is not None
+
+    # Someone replaces the gateways' default route: the loop puts it back.
+    router.ip("route", "replace", "default", "via", GATEWAYS["isp-b"], "table", "100")
+    router.wait_for(lambda: rig.via() == GATEWAYS["isp-a"], what="the replaced route healed")
+    assert rig.management_route() == management
+
+
+def test_dropped_probes_fail_over_and_a_fast_flap_never_moves_the_route(
+    rig: WanRig, tmp_path: Path
+) -> None:
+    router = rig.router
+    rig.start(down_after=5)
+    management = rig.management_route()
+    drop = "add rule inet gwtest input ip saddr 192.0.2.2 icmp type echo-request drop"
+
+    # Probes dropped for 200 ms out of every second: never 5 failed rounds in a row.
+    flap = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            rig.upstreams["wan0"],
+            "sh",
+            "-c",
+            f"for i in 1 2 3 4 5 6 7 8; do nft {drop!r}; sleep 0.2; "
+            "nft flush chain inet gwtest input; sleep 0.8; done",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    rig.pingers.append(flap)  # type: ignore[arg-type]
+    losses: list[float] = []
+    routes: set[str | None] = set()
+    while flap.poll() is None:
+        routes.add(rig.via())
+        for entry in rig.gateways().get("gateways", []):
+            if entry["name"] == "isp-a":
+                losses.append(entry["loss_percent"])
+        time.sleep(0.1)
+    assert flap.returncode == 0
+    assert max(losses) > 0, "the flap lost no probe at all"
+    assert routes == {GATEWAYS["isp-a"]}
+    assert not [d for _, d in rig.audit("gateway_state") if d["state"] == "down"]
+    assert rig.states()["isp-a"] == "up"
+
+    # Dropped for good: the route moves; the LAN's own traffic never stopped flowing.
+    log = tmp_path / "pings.log"
+    rig.ping_loop(log)
+    router.wait_for(lambda: "ok" in _answers(log), what="the LAN client's pings answered")
+    rig.nft("wan0", drop)
+    router.wait_for(lambda: rig.via() == GATEWAYS["isp-b"], what="the route via isp-b")
+    assert rig.states()["isp-a"] == "down"
+    rig.nft("wan0", "flush chain inet gwtest input")
+    router.wait_for(lambda: rig.via() == GATEWAYS["isp-a"], what="the route back via isp-a")
+    assert _answers(log).count("lost") <= 30
+    assert rig.management_route() == management
+    events = [e for e, _ in rig.audit("gateway_state", "gateway_switched")]
+    assert events[-4:] == ["gateway_state", "gateway_switched", "gateway_state", "gateway_switched"]
