@@ -518,3 +518,32 @@ def test_the_monitor_switches_at_once_audits_and_never_touches_management(
     assert default_in(net, 100).via == "192.0.2.17"  # isp-b is up and now first
     monitor.sync()
     assert gateways.board.states_for(monitor.sync() or section) == {"isp-a": UP, "isp-b": UP}
+
+
+def test_the_report_carries_the_gateways_and_notifications_open_on_them() -> None:
+    from trueup.agent.cpreport import report_from_status
+    from trueup.server.service.notify.events import KINDS, conditions_of
+
+    def status(states: dict[str, str], all_down: bool) -> dict[str, Any]:
+        gateways = [
+            {"name": name, "state": state, "since": "2026-12-07T22:00:00Z", "active": i == 0}
+            for i, (name, state) in enumerate(states.items())
+        ]
+        system = {"policy": "failover", "all_down": all_down, "gateways": gateways}
+        return {"subsystems": {"gateways": {"health": "ok", "system": system}}}
+
+    report = report_from_status(status({"isp-a": "down", "isp-b": "up"}, False))
+    assert report["subsystems"]["gateways"]["gateways"][0] == {
+        "name": "isp-a",
+        "state": "down",
+        "since": "2026-12-07T22:00:00Z",
+        "active": True,
+    }
+    assert conditions_of(report) == {"gateway_down": ["isp-a"]}
+    down = report_from_status(status({"isp-a": "down", "isp-b": "down"}, True))
+    assert conditions_of(down) == {
+        "gateway_down": ["isp-a", "isp-b"],
+        "gateways_all_down": ["isp-a", "isp-b"],
+    }
+    assert conditions_of(report_from_status(status({"isp-a": "up"}, False))) == {}
+    assert KINDS["gateway_down"] == "warning" and KINDS["gateways_all_down"] == "critical"
