@@ -41,6 +41,7 @@ SECTIONS = [
     "scripts.bench_package",
     "scripts.bench_render",
     "scripts.bench_plan",
+    "scripts.bench_gateways",
 ]
 
 

@@ -87,7 +87,8 @@ def members_of(section: GatewaysSection) -> list[Member]:
 def _iso(at: float | None) -> str | None:
     if at is None:
         return None
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)) + f"{at % 1:.3f}"[1:]
+    millis = min(999, round((at % 1) * 1000))
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{millis:03d}Z"
 
 
 class Board:
