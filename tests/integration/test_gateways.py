@@ -221,6 +221,8 @@ def test_a_cut_uplink_fails_over_and_comes_back_after_the_hysteresis(
     assert rig.states()["isp-a"] == "down"
     assert rig.gateways()["active"] == ["isp-b"]
     assert rig.management_route() == management
+    shown = router.trueup("status").stdout
+    assert "gateways (failover): active isp-b" in shown, shown
 
     # Restored: back to the primary once it has answered up_after rounds in a row.
     sh("ip", "-n", rig.upstreams["wan0"], "link", "set", "wan0p", "up")

@@ -547,3 +547,48 @@ def test_the_report_carries_the_gateways_and_notifications_open_on_them() -> Non
     }
     assert conditions_of(report_from_status(status({"isp-a": "up"}, False))) == {}
     assert KINDS["gateway_down"] == "warning" and KINDS["gateways_all_down"] == "critical"
+
+
+def test_the_status_table_shows_each_gateway() -> None:
+    from tests.unit.test_cli_truth import _rich_status
+    from trueup.cli.output import render_status
+
+    status = _rich_status()
+    status["subsystems"]["gateways"] = {
+        "tier": "routing",
+        "health": "degraded",
+        "reason": "every IPv4 gateway is down: keeping the default route via isp-b",
+        "system": {
+            "policy": "failover",
+            "active": ["isp-b"],
+            "all_down": True,
+            "gateways": [
+                {
+                    "name": "isp-a",
+                    "interface": "wan0",
+                    "gateway": "192.0.2.1",
+                    "state": "down",
+                    "since": "2026-12-07T22:56:32.074Z",
+                    "loss_percent": 100.0,
+                    "latency_ms": None,
+                    "active": False,
+                },
+                {
+                    "name": "isp-b",
+                    "interface": "wan1",
+                    "gateway": "192.0.2.17",
+                    "state": "down",
+                    "since": "2026-12-07T22:57:01.500Z",
+                    "loss_percent": 40.0,
+                    "latency_ms": 0.41,
+                    "active": True,
+                },
+            ],
+        },
+    }
+    text = render_status(status)
+    assert "gateways (failover): active isp-b" in text
+    (row,) = [line for line in text.splitlines() if line.strip().startswith("isp-b")]
+    assert "down" in row and "loss 40.0%" in row and "latency 0.41 ms" in row
+    assert row.endswith("ACTIVE")
+    assert "its last default route is kept" in text
