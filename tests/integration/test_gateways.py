@@ -97,7 +97,8 @@ class WanRig:
         sh("ip", "netns", "exec", self.upstreams[link], "nft", command)
 
     def document(self, **uplink: Any) -> dict[str, Any]:
-        settings = {"interval_ms": 200, "down_after": 3, "up_after": 3, "max_loss_percent": 100}
+        # Probes every 500 ms: a loaded machine answering late never looks like an outage.
+        settings = {"interval_ms": 500, "down_after": 3, "up_after": 3, "max_loss_percent": 100}
         settings.update(uplink)
         uplinks = [
             {
@@ -215,7 +216,7 @@ def test_a_cut_uplink_fails_over_and_comes_back_after_the_hysteresis(
     pinger.send_signal(signal.SIGKILL)
     pinger.wait()
     during = _answers(log)[before:]
-    # At most the rounds of the detection window (600 ms here) and the switch are lost;
+    # At most the rounds of the detection window (1.5 s here) and the switch are lost;
     # a generous bound for a loaded machine, not a measure of speed.
     assert 0 < during.count("lost") <= 30, during
     assert rig.states()["isp-a"] == "down"
@@ -233,16 +234,24 @@ def test_a_cut_uplink_fails_over_and_comes_back_after_the_hysteresis(
     states = [(d["gateway"], d["state"]) for _, d in rig.audit("gateway_state")]
     assert states[-2:] == [("isp-a", "down"), ("isp-a", "up")]
     switches = [(d["previous"], d["active"]) for _, d in rig.audit("gateway_switched")]
-    assert switches == [
+    assert switches[-2:] == [
         ({"ipv4": ["isp-a"]}, {"ipv4": ["isp-b"]}),
         ({"ipv4": ["isp-b"]}, {"ipv4": ["isp-a"]}),
     ]
     entry = {g["name"]: g for g in rig.gateways()["gateways"]}["isp-a"]
     assert entry["since"] and entry["active"] is True and entry["latency_ms"] is not None
 
+    # The monitor's switches are not drift: the loop never healed the gateways.
+    def heals() -> list[dict[str, Any]]:
+        return [d for _, d in rig.audit("reconcile") if d.get("subsystem") == "gateways"]
+
+    assert heals() == []
+
     # Someone replaces the gateways' default route: the loop puts it back.
     router.ip("route", "replace", "default", "via", GATEWAYS["isp-b"], "table", "100")
     router.wait_for(lambda: rig.via() == GATEWAYS["isp-a"], what="the replaced route healed")
+    router.wait_for(lambda: bool(heals()), what="the heal audited")
+    assert heals()[0]["paths"] == ["spec.gateways.tables[100].ipv4"]
     assert rig.management_route() == management
 
 
@@ -254,7 +263,8 @@ def test_dropped_probes_fail_over_and_a_fast_flap_never_moves_the_route(
     management = rig.management_route()
     drop = "add rule inet gwtest input ip saddr 192.0.2.2 icmp type echo-request drop"
 
-    # Probes dropped for 200 ms out of every second: never 5 failed rounds in a row.
+    # Probes dropped for 0.6 s out of every 1.6 s: a round or two lost at a time, never the
+    # 5 failed rounds in a row (2.5 s) that would take the uplink down.
     flap = subprocess.Popen(
         [
             "ip",
@@ -263,8 +273,8 @@ def test_dropped_probes_fail_over_and_a_fast_flap_never_moves_the_route(
             rig.upstreams["wan0"],
             "sh",
             "-c",
-            f"for i in 1 2 3 4 5 6 7 8; do nft {drop!r}; sleep 0.2; "
-            "nft flush chain inet gwtest input; sleep 0.8; done",
+            f"for i in 1 2 3 4 5 6; do nft {drop!r}; sleep 0.6; "
+            "nft flush chain inet gwtest input; sleep 1.0; done",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -291,9 +301,22 @@ def test_dropped_probes_fail_over_and_a_fast_flap_never_moves_the_route(
     rig.nft("wan0", drop)
     router.wait_for(lambda: rig.via() == GATEWAYS["isp-b"], what="the route via isp-b")
     assert rig.states()["isp-a"] == "down"
-    rig.nft("wan0", "flush chain inet gwtest input")
+
+    # Both dropped: the last route is kept rather than none, and status says so.
+    rig.nft("wan1", drop.replace("192.0.2.2", "192.0.2.18"))
+    router.wait_for(
+        lambda: rig.states() == {"isp-a": "down", "isp-b": "down"}, what="both gateways down"
+    )
+    assert rig.via() == GATEWAYS["isp-b"]
+    assert rig.gateways()["all_down"] is True
+    health = router.api("/v1/status")["subsystems"]["gateways"]
+    assert health["health"] == "degraded"
+    assert "every IPv4 gateway is down: keeping the default route via isp-b" in health["reason"]
+
+    for link in ("wan0", "wan1"):
+        rig.nft(link, "flush chain inet gwtest input")
     router.wait_for(lambda: rig.via() == GATEWAYS["isp-a"], what="the route back via isp-a")
     assert _answers(log).count("lost") <= 30
     assert rig.management_route() == management
-    events = [e for e, _ in rig.audit("gateway_state", "gateway_switched")]
-    assert events[-4:] == ["gateway_state", "gateway_switched", "gateway_state", "gateway_switched"]
+    switches = [d["active"] for _, d in rig.audit("gateway_switched")]
+    assert switches[-2:] == [{"ipv4": ["isp-b"]}, {"ipv4": ["isp-a"]}]
