@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -224,6 +225,26 @@ def test_a_cut_uplink_fails_over_and_comes_back_after_the_hysteresis(
     assert rig.management_route() == management
     shown = router.trueup("status").stdout
     assert "gateways (failover): active isp-b" in shown, shown
+
+    # The agent restarts mid-failover: the route never goes back to the dead primary.
+    seen: set[str | None] = set()
+    watching = threading.Event()
+
+    def watch() -> None:
+        while not watching.is_set():
+            seen.add(rig.via())
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        router.stop_agents()
+        router.start_agent()
+        router.wait_for(lambda: rig.states().get("isp-a") == "down", what="isp-a down again")
+    finally:
+        watching.set()
+        watcher.join()
+    assert seen == {GATEWAYS["isp-b"]}
 
     # Restored: back to the primary once it has answered up_after rounds in a row.
     sh("ip", "-n", rig.upstreams["wan0"], "link", "set", "wan0p", "up")

@@ -592,3 +592,44 @@ def test_the_status_table_shows_each_gateway() -> None:
     assert "down" in row and "loss 40.0%" in row and "latency 0.41 ms" in row
     assert row.endswith("ACTIVE")
     assert "its last default route is kept" in text
+
+
+def test_a_restarted_monitor_keeps_the_installed_route_until_the_first_verdicts(
+    tmp_path: Any,
+) -> None:
+    from trueup.agent.gateways import GatewayMonitor
+    from trueup.journal.state import StateDir
+    from trueup.reconcile.engine import Engine
+    from trueup.subsystems.registry import default_subsystems
+
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    net = FakeNetlink({"mgmt0": 1500, "lan0": 1500, "wan0": 1500, "wan1": 1500})
+
+    def engine() -> Engine:
+        subsystems = [s for s in default_subsystems() if s.name != "routes"]
+        return Engine(state, subsystems, netlink_factory=lambda: net)
+
+    first = engine()
+    parsed = parse_document(document())
+    assert first.apply_document(parsed).ok
+    # The last agent had failed over to isp-b.
+    net.add_route(RouteInfo(100, "0.0.0.0/0", "192.0.2.17", "wan1", 0, 4, proto=GATEWAY_PROTO))
+    restarted = engine()
+    gateways = restarted.by_name["gateways"]
+    assert isinstance(gateways, GatewaysSubsystem)
+    GatewayMonitor(restarted, gateways.board).seed()
+    scope = scope_for(parsed)
+    desired = gateways.desired(parsed, scope)
+    hops = desired["spec.gateways.tables[100].ipv4"]["nexthops"]
+    assert hops == [{"via": "192.0.2.17", "dev": "wan1", "weight": 1}]
+    # A route that is not the gateways' (another protocol) seeds nothing.
+    net.add_route(RouteInfo(100, "0.0.0.0/0", "192.0.2.17", "wan1", 0, 4))
+    again = engine()
+    fresh = again.by_name["gateways"]
+    assert isinstance(fresh, GatewaysSubsystem)
+    GatewayMonitor(again, fresh.board).seed()
+    assert (
+        fresh.desired(parsed, scope)["spec.gateways.tables[100].ipv4"]["nexthops"][0]["via"]
+        == "192.0.2.1"
+    )

@@ -30,6 +30,8 @@ from trueup.reconcile.engine.converge import converge_gateways
 from trueup.subsystems.gateways.board import Board, Transition
 from trueup.subsystems.gateways.health import Decision, RoundResult
 from trueup.subsystems.gateways.section import GatewaysSection, Uplink
+from trueup.subsystems.gateways.subsystem import installed_decision
+from trueup.subsystems.registry import scope_for
 from trueup.system.probe import ProbeTarget, probe_round
 
 __all__ = ["FOLLOW_SECONDS", "GatewayMonitor", "Prober"]
@@ -72,6 +74,28 @@ class GatewayMonitor:
         self._document: DeviceState | None = None
         self._switching = threading.Lock()
         self._thread: threading.Thread | None = None
+
+    def seed(self) -> None:
+        """Before the first probe verdicts, keep the uplinks the kernel's routes go through.
+
+        Called before the startup converges the applied revision: an agent restarted
+        mid-failover keeps the route on the secondary instead of moving it to the first
+        priority, which may be the uplink that is down, until the probes say otherwise.
+        """
+        document = self.engine.applied_document()
+        section = document.spec.section("gateways", GatewaysSection) if document else None
+        if document is None or section is None:
+            return
+        subsystem = self.engine.by_name["gateways"]
+        scope = scope_for(document)
+        with self.engine.sources() as net:
+            observed = subsystem.observe(net, scope)
+        self._document = document
+        self.board.sync(section)
+        decision = installed_decision(document, observed)
+        if decision is not None:
+            self.board.remember(decision)
+            log.info("gateways: until the first verdicts, keeping %s", decision.active())
 
     def start(self) -> None:
         self.board.monitoring = True

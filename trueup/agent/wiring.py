@@ -179,6 +179,10 @@ def _gateway_monitor(agent: Agent) -> GatewayMonitor | None:
     if not isinstance(board, Board):
         return None
     monitor = GatewayMonitor(agent.engine, board)
+    try:
+        monitor.seed()  # before recovery and the subsystem phase converge the routes
+    except Exception:  # a damaged state directory or a netlink error: start from pending
+        log.exception("gateways: reading the installed routes failed")
 
     def start(agent: Agent) -> None:
         monitor.start()

@@ -31,6 +31,7 @@ from trueup.model.health import SubsystemHealth, Tier
 from trueup.model.order import natural_sorted
 from trueup.subsystems.base import Facts, Plan, Scope, Sources, Step, Subsystem
 from trueup.subsystems.gateways.board import Board
+from trueup.subsystems.gateways.health import Choice, Decision
 from trueup.subsystems.gateways.section import (
     MAIN_TABLE,
     SECTION,
@@ -40,7 +41,13 @@ from trueup.subsystems.gateways.section import (
 from trueup.system.netlink import Nexthop, RouteInfo
 from trueup.system.watches import rtnetlink
 
-__all__ = ["GATEWAY_PROTO", "PROBE_METRIC", "GatewaysSubsystem", "route_keys"]
+__all__ = [
+    "GATEWAY_PROTO",
+    "PROBE_METRIC",
+    "GatewaysSubsystem",
+    "installed_decision",
+    "route_keys",
+]
 
 GATEWAY_PROTO = 250  # rtproto "trueup-gw": the routes spec.routes' subsystem leaves alone
 PROBE_METRIC = 4_000_000  # probe routes: PROBE_METRIC + the uplink's index
@@ -84,6 +91,27 @@ def _route_value(nexthops: list[tuple[str, str, int]], proto: int) -> dict[str, 
         "proto": proto,
         "nexthops": [{"via": v, "dev": d, "weight": w} for v, d, w in sorted(nexthops)],
     }
+
+
+def installed_decision(document: DeviceState, observed: Facts) -> Decision | None:
+    """The decision the routes `observed` hold (ours, through known uplinks), per family; None
+    when they hold none. An agent that restarts mid-failover keeps it until the first verdicts."""
+    section = document.spec.section("gateways", GatewaysSection)
+    if section is None:
+        return None
+    by_hop = {(u.gateway, u.interface): u.name for u in section.uplinks}
+    order = {u.name: i for i, u in enumerate(section.uplinks)}
+    choices: dict[int, Choice] = {}
+    for table in section.table_numbers(document.spec.tables):
+        for family in section.families():
+            value = observed.get(f"spec.gateways.tables[{_table_name(table)}].ipv{family}")
+            if family in choices or not value or value.get("proto") != GATEWAY_PROTO:
+                continue
+            names = [by_hop.get((h["via"], h["dev"])) for h in value["nexthops"]]
+            if names and all(n is not None for n in names):
+                members = sorted({str(n) for n in names}, key=order.__getitem__)
+                choices[family] = Choice(tuple(members))
+    return Decision(section.policy, choices) if choices else None
 
 
 class GatewaysSubsystem(Subsystem):
