@@ -246,6 +246,18 @@ def test_a_cut_uplink_fails_over_and_comes_back_after_the_hysteresis(
         watcher.join()
     assert seen == {GATEWAYS["isp-b"]}
 
+    # A new revision mid-failover whose probe settings are unchanged keeps both states.
+    changed = rig.document()
+    changed["spec"]["gateways"]["uplinks"][1]["weight"] = 2
+    applied = router.trueup("apply", str(router.write("gw2.yaml", changed)))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    router.wait_for(
+        lambda: [g["weight"] for g in rig.gateways().get("gateways", [])] == [1, 2],
+        what="the monitor following the new revision",
+    )
+    assert rig.via() == GATEWAYS["isp-b"]
+    assert rig.states() == {"isp-a": "down", "isp-b": "up"}
+
     # Restored: back to the primary once it has answered up_after rounds in a row.
     sh("ip", "-n", rig.upstreams["wan0"], "link", "set", "wan0p", "up")
     router.wait_for(lambda: rig.via() == GATEWAYS["isp-a"], what="the route back via isp-a")

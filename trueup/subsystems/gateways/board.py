@@ -40,6 +40,8 @@ class GatewayReport(TypedDict):
     name: str
     interface: str
     gateway: str
+    priority: int
+    weight: int
     state: str
     since: str | None
     loss_percent: float
@@ -173,6 +175,8 @@ class Board:
                         "name": uplink.name,
                         "interface": uplink.interface,
                         "gateway": uplink.gateway,
+                        "priority": uplink.priority,
+                        "weight": uplink.weight,
                         "state": (tracker.state if tracker else GatewayState.PENDING).value,
                         "since": _iso(tracker.since) if tracker else None,
                         "loss_percent": round(tracker.loss_percent(), 1) if tracker else 0.0,
