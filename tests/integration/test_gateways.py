@@ -30,7 +30,8 @@ def _routes_leave_gateway_routes_alone() -> bool:
     net = FakeNetlink({"wan0": 1500})
     net.add_address("wan0", "192.0.2.2/28")
     net.add_route(RouteInfo(254, "0.0.0.0/0", "192.0.2.1", "wan0", 4_000_000, 4, proto=250))
-    return not RoutesSubsystem().observe(Sources(net), Scope(interfaces=frozenset({"wan0"})))
+    routes, scope = RoutesSubsystem(), Scope(interfaces=frozenset({"wan0"}))
+    return not routes.plan({}, routes.observe(Sources(net), scope), scope).steps
 
 
 pytestmark = [
@@ -353,3 +354,31 @@ def test_dropped_probes_fail_over_and_a_fast_flap_never_moves_the_route(
     assert rig.management_route() == management
     switches = [d["active"] for _, d in rig.audit("gateway_switched")]
     assert switches[-2:] == [{"ipv4": ["isp-b"]}, {"ipv4": ["isp-a"]}]
+
+
+def test_balance_spreads_over_the_healthy_uplinks_by_weight(rig: WanRig) -> None:
+    router = rig.router
+    body = rig.document()
+    body["spec"]["gateways"]["policy"] = "balance"
+    body["spec"]["gateways"]["uplinks"][1]["weight"] = 3
+    applied = router.trueup("apply", str(router.write("balance.yaml", body)))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    router.start_agent()
+
+    def nexthops() -> list[tuple[str, int]]:
+        for route in router.ip_json("route", "show", "table", "100", "default"):
+            hops = route.get("nexthops") or [route]
+            return sorted((str(h.get("gateway")), int(h.get("weight", 1))) for h in hops)
+        return []
+
+    both = [(GATEWAYS["isp-a"], 1), (GATEWAYS["isp-b"], 3)]
+    router.wait_for(lambda: nexthops() == both, what="one route over both uplinks, weighted")
+    management = rig.management_route()
+    sh("ip", "-n", rig.upstreams["wan1"], "link", "set", "wan1p", "down")
+    router.wait_for(
+        lambda: nexthops() == [(GATEWAYS["isp-a"], 1)], what="the route over isp-a alone"
+    )
+    assert rig.gateways()["active"] == ["isp-a"]
+    sh("ip", "-n", rig.upstreams["wan1"], "link", "set", "wan1p", "up")
+    router.wait_for(lambda: nexthops() == both, what="both uplinks again")
+    assert rig.management_route() == management
