@@ -633,3 +633,32 @@ def test_a_restarted_monitor_keeps_the_installed_route_until_the_first_verdicts(
         fresh.desired(parsed, scope)["spec.gateways.tables[100].ipv4"]["nexthops"][0]["via"]
         == "192.0.2.1"
     )
+
+
+def test_metrics_show_each_gateway() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from trueup.agent.metrics import AgentMetrics
+
+    gateways = [
+        {"name": "isp-a", "state": "down", "active": False, "loss_percent": 100.0},
+        {"name": "isp-b", "state": "up", "active": True, "loss_percent": 0.0, "latency_ms": 0.4},
+    ]
+    status = {
+        "versions": {"applied": 3},
+        "management": {"ready": True},
+        "subsystems": {"gateways": {"health": "ok", "system": {"gateways": gateways}}},
+        "reason_codes": [],
+    }
+    text = AgentMetrics(lambda: status, lambda: None).render()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    up = {
+        (s.labels["gateway"], s.labels["state"]): s.value
+        for s in families["trueup_gateway_up"].samples
+    }
+    assert up[("isp-a", "down")] == 1.0 and up[("isp-a", "up")] == 0.0
+    assert up[("isp-b", "up")] == 1.0
+    active = {s.labels["gateway"]: s.value for s in families["trueup_gateway_active"].samples}
+    assert active == {"isp-a": 0.0, "isp-b": 1.0}
+    latency = {s.labels["gateway"]: s.value for s in families["trueup_gateway_latency_ms"].samples}
+    assert latency == {"isp-b": 0.4}
