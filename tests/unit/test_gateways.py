@@ -49,7 +49,7 @@ def uplink(name: str, interface: str, gateway: str, **extra: Any) -> dict[str, A
 def document(gateways: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "interfaces": [
-            {"name": "lan0", "addresses": ["203.0.113.1/26"]},
+            {"name": "lan0", "state": "down", "addresses": ["203.0.113.1/26"]},
             {"name": "wan0", "addresses": ["192.0.2.2/28"]},
             {"name": "wan1", "addresses": ["192.0.2.18/28"]},
         ],
@@ -146,6 +146,11 @@ def test_a_valid_section_is_typed() -> None:
             lambda g: g["uplinks"][0].update(interface="mgmt0", gateway="198.51.100.1"),
             "spec.gateways.uplinks[0].interface",
             "management interface",
+        ),
+        (
+            lambda g: g["uplinks"][0].update(interface="lan0", gateway="203.0.113.9"),
+            "spec.gateways.uplinks[0].interface",
+            "lan0 is down in spec.interfaces",
         ),
         (
             lambda g: g.update(tables=["main"]),
@@ -662,3 +667,49 @@ def test_metrics_show_each_gateway() -> None:
     assert active == {"isp-a": 0.0, "isp-b": 1.0}
     latency = {s.labels["gateway"]: s.value for s in families["trueup_gateway_latency_ms"].samples}
     assert latency == {"isp-b": 0.4}
+
+
+def test_a_switch_with_a_probe_route_waiting_on_its_link_is_still_a_switch(
+    tmp_path: Any,
+) -> None:
+    from trueup.agent.gateways import GatewayMonitor
+    from trueup.journal.state import StateDir
+    from trueup.reconcile.engine import Engine
+    from trueup.subsystems.base import StepWaits
+    from trueup.subsystems.registry import default_subsystems
+
+    state = StateDir(tmp_path / "state")
+    state.ensure()
+    net = FakeNetlink({"mgmt0": 1500, "lan0": 1500, "wan0": 1500, "wan1": 1500})
+    engine = Engine(
+        state,
+        [s for s in default_subsystems() if s.name != "routes"],
+        netlink_factory=lambda: net,
+    )
+    body = document()
+    for entry in body["spec"]["gateways"]["uplinks"]:
+        entry.update(down_after=1, up_after=1, max_loss_percent=100)
+    parsed = parse_document(body)
+    assert engine.apply_document(parsed).ok
+    gateways = engine.by_name["gateways"]
+    assert isinstance(gateways, GatewaysSubsystem)
+    monitor = GatewayMonitor(engine, gateways.board, clock=lambda: 1.0)
+    section = monitor.sync()
+    assert section is not None
+    a, b = section.uplinks
+    monitor.round(a.name, a.probe_settings(), GOOD)
+    monitor.round(b.name, b.probe_settings(), GOOD)
+    # wan0 loses its address: the kernel flushes every route through it.
+    net.del_address("wan0", "192.0.2.2/28")
+    scope = scope_for(parsed)
+    plan = gateways.plan(
+        gateways.desired(parsed, scope), gateways.observe(Sources(net), scope), scope
+    )
+    with pytest.raises(StepWaits, match="waiting on link wan0"):
+        for step in plan.steps:
+            gateways.execute(Sources(net), step)
+    monitor.round(a.name, a.probe_settings(), LOST)
+    assert default_in(net, 100).via == "192.0.2.17"
+    switched = [r["details"] for r in state.audit.records() if r["event"] == "gateway_switched"]
+    assert switched[-1]["active"] == {"ipv4": ["isp-b"]}
+    assert "waiting on link wan0" in switched[-1]["problem"]

@@ -200,12 +200,36 @@ class GatewayMonitor:
                 self.engine, document, actor=ACTOR, previous=before, active=after, all_down=all_down
             )
         except Exception as exc:  # the loop heals what the switch could not do
+            if self._switched(document):
+                # The default routes moved; a probe route waits for its link (the loop
+                # puts it back when the link returns).
+                self._audit(
+                    "gateway_switched",
+                    previous=before,
+                    active=after,
+                    all_down=all_down,
+                    problem=str(exc),
+                )
+                return
             log.error("gateway switch %s -> %s failed: %s", before, after, exc)
             self._audit("gateway_switch_failed", previous=before, active=after, error=str(exc))
             return
         if problem is not None:
             log.warning("gateway_switched not audited: %s", problem)
         log.info("gateways: %s -> %s (%d steps)", before, after, len(steps))
+
+    def _switched(self, document: DeviceState) -> bool:
+        """Whether every owned table's default route is the one the decision implies."""
+        subsystem = self.engine.by_name["gateways"]
+        scope = scope_for(document)
+        try:
+            with self.engine.sources() as net:
+                observed = subsystem.observe(net, scope)
+        except Exception:
+            return False
+        desired = subsystem.desired(document, scope)
+        tables = [path for path in desired if path.startswith("spec.gateways.tables[")]
+        return all(observed.get(path) == desired[path] for path in tables)
 
     def _audit(self, event: str, **details: object) -> None:
         try:

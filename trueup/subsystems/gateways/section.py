@@ -219,6 +219,10 @@ def _fits_spec(section: GatewaysSection, spec: DeviceSpec, others: OtherSections
         if iface is None:
             problems.append((f"{where}.interface", f"{uplink.interface} is not in spec.interfaces"))
             continue
+        if iface.state == "down":
+            problems.append(
+                (f"{where}.interface", f"{uplink.interface} is down in spec.interfaces")
+            )
         gateway = ipaddress.ip_address(uplink.gateway)
         subnets = [ipaddress.ip_interface(a).network for a in iface.addresses]
         if not any(gateway in subnet for subnet in subnets):

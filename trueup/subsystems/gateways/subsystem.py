@@ -24,12 +24,22 @@ probe transition is the monitor's (`trueup.agent.gateways`), at once, through
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Mapping
 
 from trueup.model.document import DeviceState
 from trueup.model.health import SubsystemHealth, Tier
 from trueup.model.order import natural_sorted
-from trueup.subsystems.base import Facts, Plan, Scope, Sources, Step, Subsystem
+from trueup.subsystems.base import (
+    Facts,
+    Plan,
+    Scope,
+    Sources,
+    Step,
+    StepError,
+    StepWaits,
+    Subsystem,
+)
 from trueup.subsystems.gateways.board import Board
 from trueup.subsystems.gateways.health import Choice, Decision
 from trueup.subsystems.gateways.section import (
@@ -38,7 +48,7 @@ from trueup.subsystems.gateways.section import (
     GatewaysSection,
     default_route,
 )
-from trueup.system.netlink import Nexthop, RouteInfo
+from trueup.system.netlink import NetlinkError, Nexthop, RouteInfo
 from trueup.system.watches import rtnetlink
 
 __all__ = [
@@ -217,12 +227,23 @@ class GatewaysSubsystem(Subsystem):
                     proto=GATEWAY_PROTO,
                     nexthops=tuple(hops),
                 )
-            self.run_step(step, lambda: netlink.add_route(route))
+            self._install(sources, step, route)
         elif step.action == "del-route":
             route = RouteInfo(a["table"], a["to"], None, None, a["metric"], a["family"])
             self.run_step(step, lambda: netlink.del_route(route))
         else:
             raise ValueError(f"unknown gateways step {step.action}")
+
+    def _install(self, sources: Sources, step: Step, route: RouteInfo) -> None:
+        """Replace the route; through a link that is gone or down, wait for the link."""
+        try:
+            sources.netlink.add_route(route)
+        except NetlinkError as exc:
+            if exc.errno in (errno.ENODEV, errno.ENETUNREACH, errno.ENETDOWN):
+                devs = {h.dev for h in route.nexthops} | {route.dev}
+                names = ", ".join(sorted(d for d in devs if d is not None))
+                raise StepWaits(step, f"waiting on link {names}") from exc
+            raise StepError(step, str(exc)) from exc
 
     def condition(
         self, sources: Sources, document: DeviceState
