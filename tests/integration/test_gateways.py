@@ -356,11 +356,41 @@ def test_dropped_probes_fail_over_and_a_fast_flap_never_moves_the_route(
     assert switches[-2:] == [{"ipv4": ["isp-b"]}, {"ipv4": ["isp-a"]}]
 
 
+LISTENER = """
+import socket, sys
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind((sys.argv[1], int(sys.argv[2])))
+server.listen(64)
+while True:
+    server.accept()[0].close()
+"""
+
+
 def test_balance_spreads_over_the_healthy_uplinks_by_weight(rig: WanRig) -> None:
     router = rig.router
+    # isp-b is probed by TCP connect: it is up only while its upstream accepts.
+    listener = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            rig.upstreams["wan1"],
+            sys.executable,
+            "-c",
+            LISTENER,
+            HOST,
+            "7001",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    rig.pingers.append(listener)
     body = rig.document()
     body["spec"]["gateways"]["policy"] = "balance"
     body["spec"]["gateways"]["uplinks"][1]["weight"] = 3
+    body["spec"]["gateways"]["uplinks"][1]["probes"] = {"tcp": [f"{HOST}:7001"]}
     applied = router.trueup("apply", str(router.write("balance.yaml", body)))
     assert applied.returncode == 0, applied.stdout + applied.stderr
     router.start_agent()
@@ -381,4 +411,10 @@ def test_balance_spreads_over_the_healthy_uplinks_by_weight(rig: WanRig) -> None
     assert rig.gateways()["active"] == ["isp-a"]
     sh("ip", "-n", rig.upstreams["wan1"], "link", "set", "wan1p", "up")
     router.wait_for(lambda: nexthops() == both, what="both uplinks again")
+    # The port stops accepting (refused): isp-b is down although its link is up.
+    listener.kill()
+    listener.wait()
+    router.wait_for(
+        lambda: nexthops() == [(GATEWAYS["isp-a"], 1)], what="isp-b down on its TCP probe"
+    )
     assert rig.management_route() == management
