@@ -108,11 +108,15 @@ class GatewayMonitor:
 
     # -- the applied document -------------------------------------------------------
     def _follow(self) -> None:
+        last_problem = ""
         while not self._stop.is_set():
             try:
                 self.follow_once()
-            except Exception:  # the monitor never ends on a bad read; the next look retries
-                log.exception("gateway monitor: following the applied revision failed")
+                last_problem = ""
+            except Exception as exc:  # the monitor never ends on a bad read; the next look retries
+                if str(exc) != last_problem:  # logged once, not every look
+                    log.exception("gateway monitor: following the applied revision failed")
+                last_problem = str(exc)
             self._stop.wait(FOLLOW_SECONDS)
 
     def follow_once(self) -> None:
