@@ -42,6 +42,7 @@ SECTIONS = [
     "scripts.bench_render",
     "scripts.bench_plan",
     "scripts.bench_routing",
+    "scripts.bench_gateways",
 ]
 
 

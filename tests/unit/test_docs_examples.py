@@ -30,7 +30,7 @@ def _base() -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("page", ["ha.md", "proxy.md", "wireguard.md", "routing.md"])
+@pytest.mark.parametrize("page", ["ha.md", "proxy.md", "wireguard.md", "routing.md", "gateways.md"])
 def test_the_first_example_of_each_service_page_validates(page: str) -> None:
     match = re.search(r"```yaml\n(.*?)```", (DOCS / page).read_text(), re.S)
     assert match, f"docs/{page} has no yaml example"

@@ -32,7 +32,21 @@ def every_section(ha_role: str = "primary") -> dict[str, Any]:
         "metadata": {"device": "edge-01"},
         "spec": {
             "management": {"interface": "mgmt0", "addresses": ["198.51.100.2/24"]},
-            "interfaces": [{"name": "lan0", "addresses": ["203.0.113.1/24"]}],
+            "interfaces": [
+                {"name": "lan0", "addresses": ["203.0.113.1/24"]},
+                {"name": "wan0", "addresses": ["192.0.2.2/28"]},
+            ],
+            "gateways": {
+                "tables": ["main"],
+                "uplinks": [
+                    {
+                        "name": "isp",
+                        "interface": "wan0",
+                        "gateway": "192.0.2.1",
+                        "probes": {"icmp": ["192.0.2.1"]},
+                    }
+                ],
+            },
             "sysctl": {"net.ipv4.ip_forward": 1},
             "firewall": {
                 "chains": [{"name": "input", "type": "filter", "hook": "input", "policy": "accept"}]
@@ -119,7 +133,7 @@ def test_parsing_a_document_imports_no_system_module_and_no_subsystem_implementa
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout)
     assert sorted(seen["sections"]) == seen["used"]  # every section, used by the document
-    assert len(seen["used"]) == len(catalog.SECTIONS) == 8
+    assert len(seen["used"]) == len(catalog.SECTIONS) == 9
     assert any(p.startswith("spec.dhcp.ha.peers[0].role: this server (a)") for p in seen["refused"])
     system = [m for m in seen["modules"] if m == "trueup.system" or m.startswith("trueup.system.")]
     assert system == []

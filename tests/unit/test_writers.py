@@ -22,7 +22,13 @@ NETLINK_WRITES = {"set_link", "add_address", "del_address", "add_route", "del_ro
 DAEMON_WRITES = {"ensure", "stop", "restart", "signal"}
 FILE_WRITES = {"write", "remove", "write_private", "remove_private", "replace_private"}
 # The engine's ways in (trueup.reconcile.engine.converge) and the DHCP fence hook.
-ENTRIES = {"converge", "converge_bounded", "converge_management", "follow_fence"}
+ENTRIES = {
+    "converge",
+    "converge_bounded",
+    "converge_management",
+    "converge_gateways",
+    "follow_fence",
+}
 
 # The seam itself, the subsystems that write through it, and the engine that runs them.
 DESIGNED = ("trueup/system/", "trueup/subsystems/", "trueup/reconcile/engine/")

@@ -27,11 +27,33 @@ REPORTED_PATHS = 50  # paths per drift record
 REPORTED_ATTRIBUTION = 5  # notifications per drift record (the newest)
 
 
+REPORTED_GATEWAYS = 32  # uplinks a report names (`spec.gateways.uplinks`)
+
+
+def _gateways(system: JSONObject | None) -> dict[str, object]:
+    """The gateways' states in the report (`gateways`, `gateways_all_down`): the control
+    plane's `gateway_down` and `gateways_all_down` notifications read them."""
+    listed = (system or {}).get("gateways")
+    if not isinstance(listed, list):
+        return {}
+    gateways = [
+        {k: str(g.get(k))[:64] for k in ("name", "state", "since") if g.get(k) is not None}
+        | {"active": bool(g.get("active"))}
+        for g in listed[:REPORTED_GATEWAYS]
+        if isinstance(g, dict)
+    ]
+    return {"gateways": gateways, "gateways_all_down": bool((system or {}).get("all_down"))}
+
+
 def _subsystem_report(sub: SubsystemStatus) -> SubsystemReport:
     """A subsystem in the report: health and reason, and (when the agent has them) the
-    circuit breaker and the local acknowledgement's expiry (the dashboard shows them)."""
+    circuit breaker and the local acknowledgement's expiry (the dashboard shows them), and
+    the gateways' states."""
     extra = sub.model_extra or {}
-    kept = {k: extra[k] for k in ("breaker", "acknowledged_until") if isinstance(extra.get(k), str)}
+    kept: dict[str, object] = {
+        k: extra[k] for k in ("breaker", "acknowledged_until") if isinstance(extra.get(k), str)
+    }
+    kept.update(_gateways(sub.system))
     return SubsystemReport(health=sub.health, reason=sub.reason or None, **kept)
 
 

@@ -20,6 +20,9 @@ in one process.
 | `trueup_contested_paths` | subsystem | loop view |
 | `trueup_acknowledged` | subsystem | loop view |
 | `trueup_pending_confirmation` | | loop view |
+| `trueup_gateway_up` | gateway, state | status `subsystems.gateways.system.gateways` (1 for the current state) |
+| `trueup_gateway_active` | gateway | the same: 1 while the default route goes through it |
+| `trueup_gateway_loss_percent`, `trueup_gateway_latency_ms` | gateway | the same, over its window |
 
 The loop's families appear once the loop runs (startup phase 4).
 """
@@ -66,7 +69,36 @@ def status_metrics(status: Mapping[str, Any]) -> list[Metric]:
     for code in ReasonCode:
         count = sum(1 for f in status["reason_codes"] if f["code"] == code.value)
         findings.add_metric([code.value], float(count))
-    return [applied, ready, health, findings]
+    return [applied, ready, health, findings, *_gateway_metrics(status)]
+
+
+def _gateway_metrics(status: Mapping[str, Any]) -> list[Metric]:
+    """Each uplink of `spec.gateways`: its state, whether it is active, loss and latency."""
+    system = (status["subsystems"].get("gateways") or {}).get("system") or {}
+    gateways = [g for g in system.get("gateways") or [] if isinstance(g, dict)]
+    if not gateways:
+        return []
+    up = GaugeMetricFamily(
+        "trueup_gateway_up", "Gateway state (1 for the current state).", labels=["gateway", "state"]
+    )
+    active = GaugeMetricFamily(
+        "trueup_gateway_active", "1 while the default route goes through it.", labels=["gateway"]
+    )
+    loss = GaugeMetricFamily(
+        "trueup_gateway_loss_percent", "Probe loss over its window.", labels=["gateway"]
+    )
+    latency = GaugeMetricFamily(
+        "trueup_gateway_latency_ms", "Mean probe latency over its window.", labels=["gateway"]
+    )
+    for g in gateways:
+        name = str(g.get("name"))
+        for state in ("pending", "up", "down"):
+            up.add_metric([name, state], float(g.get("state") == state))
+        active.add_metric([name], float(bool(g.get("active"))))
+        loss.add_metric([name], float(g.get("loss_percent") or 0.0))
+        if g.get("latency_ms") is not None:
+            latency.add_metric([name], float(g["latency_ms"]))
+    return [up, active, loss, latency]
 
 
 def loop_metrics(view: LoopView) -> list[Metric]:

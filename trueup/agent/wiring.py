@@ -19,6 +19,7 @@ from typing import Any
 
 from trueup.agent.cpclient import ControlPlaneClient, RetryLater, report_from_status
 from trueup.agent.cpsync import SyncLoop
+from trueup.agent.gateways import GatewayMonitor
 from trueup.agent.process import Agent
 from trueup.agent.reportwatch import StatusWatch, operator_facts
 from trueup.agent.selfconfirm import SelfConfirm
@@ -29,6 +30,7 @@ from trueup.model.records import Applied
 from trueup.reconcile.changes import CONTROL_PLANE_FILE, Refused, StorageError
 from trueup.reconcile.healing import HealingOptions
 from trueup.reconcile.loop import ReconcileLoop
+from trueup.subsystems.gateways.board import Board
 from trueup.system.safefile import open_file
 from trueup.system.secretstore import SecretError, secret_references, write_secret
 
@@ -170,6 +172,29 @@ def _start_sync(agent: Agent, url: str, token_file: Path, heartbeat: float) -> S
     return sync
 
 
+def _gateway_monitor(agent: Agent) -> GatewayMonitor | None:
+    """The gateway monitor, when the agent runs the gateways subsystem (started in phase 4)."""
+    subsystem = agent.engine.by_name.get("gateways")
+    board = getattr(subsystem, "board", None)
+    if not isinstance(board, Board):
+        return None
+    monitor = GatewayMonitor(agent.engine, board)
+    try:
+        monitor.seed()  # before recovery and the subsystem phase converge the routes
+    except Exception:  # a damaged state directory or a netlink error: start from pending
+        log.exception("gateways: reading the installed routes failed")
+
+    def start(agent: Agent) -> None:
+        monitor.start()
+        agent.on_stop.append(monitor.stop)
+        if agent.loop is not None:
+            # A switch shows in the loop's view (and so in the report) at once.
+            monitor.on_change.append(agent.loop.wake)
+
+    agent.on_steady.append(start)
+    return monitor
+
+
 def wire(
     agent: Agent,
     *,
@@ -178,6 +203,7 @@ def wire(
     heartbeat: float = 30.0,
 ) -> None:
     agent.loop_factory = _reconcile_loop
+    gateways = _gateway_monitor(agent)
     if control_plane is None and token_file is None:
         return
     if control_plane is None or token_file is None:
@@ -209,6 +235,9 @@ def wire(
             agent.on_stop.append(confirmer.stop)
         # Whatever an operator sees changing is reported then (coalesced), not at the
         # heartbeat: what the loop shows, and fences, transactions, restores, management.
+        if gateways is not None:
+            # Every gateway transition is reported upstream then, not at the heartbeat.
+            gateways.on_change.append(sync.request_report)
         watch = StatusWatch(lambda: operator_facts(agent), sync.request_report)
         if agent.loop is not None:
             agent.loop.on_change.append(watch.poke)

@@ -9,6 +9,7 @@ engine's records.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, TypedDict
 
 from trueup.journal.restore import RestoreRecord
@@ -198,6 +199,7 @@ class SubsystemStatus(TypedDict, total=False):
     backoff_seconds: float
     next_attempt_at: str | None
     retry_budget: RetryBudget | None
+    system: Mapping[str, object] | None  # `Subsystem.report`: each subsystem's own record
 
 
 class LimitationRecord(TypedDict, total=False):

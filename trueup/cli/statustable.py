@@ -181,9 +181,34 @@ def _subsystem_table(status: StatusBody) -> list[str]:
         if extra:
             reason = (reason + " (" + "; ".join(extra) + ")").strip()
         lines.append(f"{name:<12} {sub['tier']:<11} {sub['health']:<9} {policy:<7} {reason}")
+    lines.extend(_gateway_lines(status["subsystems"].get("gateways")))
     lines.extend(_subsystem_details(status["subsystems"], status.get("observed_at")))
     last = {n: drift for n, sub in status["subsystems"].items() if (drift := sub.get("last_drift"))}
     lines.extend(render_last_drift(last, status.get("observed_at")))
+    return lines
+
+
+def _gateway_lines(sub: SubsystemStatus | None) -> list[str]:
+    """The gateways' uplinks: state, since when, loss and latency over the window, active."""
+    system = (sub or {}).get("system") or {}
+    gateways = system.get("gateways")
+    if not isinstance(gateways, list) or not gateways:
+        return []
+    active = system.get("active")
+    names = ", ".join(str(a) for a in active) if isinstance(active, list) and active else "-"
+    lines = [f"\ngateways ({system.get('policy')}): active {names}"]
+    for g in gateways:
+        if not isinstance(g, dict):
+            continue
+        latency = g.get("latency_ms")
+        lines.append(
+            f"  {g.get('name')!s:<12} {g.get('interface')!s:<10} {g.get('gateway')!s:<16} "
+            f"{g.get('state')!s:<8} since {g.get('since') or '-'}  loss {g.get('loss_percent')}%  "
+            f"latency {f'{latency} ms' if latency is not None else '-'}"
+            + ("  ACTIVE" if g.get("active") else "")
+        )
+    if system.get("all_down"):
+        lines.append("  every gateway of a family is down: its last default route is kept")
     return lines
 
 

@@ -32,6 +32,7 @@ SUBSYSTEMS: tuple[str, ...] = (
     "trueup.subsystems.proxy.subsystem:ProxySubsystem",
     "trueup.subsystems.wireguard.subsystem:WireguardSubsystem",
     "trueup.subsystems.routing.subsystem:RoutingSubsystem",
+    "trueup.subsystems.gateways.subsystem:GatewaysSubsystem",
 )
 
 SECTIONS: tuple[str, ...] = (
@@ -43,6 +44,7 @@ SECTIONS: tuple[str, ...] = (
     "trueup.subsystems.proxy.section:SECTION",
     "trueup.subsystems.wireguard.section:SECTION",
     "trueup.subsystems.routing.section:SECTION",
+    "trueup.subsystems.gateways.section:SECTION",
 )
 
 

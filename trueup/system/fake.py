@@ -12,6 +12,7 @@ import errno
 import ipaddress
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -262,9 +263,7 @@ class FakeNetlink:
                 raise NetlinkError(operation, "Network is unreachable", errno.ENETUNREACH)
             dev = onlink[0].ifname
         self.route_table = [r for r in self.route_table if r.key != route.key]
-        self.route_table.append(
-            RouteInfo(route.table, route.to, route.via, dev, route.metric, route.family)
-        )
+        self.route_table.append(replace(route, dev=dev))
 
     def del_route(self, route: RouteInfo) -> None:
         operation = f"delete route to {route.to} (table {route.table})"

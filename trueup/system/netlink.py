@@ -335,8 +335,9 @@ class KernelNetlink:
         if for_delete:
             msg["scope"] = RT_SCOPE_NOWHERE
         else:
-            msg["proto"] = RTPROT_STATIC
-            msg["scope"] = RT_SCOPE_LINK if route.via is None else RT_SCOPE_UNIVERSE
+            msg["proto"] = route.proto
+            gatewayed = route.via is not None or bool(route.nexthops)
+            msg["scope"] = RT_SCOPE_UNIVERSE if gatewayed else RT_SCOPE_LINK
         attrs: list[Any] = [("RTA_TABLE", route.table), ("RTA_PRIORITY", route.metric)]
         if network.prefixlen:
             attrs.append(("RTA_DST", str(network.network_address)))
@@ -345,11 +346,19 @@ class KernelNetlink:
                 attrs.append(("RTA_GATEWAY", route.via))
             if route.dev is not None:
                 attrs.append(("RTA_OIF", self._ifindex(route.dev)))
+            if route.nexthops:
+                attrs.append(("RTA_MULTIPATH", [self._nexthop(hop) for hop in route.nexthops]))
         msg["attrs"] = attrs
         return msg
 
+    def _nexthop(self, hop: Nexthop) -> dict[str, object]:
+        """One path of a multipath route (`rtnexthop`: weight is hops + 1)."""
+        attrs: list[Any] = [("RTA_GATEWAY", hop.via)] if hop.via is not None else []
+        index = self._ifindex(hop.dev) if hop.dev is not None else 0
+        return {"oif": index, "hops": hop.weight - 1, "attrs": attrs}
+
     def add_route(self, route: RouteInfo) -> None:
-        """Install a route, replacing one with the same key."""
+        """Install a route (its protocol, one path or `nexthops`), replacing one with the same key."""
         self._request(
             f"add route to {route.to} (table {route.table})",
             self._route_msg(route, for_delete=False),

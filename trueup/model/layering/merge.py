@@ -73,6 +73,7 @@ LIST_KEYS: Mapping[str, tuple[str, ...]] = {
     "routing.prefix_lists[].entries": ("seq",),
     "routing.route_maps": ("name",),
     "routing.route_maps[].entries": ("seq",),
+    "gateways.uplinks": ("name",),
 }
 
 

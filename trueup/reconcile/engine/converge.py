@@ -12,6 +12,10 @@ policies (`Policy`):
   set`): only the management subsystem, never away from an address trueup did
   not assign, and an audit line `management_restored` (best effort) instead of
   a journal. `converge_management` is that policy's entry point.
+* `GATEWAYS_ONLY` — the gateway monitor's switch on a probe transition
+  (`trueup.agent.gateways`): only the gateways subsystem, never a step at
+  the management default route's key, and an audit line `gateway_switched`
+  (best effort). `converge_gateways` is its entry point.
 
 The kernel has side effects (removing an address flushes the routes through
 it; removing a primary IPv4 address removes its secondaries), so a subsystem
@@ -42,10 +46,12 @@ __all__ = [
     "Policy",
     "converge",
     "converge_bounded",
+    "converge_gateways",
     "converge_management",
 ]
 
 MANAGEMENT = "management"
+GATEWAYS = "gateways"
 # Plan-and-execute rounds of one convergence before it gives up on what still differs.
 CONVERGE_PASSES = 3
 
@@ -55,6 +61,7 @@ class Policy(Enum):
 
     JOURNALED = "journaled"  # inside a transaction or recovery: locked, the caller journals
     MANAGEMENT_ONLY = "management-only"  # outside: the management tier alone, audited
+    GATEWAYS_ONLY = "gateways-only"  # the gateway monitor's switch: gateways alone, audited
 
 
 def converge(
@@ -79,8 +86,12 @@ def converge(
     """
     if policy is Policy.MANAGEMENT_ONLY and subsystem.name != MANAGEMENT:
         raise ValueError(f"{subsystem.name}: only management converges outside a transaction")
+    if policy is Policy.GATEWAYS_ONLY and subsystem.name != GATEWAYS:
+        raise ValueError(f"{subsystem.name}: the gateway monitor converges gateways alone")
     if plan is None:
         plan = subsystem.plan(desired, subsystem.observe(net, scope), scope)
+    if policy is Policy.GATEWAYS_ONLY:
+        _never_management(plan, scope)
     done: list[Step] = []
     for attempt in range(CONVERGE_PASSES):
         if not plan.changes:
@@ -95,6 +106,8 @@ def converge(
             if index == 0 and attempt == 0 and first_step is not None:
                 first_step()
         plan = subsystem.plan(desired, subsystem.observe(net, scope), scope)
+        if policy is Policy.GATEWAYS_ONLY:
+            _never_management(plan, scope)
     if not plan.changes:
         return done
     raise StepError(
@@ -234,3 +247,38 @@ def converge_management(
         engine.check.note(engine.state.audit.path, f"cannot be appended to: {exc}")
         return ManagementConverged(steps, str(exc))
     return ManagementConverged(steps)
+
+
+def _never_management(plan: Plan, scope: Scope) -> None:
+    """Refuse a gateway step at the management default route's key (table, to, metric)."""
+    for step in plan.steps:
+        key = (step.args.get("table"), step.args.get("to"), step.args.get("metric"))
+        if key in scope.management_default_routes:
+            raise StepError(step, "the management default route is never the gateways' to change")
+
+
+def converge_gateways(
+    engine: Engine, document: DeviceState, *, actor: str, **details: Any
+) -> tuple[list[Step], str | None]:
+    """Converge the gateways subsystem alone to `document` (policy `GATEWAYS_ONLY`).
+
+    Its desired facts are the routes of the monitor's current decision. When
+    steps ran, `gateway_switched` is audited with `details`, best effort (a
+    full state directory must not keep the router on a dead uplink): the
+    steps, and why the line was not written or None. Raises `StepError` (or
+    `NetlinkError`) when a step fails or the kernel still differs.
+    """
+    sub = engine.by_name[GATEWAYS]
+    scope = scope_for(document)
+    with engine.sources() as net:
+        steps = converge(net, sub, sub.desired(document, scope), scope, policy=Policy.GATEWAYS_ONLY)
+    if not steps:
+        return steps, None
+    try:
+        engine.state.audit.append(
+            "gateway_switched", actor, steps=[s.describe() for s in steps], **details
+        )
+    except OSError as exc:
+        engine.check.note(engine.state.audit.path, f"cannot be appended to: {exc}")
+        return steps, str(exc)
+    return steps, None

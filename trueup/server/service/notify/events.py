@@ -14,6 +14,9 @@ FAILED conditions is open; escalation measures how long.
     fenced             a subsystem's health is `fenced`                   warning
     restore_pending    the report's `restore.state` is `pending`          warning
     restore_failed     the report's `restore.state` is `failed`           critical
+    gateway_down       an uplink of `spec.gateways` is down (the gateway   warning
+                       names in the event)
+    gateways_all_down  every uplink of a family is down (the route kept)  critical
     heartbeat_stale    no report for stale_intervals heartbeats (scan)    critical
     healed             a condition above closed                           info
     escalation         a rule's device stayed failed past its threshold   critical
@@ -54,6 +57,8 @@ CONDITIONS: dict[str, str] = {
     "restore_pending": "warning",
     "restore_failed": "critical",
     "heartbeat_stale": "critical",
+    "gateway_down": "warning",
+    "gateways_all_down": "critical",
 }
 KINDS: dict[str, str] = {
     **CONDITIONS,
@@ -108,6 +113,17 @@ def conditions_of(report: JSONObject) -> dict[str, list[str]]:
     )
     if fenced:
         found["fenced"] = fenced
+    gateways = subsystems.get("gateways")
+    if isinstance(gateways, dict):
+        down = sorted(
+            str(g.get("name"))
+            for g in gateways.get("gateways") or []
+            if isinstance(g, dict) and g.get("state") == "down"
+        )
+        if down:
+            found["gateway_down"] = down
+        if gateways.get("gateways_all_down") is True:
+            found["gateways_all_down"] = down
     restore = report.get("restore")
     state = restore.get("state") if isinstance(restore, dict) else None
     if state in ("pending", "failed"):
