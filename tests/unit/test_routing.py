@@ -41,6 +41,7 @@ def routing(**extra: Any) -> dict[str, Any]:
                     "password": {"secret_ref": "bgp-up"},
                     "route_map_in": "from-up",
                     "route_map_out": "to-up",
+                    "families": ["ipv4_unicast", "ipv6_unicast"],
                 },
                 {"address": "2001:db8::9", "remote_as": 64512},
             ],
@@ -48,7 +49,7 @@ def routing(**extra: Any) -> dict[str, Any]:
                 "networks": ["203.0.113.0/24"],
                 "redistribute": ["connected", "static", "ospf"],
             },
-            "ipv6_unicast": {"networks": ["2001:db8:1::/48"]},
+            "ipv6_unicast": {"networks": ["2001:db8:1::/48"], "redistribute": ["ospf"]},
         },
         "ospf": {
             "redistribute": ["bgp"],
@@ -222,6 +223,7 @@ def test_bgpd_reads_only_its_part_with_the_paths_it_came_from() -> None:
 
 def test_static_redistribution_is_the_documents_routes_only() -> None:
     section = routing(ospf=None, ospf6=None)
+    section["bgp"]["ipv4_unicast"]["redistribute"] = ["connected", "static"]
     section["bgp"]["ipv6_unicast"] = {"redistribute": ["static"]}
     parsed = document(section)
     facts = RoutingSubsystem().desired(parsed, scope_for(parsed))
@@ -370,8 +372,10 @@ def test_a_missing_secret_fails_the_reload_naming_it(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
     section = routing()
     section["bgp"]["neighbors"][0]["password"] = "secret:not-stored"
-    with pytest.raises(StepError, match="secret 'not-stored' is not on this device"):
+    with pytest.raises(StepError) as refused:
         rig.converge(document(section))
+    said = "spec.routing.bgp.neighbors[0].password: secret 'not-stored' is not on this device"
+    assert said in str(refused.value)
 
 
 def test_rollback_to_no_routing_stops_every_daemon(tmp_path: Path) -> None:
@@ -492,3 +496,29 @@ def test_zebra_that_cannot_start_fails_routing_alone_in_its_own_words(tmp_path: 
     ):
         rig.converge(parsed)
     assert not rig.frr.running
+
+
+def test_a_route_map_of_the_other_family_is_refused_at_the_neighbor() -> None:
+    section = routing()
+    section["bgp"]["neighbors"][0]["families"] = ["ipv4_unicast"]
+    assert problems(section) == [
+        "spec.routing.bgp.neighbors[0].route_map_in: route map from-up matches IPv6 prefix list "
+        "long6 (route_maps[1].entries[0]) but neighbour 198.51.100.9 is in ipv4_unicast only: "
+        "give a prefix list of its family, or add ipv6_unicast to its families"
+    ]
+
+
+def test_what_is_redistributed_must_run_here() -> None:
+    assert problems(routing(ospf=None)) == [
+        "spec.routing.bgp.ipv4_unicast.redistribute: ospf in ipv4_unicast is OSPFv2, and "
+        "spec.routing.ospf is not given: configure ospf or remove ospf"
+    ]
+    assert problems(routing(ospf6=None)) == [
+        "spec.routing.bgp.ipv6_unicast.redistribute: ospf in ipv6_unicast is OSPFv3, and "
+        "spec.routing.ospf6 is not given: configure ospf6 or remove ospf"
+    ]
+    section = routing(bgp=None, route_maps=[])
+    assert problems(section) == [
+        "spec.routing.ospf.redistribute: bgp is redistributed, and spec.routing.bgp is not "
+        "given: configure bgp or remove bgp"
+    ]

@@ -106,15 +106,15 @@ def _record(paths: FrrPaths) -> RunRecord[RoutingState]:
     return RunRecord(paths.state)
 
 
-def _secret(sources: Sources, step: Step, name: str) -> str:
+def _secret(sources: Sources, step: Step, name: str, path: str = ROOT) -> str:
     try:
         value = read_secret(sources.state_dir, name)
     except SecretError as exc:
-        raise StepError(step, f"{ROOT}: {exc}") from exc
+        raise StepError(step, f"{path}: {exc}") from exc
     if value is None:
         raise StepError(
             step,
-            f"{ROOT}: secret {name!r} is not on this device: store it with "
+            f"{path}: secret {name!r} is not on this device: store it with "
             f"`trueup secret set {name}` or add it to the device's secrets in the control plane",
         )
     return value
@@ -127,6 +127,14 @@ def _passwords(lines: list[str]) -> dict[str, str]:
         if len(words) == 4 and words[0] == "neighbor" and words[2] == "password":
             out[words[1]] = words[3].removeprefix("secret:")
     return out
+
+
+def _password_path(lines: list[str], origins: list[str], name: str) -> str:
+    """The document path of the first neighbour whose password is secret `name`."""
+    for line, origin in zip(lines, origins, strict=False):
+        if line.endswith(f" password secret:{name}"):
+            return origin
+    return ROOT
 
 
 def _password_ref(sources: Sources, record: RoutingState) -> Callable[[str, str], str]:
@@ -293,7 +301,10 @@ class RoutingSubsystem(Subsystem):
                 f"{ROOT}: the password of neighbour {unknown[0]} was not a stored secret; "
                 "trueup cannot put it back (give it as a secret reference)",
             )
-        secrets = {name: _secret(sources, step, name) for name in set(_passwords(lines).values())}
+        secrets = {
+            name: _secret(sources, step, name, _password_path(lines, origins, name))
+            for name in sorted(set(_passwords(lines).values()))
+        }
         real = with_secrets(lines, secrets.__getitem__)
         part = paths.run_dir / "frr-bgpd.conf.new"
         has_bgp = any(line.startswith("router bgp ") for line in lines)
