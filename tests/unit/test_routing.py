@@ -245,6 +245,7 @@ class FakeFrr:
         self.calls: list[list[str]] = []
         self.check_output = ""
         self.bgpd_output = ""
+        self.reload_output = ""
         self.forwarding = ["no ip forwarding", "no ipv6 forwarding"]
 
     def run(self, argv: list[str], *, input: str | None = None, timeout: float = 30.0) -> Completed:
@@ -260,6 +261,8 @@ class FakeFrr:
             return Completed(key, 0, "Building configuration...\n" + "\n".join(body), "")
         if argv[0] == "python3" and "--reload" in argv:
             text = Path(argv[-1]).read_text()
+            if self.reload_output:
+                return Completed(key, 1, self.reload_output, "")
             self.running = [line for line in text.splitlines() if "forwarding" not in line]
             return Completed(key, 0, "", "")
         return Completed(key, 127, "", f"{argv[0]}: not faked")
@@ -522,3 +525,17 @@ def test_what_is_redistributed_must_run_here() -> None:
         "spec.routing.ospf.redistribute: bgp is redistributed, and spec.routing.bgp is not "
         "given: configure bgp or remove bgp"
     ]
+
+
+def test_a_reload_failure_echoing_a_password_names_the_secret_not_its_value(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path)
+    rig.frr.reload_output = (
+        "2026-12-07 WARNING: frr-reload.py failed due to\n"
+        "% Unknown command: neighbor 198.51.100.9 password s3cret-value"
+    )
+    with pytest.raises(StepError) as refused:
+        rig.converge(document())
+    assert "s3cret-value" not in str(refused.value)
+    assert "neighbor 198.51.100.9 password secret:bgp-up" in str(refused.value)

@@ -160,6 +160,13 @@ def _answering(vty: Path) -> Callable[[int], bool]:
     return lambda _pid: answers(vty)
 
 
+def _masked(words: str, secrets: Mapping[str, str]) -> str:
+    """FRR's words with every secret's value replaced by its name (FRR may echo a line)."""
+    for name, value in secrets.items():
+        words = words.replace(value, f"secret:{name}")
+    return words
+
+
 def _refused(
     lines: list[str], origins: list[str], refusal: Refusal, secrets: Mapping[str, str]
 ) -> str:
@@ -171,11 +178,8 @@ def _refused(
         text, origin = lines, origins
     index = refusal.line - 1
     path = origin[index] if 0 <= index < len(origin) else ROOT
-    words = refusal.words
-    for name, value in secrets.items():
-        words = words.replace(value, f"secret:{name}")
     line = f" (`{text[index].strip()}`)" if 0 <= index < len(text) else ""
-    return f"{path}{line}: {words}"
+    return f"{path}{line}: {_masked(refusal.words, secrets)}"
 
 
 class RoutingSubsystem(Subsystem):
@@ -329,7 +333,10 @@ class RoutingSubsystem(Subsystem):
         write_file(
             files, paths.config, "\n".join(with_secrets(applied, secrets.__getitem__)) + "\n"
         )
-        frr.reload(paths.config)
+        try:
+            frr.reload(paths.config)
+        except FrrError as exc:
+            raise FrrError(_masked(str(exc), secrets)) from None
         state: RoutingState = {"lines": lines, "passwords": _passwords(lines)}
         live = frr.running(_password_ref(sources, state))
         _record(paths).write(files, {**state, "running": _digest(live)})
