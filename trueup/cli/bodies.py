@@ -198,6 +198,8 @@ class SubsystemStatus(TypedDict, total=False):
     backoff_seconds: float
     next_attempt_at: str | None
     retry_budget: RetryBudget | None
+    # The subsystem's own report beside its facts (routing: sessions and adjacencies).
+    system: dict[str, object]
 
 
 class LimitationRecord(TypedDict, total=False):

@@ -181,10 +181,42 @@ def _subsystem_table(status: StatusBody) -> list[str]:
         if extra:
             reason = (reason + " (" + "; ".join(extra) + ")").strip()
         lines.append(f"{name:<12} {sub['tier']:<11} {sub['health']:<9} {policy:<7} {reason}")
+    routing = status["subsystems"].get("routing", {}).get("system")
+    if routing:
+        lines.extend(_routing_lines(routing))
     lines.extend(_subsystem_details(status["subsystems"], status.get("observed_at")))
     last = {n: drift for n, sub in status["subsystems"].items() if (drift := sub.get("last_drift"))}
     lines.extend(render_last_drift(last, status.get("observed_at")))
     return lines
+
+
+def _routing_lines(report: dict[str, object]) -> list[str]:
+    """Routing's sessions and adjacencies as FRR reports them: one line each (down ones too)."""
+    lines = ["", "routing:  daemons " + ", ".join(map(str, _list(report.get("daemons"))))]
+    bgp = report.get("bgp")
+    for address, sessions in (bgp if isinstance(bgp, dict) else {}).items():
+        parts = []
+        for peer in _list(sessions):
+            if isinstance(peer, dict):
+                part = f"{peer.get('family')} {peer.get('state')}"
+                if peer.get("prefixes_received") is not None:
+                    part += f" ({peer['prefixes_received']} in/{peer.get('prefixes_sent')} out)"
+                parts.append(part)
+        first = next((p for p in _list(sessions) if isinstance(p, dict)), {})
+        named = f" {first.get('description')}" if first.get("description") else ""
+        lines.append(f"  bgp   {address} AS {first.get('remote_as')}{named}: " + ", ".join(parts))
+    for protocol in ("ospf", "ospf6"):
+        for n in _list(report.get(protocol)):
+            if isinstance(n, dict):
+                lines.append(
+                    f"  {protocol:<5} {n.get('neighbor_id')} {n.get('state')} on {n.get('interface')}"
+                )
+    lines += [f"  problem: {p}" for p in _list(report.get("problems"))]
+    return lines
+
+
+def _list(value: object) -> list[object]:
+    return list(value) if isinstance(value, list) else []
 
 
 def _status_tail(status: StatusBody) -> list[str]:
