@@ -246,7 +246,7 @@ class FakeFrr:
         self.check_output = ""
         self.bgpd_output = ""
         self.reload_output = ""
-        self.forwarding = ["no ip forwarding", "no ipv6 forwarding"]
+        self.forwarding = ["no ip forwarding"]
 
     def run(self, argv: list[str], *, input: str | None = None, timeout: float = 30.0) -> Completed:
         del input, timeout
@@ -273,7 +273,16 @@ class Rig:
         self.frr = FakeFrr()
         self.daemons = FakeDaemons(tmp_path / "run")
         self.sources = Sources(
-            FakeNetlink(), FakeFiles(), self.frr, state_dir=tmp_path, daemons=self.daemons
+            FakeNetlink(),
+            FakeFiles(
+                {
+                    "/proc/sys/net/ipv4/ip_forward": "0\n",
+                    "/proc/sys/net/ipv6/conf/all/forwarding": "1\n",
+                }
+            ),
+            self.frr,
+            state_dir=tmp_path,
+            daemons=self.daemons,
         )
         self.sub = RoutingSubsystem()
         write_secret(tmp_path, "bgp-up", "s3cret-value")
@@ -539,3 +548,23 @@ def test_a_reload_failure_echoing_a_password_names_the_secret_not_its_value(
         rig.converge(document())
     assert "s3cret-value" not in str(refused.value)
     assert "neighbor 198.51.100.9 password secret:bgp-up" in str(refused.value)
+
+
+def test_a_change_reads_the_running_configuration_once_after_its_reload(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    parsed = document()
+    rig.converge(parsed)
+    section = routing()
+    section["bgp"]["neighbors"][0]["description"] = "upstream two"
+    changed = document(section)
+    scope = scope_for(changed)
+    plan = rig.sub.plan(rig.sub.desired(changed, scope), rig.sub.observe(rig.sources, scope), scope)
+    rig.frr.calls.clear()
+    for step in plan.steps:
+        rig.sub.execute(rig.sources, step)
+    shows = [c for c in rig.frr.calls if c[-1] == "show running-config"]
+    assert len(shows) == 1
+    applied = (tmp_path / "run" / "frr" / "frr.conf").read_text().splitlines()
+    # As zebra prints them: IPv4 forwarding is off in this namespace, IPv6 forwarding on.
+    assert applied[2] == "no ip forwarding"
+    assert "no ipv6 forwarding" not in applied

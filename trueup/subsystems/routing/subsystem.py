@@ -329,7 +329,7 @@ class RoutingSubsystem(Subsystem):
             raise StepError(
                 step, "FRR refused the configuration, nothing was changed: " + "; ".join(said)
             )
-        applied = lines[: len(HEADER)] + frr.system_lines() + lines[len(HEADER) :]
+        applied = lines[: len(HEADER)] + frr.system_lines(files.read) + lines[len(HEADER) :]
         write_file(
             files, paths.config, "\n".join(with_secrets(applied, secrets.__getitem__)) + "\n"
         )
