@@ -98,7 +98,16 @@ _TEXT = re.compile(r"^[ -~]{1,80}\Z")
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
 _COMMUNITY = re.compile(r"^[A-Za-z0-9:-]+( [A-Za-z0-9:-]+)*\Z")
-Asn = Annotated[int, Field(ge=1, le=4_294_967_295)]
+
+
+def _asn(value: int) -> int:
+    if not 1 <= value <= 4_294_967_295:
+        private = "64512-65534, 4200000000-4294967294"
+        raise ValueError(f"{value} is not an AS number: 1 to 4294967295 (private: {private})")
+    return value
+
+
+Asn = Annotated[int, AfterValidator(_asn)]
 
 
 def _network(value: str) -> str:
@@ -497,9 +506,8 @@ class RoutingSection(Checked):
         return problems
 
     def _route_map_families(self, lists: dict[str, int]) -> list[tuple[str, str]]:
-        """A neighbour's route map matches prefix lists of the families it is in: one of the
-        other family never matches there, so its permit is never taken and its deny never
-        protects (`match ipv6 address` on an IPv4 session is silently inert in FRR)."""
+        """A neighbour's route map matches prefix lists of its families: FRR takes one of the
+        other family, whose entry then never matches (its permit never taken, its deny inert)."""
         if self.bgp is None:
             return []
         maps = {m.name: (i, m) for i, m in enumerate(self.route_maps)}
@@ -530,8 +538,7 @@ class RoutingSection(Checked):
         return problems
 
     def _redistributed_protocols(self) -> list[tuple[str, str]]:
-        """What is redistributed runs here: BGP's `ospf` is OSPFv2 in IPv4 and OSPFv3 in IPv6,
-        OSPF's `bgp` is this router's BGP."""
+        """What is redistributed runs here: BGP's `ospf` is OSPFv2 in IPv4, OSPFv3 in IPv6."""
         problems: list[tuple[str, str]] = []
         if self.bgp is not None:
             for family, ospf, name in (
