@@ -486,3 +486,53 @@ def test_a_configuration_frr_refuses_at_start_fails_routing_alone(tmp_path: Path
         router.stop_agents(signal.SIGKILL)
         kill_daemons(router)
         router.close()
+
+
+def test_rollback_is_exact_a_restart_keeps_sessions_and_removal_takes_frrs_routes(
+    pair: Pair,
+) -> None:
+    a, b = pair.routers()
+    for side, router in (("a", a), ("b", b)):
+        done = apply(router, "v1.yaml", bgp_document(side))
+        assert done.returncode == 0, done.stdout + done.stderr
+    a.wait_for(lambda: established(a) and established(b), what="both sessions established")
+    a.wait_for(lambda: bgp_routes(a) == ["203.0.113.128/25"], what="B's prefix in A's kernel")
+    before = vtysh(a, "show running-config")
+
+    # A change, then a rollback: FRR runs exactly the configuration it ran before.
+    changed = bgp_document("a", description="one, changed", timers={"keepalive": 2, "hold": 6})
+    done = apply(a, "v2.yaml", changed)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert vtysh(a, "show running-config") != before
+    done = a.trueup("rollback", timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert vtysh(a, "show running-config") == before
+    a.wait_for(lambda: established(a), what="A's sessions after the rollback")
+
+    # The agent starts over a running FRR in its configuration: no reload, no reset.
+    sessions = {p: s["connectionsEstablished"] for p, s in peers(a).items()}
+    a.start_agent()
+    a.wait_for(
+        lambda: a.api("/v1/status")["subsystems"]["routing"]["health"] == "ok",
+        what="routing ok under the agent",
+    )
+    assert a.trueup("drift").returncode == 0
+    assert {p: s["connectionsEstablished"] for p, s in peers(a).items()} == sessions
+    assert heals(a) == []
+
+    # No spec.routing: the daemons stop and the routes zebra installed leave the kernel.
+    config = base_document(
+        interfaces=[
+            {"name": "lan0", "addresses": [SIDES["a"]["lan"]]},
+            {"name": "wan0", "addresses": [SIDES["a"]["wan0"]]},
+            {"name": "wan1", "addresses": [SIDES["a"]["wan1"]]},
+        ],
+        routes=[{"to": STATIC, "via": "192.0.2.6"}],
+        tables={},
+    )
+    done = apply(a, "v3.yaml", config)
+    assert done.returncode == 0, done.stdout + done.stderr
+    a.wait_for(lambda: bgp_routes(a) == [], what="BGP's routes gone from A's kernel")
+    status = a.api("/v1/status")["subsystems"].get("routing", {})
+    assert not status.get("system", {}).get("daemons"), status
+    assert f"{STATIC} via 192.0.2.6" in a.routes()

@@ -243,14 +243,16 @@ class FakeFrr:
     def __init__(self) -> None:
         self.running: list[str] = []
         self.calls: list[list[str]] = []
+        self.timeouts: list[float] = []
         self.check_output = ""
         self.bgpd_output = ""
         self.reload_output = ""
         self.forwarding = ["no ip forwarding"]
 
     def run(self, argv: list[str], *, input: str | None = None, timeout: float = 30.0) -> Completed:
-        del input, timeout
+        del input
         self.calls.append(argv)
+        self.timeouts.append(timeout)
         key = tuple(argv)
         if argv[0] == "vtysh" and "-C" in argv:
             return Completed(key, 0 if not self.check_output else 2, self.check_output, "")
@@ -568,3 +570,23 @@ def test_a_change_reads_the_running_configuration_once_after_its_reload(tmp_path
     # As zebra prints them: IPv4 forwarding is off in this namespace, IPv6 forwarding on.
     assert applied[2] == "no ip forwarding"
     assert "no ipv6 forwarding" not in applied
+
+
+def test_a_look_at_frr_waits_seconds_not_a_minute(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    parsed = document()
+    rig.converge(parsed)
+    rig.frr.timeouts.clear()
+    rig.sub.observe(rig.sources, scope_for(parsed))
+    assert rig.frr.timeouts and max(rig.frr.timeouts) <= 10.0
+
+
+def test_an_as_number_out_of_range_says_what_an_as_number_is() -> None:
+    section = routing()
+    section["bgp"]["asn"] = 0
+    section["bgp"]["neighbors"][1]["remote_as"] = 4294967296
+    expected = "1 to 4294967295 (private: 64512-65534, 4200000000-4294967294)"
+    assert problems(section) == [
+        f"spec.routing.bgp.asn: 0 is not an AS number: {expected}",
+        f"spec.routing.bgp.neighbors[1].remote_as: 4294967296 is not an AS number: {expected}",
+    ]

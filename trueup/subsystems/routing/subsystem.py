@@ -80,6 +80,9 @@ __all__ = ["RoutingSubsystem"]
 
 DAEMONS, CONFIG, SOURCES = "spec.routing.daemons", "spec.routing.config", "spec.routing.sources"
 _READY_TIMEOUT = 30.0
+# A look at the running configuration answers in well under a second; a daemon silent
+# this long is hung, and the look ends instead of holding its caller for a minute.
+_LOOK_TIMEOUT = 10.0
 MAIN = 254
 
 
@@ -225,7 +228,8 @@ class RoutingSubsystem(Subsystem):
         record = _record(paths).read(sources.files)
         facts: Facts = {DAEMONS: running}
         try:
-            live = FrrControl(sources.runner, paths).running(_password_ref(sources, record))
+            frr = FrrControl(sources.runner, paths, timeout=_LOOK_TIMEOUT)
+            live = frr.running(_password_ref(sources, record))
         except FrrError:
             return {**facts, CONFIG: None}  # not answering: a reload is planned
         applied = record.get("lines")
