@@ -590,3 +590,17 @@ def test_an_as_number_out_of_range_says_what_an_as_number_is() -> None:
         f"spec.routing.bgp.asn: 0 is not an AS number: {expected}",
         f"spec.routing.bgp.neighbors[1].remote_as: 4294967296 is not an AS number: {expected}",
     ]
+
+
+@pytest.mark.parametrize("name", ["frr.conf", "frr.conf.new", "frr-bgpd.conf.new", "vtysh.conf"])
+def test_no_frr_file_is_written_through_a_planted_symlink(tmp_path: Path, name: str) -> None:
+    rig = Rig(tmp_path)
+    host = tmp_path / "host-file"
+    host.write_text("the host's\n")
+    run = tmp_path / "run" / "frr"
+    run.mkdir(parents=True, mode=0o700)
+    (run / name).symlink_to(host)
+    with pytest.raises(StepError) as refused:
+        rig.converge(document())
+    assert str(run / name) in str(refused.value)
+    assert host.read_text() == "the host's\n"
