@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.test_hostage import StatusPoller
 from tests.routers import TRUEUP, Router, base_document, require_root
 from trueup.system.frr import frr_paths
 from trueup.system.pidrecord import verified_pid
@@ -536,3 +537,32 @@ def test_rollback_is_exact_a_restart_keeps_sessions_and_removal_takes_frrs_route
     status = a.api("/v1/status")["subsystems"].get("routing", {})
     assert not status.get("system", {}).get("daemons"), status
     assert f"{STATIC} via 192.0.2.6" in a.routes()
+
+
+def test_status_answers_while_bgpd_is_hung_and_marks_routing_stale(pair: Pair) -> None:
+    a = pair.a
+    done = apply(a, "v1.yaml", bgp_document("a"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    a.start_agent()
+    record = a.state_dir / "run" / "frr-bgpd" / "frr-bgpd.pid"
+    pid = verified_pid(json.loads(record.read_text()))
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)  # alive, its socket accepts, it answers nothing: hung
+    try:
+        with StatusPoller(a) as poller:
+            a.wait_for(
+                lambda: (
+                    bool(poller.bodies)
+                    and bool(poller.bodies[-1]["subsystems"]["routing"].get("stale"))
+                ),
+                what="routing's look marked stale",
+                timeout=90,
+            )
+            a.wait_for(lambda: len(poller.latencies) >= 20, what="20 answers while bgpd hangs")
+        poller.check()
+        assert "routing" in poller.bodies[-1]["stale"]
+        assert a.api("/v1/health/management").get("ready") is True
+        table = a.trueup("status")
+        assert "STALE" in table.stdout, table.stdout
+    finally:
+        os.kill(pid, signal.SIGCONT)
