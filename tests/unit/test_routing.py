@@ -604,3 +604,18 @@ def test_no_frr_file_is_written_through_a_planted_symlink(tmp_path: Path, name: 
         rig.converge(document())
     assert str(run / name) in str(refused.value)
     assert host.read_text() == "the host's\n"
+
+
+@pytest.mark.parametrize("value", ["s3cret\nrouter bgp 64999", "two words", "x" * 81, "tab\there"])
+def test_a_password_that_is_not_one_frr_line_is_refused_and_never_written(
+    tmp_path: Path, value: str
+) -> None:
+    rig = Rig(tmp_path)
+    write_secret(tmp_path, "bgp-up", value)
+    with pytest.raises(StepError) as refused:
+        rig.converge(document())
+    said = str(refused.value)
+    assert "spec.routing.bgp.neighbors[0].password: secret 'bgp-up' is not a BGP password" in said
+    assert value not in said
+    assert not (tmp_path / "run" / "frr" / "frr.conf").exists()
+    assert not any("router bgp 64999" in p.read_text() for p in (tmp_path / "run").rglob("*.conf*"))

@@ -26,6 +26,7 @@ differ, so unchanged neighbours keep their sessions), `stop`.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypedDict
@@ -80,6 +81,7 @@ __all__ = ["RoutingSubsystem"]
 
 DAEMONS, CONFIG, SOURCES = "spec.routing.daemons", "spec.routing.config", "spec.routing.sources"
 _READY_TIMEOUT = 30.0
+_BGP_PASSWORD = re.compile(r"^[!-~]{1,80}\Z")
 # A look at the running configuration answers in well under a second; a daemon silent
 # this long is hung, and the look ends instead of holding its caller for a minute.
 _LOOK_TIMEOUT = 10.0
@@ -119,6 +121,14 @@ def _secret(sources: Sources, step: Step, name: str, path: str = ROOT) -> str:
             step,
             f"{path}: secret {name!r} is not on this device: store it with "
             f"`trueup secret set {name}` or add it to the device's secrets in the control plane",
+        )
+    if not _BGP_PASSWORD.match(value):
+        # Never written into frr.conf: a line break would end the line and start another.
+        raise StepError(
+            step,
+            f"{path}: secret {name!r} is not a BGP password: 1-80 printable ASCII characters "
+            "without spaces or line breaks (FRR's TCP MD5 key); store another value with "
+            f"`trueup secret set {name}`",
         )
     return value
 
