@@ -390,6 +390,8 @@ def test_a_missing_secret_fails_the_reload_naming_it(tmp_path: Path) -> None:
         rig.converge(document(section))
     said = "spec.routing.bgp.neighbors[0].password: secret 'not-stored' is not on this device"
     assert said in str(refused.value)
+    assert refused.value.step.action == "start"
+    assert not any(rig.daemons.running(f"frr-{d}") for d in ("zebra", "bgpd", "bfdd"))
 
 
 def test_rollback_to_no_routing_stops_every_daemon(tmp_path: Path) -> None:

@@ -254,9 +254,17 @@ class RoutingSubsystem(Subsystem):
                 steps.append(Step(self.name, "stop", DAEMONS, {"daemons": list(have)}))
             return Plan(self.name, steps, [] if steps else ["no dynamic routing is asked for"])
         started = sorted(wanted) != sorted(have or [])
-        if started:
-            steps.append(Step(self.name, "start", DAEMONS, {"daemons": list(wanted)}))
         config = desired.get(CONFIG)
+        if started:
+            # The passwords' secrets are checked before a daemon starts: one missing starts none.
+            lines, origins = list(config or []), list(desired.get(SOURCES) or [])
+            secrets = [
+                [name, _password_path(lines, origins, name)]
+                for name in sorted(set(_passwords(lines).values()))
+            ]
+            steps.append(
+                Step(self.name, "start", DAEMONS, {"daemons": list(wanted), "_secrets": secrets})
+            )
         if config is not None and (started or config != observed.get(CONFIG)):
             args = {
                 "lines": len(config),
@@ -275,6 +283,8 @@ class RoutingSubsystem(Subsystem):
                     sources.daemons.stop(daemon_name(daemon))
                 _record(paths).write(sources.files, {})
             elif step.action == "start":
+                for name, path in step.args.get("_secrets", []):
+                    _secret(sources, step, name, path)
                 self._start(sources, paths, list(step.args["daemons"]))
             elif step.action == "reload":
                 config, origins = list(step.args["_config"]), list(step.args["_sources"])
