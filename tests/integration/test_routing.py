@@ -566,3 +566,36 @@ def test_status_answers_while_bgpd_is_hung_and_marks_routing_stale(pair: Pair) -
         assert "STALE" in table.stdout, table.stdout
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def test_a_newcomers_mistakes_are_refused_by_plan_and_apply_naming_file_and_path(
+    pair: Pair,
+) -> None:
+    a = pair.a
+    done = apply(a, "v1.yaml", bgp_document("a"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    a.start_agent()
+    before = vtysh(a, "show running-config")
+    bad = bgp_document("a", remote_as=4294967296)
+    bad["spec"]["routing"]["bgp"]["ipv4_unicast"]["redistribute"] = ["ospf"]
+    del bad["spec"]["routing"]["bgp"]["neighbors"][1]["remote_as"]
+    path = a.write("bad.yaml", bad)
+    for command in ("plan", "apply"):
+        refused = a.trueup(command, str(path), timeout=180)
+        said = refused.stdout + refused.stderr
+        assert refused.returncode != 0, said
+        assert str(path) in said, said
+        assert "spec.routing.bgp.neighbors[0].remote_as: 4294967296 is not an AS number" in said, (
+            said
+        )
+        assert "spec.routing.bgp.neighbors[1].remote_as: required field is missing" in said, said
+    bad["spec"]["routing"]["bgp"]["neighbors"][0]["remote_as"] = 64602
+    bad["spec"]["routing"]["bgp"]["neighbors"][1]["remote_as"] = 64602
+    refused = a.trueup("apply", str(a.write("bad2.yaml", bad)), timeout=180)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0, said
+    assert (
+        "spec.routing.bgp.ipv4_unicast.redistribute: ospf in ipv4_unicast is OSPFv2, and "
+        "spec.routing.ospf is not given" in said
+    ), said
+    assert vtysh(a, "show running-config") == before
