@@ -202,7 +202,7 @@ def run(quick: bool) -> str:
         f"{change / raw:.1f} |",
         "",
         "Most of a change's time is `frr-reload.py`'s (about 60 % of it, profiled with "
-        "cProfile on an idle machine: reading the running configuration twice, `show "
+        "cProfile in one run: reading the running configuration twice, `show "
         "running-config` then its marked form, about 0.6 s; parsing the new file through "
         "`vtysh -m`, 0.3 s, most of it `ipaddress` on the 1,000 networks; checking vtysh "
         "answers, 0.1 s; sending the lines that differ, 0.2 s). That is what keeps unchanged "
