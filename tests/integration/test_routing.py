@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.test_hostage import StatusPoller
 from tests.routers import TRUEUP, Router, base_document, require_root
 from trueup.system.frr import frr_paths
 from trueup.system.pidrecord import verified_pid
@@ -486,3 +487,115 @@ def test_a_configuration_frr_refuses_at_start_fails_routing_alone(tmp_path: Path
         router.stop_agents(signal.SIGKILL)
         kill_daemons(router)
         router.close()
+
+
+def test_rollback_is_exact_a_restart_keeps_sessions_and_removal_takes_frrs_routes(
+    pair: Pair,
+) -> None:
+    a, b = pair.routers()
+    for side, router in (("a", a), ("b", b)):
+        done = apply(router, "v1.yaml", bgp_document(side))
+        assert done.returncode == 0, done.stdout + done.stderr
+    a.wait_for(lambda: established(a) and established(b), what="both sessions established")
+    a.wait_for(lambda: bgp_routes(a) == ["203.0.113.128/25"], what="B's prefix in A's kernel")
+    before = vtysh(a, "show running-config")
+
+    # A change, then a rollback: FRR runs exactly the configuration it ran before.
+    changed = bgp_document("a", description="one, changed", timers={"keepalive": 2, "hold": 6})
+    done = apply(a, "v2.yaml", changed)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert vtysh(a, "show running-config") != before
+    done = a.trueup("rollback", timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert vtysh(a, "show running-config") == before
+    a.wait_for(lambda: established(a), what="A's sessions after the rollback")
+
+    # The agent starts over a running FRR in its configuration: no reload, no reset.
+    sessions = {p: s["connectionsEstablished"] for p, s in peers(a).items()}
+    a.start_agent()
+    a.wait_for(
+        lambda: a.api("/v1/status")["subsystems"]["routing"]["health"] == "ok",
+        what="routing ok under the agent",
+    )
+    assert a.trueup("drift").returncode == 0
+    assert {p: s["connectionsEstablished"] for p, s in peers(a).items()} == sessions
+    assert heals(a) == []
+
+    # No spec.routing: the daemons stop and the routes zebra installed leave the kernel.
+    config = base_document(
+        interfaces=[
+            {"name": "lan0", "addresses": [SIDES["a"]["lan"]]},
+            {"name": "wan0", "addresses": [SIDES["a"]["wan0"]]},
+            {"name": "wan1", "addresses": [SIDES["a"]["wan1"]]},
+        ],
+        routes=[{"to": STATIC, "via": "192.0.2.6"}],
+        tables={},
+    )
+    done = apply(a, "v3.yaml", config)
+    assert done.returncode == 0, done.stdout + done.stderr
+    a.wait_for(lambda: bgp_routes(a) == [], what="BGP's routes gone from A's kernel")
+    status = a.api("/v1/status")["subsystems"].get("routing", {})
+    assert not status.get("system", {}).get("daemons"), status
+    assert f"{STATIC} via 192.0.2.6" in a.routes()
+
+
+def test_status_answers_while_bgpd_is_hung_and_marks_routing_stale(pair: Pair) -> None:
+    a = pair.a
+    done = apply(a, "v1.yaml", bgp_document("a"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    a.start_agent()
+    record = a.state_dir / "run" / "frr-bgpd" / "frr-bgpd.pid"
+    pid = verified_pid(json.loads(record.read_text()))
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)  # alive, its socket accepts, it answers nothing: hung
+    try:
+        with StatusPoller(a) as poller:
+            a.wait_for(
+                lambda: (
+                    bool(poller.bodies)
+                    and bool(poller.bodies[-1]["subsystems"]["routing"].get("stale"))
+                ),
+                what="routing's look marked stale",
+                timeout=90,
+            )
+            a.wait_for(lambda: len(poller.latencies) >= 20, what="20 answers while bgpd hangs")
+        poller.check()
+        assert "routing" in poller.bodies[-1]["stale"]
+        assert a.api("/v1/health/management").get("ready") is True
+        table = a.trueup("status")
+        assert "STALE" in table.stdout, table.stdout
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_a_newcomers_mistakes_are_refused_by_plan_and_apply_naming_file_and_path(
+    pair: Pair,
+) -> None:
+    a = pair.a
+    done = apply(a, "v1.yaml", bgp_document("a"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    a.start_agent()
+    before = vtysh(a, "show running-config")
+    bad = bgp_document("a", remote_as=4294967296)
+    bad["spec"]["routing"]["bgp"]["ipv4_unicast"]["redistribute"] = ["ospf"]
+    del bad["spec"]["routing"]["bgp"]["neighbors"][1]["remote_as"]
+    path = a.write("bad.yaml", bad)
+    for command in ("plan", "apply"):
+        refused = a.trueup(command, str(path), timeout=180)
+        said = refused.stdout + refused.stderr
+        assert refused.returncode != 0, said
+        assert str(path) in said, said
+        assert "spec.routing.bgp.neighbors[0].remote_as: 4294967296 is not an AS number" in said, (
+            said
+        )
+        assert "spec.routing.bgp.neighbors[1].remote_as: required field is missing" in said, said
+    bad["spec"]["routing"]["bgp"]["neighbors"][0]["remote_as"] = 64602
+    bad["spec"]["routing"]["bgp"]["neighbors"][1]["remote_as"] = 64602
+    refused = a.trueup("apply", str(a.write("bad2.yaml", bad)), timeout=180)
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0, said
+    assert (
+        "spec.routing.bgp.ipv4_unicast.redistribute: ospf in ipv4_unicast is OSPFv2, and "
+        "spec.routing.ospf is not given" in said
+    ), said
+    assert vtysh(a, "show running-config") == before

@@ -500,3 +500,33 @@ def test_a_pending_confirmation_shows_without_an_agent(engine: Engine) -> None:
     assert "pending confirmation: version 2 rolls back at 2026-11-30T10:05:00.000Z" in (
         render_status(status)
     )
+
+
+def test_the_status_table_shows_routing_sessions_and_adjacencies_down_ones_too() -> None:
+    status = json.loads(json.dumps(STATUS))
+    status["subsystems"]["routing"] = {
+        "tier": "routing",
+        "health": "ok",
+        "system": {
+            "daemons": ["zebra", "bgpd", "ospfd"],
+            "bgp": {
+                "198.51.100.2": [
+                    {
+                        "family": "ipv4Unicast",
+                        "remote_as": 64513,
+                        "state": "Established",
+                        "prefixes_received": 3,
+                        "prefixes_sent": 1,
+                        "description": "upstream",
+                    }
+                ],
+                "198.51.100.6": [{"family": "ipv4Unicast", "remote_as": 64514, "state": "Active"}],
+            },
+            "ospf": [{"neighbor_id": "192.0.2.2", "state": "Full/DR", "interface": "wan0"}],
+        },
+    }
+    text = render_status(status)
+    assert "routing:  daemons zebra, bgpd, ospfd" in text
+    assert "  bgp   198.51.100.2 AS 64513 upstream: ipv4Unicast Established (3 in/1 out)" in text
+    assert "  bgp   198.51.100.6 AS 64514: ipv4Unicast Active\n" in text
+    assert "  ospf  192.0.2.2 Full/DR on wan0" in text

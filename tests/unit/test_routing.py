@@ -41,6 +41,7 @@ def routing(**extra: Any) -> dict[str, Any]:
                     "password": {"secret_ref": "bgp-up"},
                     "route_map_in": "from-up",
                     "route_map_out": "to-up",
+                    "families": ["ipv4_unicast", "ipv6_unicast"],
                 },
                 {"address": "2001:db8::9", "remote_as": 64512},
             ],
@@ -48,7 +49,7 @@ def routing(**extra: Any) -> dict[str, Any]:
                 "networks": ["203.0.113.0/24"],
                 "redistribute": ["connected", "static", "ospf"],
             },
-            "ipv6_unicast": {"networks": ["2001:db8:1::/48"]},
+            "ipv6_unicast": {"networks": ["2001:db8:1::/48"], "redistribute": ["ospf"]},
         },
         "ospf": {
             "redistribute": ["bgp"],
@@ -222,6 +223,7 @@ def test_bgpd_reads_only_its_part_with_the_paths_it_came_from() -> None:
 
 def test_static_redistribution_is_the_documents_routes_only() -> None:
     section = routing(ospf=None, ospf6=None)
+    section["bgp"]["ipv4_unicast"]["redistribute"] = ["connected", "static"]
     section["bgp"]["ipv6_unicast"] = {"redistribute": ["static"]}
     parsed = document(section)
     facts = RoutingSubsystem().desired(parsed, scope_for(parsed))
@@ -241,13 +243,16 @@ class FakeFrr:
     def __init__(self) -> None:
         self.running: list[str] = []
         self.calls: list[list[str]] = []
+        self.timeouts: list[float] = []
         self.check_output = ""
         self.bgpd_output = ""
-        self.forwarding = ["no ip forwarding", "no ipv6 forwarding"]
+        self.reload_output = ""
+        self.forwarding = ["no ip forwarding"]
 
     def run(self, argv: list[str], *, input: str | None = None, timeout: float = 30.0) -> Completed:
-        del input, timeout
+        del input
         self.calls.append(argv)
+        self.timeouts.append(timeout)
         key = tuple(argv)
         if argv[0] == "vtysh" and "-C" in argv:
             return Completed(key, 0 if not self.check_output else 2, self.check_output, "")
@@ -258,6 +263,8 @@ class FakeFrr:
             return Completed(key, 0, "Building configuration...\n" + "\n".join(body), "")
         if argv[0] == "python3" and "--reload" in argv:
             text = Path(argv[-1]).read_text()
+            if self.reload_output:
+                return Completed(key, 1, self.reload_output, "")
             self.running = [line for line in text.splitlines() if "forwarding" not in line]
             return Completed(key, 0, "", "")
         return Completed(key, 127, "", f"{argv[0]}: not faked")
@@ -268,7 +275,16 @@ class Rig:
         self.frr = FakeFrr()
         self.daemons = FakeDaemons(tmp_path / "run")
         self.sources = Sources(
-            FakeNetlink(), FakeFiles(), self.frr, state_dir=tmp_path, daemons=self.daemons
+            FakeNetlink(),
+            FakeFiles(
+                {
+                    "/proc/sys/net/ipv4/ip_forward": "0\n",
+                    "/proc/sys/net/ipv6/conf/all/forwarding": "1\n",
+                }
+            ),
+            self.frr,
+            state_dir=tmp_path,
+            daemons=self.daemons,
         )
         self.sub = RoutingSubsystem()
         write_secret(tmp_path, "bgp-up", "s3cret-value")
@@ -370,8 +386,12 @@ def test_a_missing_secret_fails_the_reload_naming_it(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
     section = routing()
     section["bgp"]["neighbors"][0]["password"] = "secret:not-stored"
-    with pytest.raises(StepError, match="secret 'not-stored' is not on this device"):
+    with pytest.raises(StepError) as refused:
         rig.converge(document(section))
+    said = "spec.routing.bgp.neighbors[0].password: secret 'not-stored' is not on this device"
+    assert said in str(refused.value)
+    assert refused.value.step.action == "start"
+    assert not any(rig.daemons.running(f"frr-{d}") for d in ("zebra", "bgpd", "bfdd"))
 
 
 def test_rollback_to_no_routing_stops_every_daemon(tmp_path: Path) -> None:
@@ -492,3 +512,112 @@ def test_zebra_that_cannot_start_fails_routing_alone_in_its_own_words(tmp_path: 
     ):
         rig.converge(parsed)
     assert not rig.frr.running
+
+
+def test_a_route_map_of_the_other_family_is_refused_at_the_neighbor() -> None:
+    section = routing()
+    section["bgp"]["neighbors"][0]["families"] = ["ipv4_unicast"]
+    assert problems(section) == [
+        "spec.routing.bgp.neighbors[0].route_map_in: route map from-up matches IPv6 prefix list "
+        "long6 (route_maps[1].entries[0]) but neighbour 198.51.100.9 is in ipv4_unicast only: "
+        "give a prefix list of its family, or add ipv6_unicast to its families"
+    ]
+
+
+def test_what_is_redistributed_must_run_here() -> None:
+    assert problems(routing(ospf=None)) == [
+        "spec.routing.bgp.ipv4_unicast.redistribute: ospf in ipv4_unicast is OSPFv2, and "
+        "spec.routing.ospf is not given: configure ospf or remove ospf"
+    ]
+    assert problems(routing(ospf6=None)) == [
+        "spec.routing.bgp.ipv6_unicast.redistribute: ospf in ipv6_unicast is OSPFv3, and "
+        "spec.routing.ospf6 is not given: configure ospf6 or remove ospf"
+    ]
+    section = routing(bgp=None, route_maps=[])
+    assert problems(section) == [
+        "spec.routing.ospf.redistribute: bgp is redistributed, and spec.routing.bgp is not "
+        "given: configure bgp or remove bgp"
+    ]
+
+
+def test_a_reload_failure_echoing_a_password_names_the_secret_not_its_value(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path)
+    rig.frr.reload_output = (
+        "2026-12-07 WARNING: frr-reload.py failed due to\n"
+        "% Unknown command: neighbor 198.51.100.9 password s3cret-value"
+    )
+    with pytest.raises(StepError) as refused:
+        rig.converge(document())
+    assert "s3cret-value" not in str(refused.value)
+    assert "neighbor 198.51.100.9 password secret:bgp-up" in str(refused.value)
+
+
+def test_a_change_reads_the_running_configuration_once_after_its_reload(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    parsed = document()
+    rig.converge(parsed)
+    section = routing()
+    section["bgp"]["neighbors"][0]["description"] = "upstream two"
+    changed = document(section)
+    scope = scope_for(changed)
+    plan = rig.sub.plan(rig.sub.desired(changed, scope), rig.sub.observe(rig.sources, scope), scope)
+    rig.frr.calls.clear()
+    for step in plan.steps:
+        rig.sub.execute(rig.sources, step)
+    shows = [c for c in rig.frr.calls if c[-1] == "show running-config"]
+    assert len(shows) == 1
+    applied = (tmp_path / "run" / "frr" / "frr.conf").read_text().splitlines()
+    # As zebra prints them: IPv4 forwarding is off in this namespace, IPv6 forwarding on.
+    assert applied[2] == "no ip forwarding"
+    assert "no ipv6 forwarding" not in applied
+
+
+def test_a_look_at_frr_waits_seconds_not_a_minute(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    parsed = document()
+    rig.converge(parsed)
+    rig.frr.timeouts.clear()
+    rig.sub.observe(rig.sources, scope_for(parsed))
+    assert rig.frr.timeouts and max(rig.frr.timeouts) <= 10.0
+
+
+def test_an_as_number_out_of_range_says_what_an_as_number_is() -> None:
+    section = routing()
+    section["bgp"]["asn"] = 0
+    section["bgp"]["neighbors"][1]["remote_as"] = 4294967296
+    expected = "1 to 4294967295 (private: 64512-65534, 4200000000-4294967294)"
+    assert problems(section) == [
+        f"spec.routing.bgp.asn: 0 is not an AS number: {expected}",
+        f"spec.routing.bgp.neighbors[1].remote_as: 4294967296 is not an AS number: {expected}",
+    ]
+
+
+@pytest.mark.parametrize("name", ["frr.conf", "frr.conf.new", "frr-bgpd.conf.new", "vtysh.conf"])
+def test_no_frr_file_is_written_through_a_planted_symlink(tmp_path: Path, name: str) -> None:
+    rig = Rig(tmp_path)
+    host = tmp_path / "host-file"
+    host.write_text("the host's\n")
+    run = tmp_path / "run" / "frr"
+    run.mkdir(parents=True, mode=0o700)
+    (run / name).symlink_to(host)
+    with pytest.raises(StepError) as refused:
+        rig.converge(document())
+    assert str(run / name) in str(refused.value)
+    assert host.read_text() == "the host's\n"
+
+
+@pytest.mark.parametrize("value", ["s3cret\nrouter bgp 64999", "two words", "x" * 81, "tab\there"])
+def test_a_password_that_is_not_one_frr_line_is_refused_and_never_written(
+    tmp_path: Path, value: str
+) -> None:
+    rig = Rig(tmp_path)
+    write_secret(tmp_path, "bgp-up", value)
+    with pytest.raises(StepError) as refused:
+        rig.converge(document())
+    said = str(refused.value)
+    assert "spec.routing.bgp.neighbors[0].password: secret 'bgp-up' is not a BGP password" in said
+    assert value not in said
+    assert not (tmp_path / "run" / "frr" / "frr.conf").exists()
+    assert not any("router bgp 64999" in p.read_text() for p in (tmp_path / "run").rglob("*.conf*"))

@@ -7,6 +7,7 @@ the fast path renders status with it on every call.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 TYPE_CHECKING = False  # typing's import time is measurable on the fast path
 if TYPE_CHECKING:
@@ -182,6 +183,9 @@ def _subsystem_table(status: StatusBody) -> list[str]:
             reason = (reason + " (" + "; ".join(extra) + ")").strip()
         lines.append(f"{name:<12} {sub['tier']:<11} {sub['health']:<9} {policy:<7} {reason}")
     lines.extend(_gateway_lines(status["subsystems"].get("gateways")))
+    routing = (status["subsystems"].get("routing") or {}).get("system")
+    if routing:
+        lines.extend(_routing_lines(routing))
     lines.extend(_subsystem_details(status["subsystems"], status.get("observed_at")))
     last = {n: drift for n, sub in status["subsystems"].items() if (drift := sub.get("last_drift"))}
     lines.extend(render_last_drift(last, status.get("observed_at")))
@@ -210,6 +214,35 @@ def _gateway_lines(sub: SubsystemStatus | None) -> list[str]:
     if system.get("all_down"):
         lines.append("  every gateway of a family is down: its last default route is kept")
     return lines
+
+
+def _routing_lines(report: Mapping[str, object]) -> list[str]:
+    """Routing's sessions and adjacencies as FRR reports them: one line each (down ones too)."""
+    lines = ["", "routing:  daemons " + ", ".join(map(str, _list(report.get("daemons"))))]
+    bgp = report.get("bgp")
+    for address, sessions in (bgp if isinstance(bgp, dict) else {}).items():
+        parts = []
+        for peer in _list(sessions):
+            if isinstance(peer, dict):
+                part = f"{peer.get('family')} {peer.get('state')}"
+                if peer.get("prefixes_received") is not None:
+                    part += f" ({peer['prefixes_received']} in/{peer.get('prefixes_sent')} out)"
+                parts.append(part)
+        first = next((p for p in _list(sessions) if isinstance(p, dict)), {})
+        named = f" {first.get('description')}" if first.get("description") else ""
+        lines.append(f"  bgp   {address} AS {first.get('remote_as')}{named}: " + ", ".join(parts))
+    for protocol in ("ospf", "ospf6"):
+        for n in _list(report.get(protocol)):
+            if isinstance(n, dict):
+                lines.append(
+                    f"  {protocol:<5} {n.get('neighbor_id')} {n.get('state')} on {n.get('interface')}"
+                )
+    lines += [f"  problem: {p}" for p in _list(report.get("problems"))]
+    return lines
+
+
+def _list(value: object) -> list[object]:
+    return list(value) if isinstance(value, list) else []
 
 
 def _status_tail(status: StatusBody) -> list[str]:

@@ -82,7 +82,11 @@ _NOT_CONFIG = re.compile(
     r"^(Building configuration\.\.\.|Current configuration:|frr version .*|end|!|exit|"
     r"hostname .*|service integrated-vtysh-config|(no )?ip(v6)? forwarding)$"
 )
-_SYSTEM_LINE = re.compile(r"^(no )?ip(v6)? forwarding$")
+# What zebra reads to print `no ip forwarding` / `no ipv6 forwarding` (zebra/ipforward_proc.c).
+_FORWARDING = (
+    ("ip", "/proc/sys/net/ipv4/ip_forward"),
+    ("ipv6", "/proc/sys/net/ipv6/conf/all/forwarding"),
+)
 _PASSWORD = re.compile(r"^( neighbor \S+ password )(.*)$")
 
 
@@ -301,11 +305,17 @@ class FrrControl:
         if not done.ok:
             raise FrrError(f"vtysh -f {config.name}: {(done.stdout + done.stderr).strip()}")
 
-    def system_lines(self) -> list[str]:
-        """The running lines FRR derives from the system (forwarding), kept as they are
-        by every reload: the document does not own them."""
-        text = self.vtysh("show running-config")
-        return [line.strip() for line in text.splitlines() if _SYSTEM_LINE.match(line.strip())]
+    @staticmethod
+    def system_lines(read: Callable[[str], str | None]) -> list[str]:
+        """The running lines zebra derives from the system, kept as they are by every
+        reload (the document does not own them): `no ip forwarding` when the namespace's
+        sysctl is 0, as zebra prints it, read from /proc (no `show running-config` for it)."""
+        out = []
+        for word, path in _FORWARDING:
+            value = read(path)
+            if value is not None and value.strip() == "0":
+                out.append(f"no {word} forwarding")
+        return out
 
 
 def _line_number(words: str) -> int:

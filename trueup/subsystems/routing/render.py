@@ -225,6 +225,8 @@ def _bgp(out: Rendered, section: RoutingSection) -> None:
 def _redistribute(source: str, version: int, indent: str) -> str:
     if source == "static":
         return f"{indent}redistribute kernel route-map trueup-static-v{version}"
+    if source == "ospf" and version == 6:
+        return f"{indent}redistribute ospf6"
     return f"{indent}redistribute {source}"
 
 
@@ -236,8 +238,7 @@ def _ospf(out: Rendered, name: str, ospf: OspfSection | None, router_id: str) ->
     out.add(f" {name} router-id {router_id}", f"{ROOT}.router_id")
     version = 4 if name == "ospf" else 6
     for source in ospf.redistribute:
-        word = "ospf6" if source == "ospf" and version == 6 else source
-        out.add(_redistribute(word, version, " "), f"{base}.redistribute")
+        out.add(_redistribute(source, version, " "), f"{base}.redistribute")
     out.add("exit")
     out.add("!")
 

@@ -98,7 +98,16 @@ _TEXT = re.compile(r"^[ -~]{1,80}\Z")
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
 _COMMUNITY = re.compile(r"^[A-Za-z0-9:-]+( [A-Za-z0-9:-]+)*\Z")
-Asn = Annotated[int, Field(ge=1, le=4_294_967_295)]
+
+
+def _asn(value: int) -> int:
+    if not 1 <= value <= 4_294_967_295:
+        private = "64512-65534, 4200000000-4294967294"
+        raise ValueError(f"{value} is not an AS number: 1 to 4294967295 (private: {private})")
+    return value
+
+
+Asn = Annotated[int, AfterValidator(_asn)]
 
 
 def _network(value: str) -> str:
@@ -490,8 +499,71 @@ class RoutingSection(Checked):
                                 f"no route map {wanted} in spec.routing.route_maps",
                             )
                         )
+        problems += self._route_map_families(lists)
+        problems += self._redistributed_protocols()
         if self.bgp is None and self.ospf is None and self.ospf6 is None:
             problems.append(("", "routing asks for nothing: give bgp, ospf or ospf6"))
+        return problems
+
+    def _route_map_families(self, lists: dict[str, int]) -> list[tuple[str, str]]:
+        """A neighbour's route map matches prefix lists of its families: FRR takes one of the
+        other family, whose entry then never matches (its permit never taken, its deny inert)."""
+        if self.bgp is None:
+            return []
+        maps = {m.name: (i, m) for i, m in enumerate(self.route_maps)}
+        problems: list[tuple[str, str]] = []
+        for index, neighbor in enumerate(self.bgp.neighbors):
+            versions = {4 if f == "ipv4_unicast" else 6 for f in neighbor_families(neighbor)}
+            for field in ("route_map_in", "route_map_out"):
+                found = maps.get(getattr(neighbor, field) or "")
+                if found is None:
+                    continue
+                m, route_map = found
+                for e, entry in enumerate(route_map.entries):
+                    wanted = entry.match.prefix_list
+                    if wanted is None or wanted not in lists:
+                        continue
+                    version = prefix_list_family(self.prefix_lists[lists[wanted]].entries)
+                    if version not in versions:
+                        families = ", ".join(neighbor_families(neighbor))
+                        problems.append(
+                            (
+                                f"bgp.neighbors[{index}].{field}",
+                                f"route map {route_map.name} matches IPv{version} prefix list "
+                                f"{wanted} (route_maps[{m}].entries[{e}]) but neighbour "
+                                f"{neighbor.address} is in {families} only: give a prefix list "
+                                f"of its family, or add ipv{version}_unicast to its families",
+                            )
+                        )
+        return problems
+
+    def _redistributed_protocols(self) -> list[tuple[str, str]]:
+        """What is redistributed runs here: BGP's `ospf` is OSPFv2 in IPv4, OSPFv3 in IPv6."""
+        problems: list[tuple[str, str]] = []
+        if self.bgp is not None:
+            for family, ospf, name in (
+                ("ipv4_unicast", self.ospf, "ospf"),
+                ("ipv6_unicast", self.ospf6, "ospf6"),
+            ):
+                af = self.bgp.family(family)
+                if af is not None and "ospf" in af.redistribute and ospf is None:
+                    version = "OSPFv2" if name == "ospf" else "OSPFv3"
+                    problems.append(
+                        (
+                            f"bgp.{family}.redistribute",
+                            f"ospf in {family} is {version}, and spec.routing.{name} is not "
+                            f"given: configure {name} or remove ospf",
+                        )
+                    )
+        for name, ospf in (("ospf", self.ospf), ("ospf6", self.ospf6)):
+            if ospf is not None and "bgp" in ospf.redistribute and self.bgp is None:
+                problems.append(
+                    (
+                        f"{name}.redistribute",
+                        "bgp is redistributed, and spec.routing.bgp is not given: configure bgp "
+                        "or remove bgp",
+                    )
+                )
         return problems
 
     def secret_names(self) -> set[str]:

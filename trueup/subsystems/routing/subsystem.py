@@ -26,6 +26,7 @@ differ, so unchanged neighbours keep their sessions), `stop`.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypedDict
@@ -80,6 +81,10 @@ __all__ = ["RoutingSubsystem"]
 
 DAEMONS, CONFIG, SOURCES = "spec.routing.daemons", "spec.routing.config", "spec.routing.sources"
 _READY_TIMEOUT = 30.0
+_BGP_PASSWORD = re.compile(r"^[!-~]{1,80}\Z")
+# A look at the running configuration answers in well under a second; a daemon silent
+# this long is hung, and the look ends instead of holding its caller for a minute.
+_LOOK_TIMEOUT = 10.0
 MAIN = 254
 
 
@@ -106,16 +111,24 @@ def _record(paths: FrrPaths) -> RunRecord[RoutingState]:
     return RunRecord(paths.state)
 
 
-def _secret(sources: Sources, step: Step, name: str) -> str:
+def _secret(sources: Sources, step: Step, name: str, path: str = ROOT) -> str:
     try:
         value = read_secret(sources.state_dir, name)
     except SecretError as exc:
-        raise StepError(step, f"{ROOT}: {exc}") from exc
+        raise StepError(step, f"{path}: {exc}") from exc
     if value is None:
         raise StepError(
             step,
-            f"{ROOT}: secret {name!r} is not on this device: store it with "
+            f"{path}: secret {name!r} is not on this device: store it with "
             f"`trueup secret set {name}` or add it to the device's secrets in the control plane",
+        )
+    if not _BGP_PASSWORD.match(value):
+        # Never written into frr.conf: a line break would end the line and start another.
+        raise StepError(
+            step,
+            f"{path}: secret {name!r} is not a BGP password: 1-80 printable ASCII characters "
+            "without spaces or line breaks (FRR's TCP MD5 key); store another value with "
+            f"`trueup secret set {name}`",
         )
     return value
 
@@ -127,6 +140,14 @@ def _passwords(lines: list[str]) -> dict[str, str]:
         if len(words) == 4 and words[0] == "neighbor" and words[2] == "password":
             out[words[1]] = words[3].removeprefix("secret:")
     return out
+
+
+def _password_path(lines: list[str], origins: list[str], name: str) -> str:
+    """The document path of the first neighbour whose password is secret `name`."""
+    for line, origin in zip(lines, origins, strict=False):
+        if line.endswith(f" password secret:{name}"):
+            return origin
+    return ROOT
 
 
 def _password_ref(sources: Sources, record: RoutingState) -> Callable[[str, str], str]:
@@ -152,6 +173,13 @@ def _answering(vty: Path) -> Callable[[int], bool]:
     return lambda _pid: answers(vty)
 
 
+def _masked(words: str, secrets: Mapping[str, str]) -> str:
+    """FRR's words with every secret's value replaced by its name (FRR may echo a line)."""
+    for name, value in secrets.items():
+        words = words.replace(value, f"secret:{name}")
+    return words
+
+
 def _refused(
     lines: list[str], origins: list[str], refusal: Refusal, secrets: Mapping[str, str]
 ) -> str:
@@ -163,11 +191,8 @@ def _refused(
         text, origin = lines, origins
     index = refusal.line - 1
     path = origin[index] if 0 <= index < len(origin) else ROOT
-    words = refusal.words
-    for name, value in secrets.items():
-        words = words.replace(value, f"secret:{name}")
     line = f" (`{text[index].strip()}`)" if 0 <= index < len(text) else ""
-    return f"{path}{line}: {words}"
+    return f"{path}{line}: {_masked(refusal.words, secrets)}"
 
 
 class RoutingSubsystem(Subsystem):
@@ -213,7 +238,8 @@ class RoutingSubsystem(Subsystem):
         record = _record(paths).read(sources.files)
         facts: Facts = {DAEMONS: running}
         try:
-            live = FrrControl(sources.runner, paths).running(_password_ref(sources, record))
+            frr = FrrControl(sources.runner, paths, timeout=_LOOK_TIMEOUT)
+            live = frr.running(_password_ref(sources, record))
         except FrrError:
             return {**facts, CONFIG: None}  # not answering: a reload is planned
         applied = record.get("lines")
@@ -228,9 +254,17 @@ class RoutingSubsystem(Subsystem):
                 steps.append(Step(self.name, "stop", DAEMONS, {"daemons": list(have)}))
             return Plan(self.name, steps, [] if steps else ["no dynamic routing is asked for"])
         started = sorted(wanted) != sorted(have or [])
-        if started:
-            steps.append(Step(self.name, "start", DAEMONS, {"daemons": list(wanted)}))
         config = desired.get(CONFIG)
+        if started:
+            # The passwords' secrets are checked before a daemon starts: one missing starts none.
+            lines, origins = list(config or []), list(desired.get(SOURCES) or [])
+            secrets = [
+                [name, _password_path(lines, origins, name)]
+                for name in sorted(set(_passwords(lines).values()))
+            ]
+            steps.append(
+                Step(self.name, "start", DAEMONS, {"daemons": list(wanted), "_secrets": secrets})
+            )
         if config is not None and (started or config != observed.get(CONFIG)):
             args = {
                 "lines": len(config),
@@ -249,6 +283,8 @@ class RoutingSubsystem(Subsystem):
                     sources.daemons.stop(daemon_name(daemon))
                 _record(paths).write(sources.files, {})
             elif step.action == "start":
+                for name, path in step.args.get("_secrets", []):
+                    _secret(sources, step, name, path)
                 self._start(sources, paths, list(step.args["daemons"]))
             elif step.action == "reload":
                 config, origins = list(step.args["_config"]), list(step.args["_sources"])
@@ -293,7 +329,10 @@ class RoutingSubsystem(Subsystem):
                 f"{ROOT}: the password of neighbour {unknown[0]} was not a stored secret; "
                 "trueup cannot put it back (give it as a secret reference)",
             )
-        secrets = {name: _secret(sources, step, name) for name in set(_passwords(lines).values())}
+        secrets = {
+            name: _secret(sources, step, name, _password_path(lines, origins, name))
+            for name in sorted(set(_passwords(lines).values()))
+        }
         real = with_secrets(lines, secrets.__getitem__)
         part = paths.run_dir / "frr-bgpd.conf.new"
         has_bgp = any(line.startswith("router bgp ") for line in lines)
@@ -314,11 +353,14 @@ class RoutingSubsystem(Subsystem):
             raise StepError(
                 step, "FRR refused the configuration, nothing was changed: " + "; ".join(said)
             )
-        applied = lines[: len(HEADER)] + frr.system_lines() + lines[len(HEADER) :]
+        applied = lines[: len(HEADER)] + frr.system_lines(files.read) + lines[len(HEADER) :]
         write_file(
             files, paths.config, "\n".join(with_secrets(applied, secrets.__getitem__)) + "\n"
         )
-        frr.reload(paths.config)
+        try:
+            frr.reload(paths.config)
+        except FrrError as exc:
+            raise FrrError(_masked(str(exc), secrets)) from None
         state: RoutingState = {"lines": lines, "passwords": _passwords(lines)}
         live = frr.running(_password_ref(sources, state))
         _record(paths).write(files, {**state, "running": _digest(live)})
