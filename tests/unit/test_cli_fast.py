@@ -724,6 +724,7 @@ def test_the_fast_path_imports_nothing_heavy(agent: FakeAgent, argv: list[str]) 
         "trueup.cli.commands",
         "trueup.cli.fast",
         "trueup.cli.output",
+        "trueup.cli.statusreports",
         "trueup.cli.statustable",
     ]
 

@@ -7,7 +7,8 @@ the fast path renders status with it on every call.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+
+from trueup.cli.statusreports import gateway_lines, routing_lines
 
 TYPE_CHECKING = False  # typing's import time is measurable on the fast path
 if TYPE_CHECKING:
@@ -182,67 +183,14 @@ def _subsystem_table(status: StatusBody) -> list[str]:
         if extra:
             reason = (reason + " (" + "; ".join(extra) + ")").strip()
         lines.append(f"{name:<12} {sub['tier']:<11} {sub['health']:<9} {policy:<7} {reason}")
-    lines.extend(_gateway_lines(status["subsystems"].get("gateways")))
+    lines.extend(gateway_lines(status["subsystems"].get("gateways")))
     routing = (status["subsystems"].get("routing") or {}).get("system")
     if routing:
-        lines.extend(_routing_lines(routing))
+        lines.extend(routing_lines(routing))
     lines.extend(_subsystem_details(status["subsystems"], status.get("observed_at")))
     last = {n: drift for n, sub in status["subsystems"].items() if (drift := sub.get("last_drift"))}
     lines.extend(render_last_drift(last, status.get("observed_at")))
     return lines
-
-
-def _gateway_lines(sub: SubsystemStatus | None) -> list[str]:
-    """The gateways' uplinks: state, since when, loss and latency over the window, active."""
-    system = (sub or {}).get("system") or {}
-    gateways = system.get("gateways")
-    if not isinstance(gateways, list) or not gateways:
-        return []
-    active = system.get("active")
-    names = ", ".join(str(a) for a in active) if isinstance(active, list) and active else "-"
-    lines = [f"\ngateways ({system.get('policy')}): active {names}"]
-    for g in gateways:
-        if not isinstance(g, dict):
-            continue
-        latency = g.get("latency_ms")
-        lines.append(
-            f"  {g.get('name')!s:<12} {g.get('interface')!s:<10} {g.get('gateway')!s:<16} "
-            f"{g.get('state')!s:<8} since {g.get('since') or '-'}  loss {g.get('loss_percent')}%  "
-            f"latency {f'{latency} ms' if latency is not None else '-'}"
-            + ("  ACTIVE" if g.get("active") else "")
-        )
-    if system.get("all_down"):
-        lines.append("  every gateway of a family is down: its last default route is kept")
-    return lines
-
-
-def _routing_lines(report: Mapping[str, object]) -> list[str]:
-    """Routing's sessions and adjacencies as FRR reports them: one line each (down ones too)."""
-    lines = ["", "routing:  daemons " + ", ".join(map(str, _list(report.get("daemons"))))]
-    bgp = report.get("bgp")
-    for address, sessions in (bgp if isinstance(bgp, dict) else {}).items():
-        parts = []
-        for peer in _list(sessions):
-            if isinstance(peer, dict):
-                part = f"{peer.get('family')} {peer.get('state')}"
-                if peer.get("prefixes_received") is not None:
-                    part += f" ({peer['prefixes_received']} in/{peer.get('prefixes_sent')} out)"
-                parts.append(part)
-        first = next((p for p in _list(sessions) if isinstance(p, dict)), {})
-        named = f" {first.get('description')}" if first.get("description") else ""
-        lines.append(f"  bgp   {address} AS {first.get('remote_as')}{named}: " + ", ".join(parts))
-    for protocol in ("ospf", "ospf6"):
-        for n in _list(report.get(protocol)):
-            if isinstance(n, dict):
-                lines.append(
-                    f"  {protocol:<5} {n.get('neighbor_id')} {n.get('state')} on {n.get('interface')}"
-                )
-    lines += [f"  problem: {p}" for p in _list(report.get("problems"))]
-    return lines
-
-
-def _list(value: object) -> list[object]:
-    return list(value) if isinstance(value, list) else []
 
 
 def _status_tail(status: StatusBody) -> list[str]:
