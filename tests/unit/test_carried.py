@@ -119,3 +119,29 @@ def test_a_failing_subsystem_whose_heal_was_deferred_is_still_shown_failed(
     rig.state.set_applied(record)
     health, reason = _health(rig, "addresses")
     assert health == "failed" and "Permission denied" in reason, reason
+
+
+def test_a_heal_abandoned_for_an_operators_write_is_retried_soon_not_at_the_resync(
+    tmp_path: Path,
+) -> None:
+    """A heal that yields to a write (one made outside the loop, such as a restore through
+    the agent, wakes nothing) is tried again within `RETRY_SOON`, not after a resync."""
+    from trueup.reconcile.engine.run import PREEMPTED
+    from trueup.reconcile.loop import RETRY_SOON
+
+    rig = Rig(tmp_path)
+    assert rig.apply()["ok"]
+    rig.loop.run_pass()
+    rig.delete_address()
+    # The write comes once the heal has looked (its before-images taken): it yields mid-way.
+    running = lambda: rig.engine.running  # noqa: E731
+    rig.engine.preempted = lambda: bool((run := running()) and run.before)  # type: ignore[method-assign]
+    report = rig.loop.run_pass()
+    assert report.waiting.get("addresses") == PREEMPTED, report
+    assert not rig.has_address()
+    assert rig.loop._timeout() <= RETRY_SOON + 0.01, rig.loop._timeout()
+
+    del rig.engine.preempted  # the write is done: the next pass heals
+    report = rig.loop.run_pass()
+    assert "addresses" in report.healed, report
+    assert rig.has_address()

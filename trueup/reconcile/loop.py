@@ -60,6 +60,7 @@ from trueup.reconcile.confirmwait import ConfirmWait
 from trueup.reconcile.driftbook import DetectedBy, DriftRecord
 from trueup.reconcile.driftwatch import ACTOR, DriftWatch, Look
 from trueup.reconcile.engine import Engine
+from trueup.reconcile.engine.run import PREEMPTED
 from trueup.reconcile.healer import Healer, PassReport
 from trueup.reconcile.healing import Breaker, HealingOptions
 from trueup.reconcile.interrupted import InterruptedCloser
@@ -374,6 +375,10 @@ class ReconcileLoop:
                 due = self.clock() + retry_in
                 self._retry_after = min(due, self._retry_after or due)
             self._waiting = dict(report.waiting)
+            if PREEMPTED in report.waiting.values():
+                # Yielded to an operator's write, which may not wake the loop when done
+                # (a restore through the agent): look again soon, not at the next resync.
+                self._retry_soon = True
             self._persist()
             self._refresh_view()
             return report
