@@ -397,3 +397,34 @@ def test_balance_spreads_over_the_healthy_uplinks_by_weight(rig: WanRig) -> None
         lambda: nexthops() == [(GATEWAYS["isp-a"], 1)], what="isp-b down on its TCP probe"
     )
     assert rig.management_route() == management
+
+
+def test_probe_routes_carry_only_traffic_bound_to_their_uplink(rig: WanRig) -> None:
+    rig.start()
+    router = rig.router
+    # No trueup-gw route in main: with the gateways in table 100, the router's own unbound
+    # traffic still follows main (here the management route), never a probe route.
+    assert router.ip_json("route", "show", "table", "main", "proto", "250") == []
+    (unbound,) = router.ip_json("route", "get", HOST)
+    assert unbound.get("dev") == "mgmt0", unbound
+    # A socket bound to the standby uplink (the monitor's probe, `ping -I wan1`) takes
+    # that uplink's gateway from the probe table.
+    (bound,) = router.ip_json("route", "get", HOST, "oif", "wan1")
+    assert (bound.get("gateway"), bound.get("dev")) == (GATEWAYS["isp-b"], "wan1"), bound
+    # A LAN client's traffic through the probe table's uplinks: none unless its rule says so.
+    (lan,) = router.ip_json("route", "get", HOST, "from", LAN_CLIENT, "iif", "lan0")
+    assert (lan.get("gateway"), lan.get("dev")) == (GATEWAYS["isp-a"], "wan0"), lan
+    rules = router.ip_json("rule", "show", "table", "4000250")
+    assert sorted(str(r.get("oif")) for r in rules) == ["wan0", "wan1"], rules
+
+    # Without gateways, every probe route and rule is gone.
+    body = rig.document()
+    del body["spec"]["gateways"]
+    applied = router.trueup("apply", str(router.write("none.yaml", body)))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    router.wait_for(
+        lambda: router.ip_json("route", "show", "table", "all", "proto", "250") == [],
+        what="no trueup-gw route left",
+    )
+    assert router.ip_json("rule", "show", "table", "4000250") == []
+    router.wait_for(lambda: not rig.gateways().get("monitoring"), what="the monitor stopped")

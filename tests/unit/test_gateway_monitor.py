@@ -15,10 +15,16 @@ from trueup.subsystems.base import Scope
 from trueup.subsystems.gateways.board import Board
 from trueup.subsystems.gateways.health import RoundResult
 from trueup.subsystems.gateways.section import GatewaysSection
-from trueup.subsystems.gateways.subsystem import GATEWAY_PROTO, PROBE_METRIC, GatewaysSubsystem
+from trueup.subsystems.gateways.subsystem import (
+    GATEWAY_PROTO,
+    PROBE_METRIC,
+    PROBE_RULE_PRIORITY,
+    PROBE_TABLE,
+    GatewaysSubsystem,
+)
 from trueup.subsystems.registry import scope_for
 from trueup.system.fake import FakeNetlink
-from trueup.system.netlink import RouteInfo
+from trueup.system.netlink import RouteInfo, RuleInfo
 from trueup.system.sources import Sources
 
 # -- the board and the routes ---------------------------------------------------------
@@ -65,11 +71,17 @@ def test_the_routes_follow_the_decision_and_keep_the_state_across_documents() ->
     scope = scope_for(parsed)
     net = kernel()
     settle(sub.board, section, {"isp-a": "up", "isp-b": "up"})
-    assert converge(sub, parsed, net, scope) == ["set-route"] * 3
+    assert sorted(converge(sub, parsed, net, scope)) == ["set-route"] * 3 + ["set-rule"] * 2
     route = default_in(net, 100)
     assert (route.via, route.dev, route.proto) == ("192.0.2.1", "wan0", GATEWAY_PROTO)
-    probes = sorted((r.metric, r.dev) for r in net.route_table if r.table == 254)
+    probes = sorted((r.metric, r.dev) for r in net.route_table if r.table == PROBE_TABLE)
     assert probes == [(PROBE_METRIC, "wan0"), (PROBE_METRIC + 1, "wan1")]
+    # Nothing in main: unbound and forwarded traffic never leaves through a probe route.
+    assert not [r for r in net.route_table if r.table == 254]
+    assert sorted(net.rule_table, key=lambda r: r.oif) == [
+        RuleInfo(4, PROBE_RULE_PRIORITY, "wan0", PROBE_TABLE),
+        RuleInfo(4, PROBE_RULE_PRIORITY, "wan1", PROBE_TABLE),
+    ]
     settle(sub.board, section, {"isp-a": "down", "isp-b": "up"})
     assert converge(sub, parsed, net, scope) == ["set-route"]
     assert default_in(net, 100).via == "192.0.2.17"
@@ -151,6 +163,9 @@ def test_drift_is_seen_and_the_management_route_never_touched() -> None:
     net.del_route(default_in(net, 100))
     assert converge(sub, parsed, net, scope) == ["set-route"]
     assert default_in(net, 254) == management
+    # Someone deletes a probe rule: missing, put back.
+    net.del_rule(net.rule_table[0])
+    assert converge(sub, parsed, net, scope) == ["set-rule"]
 
 
 def test_a_document_without_gateways_removes_their_routes() -> None:
@@ -161,8 +176,11 @@ def test_a_document_without_gateways_removes_their_routes() -> None:
     body = document()
     del body["spec"]["gateways"]
     without = parse_document(body)
-    assert converge(sub, without, net, scope_for(without, parsed)) == ["del-route"] * 3
+    assert sorted(converge(sub, without, net, scope_for(without, parsed))) == (
+        ["del-route"] * 3 + ["del-rule"] * 2
+    )
     assert not [r for r in net.route_table if r.proto == GATEWAY_PROTO]
+    assert not net.rule_table
 
 
 # -- the monitor: fake prober, fake clock, fake netlink, the real engine ----------------

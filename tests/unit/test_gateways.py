@@ -161,6 +161,16 @@ def test_a_valid_section_is_typed() -> None:
             "listed twice",
         ),
         (
+            lambda g: g["uplinks"][1].update(interface="wan0", gateway="192.0.2.5"),
+            "spec.gateways.uplinks[1].interface",
+            "wan0 is also uplinks[0]'s interface",
+        ),
+        (
+            lambda g: g.update(tables=[4000250]),
+            "spec.gateways.tables[0]",
+            "table 4000250 is the probe routes' table",
+        ),
+        (
             lambda g: g.update(policy="random"),
             "spec.gateways.policy",
             "failover",

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["SECTION", "GatewaysSection", "Probes", "Uplink", "default_route"]
 
 MAIN_TABLE = 254
+PROBE_TABLE = 4_000_250  # the probe routes' table (`trueup.subsystems.gateways.subsystem`)
 _RESERVED_TABLES = (0, 253, 255)
 
 
@@ -198,14 +199,73 @@ class GatewaysSection(_Model):
         return out
 
 
+def _owned_tables(
+    section: GatewaysSection, spec: DeviceSpec, problems: list[Problem]
+) -> dict[int, str]:
+    """Table number → the `spec.gateways.tables` entry owning it; refusals into `problems`."""
+    gw = spec.management.gateway
+    owned: dict[int, str] = {}
+    for i, table in enumerate(section.tables):
+        if (
+            isinstance(table, str)
+            and table != "main"
+            and not table.isdigit()
+            and table not in spec.tables
+        ):
+            problems.append(
+                (f"gateways.tables[{i}]", f"unknown table {table!r}; name it in spec.tables")
+            )
+            continue
+        number = route_table_number(table, spec.tables)
+        if number in _RESERVED_TABLES or not 1 <= number <= 4294967295:
+            problems.append((f"gateways.tables[{i}]", f"table {number} is reserved"))
+            continue
+        if number == PROBE_TABLE:
+            problems.append(
+                (
+                    f"gateways.tables[{i}]",
+                    f"table {number} is the probe routes' table, trueup's own; choose another",
+                )
+            )
+            continue
+        if number in owned:
+            problems.append(
+                (f"gateways.tables[{i}]", f"table {number} is listed twice (also {owned[number]})")
+            )
+            continue
+        owned[number] = f"spec.gateways.tables[{i}]"
+        if gw is not None and number == MAIN_TABLE and family_of(gw) in section.families():
+            problems.append(
+                (
+                    f"gateways.tables[{i}]",
+                    f"the main table's IPv{family_of(gw)} default route is the management "
+                    f"route (spec.management.gateway {gw}), never moved by failover; "
+                    "give the gateways a table of their own",
+                )
+            )
+    return owned
+
+
 def _fits_spec(section: GatewaysSection, spec: DeviceSpec, others: OtherSections) -> list[Problem]:
     """Uplinks on managed interfaces and their subnets; tables with one owner; the
     management default route never the gateways' (paths below `spec`)."""
     del others
     problems: list[Problem] = []
     interfaces = {iface.name: iface for iface in spec.interfaces}
+    taken: dict[str, int] = {}
     for i, uplink in enumerate(section.uplinks):
         where = f"gateways.uplinks[{i}]"
+        if uplink.interface in taken:
+            problems.append(
+                (
+                    f"{where}.interface",
+                    f"{uplink.interface} is also uplinks[{taken[uplink.interface]}]'s interface; "
+                    "probes bound to one interface cannot tell two gateways apart: one uplink "
+                    "per interface",
+                )
+            )
+            continue
+        taken[uplink.interface] = i
         if uplink.interface == spec.management.interface:
             problems.append(
                 (
@@ -233,38 +293,7 @@ def _fits_spec(section: GatewaysSection, spec: DeviceSpec, others: OtherSections
                     f"{uplink.gateway} is not on a subnet of {uplink.interface} ({have})",
                 )
             )
-    gw = spec.management.gateway
-    owned: dict[int, str] = {}
-    for i, table in enumerate(section.tables):
-        if (
-            isinstance(table, str)
-            and table != "main"
-            and not table.isdigit()
-            and table not in spec.tables
-        ):
-            problems.append(
-                (f"gateways.tables[{i}]", f"unknown table {table!r}; name it in spec.tables")
-            )
-            continue
-        number = route_table_number(table, spec.tables)
-        if number in _RESERVED_TABLES or not 1 <= number <= 4294967295:
-            problems.append((f"gateways.tables[{i}]", f"table {number} is reserved"))
-            continue
-        if number in owned:
-            problems.append(
-                (f"gateways.tables[{i}]", f"table {number} is listed twice (also {owned[number]})")
-            )
-            continue
-        owned[number] = f"spec.gateways.tables[{i}]"
-        if gw is not None and number == MAIN_TABLE and family_of(gw) in section.families():
-            problems.append(
-                (
-                    f"gateways.tables[{i}]",
-                    f"the main table's IPv{family_of(gw)} default route is the management "
-                    f"route (spec.management.gateway {gw}), never moved by failover; "
-                    "give the gateways a table of their own",
-                )
-            )
+    owned = _owned_tables(section, spec, problems)
     families = section.families()
     for i, route in enumerate(spec.routes):
         try:
