@@ -428,3 +428,40 @@ def test_probe_routes_carry_only_traffic_bound_to_their_uplink(rig: WanRig) -> N
     )
     assert router.ip_json("rule", "show", "table", "4000250") == []
     router.wait_for(lambda: not rig.gateways().get("monitoring"), what="the monitor stopped")
+
+
+def _threads(pid: int) -> int:
+    return sum(1 for _ in Path(f"/proc/{pid}/task").iterdir())
+
+
+def _sockets(pid: int) -> int:
+    fds = Path(f"/proc/{pid}/fd").iterdir()
+    return sum(1 for fd in fds if _link(fd).startswith("socket:"))
+
+
+def _link(fd: Path) -> str:
+    try:
+        return str(fd.readlink())
+    except FileNotFoundError:
+        return ""  # closed while we looked
+
+
+def test_probing_leaks_no_socket_and_its_threads_stop_with_the_gateways(rig: WanRig) -> None:
+    rig.start(interval_ms=200)
+    router = rig.router
+    pid = router.agents[-1].pid
+    probing = _threads(pid)
+    settled = _sockets(pid)
+    # Many rounds, one lost uplink among them: the agent's sockets do not grow.
+    rig.nft("wan0", "add rule inet gwtest input icmp type echo-request drop")
+    router.wait_for(lambda: rig.states()["isp-a"] == "down", what="isp-a down")
+    rig.nft("wan0", "flush chain inet gwtest input")
+    router.wait_for(lambda: rig.states()["isp-a"] == "up", what="isp-a up again")
+    assert _sockets(pid) <= settled + 2, (settled, _sockets(pid))
+
+    body = rig.document()
+    del body["spec"]["gateways"]
+    applied = router.trueup("apply", str(router.write("none.yaml", body)))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    # The two probing threads (one per uplink) end with the section.
+    router.wait_for(lambda: _threads(pid) <= probing - 2, what="the monitor's threads gone")
