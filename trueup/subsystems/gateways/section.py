@@ -199,6 +199,33 @@ class GatewaysSection(_Model):
         return out
 
 
+def _gateway_problem(uplink: Uplink, addresses: list[str]) -> str | None:
+    """Why `uplink.gateway` cannot be a next hop out of its interface; None when it can.
+
+    An IPv6 gateway may be link-local (fe80::/10, what routers announce): every
+    interface with IPv6 has such an address, so it is on-link without a subnet.
+    """
+    gateway = ipaddress.ip_address(uplink.gateway)
+    ours = [ipaddress.ip_interface(a) for a in addresses]
+    if gateway.version == 6 and gateway.is_link_local:
+        return None
+    for address in ours:
+        if address.ip == gateway:
+            return f"{gateway} is {uplink.interface}'s own address, not a gateway beyond it"
+    for address in ours:
+        net = address.network
+        if gateway not in net:
+            continue
+        if gateway.version == 4 and net.prefixlen < 31:
+            if gateway == net.network_address:
+                return f"{gateway} is the network address of {net}, not a host"
+            if gateway == net.broadcast_address:
+                return f"{gateway} is the broadcast address of {net}, not a host"
+        return None
+    have = ", ".join(addresses) or "no addresses"
+    return f"{gateway} is not on a subnet of {uplink.interface} ({have})"
+
+
 def _owned_tables(
     section: GatewaysSection, spec: DeviceSpec, problems: list[Problem]
 ) -> dict[int, str]:
@@ -252,20 +279,20 @@ def _fits_spec(section: GatewaysSection, spec: DeviceSpec, others: OtherSections
     del others
     problems: list[Problem] = []
     interfaces = {iface.name: iface for iface in spec.interfaces}
-    taken: dict[str, int] = {}
+    taken: dict[tuple[str, int], int] = {}
     for i, uplink in enumerate(section.uplinks):
         where = f"gateways.uplinks[{i}]"
-        if uplink.interface in taken:
+        other = taken.setdefault((uplink.interface, uplink.family), i)
+        if other != i:
             problems.append(
                 (
                     f"{where}.interface",
-                    f"{uplink.interface} is also uplinks[{taken[uplink.interface]}]'s interface; "
-                    "probes bound to one interface cannot tell two gateways apart: one uplink "
-                    "per interface",
+                    f"{uplink.interface} is also uplinks[{other}]'s interface for "
+                    f"IPv{uplink.family}; probes bound to one interface cannot tell two "
+                    "gateways of a family apart: one uplink per interface and family",
                 )
             )
             continue
-        taken[uplink.interface] = i
         if uplink.interface == spec.management.interface:
             problems.append(
                 (
@@ -283,16 +310,9 @@ def _fits_spec(section: GatewaysSection, spec: DeviceSpec, others: OtherSections
             problems.append(
                 (f"{where}.interface", f"{uplink.interface} is down in spec.interfaces")
             )
-        gateway = ipaddress.ip_address(uplink.gateway)
-        subnets = [ipaddress.ip_interface(a).network for a in iface.addresses]
-        if not any(gateway in subnet for subnet in subnets):
-            have = ", ".join(iface.addresses) or "no addresses"
-            problems.append(
-                (
-                    f"{where}.gateway",
-                    f"{uplink.gateway} is not on a subnet of {uplink.interface} ({have})",
-                )
-            )
+        problem = _gateway_problem(uplink, iface.addresses)
+        if problem is not None:
+            problems.append((f"{where}.gateway", problem))
     owned = _owned_tables(section, spec, problems)
     families = section.families()
     for i, route in enumerate(spec.routes):
