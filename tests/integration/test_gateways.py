@@ -465,3 +465,38 @@ def test_probing_leaks_no_socket_and_its_threads_stop_with_the_gateways(rig: Wan
     assert applied.returncode == 0, applied.stdout + applied.stderr
     # The two probing threads (one per uplink) end with the section.
     router.wait_for(lambda: _threads(pid) <= probing - 2, what="the monitor's threads gone")
+
+
+def test_a_tcp_target_that_never_answers_delays_neither_status_nor_the_other_uplink(
+    rig: WanRig,
+) -> None:
+    # isp-a's TCP target drops every SYN upstream: each of its rounds waits its whole timeout.
+    rig.nft("wan0", "add rule inet gwtest input tcp dport 7002 drop")
+    body = rig.document()
+    body["spec"]["gateways"]["uplinks"][0]["probes"] = {"tcp": [f"{HOST}:7002"]}
+    router = rig.router
+    applied = router.trueup("apply", str(router.write("hang.yaml", body)))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    router.start_agent()
+    router.wait_for(
+        lambda: rig.states() == {"isp-a": "down", "isp-b": "up"},
+        what="isp-a down on its silent TCP target, isp-b up",
+    )
+    assert rig.via() == GATEWAYS["isp-b"]
+    # Status keeps answering while isp-a's probes hang, and isp-b stays up throughout.
+    for _ in range(10):
+        shown = rig.gateways()
+        assert [g["state"] for g in shown["gateways"]] == ["down", "up"], shown
+        assert shown["active"] == ["isp-b"], shown
+    # The target answers again: isp-a's probes were never stuck on the dropped SYNs.
+    upstream = rig.upstreams["wan0"]
+    listener = subprocess.Popen(
+        ["ip", "netns", "exec", upstream, sys.executable, "-c", LISTENER, HOST, "7002"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    rig.pingers.append(listener)
+    rig.nft("wan0", "flush chain inet gwtest input")
+    router.wait_for(lambda: rig.states()["isp-a"] == "up", what="isp-a up on its TCP target")
+    router.wait_for(lambda: rig.via() == GATEWAYS["isp-a"], what="the route back on isp-a")
