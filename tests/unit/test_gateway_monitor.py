@@ -289,6 +289,34 @@ def test_the_report_carries_the_gateways_and_notifications_open_on_them() -> Non
     assert KINDS["gateway_down"] == "warning" and KINDS["gateways_all_down"] == "critical"
 
 
+def test_an_agent_restarted_mid_outage_neither_heals_nor_reopens_its_notifications() -> None:
+    from trueup.agent.cpreport import report_from_status
+    from trueup.server.service.notify.events import conditions_of, keep_pending_gateways
+
+    def report(states: dict[str, str], all_down: bool = False) -> Any:
+        gateways = [
+            {"name": n, "state": s, "since": None, "active": False} for n, s in states.items()
+        ]
+        system = {"policy": "failover", "all_down": all_down, "gateways": gateways}
+        return report_from_status({"subsystems": {"gateways": {"health": "ok", "system": system}}})
+
+    def judged(before: dict[str, list[str]], body: Any) -> dict[str, list[str]]:
+        return keep_pending_gateways(before, conditions_of(body), body)
+
+    one_down = {"gateway_down": ["isp-a"]}
+    # Restarted: both pending. isp-a's outage is not healed by the lack of a verdict.
+    assert judged(one_down, report({"isp-a": "pending", "isp-b": "pending"})) == one_down
+    # Its probes say up: healed. Its probes say down: the same condition, nothing new.
+    assert judged(one_down, report({"isp-a": "up", "isp-b": "up"})) == {}
+    assert judged(one_down, report({"isp-a": "down", "isp-b": "pending"})) == one_down
+    # Every uplink down, then a restart: the critical condition stays until one is up.
+    every = {"gateway_down": ["isp-a", "isp-b"], "gateways_all_down": ["isp-a", "isp-b"]}
+    assert judged(every, report({"isp-a": "pending", "isp-b": "pending"})) == every
+    assert judged(every, report({"isp-a": "pending", "isp-b": "up"})) == one_down
+    # A pending uplink that was never down opens nothing.
+    assert judged({}, report({"isp-a": "pending", "isp-b": "up"})) == {}
+
+
 def test_the_status_table_shows_each_gateway() -> None:
     from tests.unit.test_cli_truth import _rich_status
     from trueup.cli.output import render_status
