@@ -500,3 +500,52 @@ def test_a_tcp_target_that_never_answers_delays_neither_status_nor_the_other_upl
     rig.nft("wan0", "flush chain inet gwtest input")
     router.wait_for(lambda: rig.states()["isp-a"] == "up", what="isp-a up on its TCP target")
     router.wait_for(lambda: rig.via() == GATEWAYS["isp-a"], what="the route back on isp-a")
+
+
+HOST6 = "2001:db8:ff::100"
+GATEWAYS6 = {"isp-a6": ("wan0", "2001:db8:a::1"), "isp-b6": ("wan1", "2001:db8:b::1")}
+
+
+def test_ipv6_uplinks_probe_through_their_rule_and_fail_over(rig: WanRig) -> None:
+    router = rig.router
+    for link, gateway in GATEWAYS6.values():
+        ns = rig.upstreams[link]
+        sh("ip", "-n", ns, "addr", "add", f"{HOST6}/128", "dev", "lo")
+        sh("ip", "-n", ns, "addr", "add", f"{gateway}/64", "dev", f"{link}p", "nodad")
+    body = rig.document()
+    for iface, prefix in zip(body["spec"]["interfaces"][1:], ("a", "b"), strict=True):
+        iface["addresses"].append(f"2001:db8:{prefix}::2/64")
+    for priority, (name, (link, gateway)) in enumerate(GATEWAYS6.items(), start=1):
+        body["spec"]["gateways"]["uplinks"].append(
+            {
+                **body["spec"]["gateways"]["uplinks"][0],
+                "name": name,
+                "interface": link,
+                "gateway": gateway,
+                "priority": priority,
+                "probes": {"icmp": [HOST6]},
+            }
+        )
+    applied = router.trueup("apply", str(router.write("dual.yaml", body)))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    router.start_agent()
+    # The standby's probes find their gateway through the probe rule: all four up.
+    router.wait_for(
+        lambda: set(rig.states().values()) == {"up"} and len(rig.states()) == 4,
+        what="every uplink up, IPv4 and IPv6",
+    )
+
+    def via6() -> str | None:
+        for route in router.ip_json("-6", "route", "show", "table", "100", "default"):
+            return str(route.get("gateway"))
+        return None
+
+    assert via6() == GATEWAYS6["isp-a6"][1]
+    # Unbound IPv6 traffic has no default route in main: none through a probe route.
+    unbound = sh("ip", "-n", router.name, "-6", "route", "get", HOST6, check=False)
+    assert unbound.returncode != 0, unbound.stdout
+    # isp-a6's upstream drops the echo requests: IPv6 moves to isp-b6, IPv4 stays.
+    rig.nft("wan0", "add rule inet gwtest input icmpv6 type echo-request drop")
+    router.wait_for(lambda: via6() == GATEWAYS6["isp-b6"][1], what="IPv6 via isp-b6")
+    assert rig.via() == GATEWAYS["isp-a"]
+    assert rig.gateways()["active"] == ["isp-a", "isp-b6"]
