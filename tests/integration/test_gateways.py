@@ -416,6 +416,12 @@ def test_probe_routes_carry_only_traffic_bound_to_their_uplink(rig: WanRig) -> N
     assert (lan.get("gateway"), lan.get("dev")) == (GATEWAYS["isp-a"], "wan0"), lan
     rules = router.ip_json("rule", "show", "table", "4000250")
     assert sorted(str(r.get("oif")) for r in rules) == ["wan0", "wan1"], rules
+    # Someone deletes a probe rule: the loop puts it back.
+    router.ip("rule", "del", "oif", "wan1", "lookup", "4000250", "pref", "32800")
+    router.wait_for(
+        lambda: len(router.ip_json("rule", "show", "table", "4000250")) == 2,
+        what="the probe rule put back",
+    )
 
     # Without gateways, every probe route and rule is gone.
     body = rig.document()

@@ -53,7 +53,7 @@ from trueup.subsystems.gateways.section import (
     default_route,
 )
 from trueup.system.netlink import NetlinkError, Nexthop, RouteInfo, RuleInfo
-from trueup.system.watches import rtnetlink
+from trueup.system.watches import every, rtnetlink
 
 __all__ = [
     "GATEWAY_PROTO",
@@ -156,7 +156,8 @@ class GatewaysSubsystem(Subsystem):
     section = SECTION
     may_block = False
     depends_on = ("links", "addresses")
-    watches = (rtnetlink("route", "link", "address"),)
+    # Rules have no netlink watch here: the periodic look sees a probe rule deleted.
+    watches = (rtnetlink("route", "link", "address"), every(10.0))
     observed_only_matters = True
 
     def __init__(self) -> None:
