@@ -358,6 +358,17 @@ def test_the_status_table_shows_each_gateway() -> None:
     assert "gateways (failover): active isp-b" in text
     (row,) = [line for line in text.splitlines() if line.strip().startswith("isp-b")]
     assert "down" in row and "loss 40.0%" in row and "latency 0.41 ms" in row
+    assert "no verdict" not in text and "not monitored" not in text
+
+    # Every uplink pending (the agent just started): the active one is not a verdict.
+    system = status["subsystems"]["gateways"]["system"]
+    for g in system["gateways"]:
+        g["state"] = "pending"
+    system["monitoring"] = True
+    assert "active isp-b (no verdict yet" in render_status(status)
+    # No agent probes them (the CLI's own view): status says so.
+    system["monitoring"] = False
+    assert "active isp-b (not monitored" in render_status(status)
     assert row.endswith("ACTIVE")
     assert "its last default route is kept" in text
 
