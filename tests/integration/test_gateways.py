@@ -555,3 +555,35 @@ def test_ipv6_uplinks_probe_through_their_rule_and_fail_over(rig: WanRig) -> Non
     router.wait_for(lambda: via6() == GATEWAYS6["isp-b6"][1], what="IPv6 via isp-b6")
     assert rig.via() == GATEWAYS["isp-a"]
     assert rig.gateways()["active"] == ["isp-a", "isp-b6"]
+
+
+def test_a_bad_gateways_section_is_refused_at_its_paths_by_plan_and_apply(rig: WanRig) -> None:
+    rig.start()
+    router = rig.router
+    routes = router.ip_json("route", "show", "table", "all", "proto", "250")
+    rules = router.ip_json("rule", "show", "table", "4000250")
+    body = rig.document()
+    body["spec"]["gateways"]["uplinks"][0]["gateway"] = "192.0.2.33"
+    body["spec"]["gateways"]["uplinks"][1]["probes"] = {"tcp": [HOST]}
+    body["spec"]["gateways"]["tables"] = ["isp"]
+    bad = router.write("bad.yaml", body)
+    for command in ("plan", "apply"):
+        shown = router.trueup(command, str(bad))
+        out = shown.stdout + shown.stderr
+        assert shown.returncode == 1, out
+        assert "bad.yaml" in out, out
+        assert "spec.gateways.uplinks[1].probes.tcp[0]: '203.0.113.100' is not HOST:PORT" in out
+    # The cross-section problems once the section itself is well formed.
+    body["spec"]["gateways"]["uplinks"][1]["probes"] = {"tcp": [f"{HOST}:443"]}
+    bad = router.write("bad.yaml", body)
+    shown = router.trueup("apply", str(bad))
+    out = shown.stdout + shown.stderr
+    assert shown.returncode == 1, out
+    for line in (
+        "spec.gateways.uplinks[0].gateway: 192.0.2.33 is not on a subnet of wan0",
+        "spec.gateways.tables[0]: unknown table 'isp'; name it in spec.tables",
+    ):
+        assert line in out, out
+    assert router.ip_json("route", "show", "table", "all", "proto", "250") == routes
+    assert router.ip_json("rule", "show", "table", "4000250") == rules
+    assert rig.states() == {"isp-a": "up", "isp-b": "up"}
