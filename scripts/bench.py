@@ -43,6 +43,7 @@ SECTIONS = [
     "scripts.bench_plan",
     "scripts.bench_routing",
     "scripts.bench_gateways",
+    "scripts.bench_gateways_idle",
 ]
 
 

@@ -397,3 +397,193 @@ def test_balance_spreads_over_the_healthy_uplinks_by_weight(rig: WanRig) -> None
         lambda: nexthops() == [(GATEWAYS["isp-a"], 1)], what="isp-b down on its TCP probe"
     )
     assert rig.management_route() == management
+
+
+def test_probe_routes_carry_only_traffic_bound_to_their_uplink(rig: WanRig) -> None:
+    rig.start()
+    router = rig.router
+    # No trueup-gw route in main: with the gateways in table 100, the router's own unbound
+    # traffic still follows main (here the management route), never a probe route.
+    assert router.ip_json("route", "show", "table", "main", "proto", "250") == []
+    (unbound,) = router.ip_json("route", "get", HOST)
+    assert unbound.get("dev") == "mgmt0", unbound
+    # A socket bound to the standby uplink (the monitor's probe, `ping -I wan1`) takes
+    # that uplink's gateway from the probe table.
+    (bound,) = router.ip_json("route", "get", HOST, "oif", "wan1")
+    assert (bound.get("gateway"), bound.get("dev")) == (GATEWAYS["isp-b"], "wan1"), bound
+    # A LAN client's traffic through the probe table's uplinks: none unless its rule says so.
+    (lan,) = router.ip_json("route", "get", HOST, "from", LAN_CLIENT, "iif", "lan0")
+    assert (lan.get("gateway"), lan.get("dev")) == (GATEWAYS["isp-a"], "wan0"), lan
+    rules = router.ip_json("rule", "show", "table", "4000250")
+    assert sorted(str(r.get("oif")) for r in rules) == ["wan0", "wan1"], rules
+    # Someone deletes a probe rule: the loop puts it back.
+    router.ip("rule", "del", "oif", "wan1", "lookup", "4000250", "pref", "32800")
+    router.wait_for(
+        lambda: len(router.ip_json("rule", "show", "table", "4000250")) == 2,
+        what="the probe rule put back",
+    )
+
+    # Without gateways, every probe route and rule is gone.
+    body = rig.document()
+    del body["spec"]["gateways"]
+    applied = router.trueup("apply", str(router.write("none.yaml", body)))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    router.wait_for(
+        lambda: router.ip_json("route", "show", "table", "all", "proto", "250") == [],
+        what="no trueup-gw route left",
+    )
+    assert router.ip_json("rule", "show", "table", "4000250") == []
+    router.wait_for(lambda: not rig.gateways().get("monitoring"), what="the monitor stopped")
+
+
+def _threads(pid: int) -> int:
+    return sum(1 for _ in Path(f"/proc/{pid}/task").iterdir())
+
+
+def _sockets(pid: int) -> int:
+    fds = Path(f"/proc/{pid}/fd").iterdir()
+    return sum(1 for fd in fds if _link(fd).startswith("socket:"))
+
+
+def _link(fd: Path) -> str:
+    try:
+        return str(fd.readlink())
+    except FileNotFoundError:
+        return ""  # closed while we looked
+
+
+def test_probing_leaks_no_socket_and_its_threads_stop_with_the_gateways(rig: WanRig) -> None:
+    rig.start(interval_ms=200)
+    router = rig.router
+    pid = router.agents[-1].pid
+    probing = _threads(pid)
+    settled = _sockets(pid)
+    # Many rounds, one lost uplink among them: the agent's sockets do not grow.
+    rig.nft("wan0", "add rule inet gwtest input icmp type echo-request drop")
+    router.wait_for(lambda: rig.states()["isp-a"] == "down", what="isp-a down")
+    rig.nft("wan0", "flush chain inet gwtest input")
+    router.wait_for(lambda: rig.states()["isp-a"] == "up", what="isp-a up again")
+    assert _sockets(pid) <= settled + 2, (settled, _sockets(pid))
+
+    body = rig.document()
+    del body["spec"]["gateways"]
+    applied = router.trueup("apply", str(router.write("none.yaml", body)))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    # The two probing threads (one per uplink) end with the section.
+    router.wait_for(lambda: _threads(pid) <= probing - 2, what="the monitor's threads gone")
+
+
+def test_a_tcp_target_that_never_answers_delays_neither_status_nor_the_other_uplink(
+    rig: WanRig,
+) -> None:
+    # isp-a's TCP target drops every SYN upstream: each of its rounds waits its whole timeout.
+    rig.nft("wan0", "add rule inet gwtest input tcp dport 7002 drop")
+    body = rig.document()
+    body["spec"]["gateways"]["uplinks"][0]["probes"] = {"tcp": [f"{HOST}:7002"]}
+    router = rig.router
+    applied = router.trueup("apply", str(router.write("hang.yaml", body)))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    router.start_agent()
+    router.wait_for(
+        lambda: rig.states() == {"isp-a": "down", "isp-b": "up"},
+        what="isp-a down on its silent TCP target, isp-b up",
+    )
+    assert rig.via() == GATEWAYS["isp-b"]
+    # Status keeps answering while isp-a's probes hang, and isp-b stays up throughout.
+    for _ in range(10):
+        shown = rig.gateways()
+        assert [g["state"] for g in shown["gateways"]] == ["down", "up"], shown
+        assert shown["active"] == ["isp-b"], shown
+    # The target answers again: isp-a's probes were never stuck on the dropped SYNs.
+    upstream = rig.upstreams["wan0"]
+    listener = subprocess.Popen(
+        ["ip", "netns", "exec", upstream, sys.executable, "-c", LISTENER, HOST, "7002"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    rig.pingers.append(listener)
+    rig.nft("wan0", "flush chain inet gwtest input")
+    router.wait_for(lambda: rig.states()["isp-a"] == "up", what="isp-a up on its TCP target")
+    router.wait_for(lambda: rig.via() == GATEWAYS["isp-a"], what="the route back on isp-a")
+
+
+HOST6 = "2001:db8:ff::100"
+GATEWAYS6 = {"isp-a6": ("wan0", "2001:db8:a::1"), "isp-b6": ("wan1", "2001:db8:b::1")}
+
+
+def test_ipv6_uplinks_probe_through_their_rule_and_fail_over(rig: WanRig) -> None:
+    router = rig.router
+    for link, gateway in GATEWAYS6.values():
+        ns = rig.upstreams[link]
+        sh("ip", "-n", ns, "addr", "add", f"{HOST6}/128", "dev", "lo")
+        sh("ip", "-n", ns, "addr", "add", f"{gateway}/64", "dev", f"{link}p", "nodad")
+    body = rig.document()
+    for iface, prefix in zip(body["spec"]["interfaces"][1:], ("a", "b"), strict=True):
+        iface["addresses"].append(f"2001:db8:{prefix}::2/64")
+    for priority, (name, (link, gateway)) in enumerate(GATEWAYS6.items(), start=1):
+        body["spec"]["gateways"]["uplinks"].append(
+            {
+                **body["spec"]["gateways"]["uplinks"][0],
+                "name": name,
+                "interface": link,
+                "gateway": gateway,
+                "priority": priority,
+                "probes": {"icmp": [HOST6]},
+            }
+        )
+    applied = router.trueup("apply", str(router.write("dual.yaml", body)))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    router.start_agent()
+    # The standby's probes find their gateway through the probe rule: all four up.
+    router.wait_for(
+        lambda: set(rig.states().values()) == {"up"} and len(rig.states()) == 4,
+        what="every uplink up, IPv4 and IPv6",
+    )
+
+    def via6() -> str | None:
+        for route in router.ip_json("-6", "route", "show", "table", "100", "default"):
+            return str(route.get("gateway"))
+        return None
+
+    assert via6() == GATEWAYS6["isp-a6"][1]
+    # Unbound IPv6 traffic has no default route in main: none through a probe route.
+    unbound = sh("ip", "-n", router.name, "-6", "route", "get", HOST6, check=False)
+    assert unbound.returncode != 0, unbound.stdout
+    # isp-a6's upstream drops the echo requests: IPv6 moves to isp-b6, IPv4 stays.
+    rig.nft("wan0", "add rule inet gwtest input icmpv6 type echo-request drop")
+    router.wait_for(lambda: via6() == GATEWAYS6["isp-b6"][1], what="IPv6 via isp-b6")
+    assert rig.via() == GATEWAYS["isp-a"]
+    assert rig.gateways()["active"] == ["isp-a", "isp-b6"]
+
+
+def test_a_bad_gateways_section_is_refused_at_its_paths_by_plan_and_apply(rig: WanRig) -> None:
+    rig.start()
+    router = rig.router
+    routes = router.ip_json("route", "show", "table", "all", "proto", "250")
+    rules = router.ip_json("rule", "show", "table", "4000250")
+    body = rig.document()
+    body["spec"]["gateways"]["uplinks"][0]["gateway"] = "192.0.2.33"
+    body["spec"]["gateways"]["uplinks"][1]["probes"] = {"tcp": [HOST]}
+    body["spec"]["gateways"]["tables"] = ["isp"]
+    bad = router.write("bad.yaml", body)
+    for command in ("plan", "apply"):
+        shown = router.trueup(command, str(bad))
+        out = shown.stdout + shown.stderr
+        assert shown.returncode == 1, out
+        assert "bad.yaml" in out, out
+        assert "spec.gateways.uplinks[1].probes.tcp[0]: '203.0.113.100' is not HOST:PORT" in out
+    # The cross-section problems once the section itself is well formed.
+    body["spec"]["gateways"]["uplinks"][1]["probes"] = {"tcp": [f"{HOST}:443"]}
+    bad = router.write("bad.yaml", body)
+    shown = router.trueup("apply", str(bad))
+    out = shown.stdout + shown.stderr
+    assert shown.returncode == 1, out
+    for line in (
+        "spec.gateways.uplinks[0].gateway: 192.0.2.33 is not on a subnet of wan0",
+        "spec.gateways.tables[0]: unknown table 'isp'; name it in spec.tables",
+    ):
+        assert line in out, out
+    assert router.ip_json("route", "show", "table", "all", "proto", "250") == routes
+    assert router.ip_json("rule", "show", "table", "4000250") == rules
+    assert rig.states() == {"isp-a": "up", "isp-b": "up"}

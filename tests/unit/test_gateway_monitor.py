@@ -15,10 +15,16 @@ from trueup.subsystems.base import Scope
 from trueup.subsystems.gateways.board import Board
 from trueup.subsystems.gateways.health import RoundResult
 from trueup.subsystems.gateways.section import GatewaysSection
-from trueup.subsystems.gateways.subsystem import GATEWAY_PROTO, PROBE_METRIC, GatewaysSubsystem
+from trueup.subsystems.gateways.subsystem import (
+    GATEWAY_PROTO,
+    PROBE_METRIC,
+    PROBE_RULE_PRIORITY,
+    PROBE_TABLE,
+    GatewaysSubsystem,
+)
 from trueup.subsystems.registry import scope_for
 from trueup.system.fake import FakeNetlink
-from trueup.system.netlink import RouteInfo
+from trueup.system.netlink import RouteInfo, RuleInfo
 from trueup.system.sources import Sources
 
 # -- the board and the routes ---------------------------------------------------------
@@ -65,11 +71,17 @@ def test_the_routes_follow_the_decision_and_keep_the_state_across_documents() ->
     scope = scope_for(parsed)
     net = kernel()
     settle(sub.board, section, {"isp-a": "up", "isp-b": "up"})
-    assert converge(sub, parsed, net, scope) == ["set-route"] * 3
+    assert sorted(converge(sub, parsed, net, scope)) == ["set-route"] * 3 + ["set-rule"] * 2
     route = default_in(net, 100)
     assert (route.via, route.dev, route.proto) == ("192.0.2.1", "wan0", GATEWAY_PROTO)
-    probes = sorted((r.metric, r.dev) for r in net.route_table if r.table == 254)
+    probes = sorted((r.metric, r.dev) for r in net.route_table if r.table == PROBE_TABLE)
     assert probes == [(PROBE_METRIC, "wan0"), (PROBE_METRIC + 1, "wan1")]
+    # Nothing in main: unbound and forwarded traffic never leaves through a probe route.
+    assert not [r for r in net.route_table if r.table == 254]
+    assert sorted(net.rule_table, key=lambda r: r.oif) == [
+        RuleInfo(4, PROBE_RULE_PRIORITY, "wan0", PROBE_TABLE),
+        RuleInfo(4, PROBE_RULE_PRIORITY, "wan1", PROBE_TABLE),
+    ]
     settle(sub.board, section, {"isp-a": "down", "isp-b": "up"})
     assert converge(sub, parsed, net, scope) == ["set-route"]
     assert default_in(net, 100).via == "192.0.2.17"
@@ -151,6 +163,9 @@ def test_drift_is_seen_and_the_management_route_never_touched() -> None:
     net.del_route(default_in(net, 100))
     assert converge(sub, parsed, net, scope) == ["set-route"]
     assert default_in(net, 254) == management
+    # Someone deletes a probe rule: missing, put back.
+    net.del_rule(net.rule_table[0])
+    assert converge(sub, parsed, net, scope) == ["set-rule"]
 
 
 def test_a_document_without_gateways_removes_their_routes() -> None:
@@ -161,8 +176,11 @@ def test_a_document_without_gateways_removes_their_routes() -> None:
     body = document()
     del body["spec"]["gateways"]
     without = parse_document(body)
-    assert converge(sub, without, net, scope_for(without, parsed)) == ["del-route"] * 3
+    assert sorted(converge(sub, without, net, scope_for(without, parsed))) == (
+        ["del-route"] * 3 + ["del-rule"] * 2
+    )
     assert not [r for r in net.route_table if r.proto == GATEWAY_PROTO]
+    assert not net.rule_table
 
 
 # -- the monitor: fake prober, fake clock, fake netlink, the real engine ----------------
@@ -271,6 +289,34 @@ def test_the_report_carries_the_gateways_and_notifications_open_on_them() -> Non
     assert KINDS["gateway_down"] == "warning" and KINDS["gateways_all_down"] == "critical"
 
 
+def test_an_agent_restarted_mid_outage_neither_heals_nor_reopens_its_notifications() -> None:
+    from trueup.agent.cpreport import report_from_status
+    from trueup.server.service.notify.events import conditions_of, keep_pending_gateways
+
+    def report(states: dict[str, str], all_down: bool = False) -> Any:
+        gateways = [
+            {"name": n, "state": s, "since": None, "active": False} for n, s in states.items()
+        ]
+        system = {"policy": "failover", "all_down": all_down, "gateways": gateways}
+        return report_from_status({"subsystems": {"gateways": {"health": "ok", "system": system}}})
+
+    def judged(before: dict[str, list[str]], body: Any) -> dict[str, list[str]]:
+        return keep_pending_gateways(before, conditions_of(body), body)
+
+    one_down = {"gateway_down": ["isp-a"]}
+    # Restarted: both pending. isp-a's outage is not healed by the lack of a verdict.
+    assert judged(one_down, report({"isp-a": "pending", "isp-b": "pending"})) == one_down
+    # Its probes say up: healed. Its probes say down: the same condition, nothing new.
+    assert judged(one_down, report({"isp-a": "up", "isp-b": "up"})) == {}
+    assert judged(one_down, report({"isp-a": "down", "isp-b": "pending"})) == one_down
+    # Every uplink down, then a restart: the critical condition stays until one is up.
+    every = {"gateway_down": ["isp-a", "isp-b"], "gateways_all_down": ["isp-a", "isp-b"]}
+    assert judged(every, report({"isp-a": "pending", "isp-b": "pending"})) == every
+    assert judged(every, report({"isp-a": "pending", "isp-b": "up"})) == one_down
+    # A pending uplink that was never down opens nothing.
+    assert judged({}, report({"isp-a": "pending", "isp-b": "up"})) == {}
+
+
 def test_the_status_table_shows_each_gateway() -> None:
     from tests.unit.test_cli_truth import _rich_status
     from trueup.cli.output import render_status
@@ -312,6 +358,17 @@ def test_the_status_table_shows_each_gateway() -> None:
     assert "gateways (failover): active isp-b" in text
     (row,) = [line for line in text.splitlines() if line.strip().startswith("isp-b")]
     assert "down" in row and "loss 40.0%" in row and "latency 0.41 ms" in row
+    assert "no verdict" not in text and "not monitored" not in text
+
+    # Every uplink pending (the agent just started): the active one is not a verdict.
+    system = status["subsystems"]["gateways"]["system"]
+    for g in system["gateways"]:
+        g["state"] = "pending"
+    system["monitoring"] = True
+    assert "active isp-b (no verdict yet" in render_status(status)
+    # No agent probes them (the CLI's own view): status says so.
+    system["monitoring"] = False
+    assert "active isp-b (not monitored" in render_status(status)
     assert row.endswith("ACTIVE")
     assert "its last default route is kept" in text
 

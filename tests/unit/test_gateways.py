@@ -161,6 +161,31 @@ def test_a_valid_section_is_typed() -> None:
             "listed twice",
         ),
         (
+            lambda g: g["uplinks"][1].update(interface="wan0", gateway="192.0.2.5"),
+            "spec.gateways.uplinks[1].interface",
+            "wan0 is also uplinks[0]'s interface for IPv4",
+        ),
+        (
+            lambda g: g.update(tables=[4000250]),
+            "spec.gateways.tables[0]",
+            "table 4000250 is the probe routes' table",
+        ),
+        (
+            lambda g: g["uplinks"][0].update(gateway="192.0.2.2"),
+            "spec.gateways.uplinks[0].gateway",
+            "192.0.2.2 is wan0's own address",
+        ),
+        (
+            lambda g: g["uplinks"][0].update(gateway="192.0.2.0"),
+            "spec.gateways.uplinks[0].gateway",
+            "192.0.2.0 is the network address of 192.0.2.0/28",
+        ),
+        (
+            lambda g: g["uplinks"][0].update(gateway="192.0.2.15"),
+            "spec.gateways.uplinks[0].gateway",
+            "192.0.2.15 is the broadcast address of 192.0.2.0/28",
+        ),
+        (
             lambda g: g.update(policy="random"),
             "spec.gateways.policy",
             "failover",
@@ -172,6 +197,16 @@ def test_each_refusal_names_its_path(change: Any, path: str, words: str) -> None
     change(body["spec"]["gateways"])
     problems = problems_of(body)
     assert any(p.startswith(path + ":") and words in p for p in problems), problems
+
+
+def test_an_ipv6_gateway_may_be_link_local_beside_the_ipv4_one_on_its_interface() -> None:
+    body = document()
+    body["spec"]["interfaces"][1]["addresses"].append("2001:db8:a::2/64")
+    body["spec"]["gateways"]["uplinks"].append(
+        {**uplink("isp-a6", "wan0", "fe80::1"), "probes": {"icmp": ["2001:db8:ff::1"]}}
+    )
+    section = parse_document(body).spec.section("gateways", GatewaysSection)
+    assert section is not None and section.families() == [4, 6]
 
 
 def test_a_static_default_route_in_an_owned_table_is_refused() -> None:

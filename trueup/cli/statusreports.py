@@ -23,7 +23,13 @@ def gateway_lines(sub: SubsystemStatus | None) -> list[str]:
         return []
     active = system.get("active")
     names = ", ".join(str(a) for a in active) if isinstance(active, list) and active else "-"
-    lines = [f"\ngateways ({system.get('policy')}): active {names}"]
+    header = f"\ngateways ({system.get('policy')}): active {names}"
+    states = {g.get("state") for g in gateways if isinstance(g, dict)}
+    if system.get("monitoring") is False:
+        header += " (not monitored: no agent probes these uplinks)"
+    elif states == {"pending"}:
+        header += " (no verdict yet: the route stays there until the probes say)"
+    lines = [header]
     for g in gateways:
         if not isinstance(g, dict):
             continue

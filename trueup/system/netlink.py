@@ -1,4 +1,4 @@
-"""The netlink seam: links, addresses and routes of the network namespace we run in.
+"""The netlink seam: links, addresses, routes and rules of the network namespace we run in.
 
 `Netlink` is the protocol every subsystem talks to; `KernelNetlink` drives the
 kernel (requests encoded with pyroute2's message classes on a plain netlink
@@ -27,6 +27,7 @@ import socket
 import struct
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -53,6 +54,7 @@ __all__ = [
     "NetlinkError",
     "Nexthop",
     "RouteInfo",
+    "RuleInfo",
     "addresses_from_dump",
     "links_from_dump",
     "load_encoders",
@@ -71,11 +73,43 @@ NLM_F_CREATE = 0x400
 RTM_NEWLINK, RTM_GETLINK = 16, 18
 RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
 RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
+RTM_NEWRULE, RTM_DELRULE, RTM_GETRULE = 32, 33, 34
+FR_ACT_TO_TBL = 1
 IFF_UP = 0x1
 RT_SCOPE_UNIVERSE, RT_SCOPE_LINK, RT_SCOPE_NOWHERE = 0, 253, 255
 
 # Connected, redirect and RA routes belong to the kernel: never observed.
 _IGNORED_PROTOCOLS = {1, RTPROT_KERNEL, 9}
+
+
+@dataclass(frozen=True)
+class RuleInfo:
+    """A policy-routing rule of the one shape trueup writes: traffic of sockets bound to
+    `oif` (SO_BINDTODEVICE) looks up `table`, at `priority`."""
+
+    family: int
+    priority: int
+    oif: str
+    table: int
+
+
+def rules_from_dump(messages: Iterable[bytes]) -> list[RuleInfo]:
+    """The `oif … lookup TABLE` rules of an RTM_GETRULE dump reply (other rules are left out)."""
+    from pyroute2.netlink.rtnl.fibmsg import fibmsg
+
+    out = []
+    for chunk in messages:
+        msg = fibmsg(chunk)
+        msg.decode()
+        attrs = dict(msg["attrs"])
+        if msg["action"] != FR_ACT_TO_TBL or "FRA_OIFNAME" not in attrs or "FRA_IIFNAME" in attrs:
+            continue
+        if any(k in attrs for k in ("FRA_FWMARK", "FRA_SRC", "FRA_DST")):
+            continue
+        family = 6 if msg["family"] == socket.AF_INET6 else 4
+        table = attrs.get("FRA_TABLE", msg["table"])
+        out.append(RuleInfo(family, attrs.get("FRA_PRIORITY", 0), attrs["FRA_OIFNAME"], table))
+    return out
 
 
 class NetlinkError(RuntimeError):
@@ -96,6 +130,9 @@ class Netlink(Protocol):
     def del_address(self, ifname: str, prefix: str) -> None: ...
     def add_route(self, route: RouteInfo) -> None: ...
     def del_route(self, route: RouteInfo) -> None: ...
+    def rules(self) -> list[RuleInfo]: ...
+    def add_rule(self, rule: RuleInfo) -> None: ...
+    def del_rule(self, rule: RuleInfo) -> None: ...
     def close(self) -> None: ...
 
 
@@ -376,6 +413,50 @@ class KernelNetlink:
                 0,
             )
 
+    def _rule_msg(self, rule: RuleInfo) -> Any:
+        from pyroute2.netlink.rtnl.fibmsg import fibmsg
+
+        msg = fibmsg()
+        msg["family"] = socket.AF_INET6 if rule.family == 6 else socket.AF_INET
+        msg["action"] = FR_ACT_TO_TBL
+        msg["table"] = rule.table if rule.table < 256 else 0
+        msg["attrs"] = [
+            ("FRA_PRIORITY", rule.priority),
+            ("FRA_OIFNAME", rule.oif),
+            ("FRA_TABLE", rule.table),
+        ]
+        return msg
+
+    def rules(self) -> list[RuleInfo]:
+        from pyroute2.netlink.rtnl.fibmsg import fibmsg
+
+        out = []
+        for family in (socket.AF_INET, socket.AF_INET6):
+            request = fibmsg()
+            request["family"] = family
+            out += rules_from_dump(self._dump("dump rules", request, RTM_GETRULE))
+        return out
+
+    def add_rule(self, rule: RuleInfo) -> None:
+        """Add a rule; one already present counts as added."""
+        with _tolerate(errno.EEXIST):
+            self._request(
+                f"add rule oif {rule.oif} lookup {rule.table}",
+                self._rule_msg(rule),
+                RTM_NEWRULE,
+                NLM_F_CREATE | NLM_F_EXCL,
+            )
+
+    def del_rule(self, rule: RuleInfo) -> None:
+        """Remove a rule; one already gone counts as removed."""
+        with _tolerate(errno.ENOENT):
+            self._request(
+                f"delete rule oif {rule.oif} lookup {rule.table}",
+                self._rule_msg(rule),
+                RTM_DELRULE,
+                0,
+            )
+
 
 class CachedNetlink:
     """Observation cache for one pass: each dump happens once until something changes.
@@ -435,6 +516,17 @@ class CachedNetlink:
     def del_route(self, route: RouteInfo) -> None:
         self._drop()
         self.inner.del_route(route)
+
+    def rules(self) -> list[RuleInfo]:
+        return self.inner.rules()
+
+    def add_rule(self, rule: RuleInfo) -> None:
+        self._drop()
+        self.inner.add_rule(rule)
+
+    def del_rule(self, rule: RuleInfo) -> None:
+        self._drop()
+        self.inner.del_rule(rule)
 
     def close(self) -> None:
         self.inner.close()

@@ -4,7 +4,8 @@ Who calls this: the gateway monitor (`trueup.agent.gateways`), once per
 round and uplink. Every socket is bound to the uplink with SO_BINDTODEVICE,
 so the kernel routes the probe only through that interface whatever the
 default route says (the gateways subsystem keeps a route through each
-uplink's gateway for it: `PROBE_METRIC`). ICMP uses a datagram ("ping")
+uplink's gateway for it in `PROBE_TABLE`, reached by a rule that matches
+only sockets bound to the uplink). ICMP uses a datagram ("ping")
 socket where `net.ipv4.ping_group_range` allows it, else a raw socket
 (CAP_NET_RAW), matched by identifier and sequence. A round sends to every
 target at once and waits for the answers until its timeout.

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["SECTION", "GatewaysSection", "Probes", "Uplink", "default_route"]
 
 MAIN_TABLE = 254
+PROBE_TABLE = 4_000_250  # the probe routes' table (`trueup.subsystems.gateways.subsystem`)
 _RESERVED_TABLES = (0, 253, 255)
 
 
@@ -198,41 +199,37 @@ class GatewaysSection(_Model):
         return out
 
 
-def _fits_spec(section: GatewaysSection, spec: DeviceSpec, others: OtherSections) -> list[Problem]:
-    """Uplinks on managed interfaces and their subnets; tables with one owner; the
-    management default route never the gateways' (paths below `spec`)."""
-    del others
-    problems: list[Problem] = []
-    interfaces = {iface.name: iface for iface in spec.interfaces}
-    for i, uplink in enumerate(section.uplinks):
-        where = f"gateways.uplinks[{i}]"
-        if uplink.interface == spec.management.interface:
-            problems.append(
-                (
-                    f"{where}.interface",
-                    f"{uplink.interface} is the management interface; its default route is "
-                    "spec.management's and never moved by failover",
-                )
-            )
+def _gateway_problem(uplink: Uplink, addresses: list[str]) -> str | None:
+    """Why `uplink.gateway` cannot be a next hop out of its interface; None when it can.
+
+    An IPv6 gateway may be link-local (fe80::/10, what routers announce): every
+    interface with IPv6 has such an address, so it is on-link without a subnet.
+    """
+    gateway = ipaddress.ip_address(uplink.gateway)
+    ours = [ipaddress.ip_interface(a) for a in addresses]
+    if gateway.version == 6 and gateway.is_link_local:
+        return None
+    for address in ours:
+        if address.ip == gateway:
+            return f"{gateway} is {uplink.interface}'s own address, not a gateway beyond it"
+    for address in ours:
+        net = address.network
+        if gateway not in net:
             continue
-        iface = interfaces.get(uplink.interface)
-        if iface is None:
-            problems.append((f"{where}.interface", f"{uplink.interface} is not in spec.interfaces"))
-            continue
-        if iface.state == "down":
-            problems.append(
-                (f"{where}.interface", f"{uplink.interface} is down in spec.interfaces")
-            )
-        gateway = ipaddress.ip_address(uplink.gateway)
-        subnets = [ipaddress.ip_interface(a).network for a in iface.addresses]
-        if not any(gateway in subnet for subnet in subnets):
-            have = ", ".join(iface.addresses) or "no addresses"
-            problems.append(
-                (
-                    f"{where}.gateway",
-                    f"{uplink.gateway} is not on a subnet of {uplink.interface} ({have})",
-                )
-            )
+        if gateway.version == 4 and net.prefixlen < 31:
+            if gateway == net.network_address:
+                return f"{gateway} is the network address of {net}, not a host"
+            if gateway == net.broadcast_address:
+                return f"{gateway} is the broadcast address of {net}, not a host"
+        return None
+    have = ", ".join(addresses) or "no addresses"
+    return f"{gateway} is not on a subnet of {uplink.interface} ({have})"
+
+
+def _owned_tables(
+    section: GatewaysSection, spec: DeviceSpec, problems: list[Problem]
+) -> dict[int, str]:
+    """Table number → the `spec.gateways.tables` entry owning it; refusals into `problems`."""
     gw = spec.management.gateway
     owned: dict[int, str] = {}
     for i, table in enumerate(section.tables):
@@ -250,6 +247,14 @@ def _fits_spec(section: GatewaysSection, spec: DeviceSpec, others: OtherSections
         if number in _RESERVED_TABLES or not 1 <= number <= 4294967295:
             problems.append((f"gateways.tables[{i}]", f"table {number} is reserved"))
             continue
+        if number == PROBE_TABLE:
+            problems.append(
+                (
+                    f"gateways.tables[{i}]",
+                    f"table {number} is the probe routes' table, trueup's own; choose another",
+                )
+            )
+            continue
         if number in owned:
             problems.append(
                 (f"gateways.tables[{i}]", f"table {number} is listed twice (also {owned[number]})")
@@ -265,6 +270,50 @@ def _fits_spec(section: GatewaysSection, spec: DeviceSpec, others: OtherSections
                     "give the gateways a table of their own",
                 )
             )
+    return owned
+
+
+def _fits_spec(section: GatewaysSection, spec: DeviceSpec, others: OtherSections) -> list[Problem]:
+    """Uplinks on managed interfaces and their subnets; tables with one owner; the
+    management default route never the gateways' (paths below `spec`)."""
+    del others
+    problems: list[Problem] = []
+    interfaces = {iface.name: iface for iface in spec.interfaces}
+    taken: dict[tuple[str, int], int] = {}
+    for i, uplink in enumerate(section.uplinks):
+        where = f"gateways.uplinks[{i}]"
+        other = taken.setdefault((uplink.interface, uplink.family), i)
+        if other != i:
+            problems.append(
+                (
+                    f"{where}.interface",
+                    f"{uplink.interface} is also uplinks[{other}]'s interface for "
+                    f"IPv{uplink.family}; probes bound to one interface cannot tell two "
+                    "gateways of a family apart: one uplink per interface and family",
+                )
+            )
+            continue
+        if uplink.interface == spec.management.interface:
+            problems.append(
+                (
+                    f"{where}.interface",
+                    f"{uplink.interface} is the management interface; its default route is "
+                    "spec.management's and never moved by failover",
+                )
+            )
+            continue
+        iface = interfaces.get(uplink.interface)
+        if iface is None:
+            problems.append((f"{where}.interface", f"{uplink.interface} is not in spec.interfaces"))
+            continue
+        if iface.state == "down":
+            problems.append(
+                (f"{where}.interface", f"{uplink.interface} is down in spec.interfaces")
+            )
+        problem = _gateway_problem(uplink, iface.addresses)
+        if problem is not None:
+            problems.append((f"{where}.gateway", problem))
+    owned = _owned_tables(section, spec, problems)
     families = section.families()
     for i, route in enumerate(spec.routes):
         try:

@@ -6,13 +6,16 @@ Facts, each a route of protocol `GATEWAY_PROTO` (250, rtproto "trueup-gw"):
   owned table, through the uplinks the decision chose (`health.decide`): one
   nexthop under failover, a multipath route weighted by `weight` under
   balance;
-* `spec.gateways.uplinks[NAME].probe_route`: one default route per uplink in
-  the main table at a metric no other default route uses (`PROBE_METRIC`
-  and up). The monitor's probes are bound to their uplink (SO_BINDTODEVICE),
-  so the kernel's lookup for them only takes routes through that uplink: this
-  route is how a probe reaches its targets through the uplink's gateway
-  whichever uplink carries the traffic. Unbound traffic takes the
-  lower-metric default routes first.
+* `spec.gateways.uplinks[NAME].probe_route`: one default route per uplink
+  through its gateway in the probe table (`PROBE_TABLE`, at `PROBE_METRIC`
+  plus the uplink's index), and `...probe_rule`: the rule `oif DEV lookup
+  PROBE_TABLE` after the main table's (`PROBE_RULE_PRIORITY`). Only a socket
+  bound to the uplink (SO_BINDTODEVICE: the monitor's probes, `ping -I wan1`)
+  has an output interface a rule can match, and the main table gives such a
+  socket only routes through that interface: a probe of the standby uplink
+  finds no route in main and takes its gateway from the probe table. Forwarded
+  and unbound traffic never reach that table, so no host leaves through an
+  uplink the decision did not choose, even when no other default route exists.
 
 The management default route is never one of these (the section refuses
 gateways owning its table; the keys here never equal it). A route someone
@@ -44,16 +47,19 @@ from trueup.subsystems.gateways.board import Board
 from trueup.subsystems.gateways.health import Choice, Decision
 from trueup.subsystems.gateways.section import (
     MAIN_TABLE,
+    PROBE_TABLE,
     SECTION,
     GatewaysSection,
     default_route,
 )
-from trueup.system.netlink import NetlinkError, Nexthop, RouteInfo
-from trueup.system.watches import rtnetlink
+from trueup.system.netlink import NetlinkError, Nexthop, RouteInfo, RuleInfo
+from trueup.system.watches import every, rtnetlink
 
 __all__ = [
     "GATEWAY_PROTO",
     "PROBE_METRIC",
+    "PROBE_RULE_PRIORITY",
+    "PROBE_TABLE",
     "GatewaysSubsystem",
     "installed_decision",
     "route_keys",
@@ -61,6 +67,8 @@ __all__ = [
 
 GATEWAY_PROTO = 250  # rtproto "trueup-gw": the routes spec.routes' subsystem leaves alone
 PROBE_METRIC = 4_000_000  # probe routes: PROBE_METRIC + the uplink's index
+PROBE_RULE_PRIORITY = 32_800  # after main (32766) and default (32767)
+_RULE = "rule"  # the destination part of a probe rule's key
 
 
 def _table_name(table: int) -> str:
@@ -80,11 +88,29 @@ def route_keys(document: DeviceState) -> dict[str, tuple[int, str, int]]:
     for index, uplink in enumerate(section.uplinks):
         to, _ = default_route(uplink.family)
         out[f"spec.gateways.uplinks[{uplink.name}].probe_route"] = (
-            MAIN_TABLE,
+            PROBE_TABLE,
             to,
             PROBE_METRIC + index,
         )
+        out[f"spec.gateways.uplinks[{uplink.name}].probe_rule"] = (
+            PROBE_TABLE,
+            f"{_RULE}{uplink.family}:{uplink.interface}",
+            PROBE_RULE_PRIORITY,
+        )
     return out
+
+
+def _rule_of(key: tuple[int, str, int]) -> RuleInfo | None:
+    """The probe rule a key stands for; None for a route's key."""
+    table, to, priority = key
+    if not to.startswith(_RULE):
+        return None
+    family, oif = to[len(_RULE) :].split(":", 1)
+    return RuleInfo(int(family), priority, oif, table)
+
+
+def _rule_value(rule: RuleInfo) -> dict[str, object]:
+    return {"oif": rule.oif, "table": rule.table, "priority": rule.priority}
 
 
 def _key_text(path: str, key: tuple[int, str, int]) -> str:
@@ -130,7 +156,8 @@ class GatewaysSubsystem(Subsystem):
     section = SECTION
     may_block = False
     depends_on = ("links", "addresses")
-    watches = (rtnetlink("route", "link", "address"),)
+    # Rules have no netlink watch here: the periodic look sees a probe rule deleted.
+    watches = (rtnetlink("route", "link", "address"), every(10.0))
     observed_only_matters = True
 
     def __init__(self) -> None:
@@ -160,6 +187,10 @@ class GatewaysSubsystem(Subsystem):
                 ]
                 path = f"spec.gateways.tables[{_table_name(table)}].ipv{family}"
                 facts[path] = _route_value(hops, GATEWAY_PROTO)
+        for path, key in route_keys(document).items():
+            rule = _rule_of(key)
+            if rule is not None:
+                facts[path] = _rule_value(rule)
         for uplink in section.uplinks:
             facts[f"spec.gateways.uplinks[{uplink.name}].probe_route"] = _route_value(
                 [(uplink.gateway, uplink.interface, 1)], GATEWAY_PROTO
@@ -172,6 +203,11 @@ class GatewaysSubsystem(Subsystem):
             return {}
         by_key = {key: path for path, key in keys.items()}
         facts: Facts = {path: None for path in keys}
+        wanted = {rule: path for path, key in keys.items() if (rule := _rule_of(key)) is not None}
+        if wanted:
+            for rule in sources.netlink.rules():
+                if rule in wanted:
+                    facts[wanted[rule]] = _rule_value(rule)
         for route in sources.netlink.routes({key[0] for key in by_key}):
             path = by_key.get(route.key)
             if path is None:
@@ -189,6 +225,12 @@ class GatewaysSubsystem(Subsystem):
         for path in natural_sorted(set(desired) | set(observed)):
             want, have = desired.get(path), observed.get(path)
             if want == have or path not in keys:
+                continue
+            rule = _rule_of(keys[path])
+            if rule is not None:
+                action = "del-rule" if want is None else "set-rule"
+                args = {"family": rule.family, "priority": rule.priority, "oif": rule.oif}
+                steps.append(Step(self.name, action, path, {**args, "table": rule.table}))
                 continue
             table, to, metric = keys[path]
             base = {"table": table, "to": to, "metric": metric, "family": 6 if ":" in to else 4}
@@ -228,6 +270,10 @@ class GatewaysSubsystem(Subsystem):
                     nexthops=tuple(hops),
                 )
             self._install(sources, step, route)
+        elif step.action in ("set-rule", "del-rule"):
+            rule = RuleInfo(a["family"], a["priority"], a["oif"], a["table"])
+            write = netlink.add_rule if step.action == "set-rule" else netlink.del_rule
+            self.run_step(step, lambda: write(rule))
         elif step.action == "del-route":
             route = RouteInfo(a["table"], a["to"], None, None, a["metric"], a["family"])
             self.run_step(step, lambda: netlink.del_route(route))

@@ -22,7 +22,13 @@ from sqlalchemy import Connection, and_, bindparam, delete, select, update
 
 from trueup.model.jsontypes import JSONObject
 from trueup.server.service.notify.emit import Device, device_of, emit
-from trueup.server.service.notify.events import FAILED, Match, conditions_of, iso
+from trueup.server.service.notify.events import (
+    FAILED,
+    Match,
+    conditions_of,
+    iso,
+    keep_pending_gateways,
+)
 from trueup.server.service.notify.records import EventDetail, QuietReport
 from trueup.server.service.store import Store
 from trueup.server.tables import (
@@ -114,7 +120,8 @@ class Engine:
             if seen_at is not None and report_at <= seen_at:
                 report = None  # an older report than the one already judged
             else:
-                after = conditions_of(report)  # a report arrived: the heartbeat is not stale
+                # A report arrived: the heartbeat is not stale.
+                after = keep_pending_gateways(before, conditions_of(report), report)
                 seen_at = report_at
         if stale is True:
             after["heartbeat_stale"] = []

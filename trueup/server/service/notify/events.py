@@ -43,6 +43,7 @@ __all__ = [
     "Match",
     "conditions_of",
     "iso",
+    "keep_pending_gateways",
     "severity_at_least",
 ]
 
@@ -129,6 +130,33 @@ def conditions_of(report: JSONObject) -> dict[str, list[str]]:
     if state in ("pending", "failed"):
         found[f"restore_{state}"] = []
     return found
+
+
+def keep_pending_gateways(
+    before: dict[str, list[str]], after: dict[str, list[str]], report: JSONObject
+) -> dict[str, list[str]]:
+    """`after` with the gateway conditions of uplinks the report shows `pending` kept.
+
+    A pending uplink has no verdict yet (the agent restarted, or its probe settings
+    changed): an outage is not healed until its probes say so, so a restart mid-outage
+    neither sends `healed` nor opens the same condition again a few rounds later.
+    """
+    gateways = (report.get("subsystems") or {}).get("gateways")
+    if not isinstance(gateways, dict):
+        return after
+    states = {
+        str(g.get("name")): g.get("state")
+        for g in gateways.get("gateways") or []
+        if isinstance(g, dict)
+    }
+    pending = {name for name, state in states.items() if state == "pending"}
+    out = dict(after)
+    down = set(after.get("gateway_down", [])) | (set(before.get("gateway_down", [])) & pending)
+    if down:
+        out["gateway_down"] = sorted(down)
+    if "gateways_all_down" in before and pending and "up" not in states.values():
+        out.setdefault("gateways_all_down", sorted(down))
+    return out
 
 
 @dataclass(frozen=True)
