@@ -192,6 +192,26 @@ def test_families_and_duplicates_inside_the_section() -> None:
     )
 
 
+def test_networks_in_normal_form_and_their_family_however_often_validated() -> None:
+    for _ in range(2):  # the second validation is the remembered one: the same answers
+        section = routing()
+        section["bgp"]["ipv4_unicast"]["networks"].append("203.0.113.1/24")
+        assert problems(section) == [
+            "spec.routing.bgp.ipv4_unicast.networks[1]: '203.0.113.1/24' is not an IPv4/IPv6 "
+            "network: 203.0.113.1/24 has host bits set"
+        ]
+        section = routing()
+        section["bgp"]["ipv6_unicast"]["networks"] = [" 2001:DB8:0001::/48", "203.0.113.0/24"]
+        assert (
+            "spec.routing.bgp.ipv6_unicast.networks[1]: 203.0.113.0/24 is not an IPv6 network"
+            in problems(section)
+        )
+        section["bgp"]["ipv6_unicast"]["networks"].pop()
+        parsed = document(section).spec.routing
+        assert parsed is not None and parsed.bgp is not None and parsed.bgp.ipv6_unicast
+        assert parsed.bgp.ipv6_unicast.networks == ["2001:db8:1::/48"]
+
+
 def test_a_section_asking_nothing_is_refused() -> None:
     assert problems({"router_id": "192.0.2.1"}) == [
         "spec.routing: routing asks for nothing: give bgp, ospf or ospf6"

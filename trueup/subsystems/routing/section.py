@@ -55,6 +55,7 @@ which quotes its words at the path that produced the line.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -110,6 +111,7 @@ def _asn(value: int) -> int:
 Asn = Annotated[int, AfterValidator(_asn)]
 
 
+@functools.lru_cache(maxsize=8192)  # a document is validated more than once; BGP has thousands
 def _network(value: str) -> str:
     try:
         return str(ipaddress.ip_network(value.strip(), strict=True))
@@ -366,7 +368,7 @@ class BgpSection(Checked):
                 continue
             version = 4 if family == "ipv4_unicast" else 6
             for index, network in enumerate(section.networks):
-                if ipaddress.ip_network(network).version != version:
+                if (6 if ":" in network else 4) != version:  # normal form (_network)
                     problems.append(
                         (f"{family}.networks[{index}]", f"{network} is not an IPv{version} network")
                     )
